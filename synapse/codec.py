@@ -1,0 +1,155 @@
+"""Conversions between domain objects and protobuf messages: flat `x_to_proto` / `x_from_proto` pairs.
+
+This is the only module that knows both worlds. Decoding never trusts its input: a malformed or
+unknown command raises `CodecError`, which the state machine turns into a rejection.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+
+from synapse import commands as c
+from synapse.model import JobSpec, PackMode, Placement, Resources, TopologySpec
+from synapse.proto import commands_pb2, types_pb2
+
+#: Version of the command encoding written by this code. Bump it when a change would make an older
+#: replica apply a newer command differently; apply refuses versions above the one it knows.
+COMMAND_VERSION = 1
+
+
+class CodecError(ValueError):
+    """Bytes that are not a command this version understands."""
+
+
+def resources_to_proto(r: Resources) -> types_pb2.Resources:
+    return types_pb2.Resources(cpu_millis=r.cpu, memory_bytes=r.memory, gpu=r.gpu)
+
+
+def resources_from_proto(p: types_pb2.Resources) -> Resources:
+    return Resources(cpu=p.cpu_millis, memory=p.memory_bytes, gpu=p.gpu)
+
+
+def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(
+        name=spec.name, tasks=spec.tasks, resources=resources_to_proto(spec.resources),
+        command=list(spec.command), env=dict(spec.env),
+        topology=types_pb2.TopologySpec(pack=spec.topology.pack, mode=spec.topology.mode.value),
+        priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
+        image=spec.image)
+
+
+def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
+    try:
+        mode = PackMode(p.topology.mode or PackMode.PREFERRED.value)
+    except ValueError as exc:
+        raise CodecError(f"topology.mode must be preferred or required, not {p.topology.mode!r}") from exc
+    return JobSpec(
+        name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
+        command=tuple(p.command), env=tuple(sorted(p.env.items())),
+        topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image)
+
+
+def placement_to_proto(pl: Placement) -> types_pb2.Placement:
+    return types_pb2.Placement(index=pl.index, node_id=pl.node_id, gpus=list(pl.gpus), rank=pl.rank)
+
+
+def placement_from_proto(p: types_pb2.Placement) -> Placement:
+    return Placement(index=p.index, node_id=p.node_id, gpus=tuple(p.gpus), rank=p.rank)
+
+
+def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
+    env = commands_pb2.Command(version=COMMAND_VERSION, at=cmd.at, term=cmd.term)
+    match cmd:
+        case c.RegisterNode():
+            env.register_node.CopyFrom(commands_pb2.RegisterNode(
+                node_id=cmd.node_id, address=cmd.address, topology=list(cmd.topology),
+                capacity=resources_to_proto(cmd.capacity)))
+        case c.NodeDown():
+            env.node_down.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
+        case c.NodeUp():
+            env.node_up.CopyFrom(commands_pb2.NodeUp(node_id=cmd.node_id))
+        case c.SetSchedulable():
+            env.set_schedulable.CopyFrom(commands_pb2.SetSchedulable(
+                node_id=cmd.node_id, schedulable=cmd.schedulable))
+        case c.SubmitJob():
+            env.submit_job.CopyFrom(commands_pb2.SubmitJob(
+                job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
+        case c.CommitPlan():
+            env.commit_plan.CopyFrom(commands_pb2.CommitPlan(
+                job_id=cmd.job_id, attempt=cmd.attempt,
+                placements=[placement_to_proto(p) for p in cmd.placements]))
+        case c.TaskStarted():
+            env.task_started.CopyFrom(commands_pb2.TaskStarted(
+                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
+        case c.TaskExited():
+            env.task_exited.CopyFrom(commands_pb2.TaskExited(
+                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id,
+                exit_code=cmd.exit_code, reason=cmd.reason))
+        case c.CancelJob():
+            env.cancel_job.CopyFrom(commands_pb2.CancelJob(job_id=cmd.job_id, reason=cmd.reason))
+        case c.FailAttempt():
+            env.fail_attempt.CopyFrom(commands_pb2.FailAttempt(
+                job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final))
+        case _:
+            raise CodecError(f"unknown command type {type(cmd).__name__}")
+    return env
+
+
+def command_from_proto(env: commands_pb2.Command) -> c.Command:
+    if env.version == 0 or env.version > COMMAND_VERSION:
+        raise CodecError(f"command version {env.version} is not supported (this replica knows "
+                         f"1..{COMMAND_VERSION})")
+    kind = env.WhichOneof("body")
+    base = {"at": env.at, "term": env.term}
+    match kind:
+        case "register_node":
+            b = env.register_node
+            return c.RegisterNode(node_id=b.node_id, address=b.address, topology=tuple(b.topology),
+                                  capacity=resources_from_proto(b.capacity), **base)
+        case "node_down":
+            return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
+        case "node_up":
+            return c.NodeUp(node_id=env.node_up.node_id, **base)
+        case "set_schedulable":
+            b = env.set_schedulable
+            return c.SetSchedulable(node_id=b.node_id, schedulable=b.schedulable, **base)
+        case "submit_job":
+            b = env.submit_job
+            return c.SubmitJob(job_id=b.job_id, request_id=b.request_id,
+                               spec=job_spec_from_proto(b.spec), **base)
+        case "commit_plan":
+            b = env.commit_plan
+            return c.CommitPlan(job_id=b.job_id, attempt=b.attempt,
+                                placements=tuple(placement_from_proto(p) for p in b.placements), **base)
+        case "task_started":
+            b = env.task_started
+            return c.TaskStarted(job_id=b.job_id, attempt=b.attempt, index=b.index,
+                                 node_id=b.node_id, **base)
+        case "task_exited":
+            b = env.task_exited
+            return c.TaskExited(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id,
+                                exit_code=b.exit_code, reason=b.reason, **base)
+        case "cancel_job":
+            return c.CancelJob(job_id=env.cancel_job.job_id, reason=env.cancel_job.reason, **base)
+        case "fail_attempt":
+            b = env.fail_attempt
+            return c.FailAttempt(job_id=b.job_id, attempt=b.attempt, reason=b.reason,
+                                 final=b.final, **base)
+        case _:
+            raise CodecError(f"command has no known body (got {kind!r})")
+
+
+def encode_command(cmd: c.Command) -> bytes:
+    """The bytes that go into the Raft log for `cmd`."""
+    return command_to_proto(cmd).SerializeToString()
+
+
+def decode_command(data: bytes) -> c.Command:
+    """The command in `data`; raises CodecError on anything malformed or unknown."""
+    env = commands_pb2.Command()
+    try:
+        env.ParseFromString(data)
+    except (DecodeError, TypeError, ValueError) as exc:
+        raise CodecError(f"malformed command: {exc}") from exc
+    return command_from_proto(env)

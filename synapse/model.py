@@ -1,0 +1,249 @@
+"""The domain model: nodes, jobs, tasks and the plans that bind them. No protobuf types here.
+
+Everything in this module is plain data. The replicated state machine (`fsm.py`) is the only code
+that mutates instances held in the cluster state; everything else reads them or builds new ones.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+#: Topology levels from the widest to the narrowest. A node's topology path has one label per level.
+DEFAULT_LEVELS: tuple[str, ...] = ("zone", "block", "rack")
+#: Label used for a level a node did not name (a worker started with only `--rack r1`).
+DEFAULT_LABEL = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """An amount of cpu (millicores), memory (bytes) and GPUs (whole devices)."""
+
+    cpu: int = 0
+    memory: int = 0
+    gpu: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(self.cpu + other.cpu, self.memory + other.memory, self.gpu + other.gpu)
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(self.cpu - other.cpu, self.memory - other.memory, self.gpu - other.gpu)
+
+    def scaled(self, n: int) -> Resources:
+        """These resources times `n`."""
+        return Resources(self.cpu * n, self.memory * n, self.gpu * n)
+
+    def fits_in(self, other: Resources) -> bool:
+        """True when every dimension is at most the other's."""
+        return self.cpu <= other.cpu and self.memory <= other.memory and self.gpu <= other.gpu
+
+    def is_negative(self) -> bool:
+        return self.cpu < 0 or self.memory < 0 or self.gpu < 0
+
+    def count_in(self, free: Resources) -> int:
+        """How many copies of these (per-task) resources fit in `free`; -1 means unbounded."""
+        counts = [free.cpu // self.cpu if self.cpu else -1,
+                  free.memory // self.memory if self.memory else -1,
+                  free.gpu // self.gpu if self.gpu else -1]
+        bounded = [c for c in counts if c >= 0]
+        return min(bounded) if bounded else -1
+
+    def short_of(self, free: Resources) -> list[str]:
+        """Names of the dimensions in which `free` is below these resources."""
+        return [name for name, need, have in (("cpu", self.cpu, free.cpu),
+                                               ("memory", self.memory, free.memory),
+                                               ("gpu", self.gpu, free.gpu)) if need > have]
+
+
+class NodeStatus(enum.StrEnum):
+    READY = "READY"
+    DOWN = "DOWN"
+
+
+@dataclass(slots=True)
+class Node:
+    """A worker machine as the replicated state knows it."""
+
+    id: str
+    address: str
+    topology: tuple[str, ...]  #: one label per level, widest first
+    capacity: Resources
+    used: Resources = Resources()
+    gpus_in_use: set[int] = field(default_factory=set)  #: GPU indices given to live tasks
+    status: NodeStatus = NodeStatus.READY
+    schedulable: bool = True  #: False when cordoned or draining
+    registered_at: float = 0.0
+    status_changed_at: float = 0.0
+
+    @property
+    def free(self) -> Resources:
+        return self.capacity - self.used
+
+    @property
+    def accepts_work(self) -> bool:
+        return self.status is NodeStatus.READY and self.schedulable
+
+    def free_gpu_indices(self) -> list[int]:
+        return [i for i in range(self.capacity.gpu) if i not in self.gpus_in_use]
+
+
+class PackMode(enum.StrEnum):
+    PREFERRED = "preferred"  #: pack as low as possible, else span the fewest domains one level up
+    REQUIRED = "required"  #: the whole gang inside one domain of the `pack` level, or wait
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySpec:
+    """Where a gang should be packed: `pack` names a topology level (or `node`)."""
+
+    pack: str = ""  #: empty: as low as the cluster allows, preferred
+    mode: PackMode = PackMode.PREFERRED
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user asks for: the job file of DESIGN.md."""
+
+    name: str
+    tasks: int
+    resources: Resources  #: per task
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    topology: TopologySpec = TopologySpec()
+    priority: int = 0
+    max_restarts: int = 0
+    time_limit: float = 0.0  #: seconds; 0 means none
+    image: str = ""
+
+    @property
+    def total(self) -> Resources:
+        return self.resources.scaled(self.tasks)
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "PENDING"  #: waiting for a placement; holds nothing
+    SCHEDULED = "SCHEDULED"  #: the gang is committed; tasks are starting
+    RUNNING = "RUNNING"  #: every task of the attempt has started
+    STOPPING = "STOPPING"  #: the attempt failed or was cancelled; waiting for its tasks to be gone
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+    @property
+    def has_gang(self) -> bool:
+        """True when an attempt's tasks exist and may hold resources."""
+        return self in (JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.STOPPING)
+
+
+class TaskState(enum.StrEnum):
+    ASSIGNED = "ASSIGNED"  #: committed to a node, not yet reported started
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"  #: reported gone by its worker, with an exit code
+    LOST = "LOST"  #: its node was declared DOWN
+
+    @property
+    def live(self) -> bool:
+        """A live task holds its resources."""
+        return self in (TaskState.ASSIGNED, TaskState.RUNNING)
+
+
+@dataclass(slots=True)
+class Task:
+    """One member of a gang for one attempt; holds its resources while live."""
+
+    job_id: str
+    attempt: int
+    index: int
+    node_id: str
+    resources: Resources
+    gpus: tuple[int, ...]
+    rank: int
+    state: TaskState = TaskState.ASSIGNED
+    exit_code: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.job_id, self.attempt, self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of a job's history."""
+
+    at: float
+    kind: str
+    message: str
+
+
+@dataclass(slots=True)
+class Job:
+    """A submitted job and the bookkeeping of its attempts."""
+
+    id: str
+    spec: JobSpec
+    request_id: str
+    submitted_at: float
+    seq: int  #: submission order inside the state machine; breaks ties deterministically
+    status: JobStatus = JobStatus.PENDING
+    attempt: int = 1
+    tasks: list[Task] = field(default_factory=list)  #: the current attempt's gang, by index
+    started_at: float = 0.0  #: when every task of the current attempt had started
+    finished_at: float = 0.0
+    stop_reason: str = ""  #: why a STOPPING attempt stops ("failed: …" or "cancelled: …")
+    cancel_requested: bool = False
+    final_failure: bool = False  #: the current attempt's failure must not be retried
+    events: list[Event] = field(default_factory=list)
+
+    def restarts_allowed(self) -> int:
+        return 0 if self.final_failure else self.spec.max_restarts
+
+    def queue_key(self) -> tuple[int, float, int]:
+        """Queue order: higher priority first, then earlier submission."""
+        return (-self.spec.priority, self.submitted_at, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Task `index` of a gang runs on `node_id` with these GPU indices and this rank."""
+
+    index: int
+    node_id: str
+    gpus: tuple[int, ...]
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A whole gang's placement for one attempt of one job."""
+
+    job_id: str
+    attempt: int
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why a gang does not fit one topology domain."""
+
+    domain: str  #: e.g. `z1/b2/r7`, or `cluster`
+    fits: int  #: tasks that fit there now (for domains above racks: at most this many)
+    needed: int
+    short: tuple[str, ...]  #: resources whose free total is below the gang's need, if any
+
+    def __str__(self) -> str:
+        if self.fits >= self.needed:
+            return f"{self.domain}: room for {self.fits} task(s), but not packed as the job requires"
+        why = ", ".join(self.short) if self.short else "capacity"
+        if not self.short:
+            why = "whole nodes (free capacity is fragmented)"
+        return f"{self.domain}: {self.fits}/{self.needed} tasks fit (short of {why})"
+
+
+def topology_path(labels: tuple[str, ...]) -> str:
+    return "/".join(labels) if labels else "cluster"

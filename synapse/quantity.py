@@ -1,0 +1,84 @@
+"""Parsing of resource quantities and durations as users write them in job files and flags.
+
+Internally cpu is an integer number of millicores, memory an integer number of bytes and time a
+float number of seconds: integers keep the replicated arithmetic exact on every replica.
+"""
+
+from __future__ import annotations
+
+import re
+
+_MEMORY_SUFFIXES = {
+    "": 1,
+    "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+}
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKMGTP]i?)?[bB]?\s*$")
+_CPU_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m?)\s*$")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class QuantityError(ValueError):
+    """A quantity string that cannot be understood."""
+
+
+def parse_memory(value: int | float | str) -> int:
+    """Bytes from `64Gi`, `512M`, `1.5Gi`, `1024` or a number of bytes."""
+    if isinstance(value, bool):
+        raise QuantityError(f"memory must be a size such as 64Gi, not {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise QuantityError(f"memory must not be negative: {value!r}")
+        return int(value)
+    match = _MEMORY_RE.match(str(value))
+    if not match:
+        raise QuantityError(f"memory must be a size such as 64Gi, 512M or 1024, not {value!r}")
+    number, suffix = match.groups()
+    return int(float(number) * _MEMORY_SUFFIXES[suffix or ""])
+
+
+def parse_cpu(value: int | float | str) -> int:
+    """Millicores from `16`, `0.5` or `500m`."""
+    if isinstance(value, bool):
+        raise QuantityError(f"cpu must be a number of cores such as 4 or 500m, not {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise QuantityError(f"cpu must not be negative: {value!r}")
+        return int(round(value * 1000))
+    match = _CPU_RE.match(str(value))
+    if not match:
+        raise QuantityError(f"cpu must be a number of cores such as 4, 0.5 or 500m, not {value!r}")
+    number, milli = match.groups()
+    return int(round(float(number))) if milli else int(round(float(number) * 1000))
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Seconds from `2h`, `90m`, `1h30m`, `45s`, `1d` or a plain number of seconds."""
+    if isinstance(value, bool):
+        raise QuantityError(f"duration must be such as 2h or 90m, not {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise QuantityError(f"duration must not be negative: {value!r}")
+        return float(value)
+    text = str(value).strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    parts = _DURATION_RE.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
+        raise QuantityError(f"duration must be such as 2h, 90m, 1h30m or 45s, not {value!r}")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def format_memory(num_bytes: int) -> str:
+    """The shortest exact binary form (`64Gi`), else bytes."""
+    for suffix in ("Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = _MEMORY_SUFFIXES[suffix]
+        if num_bytes and num_bytes % unit == 0:
+            return f"{num_bytes // unit}{suffix}"
+    return str(num_bytes)
+
+
+def format_cpu(millicores: int) -> str:
+    """`16` for whole cores, else `500m`."""
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"

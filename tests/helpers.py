@@ -1,0 +1,36 @@
+"""Small builders shared by the pure-core tests."""
+
+from __future__ import annotations
+
+from synapse import commands as c
+from synapse.fsm import ClusterState
+from synapse.invariants import violations
+from synapse.model import JobSpec, PackMode, Resources, TopologySpec
+from synapse.sim import uniform_cluster
+
+GI = 1 << 30
+NODE = Resources(cpu=64_000, memory=512 * GI, gpu=8)
+
+
+def spec(tasks: int = 1, gpu: int = 8, cpu: int = 1000, memory: int = GI, *, pack: str = "",
+         required: bool = False, priority: int = 0, max_restarts: int = 0, time_limit: float = 0.0,
+         name: str = "job") -> JobSpec:
+    return JobSpec(name=name, tasks=tasks, resources=Resources(cpu, memory, gpu), command=("true",),
+                   topology=TopologySpec(pack, PackMode.REQUIRED if required else PackMode.PREFERRED),
+                   priority=priority, max_restarts=max_restarts, time_limit=time_limit)
+
+
+def cluster(racks: int = 2, nodes_per_rack: int = 4, blocks: int = 1, **kw) -> ClusterState:
+    state = ClusterState()
+    for cmd in uniform_cluster(blocks_per_zone=blocks, racks_per_block=racks // blocks,
+                               nodes_per_rack=nodes_per_rack, **kw):
+        assert state.apply(cmd).ok
+    return state
+
+
+def checked(state: ClusterState, cmd: c.Command) -> c.Result:
+    """Apply and assert the invariants still hold."""
+    result = state.apply(cmd)
+    problems = violations(state)
+    assert not problems, problems
+    return result

@@ -1,0 +1,51 @@
+import dataclasses
+
+import pytest
+
+from synapse import codec
+from synapse import commands as c
+from synapse.model import Placement, Resources
+from synapse.proto import commands_pb2
+from tests.helpers import spec
+
+ALL_COMMANDS = [
+    c.RegisterNode(at=1.5, node_id="n1", address="h:1", topology=("z", "b", "r"),
+                   capacity=Resources(64000, 1 << 30, 8)),
+    c.NodeDown(at=2, term=3, node_id="n1", reason="silent 10s"),
+    c.NodeUp(at=2, term=3, node_id="n1"),
+    c.SetSchedulable(at=2, node_id="n1", schedulable=False),
+    c.SubmitJob(at=3, job_id="j1", request_id="r1", spec=spec(tasks=4, pack="rack", required=True,
+                                                                priority=5, time_limit=60)),
+    c.CommitPlan(at=4, term=2, job_id="j1", attempt=1,
+                 placements=(Placement(0, "n1", (0, 1), 0), Placement(1, "n2", (), 1))),
+    c.TaskStarted(at=5, job_id="j1", attempt=1, index=0, node_id="n1"),
+    c.TaskExited(at=6, job_id="j1", attempt=1, index=0, node_id="n1", exit_code=-9, reason="killed"),
+    c.CancelJob(at=7, job_id="j1", reason="user"),
+    c.FailAttempt(at=8, term=4, job_id="j1", attempt=2, reason="time limit", final=True),
+]
+
+
+@pytest.mark.parametrize("cmd", ALL_COMMANDS, ids=lambda cmd: type(cmd).__name__)
+def test_every_command_round_trips(cmd):
+    assert codec.decode_command(codec.encode_command(cmd)) == cmd
+
+
+def test_env_is_kept_sorted():
+    s = dataclasses.replace(spec(), env=(("B", "2"), ("A", "1")))
+    decoded = codec.decode_command(codec.encode_command(c.SubmitJob(at=0, job_id="j", request_id="", spec=s)))
+    assert decoded.spec.env == (("A", "1"), ("B", "2"))
+
+
+@pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x0a\x05abc", b"garbage-not-protobuf\x00"])
+def test_malformed_bytes_raise_codec_error(data):
+    with pytest.raises(codec.CodecError):
+        codec.decode_command(data)
+
+
+def test_unknown_version_and_empty_body_are_refused():
+    env = codec.command_to_proto(ALL_COMMANDS[0])
+    env.version = codec.COMMAND_VERSION + 1
+    with pytest.raises(codec.CodecError, match="version"):
+        codec.decode_command(env.SerializeToString())
+    with pytest.raises(codec.CodecError, match="no known body"):
+        codec.decode_command(commands_pb2.Command(version=1, at=1).SerializeToString())

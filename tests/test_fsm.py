@@ -1,0 +1,275 @@
+"""Exact state transitions of the replicated state machine, driven without Raft."""
+
+import dataclasses
+
+import pytest
+
+from synapse import commands as c
+from synapse.fsm import ClusterState
+from synapse.model import JobStatus, NodeStatus, Placement, Resources, TaskState
+from tests.helpers import GI, NODE, checked, cluster, spec
+
+
+def submit(state, job_id="j1", request_id=None, **kw):
+    return checked(state, c.SubmitJob(at=10, job_id=job_id, request_id=request_id or job_id,
+                                      spec=spec(**kw)))
+
+
+def commit(state, job_id, placements, attempt=1, term=0):
+    return checked(state, c.CommitPlan(at=20, term=term, job_id=job_id, attempt=attempt,
+                                       placements=tuple(placements)))
+
+
+def whole_nodes(*node_ids):
+    return [Placement(i, n, tuple(range(8)), i) for i, n in enumerate(node_ids)]
+
+
+def start_all(state, job_id, at=30):
+    job = state.jobs[job_id]
+    for t in job.tasks:
+        checked(state, c.TaskStarted(at=at, job_id=job_id, attempt=job.attempt, index=t.index,
+                                     node_id=t.node_id))
+
+
+def exit_task(state, job_id, index, code=0, at=40):
+    job = state.jobs[job_id]
+    t = job.tasks[index]
+    return checked(state, c.TaskExited(at=at, job_id=job_id, attempt=job.attempt, index=index,
+                                       node_id=t.node_id, exit_code=code))
+
+
+def test_register_pads_topology_and_reregister_updates():
+    state = ClusterState()
+    assert checked(state, c.RegisterNode(at=1, node_id="a", address="h:1", topology=("r1",),
+                                         capacity=NODE)).value == "registered"
+    assert state.nodes["a"].topology == ("default", "default", "r1")
+    checked(state, c.NodeDown(at=2, term=1, node_id="a"))
+    res = checked(state, c.RegisterNode(at=3, node_id="a", address="h:2", topology=("z", "b", "r2"),
+                                        capacity=NODE))
+    assert res.value == "re-registered"
+    node = state.nodes["a"]
+    assert (node.address, node.topology, node.status) == ("h:2", ("z", "b", "r2"), NodeStatus.READY)
+
+
+@pytest.mark.parametrize("cmd,error", [
+    (c.RegisterNode(at=1, node_id="", address="", topology=(), capacity=NODE), "must not be empty"),
+    (c.RegisterNode(at=1, node_id="x", address="", topology=("a", "b", "c", "d"), capacity=NODE),
+     "more levels"),
+    (c.RegisterNode(at=1, node_id="x", address="", topology=(), capacity=Resources(-1, 0, 0)),
+     "negative"),
+    (c.NodeDown(at=1, node_id="ghost"), "unknown node ghost"),
+    (c.SetSchedulable(at=1, node_id="ghost", schedulable=False), "unknown node ghost"),
+])
+def test_bad_node_commands_change_nothing(cmd, error):
+    state = cluster()
+    before = state.to_snapshot()
+    result = state.apply(cmd)
+    assert not result.ok and error in result.error
+    after = state.to_snapshot()
+    assert after.pop("applied") == before.pop("applied") + 1 and after == before
+
+
+def test_submit_is_idempotent_per_request_id():
+    state = cluster()
+    assert submit(state, "j1", request_id="req").value == "j1"
+    assert submit(state, "j2", request_id="req").value == "j1"  # a retry after an ambiguous failover
+    assert list(state.jobs) == ["j1"] and len(state.pending) == 1
+    assert state.jobs["j1"].status is JobStatus.PENDING
+
+
+@pytest.mark.parametrize("kw,error", [
+    ({"tasks": 0}, "tasks must be at least 1"), ({"gpu": -1}, "negative"),
+    ({"gpu": 0, "cpu": 0, "memory": 0}, "some cpu, memory or gpu"),
+    ({"pack": "row"}, "topology.pack must be one of"), ({"max_restarts": -1}, "max_restarts"),
+])
+def test_invalid_specs_are_rejected(kw, error):
+    state = cluster()
+    result = state.apply(c.SubmitJob(at=1, job_id="j", request_id="r", spec=spec(**kw)))
+    assert not result.ok and error in result.error and not state.jobs and not state.job_by_request
+
+
+def test_gang_commits_whole_and_frees_only_when_gone():
+    state = cluster()
+    submit(state, tasks=2)
+    assert commit(state, "j1", whole_nodes("r0-n0", "r0-n1")).ok
+    job = state.jobs["j1"]
+    assert job.status is JobStatus.SCHEDULED and [t.node_id for t in job.tasks] == ["r0-n0", "r0-n1"]
+    assert state.nodes["r0-n0"].gpus_in_use == set(range(8)) and not state.pending
+    start_all(state, "j1")
+    assert job.status is JobStatus.RUNNING and job.started_at == 30
+    exit_task(state, "j1", 0)
+    assert job.status is JobStatus.RUNNING and state.nodes["r0-n0"].used == Resources()
+    assert state.nodes["r0-n1"].used == Resources(1000, GI, 8)
+    exit_task(state, "j1", 1, at=50)
+    assert job.status is JobStatus.SUCCEEDED and job.finished_at == 50
+    assert [e.kind for e in job.events] == ["Submitted", "Scheduled", "Running", "Succeeded"]
+
+
+@pytest.mark.parametrize("mutate,error", [
+    (lambda s: None, ""),
+    (lambda s: s.apply(c.SetSchedulable(at=1, node_id="r0-n1", schedulable=False)), "cordoned"),
+    (lambda s: s.apply(c.NodeDown(at=1, node_id="r0-n1")), "is DOWN"),
+])
+def test_commit_rechecks_nodes(mutate, error):
+    state = cluster()
+    submit(state, tasks=2)
+    mutate(state)
+    result = state.apply(c.CommitPlan(at=2, job_id="j1", attempt=1,
+                                      placements=tuple(whole_nodes("r0-n0", "r0-n1"))))
+    assert result.ok == (error == "") and error in result.error
+
+
+@pytest.mark.parametrize("placements,attempt,error", [
+    (whole_nodes("r0-n0"), 1, "places 1 task(s), the gang has 2"),
+    (whole_nodes("r0-n0", "nope"), 1, "unknown node nope"),
+    (whole_nodes("r0-n0", "r0-n1"), 2, "attempt 2, job is at attempt 1"),
+    (whole_nodes("r0-n0", "r0-n0"), 1, "already in use"),
+    ([Placement(0, "r0-n0", (0, 1, 2, 3, 4, 5, 6, 7), 0), Placement(0, "r0-n1", tuple(range(8)), 1)], 1,
+     "indices must be exactly"),
+    ([Placement(0, "r0-n0", (0, 1, 2, 3, 4, 5, 6, 9), 0), Placement(1, "r0-n1", tuple(range(8)), 1)], 1,
+     "has no GPU 9"),
+    ([Placement(0, "r0-n0", (0, 1), 0), Placement(1, "r0-n1", tuple(range(8)), 1)], 1,
+     "must get 8 distinct"),
+])
+def test_bad_plans_change_nothing_and_say_why(placements, attempt, error):
+    state = cluster()
+    submit(state, tasks=2)
+    before = state.to_snapshot()
+    result = state.apply(c.CommitPlan(at=2, job_id="j1", attempt=attempt, placements=tuple(placements)))
+    assert not result.ok and error in result.error, result.error
+    after = state.to_snapshot()
+    after.pop("applied"), before.pop("applied")
+    assert after == before
+
+
+def test_stale_plan_loses_to_the_first_commit():
+    """Two plans computed from the same snapshot: only the first one to be applied wins."""
+    state = cluster(racks=1, nodes_per_rack=1)
+    submit(state, "a", tasks=1)
+    submit(state, "b", tasks=1)
+    assert commit(state, "a", whole_nodes("r0-n0")).ok
+    result = state.apply(c.CommitPlan(at=2, job_id="b", attempt=1,
+                                      placements=tuple(whole_nodes("r0-n0"))))
+    assert not result.ok and "already in use" in result.error
+    assert state.jobs["b"].status is JobStatus.PENDING
+
+
+def test_over_capacity_on_cpu_is_rejected():
+    state = cluster(racks=1, nodes_per_rack=1)
+    submit(state, tasks=2, gpu=0, cpu=40_000)
+    result = state.apply(c.CommitPlan(at=2, job_id="j1", attempt=1, placements=(
+        Placement(0, "r0-n0", (), 0), Placement(1, "r0-n0", (), 1))))
+    assert not result.ok and "lacks cpu for 2 task(s)" in result.error
+
+
+def test_required_topology_is_enforced_in_apply():
+    state = cluster()
+    submit(state, tasks=2, pack="rack", required=True)
+    result = state.apply(c.CommitPlan(at=2, job_id="j1", attempt=1,
+                                      placements=tuple(whole_nodes("r0-n0", "r1-n0"))))
+    assert not result.ok and "spans 2" in result.error
+
+
+def test_failure_stops_gang_then_requeues_then_fails():
+    state = cluster()
+    submit(state, tasks=2, max_restarts=1)
+    commit(state, "j1", whole_nodes("r0-n0", "r0-n1"))
+    start_all(state, "j1")
+    exit_task(state, "j1", 0, code=3)
+    job = state.jobs["j1"]
+    assert job.status is JobStatus.STOPPING and "exited with code 3" in job.stop_reason
+    # The other task still holds its node until its worker says it is gone.
+    assert state.nodes["r0-n1"].gpus_in_use == set(range(8))
+    assert state.tasks_on_node("r0-n1") == [(job.tasks[1], False)]
+    exit_task(state, "j1", 1, code=-15)
+    assert job.status is JobStatus.PENDING and job.attempt == 2 and job.tasks == []
+    assert state.nodes["r0-n1"].used == Resources()
+    # A late report for attempt 1 is stale and changes nothing.
+    late = state.apply(c.TaskExited(at=41, job_id="j1", attempt=1, index=1, node_id="r0-n1", exit_code=0))
+    assert not late.ok and "stale report" in late.error
+    commit(state, "j1", whole_nodes("r1-n0", "r1-n1"), attempt=2)
+    start_all(state, "j1")
+    exit_task(state, "j1", 1, code=1)
+    exit_task(state, "j1", 0, code=-15)
+    assert job.status is JobStatus.FAILED and "no restarts left (2 attempt(s))" in job.events[-1].message
+
+
+def test_node_down_loses_its_tasks_and_requeues():
+    state = cluster()
+    submit(state, tasks=2, max_restarts=2)
+    commit(state, "j1", whole_nodes("r0-n0", "r0-n1"))
+    start_all(state, "j1")
+    checked(state, c.NodeDown(at=50, term=2, node_id="r0-n0", reason="no heartbeat for 10s"))
+    job = state.jobs["j1"]
+    assert job.tasks[0].state is TaskState.LOST and job.status is JobStatus.STOPPING
+    assert state.nodes["r0-n0"].used == Resources() and state.nodes["r0-n0"].status is NodeStatus.DOWN
+    exit_task(state, "j1", 1, code=-15)
+    assert job.status is JobStatus.PENDING and job.attempt == 2
+
+
+def test_cancel_pending_and_running():
+    state = cluster()
+    submit(state, "p")
+    submit(state, "r", tasks=1)
+    checked(state, c.CancelJob(at=5, job_id="p"))
+    assert state.jobs["p"].status is JobStatus.CANCELLED and ("p" not in {j for _, j in state.pending})
+    commit(state, "r", whole_nodes("r0-n0"))
+    checked(state, c.CancelJob(at=6, job_id="r", reason="user"))
+    assert state.jobs["r"].status is JobStatus.STOPPING
+    assert state.nodes["r0-n0"].gpus_in_use == set(range(8))  # not freed by the request alone
+    exit_task(state, "r", 0, code=-15)
+    assert state.jobs["r"].status is JobStatus.CANCELLED and state.nodes["r0-n0"].used == Resources()
+    assert checked(state, c.CancelJob(at=7, job_id="r")).value == "already CANCELLED"
+
+
+def test_fail_attempt_final_skips_restarts():
+    state = cluster()
+    submit(state, tasks=1, max_restarts=5)
+    commit(state, "j1", whole_nodes("r0-n0"))
+    checked(state, c.FailAttempt(at=3, term=1, job_id="j1", attempt=1, reason="time limit", final=True))
+    exit_task(state, "j1", 0, code=-9)
+    assert state.jobs["j1"].status is JobStatus.FAILED
+
+
+def test_stale_leader_term_is_fenced():
+    state = cluster()
+    submit(state, tasks=1)
+    checked(state, c.NodeUp(at=1, term=5, node_id="r0-n0"))
+    result = state.apply(c.CommitPlan(at=2, term=4, job_id="j1", attempt=1,
+                                      placements=tuple(whole_nodes("r0-n0"))))
+    assert not result.ok and "stale leader" in result.error
+    assert state.jobs["j1"].status is JobStatus.PENDING
+
+
+def test_garbage_bytes_are_rejected_not_raised():
+    state = cluster()
+    result = state.apply_bytes(b"\x08\x99\x99\x99\x99\x0f")
+    assert not result.ok and state.applied == 9
+
+
+def test_snapshot_round_trip_keeps_digest_and_indexes():
+    state = cluster()
+    submit(state, "a", tasks=2)
+    commit(state, "a", whole_nodes("r0-n0", "r0-n1"))
+    submit(state, "b", tasks=1, priority=3)
+    restored = ClusterState.from_snapshot(state.to_snapshot())
+    assert restored.digest() == state.digest()
+    assert list(restored.pending) == list(state.pending)
+    assert restored.index.domains.keys() == state.index.domains.keys()
+    assert restored.index.root().free_gpu == state.index.root().free_gpu == 6 * 8
+    assert restored.live_tasks == state.live_tasks
+
+
+def test_priority_then_submission_order():
+    state = cluster()
+    for job_id, prio, at in [("low", 0, 1), ("high", 9, 5), ("low2", 0, 2), ("high2", 9, 6)]:
+        checked(state, c.SubmitJob(at=at, job_id=job_id, request_id=job_id, spec=spec(priority=prio)))
+    assert [j.id for j in state.pending_jobs()] == ["high", "high2", "low", "low2"]
+
+
+def test_digest_changes_with_state():
+    a, b = cluster(), cluster()
+    assert a.digest() == b.digest()
+    submit(a)
+    assert a.digest() != b.digest()
+    assert dataclasses.replace(spec(), name="x") != spec()
