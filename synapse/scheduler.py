@@ -76,7 +76,8 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
     reservation: Reservation | None = None
     for job in state.pending_jobs():
         may_use_reservation = reservation is None or (
-            bool(job.spec.time_limit) and now + job.spec.time_limit <= reservation.starts_at)
+            bool(job.spec.time_limit) and not math.isinf(reservation.starts_at)
+            and now + job.spec.time_limit <= reservation.starts_at)
         shape = _shape(job.spec, may_use_reservation)
         if shape in failed:
             result.waiting[job.id] = failed[shape]

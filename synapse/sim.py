@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from synapse import commands as c
 from synapse.fsm import ClusterState
-from synapse.model import DEFAULT_LEVELS, JobSpec, Resources
+from synapse.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
 from synapse.scheduler import Reservation, RoundResult, schedule_round
 
 #: A typical 8-GPU training node: 64 cores, 512 GiB.
@@ -76,17 +76,21 @@ class Simulator:
         result = schedule_round(self.state, self.now, self.reservation)
         self.reservation = result.reservation
         for plan in result.plans:
-            committed = self.apply(c.CommitPlan(at=self.now, job_id=plan.job_id, attempt=plan.attempt,
-                                                placements=plan.placements))
-            if not committed.ok:
-                raise AssertionError(f"a plan from schedule_round was rejected: {committed.error}")
-            duration, exit_code = self._runtime[plan.job_id]
-            for p in plan.placements:
-                self.apply(c.TaskStarted(at=self.now, job_id=plan.job_id, attempt=plan.attempt,
-                                         index=p.index, node_id=p.node_id))
-                heapq.heappush(self._ends, _TaskEnd(self.now + duration, plan.job_id, plan.attempt,
-                                                    p.index, p.node_id, exit_code))
+            self.commit(plan)
         return result
+
+    def commit(self, plan: Plan) -> None:
+        """Commit a plan and start its tasks, as the leader and the workers would."""
+        committed = self.apply(c.CommitPlan(at=self.now, job_id=plan.job_id, attempt=plan.attempt,
+                                            placements=plan.placements))
+        if not committed.ok:
+            raise AssertionError(f"plan rejected: {committed.error}")
+        duration, exit_code = self._runtime[plan.job_id]
+        for p in plan.placements:
+            self.apply(c.TaskStarted(at=self.now, job_id=plan.job_id, attempt=plan.attempt,
+                                     index=p.index, node_id=p.node_id))
+            heapq.heappush(self._ends, _TaskEnd(self.now + duration, plan.job_id, plan.attempt,
+                                                p.index, p.node_id, exit_code))
 
     def next_event_at(self) -> float | None:
         return self._ends[0].at if self._ends else None

@@ -1,0 +1,133 @@
+"""Queue policy: order, reservation of the head blocked gang, backfill, and no starvation."""
+
+import random
+
+from synapse.model import JobStatus, Placement, Plan
+from synapse.placement import ClusterView, place
+from synapse.scheduler import schedule_round
+from synapse.sim import Simulator, uniform_cluster
+from tests.helpers import spec
+
+
+def sim(racks=2, nodes_per_rack=4):
+    s = Simulator()
+    for cmd in uniform_cluster(racks_per_block=racks, nodes_per_rack=nodes_per_rack):
+        assert s.apply(cmd).ok
+    return s
+
+
+def test_priority_order_decides_who_gets_the_last_node():
+    s = sim(racks=1, nodes_per_rack=1)
+    low = s.submit(spec(tasks=1, name="low"), duration=10)
+    high = s.submit(spec(tasks=1, name="high", priority=5), duration=10)
+    result = s.schedule()
+    assert [p.job_id for p in result.plans] == [high]
+    assert s.state.jobs[low].status is JobStatus.PENDING
+
+
+def occupy(s, node_ids, duration=100.0):
+    """Run a one-node, whole-node job on each of these nodes."""
+    for node_id in node_ids:
+        job_id = s.submit(spec(tasks=1), duration=duration)
+        s.commit(Plan(job_id, 1, (Placement(0, node_id, tuple(range(8)), 0),)))
+
+
+def test_blocked_gang_holds_nothing_and_gets_a_reservation():
+    s = sim(racks=3, nodes_per_rack=4)
+    occupy(s, ["r0-n0", "r0-n1", "r0-n2", "r1-n0", "r1-n1", "r2-n0", "r2-n1", "r2-n2"])
+    big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    small = s.submit(spec(tasks=1), duration=10)
+    result = s.schedule()
+    assert s.state.jobs[big].status is JobStatus.PENDING
+    assert all(n.used.gpu in (0, 8) for n in s.state.nodes.values())  # the big gang took nothing
+    res = result.reservation
+    # r1 has 2 free nodes: closest to fitting. Its free nodes come first, then busy ones to make 4.
+    assert res.job_id == big and res.domain == ("z0", "b0", "r1")
+    assert res.nodes == {"r1-n0", "r1-n1", "r1-n2", "r1-n3"}
+    # The small job may run, but not on the reserved rack.
+    assert [p.job_id for p in result.plans] == [small]
+    assert result.plans[0].placements[0].node_id in ("r0-n3", "r2-n3")
+    assert "does not fit now" in str(result.waiting[big])
+
+
+def test_backfill_skips_reserved_nodes_unless_its_time_limit_ends_first():
+    s = sim(racks=1, nodes_per_rack=4)
+    s.submit(spec(tasks=2, time_limit=100), duration=100)
+    s.schedule()  # 2 nodes busy until t=100
+    s.submit(spec(tasks=4), duration=10)  # head gang: needs all 4, reservation starts at t=100
+    short = s.submit(spec(tasks=1, time_limit=50), duration=50)
+    long = s.submit(spec(tasks=1, time_limit=500), duration=50)
+    result = s.schedule()
+    assert result.reservation.starts_at == 100
+    assert [p.job_id for p in result.plans] == [short]
+    assert "outside the reservation" in str(result.waiting[long])
+
+
+def test_no_backfill_into_reservation_when_its_start_is_unknown():
+    s = sim(racks=1, nodes_per_rack=2)
+    s.submit(spec(tasks=1), duration=100)  # no time limit: the reservation's start is unknown
+    s.schedule()
+    s.submit(spec(tasks=2), duration=10)
+    quick = s.submit(spec(tasks=1, time_limit=1), duration=1)
+    result = s.schedule()
+    assert result.plans == [] and quick in result.waiting
+
+
+def test_reservation_is_sticky_for_the_same_job():
+    s = sim(racks=2, nodes_per_rack=4)
+    s.submit(spec(tasks=7), duration=100)
+    s.schedule()
+    s.submit(spec(tasks=8), duration=10)
+    first = s.schedule().reservation
+    second = schedule_round(s.state, s.now, first).reservation
+    assert first.nodes == second.nodes
+
+
+def test_impossible_gang_does_not_block_the_queue():
+    s = sim(racks=2, nodes_per_rack=2)
+    never = s.submit(spec(tasks=3, pack="rack", required=True), duration=1)  # racks hold 2
+    fine = s.submit(spec(tasks=2), duration=1)
+    result = s.schedule()
+    assert [p.job_id for p in result.plans] == [fine] and result.reservation is None
+    assert "can never fit" in str(result.waiting[never])
+
+
+def test_head_gang_is_not_starved_by_a_stream_of_small_jobs():
+    """A 4-node gang that fits the healthy cluster starts within a bounded number of rounds, even
+    though 1-node jobs keep arriving and would always fill whatever frees up first."""
+    rng = random.Random(7)
+    s = sim(racks=2, nodes_per_rack=4)
+    for _ in range(8):
+        s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+    s.schedule()
+    big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    for _ in range(200):
+        for _ in range(2):  # two new small jobs per round: always more than what frees up
+            s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+        s.schedule()
+        if s.state.jobs[big].status is not JobStatus.PENDING:
+            break
+        s.advance()
+    assert s.state.jobs[big].status is not JobStatus.PENDING, "the gang starved"
+    assert s.rounds < 20  # at most one task per reserved node has to finish
+
+
+def test_without_a_reservation_the_same_stream_starves_it():
+    """The control for the test above: greedy placement in queue order, no reservation."""
+    rng = random.Random(7)
+    s = sim(racks=2, nodes_per_rack=4)
+    for _ in range(8):
+        s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+    s.schedule()
+    big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    for _ in range(60):
+        for _ in range(2):
+            s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+        view = ClusterView(s.state.nodes, s.state.index, s.state.levels)
+        for job in list(s.state.pending_jobs()):
+            placed = place(view, job.id, job.attempt, job.spec)
+            if placed.plan is not None:
+                s.commit(placed.plan)
+                view.claim(placed.plan, job.spec.resources)
+        s.advance()
+    assert s.state.jobs[big].status is JobStatus.PENDING
