@@ -9,8 +9,8 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from synapse import commands as c
-from synapse.model import JobSpec, PackMode, Placement, Resources, TopologySpec
-from synapse.proto import commands_pb2, types_pb2
+from synapse.model import Assignment, Job, JobSpec, Node, PackMode, Placement, Resources, TopologySpec
+from synapse.proto import api_pb2, commands_pb2, types_pb2
 
 #: Version of the command encoding written by this code. Bump it when a change would make an older
 #: replica apply a newer command differently; apply refuses versions above the one it knows.
@@ -91,6 +91,8 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
         case c.FailAttempt():
             env.fail_attempt.CopyFrom(commands_pb2.FailAttempt(
                 job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final))
+        case c.Barrier():
+            env.barrier.CopyFrom(commands_pb2.Barrier(reason=cmd.reason))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -136,6 +138,8 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
             b = env.fail_attempt
             return c.FailAttempt(job_id=b.job_id, attempt=b.attempt, reason=b.reason,
                                  final=b.final, **base)
+        case "barrier":
+            return c.Barrier(reason=env.barrier.reason, **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 
@@ -153,3 +157,42 @@ def decode_command(data: bytes) -> c.Command:
     except (DecodeError, TypeError, ValueError) as exc:
         raise CodecError(f"malformed command: {exc}") from exc
     return command_from_proto(env)
+
+
+# ---- API messages (read side) -------------------------------------------------------------------
+
+
+def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
+                reservation: str = "") -> api_pb2.JobInfo:
+    return api_pb2.JobInfo(
+        id=job.id, spec=job_spec_to_proto(job.spec), status=job.status.value, attempt=job.attempt,
+        request_id=job.request_id, submitted_at=job.submitted_at, started_at=job.started_at,
+        finished_at=job.finished_at, waiting=waiting, shortfalls=list(shortfalls), reservation=reservation,
+        tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),
+                                state=t.state.value, exit_code=t.exit_code or 0,
+                                has_exit_code=t.exit_code is not None, attempt=t.attempt) for t in job.tasks],
+        events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events])
+
+
+def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:
+    return api_pb2.NodeInfo(
+        id=node.id, address=node.address, topology=list(node.topology),
+        capacity=resources_to_proto(node.capacity), used=resources_to_proto(node.used),
+        gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,
+        live_tasks=live_tasks)
+
+
+def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
+    return api_pb2.Assignment(
+        job_id=a.job_id, attempt=a.attempt, index=a.index, rank=a.rank, world_size=a.world_size,
+        local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
+        master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
+        env=dict(a.env), image=a.image, stop=a.stop)
+
+
+def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
+    return Assignment(
+        job_id=p.job_id, attempt=p.attempt, index=p.index, rank=p.rank, world_size=p.world_size,
+        local_rank=p.local_rank, local_world_size=p.local_world_size, node_rank=p.node_rank,
+        master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
+        env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop)

@@ -89,6 +89,13 @@ class FailAttempt(Command):
     final: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Barrier(Command):
+    """Changes nothing; committing it proves the proposer still leads (see api.proto)."""
+
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""

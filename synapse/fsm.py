@@ -68,18 +68,23 @@ class ClusterState:
             c.SubmitJob: self._submit_job, c.CommitPlan: self._commit_plan,
             c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
             c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
+            c.Barrier: lambda cmd: Result(True),
         }
 
     # ---- the one door ---------------------------------------------------------------------------
 
     def apply_bytes(self, data: bytes) -> Result:
         """Decode a log entry and apply it; malformed entries are rejected, never raised."""
+        return self.apply_entry(data)[1]
+
+    def apply_entry(self, data: bytes) -> tuple[c.Command | None, Result]:
+        """Like apply_bytes, also returning the decoded command (None if it did not decode)."""
         try:
             cmd = codec.decode_command(data)
         except codec.CodecError as exc:
             self.applied += 1
-            return Result.rejected(str(exc))
-        return self.apply(cmd)
+            return None, Result.rejected(str(exc))
+        return cmd, self.apply(cmd)
 
     def apply(self, cmd: c.Command) -> Result:
         """Apply one command. Deterministic; never raises; a rejection changes nothing."""

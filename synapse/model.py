@@ -247,3 +247,28 @@ class Shortfall:
 
 def topology_path(labels: tuple[str, ...]) -> str:
     return "/".join(labels) if labels else "cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One task a worker must run (or stop), with everything its process environment needs."""
+
+    job_id: str
+    attempt: int
+    index: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    gpus: tuple[int, ...]
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    image: str = ""
+    stop: bool = False  #: no longer wanted: stop it and report its exit
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.job_id, self.attempt, self.index)

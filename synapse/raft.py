@@ -18,6 +18,7 @@ What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -74,11 +75,11 @@ class ReplicatedState(SyncObjConsumer):
     def apply(self, data: bytes) -> tuple[bool, str, str]:
         """The one replicated door: a versioned, encoded command."""
         with self.lock:
-            result = self.state.apply_bytes(data)
+            cmd, result = self.state.apply_entry(data)
         listener = self.listener
         if listener is not None:
             try:
-                listener(None, result)
+                listener(cmd, result)
             except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
                 log.exception("apply listener failed")
         return (result.ok, result.error, result.value)
@@ -138,6 +139,32 @@ class RaftNode:
                 raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from exc
             name = _FAIL_NAMES.get(code, str(code))
             raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
+        return c.Result(ok, error, value)
+
+    async def propose_async(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
+        """Like `propose`, without blocking the event loop: pysyncobj's callback resolves a future."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def resolve(res: object, err: int) -> None:
+            if not future.done():
+                future.set_result((res, err))
+
+        def on_done(res: object, err: int) -> None:  # on the tick thread: trivial, never raises
+            try:
+                loop.call_soon_threadsafe(resolve, res, err)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        self.replicated.apply(codec.encode_command(cmd), callback=on_done)
+        try:
+            res, err = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+        if err != FAIL_REASON.SUCCESS:
+            raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
+                               leader=self.leader())
+        ok, error, value = res  # type: ignore[misc]
         return c.Result(ok, error, value)
 
     def is_leader(self) -> bool:

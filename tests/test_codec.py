@@ -22,6 +22,7 @@ ALL_COMMANDS = [
     c.TaskExited(at=6, job_id="j1", attempt=1, index=0, node_id="n1", exit_code=-9, reason="killed"),
     c.CancelJob(at=7, job_id="j1", reason="user"),
     c.FailAttempt(at=8, term=4, job_id="j1", attempt=2, reason="time limit", final=True),
+    c.Barrier(at=9, term=4, reason="read"),
 ]
 
 

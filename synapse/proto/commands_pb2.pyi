@@ -39,6 +39,7 @@ class Command(_message.Message):
     TASK_EXITED_FIELD_NUMBER: _builtins.int
     CANCEL_JOB_FIELD_NUMBER: _builtins.int
     FAIL_ATTEMPT_FIELD_NUMBER: _builtins.int
+    BARRIER_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -65,6 +66,8 @@ class Command(_message.Message):
     def cancel_job(self) -> Global___CancelJob: ...
     @_builtins.property
     def fail_attempt(self) -> Global___FailAttempt: ...
+    @_builtins.property
+    def barrier(self) -> Global___Barrier: ...
     def __init__(
         self,
         *,
@@ -81,16 +84,40 @@ class Command(_message.Message):
         task_exited: Global___TaskExited | None = ...,
         cancel_job: Global___CancelJob | None = ...,
         fail_attempt: Global___FailAttempt | None = ...,
+        barrier: Global___Barrier | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class Barrier(_message.Message):
+    """Changes nothing: a leader appends one before a read that must be current, so the read
+    reflects every write committed before it (a deposed leader cannot commit it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Barrier: _TypeAlias = Barrier  # noqa: Y015
 
 @_typing.final
 class RegisterNode(_message.Message):

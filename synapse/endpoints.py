@@ -1,0 +1,276 @@
+"""The gRPC API of a master replica: convert, call the domain, map errors to status codes.
+
+Writes, and reads that must be current, are served by the leader only. A follower answers
+FAILED_PRECONDITION with the trailing metadata `synapse-leader: <api address>`; a replica that
+knows no leader waits up to LEADER_WAIT_S for one, then answers UNAVAILABLE. A leader answers a
+current read only after committing a Barrier, which a deposed leader cannot do, so it never serves
+state older than the last acknowledged write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from synapse import codec
+from synapse import commands as c
+from synapse.dispatch import assignments_for_node
+from synapse.jobfile import JobFileError, check_spec
+from synapse.master import LEADER_WAIT_S, Master
+from synapse.model import JobStatus
+from synapse.proto import api_pb2, api_pb2_grpc
+from synapse.raft import ProposeError
+
+log = logging.getLogger(__name__)
+
+#: Trailing metadata key naming the leader's API address on a redirect.
+LEADER_METADATA_KEY = "synapse-leader"
+#: A watch stream re-sends the current assignments at least this often (a keepalive that also
+#: lets the worker notice a silent leader change).
+WATCH_REFRESH_S = 5.0
+MAX_ID_CHARS = 256
+
+
+class MasterServicer(api_pb2_grpc.MasterServicer):
+    def __init__(self, master: Master) -> None:
+        self.m = master
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    async def _leader(self, context: grpc.aio.ServicerContext) -> int:
+        """This replica's term if it leads and is ready; otherwise abort with a redirect or UNAVAILABLE."""
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while True:
+            term = self.m.ready_leader_term()
+            if term:
+                return term
+            leader_api = self.m.leader_api_address()
+            if leader_api and leader_api != self.m.replica.api:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"replica {self.m.replica.id} is not the leader; the leader is at {leader_api}")
+            if time.monotonic() > deadline:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"replica {self.m.replica.id}: no leader elected within {LEADER_WAIT_S:.0f}s")
+            await asyncio.sleep(0.02)
+
+    async def _propose(self, cmd: c.Command, context: grpc.aio.ServicerContext) -> c.Result:
+        try:
+            return await self.m.propose(cmd)
+        except ProposeError as exc:
+            if exc.maybe_applied:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"outcome unknown ({exc.kind}) during a leader change; "
+                                    "retry with the same request id")
+            if exc.kind == "QUEUE_FULL":
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
+            if exc.leader:
+                leader_api = self.m.config.api_of_raft(exc.leader)
+                if leader_api:
+                    context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
+        raise AssertionError("unreachable")
+
+    async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
+        term = await self._leader(context)
+        await self._propose(c.Barrier(at=time.time(), term=term, reason="read"), context)
+
+    @staticmethod
+    async def _check_id(value: str, field: str, context: grpc.aio.ServicerContext) -> None:
+        if not value or len(value) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{field}: required, at most {MAX_ID_CHARS} characters")
+
+    async def _ok_or_abort(self, result: c.Result, context: grpc.aio.ServicerContext,
+                           code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> c.Result:
+        if not result.ok:
+            if result.error.startswith("unknown job") or result.error.startswith("unknown node"):
+                code = grpc.StatusCode.NOT_FOUND
+            await context.abort(code, result.error)
+        return result
+
+    # ---- clients -------------------------------------------------------------------------------
+
+    async def SubmitJob(self, request, context):
+        try:
+            spec = codec.job_spec_from_proto(request.spec)
+            check_spec(spec, self.m.config.topology_levels)
+        except (JobFileError, codec.CodecError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
+        if len(request.request_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: at most {MAX_ID_CHARS} characters")
+        await self._leader(context)
+        with self.m.lock:
+            existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
+            largest = [n.capacity for n in self.m.state.nodes.values()]
+        if existing:
+            return api_pb2.SubmitJobReply(job_id=existing)
+        if largest and not any(spec.resources.fits_in(cap) for cap in largest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"invalid job: resources: no node can hold one task of {spec.resources} "
+                                f"(nodes have at most gpu={max(x.gpu for x in largest)}, "
+                                f"cpu={max(x.cpu for x in largest)}m, memory={max(x.memory for x in largest)})")
+        job_id = self.m.new_job_id(spec.name)
+        result = await self._propose(c.SubmitJob(at=time.time(), job_id=job_id, request_id=request.request_id,
+                                                 spec=spec), context)
+        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+        log.info("job submitted job=%s request=%s tasks=%d", result.value, request.request_id, spec.tasks)
+        return api_pb2.SubmitJobReply(job_id=result.value)
+
+    def _job_info(self, job) -> api_pb2.JobInfo:
+        loops = self.m.leader_loops
+        waiting = loops.waiting.get(job.id) if loops and job.status is JobStatus.PENDING else None
+        reservation = loops.reservation if loops else None
+        return codec.job_to_info(
+            job, waiting=waiting.message if waiting else "",
+            shortfalls=tuple(map(str, waiting.shortfalls)) if waiting else (),
+            reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
+
+    async def GetJob(self, request, context):
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            return self._job_info(job)
+
+    async def ListJobs(self, request, context):
+        await self._current_read(context)
+        wanted = set(request.status)
+        with self.m.lock:
+            jobs = [j for j in self.m.state.jobs.values() if not wanted or j.status.value in wanted]
+            return api_pb2.ListJobsReply(jobs=[self._job_info(j) for j in sorted(jobs, key=lambda j: j.seq)])
+
+    async def ListNodes(self, request, context):
+        await self._current_read(context)
+        with self.m.lock:
+            state = self.m.state
+            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]))
+                                                 for n in sorted(state.nodes.values(), key=lambda n: n.id)])
+
+    async def CancelJob(self, request, context):
+        await self._check_id(request.job_id, "job_id", context)
+        await self._leader(context)
+        result = await self._propose(c.CancelJob(at=time.time(), job_id=request.job_id,
+                                                 reason=request.reason[:512]), context)
+        await self._ok_or_abort(result, context)
+        with self.m.lock:
+            return api_pb2.CancelJobReply(status=self.m.state.jobs[request.job_id].status.value)
+
+    async def SetSchedulable(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        await self._leader(context)
+        result = await self._propose(c.SetSchedulable(at=time.time(), node_id=request.node_id,
+                                                      schedulable=request.schedulable), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.SetSchedulableReply()
+
+    async def DrainNode(self, request, context):
+        """Cordon the node, then stop (and requeue) every gang with a task on it."""
+        await self._check_id(request.node_id, "node_id", context)
+        term = await self._leader(context)
+        result = await self._propose(c.SetSchedulable(at=time.time(), node_id=request.node_id,
+                                                      schedulable=False), context)
+        await self._ok_or_abort(result, context)
+        with self.m.lock:
+            jobs = sorted({(t.job_id, t.attempt) for t, wanted in self.m.state.tasks_on_node(request.node_id)
+                           if wanted})
+        stopped = []
+        for job_id, attempt in jobs:
+            res = await self._propose(c.FailAttempt(at=time.time(), term=term, job_id=job_id, attempt=attempt,
+                                                    reason=f"node {request.node_id} drained"), context)
+            if res.ok:
+                stopped.append(job_id)
+        return api_pb2.DrainNodeReply(jobs_stopped=stopped)
+
+    async def ReplicaStatus(self, request, context):
+        status = self.m.raft.status()
+        leader = self.m.raft.leader() or ""
+        applied, digest = self.m.raft.replicated.digest()
+        partners = [r.raft for r in self.m.config.replicas if r.id != self.m.replica.id]
+        connected = [p for p in partners if status.get(f"partner_node_status_server_{p}") == 2]
+        return api_pb2.ReplicaStatusReply(
+            id=self.m.replica.id, api_address=self.m.replica.api, raft_address=self.m.replica.raft,
+            state={0: "follower", 1: "candidate", 2: "leader"}.get(status.get("state"), "unknown"),
+            leader_raft=leader, leader_api=self.m.config.api_of_raft(leader) if leader else "",
+            term=status.get("raft_term", 0), commit_index=status.get("commit_idx", 0),
+            applied_index=status.get("last_applied", 0), commands_applied=applied, digest=digest,
+            partners=partners, connected=connected)
+
+    async def AddReplica(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "membership changes are not available yet")
+
+    async def RemoveReplica(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "membership changes are not available yet")
+
+    # ---- workers -------------------------------------------------------------------------------
+
+    async def RegisterNode(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        await self._leader(context)
+        capacity = codec.resources_from_proto(request.capacity)
+        result = await self._propose(c.RegisterNode(at=time.time(), node_id=request.node_id,
+                                                    address=request.address[:MAX_ID_CHARS],
+                                                    topology=tuple(request.topology), capacity=capacity), context)
+        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+        loops = self.m.leader_loops
+        if loops is not None:
+            loops.node_heard(request.node_id)
+        log.info("node registered node=%s address=%s topology=%s gpus=%d", request.node_id, request.address,
+                 "/".join(request.topology), capacity.gpu)
+        return api_pb2.RegisterNodeReply(status=result.value,
+                                         heartbeat_interval_s=self.m.config.heartbeat_interval)
+
+    async def Heartbeat(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        term = await self._leader(context)
+        with self.m.lock:
+            node = self.m.state.nodes.get(request.node_id)
+            status = node.status.value if node else "UNKNOWN"
+        if node is not None and self.m.leader_loops is not None:
+            self.m.leader_loops.node_heard(request.node_id)
+        return api_pb2.HeartbeatReply(node_status=status, term=term)
+
+    async def WatchAssignments(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        term = await self._leader(context)
+        lost = self.m.leadership_lost()
+        last_sent = None
+        while not lost.is_set() and self.m.ready_leader_term() == term:
+            changed = self.m.node_event(request.node_id)
+            with self.m.lock:
+                state = self.m.state
+                node = state.nodes.get(request.node_id)
+                reply = api_pb2.Assignments(
+                    term=term, version=state.applied,
+                    node_status=node.status.value if node else "UNKNOWN",
+                    tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(state, request.node_id)])
+            body = (reply.node_status, tuple(t.SerializeToString() for t in reply.tasks))
+            if body != last_sent or (term, reply.version) > (request.known_term, request.known_version):
+                request.known_term, request.known_version = term, reply.version
+                last_sent = body
+                yield reply
+            try:
+                await asyncio.wait_for(changed.wait(), WATCH_REFRESH_S)
+            except TimeoutError:
+                last_sent = None  # keepalive: send the current list again
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"replica {self.m.replica.id} stopped leading; reconnect to the new leader")
+
+    async def ReportTaskEvents(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        if len(request.events) > 10_000:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events: at most 10000 per report")
+        await self._leader(context)
+        now = time.time()
+        cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
+                if e.started else
+                c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
+                             exit_code=e.exit_code, reason=e.reason[:512])
+                for e in request.events]
+        results = await asyncio.gather(*(self._propose(cmd, context) for cmd in cmds))
+        return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))

@@ -1,0 +1,249 @@
+"""`synapse-local`: a whole cluster on this machine, as separate background processes.
+
+    synapse-local up --masters 3 --workers 4 --racks 2 --gpus-per-worker 8 --data-dir ./synapse-local
+    synapse-local status --data-dir ./synapse-local
+    synapse-local down --data-dir ./synapse-local
+
+`up` generates the Raft password and the cluster token, writes `DIR/cluster.yaml` (the same format
+an operator deploys) and `DIR/cluster.json` (what it started, with pids), and returns once a leader
+exists and every worker is registered. `down` stops exactly the processes listed in
+`cluster.json`, each only if its command line still names this data dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from synapse.client import ClientError, ClusterUnavailable, MasterClient
+
+READY_TIMEOUT_S = 60.0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_ours(pid: int, data_dir: Path) -> bool:
+    """True while `pid` is alive and is a process this data dir started (not a reused pid)."""
+    return str(data_dir) in _cmdline(pid)
+
+
+def _spawn(argv: list[str], log_path: Path) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid
+
+
+def master_argv(config_path: Path, replica_id: str) -> list[str]:
+    return [sys.executable, "-m", "synapse.master", "--config", str(config_path), "--id", replica_id]
+
+
+def worker_argv(data_dir: Path, masters: str, token_file: Path, worker_id: str, rack: str, gpus: int,
+                heartbeat: float) -> list[str]:
+    return [sys.executable, "-m", "synapse.worker", "--masters", masters, "--token-file", str(token_file),
+            "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
+            "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
+            "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat)]
+
+
+def load_state(data_dir: Path) -> dict[str, Any]:
+    path = data_dir / "cluster.json"
+    if not path.exists():
+        raise click.ClickException(f"no local cluster in {data_dir} (no cluster.json)")
+    return json.loads(path.read_text())
+
+
+def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
+       heartbeat: float = 1.0) -> dict[str, Any]:
+    """Start a local cluster; returns what cluster.json records."""
+    data_dir = data_dir.resolve()
+    if (data_dir / "cluster.json").exists():
+        running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
+        if running:
+            raise click.ClickException(f"a local cluster is already running in {data_dir}; "
+                                       "run `synapse-local down` first")
+    if masters not in (1, 3, 5):
+        raise click.ClickException("--masters must be 1, 3 or 5")
+    ports = [base_port + i for i in range(masters)] + [base_port + 100 + i for i in range(masters)]
+    busy = [p for p in ports if not _port_free(p)]
+    if busy:
+        raise click.ClickException(f"ports {busy} are in use; choose another --base-port")
+    secrets_dir = data_dir / "secrets"
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(secrets_dir, 0o700)
+    token_file, password_file = secrets_dir / "token", secrets_dir / "raft-password"
+    for path in (token_file, password_file):
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+        os.chmod(path, 0o600)
+    token = token_file.read_text().strip()
+    replicas = [{"id": f"m{i + 1}", "raft": f"127.0.0.1:{base_port + 100 + i}", "api": f"127.0.0.1:{base_port + i}"}
+                for i in range(masters)]
+    config_path = data_dir / "cluster.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
+        "raft_password": {"file": str(password_file)}, "token": {"file": str(token_file)},
+        "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
+        "replicas": replicas}, sort_keys=False))
+    state: dict[str, Any] = {"masters": [], "workers": [], "token": token, "data_dir": str(data_dir)}
+    for r in replicas:
+        pid = _spawn(master_argv(config_path, r["id"]), data_dir / "logs" / f"{r['id']}.log")
+        state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"], "pid": pid,
+                                 "data_dir": str(data_dir / "masters" / r["id"])})
+    (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+    addresses = ",".join(r["api"] for r in replicas)
+    client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S)
+    try:
+        client.list_nodes()  # answers once a leader is elected and ready
+        for i in range(workers):
+            worker_id, rack = f"w{i + 1}", f"rack{i % max(1, racks)}"
+            pid = _spawn(worker_argv(data_dir, addresses, token_file, worker_id, rack, gpus, heartbeat),
+                         data_dir / "logs" / f"{worker_id}.log")
+            state["workers"].append({"id": worker_id, "pid": pid, "rack": rack})
+        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+        _wait_for_workers(client, [w["id"] for w in state["workers"]])
+    except (ClientError, ClusterUnavailable, click.ClickException) as exc:
+        down(data_dir)
+        raise click.ClickException(
+            f"the local cluster did not come up: {exc}; logs are in {data_dir / 'logs'}") from None
+    finally:
+        client.close()
+    return state
+
+
+def _wait_for_workers(client: MasterClient, worker_ids: list[str]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while worker_ids:
+        ready = {n.id for n in client.list_nodes() if n.status == "READY"}
+        if set(worker_ids) <= ready:
+            return
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"workers not registered: {sorted(set(worker_ids) - ready)}")
+        time.sleep(0.1)
+
+
+def _pids(state: dict[str, Any]) -> list[int]:
+    return [p["pid"] for p in state.get("workers", []) + state.get("masters", []) if p.get("pid")]
+
+
+def down(data_dir: Path, grace: float = 10.0) -> list[int]:
+    """Stop what `up` started in this data dir (workers first); returns the pids stopped."""
+    data_dir = data_dir.resolve()
+    state = load_state(data_dir)
+    pids = [p for p in _pids(state) if is_ours(p, data_dir)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(is_ours(p, data_dir) and _alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if is_ours(pid, data_dir) and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        _reap(pid)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+                        default=Path("synapse-local"), show_default=True, help="where the cluster keeps its files")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Run a Synapse cluster (masters and workers) on this machine."""
+
+
+@main.command("up")
+@DATA_DIR
+@click.option("--masters", default=3, show_default=True, help="master replicas: 1, 3 or 5")
+@click.option("--workers", default=0, show_default=True, help="worker agents to start")
+@click.option("--racks", default=2, show_default=True, help="racks the workers are spread over")
+@click.option("--gpus-per-worker", default=8, show_default=True, help="fake GPUs each worker announces")
+@click.option("--base-port", default=7000, show_default=True, help="API ports from here, Raft ports from +100")
+@click.option("--heartbeat", default=1.0, show_default=True, help="worker heartbeat interval, seconds")
+def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
+           heartbeat: float) -> None:
+    """Start the cluster in the background; returns once it is ready."""
+    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat)
+    addresses = ",".join(m["api_address"] for m in state["masters"])
+    click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
+               f"files in {state['data_dir']}")
+    click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}")
+
+
+@main.command("down")
+@DATA_DIR
+def down_cmd(data_dir: Path) -> None:
+    """Stop every process the cluster in this data dir started."""
+    pids = down(data_dir)
+    click.echo(f"stopped {len(pids)} process(es)")
+
+
+@main.command("status")
+@DATA_DIR
+def status_cmd(data_dir: Path) -> None:
+    """Which of the cluster's processes are alive, and who leads."""
+    data_dir = data_dir.resolve()
+    state = load_state(data_dir)
+    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], deadline=3)
+    for m in state["masters"]:
+        alive = is_ours(m["pid"], data_dir) and _alive(m["pid"])
+        role = "-"
+        if alive:
+            try:
+                role = client.replica_status(m["api_address"]).state
+            except (ClientError, ClusterUnavailable):
+                role = "not answering"
+        click.echo(f"master {m['id']:<4} pid {m['pid']:<8} {'alive' if alive else 'stopped':<8} {role}")
+    for w in state["workers"]:
+        alive = is_ours(w["pid"], data_dir) and _alive(w["pid"])
+        click.echo(f"worker {w['id']:<4} pid {w['pid']:<8} {'alive' if alive else 'stopped':<8} {w['rack']}")
+    client.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""One master replica: the Raft node, the gRPC API, and the leader-only loops when it leads.
+
+    synapse-master --config cluster.yaml --id m1
+
+Threads: pysyncobj's tick thread applies commands; everything else runs on one asyncio loop (the
+gRPC server, the leader loops, the assignment watchers). The tick thread only ever hands work to
+the loop with `call_soon_threadsafe`, so it is never blocked by us, and no synchronous replicated
+call is ever made from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+import uuid
+
+import grpc
+
+from synapse import commands as c
+from synapse.auth import TokenInterceptor
+from synapse.config import ClusterConfig, ConfigError, load_cluster_config
+from synapse.heartbeat import HeartbeatTracker
+from synapse.logs import configure
+from synapse.raft import RaftNode, RaftTimeouts, raft_config
+
+log = logging.getLogger(__name__)
+
+#: How long a replica with no known leader holds a request before answering UNAVAILABLE.
+LEADER_WAIT_S = 3.0
+#: gRPC message size limit, both ways: a job spec or a node's assignments fit well inside it.
+MAX_MESSAGE_BYTES = 4 << 20
+#: How often leadership is checked (pysyncobj has no reliable cross-thread notification).
+LEADERSHIP_POLL_S = 0.02
+
+
+class Master:
+    """The state of one replica process that is not replicated: leadership, watchers, loops."""
+
+    def __init__(self, config: ClusterConfig, replica_id: str, raft: RaftNode) -> None:
+        self.config = config
+        self.replica = config.replica(replica_id)
+        self.raft = raft
+        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout)  #: leader only; reset on election
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.leader_loops = None  #: LeaderLoops while this replica leads, else None
+        self._node_events: dict[str, asyncio.Event] = {}  #: node id -> set when its assignments may change
+        self._leadership_lost = asyncio.Event()  #: set whenever this replica stops leading
+        self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
+
+    # ---- proposing and reading -----------------------------------------------------------------
+
+    @property
+    def state(self):
+        return self.raft.replicated.state
+
+    @property
+    def lock(self):
+        return self.raft.replicated.lock
+
+    async def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
+        return await self.raft.propose_async(cmd, timeout)
+
+    def now(self) -> float:
+        return time.time()
+
+    def new_job_id(self, name: str) -> str:
+        return f"{name[:40]}-{uuid.uuid4().hex[:8]}"
+
+    def leader_api_address(self) -> str:
+        """The API address of the replica this one believes leads ('' if none known)."""
+        leader = self.raft.leader()
+        return self.config.api_of_raft(leader) if leader else ""
+
+    def ready_leader_term(self) -> int:
+        """The term this replica leads in with its loops ready, or 0."""
+        loops = self.leader_loops
+        if loops is not None and loops.ready.is_set() and self.raft.is_leader() and self.raft.term() == loops.term:
+            return loops.term
+        return 0
+
+    # ---- change notification (tick thread -> loop) ---------------------------------------------
+
+    def on_applied(self, cmd: c.Command | None, result: c.Result) -> None:
+        """Listener for every applied command; runs on pysyncobj's tick thread, so it only hands off."""
+        if self.loop is not None and result.ok and cmd is not None and not isinstance(cmd, c.Barrier):
+            try:
+                self.loop.call_soon_threadsafe(self._changed, cmd)
+            except RuntimeError:
+                pass
+
+    def _changed(self, cmd: c.Command) -> None:
+        self.scheduler_dirty.set()
+        node_ids: set[str] = set()
+        if isinstance(cmd, c.NodeDown):
+            node_ids = set(self._node_events)  # its gangs stop everywhere
+        elif hasattr(cmd, "job_id"):
+            with self.lock:
+                job = self.state.jobs.get(cmd.job_id)  # type: ignore[attr-defined]
+                node_ids = {t.node_id for t in job.tasks} if job else set()
+        if hasattr(cmd, "node_id"):
+            node_ids.add(cmd.node_id)  # type: ignore[attr-defined]
+        if isinstance(cmd, c.CommitPlan):
+            node_ids.update(p.node_id for p in cmd.placements)
+        for node_id in node_ids:
+            self.notify_node(node_id)
+
+    def notify_node(self, node_id: str) -> None:
+        event = self._node_events.pop(node_id, None)
+        if event is not None:
+            event.set()
+
+    def node_event(self, node_id: str) -> asyncio.Event:
+        """An event set the next time this node's assignments may have changed."""
+        event = self._node_events.get(node_id)
+        if event is None:
+            event = self._node_events[node_id] = asyncio.Event()
+        return event
+
+    def leadership_lost(self) -> asyncio.Event:
+        return self._leadership_lost
+
+    # ---- leadership ----------------------------------------------------------------------------
+
+    async def watch_leadership(self) -> None:
+        from synapse.leader import LeaderLoops  # the loops import the endpoints' helpers
+
+        while True:
+            leading = self.raft.is_leader()
+            term = self.raft.term()
+            loops = self.leader_loops
+            if loops is not None and (not leading or term != loops.term):
+                log.info("leadership lost term=%d replica=%s", loops.term, self.replica.id)
+                loops.stop()
+                self.leader_loops = None
+                self._leadership_lost.set()
+                self._leadership_lost = asyncio.Event()
+                for event in self._node_events.values():
+                    event.set()
+                self._node_events.clear()
+            if leading and self.leader_loops is None:
+                log.info("leadership gained term=%d replica=%s", term, self.replica.id)
+                self.leader_loops = LeaderLoops(self, term)
+                self.leader_loops.start()
+            await asyncio.sleep(LEADERSHIP_POLL_S)
+
+
+async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | None = None) -> None:
+    """Run one replica until SIGTERM / SIGINT (or `stop` is set)."""
+    from synapse.endpoints import MasterServicer
+    from synapse.proto import api_pb2_grpc
+
+    replica = config.replica(replica_id)
+    timeouts = RaftTimeouts(election_min=config.election_min, election_max=config.election_max,
+                            leader_fallback=min(0.35, config.election_min * 0.85))
+    conf = raft_config(bind_address=replica.raft, data_dir=config.data_dir_of(replica_id),
+                       password=config.raft_password, timeouts=timeouts)
+    partners = [r.raft for r in config.replicas if r.id != replica_id]
+    raft = RaftNode(replica.raft, partners, conf, config.topology_levels)
+    master = Master(config, replica_id, raft)
+    master.loop = asyncio.get_running_loop()
+    raft.replicated.listener = master.on_applied
+
+    interceptors = [TokenInterceptor(config.token)] if config.token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0)])
+    api_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), server)
+    server.add_insecure_port(replica.api)
+    await server.start()
+    log.info("master serving replica=%s api=%s raft=%s partners=%s", replica_id, replica.api, replica.raft,
+             ",".join(partners))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(master.watch_leadership())
+    await stop.wait()
+    log.info("master stopping replica=%s", replica_id)
+    watcher.cancel()
+    if master.leader_loops is not None:
+        master.leader_loops.stop()
+    await server.stop(grace=1.0)
+    raft.replicated.listener = None
+    raft.destroy()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="synapse-master", description="Run one Synapse master replica.")
+    parser.add_argument("--config", required=True, help="cluster file (YAML)")
+    parser.add_argument("--id", required=True, help="this replica's id in the cluster file")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure("synapse-master", args.id, args.log_level)
+    try:
+        config = load_cluster_config(args.config)
+        config.replica(args.id)
+    except ConfigError as exc:
+        print(f"synapse-master: {exc}", file=sys.stderr)
+        sys.exit(2)
+    asyncio.run(serve(config, args.id))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Fixtures that start real clusters (masters, workers) on 127.0.0.1 and always stop them."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse import local
+from synapse.client import MasterClient
+
+
+def free_base_port(masters: int) -> int:
+    """A base port whose API (base+i) and Raft (base+100+i) ports are all free now."""
+    for _ in range(200):
+        base = random.randrange(20000, 40000, 10)
+        ports = [base + i for i in range(masters)] + [base + 100 + i for i in range(masters)]
+        try:
+            for port in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range found")
+
+
+class LocalCluster:
+    """A running `synapse-local` cluster and helpers to hurt it."""
+
+    def __init__(self, data_dir: Path, masters: int, workers: int, racks: int, gpus: int) -> None:
+        self.data_dir = data_dir
+        self.base_port = free_base_port(masters)
+        self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5)
+        self.token = self.state["token"]
+        self.addresses = [m["api_address"] for m in self.state["masters"]]
+        self.client = MasterClient(self.addresses, self.token, deadline=30)
+
+    def master(self, replica_id: str) -> dict:
+        return next(m for m in self.state["masters"] if m["id"] == replica_id)
+
+    def leader_id(self) -> str:
+        for m in self.state["masters"]:
+            if local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"]):
+                try:
+                    status = self.client.replica_status(m["api_address"])
+                except Exception:  # noqa: BLE001 - a replica going down mid-check
+                    continue
+                if status.state == "leader":
+                    return status.id
+        raise AssertionError("no leader")
+
+    def wait_leader(self, timeout: float = 15.0, exclude: str = "") -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                leader = self.leader_id()
+                if leader != exclude:
+                    return leader
+            except AssertionError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("no leader elected in time")
+
+    def converged_digest(self, timeout: float = 10.0) -> str:
+        """The state digest once every live replica has applied the same number of commands."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            statuses = []
+            for m in self.state["masters"]:
+                if local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"]):
+                    try:
+                        statuses.append(self.client.replica_status(m["api_address"]))
+                    except Exception:  # noqa: BLE001 - not answering yet
+                        pass
+            applied = {s.commands_applied for s in statuses}
+            if statuses and len(applied) == 1:
+                digests = {s.digest for s in statuses}
+                assert len(digests) == 1, f"replicas applied the same commands yet differ: {digests}"
+                return digests.pop()
+            time.sleep(0.05)
+        raise AssertionError("replicas did not converge in time")
+
+    def kill_master(self, replica_id: str, sig: int = signal.SIGKILL) -> None:
+        pid = self.master(replica_id)["pid"]
+        os.kill(pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            deadline = time.monotonic() + 10
+            while local._alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            local._reap(pid)
+
+    def restart_master(self, replica_id: str) -> None:
+        m = self.master(replica_id)
+        m["pid"] = local._spawn(local.master_argv(self.data_dir / "cluster.yaml", replica_id),
+                                self.data_dir / "logs" / f"{replica_id}.log")
+        (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
+
+    def stop(self) -> None:
+        self.client.close()
+        local.down(self.data_dir)
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    started: list[LocalCluster] = []
+
+    def make(masters: int = 3, workers: int = 0, racks: int = 2, gpus: int = 8) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"cluster{len(started)}", masters, workers, racks, gpus)
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()

@@ -1,0 +1,102 @@
+"""The highly available master with real processes on 127.0.0.1: redirects, failover, restarts."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from synapse import codec
+from synapse.auth import client_metadata
+from synapse.client import MasterClient
+from synapse.proto import api_pb2, types_pb2
+from tests.helpers import spec
+
+pytestmark = pytest.mark.slow
+
+
+def proto_spec(**kw):
+    return codec.job_spec_to_proto(spec(**kw))
+
+
+def register(client, node_id, rack="r1", gpus=8):
+    return client.call("RegisterNode", api_pb2.RegisterNodeRequest(
+        node_id=node_id, address="127.0.0.1:1", topology=[rack],
+        capacity=types_pb2.Resources(cpu_millis=64000, memory_bytes=1 << 36, gpu=gpus)))
+
+
+def test_follower_names_the_leader_and_client_follows(make_cluster):
+    cluster = make_cluster()
+    leader = cluster.wait_leader()
+    follower = next(m for m in cluster.state["masters"] if m["id"] != leader)
+    stub = cluster.client.stub(follower["api_address"])
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SubmitJob(api_pb2.SubmitJobRequest(request_id="x", spec=proto_spec()), timeout=5,
+                       metadata=client_metadata(cluster.token))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(err.value.trailing_metadata())["synapse-leader"] == cluster.master(leader)["api_address"]
+    # Through a client that only knows the follower, the submission still lands.
+    only_follower = MasterClient([follower["api_address"]], cluster.token)
+    job_id = only_follower.submit(proto_spec(), request_id="via-follower")
+    assert only_follower.get_job(job_id).status == "PENDING"
+    assert only_follower.leader == cluster.master(leader)["api_address"]
+
+
+def test_kill_leader_then_submit_succeeds_and_request_id_is_idempotent(make_cluster):
+    cluster = make_cluster()
+    first = cluster.client.submit(proto_spec(), request_id="req-1")
+    old_leader = cluster.wait_leader()
+    cluster.kill_master(old_leader)
+    # The same request id after a failover: still exactly one job.
+    assert cluster.client.submit(proto_spec(), request_id="req-1") == first
+    second = cluster.client.submit(proto_spec(), request_id="req-2")
+    new_leader = cluster.wait_leader(exclude=old_leader)
+    assert new_leader != old_leader
+    assert sorted(j.id for j in cluster.client.list_jobs()) == sorted([first, second])
+
+
+def test_full_restart_keeps_every_acknowledged_job(make_cluster):
+    cluster = make_cluster()
+    register(cluster.client, "n1")
+    acked = [cluster.client.submit(proto_spec(tasks=1, gpu=8), request_id=f"r{i}") for i in range(20)]
+    before = {j.id: j.status for j in cluster.client.list_jobs()}
+    assert set(before) == set(acked) and list(before.values()).count("SCHEDULED") == 1
+    for m in cluster.state["masters"]:
+        cluster.kill_master(m["id"])
+    for m in cluster.state["masters"]:
+        cluster.restart_master(m["id"])
+    after = {j.id: j.status for j in cluster.client.list_jobs()}
+    assert after == before
+    cluster.converged_digest()
+
+
+def test_node_without_heartbeats_goes_down_and_gang_is_requeued(make_cluster):
+    cluster = make_cluster()
+    register(cluster.client, "n1")
+    register(cluster.client, "n2", rack="r2")
+    job_id = cluster.client.submit(proto_spec(tasks=1, gpu=8, max_restarts=1))
+    job = wait_status(cluster.client, job_id, {"SCHEDULED"})
+    # Only n2 keeps heartbeating: the node holding the task goes DOWN after the 3 s timeout.
+    lost_node = job.tasks[0].node_id
+    alive = "n2" if lost_node == "n1" else "n1"
+    import time
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        cluster.client.call("Heartbeat", api_pb2.HeartbeatRequest(node_id=alive))
+        nodes = {n.id: n.status for n in cluster.client.list_nodes()}
+        if nodes[lost_node] == "DOWN":
+            break
+        time.sleep(0.3)
+    assert nodes == {lost_node: "DOWN", alive: "READY"}
+    job = wait_status(cluster.client, job_id, {"SCHEDULED"}, attempt=2)
+    assert job.tasks[0].node_id == alive
+
+
+def wait_status(client, job_id, statuses, attempt=None, timeout=20.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get_job(job_id)
+        if job.status in statuses and (attempt is None or job.attempt == attempt):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} is {job.status} at attempt {job.attempt}, wanted {statuses}")

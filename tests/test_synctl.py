@@ -1,0 +1,98 @@
+"""synctl against a real 3-master cluster, and its error paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from synapse.cli import main
+from tests.test_master_ha import register
+
+JOB = """\
+name: train
+tasks: 2
+resources: {cpu: 2, memory: 4Gi, gpu: 4}
+command: ["python", "-c", "print('hi')"]
+topology: {pack: rack, mode: required}
+max_restarts: 1
+"""
+
+
+def synctl(cluster, *args, **kw):
+    env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token} if cluster else {}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False, **kw)
+
+
+@pytest.mark.slow
+def test_synctl_end_to_end(make_cluster, tmp_path):
+    cluster = make_cluster()
+    register(cluster.client, "n1", rack="r1")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(JOB)
+    out = synctl(cluster, "submit", str(job_file), "--request-id", "fixed", "-o", "json")
+    assert out.exit_code == 0, out.output
+    job_id = json.loads(out.output)["id"]
+    again = synctl(cluster, "submit", str(job_file), "--request-id", "fixed")
+    assert again.output.strip() == job_id  # the same request id is the same job
+
+    described = json.loads(synctl(cluster, "describe", "job", job_id, "-o", "json").output)
+    assert described["status"] == "SCHEDULED" and described["attempt"] == 1
+    assert [(t["index"], t["node"], t["gpus"]) for t in described["tasks"]] == [(0, "n1", [0, 1, 2, 3]),
+                                                                                  (1, "n1", [4, 5, 6, 7])]
+    table = synctl(cluster, "describe", "job", job_id).output
+    assert "Attempt:    1 of 2" in table and "Scheduled" in table
+
+    big = synctl(cluster, "submit", "--tasks", "3", "--gpu", "8", "--name", "big", "--", "sleep", "1")
+    pending = synctl(cluster, "describe", "job", big.output.strip()).output
+    assert "Waiting:" in pending and "short of gpu" in pending
+
+    nodes = json.loads(synctl(cluster, "get", "nodes", "-o", "json").output)
+    assert [(n["id"], n["status"], n["gpus_used"]) for n in nodes] == [("n1", "READY", 8)]
+    jobs = json.loads(synctl(cluster, "get", "jobs", "-o", "json").output)
+    assert [j["id"] for j in jobs] == [job_id, big.output.strip()]
+    status = json.loads(synctl(cluster, "cluster", "status", "-o", "json").output)
+    assert status["leader"]["id"] == cluster.wait_leader() and len(status["replicas"]) == 3
+    assert synctl(cluster, "cordon", "n1").exit_code == 0
+    assert json.loads(synctl(cluster, "get", "nodes", "-o", "json").output)[0]["schedulable"] is False
+    assert synctl(cluster, "uncordon", "n1").exit_code == 0
+    cancelled = synctl(cluster, "cancel", job_id)
+    assert cancelled.output.strip() == f"{job_id}: STOPPING"  # resources return when the tasks are gone
+
+    unknown = synctl(cluster, "describe", "job", "no-such-job")
+    assert unknown.exit_code == 2 and "not found: unknown job no-such-job" in unknown.output
+    bad_token = CliRunner().invoke(main, ["get", "jobs"], env={"SYNAPSE_MASTERS": cluster.addresses[0],
+                                                               "SYNAPSE_TOKEN": "wrong"})
+    assert bad_token.exit_code == 4 and "authentication failed" in bad_token.output
+    impossible = synctl(cluster, "submit", "--gpu", "64", "--", "x")
+    assert impossible.exit_code == 2 and "no node can hold one task" in impossible.output
+
+
+def test_unreachable_cluster_is_one_line_and_exit_3():
+    out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "--timeout", "1", "get", "jobs"])
+    assert out.exit_code == 3 and out.output.startswith("synctl: cluster unreachable")
+
+
+@pytest.mark.parametrize("text,field", [
+    ("name: a\ntasks: -1\ncommand: [x]\n", "tasks"),
+    ("name: a\ncommand: [x]\nresources: {gpu: lots}\n", "resources.gpu"),
+    ("name: a\ncommand: [x]\nresources: {memory: 12Xi}\n", "resources.memory"),
+    ("name: a\ncommand: [x]\ntopology: {pack: rack, mode: maybe}\n", "topology.mode"),
+    ("name: a\ncommand: [x]\ncolour: blue\n", "colour"),
+    ("tasks: 2\ncommand: [x]\n", "name"),
+    ("name: a\ntasks: 2\n", "command"),
+    ("name: [unclosed\n", "(file)"),
+])
+def test_invalid_job_file_names_the_field(tmp_path, text, field):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", str(path)])
+    assert out.exit_code == 2 and f"invalid job file {path}: {field}:" in out.output, out.output
+
+
+def test_missing_job_file_and_missing_masters(tmp_path):
+    out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", str(tmp_path / "nope.yaml")])
+    assert out.exit_code == 2 and "cannot read" in out.output
+    out = CliRunner().invoke(main, ["get", "jobs"], env={"SYNAPSE_MASTERS": ""})
+    assert out.exit_code == 2 and "no masters given" in out.output
