@@ -109,9 +109,12 @@ class MasterClient:
         end = time.monotonic() + (deadline if deadline is not None else self.deadline)
         pause = self.backoff[0]
         last_error = "no replica tried"
-        redirects = 0
         while True:
-            for address in ([to] if to else self._candidates()):
+            failed: set[str] = set()  #: addresses that failed in this round: hints to them are stale
+            redirects = 0
+            order = [to] if to else self._candidates()
+            while order:
+                address = order.pop(0)
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     break
@@ -128,13 +131,17 @@ class MasterClient:
                     hint = _leader_hint(exc)
                     if code == grpc.StatusCode.FAILED_PRECONDITION and hint and not to:
                         last_error = f"{address}: {details}"
-                        redirects += 1
-                        if hint != address and redirects <= 2 * len(self.addresses) + 2:
+                        failed.add(address)
+                        if hint not in failed and redirects < 2 * len(self.addresses):
+                            redirects += 1
+                            if hint not in self.addresses:
+                                self.addresses.append(hint)
                             self.leader = hint
-                            return self._follow(method, request, end, hint)
+                            order = [hint] + [a for a in order if a != hint]
                         continue
                     if code in _RETRY_CODES:
                         last_error = f"{address}: {code.name}: {details}"
+                        failed.add(address)
                         if self.leader == address:
                             self.leader = None
                         continue
@@ -143,12 +150,6 @@ class MasterClient:
                 raise ClusterUnavailable(f"no master answered within the deadline (last: {last_error})")
             time.sleep(min(pause * random.uniform(0.5, 1.5), max(0.0, end - time.monotonic())))
             pause = min(pause * 2, self.backoff[1])
-
-    def _follow(self, method: str, request: Any, end: float, leader: str) -> Any:
-        """A redirect: put the named leader first and go on within the same deadline."""
-        if leader not in self.addresses:
-            self.addresses.append(leader)
-        return self.call(method, request, deadline=max(0.0, end - time.monotonic()))
 
     def stream(self, method: str, request: Any, *, timeout: float | None = None) -> tuple[str, Iterator[Any]]:
         """Open a server stream on the leader; returns (address, iterator). Redirects are followed

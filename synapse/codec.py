@@ -149,14 +149,44 @@ def encode_command(cmd: c.Command) -> bytes:
     return command_to_proto(cmd).SerializeToString()
 
 
-def decode_command(data: bytes) -> c.Command:
-    """The command in `data`; raises CodecError on anything malformed or unknown."""
+def encode_batch(cmds: list[c.Command]) -> bytes:
+    """One log entry carrying several commands (group commit)."""
+    env = commands_pb2.Command(version=COMMAND_VERSION)
+    env.batch.commands.extend(command_to_proto(cmd) for cmd in cmds)
+    return env.SerializeToString()
+
+
+def _parse(data: bytes) -> commands_pb2.Command:
     env = commands_pb2.Command()
     try:
         env.ParseFromString(data)
     except (DecodeError, TypeError, ValueError) as exc:
         raise CodecError(f"malformed command: {exc}") from exc
-    return command_from_proto(env)
+    return env
+
+
+def decode_command(data: bytes) -> c.Command:
+    """The command in `data`; raises CodecError on anything malformed or unknown."""
+    return command_from_proto(_parse(data))
+
+
+def decode_entry(data: bytes) -> list[c.Command | CodecError]:
+    """The commands of one log entry: one, or a batch's. A sub-command that does not decode
+    comes back as its CodecError, so the others still apply; a batch inside a batch is refused."""
+    env = _parse(data)
+    if env.WhichOneof("body") != "batch":
+        return [command_from_proto(env)]
+    if env.version == 0 or env.version > COMMAND_VERSION:
+        raise CodecError(f"command version {env.version} is not supported")
+    out: list[c.Command | CodecError] = []
+    for sub in env.batch.commands:
+        try:
+            if sub.WhichOneof("body") == "batch":
+                raise CodecError("a batch must not contain a batch")
+            out.append(command_from_proto(sub))
+        except CodecError as exc:
+            out.append(exc)
+    return out
 
 
 # ---- API messages (read side) -------------------------------------------------------------------

@@ -105,14 +105,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._leader(context)
         with self.m.lock:
             existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
-            largest = [n.capacity for n in self.m.state.nodes.values()]
+            largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
-        if largest and not any(spec.resources.fits_in(cap) for cap in largest):
+        if has_nodes and not spec.resources.fits_in(largest):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"invalid job: resources: no node can hold one task of {spec.resources} "
-                                f"(nodes have at most gpu={max(x.gpu for x in largest)}, "
-                                f"cpu={max(x.cpu for x in largest)}m, memory={max(x.memory for x in largest)})")
+                                f"invalid job: resources: no node can hold one task: "
+                                f"{', '.join(spec.resources.short_of(largest))} per task is more than the "
+                                f"largest node has (gpu {largest.gpu}, cpu {largest.cpu}m, memory {largest.memory})")
         job_id = self.m.new_job_id(spec.name)
         result = await self._propose(c.SubmitJob(at=time.time(), job_id=job_id, request_id=request.request_id,
                                                  spec=spec), context)
@@ -199,7 +199,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             leader_raft=leader, leader_api=self.m.config.api_of_raft(leader) if leader else "",
             term=status.get("raft_term", 0), commit_index=status.get("commit_idx", 0),
             applied_index=status.get("last_applied", 0), commands_applied=applied, digest=digest,
-            partners=partners, connected=connected)
+            partners=partners, connected=connected, entries_proposed=self.m.raft.entries_proposed,
+            commands_proposed=self.m.raft.commands_proposed)
 
     async def AddReplica(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "membership changes are not available yet")

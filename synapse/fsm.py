@@ -62,6 +62,7 @@ class ClusterState:
         self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
+        self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
             c.RegisterNode: self._register_node, c.NodeDown: self._node_down,
             c.NodeUp: self._node_up, c.SetSchedulable: self._set_schedulable,
@@ -74,17 +75,26 @@ class ClusterState:
     # ---- the one door ---------------------------------------------------------------------------
 
     def apply_bytes(self, data: bytes) -> Result:
-        """Decode a log entry and apply it; malformed entries are rejected, never raised."""
-        return self.apply_entry(data)[1]
+        """Decode a single-command log entry and apply it; malformed entries are rejected."""
+        return self.apply_entry(data)[0][1]
 
-    def apply_entry(self, data: bytes) -> tuple[c.Command | None, Result]:
-        """Like apply_bytes, also returning the decoded command (None if it did not decode)."""
+    def apply_entry(self, data: bytes) -> list[tuple[c.Command | None, Result]]:
+        """Apply every command of a log entry (one, or a batch's, in order) with its result.
+
+        A command that does not decode is rejected (and counted) like any other rejection.
+        """
         try:
-            cmd = codec.decode_command(data)
+            cmds = codec.decode_entry(data)
         except codec.CodecError as exc:
-            self.applied += 1
-            return None, Result.rejected(str(exc))
-        return cmd, self.apply(cmd)
+            cmds = [exc]
+        out: list[tuple[c.Command | None, Result]] = []
+        for cmd in cmds:
+            if isinstance(cmd, codec.CodecError):
+                self.applied += 1
+                out.append((None, Result.rejected(str(cmd))))
+            else:
+                out.append((cmd, self.apply(cmd)))
+        return out
 
     def apply(self, cmd: c.Command) -> Result:
         """Apply one command. Deterministic; never raises; a rejection changes nothing."""
@@ -123,14 +133,21 @@ class ClusterState:
             self.nodes[node.id] = node
             self.live_tasks[node.id] = set()
             self.index.update(node)
+            self._note_capacity(node.capacity)
             return Result(True, value="registered")
         if not node.used.fits_in(cmd.capacity) or any(g >= cmd.capacity.gpu for g in node.gpus_in_use):
             return Result.rejected(f"node {node.id}: new capacity is below what its live tasks use")
         node.address, node.topology, node.capacity = cmd.address, topology, cmd.capacity
+        self._note_capacity(node.capacity)
         if node.status is NodeStatus.DOWN:
             node.status, node.status_changed_at = NodeStatus.READY, cmd.at
         self.index.update(node)
         return Result(True, value="re-registered")
+
+    def _note_capacity(self, capacity: Resources) -> None:
+        """Keep `largest` (a hint for rejecting tasks no node could ever hold; it never shrinks)."""
+        self.largest = Resources(max(self.largest.cpu, capacity.cpu), max(self.largest.memory, capacity.memory),
+                                 max(self.largest.gpu, capacity.gpu))
 
     def _node_down(self, cmd: c.NodeDown) -> Result:
         node = self.nodes.get(cmd.node_id)
@@ -445,6 +462,7 @@ class ClusterState:
             state.nodes[node.id] = node
             state.live_tasks[node.id] = set()
             state.index.update(node)
+            state._note_capacity(node.capacity)
         for jd in data["jobs"]:
             job = _job_from_dict(jd)
             state.jobs[job.id] = job

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Safety tick: a scheduling round runs at least this often even if nothing signalled a change.
 SCHEDULE_TICK_S = 1.0
+#: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
+SCHEDULE_MIN_INTERVAL_S = 0.02
 
 
 class LeaderLoops:
@@ -85,7 +87,9 @@ class LeaderLoops:
             except TimeoutError:
                 pass
             dirty.clear()
+            started = time.monotonic()
             await self.schedule_once()
+            await asyncio.sleep(max(0.0, SCHEDULE_MIN_INTERVAL_S - (time.monotonic() - started)))
 
     async def schedule_once(self) -> None:
         now = time.time()

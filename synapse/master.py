@@ -71,8 +71,12 @@ class Master:
         return f"{name[:40]}-{uuid.uuid4().hex[:8]}"
 
     def leader_api_address(self) -> str:
-        """The API address of the replica this one believes leads ('' if none known)."""
-        leader = self.raft.leader()
+        """The API address of the leader this replica follows and is connected to, or ''.
+
+        pysyncobj keeps naming a dead leader until the next election; a hint to it would only send
+        clients in circles, so a replica names its leader only while its link to it is up.
+        """
+        leader = self.raft.leader_if_connected()
         return self.config.api_of_raft(leader) if leader else ""
 
     def ready_leader_term(self) -> int:
@@ -84,16 +88,19 @@ class Master:
 
     # ---- change notification (tick thread -> loop) ---------------------------------------------
 
-    def on_applied(self, cmd: c.Command | None, result: c.Result) -> None:
-        """Listener for every applied command; runs on pysyncobj's tick thread, so it only hands off."""
-        if self.loop is not None and result.ok and cmd is not None and not isinstance(cmd, c.Barrier):
-            try:
-                self.loop.call_soon_threadsafe(self._changed, cmd)
-            except RuntimeError:
-                pass
+    def on_applied(self, applied: list[tuple[c.Command | None, c.Result]]) -> None:
+        """Listener for every applied log entry; runs on pysyncobj's tick thread, so it only hands off."""
+        changes = [cmd for cmd, result in applied if result.ok and cmd is not None and not isinstance(cmd, c.Barrier)]
+        inbox = self.raft.inbox
+        if inbox is not None and changes:
+            inbox.post(self._changed_all, changes)
+
+    def _changed_all(self, cmds: list[c.Command]) -> None:
+        self.scheduler_dirty.set()
+        for cmd in cmds:
+            self._changed(cmd)
 
     def _changed(self, cmd: c.Command) -> None:
-        self.scheduler_dirty.set()
         node_ids: set[str] = set()
         if isinstance(cmd, c.NodeDown):
             node_ids = set(self._node_events)  # its gangs stop everywhere
@@ -162,6 +169,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     raft = RaftNode(replica.raft, partners, conf, config.topology_levels)
     master = Master(config, replica_id, raft)
     master.loop = asyncio.get_running_loop()
+    raft.bind_loop(master.loop)
     raft.replicated.listener = master.on_applied
 
     interceptors = [TokenInterceptor(config.token)] if config.token else []

@@ -19,6 +19,7 @@ What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -46,6 +47,38 @@ class RaftTimeouts:
     leader_fallback: float = 0.35  #: below election_min: a cut-off leader steps down first
 
 
+class LoopInbox:
+    """Hands work from pysyncobj's tick thread to an asyncio loop with few wake-ups.
+
+    `post` appends to a deque and wakes the loop only when no drain is already pending, so a burst
+    of applied entries costs one self-pipe write instead of one per entry. Safe to call from the
+    tick thread: it never raises.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: collections.deque = collections.deque()
+        self._scheduled = False
+
+    def post(self, fn: Callable[..., None], *args: object) -> None:
+        self._items.append((fn, args))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _drain(self) -> None:
+        self._scheduled = False  # before popping: a post from now on schedules another drain
+        while self._items:
+            fn, args = self._items.popleft()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - one bad handler must not stop the others
+                log.exception("loop inbox handler failed")
+
+
 class ProposeError(Exception):
     """A proposal that did not produce a result. `maybe_applied` says whether it may still commit."""
 
@@ -59,6 +92,12 @@ class ProposeError(Exception):
 #: pysyncobj outcomes after which the command may still be (or already be) committed.
 _MAYBE_APPLIED = {FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME, FAIL_REASON.DISCARDED}
 _FAIL_NAMES = {getattr(FAIL_REASON, n): n for n in dir(FAIL_REASON) if n.isupper()}
+#: Most commands one group-commit log entry carries.
+MAX_BATCH = 256
+#: Log entries in flight at once; later proposals wait and travel together in the next one.
+MAX_IN_FLIGHT = 2
+#: A slot whose entry has had no outcome for this long is freed (the proposal itself times out).
+IN_FLIGHT_TIMEOUT_S = 5.0
 
 
 class ReplicatedState(SyncObjConsumer):
@@ -68,21 +107,22 @@ class ReplicatedState(SyncObjConsumer):
         super().__init__()
         self.lock = threading.RLock()  #: held by apply and by every compound read
         self.state = ClusterState(levels)  #: replaced wholesale when a snapshot is loaded
-        #: called on the tick thread after each apply; must be trivial (e.g. set an Event)
-        self.listener: Callable[[c.Command | None, c.Result], None] | None = None
+        #: called on the tick thread once per applied log entry with its (command, result) pairs;
+        #: must be trivial (hand off to another thread)
+        self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
 
     @replicated
-    def apply(self, data: bytes) -> tuple[bool, str, str]:
-        """The one replicated door: a versioned, encoded command."""
+    def apply(self, data: bytes) -> list[tuple[bool, str, str]]:
+        """The one replicated door: a versioned, encoded command (or a batch of them)."""
         with self.lock:
-            cmd, result = self.state.apply_entry(data)
+            applied = self.state.apply_entry(data)
         listener = self.listener
         if listener is not None:
             try:
-                listener(cmd, result)
+                listener(applied)
             except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
                 log.exception("apply listener failed")
-        return (result.ok, result.error, result.value)
+        return [(r.ok, r.error, r.value) for _, r in applied]
 
     def _serialize(self) -> dict:
         with self.lock:
@@ -128,11 +168,17 @@ class RaftNode:
                  levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
         self.replicated = ReplicatedState(levels)
         self.sync = SyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
+        self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
+        self._flush_scheduled = False
+        self._in_flight = 0  #: log entries proposed and not yet resolved
+        self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
+        self.entries_proposed = 0  #: log entries proposed from this replica
+        self.commands_proposed = 0  #: commands inside them (entries < commands when batching helps)
 
     def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
         """Append a command and wait for its result on this replica; raises ProposeError."""
         try:
-            ok, error, value = self.replicated.apply(codec.encode_command(cmd), sync=True, timeout=timeout)
+            [(ok, error, value)] = self.replicated.apply(codec.encode_command(cmd), sync=True, timeout=timeout)
         except SyncObjException as exc:
             code = exc.errorCode
             if code == "Timeout":
@@ -141,31 +187,68 @@ class RaftNode:
             raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
         return c.Result(ok, error, value)
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
+        """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""
+        self.inbox = LoopInbox(loop)
+        return self.inbox
+
     async def propose_async(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
-        """Like `propose`, without blocking the event loop: pysyncobj's callback resolves a future."""
+        """Like `propose`, without blocking the event loop, and with pipelined group commit.
+
+        At most MAX_IN_FLIGHT log entries are in flight at once. Proposals made while they are
+        travelling wait, and go into the next entry together (a Batch, applied in order, each
+        command with its own result). Under load one Raft round then carries many commands; when
+        idle a proposal goes out at once.
+        """
         loop = asyncio.get_running_loop()
+        if self.inbox is None or self.inbox.loop is not loop:
+            self.bind_loop(loop)
         future: asyncio.Future = loop.create_future()
-
-        def resolve(res: object, err: int) -> None:
-            if not future.done():
-                future.set_result((res, err))
-
-        def on_done(res: object, err: int) -> None:  # on the tick thread: trivial, never raises
-            try:
-                loop.call_soon_threadsafe(resolve, res, err)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
-
-        self.replicated.apply(codec.encode_command(cmd), callback=on_done)
+        self._queued.append((cmd, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush, loop)
         try:
-            res, err = await asyncio.wait_for(future, timeout)
+            res, err = await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
         if err != FAIL_REASON.SUCCESS:
             raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
                                leader=self.leader())
-        ok, error, value = res  # type: ignore[misc]
+        ok, error, value = res
         return c.Result(ok, error, value)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._flush_scheduled = False
+        while self._queued and self._in_flight < MAX_IN_FLIGHT:
+            batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
+            cmds = [cmd for cmd, _ in batch]
+            data = codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds)
+            futures = [f for _, f in batch]
+            self.entries_proposed += 1
+            self.commands_proposed += len(cmds)
+            self._in_flight += 1
+            slot = {"open": True}
+
+            def release(slot: dict = slot) -> None:
+                if slot["open"]:
+                    slot["open"] = False
+                    self._in_flight -= 1
+                    if self._queued and not self._flush_scheduled:
+                        self._flush_scheduled = True
+                        loop.call_soon(self._flush, loop)
+
+            def resolve(res: object, err: int, futures: list[asyncio.Future] = futures, release=release) -> None:
+                release()
+                for i, f in enumerate(futures):
+                    if not f.done():
+                        f.set_result((res[i] if res else None, err))  # type: ignore[index]
+
+            def on_done(res: object, err: int, resolve=resolve, inbox: LoopInbox = self.inbox) -> None:
+                inbox.post(resolve, res, err)  # tick thread: trivial, never raises
+
+            loop.call_later(IN_FLIGHT_TIMEOUT_S, release)  # a lost callback must not stall the pipeline
+            self.replicated.apply(data, callback=on_done)
 
     def is_leader(self) -> bool:
         return self.sync._isLeader()
@@ -174,6 +257,15 @@ class RaftNode:
         """The leader as this replica believes it: a hint, possibly stale."""
         leader = self.sync._getLeader()
         return None if leader is None else str(leader.address if hasattr(leader, "address") else leader)
+
+    def leader_if_connected(self) -> str | None:
+        """The leader's address if this replica leads or currently has a live link to it."""
+        node = self.sync._getLeader()
+        if node is None:
+            return None
+        if not self.sync._isLeader() and not self.sync.isNodeConnected(node):
+            return None
+        return str(node.address if hasattr(node, "address") else node)
 
     def term(self) -> int:
         return self.sync.raftCurrentTerm

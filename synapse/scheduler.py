@@ -65,7 +65,8 @@ class RoundResult:
 
 def _shape(spec: JobSpec, may_use_reservation: bool) -> tuple:
     """Jobs of the same shape fit or fail alike within one round (claims only grow)."""
-    return (spec.tasks, spec.resources, spec.topology, may_use_reservation)
+    r, t = spec.resources, spec.topology
+    return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use_reservation)
 
 
 def schedule_round(state: ClusterState, now: float, previous: Reservation | None = None) -> RoundResult:

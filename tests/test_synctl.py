@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from synapse.cli import main
-from tests.test_master_ha import register
+from tests.test_master_ha import register, wait_status
 
 JOB = """\
 name: train
@@ -37,6 +37,7 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     again = synctl(cluster, "submit", str(job_file), "--request-id", "fixed")
     assert again.output.strip() == job_id  # the same request id is the same job
 
+    wait_status(cluster.client, job_id, {"SCHEDULED"})
     described = json.loads(synctl(cluster, "describe", "job", job_id, "-o", "json").output)
     assert described["status"] == "SCHEDULED" and described["attempt"] == 1
     assert [(t["index"], t["node"], t["gpus"]) for t in described["tasks"]] == [(0, "n1", [0, 1, 2, 3]),
@@ -45,6 +46,7 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     assert "Attempt:    1 of 2" in table and "Scheduled" in table
 
     big = synctl(cluster, "submit", "--tasks", "3", "--gpu", "8", "--name", "big", "--", "sleep", "1")
+    wait_waiting(cluster.client, big.output.strip())
     pending = synctl(cluster, "describe", "job", big.output.strip()).output
     assert "Waiting:" in pending and "short of gpu" in pending
 
@@ -96,3 +98,14 @@ def test_missing_job_file_and_missing_masters(tmp_path):
     assert out.exit_code == 2 and "cannot read" in out.output
     out = CliRunner().invoke(main, ["get", "jobs"], env={"SYNAPSE_MASTERS": ""})
     assert out.exit_code == 2 and "no masters given" in out.output
+
+
+def wait_waiting(client, job_id, timeout=10.0):
+    """Until a scheduling round has recorded why the job waits."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get_job(job_id).waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} has no waiting reason")

@@ -484,6 +484,8 @@ class ReplicaStatusReply(_message.Message):
     DIGEST_FIELD_NUMBER: _builtins.int
     PARTNERS_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
+    ENTRIES_PROPOSED_FIELD_NUMBER: _builtins.int
+    COMMANDS_PROPOSED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     api_address: _builtins.str
     raft_address: _builtins.str
@@ -497,6 +499,10 @@ class ReplicaStatusReply(_message.Message):
     applied_index: _builtins.int
     commands_applied: _builtins.int
     digest: _builtins.str
+    entries_proposed: _builtins.int
+    """log entries this replica proposed (group commit: one per batch)"""
+    commands_proposed: _builtins.int
+    """commands inside them"""
     @_builtins.property
     def partners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """raft addresses of the other members"""
@@ -521,10 +527,12 @@ class ReplicaStatusReply(_message.Message):
         digest: _builtins.str = ...,
         partners: _abc.Iterable[_builtins.str] | None = ...,
         connected: _abc.Iterable[_builtins.str] | None = ...,
+        entries_proposed: _builtins.int = ...,
+        commands_proposed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "applied_index", b"applied_index", "commands_applied", b"commands_applied", "commit_index", b"commit_index", "connected", b"connected", "digest", b"digest", "id", b"id", "leader_api", b"leader_api", "leader_raft", b"leader_raft", "partners", b"partners", "raft_address", b"raft_address", "state", b"state", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "applied_index", b"applied_index", "commands_applied", b"commands_applied", "commands_proposed", b"commands_proposed", "commit_index", b"commit_index", "connected", b"connected", "digest", b"digest", "entries_proposed", b"entries_proposed", "id", b"id", "leader_api", b"leader_api", "leader_raft", b"leader_raft", "partners", b"partners", "raft_address", b"raft_address", "state", b"state", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -40,6 +40,7 @@ class Command(_message.Message):
     CANCEL_JOB_FIELD_NUMBER: _builtins.int
     FAIL_ATTEMPT_FIELD_NUMBER: _builtins.int
     BARRIER_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -68,6 +69,8 @@ class Command(_message.Message):
     def fail_attempt(self) -> Global___FailAttempt: ...
     @_builtins.property
     def barrier(self) -> Global___Barrier: ...
+    @_builtins.property
+    def batch(self) -> Global___Batch: ...
     def __init__(
         self,
         *,
@@ -85,16 +88,41 @@ class Command(_message.Message):
         cancel_job: Global___CancelJob | None = ...,
         fail_attempt: Global___FailAttempt | None = ...,
         barrier: Global___Barrier | None = ...,
+        batch: Global___Batch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class Batch(_message.Message):
+    """Several commands in one log entry (group commit): applied in order, each with its own result,
+    as if they had been separate entries. A batch never contains a batch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMANDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commands(self) -> _containers.RepeatedCompositeFieldContainer[Global___Command]: ...
+    def __init__(
+        self,
+        *,
+        commands: _abc.Iterable[Global___Command] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commands", b"commands"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Batch: _TypeAlias = Batch  # noqa: Y015
 
 @_typing.final
 class Barrier(_message.Message):
