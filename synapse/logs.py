@@ -11,7 +11,7 @@ def configure(component: str, ident: str = "", level: str = "INFO") -> None:
     tag = f"{component}[{ident}]" if ident else component
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(
-        f"%(asctime)s %(levelname)s {tag} %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        f"%(asctime)s.%(msecs)03d %(levelname)s {tag} %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -45,6 +45,9 @@ class RaftTimeouts:
     heartbeat: float = 0.05  #: appendEntriesPeriod
     connection: float = 5.0  #: larger than election_max, so an idle link does not eat a vote
     leader_fallback: float = 0.35  #: below election_min: a cut-off leader steps down first
+    #: pysyncobj retries a failed link only this often (default 5 s): a replica restarted during a
+    #: failover could not reach its peer's vote in time, and elections took 4 s instead of one round
+    reconnect: float = 0.25
 
 
 class LoopInbox:
@@ -155,6 +158,7 @@ def raft_config(*, bind_address: str, data_dir: str, password: str,
         raftMaxTimeout=timeouts.election_max,
         appendEntriesPeriod=timeouts.heartbeat,
         connectionTimeout=timeouts.connection,
+        connectionRetryTime=timeouts.reconnect,
         leaderFallbackTimeout=timeouts.leader_fallback,
         dynamicMembershipChange=True,
         **extra,
