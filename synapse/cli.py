@@ -347,5 +347,28 @@ def cluster_status(obj: Context, output: str) -> None:
          for r in d["replicas"]]))
 
 
+@cluster.command("add-master")
+@click.option("--id", "replica_id", required=True, help="the new replica's id")
+@click.option("--raft", "raft_address", required=True, help="its Raft address, host:port")
+@click.option("--api", "api_address", required=True, help="its API address, host:port")
+@click.pass_obj
+def add_master(obj: Context, replica_id: str, raft_address: str, api_address: str) -> None:
+    """Add a master replica (one at a time), then start its process with a cluster file listing it."""
+    reply = run(lambda: obj.client.call("AddReplica", api_pb2.MembershipRequest(
+        id=replica_id, raft_address=raft_address, api_address=api_address)))
+    click.echo(reply.message)
+
+
+@cluster.command("remove-master")
+@click.option("--id", "replica_id", required=True, help="the replica to remove")
+@click.option("--raft", "raft_address", default="", help="its Raft address if the cluster does not know it")
+@click.pass_obj
+def remove_master(obj: Context, replica_id: str, raft_address: str) -> None:
+    """Remove a master replica (e.g. a dead one being replaced); stop its process afterwards."""
+    reply = run(lambda: obj.client.call("RemoveReplica", api_pb2.MembershipRequest(
+        id=replica_id, raft_address=raft_address)))
+    click.echo(reply.message)
+
+
 if __name__ == "__main__":
     main()

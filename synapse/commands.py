@@ -96,6 +96,16 @@ class Barrier(Command):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetReplica(Command):
+    """Records a master replica's addresses (or its removal) in the replicated directory."""
+
+    id: str
+    raft_address: str
+    api_address: str
+    removed: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""

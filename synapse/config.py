@@ -121,9 +121,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         values = [getattr(r, attr) for r in replicas]
         if len(set(values)) != len(values):
             raise ConfigError(f"replicas: duplicate {attr}")
-    if len(replicas) % 2 == 0:
-        raise ConfigError(f"replicas: {len(replicas)} replicas tolerate no more failures than "
-                          f"{len(replicas) - 1}; use an odd number (3 or 5)")
+    # An even count is allowed: it is the middle of growing 3 -> 5 one replica at a time (it
+    # tolerates no more failures than one replica fewer would).
     levels = doc.get("topology_levels", list(DEFAULT_LEVELS))
     if not isinstance(levels, list) or not levels or not all(isinstance(x, str) and x for x in levels):
         raise ConfigError("topology_levels: must be a list of level names, widest first")

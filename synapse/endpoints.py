@@ -68,7 +68,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             if exc.kind == "QUEUE_FULL":
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
             if exc.leader:
-                leader_api = self.m.config.api_of_raft(exc.leader)
+                leader_api = self.m.api_of_raft(exc.leader)
                 if leader_api:
                     context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
@@ -191,22 +191,60 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         status = self.m.raft.status()
         leader = self.m.raft.leader() or ""
         applied, digest = self.m.raft.replicated.digest()
-        partners = [r.raft for r in self.m.config.replicas if r.id != self.m.replica.id]
+        partners = self.m.raft.partners()
         connected = [p for p in partners if status.get(f"partner_node_status_server_{p}") == 2]
         return api_pb2.ReplicaStatusReply(
             id=self.m.replica.id, api_address=self.m.replica.api, raft_address=self.m.replica.raft,
             state={0: "follower", 1: "candidate", 2: "leader"}.get(status.get("state"), "unknown"),
-            leader_raft=leader, leader_api=self.m.config.api_of_raft(leader) if leader else "",
+            leader_raft=leader, leader_api=self.m.api_of_raft(leader) if leader else "",
             term=status.get("raft_term", 0), commit_index=status.get("commit_idx", 0),
             applied_index=status.get("last_applied", 0), commands_applied=applied, digest=digest,
             partners=partners, connected=connected, entries_proposed=self.m.raft.entries_proposed,
             commands_proposed=self.m.raft.commands_proposed)
 
     async def AddReplica(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "membership changes are not available yet")
+        """Add a master replica: record its addresses, then add it to the Raft membership.
+        Start the new replica's process afterwards (its cluster file lists every member)."""
+        await self._membership(request, context, "add")
+        return api_pb2.MembershipReply(message=f"replica {request.id} added at {request.raft_address}; "
+                                               "start its process now")
 
     async def RemoveReplica(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "membership changes are not available yet")
+        """Remove a master replica from the Raft membership (then stop its process)."""
+        await self._membership(request, context, "remove")
+        return api_pb2.MembershipReply(message=f"replica {request.id} removed")
+
+    async def _membership(self, request, context, action: str) -> None:
+        await self._check_id(request.id, "id", context)
+        raft_address = request.raft_address
+        if action == "remove" and not raft_address:
+            known = {r.id: r.raft for r in self.m.config.replicas}
+            with self.m.lock:
+                known.update({k: v[0] for k, v in self.m.state.replicas.items()})
+            raft_address = known.get(request.id, "")
+        if not _host_port(raft_address):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"raft_address: must be host:port, not {raft_address!r} (unknown replica?)")
+        if action == "add" and not _host_port(request.api_address):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"api_address: must be host:port, not {request.api_address!r}")
+        if action == "remove" and raft_address == self.m.replica.raft:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "the leader cannot remove itself; stop it first so another replica leads")
+        await self._leader(context)
+        if action == "add":
+            await self._ok_or_abort(await self._propose(c.SetReplica(
+                at=time.time(), id=request.id, raft_address=raft_address, api_address=request.api_address),
+                context), context)
+        try:
+            await self.m.raft.change_membership(action, raft_address)
+        except ProposeError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"membership change refused ({exc.kind}): one change at a time, by the leader")
+        if action == "remove":
+            await self._propose(c.SetReplica(at=time.time(), id=request.id, raft_address=raft_address,
+                                             api_address="", removed=True), context)
+        log.info("membership changed action=%s replica=%s raft=%s", action, request.id, raft_address)
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -275,3 +313,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 for e in request.events]
         results = await asyncio.gather(*(self._propose(cmd, context) for cmd in cmds))
         return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))
+
+
+def _host_port(value: str) -> bool:
+    host, _, port = value.rpartition(":")
+    return bool(host) and port.isdigit() and len(value) <= MAX_ID_CHARS

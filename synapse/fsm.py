@@ -61,6 +61,8 @@ class ClusterState:
         self.applied = 0  #: commands applied (accepted or rejected); apply only
         self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
+        #: master replicas added at run time: id -> (raft address, api address); apply only
+        self.replicas: dict[str, tuple[str, str]] = {}
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -69,7 +71,7 @@ class ClusterState:
             c.SubmitJob: self._submit_job, c.CommitPlan: self._commit_plan,
             c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
             c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
-            c.Barrier: lambda cmd: Result(True),
+            c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -181,6 +183,17 @@ class ClusterState:
             return Result.rejected(f"unknown node {cmd.node_id}")
         node.schedulable = cmd.schedulable
         self.index.update(node)
+        return Result(True)
+
+    def _set_replica(self, cmd: c.SetReplica) -> Result:
+        if not cmd.id:
+            return Result.rejected("replica id must not be empty")
+        if cmd.removed:
+            self.replicas.pop(cmd.id, None)
+            return Result(True)
+        if not cmd.raft_address or not cmd.api_address:
+            return Result.rejected(f"replica {cmd.id}: raft and api addresses are required")
+        self.replicas[cmd.id] = (cmd.raft_address, cmd.api_address)
         return Result(True)
 
     # ---- jobs -----------------------------------------------------------------------------------
@@ -447,6 +460,7 @@ class ClusterState:
         return {
             "version": SNAPSHOT_VERSION, "levels": list(self.levels), "applied": self.applied,
             "max_term": self.max_term, "job_seq": self.job_seq,
+            "replicas": {k: list(v) for k, v in sorted(self.replicas.items())},
             "nodes": [_node_to_dict(n) for n in sorted(self.nodes.values(), key=lambda n: n.id)],
             "jobs": [_job_to_dict(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
         }
@@ -457,6 +471,7 @@ class ClusterState:
             raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
         state = cls(tuple(data["levels"]))
         state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
+        state.replicas = {k: (v[0], v[1]) for k, v in data.get("replicas", {}).items()}
         for nd in data["nodes"]:
             node = _node_from_dict(nd)
             state.nodes[node.id] = node

@@ -77,7 +77,15 @@ class Master:
         clients in circles, so a replica names its leader only while its link to it is up.
         """
         leader = self.raft.leader_if_connected()
-        return self.config.api_of_raft(leader) if leader else ""
+        return self.api_of_raft(leader) if leader else ""
+
+    def api_of_raft(self, raft_address: str) -> str:
+        """API address of a replica from the cluster file, or from the replicated directory."""
+        known = self.config.api_of_raft(raft_address)
+        if known:
+            return known
+        with self.lock:
+            return next((api for raft, api in self.state.replicas.values() if raft == raft_address), "")
 
     def ready_leader_term(self) -> int:
         """The term this replica leads in with its loops ready, or 0."""

@@ -254,6 +254,34 @@ class RaftNode:
             loop.call_later(IN_FLIGHT_TIMEOUT_S, release)  # a lost callback must not stall the pipeline
             self.replicated.apply(data, callback=on_done)
 
+    async def change_membership(self, action: str, raft_address: str, timeout: float = 10.0) -> None:
+        """Add ('add') or remove ('remove') a replica through pysyncobj's membership entries."""
+        loop = asyncio.get_running_loop()
+        inbox = self.inbox if self.inbox is not None and self.inbox.loop is loop else self.bind_loop(loop)
+        future: asyncio.Future = loop.create_future()
+
+        def resolve(res: object, err: int) -> None:
+            if not future.done():
+                future.set_result(err)
+
+        def on_done(res: object, err: int) -> None:  # tick thread
+            inbox.post(resolve, res, err)
+
+        change = self.sync.addNodeToCluster if action == "add" else self.sync.removeNodeFromCluster
+        change(raft_address, callback=on_done)
+        try:
+            err = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+        if err != FAIL_REASON.SUCCESS:
+            raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
+                               leader=self.leader())
+
+    def partners(self) -> list[str]:
+        """Raft addresses of the other current members, as this replica knows them."""
+        prefix = "partner_node_status_server_"
+        return sorted(k[len(prefix):] for k in self.status() if k.startswith(prefix))
+
     def is_leader(self) -> bool:
         return self.sync._isLeader()
 

@@ -100,3 +100,46 @@ def wait_status(client, job_id, statuses, attempt=None, timeout=20.0):
             return job
         time.sleep(0.05)
     raise AssertionError(f"job {job_id} is {job.status} at attempt {job.attempt}, wanted {statuses}")
+
+
+def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
+    import yaml
+    from click.testing import CliRunner
+
+    from synapse.cli import main as synctl
+    from tests.conftest import free_base_port
+
+    cluster = make_cluster()
+    env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}
+    config_path = cluster.data_dir / "cluster.yaml"
+    before = cluster.client.submit(proto_spec(), request_id="before-growth")
+    for replica_id in ("m4", "m5"):
+        base = free_base_port(1)
+        raft, api = f"127.0.0.1:{base + 100}", f"127.0.0.1:{base}"
+        out = CliRunner().invoke(synctl, ["cluster", "add-master", "--id", replica_id, "--raft", raft,
+                                          "--api", api], env=env)
+        assert out.exit_code == 0 and "added" in out.output, out.output
+        doc = yaml.safe_load(config_path.read_text())
+        doc["replicas"].append({"id": replica_id, "raft": raft, "api": api})
+        config_path.write_text(yaml.safe_dump(doc))
+        cluster.state["masters"].append({"id": replica_id, "api_address": api, "raft_address": raft, "pid": 0,
+                                         "data_dir": str(cluster.data_dir / "masters" / replica_id)})
+        cluster.restart_master(replica_id)
+        cluster.converged_digest(timeout=20)
+    status = cluster.client.replica_status(cluster.master("m5")["api_address"])
+    assert len(status.partners) == 4 and status.commands_applied > 0
+    # Five replicas tolerate two failures: kill two (never the last leader alone), keep writing.
+    leader = cluster.wait_leader()
+    victims = [m for m in ("m1", "m2", "m3") if m != leader][:2]
+    for victim in victims:
+        cluster.kill_master(victim)
+    survivors = [m["api_address"] for m in cluster.state["masters"] if m["id"] not in victims]
+    client = MasterClient(survivors, cluster.token, deadline=20)
+    after = client.submit(proto_spec(), request_id="after-two-losses")
+    assert {j.id for j in client.list_jobs()} == {before, after}
+    # Replace a dead replica: remove it from the membership.
+    out = CliRunner().invoke(synctl, ["cluster", "remove-master", "--id", victims[0]],
+                             env={**env, "SYNAPSE_MASTERS": ",".join(survivors)})
+    assert out.exit_code == 0 and "removed" in out.output, out.output
+    leader_api = client.leader
+    assert len(client.replica_status(leader_api).partners) == 3

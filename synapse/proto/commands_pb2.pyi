@@ -41,6 +41,7 @@ class Command(_message.Message):
     FAIL_ATTEMPT_FIELD_NUMBER: _builtins.int
     BARRIER_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    SET_REPLICA_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -71,6 +72,8 @@ class Command(_message.Message):
     def barrier(self) -> Global___Barrier: ...
     @_builtins.property
     def batch(self) -> Global___Batch: ...
+    @_builtins.property
+    def set_replica(self) -> Global___SetReplica: ...
     def __init__(
         self,
         *,
@@ -89,16 +92,49 @@ class Command(_message.Message):
         fail_attempt: Global___FailAttempt | None = ...,
         barrier: Global___Barrier | None = ...,
         batch: Global___Batch | None = ...,
+        set_replica: Global___SetReplica | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class SetReplica(_message.Message):
+    """The directory of master replicas (for redirects to replicas added at run time). The Raft
+    membership itself changes through pysyncobj's own membership entries.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    API_ADDRESS_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    raft_address: _builtins.str
+    api_address: _builtins.str
+    removed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        raft_address: _builtins.str = ...,
+        api_address: _builtins.str = ...,
+        removed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "id", b"id", "raft_address", b"raft_address", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetReplica: _TypeAlias = SetReplica  # noqa: Y015
 
 @_typing.final
 class Batch(_message.Message):
