@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ import yaml
 from synapse import codec
 from synapse.client import AuthError, ClientError, ClusterUnavailable, MasterClient, new_request_id
 from synapse.jobfile import JobFileError, load_job_file, parse_job
-from synapse.proto import api_pb2
+from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.quantity import format_cpu, format_memory
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -267,6 +268,53 @@ def _describe_table(j: dict[str, Any]) -> str:
              "-" if t["exit_code"] is None else t["exit_code"]] for t in j["tasks"]]).replace("\n", "\n  ")]
     lines += ["Events:"] + [f"  {when(e['at'])}  {e['kind']:<10} {e['message']}" for e in j["events"]]
     return "\n".join(lines)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--task", "task_index", type=int, help="only this task index (default: all)")
+@click.option("--attempt", type=int, help="attempt number (default: the latest that ran)")
+@click.option("-f", "--follow", is_flag=True, help="keep printing while the tasks run")
+@click.pass_obj
+def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None, follow: bool) -> None:
+    """Print a job's task output, read straight from the workers that ran it."""
+    info = run(lambda: obj.client.get_job(job_id))
+    placed = {a.attempt: list(a.nodes) for a in info.attempts}
+    if not placed:
+        fail(f"job {job_id} has not run yet ({info.status})", 2)
+    attempt = attempt or max(placed)
+    if attempt not in placed:
+        fail(f"job {job_id} has no attempt {attempt} that ran (attempts: {sorted(placed)})", 2)
+    nodes = placed[attempt]
+    indices = [task_index] if task_index is not None else list(range(len(nodes)))
+    if any(not 0 <= i < len(nodes) for i in indices):
+        fail(f"job {job_id} has tasks 0..{len(nodes) - 1}", 2)
+    addresses = {n.id: n.address for n in run(obj.client.list_nodes)}
+    prefix = len(indices) > 1
+
+    def stream(index: int) -> None:
+        node = nodes[index]
+        channel = grpc.insecure_channel(addresses.get(node, ""))
+        request = api_pb2.ReadLogRequest(job_id=job_id, attempt=attempt, index=index, follow=follow)
+        try:
+            for chunk in api_pb2_grpc.WorkerStub(channel).ReadLog(request, metadata=obj.client.metadata):
+                text = chunk.data.decode(errors="replace")
+                if prefix:
+                    text = "".join(f"[task {index}] {line}" for line in text.splitlines(keepends=True))
+                click.echo(text, nl=False)
+        except grpc.RpcError as exc:
+            click.echo(f"synctl: task {index} on {node}: {exc.details() or exc.code().name}", err=True)
+        finally:
+            channel.close()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in indices] if follow else []
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not follow:
+        for i in indices:
+            stream(i)
 
 
 @main.command()

@@ -208,7 +208,9 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),
                                 state=t.state.value, exit_code=t.exit_code or 0,
                                 has_exit_code=t.exit_code is not None, attempt=t.attempt) for t in job.tasks],
-        events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events])
+        events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
+        attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
+                  for a, nodes in sorted(job.placements.items())])
 
 
 def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:

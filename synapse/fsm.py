@@ -261,6 +261,7 @@ class ClusterState:
             self.index.update(self.nodes[node_id])
         self.pending.remove((job.queue_key(), job.id))
         job.status = JobStatus.SCHEDULED
+        job.placements[job.attempt] = tuple(t.node_id for t in job.tasks)
         nodes = sorted({p.node_id for p in cmd.placements})
         self._event(job, cmd.at, "Scheduled",
                     f"attempt {job.attempt}: {len(cmd.placements)} task(s) on {len(nodes)} node(s): "
@@ -541,6 +542,7 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "attempt": j.attempt, "tasks": [_task_to_dict(t) for t in j.tasks],
             "started_at": j.started_at, "finished_at": j.finished_at, "stop_reason": j.stop_reason,
             "cancel_requested": j.cancel_requested, "final_failure": j.final_failure,
+            "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
             "events": [[e.at, e.kind, e.message] for e in j.events]}
 
 
@@ -549,7 +551,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               submitted_at=d["submitted_at"], seq=d["seq"], status=JobStatus(d["status"]),
               attempt=d["attempt"], started_at=d["started_at"], finished_at=d["finished_at"],
               stop_reason=d["stop_reason"], cancel_requested=d["cancel_requested"],
-              final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]])
+              final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]],
+              placements={a: tuple(nodes) for a, nodes in d["placements"]})
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],

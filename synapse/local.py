@@ -70,7 +70,8 @@ def worker_argv(data_dir: Path, masters: str, token_file: Path, worker_id: str, 
     return [sys.executable, "-m", "synapse.worker", "--masters", masters, "--token-file", str(token_file),
             "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
             "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
-            "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat)]
+            "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat), "--stop-grace", "3",
+            "--stop-tasks-on-exit"]
 
 
 def load_state(data_dir: Path) -> dict[str, Any]:

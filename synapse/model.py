@@ -199,6 +199,8 @@ class Job:
     cancel_requested: bool = False
     final_failure: bool = False  #: the current attempt's failure must not be retried
     events: list[Event] = field(default_factory=list)
+    #: attempt -> node of each task index, for every attempt that was placed (logs of old attempts)
+    placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

@@ -102,6 +102,44 @@ class LocalCluster:
                                 self.data_dir / "logs" / f"{replica_id}.log")
         (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
 
+    def worker(self, worker_id: str) -> dict:
+        return next(w for w in self.state["workers"] if w["id"] == worker_id)
+
+    def worker_dir(self, worker_id: str) -> Path:
+        return self.data_dir / "workers" / worker_id
+
+    def task_pids(self, worker_id: str) -> list[int]:
+        """Process groups of the tasks a worker's state file lists as started."""
+        path = self.worker_dir(worker_id) / "worker-state.json"
+        if not path.exists():
+            return []
+        state = json.loads(path.read_text())
+        return [t["handle"]["pid"] for t in state["tasks"] if t["handle"]]
+
+    def kill_worker(self, worker_id: str, with_tasks: bool) -> list[int]:
+        """kill -9 a worker agent (and, like a machine dying, its tasks); returns the task pids."""
+        pids = self.task_pids(worker_id)
+        pid = self.worker(worker_id)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        if with_tasks:
+            for task_pid in pids:
+                try:
+                    os.killpg(task_pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        while local._alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        local._reap(pid)
+        return pids
+
+    def restart_worker(self, worker_id: str) -> None:
+        w = self.worker(worker_id)
+        w["pid"] = local._spawn(local.worker_argv(
+            self.data_dir, ",".join(self.addresses), self.data_dir / "secrets" / "token", worker_id, w["rack"], 8,
+            0.5), self.data_dir / "logs" / f"{worker_id}.log")
+        (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
+
     def stop(self) -> None:
         self.client.close()
         local.down(self.data_dir)

@@ -657,3 +657,78 @@ class Master:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorkerStub:
+    """Served by every worker: task logs, read straight from the machine that holds them.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ReadLog = channel.unary_stream(
+                '/synapse.v1.Worker/ReadLog',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ReadLogRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.LogChunk.FromString,
+                _registered_method=True)
+
+
+class WorkerServicer:
+    """Served by every worker: task logs, read straight from the machine that holds them.
+    """
+
+    def ReadLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ReadLog': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadLog,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ReadLogRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.LogChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'synapse.v1.Worker', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('synapse.v1.Worker', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Worker:
+    """Served by every worker: task logs, read straight from the machine that holds them.
+    """
+
+    @staticmethod
+    def ReadLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/synapse.v1.Worker/ReadLog',
+            synapse_dot_proto_dot_api__pb2.ReadLogRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,178 @@
+"""Gangs on real masters, real workers and real subprocess tasks (issue: worker agent)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from synapse import codec
+from synapse.model import JobSpec, PackMode, Resources, TopologySpec
+
+pytestmark = pytest.mark.slow
+
+GPU_TASK = Resources(cpu=1000, memory=1 << 30, gpu=8)
+
+
+def submit(cluster, name, tasks, command, *, gpu=8, pack="", required=False, max_restarts=0, env=()):
+    spec = JobSpec(name=name, tasks=tasks, resources=Resources(1000, 1 << 30, gpu), command=tuple(command),
+                   topology=TopologySpec(pack, PackMode.REQUIRED if required else PackMode.PREFERRED),
+                   max_restarts=max_restarts, env=tuple(env))
+    return cluster.client.submit(codec.job_spec_to_proto(spec))
+
+
+def wait_for(predicate, timeout=30.0, what="condition", every=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job(cluster, job_id):
+    return cluster.client.get_job(job_id)
+
+
+def wait_job(cluster, job_id, statuses, timeout=30.0, attempt=None):
+    return wait_for(lambda: (lambda j: j if j.status in statuses and (attempt is None or j.attempt == attempt)
+                             else None)(job(cluster, job_id)), timeout, f"job {job_id} in {statuses}")
+
+
+def read_logs(cluster, job_id, attempt=1):
+    info = job(cluster, job_id)
+    nodes = {a.attempt: list(a.nodes) for a in info.attempts}[attempt]
+    return [(cluster.worker_dir(node) / "logs" / job_id / f"attempt-{attempt}" / f"task-{i}.log").read_text()
+            for i, node in enumerate(nodes)]
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+ENV_DUMP = ["sh", "-c", "echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK NODE_RANK=$NODE_RANK "
+                        "MASTER=$MASTER_ADDR:$MASTER_PORT CUDA=$CUDA_VISIBLE_DEVICES ATTEMPT=$SYNAPSE_ATTEMPT "
+                        "FOO=$FOO"]
+
+
+@pytest.fixture
+def four_workers(make_cluster):
+    return make_cluster(workers=4, racks=2, gpus=8)
+
+
+def test_gang_gets_the_torch_distributed_environment(four_workers):
+    cluster = four_workers
+    job_id = submit(cluster, "env", 4, ENV_DUMP, env=[("FOO", "bar")])
+    wait_job(cluster, job_id, {"SUCCEEDED"})
+    lines = [dict(kv.split("=", 1) for kv in log.split()) for log in read_logs(cluster, job_id)]
+    assert sorted(int(x["RANK"]) for x in lines) == [0, 1, 2, 3]
+    assert {x["MASTER"] for x in lines} == {lines[0]["MASTER"]} and lines[0]["MASTER"].startswith("127.0.0.1:")
+    assert {x["WORLD_SIZE"] for x in lines} == {"4"} and {x["FOO"] for x in lines} == {"bar"}
+    assert all(x["CUDA"] == "0,1,2,3,4,5,6,7" for x in lines)
+    assert sorted(int(x["NODE_RANK"]) for x in lines) == [0, 1, 2, 3]
+
+
+def test_gang_waits_holding_nothing_then_starts_when_a_node_frees(four_workers):
+    cluster = four_workers
+    blocker = submit(cluster, "blocker", 1, ["sleep", "60"])
+    wait_job(cluster, blocker, {"RUNNING"})
+    gang = submit(cluster, "gang", 4, ["sleep", "2"])
+    time.sleep(1.0)  # a few scheduling rounds
+    assert job(cluster, gang).status == "PENDING"
+    used = {n.id: n.used.gpu for n in cluster.client.list_nodes()}
+    assert sorted(used.values()) == [0, 0, 0, 8]  # only the blocker holds GPUs: the gang holds nothing
+    cluster.client.cancel(blocker)
+    wait_job(cluster, blocker, {"CANCELLED"})
+    freed_at = time.time()
+    running = wait_job(cluster, gang, {"RUNNING"}, timeout=10)
+    assert running.started_at - freed_at < 1.0
+
+
+def test_required_rack_packs_or_waits(four_workers):
+    cluster = four_workers
+    pair = submit(cluster, "pair", 2, ["sleep", "1"], pack="rack", required=True)
+    info = wait_job(cluster, pair, {"RUNNING", "SUCCEEDED"})
+    racks = {n.id: "/".join(n.topology) for n in cluster.client.list_nodes()}
+    assert len({racks[t.node_id] for t in info.tasks}) == 1
+    three = submit(cluster, "three", 3, ["true"], pack="rack", required=True)  # racks have 2 nodes
+    time.sleep(1.0)
+    info = job(cluster, three)
+    assert info.status == "PENDING" and "can never fit" in info.waiting
+
+
+def test_node_death_requeues_the_gang_and_leaves_no_task_behind(four_workers):
+    cluster = four_workers
+    gang = submit(cluster, "survivor", 2, ["sleep", "4"], max_restarts=1)
+    info = wait_job(cluster, gang, {"RUNNING"})
+    victim, other = info.tasks[0].node_id, info.tasks[1].node_id
+    other_pids = wait_for(lambda: cluster.task_pids(other), what="task pids of the other node")
+    cluster.kill_worker(victim, with_tasks=True)
+    requeued = wait_job(cluster, gang, {"SCHEDULED", "RUNNING", "SUCCEEDED"}, attempt=2, timeout=30)
+    assert victim not in {t.node_id for t in requeued.tasks}
+    # No task of attempt 1 is left running on the surviving node.
+    wait_for(lambda: not any(pid_alive(p) for p in other_pids), timeout=10, what="attempt-1 tasks stopped")
+    done = wait_job(cluster, gang, {"SUCCEEDED"}, timeout=30)
+    assert done.attempt == 2
+    assert any(e.kind == "Requeued" for e in done.events)
+
+
+def test_worker_agent_crash_alone_readopts_its_tasks(four_workers):
+    cluster = four_workers
+    gang = submit(cluster, "adopted", 2, ["sleep", "3"])
+    info = wait_job(cluster, gang, {"RUNNING"})
+    node = info.tasks[0].node_id
+    pids = wait_for(lambda: cluster.task_pids(node), what="task pids")
+    cluster.kill_worker(node, with_tasks=False)
+    assert all(pid_alive(p) for p in pids)  # the tasks outlive their agent
+    cluster.restart_worker(node)
+    done = wait_job(cluster, gang, {"SUCCEEDED", "FAILED"}, timeout=30)
+    assert done.status == "SUCCEEDED" and done.attempt == 1
+
+
+def test_killing_the_leader_mid_gang_does_not_kill_tasks(four_workers):
+    cluster = four_workers
+    gang = submit(cluster, "steady", 4, ["sleep", "3"])
+    wait_job(cluster, gang, {"RUNNING"})
+    cluster.kill_master(cluster.wait_leader())
+    done = wait_job(cluster, gang, {"SUCCEEDED", "FAILED"}, timeout=30)
+    assert done.status == "SUCCEEDED" and done.attempt == 1
+
+
+def test_non_zero_exit_fails_the_attempt_then_the_job(four_workers):
+    cluster = four_workers
+    gang = submit(cluster, "flaky", 2, ["sh", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 30'],
+                  max_restarts=1)
+    done = wait_job(cluster, gang, {"FAILED"}, timeout=40)
+    assert done.attempt == 2
+    kinds = [e.kind for e in done.events]
+    assert kinds.count("Stopping") == 2 and "Requeued" in kinds
+    assert "exited with code 3" in done.events[-1].message
+
+
+def test_external_runtime_template_receives_the_task(make_cluster, tmp_path):
+    fake = tmp_path / "fake-runtime"
+    fake.write_text('#!/bin/sh\n# fake-runtime run TASK_ID IMAGE -- CMD...\n'
+                    'echo "runtime got task=$2 image=$3"; shift 3; exec "$@"\n')
+    fake.chmod(0o755)
+    cluster = make_cluster(workers=0)
+    from synapse import local
+    pid = local._spawn(local.worker_argv(cluster.data_dir, ",".join(cluster.addresses),
+                                         cluster.data_dir / "secrets" / "token", "wr", "rack0", 8, 0.5)
+                       + ["--runtime", f"{fake} run {{task_id}} {{image}}"], cluster.data_dir / "logs" / "wr.log")
+    cluster.state["workers"].append({"id": "wr", "pid": pid, "rack": "rack0"})
+    (cluster.data_dir / "cluster.json").write_text(__import__("json").dumps(cluster.state))
+    wait_for(lambda: any(n.id == "wr" for n in cluster.client.list_nodes()), what="worker wr")
+    spec = JobSpec(name="boxed", tasks=1, resources=GPU_TASK, command=("sh", "-c", "echo inside rank=$RANK"),
+                   image="registry.example/train:1")
+    job_id = cluster.client.submit(codec.job_spec_to_proto(spec))
+    wait_job(cluster, job_id, {"SUCCEEDED"})
+    log = (cluster.worker_dir("wr") / "logs" / job_id / "attempt-1" / "task-0.log").read_text()
+    assert f"runtime got task={job_id}.1.0" in log
+    assert "image=registry.example/train:1" in log and "inside rank=0" in log
