@@ -126,6 +126,9 @@ class WorkerAgent:
                 self.runtime.signal(ins.handle, ins.signal)
 
     def _start(self, a: Assignment) -> None:
+        # Record the intent first: a crash between the fork and the next save must not leave a
+        # task this worker forgets and would start a second time (see _load_state).
+        self._save_state()
         try:
             handle = self.runtime.start(a)
         except OSError as exc:
@@ -243,13 +246,16 @@ class WorkerAgent:
             assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
                                        "env": tuple(tuple(kv) for kv in a["env"])})
             task = ws.LocalTask(assignment, phase=t["phase"])
-            if t["handle"]:
-                task.handle = Handle(**t["handle"])
+            # A task recorded as starting may have been forked just before a crash: its shim's
+            # pid file says so. Never started (no pid file): forget it; the master lists it again.
+            task.handle = Handle(**t["handle"]) if t["handle"] else self.runtime.find(assignment)
+            if task.handle is None:
+                continue
+            if task.phase == "starting":
+                task.phase = "running"
+                self.state.unreported.append(ws.Report(assignment.key, started=True))
             self.state.tasks[assignment.key] = task
-            if task.handle is None:  # never started: forget it; the master's list will say
-                del self.state.tasks[assignment.key]
-            else:
-                log.info("re-adopting task=%s pid=%d alive=%s", assignment.key, task.handle.pid, alive(task.handle))
+            log.info("re-adopting task=%s pid=%d alive=%s", assignment.key, task.handle.pid, alive(task.handle))
 
     # ---- log service ---------------------------------------------------------------------------
 

@@ -94,17 +94,32 @@ class ProcessRuntime:
                   "index": a.index, "log_dir": str(self.log_path(a.job_id, a.attempt, a.index).parent)}
         return [word.format(**fields) for word in self.template] + list(a.command)
 
+    def task_files(self, a: Assignment) -> tuple[Path, Path]:
+        """(exit file, pid file) of a task."""
+        tasks = self.work_dir / "tasks"
+        return tasks / f"{task_id(a)}.exit", tasks / f"{task_id(a)}.pid"
+
+    def find(self, a: Assignment) -> Handle | None:
+        """The handle of a task's shim from the pid file it wrote, if it ever started."""
+        exit_file, pid_file = self.task_files(a)
+        try:
+            pid, ticks = (int(x) for x in pid_file.read_text().split())
+        except (OSError, ValueError):
+            return None
+        return Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)))
+
     def start(self, a: Assignment) -> Handle:
         """Start the task; raises OSError if even the shim cannot start."""
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        exit_file = self.work_dir / "tasks" / f"{task_id(a)}.exit"
+        exit_file, pid_file = self.task_files(a)
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
         env = {**os.environ, **task_env(a)}
         with open(log_file, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "synapse.shim", "--exit-file", str(exit_file), "--",
-                                     *self.command(a)], stdin=subprocess.DEVNULL, stdout=log,
+            proc = subprocess.Popen([sys.executable, "-m", "synapse.shim", "--exit-file", str(exit_file),
+                                     "--pid-file", str(pid_file), "--", *self.command(a)],
+                                    stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     cwd=str(log_file.parent))
         return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file))
@@ -140,4 +155,7 @@ def stop_all(runtime: ProcessRuntime, handles: list[Handle], grace: float) -> No
         time.sleep(0.05)
     for handle in handles:
         runtime.signal(handle, signal.SIGKILL)
-    runtime.reap()
+    deadline = time.monotonic() + 5.0
+    while any(alive(h) for h in handles) and time.monotonic() < deadline:
+        runtime.reap()
+        time.sleep(0.01)
