@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -28,8 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
+from common import percentile  # noqa: E402
 
 from synapse import codec, local  # noqa: E402
 from synapse.auth import client_metadata  # noqa: E402
@@ -40,21 +41,6 @@ from synapse.proto import api_pb2, api_pb2_grpc, types_pb2  # noqa: E402
 WORKERS = 8
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def free_base() -> int:
-    while True:
-        base = random.randrange(20000, 40000, 10)
-        try:
-            for p in [base + i for i in range(3)] + [base + 100 + i for i in range(3)]:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
 
 
 def spec(name: str, tasks: int, command: list[str]) -> api_pb2.JobSpec:
@@ -137,7 +123,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="synapse-bench-gang-") as tmp:
         data_dir = Path(tmp) / "cluster"
         # Heartbeat every 5 s (timeout 15 s): the interval the simulated workers use.
-        state = local.up(data_dir, 3, WORKERS, 2, 8, free_base(), heartbeat=5.0)
+        state = local.up(data_dir, 3, WORKERS, 2, 8, local.free_base_port(3), heartbeat=5.0)
         try:
             addresses = [m["api_address"] for m in state["masters"]]
             client = MasterClient(addresses, state["token"])

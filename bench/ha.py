@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import percentile  # noqa: E402
 
 from synapse import codec, local  # noqa: E402
 from synapse import commands as c  # noqa: E402
@@ -38,21 +39,6 @@ from synapse.model import JobSpec, Resources  # noqa: E402
 SPEC = JobSpec(name="bench", tasks=8, resources=Resources(16_000, 64 << 30, 8), command=("python", "train.py"))
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def free_base() -> int:
-    while True:
-        base = random.randrange(20000, 40000, 10)
-        try:
-            for p in [base + i for i in range(3)] + [base + 100 + i for i in range(3)]:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
 
 
 def submit_load(client_addresses: list[str], token: str, total: int, threads: int) -> tuple[float, list[float]]:
@@ -81,7 +67,7 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
 
 
 def raw_raft(total: int, threads: int, workdir: Path) -> float:
-    base = free_base()
+    base = local.free_base_port(3)
     addrs = [f"127.0.0.1:{base + 100 + i}" for i in range(3)]
     env = {**os.environ, "SYNAPSE_RAFT_PASSWORD": "bench-password"}
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).parent / "raw_raft.py"), a,
@@ -158,7 +144,7 @@ def main() -> None:
         workdir = Path(tmp)
         raw = raw_raft(args.submits, args.threads, workdir)
         data_dir = workdir / "cluster"
-        state = local.up(data_dir, 3, 0, 1, 8, free_base())
+        state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3))
         try:
             addresses = [m["api_address"] for m in state["masters"]]
             rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads)

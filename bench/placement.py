@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import percentile  # noqa: E402
 
 from synapse import codec  # noqa: E402
 from synapse import commands as c  # noqa: E402
@@ -93,10 +96,6 @@ def naive_first_fit(state: ClusterState, spec: JobSpec) -> list[str] | None:
             return out
     return None
 
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def run(node_counts: list[int], gangs: list[int], trials: int, seed: int) -> dict:

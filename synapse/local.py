@@ -31,6 +31,17 @@ from synapse.client import ClientError, ClusterUnavailable, MasterClient
 READY_TIMEOUT_S = 60.0
 
 
+def free_base_port(masters: int, low: int = 20000, high: int = 40000) -> int:
+    """A base port whose API (base+i) and Raft (base+100+i) ports are all free now."""
+    import random
+
+    for _ in range(500):
+        base = random.randrange(low, high, 10)
+        if all(_port_free(p) for p in [base + i for i in range(masters)] + [base + 100 + i for i in range(masters)]):
+            return base
+    raise RuntimeError("no free port range found")
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -16,27 +14,12 @@ from synapse import local
 from synapse.client import MasterClient
 
 
-def free_base_port(masters: int) -> int:
-    """A base port whose API (base+i) and Raft (base+100+i) ports are all free now."""
-    for _ in range(200):
-        base = random.randrange(20000, 40000, 10)
-        ports = [base + i for i in range(masters)] + [base + 100 + i for i in range(masters)]
-        try:
-            for port in ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range found")
-
-
 class LocalCluster:
     """A running `synapse-local` cluster and helpers to hurt it."""
 
     def __init__(self, data_dir: Path, masters: int, workers: int, racks: int, gpus: int) -> None:
         self.data_dir = data_dir
-        self.base_port = free_base_port(masters)
+        self.base_port = local.free_base_port(masters)
         self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5)
         self.token = self.state["token"]
         self.addresses = [m["api_address"] for m in self.state["masters"]]

@@ -4,8 +4,7 @@ import time
 
 import pytest
 
-from synapse.local import demo
-from tests.conftest import free_base_port
+from synapse.local import demo, free_base_port
 
 pytestmark = pytest.mark.slow
 

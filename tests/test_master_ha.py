@@ -107,7 +107,7 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     from click.testing import CliRunner
 
     from synapse.cli import main as synctl
-    from tests.conftest import free_base_port
+    from synapse.local import free_base_port
 
     cluster = make_cluster()
     env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}

@@ -92,18 +92,25 @@ def test_impossible_gang_does_not_block_the_queue():
     assert "can never fit" in str(result.waiting[never])
 
 
-def test_head_gang_is_not_starved_by_a_stream_of_small_jobs():
-    """A 4-node gang that fits the healthy cluster starts within a bounded number of rounds, even
-    though 1-node jobs keep arriving and would always fill whatever frees up first."""
-    rng = random.Random(7)
+def busy_cluster_with_stream(seed=7):
+    """8 nodes all busy with 1-node jobs, a 4-node rack gang waiting, and a source of more small
+    jobs: two per round, always more than what frees up."""
+    rng = random.Random(seed)
     s = sim(racks=2, nodes_per_rack=4)
+    small = lambda: s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))  # noqa: E731
     for _ in range(8):
-        s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+        small()
     s.schedule()
     big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    return s, big, lambda: (small(), small())
+
+
+def test_head_gang_is_not_starved_by_a_stream_of_small_jobs():
+    """The 4-node gang fits the healthy cluster, so it starts within a bounded number of rounds even
+    though small jobs keep arriving and would always fill whatever frees up first."""
+    s, big, more = busy_cluster_with_stream()
     for _ in range(200):
-        for _ in range(2):  # two new small jobs per round: always more than what frees up
-            s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+        more()
         s.schedule()
         if s.state.jobs[big].status is not JobStatus.PENDING:
             break
@@ -114,15 +121,9 @@ def test_head_gang_is_not_starved_by_a_stream_of_small_jobs():
 
 def test_without_a_reservation_the_same_stream_starves_it():
     """The control for the test above: greedy placement in queue order, no reservation."""
-    rng = random.Random(7)
-    s = sim(racks=2, nodes_per_rack=4)
-    for _ in range(8):
-        s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
-    s.schedule()
-    big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    s, big, more = busy_cluster_with_stream()
     for _ in range(60):
-        for _ in range(2):
-            s.submit(spec(tasks=1, gpu=8), duration=rng.uniform(5, 50))
+        more()
         view = ClusterView(s.state.nodes, s.state.index, s.state.levels)
         for job in list(s.state.pending_jobs()):
             placed = place(view, job.id, job.attempt, job.spec)
