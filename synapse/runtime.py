@@ -1,7 +1,8 @@
 """Task runtimes: how a worker turns an assignment into a running process, and stops it.
 
-The default runtime runs the task's command as a subprocess (through the shim, in its own process
-group) with its output in a log file. An external runtime is a command template, e.g.
+The default runtime runs the task's command as a subprocess (through the shim, `shim.sh`, in its
+own process group) with its output in a log file. Exit codes follow the shell: 128+N for a task
+killed by signal N; 127 for a command that cannot be found. An external runtime is a command template, e.g.
 `carapace run {task_id} {image}` or any OCI runtime's CLI: the template's words, with
 `{task_id}`, `{image}`, `{job_id}`, `{attempt}`, `{index}` and `{log_dir}` filled in, come first,
 and the task's command is appended after them; the runtime process stays in the foreground for
@@ -14,12 +15,14 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from synapse.model import Assignment
+
+#: The task shim (POSIX sh): records the task's pid and exit status; see the script's header.
+SHIM = Path(__file__).with_name("shim.sh")
 
 
 def task_id(a: Assignment) -> str:
@@ -117,8 +120,7 @@ class ProcessRuntime:
         exit_file.unlink(missing_ok=True)
         env = {**os.environ, **task_env(a)}
         with open(log_file, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "synapse.shim", "--exit-file", str(exit_file),
-                                     "--pid-file", str(pid_file), "--", *self.command(a)],
+            proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *self.command(a)],
                                     stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     cwd=str(log_file.parent))
