@@ -31,6 +31,10 @@ from synapse.client import LEADER_METADATA_KEY, AuthError, ClientError, ClusterU
 from synapse.model import Assignment, Resources
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.runtime import Handle, ProcessRuntime, alive, exit_code
+from synapse.tls import TLSFiles
+
+#: Metadata key of the node credential (see endpoints.py).
+NODE_CREDENTIAL_KEY = "synapse-node-credential"
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,8 @@ STATE_FILE = "worker-state.json"
 class WorkerAgent:
     def __init__(self, *, node_id: str, address: str, topology: tuple[str, ...], capacity: Resources,
                  masters: list[str], token: str, data_dir: Path, heartbeat_interval: float = 5.0,
-                 stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0) -> None:
+                 stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
+                 tls: TLSFiles | None = None) -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
@@ -52,9 +57,9 @@ class WorkerAgent:
         self.state = ws.WorkerState(stop_grace=stop_grace)
         self.events: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
-        self.client = MasterClient(masters, token, deadline=10.0)
-        self.watch_client = MasterClient(masters, token, deadline=10.0)
-        self.report_client = MasterClient(masters, token, deadline=10.0)
+        self.client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
         self.reports_ready = threading.Event()
         self.log_server, self.log_port = self._serve_logs(address, log_port)
         host = address.rpartition(":")[0] if ":" in address else address
@@ -87,6 +92,9 @@ class WorkerAgent:
         while not self.stopping.is_set():
             try:
                 reply = self.client.call("RegisterNode", request, deadline=10.0)
+                credential = ((NODE_CREDENTIAL_KEY, reply.node_credential),)
+                for client in (self.client, self.watch_client, self.report_client):
+                    client.metadata = client_metadata(self.token) + credential
                 log.info("registered node=%s status=%s address=%s", self.node_id, reply.status, self.address)
                 return
             except AuthError:
@@ -164,8 +172,7 @@ class WorkerAgent:
             request = api_pb2.WatchAssignmentsRequest(node_id=self.node_id, known_term=term, known_version=version)
             address = self.watch_client.leader or self.watch_client.addresses[0]
             try:
-                stream = self.watch_client.stub(address).WatchAssignments(
-                    request, metadata=client_metadata(self.token))
+                stream = self.watch_client.stub(address).WatchAssignments(request, metadata=self.watch_client.metadata)
                 for message in stream:
                     pause = 0.05
                     self.watch_client.leader = address

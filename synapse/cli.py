@@ -20,17 +20,18 @@ import grpc
 import yaml
 
 from synapse import codec
-from synapse.client import AuthError, ClientError, ClusterUnavailable, MasterClient, new_request_id
+from synapse.client import AuthError, ClientError, ClusterUnavailable, MasterClient, TLSError, new_request_id
 from synapse.jobfile import JobFileError, load_job_file, parse_job
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.quantity import format_cpu, format_memory
+from synapse.tls import TLSFiles
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 class Context:
-    def __init__(self, masters: str, token: str, timeout: float) -> None:
-        self.masters, self.token, self.timeout = masters, token, timeout
+    def __init__(self, masters: str, token: str, timeout: float, tls: TLSFiles) -> None:
+        self.masters, self.token, self.timeout, self.tls = masters, token, timeout, tls
         self._client: MasterClient | None = None
 
     @property
@@ -38,7 +39,7 @@ class Context:
         if self._client is None:
             if not self.masters:
                 fail("no masters given: use --masters host:port[,host:port…] or set SYNAPSE_MASTERS", 2)
-            self._client = MasterClient(self.masters, self.token, deadline=self.timeout)
+            self._client = MasterClient(self.masters, self.token, deadline=self.timeout, tls=self.tls)
         return self._client
 
 
@@ -51,6 +52,8 @@ def run(action: Callable[[], Any]) -> Any:
     """Run a client action, turning its failures into one line and an exit code."""
     try:
         return action()
+    except TLSError as exc:
+        fail(f"TLS failed: {exc.message} (check --ca / SYNAPSE_CA, --cert, --key)", 4)
     except AuthError as exc:
         fail(f"authentication failed: {exc.message} (check --token / SYNAPSE_TOKEN)", 4)
     except ClientError as exc:
@@ -116,10 +119,13 @@ OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json", "yam
 @click.option("--token", envvar="SYNAPSE_TOKEN", default="", help="cluster token [env: SYNAPSE_TOKEN]")
 @click.option("--timeout", type=float, default=30.0, show_default=True,
               help="seconds to keep trying (across failovers) before giving up")
+@click.option("--ca", envvar="SYNAPSE_CA", default="", help="CA of the masters' TLS certificates [env: SYNAPSE_CA]")
+@click.option("--cert", envvar="SYNAPSE_CERT", default="", help="client certificate, if the cluster wants one")
+@click.option("--key", envvar="SYNAPSE_KEY", default="", help="its private key")
 @click.pass_context
-def main(ctx: click.Context, masters: str, token: str, timeout: float) -> None:
+def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, cert: str, key: str) -> None:
     """Submit and inspect gang jobs on a Synapse cluster."""
-    ctx.obj = Context(masters, token, timeout)
+    ctx.obj = Context(masters, token, timeout, TLSFiles(ca, cert, key))
 
 
 @main.command(context_settings={"ignore_unknown_options": False})

@@ -22,6 +22,7 @@ import grpc
 
 from synapse.auth import client_metadata
 from synapse.proto import api_pb2, api_pb2_grpc
+from synapse.tls import TLSFiles, channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,14 @@ class ClientError(Exception):
 
 class AuthError(ClientError):
     """The cluster refused our credentials."""
+
+
+class TLSError(AuthError):
+    """The TLS handshake failed (wrong CA, expired or missing certificate): retrying will not help."""
+
+
+#: Substrings of gRPC's error details that mean a TLS problem, not a dead replica.
+_TLS_FAILURE_HINTS = ("handshake", "certificate", "ssl_error", "tsi_", "ssl routines")
 
 
 class ClusterUnavailable(Exception):
@@ -71,11 +80,13 @@ class MasterClient:
     """A failover-aware client for a list of master API addresses."""
 
     def __init__(self, addresses: str | list[str], token: str = "", *, deadline: float = 30.0,
-                 try_timeout: float = 5.0, backoff: tuple[float, float] = (0.05, 1.0)) -> None:
+                 try_timeout: float = 5.0, backoff: tuple[float, float] = (0.05, 1.0),
+                 tls: TLSFiles | None = None) -> None:
         self.addresses = parse_addresses(addresses)
         if not self.addresses:
             raise ValueError("no master addresses given")
-        self.metadata = client_metadata(token)
+        self.metadata = client_metadata(token)  #: sent on every call (a worker adds its node credential)
+        self.tls = tls if tls is not None and tls.enabled else None
         self.deadline = deadline  #: overall time budget of one call, retries included
         self.try_timeout = try_timeout  #: budget of one try
         self.backoff = backoff  #: (first, largest) pause after a full round of failures
@@ -94,11 +105,19 @@ class MasterClient:
         self.close()
 
     def stub(self, address: str) -> api_pb2_grpc.MasterStub:
+        return api_pb2_grpc.MasterStub(self.channel(address))
+
+    def channel(self, address: str) -> grpc.Channel:
+        """The (cached) channel to one address: TLS when configured."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address, options=[
-                ("grpc.max_receive_message_length", 4 << 20), ("grpc.enable_retries", 0)])
-        return api_pb2_grpc.MasterStub(channel)
+            options = [("grpc.max_receive_message_length", 4 << 20), ("grpc.enable_retries", 0)]
+            if self.tls is not None:
+                channel = grpc.secure_channel(address, channel_credentials(self.tls), options=options)
+            else:
+                channel = grpc.insecure_channel(address, options=options)
+            self._channels[address] = channel
+        return channel
 
     def _candidates(self) -> list[str]:
         ordered = ([self.leader] if self.leader else []) + [a for a in self.addresses if a != self.leader]
@@ -128,6 +147,8 @@ class MasterClient:
                     code, details = exc.code(), exc.details() or ""
                     if code == grpc.StatusCode.UNAUTHENTICATED:
                         raise AuthError(code, f"{address}: {details}") from None
+                    if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
+                        raise TLSError(code, f"{address}: TLS failed: {details}") from None
                     hint = _leader_hint(exc)
                     if code == grpc.StatusCode.FAILED_PRECONDITION and hint and not to:
                         last_error = f"{address}: {details}"
@@ -147,7 +168,9 @@ class MasterClient:
                         continue
                     raise ClientError(code, details) from None
             if time.monotonic() >= end:
-                raise ClusterUnavailable(f"no master answered within the deadline (last: {last_error})")
+                hint = " (if the cluster uses TLS, pass its CA: --ca / SYNAPSE_CA)" \
+                    if self.tls is None and "Socket closed" in last_error else ""
+                raise ClusterUnavailable(f"no master answered within the deadline (last: {last_error}){hint}")
             time.sleep(min(pause * random.uniform(0.5, 1.5), max(0.0, end - time.monotonic())))
             pause = min(pause * 2, self.backoff[1])
 

@@ -8,6 +8,11 @@
     heartbeat_interval: 5s
     heartbeat_timeout: 10s
     election_timeout: {min: 400ms, max: 1s}
+    tls:                                      # optional: TLS for the API, mTLS for workers
+      ca: /etc/synapse/ca.pem
+      cert: /etc/synapse/server.pem           # {id} allowed
+      key: /etc/synapse/server-key.pem
+      require_worker_certs: true              # worker calls need a cert whose CN is the node id
     replicas:
       - {id: m1, raft: 10.0.0.1:7100, api: 10.0.0.1:7000}
       - {id: m2, raft: 10.0.0.2:7100, api: 10.0.0.2:7000}
@@ -29,6 +34,7 @@ import yaml
 
 from synapse.model import DEFAULT_LEVELS
 from synapse.quantity import QuantityError, parse_duration
+from synapse.tls import TLSFiles
 
 
 class ConfigError(ValueError):
@@ -54,6 +60,8 @@ class ClusterConfig:
     heartbeat_timeout: float = 10.0
     election_min: float = 0.4
     election_max: float = 1.0
+    tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
+    require_worker_certs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replica(self, replica_id: str) -> Replica:
@@ -62,6 +70,10 @@ class ClusterConfig:
                 return r
         raise ConfigError(f"replicas: no replica with id {replica_id!r} "
                           f"(known: {', '.join(r.id for r in self.replicas)})")
+
+    def tls_of(self, replica_id: str) -> TLSFiles:
+        cert, key = (path.replace("{id}", replica_id) for path in (self.tls.cert, self.tls.key))
+        return TLSFiles(self.tls.ca, cert, key)
 
     def data_dir_of(self, replica_id: str) -> str:
         return self.data_dir.replace("{id}", replica_id)
@@ -101,7 +113,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if not isinstance(doc, dict):
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
-             "heartbeat_timeout", "election_timeout", "replicas"}
+             "heartbeat_timeout", "election_timeout", "replicas", "tls"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -133,6 +145,12 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     election_max = _duration(election, "max", 1.0)
     if not 0 < election_min < election_max:
         raise ConfigError("election_timeout: need 0 < min < max")
+    tls_doc = doc.get("tls") or {}
+    if not isinstance(tls_doc, dict) or set(tls_doc) - {"ca", "cert", "key", "require_worker_certs"}:
+        raise ConfigError("tls: must be {ca, cert, key, require_worker_certs}")
+    tls = TLSFiles(str(tls_doc.get("ca", "")), str(tls_doc.get("cert", "")), str(tls_doc.get("key", "")))
+    if tls.enabled and not (tls.cert and tls.key):
+        raise ConfigError("tls: ca, cert and key are all required")
     password = read_secret(doc.get("raft_password"), "raft_password") if need_secrets else ""
     if need_secrets and not password:
         raise ConfigError("raft_password: required (pysyncobj's Raft port runs what it receives "
@@ -144,7 +162,10 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         topology_levels=tuple(levels),
         heartbeat_interval=_duration(doc, "heartbeat_interval", 5.0),
         heartbeat_timeout=_duration(doc, "heartbeat_timeout", 10.0),
-        election_min=election_min, election_max=election_max)
+        election_min=election_min, election_max=election_max, tls=tls,
+        require_worker_certs=bool(tls_doc.get("require_worker_certs", False)))
+    if config.require_worker_certs and not tls.enabled:
+        raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ConfigError("heartbeat_timeout: must be longer than heartbeat_interval")
     return config

@@ -10,6 +10,7 @@ state older than the last acknowledged write.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 
@@ -23,11 +24,18 @@ from synapse.master import LEADER_WAIT_S, Master
 from synapse.model import JobStatus
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.raft import ProposeError
+from synapse.tls import peer_common_name
 
 log = logging.getLogger(__name__)
 
 #: Trailing metadata key naming the leader's API address on a redirect.
 LEADER_METADATA_KEY = "synapse-leader"
+#: Metadata key of the credential a worker got from RegisterNode.
+NODE_CREDENTIAL_KEY = "synapse-node-credential"
+#: Bounds on what a node may announce.
+MAX_TOPOLOGY_LABELS = 8
+MAX_LABEL_CHARS = 63
+MAX_NODE_GPUS = 1024
 #: A watch stream re-sends the current assignments at least this often (a keepalive that also
 #: lets the worker notice a silent leader change).
 WATCH_REFRESH_S = 5.0
@@ -77,6 +85,18 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
         term = await self._leader(context)
         await self._propose(c.Barrier(at=time.time(), term=term, reason="read"), context)
+
+    async def _worker_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> None:
+        """A worker call must come from that node: its credential, and its certificate under mTLS."""
+        await self._check_id(node_id, "node_id", context)
+        presented = dict(context.invocation_metadata() or ()).get(NODE_CREDENTIAL_KEY, "")
+        if not hmac.compare_digest(str(presented).encode(), self.m.node_credential(node_id).encode()):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"no valid credential for node {node_id}: register first, and act only for "
+                                "your own node")
+        if self.m.config.require_worker_certs and peer_common_name(context) != node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"node {node_id} must present a client certificate issued to {node_id}")
 
     @staticmethod
     async def _check_id(value: str, field: str, context: grpc.aio.ServicerContext) -> None:
@@ -250,8 +270,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 
     async def RegisterNode(self, request, context):
         await self._check_id(request.node_id, "node_id", context)
-        await self._leader(context)
+        if self.m.config.require_worker_certs and peer_common_name(context) != request.node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"node {request.node_id} must present a client certificate issued to it")
         capacity = codec.resources_from_proto(request.capacity)
+        problem = _capacity_problem(capacity, request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        await self._leader(context)
         result = await self._propose(c.RegisterNode(at=time.time(), node_id=request.node_id,
                                                     address=request.address[:MAX_ID_CHARS],
                                                     topology=tuple(request.topology), capacity=capacity), context)
@@ -261,11 +287,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             loops.node_heard(request.node_id)
         log.info("node registered node=%s address=%s topology=%s gpus=%d", request.node_id, request.address,
                  "/".join(request.topology), capacity.gpu)
-        return api_pb2.RegisterNodeReply(status=result.value,
-                                         heartbeat_interval_s=self.m.config.heartbeat_interval)
+        return api_pb2.RegisterNodeReply(status=result.value, heartbeat_interval_s=self.m.config.heartbeat_interval,
+                                         node_credential=self.m.node_credential(request.node_id))
 
     async def Heartbeat(self, request, context):
-        await self._check_id(request.node_id, "node_id", context)
+        await self._worker_identity(request.node_id, context)
         term = await self._leader(context)
         with self.m.lock:
             node = self.m.state.nodes.get(request.node_id)
@@ -275,7 +301,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         return api_pb2.HeartbeatReply(node_status=status, term=term)
 
     async def WatchAssignments(self, request, context):
-        await self._check_id(request.node_id, "node_id", context)
+        await self._worker_identity(request.node_id, context)
         term = await self._leader(context)
         lost = self.m.leadership_lost()
         last_sent = None
@@ -301,7 +327,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                             f"replica {self.m.replica.id} stopped leading; reconnect to the new leader")
 
     async def ReportTaskEvents(self, request, context):
-        await self._check_id(request.node_id, "node_id", context)
+        await self._worker_identity(request.node_id, context)
         if len(request.events) > 10_000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events: at most 10000 per report")
         await self._leader(context)
@@ -318,3 +344,17 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 def _host_port(value: str) -> bool:
     host, _, port = value.rpartition(":")
     return bool(host) and port.isdigit() and len(value) <= MAX_ID_CHARS
+
+
+def _capacity_problem(capacity, request) -> str:
+    """Why a node registration is refused, or ''."""
+    if capacity.is_negative():
+        return "capacity: must not be negative"
+    if capacity.gpu > MAX_NODE_GPUS or capacity.cpu > 1 << 32 or capacity.memory > 1 << 60:
+        return "capacity: absurdly large"
+    if len(request.topology) > MAX_TOPOLOGY_LABELS or any(
+            not label or len(label) > MAX_LABEL_CHARS or "/" in label for label in request.topology):
+        return (f"topology: at most {MAX_TOPOLOGY_LABELS} labels of 1-{MAX_LABEL_CHARS} characters, without '/'")
+    if not _host_port(request.address):
+        return f"address: must be host:port, not {request.address[:80]!r}"
+    return ""

@@ -27,6 +27,7 @@ import click
 import yaml
 
 from synapse.client import ClientError, ClusterUnavailable, MasterClient
+from synapse.tls import TLSFiles, generate
 
 READY_TIMEOUT_S = 60.0
 
@@ -78,11 +79,21 @@ def master_argv(config_path: Path, replica_id: str) -> list[str]:
 
 def worker_argv(data_dir: Path, masters: str, token_file: Path, worker_id: str, rack: str, gpus: int,
                 heartbeat: float) -> list[str]:
-    return [sys.executable, "-m", "synapse.worker", "--masters", masters, "--token-file", str(token_file),
+    argv = [sys.executable, "-m", "synapse.worker", "--masters", masters, "--token-file", str(token_file),
             "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
             "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
             "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat), "--stop-grace", "3",
             "--stop-tasks-on-exit"]
+    tls_dir = data_dir / "tls"
+    if (tls_dir / "ca.pem").exists():  # a --tls cluster: the worker's own certificate (CN = its id)
+        argv += ["--ca", str(tls_dir / "ca.pem"), "--cert", str(tls_dir / f"worker-{worker_id}.pem"),
+                 "--key", str(tls_dir / f"worker-{worker_id}-key.pem")]
+    return argv
+
+
+def client_tls(state: dict[str, Any]) -> TLSFiles:
+    """The TLS files a client of this local cluster uses (none for a plain cluster)."""
+    return TLSFiles(state.get("ca", ""), state.get("cert", ""), state.get("key", ""))
 
 
 def load_state(data_dir: Path) -> dict[str, Any]:
@@ -93,7 +104,7 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 
 
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
-       heartbeat: float = 1.0) -> dict[str, Any]:
+       heartbeat: float = 1.0, tls: bool = False) -> dict[str, Any]:
     """Start a local cluster; returns what cluster.json records."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
@@ -118,19 +129,28 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     replicas = [{"id": f"m{i + 1}", "raft": f"127.0.0.1:{base_port + 100 + i}", "api": f"127.0.0.1:{base_port + i}"}
                 for i in range(masters)]
     config_path = data_dir / "cluster.yaml"
-    config_path.write_text(yaml.safe_dump({
+    doc: dict[str, Any] = {
         "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
         "raft_password": {"file": str(password_file)}, "token": {"file": str(token_file)},
         "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
-        "replicas": replicas}, sort_keys=False))
-    state: dict[str, Any] = {"masters": [], "workers": [], "token": token, "data_dir": str(data_dir)}
+        "replicas": replicas}
+    tls_dir = data_dir / "tls"
+    if tls:
+        generate(tls_dir, ["127.0.0.1", "localhost"], [f"w{i + 1}" for i in range(workers)])
+        doc["tls"] = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "server.pem"),
+                      "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True}
+    config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    state: dict[str, Any] = {"masters": [], "workers": [], "token": token, "data_dir": str(data_dir),
+                             "ca": str(tls_dir / "ca.pem") if tls else "",
+                             "cert": str(tls_dir / "client.pem") if tls else "",
+                             "key": str(tls_dir / "client-key.pem") if tls else ""}
     for r in replicas:
         pid = _spawn(master_argv(config_path, r["id"]), data_dir / "logs" / f"{r['id']}.log")
         state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"], "pid": pid,
                                  "data_dir": str(data_dir / "masters" / r["id"])})
     (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
     addresses = ",".join(r["api"] for r in replicas)
-    client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S)
+    client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S, tls=client_tls(state))
     try:
         client.list_nodes()  # answers once a leader is elected and ready
         for i in range(workers):
@@ -217,14 +237,16 @@ def main() -> None:
 @click.option("--gpus-per-worker", default=8, show_default=True, help="fake GPUs each worker announces")
 @click.option("--base-port", default=7000, show_default=True, help="API ports from here, Raft ports from +100")
 @click.option("--heartbeat", default=1.0, show_default=True, help="worker heartbeat interval, seconds")
+@click.option("--tls", is_flag=True, help="generate a development CA: TLS for the API, mTLS for workers")
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
-           heartbeat: float) -> None:
+           heartbeat: float, tls: bool) -> None:
     """Start the cluster in the background; returns once it is ready."""
-    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat)
+    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls)
     addresses = ",".join(m["api_address"] for m in state["masters"])
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")
-    click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}")
+    ca = f" SYNAPSE_CA={state['ca']} SYNAPSE_CERT={state['cert']} SYNAPSE_KEY={state['key']}" if state["ca"] else ""
+    click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}{ca}")
 
 
 @main.command("down")
@@ -241,7 +263,8 @@ def status_cmd(data_dir: Path) -> None:
     """Which of the cluster's processes are alive, and who leads."""
     data_dir = data_dir.resolve()
     state = load_state(data_dir)
-    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], deadline=3)
+    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], deadline=3,
+                          tls=client_tls(state))
     for m in state["masters"]:
         alive = is_ours(m["pid"], data_dir) and _alive(m["pid"])
         role = "-"

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import logging
 import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 
@@ -26,6 +29,7 @@ from synapse.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.heartbeat import HeartbeatTracker
 from synapse.logs import configure
 from synapse.raft import RaftNode, RaftTimeouts, raft_config
+from synapse.tls import generate, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,12 @@ class Master:
 
     def now(self) -> float:
         return time.time()
+
+    def node_credential(self, node_id: str) -> str:
+        """The credential a worker presents to act for `node_id`: an HMAC only masters can make
+        (keyed by the Raft password, which clients and workers never see)."""
+        key = hashlib.sha256(b"synapse-node-credential\0" + self.config.raft_password.encode()).digest()
+        return hmac.new(key, node_id.encode(), hashlib.sha256).hexdigest()
 
     def new_job_id(self, name: str) -> str:
         return f"{name[:40]}-{uuid.uuid4().hex[:8]}"
@@ -186,7 +196,11 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0)])
     api_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), server)
-    server.add_insecure_port(replica.api)
+    if config.tls.enabled:
+        server.add_secure_port(replica.api, server_credentials(config.tls_of(replica_id),
+                                                                config.require_worker_certs))
+    else:
+        server.add_insecure_port(replica.api)
     await server.start()
     log.info("master serving replica=%s api=%s raft=%s partners=%s", replica_id, replica.api, replica.raft,
              ",".join(partners))
@@ -205,8 +219,27 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     raft.destroy()
 
 
+def gen_certs(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="synapse-master gen-certs",
+                                     description="Write a development CA and certificates (see synapse/tls.py).")
+    parser.add_argument("--out", required=True, help="directory to write the PEM files to")
+    parser.add_argument("--hosts", default="127.0.0.1,localhost", help="names and IPs the masters answer on")
+    parser.add_argument("--workers", default="", help="worker node ids to make client certificates for")
+    parser.add_argument("--days", type=int, default=365)
+    args = parser.parse_args(argv)
+    written = generate(Path(args.out), [h for h in args.hosts.split(",") if h],
+                       [w for w in args.workers.split(",") if w], args.days)
+    for path in written:
+        print(path)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="synapse-master", description="Run one Synapse master replica.")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gen-certs"]:
+        gen_certs(argv[1:])
+        return
+    parser = argparse.ArgumentParser(prog="synapse-master", description="Run one Synapse master replica "
+                                     "(or: synapse-master gen-certs --help).")
     parser.add_argument("--config", required=True, help="cluster file (YAML)")
     parser.add_argument("--id", required=True, help="this replica's id in the cluster file")
     parser.add_argument("--log-level", default="INFO")

@@ -31,6 +31,7 @@ from synapse.logs import configure
 from synapse.model import Resources
 from synapse.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.runtime import stop_all
+from synapse.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heartbeat-interval", type=float, default=5.0)
     p.add_argument("--stop-grace", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL for a task")
     p.add_argument("--runtime", default="", help="external runtime template, e.g. 'carapace run {task_id} {image}'")
+    p.add_argument("--ca", default=os.environ.get("SYNAPSE_CA", ""), help="CA of the masters' TLS certificates")
+    p.add_argument("--cert", default="", help="this worker's client certificate (mTLS; CN = node id)")
+    p.add_argument("--key", default="", help="its private key")
     p.add_argument("--stop-tasks-on-exit", action="store_true", help="stop every task when the agent stops")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     agent = WorkerAgent(node_id=node_id, address=args.address, topology=topology, capacity=capacity,
                         masters=masters, token=token, data_dir=data_dir,
                         heartbeat_interval=args.heartbeat_interval, stop_grace=args.stop_grace,
-                        runtime_template=args.runtime, log_port=args.port)
+                        runtime_template=args.runtime, log_port=args.port,
+                        tls=TLSFiles(args.ca, args.cert, args.key))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(topology))

@@ -71,17 +71,18 @@ def test_full_restart_keeps_every_acknowledged_job(make_cluster):
 
 def test_node_without_heartbeats_goes_down_and_gang_is_requeued(make_cluster):
     cluster = make_cluster()
-    register(cluster.client, "n1")
-    register(cluster.client, "n2", rack="r2")
+    credentials = {n: register(cluster.client, n, rack=r).node_credential for n, r in (("n1", "r1"), ("n2", "r2"))}
     job_id = cluster.client.submit(proto_spec(tasks=1, gpu=8, max_restarts=1))
     job = wait_status(cluster.client, job_id, {"SCHEDULED"})
     # Only n2 keeps heartbeating: the node holding the task goes DOWN after the 3 s timeout.
     lost_node = job.tasks[0].node_id
     alive = "n2" if lost_node == "n1" else "n1"
+    worker = MasterClient(cluster.addresses, cluster.token)
+    worker.metadata = worker.metadata + (("synapse-node-credential", credentials[alive]),)
     import time
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        cluster.client.call("Heartbeat", api_pb2.HeartbeatRequest(node_id=alive))
+        worker.call("Heartbeat", api_pb2.HeartbeatRequest(node_id=alive))
         nodes = {n.id: n.status for n in cluster.client.list_nodes()}
         if nodes[lost_node] == "DOWN":
             break

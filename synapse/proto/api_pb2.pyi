@@ -703,17 +703,23 @@ class RegisterNodeReply(_message.Message):
 
     STATUS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    NODE_CREDENTIAL_FIELD_NUMBER: _builtins.int
     status: _builtins.str
     heartbeat_interval_s: _builtins.float
+    node_credential: _builtins.str
+    """Presented by the worker (metadata "synapse-node-credential") on its Heartbeat,
+    WatchAssignments and ReportTaskEvents calls: a worker may act only for its own node.
+    """
     def __init__(
         self,
         *,
         status: _builtins.str = ...,
         heartbeat_interval_s: _builtins.float = ...,
+        node_credential: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "node_credential", b"node_credential", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
