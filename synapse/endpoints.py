@@ -358,3 +358,52 @@ def _capacity_problem(capacity, request) -> str:
     if not _host_port(request.address):
         return f"address: must be host:port, not {request.address[:80]!r}"
     return ""
+
+
+class Malformed:
+    """A request whose bytes did not parse; the handler wrapper answers INVALID_ARGUMENT."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any garbage
+            return Malformed(str(exc)[:200] or type(exc).__name__)
+    return deserialize
+
+
+def _unary(impl):
+    async def handle(request, context):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+        return await impl(request, context)
+    return handle
+
+
+def _stream(impl):
+    async def handle(request, context):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+        async for reply in impl(request, context):
+            yield reply
+    return handle
+
+
+def add_to_server(servicer: MasterServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer like the generated helper does, but with deserializers that turn
+    undecodable bytes into INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+    service = api_pb2.DESCRIPTOR.services_by_name["Master"]
+    handlers = {}
+    for method in service.methods:
+        request_cls = getattr(api_pb2, method.input_type.name)
+        reply_cls = getattr(api_pb2, method.output_type.name)
+        impl = getattr(servicer, method.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make((_stream if method.server_streaming else _unary)(impl),
+                                     request_deserializer=_lenient(request_cls.FromString),
+                                     response_serializer=reply_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -175,8 +175,7 @@ class Master:
 
 async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | None = None) -> None:
     """Run one replica until SIGTERM / SIGINT (or `stop` is set)."""
-    from synapse.endpoints import MasterServicer
-    from synapse.proto import api_pb2_grpc
+    from synapse.endpoints import MasterServicer, add_to_server
 
     replica = config.replica(replica_id)
     timeouts = RaftTimeouts(election_min=config.election_min, election_max=config.election_max,
@@ -195,7 +194,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0)])
-    api_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), server)
+    add_to_server(MasterServicer(master), server)
     if config.tls.enabled:
         server.add_secure_port(replica.api, server_credentials(config.tls_of(replica_id),
                                                                 config.require_worker_certs))
