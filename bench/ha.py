@@ -6,7 +6,8 @@
 
 (a) Submissions acknowledged per second through gRPC (client library, several threads), with
 p50/p99 latency, next to raw pysyncobj throughput for the same command measured in the same run
-on three bare replica processes (bench/raw_raft.py). (b) Failover: kill -9 the leader and time
+on three bare replica processes (bench/raw_raft.py), and next to the same load on a cluster
+that does not flush its journal (durability: none), to show what fsync costs. (b) Failover: kill -9 the leader and time
 until the next write is acknowledged through the client; the killed replica is restarted and the
 cluster is let settle between trials. Targets: >= 1,000 submissions/s with p99 <= 50 ms;
 failover p50 <= 1 s, max <= 3 s.
@@ -151,15 +152,29 @@ def main() -> None:
             failovers = failover_trials(data_dir, state, args.trials)
         finally:
             local.down(data_dir)
+        # The same load with the journal left to the kernel's write-back (durability: none).
+        loose_dir = workdir / "cluster-no-fsync"
+        loose = local.up(loose_dir, 3, 0, 1, 8, local.free_base_port(3), durability="none")
+        try:
+            loose_rate, loose_latencies = submit_load([m["api_address"] for m in loose["masters"]], loose["token"],
+                                                      args.submits, args.threads)
+        finally:
+            local.down(loose_dir)
     report = {"submits_per_s": round(rate, 1), "submit_p50_ms": round(percentile(latencies, 0.5), 2),
               "submit_p99_ms": round(percentile(latencies, 0.99), 2), "raw_raft_ops_per_s": round(raw, 1),
               "failover_p50_s": round(statistics.median(failovers), 3), "failover_max_s": round(max(failovers), 3),
-              "failover_s": [round(x, 3) for x in failovers]}
+              "failover_s": [round(x, 3) for x in failovers],
+              "no_fsync_submits_per_s": round(loose_rate, 1),
+              "no_fsync_submit_p50_ms": round(percentile(loose_latencies, 0.5), 2),
+              "no_fsync_submit_p99_ms": round(percentile(loose_latencies, 0.99), 2)}
     if args.json:
         print(json.dumps(report))
         return
     print(f"submissions through gRPC: {report['submits_per_s']:,.0f}/s  p50 {report['submit_p50_ms']} ms  "
           f"p99 {report['submit_p99_ms']} ms  ({args.submits} submits, {args.threads} client threads)")
+    print(f"same load without fsync (durability: none): {report['no_fsync_submits_per_s']:,.0f}/s  "
+          f"p50 {report['no_fsync_submit_p50_ms']} ms  p99 {report['no_fsync_submit_p99_ms']} ms  "
+          f"(fsync costs {1 - rate / loose_rate:.0%} of the rate)")
     print(f"raw pysyncobj, same command: {report['raw_raft_ops_per_s']:,.0f}/s  "
           f"(gRPC path = {rate / raw:.2f} x raw)")
     print(f"failover (kill -9 leader -> next write acked), {len(failovers)} trials: "

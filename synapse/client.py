@@ -27,9 +27,10 @@ from synapse.tls import TLSFiles, channel_credentials
 log = logging.getLogger(__name__)
 
 LEADER_METADATA_KEY = "synapse-leader"
-#: Codes after which another replica (or the same one later) may succeed.
-_RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                grpc.StatusCode.RESOURCE_EXHAUSTED}
+#: Codes after which another replica (or the same one later) may succeed. RESOURCE_EXHAUSTED (a
+#: full disk or command queue) is the leader's own answer: every replica would send us back to it,
+#: so it goes to the caller.
+_RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 class ClientError(Exception):

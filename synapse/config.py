@@ -8,6 +8,8 @@
     heartbeat_interval: 5s
     heartbeat_timeout: 10s
     election_timeout: {min: 400ms, max: 1s}
+    durability: fsync                         # fsync (default) | none; see synapse/durability.py
+    min_free_disk: 256Mi                      # refuse writes below this much free space
     tls:                                      # optional: TLS for the API, mTLS for workers
       ca: /etc/synapse/ca.pem
       cert: /etc/synapse/server.pem           # {id} allowed
@@ -33,7 +35,7 @@ from typing import Any
 import yaml
 
 from synapse.model import DEFAULT_LEVELS
-from synapse.quantity import QuantityError, parse_duration
+from synapse.quantity import QuantityError, parse_duration, parse_memory
 from synapse.tls import TLSFiles
 
 
@@ -60,6 +62,8 @@ class ClusterConfig:
     heartbeat_timeout: float = 10.0
     election_min: float = 0.4
     election_max: float = 1.0
+    durability: str = "fsync"  #: fsync | none
+    min_free_disk: int = 256 << 20  #: bytes
     tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
     require_worker_certs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -113,7 +117,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if not isinstance(doc, dict):
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
-             "heartbeat_timeout", "election_timeout", "replicas", "tls"}
+             "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -145,6 +149,13 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     election_max = _duration(election, "max", 1.0)
     if not 0 < election_min < election_max:
         raise ConfigError("election_timeout: need 0 < min < max")
+    durability = str(doc.get("durability", "fsync"))
+    if durability not in ("fsync", "none"):
+        raise ConfigError(f"durability: must be fsync or none, not {durability!r}")
+    try:
+        min_free_disk = parse_memory(doc.get("min_free_disk", "256Mi"))
+    except QuantityError as exc:
+        raise ConfigError(f"min_free_disk: {exc}") from None
     tls_doc = doc.get("tls") or {}
     if not isinstance(tls_doc, dict) or set(tls_doc) - {"ca", "cert", "key", "require_worker_certs"}:
         raise ConfigError("tls: must be {ca, cert, key, require_worker_certs}")
@@ -162,7 +173,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         topology_levels=tuple(levels),
         heartbeat_interval=_duration(doc, "heartbeat_interval", 5.0),
         heartbeat_timeout=_duration(doc, "heartbeat_timeout", 10.0),
-        election_min=election_min, election_max=election_max, tls=tls,
+        election_min=election_min, election_max=election_max, tls=tls, durability=durability,
+        min_free_disk=min_free_disk,
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)))
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")

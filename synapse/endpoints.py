@@ -66,6 +66,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await asyncio.sleep(0.02)
 
     async def _propose(self, cmd: c.Command, context: grpc.aio.ServicerContext) -> c.Result:
+        if not isinstance(cmd, c.Barrier) and not self.m.disk_has_room():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"replica {self.m.replica.id}: less than {self.m.config.min_free_disk} bytes free "
+                                "under its data dir; writes are refused until there is room")
         try:
             return await self.m.propose(cmd)
         except ProposeError as exc:

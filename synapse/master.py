@@ -26,6 +26,7 @@ import grpc
 from synapse import commands as c
 from synapse.auth import TokenInterceptor
 from synapse.config import ClusterConfig, ConfigError, load_cluster_config
+from synapse.durability import check_journal, free_bytes
 from synapse.heartbeat import HeartbeatTracker
 from synapse.logs import configure
 from synapse.raft import RaftNode, RaftTimeouts, raft_config
@@ -39,6 +40,10 @@ LEADER_WAIT_S = 3.0
 MAX_MESSAGE_BYTES = 4 << 20
 #: How often leadership is checked (pysyncobj has no reliable cross-thread notification).
 LEADERSHIP_POLL_S = 0.02
+#: How often the replica checks its stored data and its disk.
+WATCHDOG_S = 0.5
+#: Exit status of a replica that stopped because its data is corrupt or its disk is full.
+EXIT_STORAGE = 3
 
 
 class Master:
@@ -54,6 +59,8 @@ class Master:
         self._node_events: dict[str, asyncio.Event] = {}  #: node id -> set when its assignments may change
         self._leadership_lost = asyncio.Event()  #: set whenever this replica stops leading
         self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
+        self.data_dir = config.data_dir_of(replica_id)
+        self.fatal = ""  #: why the replica stopped itself (corruption, full disk), if it did
 
     # ---- proposing and reading -----------------------------------------------------------------
 
@@ -145,6 +152,25 @@ class Master:
             event = self._node_events[node_id] = asyncio.Event()
         return event
 
+    def disk_has_room(self) -> bool:
+        """False once the data dir's file system has less than min_free_disk left."""
+        return free_bytes(self.data_dir) >= self.config.min_free_disk
+
+    async def watchdog(self, stop: asyncio.Event) -> None:
+        """Stop the replica on corrupt data, or before a full disk makes the journal's mmap fail."""
+        while not stop.is_set():
+            problem = self.raft.corruption()
+            if not problem and free_bytes(self.data_dir) < self.config.min_free_disk // 4:
+                problem = (f"less than {self.config.min_free_disk // 4} bytes free under {self.data_dir}; "
+                           "stopping before the journal cannot grow")
+            if problem:
+                log.critical("replica %s stops: %s. Rebuild it with: synapse-master rebuild --config FILE --id %s",
+                             self.replica.id, problem, self.replica.id)
+                self.fatal = problem
+                stop.set()
+                return
+            await asyncio.sleep(WATCHDOG_S)
+
     def leadership_lost(self) -> asyncio.Event:
         return self._leadership_lost
 
@@ -183,7 +209,11 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     conf = raft_config(bind_address=replica.raft, data_dir=config.data_dir_of(replica_id),
                        password=config.raft_password, timeouts=timeouts)
     partners = [r.raft for r in config.replicas if r.id != replica_id]
-    raft = RaftNode(replica.raft, partners, conf, config.topology_levels)
+    problem = check_journal(Path(config.data_dir_of(replica_id)) / "raft.journal")
+    if problem:
+        raise StorageError(f"journal corrupt: {problem}. Rebuild this replica from its peers with: "
+                           f"synapse-master rebuild --config FILE --id {replica_id}")
+    raft = RaftNode(replica.raft, partners, conf, config.topology_levels, durable=config.durability == "fsync")
     master = Master(config, replica_id, raft)
     master.loop = asyncio.get_running_loop()
     raft.bind_loop(master.loop)
@@ -208,7 +238,9 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(master.watch_leadership())
+    guard = asyncio.create_task(master.watchdog(stop))
     await stop.wait()
+    guard.cancel()
     log.info("master stopping replica=%s", replica_id)
     watcher.cancel()
     if master.leader_loops is not None:
@@ -216,6 +248,30 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     await server.stop(grace=1.0)
     raft.replicated.listener = None
     raft.destroy()
+    if master.fatal:
+        raise StorageError(master.fatal)
+
+
+class StorageError(RuntimeError):
+    """The replica's stored data is corrupt, or its disk is full: it must not serve."""
+
+
+def rebuild(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="synapse-master rebuild", description=(
+        "Set aside a replica's data dir (corrupt journal or snapshot) so that, started again, it "
+        "rejoins empty and copies the state from the leader. Run it with the replica stopped, "
+        "while the other replicas hold a majority."))
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--id", required=True)
+    args = parser.parse_args(argv)
+    config = load_cluster_config(args.config, need_secrets=False)
+    data_dir = Path(config.data_dir_of(config.replica(args.id).id))
+    if not data_dir.exists():
+        print(f"{data_dir} does not exist: nothing to set aside")
+        return
+    aside = data_dir.with_name(f"{data_dir.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+    data_dir.rename(aside)
+    print(f"moved {data_dir} to {aside}; start the replica again and it will catch up from the leader")
 
 
 def gen_certs(argv: list[str]) -> None:
@@ -237,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["gen-certs"]:
         gen_certs(argv[1:])
         return
+    if argv[:1] == ["rebuild"]:
+        rebuild(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog="synapse-master", description="Run one Synapse master replica "
                                      "(or: synapse-master gen-certs --help).")
     parser.add_argument("--config", required=True, help="cluster file (YAML)")
@@ -250,7 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"synapse-master: {exc}", file=sys.stderr)
         sys.exit(2)
-    asyncio.run(serve(config, args.id))
+    try:
+        asyncio.run(serve(config, args.id))
+    except StorageError as exc:
+        print(f"synapse-master: {exc}", file=sys.stderr)
+        sys.exit(EXIT_STORAGE)
 
 
 if __name__ == "__main__":

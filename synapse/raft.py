@@ -30,6 +30,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncOb
 
 from synapse import codec
 from synapse import commands as c
+from synapse.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
 from synapse.fsm import ClusterState
 from synapse.model import DEFAULT_LEVELS
 
@@ -110,15 +111,25 @@ class ReplicatedState(SyncObjConsumer):
         super().__init__()
         self.lock = threading.RLock()  #: held by apply and by every compound read
         self.state = ClusterState(levels)  #: replaced wholesale when a snapshot is loaded
+        #: set (and never cleared) when stored data fails its checksum: this replica must stop
+        self.corruption = ""
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
         self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
 
     @replicated
     def apply(self, data: bytes) -> list[tuple[bool, str, str]]:
-        """The one replicated door: a versioned, encoded command (or a batch of them)."""
+        """The one replicated door: a sealed (checksummed), versioned, encoded command or batch."""
+        try:
+            payload = unseal(data)
+        except CorruptionError as exc:
+            # Only a damaged copy fails its CRC: applying it (even as a rejection) would make this
+            # replica diverge from the others. Stop applying; the master process stops serving.
+            self.corruption = self.corruption or f"corrupt log entry: {exc}"
+            log.critical("%s; this replica stops applying", self.corruption)
+            return [(False, self.corruption, "")]
         with self.lock:
-            applied = self.state.apply_entry(data)
+            applied = self.state.apply_entry(payload)
         listener = self.listener
         if listener is not None:
             try:
@@ -129,10 +140,16 @@ class ReplicatedState(SyncObjConsumer):
 
     def _serialize(self) -> dict:
         with self.lock:
-            return self.state.to_snapshot()
+            snapshot = self.state.to_snapshot()
+        return {"sha256": _snapshot_digest(snapshot), "state": snapshot}
 
     def _deserialize(self, data: dict) -> None:
-        state = ClusterState.from_snapshot(data)
+        snapshot = data.get("state") if isinstance(data, dict) else None
+        if snapshot is None or data.get("sha256") != _snapshot_digest(snapshot):
+            self.corruption = self.corruption or "the snapshot fails its SHA-256"
+            log.critical("%s; this replica stops", self.corruption)
+            return
+        state = ClusterState.from_snapshot(snapshot)
         with self.lock:
             self.state = state
 
@@ -165,13 +182,24 @@ def raft_config(*, bind_address: str, data_dir: str, password: str,
     )
 
 
+def _snapshot_digest(snapshot: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 class RaftNode:
     """One replica: a SyncObj carrying a ReplicatedState."""
 
     def __init__(self, self_address: str, partners: list[str], conf: SyncObjConf,
-                 levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+                 levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True) -> None:
         self.replicated = ReplicatedState(levels)
+        self.dump_watch = DumpFailureWatch()
+        logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
         self.sync = SyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
+        if durable:
+            fsync_durable(self.sync)
         self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
         self._flush_scheduled = False
         self._in_flight = 0  #: log entries proposed and not yet resolved
@@ -182,7 +210,7 @@ class RaftNode:
     def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
         """Append a command and wait for its result on this replica; raises ProposeError."""
         try:
-            [(ok, error, value)] = self.replicated.apply(codec.encode_command(cmd), sync=True, timeout=timeout)
+            [(ok, error, value)] = self.replicated.apply(seal(codec.encode_command(cmd)), sync=True, timeout=timeout)
         except SyncObjException as exc:
             code = exc.errorCode
             if code == "Timeout":
@@ -227,7 +255,7 @@ class RaftNode:
         while self._queued and self._in_flight < MAX_IN_FLIGHT:
             batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
             cmds = [cmd for cmd, _ in batch]
-            data = codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds)
+            data = seal(codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds))
             futures = [f for _, f in batch]
             self.entries_proposed += 1
             self.commands_proposed += len(cmds)
@@ -290,6 +318,10 @@ class RaftNode:
         leader = self.sync._getLeader()
         return None if leader is None else str(leader.address if hasattr(leader, "address") else leader)
 
+    def corruption(self) -> str:
+        """Why this replica must stop ('' while its stored data is sound)."""
+        return self.replicated.corruption or self.dump_watch.failure
+
     def leader_if_connected(self) -> str | None:
         """The leader's address if this replica leads or currently has a live link to it."""
         node = self.sync._getLeader()
@@ -307,3 +339,4 @@ class RaftNode:
 
     def destroy(self) -> None:
         self.sync.destroy()
+        logging.getLogger("pysyncobj.syncobj").removeHandler(self.dump_watch)

@@ -17,10 +17,10 @@ from synapse.client import MasterClient
 class LocalCluster:
     """A running `synapse-local` cluster and helpers to hurt it."""
 
-    def __init__(self, data_dir: Path, masters: int, workers: int, racks: int, gpus: int) -> None:
+    def __init__(self, data_dir: Path, masters: int, workers: int, racks: int, gpus: int, **settings) -> None:
         self.data_dir = data_dir
         self.base_port = local.free_base_port(masters)
-        self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5)
+        self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5, **settings)
         self.token = self.state["token"]
         self.addresses = [m["api_address"] for m in self.state["masters"]]
         self.client = MasterClient(self.addresses, self.token, deadline=30)

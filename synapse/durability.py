@@ -1,0 +1,142 @@
+"""What an acknowledgement promises, and how a replica keeps the promise on top of pysyncobj.
+
+The promise (`durability: fsync`, the default): when a client is told a write succeeded, the
+command is in the journal of a majority of replicas **and on their disks**. pysyncobj keeps its
+journal in an mmap'd file that it never flushes. A follower acknowledges AppendEntries only after
+`journal.add` returns, and the leader counts only those acknowledgements. So flushing inside `add`
+(msync) puts every acknowledged write on a majority's disks before the client hears of it. The
+term and vote (`raft.journal.meta`) are written with fsync too, as Raft requires. With
+`durability: none` the journal reaches the disk whenever the kernel writes it back: acknowledged
+writes survive kill -9 (the page cache outlives the process) but not a power loss.
+
+Detection: every log entry carries a CRC32 (`seal` / `unseal`). A replica that reads back an
+entry that fails it stops instead of applying it (it would diverge). At start the journal is read
+record by record (`check_journal`): a truncated or corrupted journal means the replica refuses to
+start and names the rebuild command. Snapshots carry a SHA-256 over their contents, and
+pysyncobj's silent "failed to load full dump" is caught as corruption too.
+
+Disk space: a leader refuses writes (RESOURCE_EXHAUSTED) once the data dir's file system has less
+than `min_free_disk` left. A replica whose disk falls below a quarter of that stops cleanly rather
+than die of SIGBUS when mmap cannot extend the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Prefix of every sealed log entry: magic, then the CRC32 of the payload.
+SEAL_MAGIC = b"SY1"
+_SEAL_LEN = len(SEAL_MAGIC) + 4
+
+
+class CorruptionError(ValueError):
+    """Stored data that fails its checksum or its framing."""
+
+
+def seal(payload: bytes) -> bytes:
+    return SEAL_MAGIC + struct.pack("<I", zlib.crc32(payload)) + payload
+
+
+def unseal(data: bytes) -> bytes:
+    """The payload of a sealed entry; raises CorruptionError if it fails its checksum."""
+    if len(data) < _SEAL_LEN or data[:len(SEAL_MAGIC)] != SEAL_MAGIC:
+        raise CorruptionError("log entry without its checksum header")
+    (crc,) = struct.unpack("<I", data[len(SEAL_MAGIC):_SEAL_LEN])
+    payload = data[_SEAL_LEN:]
+    if zlib.crc32(payload) != crc:
+        raise CorruptionError(f"log entry fails its CRC32 (stored {crc:08x}, computed {zlib.crc32(payload):08x})")
+    return payload
+
+
+def fsync_durable(sync: object) -> None:
+    """Make a SyncObj's file journal flush every append before it is acknowledged (see module doc)."""
+    journal = sync._SyncObj__raftLog
+    for name in ("add", "deleteEntriesFrom", "clear"):
+        original = getattr(journal, name)
+
+        def flushed(*args: object, _original=original) -> object:
+            result = _original(*args)
+            journal.flush()
+            return result
+
+        setattr(journal, name, flushed)
+    meta = journal._FileJournal__metaStorer
+    original_store = meta.storeMeta
+
+    def store_synced(data: dict) -> None:
+        original_store(data)
+        fd = os.open(meta.getPath(), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dir_fd = os.open(os.path.dirname(meta.getPath()) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    meta.storeMeta = store_synced
+
+
+def check_journal(path: str | Path) -> str:
+    """'' if pysyncobj's journal file is sound, else what is wrong (truncation, bad framing, bad CRC)."""
+    from pysyncobj import pickle as psopickle  # the same decoder pysyncobj uses on this file
+
+    path = Path(path)
+    if not path.exists():
+        return ""
+    data = path.read_bytes()
+    header = 24 + 8 + 4 + 4
+    if len(data) < header:
+        return f"{path}: shorter than its header ({len(data)} bytes)"
+    (last,) = struct.unpack("<I", data[header - 4:header])
+    if last > len(data):
+        return f"{path}: records end at byte {last} but the file has {len(data)} (truncated)"
+    offset, count = header, 0
+    while offset < last:
+        if offset + 4 > last:
+            return f"{path}: record {count} is cut short at byte {offset}"
+        (size,) = struct.unpack("<I", data[offset:offset + 4])
+        end = offset + 4 + size
+        if size < 16 or end + 4 > last or struct.unpack("<I", data[end:end + 4])[0] != size:
+            return f"{path}: record {count} at byte {offset} has inconsistent framing"
+        idx, term = struct.unpack("<QQ", data[offset + 4:offset + 20])
+        command = data[offset + 20:end]
+        if command[:1] == b"\x00":  # a regular (replicated method) command: ours
+            try:
+                call = psopickle.loads(command[1:])
+                sealed = call[1][0] if isinstance(call, tuple) and len(call) >= 2 else None
+                if not isinstance(sealed, bytes):
+                    return f"{path}: record {count} (raft index {idx}, term {term}) holds no Synapse command"
+                unseal(sealed)
+            except CorruptionError as exc:
+                return f"{path}: record {count} (raft index {idx}, term {term}): {exc}"
+            except Exception as exc:  # noqa: BLE001 - any garbage in the record
+                return f"{path}: record {count} (raft index {idx}, term {term}) does not decode: {exc!r}"
+        offset = end + 4
+        count += 1
+    return ""
+
+
+def free_bytes(path: str | Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class DumpFailureWatch(logging.Handler):
+    """Turns pysyncobj's 'failed to load full dump' (logged, then ignored) into a corruption flag."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.failure = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "failed to load full dump" in record.getMessage():
+            self.failure = "the snapshot (raft.dump) could not be loaded"
