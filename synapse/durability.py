@@ -85,43 +85,60 @@ def fsync_durable(sync: object) -> None:
     meta.storeMeta = store_synced
 
 
-def check_journal(path: str | Path) -> str:
-    """'' if pysyncobj's journal file is sound, else what is wrong (truncation, bad framing, bad CRC)."""
-    from pysyncobj import pickle as psopickle  # the same decoder pysyncobj uses on this file
-
-    path = Path(path)
-    if not path.exists():
-        return ""
-    data = path.read_bytes()
+def journal_records(path: str | Path):
+    """(index, term, command bytes) of each record of a pysyncobj journal; raises CorruptionError on
+    truncation or bad framing."""
+    data = Path(path).read_bytes()
     header = 24 + 8 + 4 + 4
     if len(data) < header:
-        return f"{path}: shorter than its header ({len(data)} bytes)"
+        raise CorruptionError(f"{path}: shorter than its header ({len(data)} bytes)")
     (last,) = struct.unpack("<I", data[header - 4:header])
     if last > len(data):
-        return f"{path}: records end at byte {last} but the file has {len(data)} (truncated)"
+        raise CorruptionError(f"{path}: records end at byte {last} but the file has {len(data)} (truncated)")
     offset, count = header, 0
     while offset < last:
         if offset + 4 > last:
-            return f"{path}: record {count} is cut short at byte {offset}"
+            raise CorruptionError(f"{path}: record {count} is cut short at byte {offset}")
         (size,) = struct.unpack("<I", data[offset:offset + 4])
         end = offset + 4 + size
         if size < 16 or end + 4 > last or struct.unpack("<I", data[end:end + 4])[0] != size:
-            return f"{path}: record {count} at byte {offset} has inconsistent framing"
+            raise CorruptionError(f"{path}: record {count} at byte {offset} has inconsistent framing")
         idx, term = struct.unpack("<QQ", data[offset + 4:offset + 20])
-        command = data[offset + 20:end]
-        if command[:1] == b"\x00":  # a regular (replicated method) command: ours
-            try:
-                call = psopickle.loads(command[1:])
-                sealed = call[1][0] if isinstance(call, tuple) and len(call) >= 2 else None
-                if not isinstance(sealed, bytes):
-                    return f"{path}: record {count} (raft index {idx}, term {term}) holds no Synapse command"
-                unseal(sealed)
-            except CorruptionError as exc:
-                return f"{path}: record {count} (raft index {idx}, term {term}): {exc}"
-            except Exception as exc:  # noqa: BLE001 - any garbage in the record
-                return f"{path}: record {count} (raft index {idx}, term {term}) does not decode: {exc!r}"
+        yield idx, term, data[offset + 20:end]
         offset = end + 4
         count += 1
+
+
+def entry_payload(command: bytes) -> bytes | None:
+    """The unsealed Synapse payload of a journal record, or None for pysyncobj's own records
+    (no-ops, membership changes); raises CorruptionError if it is damaged."""
+    from pysyncobj import pickle as psopickle  # the same decoder pysyncobj uses on this file
+
+    if command[:1] != b"\x00":  # not a regular (replicated method) command
+        return None
+    try:
+        call = psopickle.loads(command[1:])
+    except Exception as exc:  # noqa: BLE001 - any garbage in the record
+        raise CorruptionError(f"record does not decode: {exc!r}") from None
+    sealed = call[1][0] if isinstance(call, tuple) and len(call) >= 2 and call[1] else None
+    if not isinstance(sealed, bytes):
+        raise CorruptionError("record holds no Synapse command")
+    return unseal(sealed)
+
+
+def check_journal(path: str | Path) -> str:
+    """'' if pysyncobj's journal file is sound, else what is wrong (truncation, bad framing, bad CRC)."""
+    path = Path(path)
+    if not path.exists():
+        return ""
+    try:
+        for idx, term, command in journal_records(path):
+            try:
+                entry_payload(command)
+            except CorruptionError as exc:
+                return f"{path}: raft index {idx}, term {term}: {exc}"
+    except CorruptionError as exc:
+        return str(exc)
     return ""
 
 

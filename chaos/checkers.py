@@ -1,0 +1,154 @@
+"""Checkers over a chaos history and the replicas' stored logs. Each returns findings; none guesses.
+
+* `lost_acknowledged` — every submission acknowledged to a client exists at the end.
+* `replay_replica` — replays one replica's snapshot and journal through a fresh state machine
+  and checks the state invariants (no over-allocation, no GPU index twice, whole gangs…) after
+  every committed command: the committed state is checked, not only the final one.
+* `partial_gangs` — as the workers ran them: no attempt where a task ended abnormally (or never
+  started) while another task of it ran on for longer than the allowance (detection + stop grace).
+* `duplicate_tasks` — at most one live instance of each task (job, attempt, index) at any time.
+* `converged` — replicas that applied the same number of commands have the same digest.
+* linearizability of the client operations: `chaos.linearizability.check` with the JOBS model.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from chaos.linearizability import JOBS, Op, check
+from synapse.durability import CorruptionError, entry_payload, journal_records
+from synapse.fsm import ClusterState
+from synapse.invariants import violations
+
+
+def client_ops(records: Iterable[dict[str, Any]]) -> list[Op]:
+    """The submit and get operations of a history, as the linearizability checker takes them."""
+    out = []
+    for r in records:
+        if r.get("type") == "op" and r["f"] in ("submit", "get"):
+            out.append(Op(r["id"], r["f"], r["key"], r.get("input"), r.get("output"), r["invoke"],
+                          r.get("complete"), r["status"]))
+    return out
+
+
+def linearizable(records: list[dict[str, Any]], budget_s: float = 30.0) -> str:
+    return check(JOBS, client_ops(records), budget_s)
+
+
+def lost_acknowledged(records: Iterable[dict[str, Any]], final_job_ids: set[str]) -> list[str]:
+    """Job ids acknowledged to a client that the final state does not hold."""
+    acked = {r["output"] for r in records if r.get("type") == "op" and r["f"] == "submit" and r["status"] == "ok"}
+    return sorted(acked - final_job_ids)
+
+
+def replay_replica(data_dir: str | Path, levels: tuple[str, ...] | None = None) -> tuple[ClusterState, list[str], int]:
+    """(final state, invariant violations with the raft index where each appeared, commands replayed)."""
+    data_dir = Path(data_dir)
+    state, start_index = _load_snapshot(data_dir / "raft.dump")
+    if state is None:
+        state = ClusterState(levels) if levels else ClusterState()
+    problems: list[str] = []
+    replayed = 0
+    journal = data_dir / "raft.journal"
+    if journal.exists():
+        try:
+            for idx, _term, command in journal_records(journal):
+                if idx <= start_index:
+                    continue
+                payload = entry_payload(command)
+                if payload is None:
+                    continue
+                state.apply_entry(payload)
+                replayed += 1
+                for v in violations(state):
+                    problems.append(f"raft index {idx}: {v}")
+        except CorruptionError as exc:
+            problems.append(f"journal unreadable: {exc}")
+    return state, problems, replayed
+
+
+def _load_snapshot(path: Path) -> tuple[ClusterState | None, int]:
+    if not path.exists() or path.stat().st_size == 0:
+        return None, 0
+    from pysyncobj.serializer import Serializer
+
+    data = Serializer(str(path), 0, False, None, None, None).deserialize()
+    consumer = data[0][1] if isinstance(data[0], list) else data[0]
+    return ClusterState.from_snapshot(consumer["state"]), data[1][1]
+
+
+def duplicate_tasks(records: Iterable[dict[str, Any]], end: float) -> list[str]:
+    """Task keys with two live instances at once (an adopted instance is the same one)."""
+    intervals = _task_intervals(records, end)
+    out = []
+    for key, spans in intervals.items():
+        spans.sort()
+        for (s1, e1, n1), (s2, e2, n2) in zip(spans, spans[1:], strict=False):
+            if s2 < e1:
+                out.append(f"task {key} live twice: on {n1} {s1:.3f}-{e1:.3f} and on {n2} {s2:.3f}-{e2:.3f}")
+    return out
+
+
+def partial_gangs(records: list[dict[str, Any]], placed: dict[tuple[str, int], int], end: float,
+                  allowance: float) -> list[str]:
+    """Attempts that ran as a partial gang for longer than `allowance` seconds.
+
+    `placed` maps (job, attempt) to its gang size. An abnormal end (non-zero exit, killed, lost)
+    of one task must be followed by the end of every other task of the attempt within the
+    allowance; a task that never started must not leave the others running beyond it.
+    """
+    intervals = _task_intervals(records, end)
+    ends: dict[tuple[str, int, int], tuple[float, int | None]] = {}
+    for r in records:
+        if r.get("type") == "task" and r["event"] in ("exit", "lost"):
+            ends[(r["job"], r["attempt"], r["index"])] = (r["time"], r.get("code"))
+    out = []
+    for (job, attempt), size in placed.items():
+        spans = {i: intervals.get((job, attempt, i), []) for i in range(size)}
+        started = {i for i, s in spans.items() if s}
+        if not started:
+            continue
+        first_start = min(s[0][0] for s in spans.values() if s)
+        last_end = max(s[-1][1] for s in spans.values() if s)
+        missing = sorted(set(range(size)) - started)
+        if missing and last_end - first_start > allowance:
+            out.append(f"job {job} attempt {attempt}: tasks {missing} never started while others ran "
+                       f"{last_end - first_start:.1f}s")
+            continue
+        abnormal = [(t, i) for i, (t, code) in ((i, ends[(job, attempt, i)]) for i in started
+                                                if (job, attempt, i) in ends) if code != 0]
+        if abnormal:
+            t0, first = min(abnormal)
+            late = [i for i in started if spans[i][-1][1] > t0 + allowance]
+            if late:
+                out.append(f"job {job} attempt {attempt}: task {first} ended abnormally at {t0:.3f}; tasks {late} "
+                           f"still ran {max(spans[i][-1][1] for i in late) - t0:.1f}s later")
+    return out
+
+
+def _task_intervals(records: Iterable[dict[str, Any]], end: float) -> dict[tuple[str, int, int], list]:
+    """key -> [(start, end, node)] per instance; adoption continues an instance, not a new one."""
+    open_: dict[tuple[tuple[str, int, int], str], float] = {}
+    out: dict[tuple[str, int, int], list] = defaultdict(list)
+    for r in sorted((r for r in records if r.get("type") == "task"), key=lambda r: r["time"]):
+        key = (r["job"], r["attempt"], r["index"])
+        slot = (key, r["node"])
+        if r["event"] == "start":
+            open_[slot] = r["time"]
+        elif r["event"] in ("exit", "lost") and slot in open_:
+            out[key].append((open_.pop(slot), r["time"], r["node"]))
+    for (key, node), start in open_.items():
+        out[key].append((start, end, node))
+    return out
+
+
+def converged(replicas: list[dict[str, Any]]) -> bool:
+    """Replicas with the same applied count have the same digest (and all reached the top count)."""
+    if not replicas:
+        return False
+    top = max(r["applied"] for r in replicas)
+    digests = {r["digest"] for r in replicas if r["applied"] == top}
+    return len(digests) == 1 and all(r["applied"] == top for r in replicas)
