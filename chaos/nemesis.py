@@ -1,0 +1,200 @@
+"""Faults (nemeses): small, bounded actions on the processes of a local cluster, by pid.
+
+Each `inject(target, rng, history)` acts, waits out its own duration, heals what it broke (a
+killed process is restarted, a paused one resumed), and records a `fault` line. Every nemesis has
+a test showing it really acts (tests/test_nemesis.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chaos.history import History
+from synapse import local
+from synapse.client import MasterClient
+
+
+@dataclass
+class Target:
+    """The cluster under test: its data dir, cluster.json state and a client."""
+
+    data_dir: Path
+    state: dict[str, Any]
+    client: MasterClient
+    downtime: float = 1.5  #: how long a killed process stays down
+    pause: float = 2.0  #: how long a paused leader stays stopped (above the election timeout)
+
+    # -- processes --
+
+    def master_alive(self, m: dict) -> bool:
+        return local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"])
+
+    def leader(self) -> dict | None:
+        for m in self.state["masters"]:
+            if not self.master_alive(m):
+                continue
+            try:
+                if self.client.replica_status(m["api_address"], timeout=1).state == "leader":
+                    return m
+            except Exception:  # noqa: BLE001 - a replica in trouble: not the leader
+                continue
+        return None
+
+    def wait_leader(self, timeout: float = 15.0) -> dict | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader is not None:
+                return leader
+            time.sleep(0.05)
+        return None
+
+    def kill(self, proc: dict, sig: int = signal.SIGKILL) -> None:
+        if local.is_ours(proc["pid"], self.data_dir):
+            os.kill(proc["pid"], sig)
+        deadline = time.monotonic() + 10
+        while local._alive(proc["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        local._reap(proc["pid"])
+
+    def restart_master(self, m: dict) -> None:
+        m["pid"] = local._spawn(local.master_argv(self.data_dir / "cluster.yaml", m["id"]),
+                                self.data_dir / "logs" / f"{m['id']}.log")
+        self._save()
+
+    def restart_worker(self, w: dict, gpus: int) -> None:
+        w["pid"] = local._spawn(local.worker_argv(
+            self.data_dir, ",".join(m["api_address"] for m in self.state["masters"]),
+            self.data_dir / "secrets" / "token", w["id"], w["rack"], gpus, 0.5),
+            self.data_dir / "logs" / f"{w['id']}.log")
+        self._save()
+
+    def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
+        """(task key, shim pid) of the tasks a worker's state file lists as started."""
+        path = self.data_dir / "workers" / w["id"] / "worker-state.json"
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return []
+        out = []
+        for t in state["tasks"]:
+            if t["handle"]:
+                a = t["assignment"]
+                out.append(([a["job_id"], a["attempt"], a["index"]], t["handle"]["pid"]))
+        return out
+
+    def _save(self) -> None:
+        (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
+
+
+Nemesis = Callable[[Target, random.Random, History], dict]
+
+
+def _record(history: History, kind: str, targets: list[str], start: float, **detail: Any) -> dict:
+    fault = {"kind": kind, "targets": targets, "start": start, "end": time.time(), "detail": detail}
+    history.write("fault", **fault)
+    return fault
+
+
+def kill_leader(t: Target, rng: random.Random, history: History) -> dict:
+    leader = t.wait_leader()
+    start = time.time()
+    if leader is None:
+        return _record(history, "kill-leader", [], start, skipped="no leader")
+    t.kill(leader)
+    time.sleep(t.downtime)
+    t.restart_master(leader)
+    return _record(history, "kill-leader", [leader["id"]], start)
+
+
+def kill_follower(t: Target, rng: random.Random, history: History) -> dict:
+    leader = t.wait_leader()
+    followers = [m for m in t.state["masters"] if m is not leader and t.master_alive(m)]
+    start = time.time()
+    if not followers:
+        return _record(history, "kill-follower", [], start, skipped="no follower")
+    victim = rng.choice(followers)
+    t.kill(victim)
+    time.sleep(t.downtime)
+    t.restart_master(victim)
+    return _record(history, "kill-follower", [victim["id"]], start)
+
+
+def kill_minority(t: Target, rng: random.Random, history: History) -> dict:
+    masters = [m for m in t.state["masters"] if t.master_alive(m)]
+    victims = rng.sample(masters, k=min(len(masters), (len(t.state["masters"]) - 1) // 2))
+    start = time.time()
+    for m in victims:
+        t.kill(m)
+    time.sleep(t.downtime)
+    for m in victims:
+        t.restart_master(m)
+    return _record(history, "kill-minority", [m["id"] for m in victims], start)
+
+
+def pause_leader(t: Target, rng: random.Random, history: History) -> dict:
+    leader = t.wait_leader()
+    start = time.time()
+    if leader is None:
+        return _record(history, "pause-leader", [], start, skipped="no leader")
+    os.kill(leader["pid"], signal.SIGSTOP)
+    try:
+        time.sleep(t.pause)
+    finally:
+        os.kill(leader["pid"], signal.SIGCONT)
+    return _record(history, "pause-leader", [leader["id"]], start, seconds=t.pause)
+
+
+def restart_masters(t: Target, rng: random.Random, history: History) -> dict:
+    start = time.time()
+    for m in t.state["masters"]:
+        t.kill(m, signal.SIGTERM)
+    for m in t.state["masters"]:
+        t.restart_master(m)
+    return _record(history, "restart-masters", [m["id"] for m in t.state["masters"]], start)
+
+
+def kill_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
+    """A machine dies: kill -9 the worker and its tasks; it comes back after the downtime."""
+    w = rng.choice(t.state["workers"])
+    tasks = t.worker_tasks(w)
+    start = time.time()
+    t.kill(w)
+    for _key, pid in tasks:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for key, _ in tasks:
+        history.write("task", node=w["id"], job=key[0], attempt=key[1], index=key[2], event="lost", time=start,
+                      code=None)
+    time.sleep(t.downtime)
+    t.restart_worker(w, gpus)
+    return _record(history, "kill-worker", [w["id"]], start, tasks=len(tasks))
+
+
+def restart_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
+    """The agent alone crashes (kill -9) and restarts; its tasks keep running."""
+    w = rng.choice(t.state["workers"])
+    start = time.time()
+    t.kill(w)
+    time.sleep(t.downtime / 2)
+    t.restart_worker(w, gpus)
+    return _record(history, "restart-worker", [w["id"]], start)
+
+
+NEMESES: dict[str, Nemesis] = {
+    "kill-leader": kill_leader, "kill-follower": kill_follower, "kill-minority": kill_minority,
+    "pause-leader": pause_leader, "restart-masters": restart_masters, "kill-worker": kill_worker,
+    "restart-worker": restart_worker,
+}
+#: Faults that need more than this runner sets up; asking for them says so instead of pretending.
+NOT_AVAILABLE = {"partition-leader": "needs per-replica addresses in private network namespaces; not built yet"}

@@ -1,0 +1,258 @@
+"""The chaos runner: a real local cluster, a workload, faults from a seed, and every checker.
+
+    python chaos/run.py --duration 60 --seed 1                # a table
+    python chaos/run.py --masters 5 --workers 6 --duration 600 --seed 7 --json
+
+Starts a local cluster of real processes (heartbeat 0.5 s, DOWN after 3 s), runs several clients
+submitting gangs of mixed sizes (some needing a whole rack), reading and cancelling them, with
+short real tasks. It injects faults on a schedule derived from the seed, so a failing run can be
+replayed. Then it heals the cluster, waits for the replicas to converge, stops it, and checks the
+history (see chaos/history.py for the format, kept in --out): no lost acknowledged job, no
+over-allocation in any replica's committed log, no partial gang, no duplicate live task,
+converged replicas, linearizable client operations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from chaos import checkers  # noqa: E402
+from chaos.history import History, read  # noqa: E402
+from chaos.nemesis import NEMESES, NOT_AVAILABLE, Target  # noqa: E402
+from synapse import codec, local  # noqa: E402
+from synapse.client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
+from synapse.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
+
+HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
+STOP_GRACE = 3.0  # synapse-local's workers
+GPUS = 8
+
+
+def workload(client_id: int, addresses: list[str], token: str, history: History, stop: threading.Event,
+             seed: int, submitted: list[tuple[str, str]], lock: threading.Lock) -> None:
+    rng = random.Random(seed * 1000 + client_id)
+    client = MasterClient(addresses, token, deadline=10.0)
+    while not stop.is_set():
+        roll = rng.random()
+        op_id, invoke = history.next_id(), time.time()
+        if roll < 0.5 or not submitted:
+            request_id = f"c{client_id}-{op_id}"
+            tasks = rng.choice([1, 1, 2, 2, 3, 4])
+            whole_rack = rng.random() < 0.2
+            spec = JobSpec(name=f"chaos{client_id}", tasks=tasks, command=("sleep", f"{rng.uniform(0.3, 2.0):.2f}"),
+                           resources=Resources(500, 64 << 20, GPUS if whole_rack else rng.choice([1, 2, 4, 8])),
+                           topology=TopologySpec("rack", PackMode.REQUIRED if whole_rack else PackMode.PREFERRED),
+                           max_restarts=2)
+            try:
+                job_id = client.submit(codec.job_spec_to_proto(spec), request_id=request_id)
+                history.write("op", id=op_id, client=client_id, f="submit", key=request_id, input=None,
+                              output=job_id, invoke=invoke, complete=time.time(), status="ok")
+                with lock:
+                    submitted.append((request_id, job_id))
+            except ClientError as exc:
+                history.write("op", id=op_id, client=client_id, f="submit", key=request_id, input=None, output=None,
+                              invoke=invoke, complete=time.time(), status="fail", error=exc.message)
+            except ClusterUnavailable as exc:
+                history.write("op", id=op_id, client=client_id, f="submit", key=request_id, input=None, output=None,
+                              invoke=invoke, complete=None, status="unknown", error=str(exc))
+        elif roll < 0.9:
+            with lock:
+                request_id, job_id = rng.choice(submitted)
+            try:
+                client.get_job(job_id)
+                found, status = True, "ok"
+            except ClientError as exc:
+                found, status = (False, "ok") if exc.code.name == "NOT_FOUND" else (None, "fail")
+            except ClusterUnavailable:
+                found, status = None, "unknown"
+            history.write("op", id=op_id, client=client_id, f="get", key=request_id, input=job_id, output=found,
+                          invoke=invoke, complete=time.time() if status != "unknown" else None, status=status)
+        else:
+            with lock:
+                _, job_id = rng.choice(submitted)
+            try:
+                client.cancel(job_id, reason="chaos")
+                status = "ok"
+            except (ClientError, ClusterUnavailable):
+                status = "unknown"
+            history.write("op", id=op_id, client=client_id, f="cancel", key=job_id, input=job_id, output=None,
+                          invoke=invoke, complete=time.time(), status=status)
+        time.sleep(rng.uniform(0.02, 0.15))
+    client.close()
+
+
+def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threading.Event, seed: int,
+                 interval: float, counts: dict[str, int]) -> None:
+    rng = random.Random(seed)
+    while not stop.wait(rng.uniform(interval * 0.5, interval * 1.5)):
+        kind = rng.choice(kinds)
+        fault = NEMESES[kind](target, rng, history)
+        if "skipped" not in fault["detail"]:
+            counts[kind] = counts.get(kind, 0) + 1
+
+
+def heal(target: Target) -> None:
+    """Every process back, then wait until every replica has applied the same commands."""
+    for m in target.state["masters"]:
+        if not target.master_alive(m):
+            target.restart_master(m)
+    for w in target.state["workers"]:
+        if not (local.is_ours(w["pid"], target.data_dir) and local._alive(w["pid"])):
+            target.restart_worker(w, GPUS)
+    target.wait_leader(30)
+
+
+def replica_records(target: Target, timeout: float = 60.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    records: list[dict] = []
+    while time.monotonic() < deadline:
+        records = []
+        for m in target.state["masters"]:
+            try:
+                s = target.client.replica_status(m["api_address"], timeout=2)
+                records.append({"id": m["id"], "applied": s.commands_applied, "digest": s.digest,
+                                "data_dir": m["data_dir"]})
+            except Exception:  # noqa: BLE001 - still starting
+                pass
+        if len(records) == len(target.state["masters"]) and checkers.converged(records):
+            return records
+        time.sleep(0.2)
+    return records
+
+
+def worker_task_records(data_dir: Path, workers: list[dict]) -> list[dict]:
+    """Task starts and exits as each worker logged them."""
+    out = []
+    for w in workers:
+        path = data_dir / "logs" / f"{w['id']}.log"
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if "task started job=" not in line and "task exited job=" not in line:
+                continue
+            stamp = line.split(" ", 1)[0]
+            when = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + int(stamp[20:23]) / 1000
+            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            event = "start" if "task started" in line else "exit"
+            code = fields.get("code")
+            out.append({"type": "task", "node": w["id"], "job": fields["job"], "attempt": int(fields["attempt"]),
+                        "index": int(fields["index"]), "event": event, "time": when,
+                        "code": None if code in (None, "None") else int(code)})
+    return out
+
+
+def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str], out: Path,
+        clients: int = 3, interval: float = 4.0) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    history = History(out / "history.jsonl")
+    history.write("meta", seed=seed, duration=duration, masters=masters, workers=workers, stop_grace=STOP_GRACE,
+                  heartbeat_timeout=HEARTBEAT_TIMEOUT, faults=kinds)
+    data_dir = out / "cluster"
+    state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters), heartbeat=0.5)
+    addresses = [m["api_address"] for m in state["masters"]]
+    target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20))
+    stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
+    threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], history, stop, seed, submitted,
+                                                       lock)) for i in range(clients)]
+    threads.append(threading.Thread(target=nemesis_loop, args=(target, kinds, history, stop, seed, interval, counts)))
+    started = time.time()
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(duration)
+        stop.set()
+        workload_ended = time.time()
+        for t in threads:
+            t.join(timeout=60)
+        heal(target)
+        time.sleep(HEARTBEAT_TIMEOUT + STOP_GRACE)  # let stopping gangs finish stopping
+        replicas = replica_records(target)
+        for r in replicas:
+            history.write("replica", **r)
+        final = {j.id: j for j in target.client.list_jobs()}
+    finally:
+        target.client.close()
+        local.down(data_dir)
+    ended = time.time()
+    for record in worker_task_records(data_dir, state["workers"]):
+        history.write("task", **{k: v for k, v in record.items() if k != "type"})
+    history.close()
+    records = list(read(out / "history.jsonl"))
+    placed = {(j.id, a.attempt): len(a.nodes) for j in final.values() for a in j.attempts}
+    overcommits = []
+    for r in replicas:
+        _, problems, _ = checkers.replay_replica(r["data_dir"])
+        overcommits += [f"{r['id']}: {p}" for p in problems]
+    ops = [r for r in records if r["type"] == "op"]
+    ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
+    faults = [r for r in records if r["type"] == "fault"]
+    failover = []
+    for f in faults:
+        if f["kind"] in ("kill-leader", "pause-leader", "restart-masters", "kill-minority"):
+            after = [t for t in ok_times if t > f["start"]]
+            if after:
+                failover.append(round(after[0] - f["start"], 3))
+    report = {
+        "faults": sum(counts.values()), "fault_kinds": counts, "ops": len(ops),
+        "acked": sum(1 for r in ops if r["f"] == "submit" and r["status"] == "ok"),
+        "lost": checkers.lost_acknowledged(records, set(final)),
+        "overcommits": len(overcommits),
+        "partial_gangs": checkers.partial_gangs(records, placed, ended,
+                                                allowance=HEARTBEAT_TIMEOUT + STOP_GRACE + 3.0),
+        "duplicate_tasks": checkers.duplicate_tasks(records, ended),
+        "replicas_converged": checkers.converged(replicas),
+        "linearizable": checkers.linearizable(records),
+        # The longest stretch, while the workload ran, with no client operation succeeding.
+        "max_unavailable_s": round(max((b - a for a, b in zip([started, *ok_times], [*ok_times, workload_ended],
+                                                               strict=True) if a <= workload_ended), default=0.0), 3),
+        "failover_s": failover, "seconds": round(ended - started, 1), "history": str(out / "history.jsonl"),
+        "overcommit_details": overcommits[:10],
+    }
+    report["ok"] = (not report["lost"] and not overcommits and not report["partial_gangs"]
+                    and not report["duplicate_tasks"] and report["replicas_converged"]
+                    and report["linearizable"] == "ok")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--masters", type=int, default=3, choices=[3, 5])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", nargs="*", default=sorted(NEMESES), help=f"kinds: {', '.join(sorted(NEMESES))}")
+    parser.add_argument("--interval", type=float, default=4.0, help="mean seconds between faults")
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="keep the history and the cluster's files here")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    unavailable = [k for k in args.faults if k in NOT_AVAILABLE]
+    for k in unavailable:
+        print(f"skipping fault {k}: {NOT_AVAILABLE[k]}", file=sys.stderr)
+    kinds = [k for k in args.faults if k in NEMESES]
+    unknown = [k for k in args.faults if k not in NEMESES and k not in NOT_AVAILABLE]
+    if unknown or not kinds:
+        parser.error(f"unknown or no fault kinds: {unknown}; known: {', '.join(sorted(NEMESES))}")
+    out = args.out or Path(tempfile.mkdtemp(prefix="synapse-chaos-"))
+    report = run(args.masters, args.workers, args.duration, args.seed, kinds, out, args.clients, args.interval)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key in ("faults", "fault_kinds", "ops", "acked", "lost", "overcommits", "partial_gangs", "duplicate_tasks",
+                    "replicas_converged", "linearizable", "max_unavailable_s", "failover_s", "seconds", "history"):
+            print(f"{key:<20} {report[key]}")
+        print("RESULT", "PASS" if report["ok"] else "FAIL")
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
