@@ -74,6 +74,14 @@ def _unlift(entry: _Entry) -> None:
             e.next.prev = e
 
 
+def _backtrack(stack: list[tuple[_Entry, Hashable]], index: dict[int, int],
+               linearized: int) -> tuple[_Entry | None, Hashable, int]:
+    """Undo the most recent linearization; the search resumes at the entry after it."""
+    entry, state = stack.pop()
+    _unlift(entry)
+    return entry.next, state, linearized & ~(1 << index[entry.op.id])
+
+
 def _check_partition(model: Model, ops: list[Op], deadline: float) -> str:
     ops = [op for op in ops if op.status != "fail"]
     if not ops:
@@ -116,20 +124,14 @@ def _check_partition(model: Model, ops: list[Op], deadline: float) -> str:
                     entry = head.next
                     continue
             entry = entry.next
-        else:
+        else:  # a return whose call is not linearized yet: undo the last choice
             if not stack:
                 return "violation"
-            entry, state = stack.pop()
-            linearized &= ~(1 << index[entry.op.id])
-            _unlift(entry)
-            entry = entry.next
-        while entry is None:  # ran off the end: only unknown operations are left; backtrack
+            entry, state, linearized = _backtrack(stack, index, linearized)
+        while entry is None:  # ran off the end: only unknown operations are left; undo again
             if not stack:
                 return "violation"
-            entry, state = stack.pop()
-            linearized &= ~(1 << index[entry.op.id])
-            _unlift(entry)
-            entry = entry.next
+            entry, state, linearized = _backtrack(stack, index, linearized)
     return "ok"
 
 
