@@ -19,9 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from chaos.linearizability import JOBS, Op, check
+from synapse import commands as c
 from synapse.durability import CorruptionError, entry_payload, journal_records
 from synapse.fsm import ClusterState
-from synapse.invariants import violations
+from synapse.invariants import node_violations, violations
+
+#: The full invariant scan (every job and node) runs this often during a replay; the per-node
+#: checks run after every command.
+FULL_SCAN_EVERY = 1000
 
 
 def client_ops(records: Iterable[dict[str, Any]]) -> list[Op]:
@@ -61,13 +66,29 @@ def replay_replica(data_dir: str | Path, levels: tuple[str, ...] | None = None) 
                 payload = entry_payload(command)
                 if payload is None:
                     continue
-                state.apply_entry(payload)
-                replayed += 1
-                for v in violations(state):
-                    problems.append(f"raft index {idx}: {v}")
+                for cmd, result in state.apply_entry(payload):
+                    replayed += 1
+                    if result.ok and cmd is not None:
+                        for v in node_violations(state, _touched_nodes(state, cmd)):
+                            problems.append(f"raft index {idx}: {v}")
+                    if replayed % FULL_SCAN_EVERY == 0:
+                        problems += [f"raft index {idx}: {v}" for v in violations(state)]
         except CorruptionError as exc:
             problems.append(f"journal unreadable: {exc}")
-    return state, problems, replayed
+    problems += [f"final state: {v}" for v in violations(state)]
+    return state, sorted(set(problems), key=problems.index), replayed
+
+
+def _touched_nodes(state: ClusterState, cmd: c.Command) -> set[str]:
+    """Nodes whose allocation a command may have changed."""
+    nodes = {p.node_id for p in cmd.placements} if isinstance(cmd, c.CommitPlan) else set()
+    if hasattr(cmd, "node_id"):
+        nodes.add(cmd.node_id)  # type: ignore[attr-defined]
+    if hasattr(cmd, "job_id"):
+        job = state.jobs.get(cmd.job_id)  # type: ignore[attr-defined]
+        if job is not None:
+            nodes.update(t.node_id for t in job.tasks)
+    return nodes
 
 
 def _load_snapshot(path: Path) -> tuple[ClusterState | None, int]:

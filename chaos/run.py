@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -178,7 +179,6 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         replicas = replica_records(target)
         for r in replicas:
             history.write("replica", **r)
-        final = {j.id: j for j in target.client.list_jobs()}
     finally:
         target.client.close()
         local.down(data_dir)
@@ -187,11 +187,14 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         history.write("task", **{k: v for k, v in record.items() if k != "type"})
     history.close()
     records = list(read(out / "history.jsonl"))
-    placed = {(j.id, a.attempt): len(a.nodes) for j in final.values() for a in j.attempts}
-    overcommits = []
+    overcommits, final_states = [], []
     for r in replicas:
-        _, problems, _ = checkers.replay_replica(r["data_dir"])
+        replayed, problems, _ = checkers.replay_replica(r["data_dir"])
+        final_states.append(replayed)
         overcommits += [f"{r['id']}: {p}" for p in problems]
+    # The final jobs come from the replicas' own logs (no single RPC could carry tens of thousands).
+    final = final_states[0].jobs if final_states else {}
+    placed = {(j.id, a): len(nodes) for j in final.values() for a, nodes in j.placements.items()}
     ops = [r for r in records if r["type"] == "op"]
     ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
     faults = [r for r in records if r["type"] == "fault"]
@@ -243,6 +246,7 @@ def main() -> None:
     if unknown or not kinds:
         parser.error(f"unknown or no fault kinds: {unknown}; known: {', '.join(sorted(NEMESES))}")
     out = args.out or Path(tempfile.mkdtemp(prefix="synapse-chaos-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up (stop the cluster)
     report = run(args.masters, args.workers, args.duration, args.seed, kinds, out, args.clients, args.interval)
     if args.json:
         print(json.dumps(report))

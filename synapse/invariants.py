@@ -10,6 +10,29 @@ from synapse.fsm import ClusterState
 from synapse.model import JobStatus, Resources, TaskState
 
 
+def node_violations(state: ClusterState, node_ids) -> list[str]:
+    """The per-node invariants for some nodes only (cheap enough to run after every command):
+    use within capacity, recorded use equal to the live tasks' sum, no GPU index given twice."""
+    out: list[str] = []
+    for node_id in node_ids:
+        node = state.nodes.get(node_id)
+        if node is None:
+            continue
+        tasks = [state.jobs[j].tasks[i] for j, _a, i in state.live_tasks.get(node_id, ())]
+        used = Resources()
+        gpus: list[int] = []
+        for task in tasks:
+            used = used + task.resources
+            gpus.extend(task.gpus)
+        if used != node.used:
+            out.append(f"node {node_id} records {node.used} used, its live tasks hold {used}")
+        if not node.used.fits_in(node.capacity) or node.used.is_negative():
+            out.append(f"node {node_id} is over-allocated: {node.used} of {node.capacity}")
+        if len(gpus) != len(set(gpus)) or set(gpus) != node.gpus_in_use:
+            out.append(f"node {node_id} gives a GPU index twice or records the wrong ones: {sorted(gpus)}")
+    return out
+
+
 def violations(state: ClusterState) -> list[str]:
     """Every broken invariant, as a sentence; empty when the state is sound."""
     out: list[str] = []
