@@ -190,8 +190,16 @@ class MasterClient:
     def get_job(self, job_id: str) -> api_pb2.JobInfo:
         return self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))
 
-    def list_jobs(self, statuses: list[str] | None = None) -> list[api_pb2.JobInfo]:
-        return list(self.call("ListJobs", api_pb2.ListJobsRequest(status=statuses or [])).jobs)
+    def list_jobs(self, statuses: list[str] | None = None, page: int = 0) -> list[api_pb2.JobInfo]:
+        """Every job (without events), oldest first, fetched a page at a time."""
+        out: list[api_pb2.JobInfo] = []
+        after = ""
+        while True:
+            reply = self.call("ListJobs", api_pb2.ListJobsRequest(status=statuses or [], limit=page, after=after))
+            out += reply.jobs
+            if not reply.next:
+                return out
+            after = reply.next
 
     def list_nodes(self) -> list[api_pb2.NodeInfo]:
         return list(self.call("ListNodes", api_pb2.ListNodesRequest()).nodes)

@@ -36,6 +36,9 @@ NODE_CREDENTIAL_KEY = "synapse-node-credential"
 MAX_TOPOLOGY_LABELS = 8
 MAX_LABEL_CHARS = 63
 MAX_NODE_GPUS = 1024
+#: ListJobs page sizes: a page of full JobInfos stays well inside the 4 MiB message cap.
+DEFAULT_PAGE = 500
+MAX_PAGE = 5000
 #: A watch stream re-sends the current assignments at least this often (a keepalive that also
 #: lets the worker notice a silent leader change).
 WATCH_REFRESH_S = 5.0
@@ -163,11 +166,33 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             return self._job_info(job)
 
     async def ListJobs(self, request, context):
+        if request.limit < 0 or request.limit > MAX_PAGE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: between 1 and {MAX_PAGE}")
+        limit = request.limit or DEFAULT_PAGE
         await self._current_read(context)
         wanted = set(request.status)
         with self.m.lock:
-            jobs = [j for j in self.m.state.jobs.values() if not wanted or j.status.value in wanted]
-            return api_pb2.ListJobsReply(jobs=[self._job_info(j) for j in sorted(jobs, key=lambda j: j.seq)])
+            jobs = self.m.state.jobs
+            after = jobs.get(request.after) if request.after else None
+            if request.after and after is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"after: unknown job {request.after}")
+            # Jobs are kept in submission order (dicts keep insertion order; seq grows with it).
+            page, more = [], False
+            for job in jobs.values():
+                if after is not None and job.seq <= after.seq:
+                    continue
+                if wanted and job.status.value not in wanted:
+                    continue
+                if len(page) == limit:
+                    more = True
+                    break
+                page.append(job)
+            infos = []
+            for job in page:
+                info = self._job_info(job)
+                del info.events[:]
+                infos.append(info)
+            return api_pb2.ListJobsReply(jobs=infos, next=page[-1].id if more and page else "")
 
     async def ListNodes(self, request, context):
         await self._current_read(context)

@@ -60,12 +60,18 @@ def test_full_restart_keeps_every_acknowledged_job(make_cluster):
     acked = [cluster.client.submit(proto_spec(tasks=1, gpu=8), request_id=f"r{i}") for i in range(20)]
     before = {j.id: j.status for j in cluster.client.list_jobs()}
     assert set(before) == set(acked) and list(before.values()).count("SCHEDULED") == 1
+    # Listings come in pages, oldest first, without events.
+    first = cluster.client.call("ListJobs", api_pb2.ListJobsRequest(limit=7))
+    assert [j.id for j in first.jobs] == acked[:7] and first.next == acked[6] and not first.jobs[0].events
+    assert [j.id for j in cluster.client.list_jobs(page=7)] == acked
+    assert len(cluster.client.get_job(acked[0]).events) >= 1
     for m in cluster.state["masters"]:
         cluster.kill_master(m["id"])
     for m in cluster.state["masters"]:
         cluster.restart_master(m["id"])
     after = {j.id: j.status for j in cluster.client.list_jobs()}
     assert after == before
+    assert [j.id for j in cluster.client.list_jobs(page=6)] == acked  # order survives the restart
     cluster.converged_digest()
 
 

@@ -145,6 +145,12 @@ class ListJobsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATUS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """jobs per page (default 500, at most 5000)"""
+    after: _builtins.str
+    """the `next` of the previous page; empty = from the first job"""
     @_builtins.property
     def status(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty = all"""
@@ -153,10 +159,12 @@ class ListJobsRequest(_message.Message):
         self,
         *,
         status: _abc.Iterable[_builtins.str] | None = ...,
+        limit: _builtins.int = ...,
+        after: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "limit", b"limit", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -164,19 +172,25 @@ Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
 
 @_typing.final
 class ListJobsReply(_message.Message):
+    """Listings carry no event history (describe a job for that); oldest first."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_FIELD_NUMBER: _builtins.int
+    next: _builtins.str
+    """empty when this was the last page"""
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobInfo]: ...
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___JobInfo] | None = ...,
+        next: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next", b"next"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
