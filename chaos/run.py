@@ -112,6 +112,18 @@ def heal(target: Target) -> None:
     target.wait_leader(30)
 
 
+def settle(client: MasterClient, timeout: float) -> None:
+    """Wait (bounded) until no gang is still being stopped, so the final state is at rest."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not client.list_jobs(["STOPPING"]):
+                return
+        except (ClientError, ClusterUnavailable):
+            pass
+        time.sleep(0.2)
+
+
 def replica_records(target: Target, timeout: float = 60.0) -> list[dict]:
     deadline = time.monotonic() + timeout
     records: list[dict] = []
@@ -175,7 +187,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         for t in threads:
             t.join(timeout=60)
         heal(target)
-        time.sleep(HEARTBEAT_TIMEOUT + STOP_GRACE)  # let stopping gangs finish stopping
+        settle(target.client, timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 30)
         replicas = replica_records(target)
         for r in replicas:
             history.write("replica", **r)

@@ -102,8 +102,7 @@ def test_required_rack_packs_or_waits(four_workers):
     racks = {n.id: "/".join(n.topology) for n in cluster.client.list_nodes()}
     assert len({racks[t.node_id] for t in info.tasks}) == 1
     three = submit(cluster, "three", 3, ["true"], pack="rack", required=True)  # racks have 2 nodes
-    time.sleep(1.0)
-    info = job(cluster, three)
+    info = wait_for(lambda: (lambda j: j if j.waiting else None)(job(cluster, three)), what="a waiting reason")
     assert info.status == "PENDING" and "can never fit" in info.waiting
 
 
