@@ -131,7 +131,7 @@ def replica_records(target: Target, timeout: float = 60.0) -> list[dict]:
         records = []
         for m in target.state["masters"]:
             try:
-                s = target.client.replica_status(m["api_address"], timeout=2)
+                s = target.client.replica_status(m["api_address"], timeout=2, digest=True)
                 records.append({"id": m["id"], "applied": s.commands_applied, "digest": s.digest,
                                 "data_dir": m["data_dir"]})
             except Exception:  # noqa: BLE001 - still starting

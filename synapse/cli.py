@@ -379,7 +379,7 @@ def cluster_status(obj: Context, output: str) -> None:
     replicas = []
     for address in list(client.addresses):
         try:
-            s = client.replica_status(address)
+            s = client.replica_status(address, digest=True)
             replicas.append({"id": s.id, "address": address, "reachable": True, "state": s.state, "term": s.term,
                              "commit_index": s.commit_index, "applied_index": s.applied_index,
                              "commands_applied": s.commands_applied, "digest": s.digest[:12],

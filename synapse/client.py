@@ -207,5 +207,7 @@ class MasterClient:
     def cancel(self, job_id: str, reason: str = "") -> str:
         return self.call("CancelJob", api_pb2.CancelJobRequest(job_id=job_id, reason=reason)).status
 
-    def replica_status(self, address: str, timeout: float = 2.0) -> api_pb2.ReplicaStatusReply:
-        return self.call("ReplicaStatus", api_pb2.ReplicaStatusRequest(), deadline=timeout, to=address)
+    def replica_status(self, address: str, timeout: float = 2.0, digest: bool = False) -> api_pb2.ReplicaStatusReply:
+        """One replica's own view; `digest` adds the state digest (a pass over the whole state)."""
+        return self.call("ReplicaStatus", api_pb2.ReplicaStatusRequest(with_digest=digest), deadline=timeout,
+                         to=address)

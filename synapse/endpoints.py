@@ -239,7 +239,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def ReplicaStatus(self, request, context):
         status = self.m.raft.status()
         leader = self.m.raft.leader() or ""
-        applied, digest = self.m.raft.replicated.digest()
+        if request.with_digest:
+            applied, digest = self.m.raft.replicated.digest()
+        else:
+            applied, digest = self.m.raft.replicated.applied(), ""
         partners = self.m.raft.partners()
         connected = [p for p in partners if status.get(f"partner_node_status_server_{p}") == 2]
         return api_pb2.ReplicaStatusReply(

@@ -493,8 +493,13 @@ class ClusterState:
 
     def digest(self) -> str:
         """A hash of the whole state: equal on replicas that applied the same commands."""
-        blob = json.dumps(self.to_snapshot(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return snapshot_digest(self.to_snapshot())
+
+
+def snapshot_digest(snapshot: dict[str, Any]) -> str:
+    """The digest of a state's snapshot (hash it outside any lock: it is a pass over everything)."""
+    blob = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _res(r: Resources) -> list[int]:

@@ -31,7 +31,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncOb
 from synapse import codec
 from synapse import commands as c
 from synapse.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
-from synapse.fsm import ClusterState
+from synapse.fsm import ClusterState, snapshot_digest
 from synapse.model import DEFAULT_LEVELS
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class ReplicatedState(SyncObjConsumer):
         self.state = ClusterState(levels)  #: replaced wholesale when a snapshot is loaded
         #: set (and never cleared) when stored data fails its checksum: this replica must stop
         self.corruption = ""
+        self._digest_cache: tuple[int, str] = (-1, "")  #: (applied, digest) last computed
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
         self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
@@ -141,11 +142,11 @@ class ReplicatedState(SyncObjConsumer):
     def _serialize(self) -> dict:
         with self.lock:
             snapshot = self.state.to_snapshot()
-        return {"sha256": _snapshot_digest(snapshot), "state": snapshot}
+        return {"sha256": snapshot_digest(snapshot), "state": snapshot}
 
     def _deserialize(self, data: dict) -> None:
         snapshot = data.get("state") if isinstance(data, dict) else None
-        if snapshot is None or data.get("sha256") != _snapshot_digest(snapshot):
+        if snapshot is None or data.get("sha256") != snapshot_digest(snapshot):
             self.corruption = self.corruption or "the snapshot fails its SHA-256"
             log.critical("%s; this replica stops", self.corruption)
             return
@@ -154,9 +155,21 @@ class ReplicatedState(SyncObjConsumer):
             self.state = state
 
     def digest(self) -> tuple[int, str]:
-        """(commands applied, state digest), read together."""
+        """(commands applied, state digest), read together. Only the copy holds the lock that
+        apply needs; hashing happens outside it, and the result is reused until a command applies."""
         with self.lock:
-            return self.state.applied, self.state.digest()
+            applied = self.state.applied
+            cached = self._digest_cache
+            if cached[0] == applied:
+                return cached
+            snapshot = self.state.to_snapshot()
+        result = (applied, snapshot_digest(snapshot))
+        self._digest_cache = result
+        return result
+
+    def applied(self) -> int:
+        with self.lock:
+            return self.state.applied
 
 
 def raft_config(*, bind_address: str, data_dir: str, password: str,
@@ -180,13 +193,6 @@ def raft_config(*, bind_address: str, data_dir: str, password: str,
         dynamicMembershipChange=True,
         **extra,
     )
-
-
-def _snapshot_digest(snapshot: dict) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class RaftNode:

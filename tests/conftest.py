@@ -59,7 +59,7 @@ class LocalCluster:
             for m in self.state["masters"]:
                 if local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"]):
                     try:
-                        statuses.append(self.client.replica_status(m["api_address"]))
+                        statuses.append(self.client.replica_status(m["api_address"], digest=True))
                     except Exception:  # noqa: BLE001 - not answering yet
                         pass
             applied = {s.commands_applied for s in statuses}

@@ -65,8 +65,8 @@ def test_corrupt_journal_is_refused_and_the_replica_rebuilds_from_its_peers(make
     assert rebuild.returncode == 0 and "moved" in rebuild.stdout
     cluster.restart_master(victim)
     cluster.converged_digest(timeout=30)
-    status = cluster.client.replica_status(cluster.master(victim)["api_address"])
-    assert status.digest == cluster.client.replica_status(cluster.client.leader).digest
+    status = cluster.client.replica_status(cluster.master(victim)["api_address"], digest=True)
+    assert status.digest == cluster.client.replica_status(cluster.client.leader, digest=True).digest
     assert len(cluster.client.list_jobs()) == 5 and digest
 
 

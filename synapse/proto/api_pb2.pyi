@@ -555,12 +555,17 @@ Global___DrainNodeReply: _TypeAlias = DrainNodeReply  # noqa: Y015
 class ReplicaStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WITH_DIGEST_FIELD_NUMBER: _builtins.int
+    with_digest: _builtins.bool
+    """the state digest costs a pass over the whole state: only when asked"""
     def __init__(
         self,
+        *,
+        with_digest: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["with_digest", b"with_digest"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
