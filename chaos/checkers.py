@@ -168,8 +168,8 @@ def _task_intervals(records: Iterable[dict[str, Any]], end: float) -> dict[tuple
 
 def converged(replicas: list[dict[str, Any]]) -> bool:
     """Replicas with the same applied count have the same digest (and all reached the top count)."""
-    if not replicas:
-        return False
+    if not replicas or any(not r.get("digest") for r in replicas):
+        return False  # no digest, no evidence
     top = max(r["applied"] for r in replicas)
     digests = {r["digest"] for r in replicas if r["applied"] == top}
     return len(digests) == 1 and all(r["applied"] == top for r in replicas)

@@ -53,6 +53,7 @@ def test_converged():
     assert checkers.converged([{"applied": 5, "digest": "x"}, {"applied": 5, "digest": "x"}])
     assert not checkers.converged([{"applied": 5, "digest": "x"}, {"applied": 5, "digest": "y"}])
     assert not checkers.converged([{"applied": 5, "digest": "x"}, {"applied": 4, "digest": "x"}])
+    assert not checkers.converged([{"applied": 5, "digest": ""}, {"applied": 5, "digest": ""}])
 
 
 def _single_replica_log(tmp_path):
