@@ -170,7 +170,9 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     history.write("meta", seed=seed, duration=duration, masters=masters, workers=workers, stop_grace=STOP_GRACE,
                   heartbeat_timeout=HEARTBEAT_TIMEOUT, faults=kinds)
     data_dir = out / "cluster"
-    state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters), heartbeat=0.5)
+    # Jobs are never forgotten during a run: the checkers compare every acknowledged job with the end.
+    state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters), heartbeat=0.5,
+                     job_retention="0")
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20))
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}

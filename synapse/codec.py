@@ -93,6 +93,8 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
                 job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final))
         case c.Barrier():
             env.barrier.CopyFrom(commands_pb2.Barrier(reason=cmd.reason))
+        case c.ForgetJobs():
+            env.forget_jobs.CopyFrom(commands_pb2.ForgetJobs(job_ids=list(cmd.job_ids)))
         case c.SetReplica():
             env.set_replica.CopyFrom(commands_pb2.SetReplica(id=cmd.id, raft_address=cmd.raft_address,
                                                              api_address=cmd.api_address, removed=cmd.removed))
@@ -143,6 +145,8 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
                                  final=b.final, **base)
         case "barrier":
             return c.Barrier(reason=env.barrier.reason, **base)
+        case "forget_jobs":
+            return c.ForgetJobs(job_ids=tuple(env.forget_jobs.job_ids), **base)
         case "set_replica":
             b = env.set_replica
             return c.SetReplica(id=b.id, raft_address=b.raft_address, api_address=b.api_address,

@@ -106,6 +106,13 @@ class SetReplica(Command):
     removed: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetJobs(Command):
+    """Drop finished jobs from the state (retention); unfinished ones are left alone."""
+
+    job_ids: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""

@@ -8,6 +8,7 @@
     heartbeat_interval: 5s
     heartbeat_timeout: 10s
     election_timeout: {min: 400ms, max: 1s}
+    job_retention: 1h                         # finished jobs are forgotten after this; 0 = keep forever
     durability: fsync                         # fsync (default) | none; see synapse/durability.py
     min_free_disk: 256Mi                      # refuse writes below this much free space
     tls:                                      # optional: TLS for the API, mTLS for workers
@@ -62,6 +63,7 @@ class ClusterConfig:
     heartbeat_timeout: float = 10.0
     election_min: float = 0.4
     election_max: float = 1.0
+    job_retention: float = 3600.0  #: seconds a finished job stays in the state; 0 = forever
     durability: str = "fsync"  #: fsync | none
     min_free_disk: int = 256 << 20  #: bytes
     tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
@@ -117,7 +119,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if not isinstance(doc, dict):
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
-             "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk"}
+             "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
+             "job_retention"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -174,7 +177,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         heartbeat_interval=_duration(doc, "heartbeat_interval", 5.0),
         heartbeat_timeout=_duration(doc, "heartbeat_timeout", 10.0),
         election_min=election_min, election_max=election_max, tls=tls, durability=durability,
-        min_free_disk=min_free_disk,
+        min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)))
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")

@@ -72,6 +72,7 @@ class ClusterState:
             c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
             c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
             c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
+            c.ForgetJobs: self._forget_jobs,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -376,6 +377,18 @@ class ClusterState:
         self._stop_attempt(job, f"failed: {cmd.reason}", cmd.at)
         self._maybe_end_attempt(job, cmd.at)
         return Result(True)
+
+    def _forget_jobs(self, cmd: c.ForgetJobs) -> Result:
+        forgotten = 0
+        for job_id in cmd.job_ids:
+            job = self.jobs.get(job_id)
+            if job is None or not job.status.terminal:
+                continue
+            del self.jobs[job_id]
+            if job.request_id and self.job_by_request.get(job.request_id) == job_id:
+                del self.job_by_request[job.request_id]
+            forgotten += 1
+        return Result(True, value=str(forgotten))
 
     # ---- transitions shared by the handlers ------------------------------------------------------
 

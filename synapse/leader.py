@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 SCHEDULE_TICK_S = 1.0
 #: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
 SCHEDULE_MIN_INTERVAL_S = 0.02
+#: How often finished jobs past their retention are forgotten, and how many per command.
+RETENTION_SWEEP_S = 10.0
+FORGET_CHUNK = 500
 
 
 class LeaderLoops:
@@ -42,6 +45,7 @@ class LeaderLoops:
         self.waiting: dict[str, WaitReason] = {}  #: why each pending job waits, from the last round
         self._tasks: list[asyncio.Task] = []
         self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
+        self._last_sweep = 0.0  #: monotonic time of the last retention sweep
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._run()))
@@ -132,6 +136,22 @@ class LeaderLoops:
             log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job_id, attempt, limit)
             await self.propose(c.FailAttempt(at=now, term=self.term, job_id=job_id, attempt=attempt,
                                              reason=f"time limit of {limit:.0f}s exceeded", final=True))
+        await self.forget_expired(now, mono)
+
+    async def forget_expired(self, now: float, mono: float) -> None:
+        """Forget finished jobs older than the retention period (Slurm's MinJobAge)."""
+        retention = self.master.config.job_retention
+        if not retention or mono - self._last_sweep < RETENTION_SWEEP_S:
+            return
+        self._last_sweep = mono
+        with self.master.lock:
+            expired = [j.id for j in self.master.state.jobs.values()
+                       if j.status.terminal and now - j.finished_at > retention]
+        for start in range(0, len(expired), FORGET_CHUNK):
+            chunk = tuple(expired[start:start + FORGET_CHUNK])
+            result = await self.propose(c.ForgetJobs(at=now, term=self.term, job_ids=chunk))
+            if result is not None and result.ok:
+                log.info("finished jobs forgotten count=%s retention_s=%.0f", result.value, retention)
 
     def node_heard(self, node_id: str) -> None:
         """A heartbeat arrived; a node the state holds DOWN is brought back (once)."""

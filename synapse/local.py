@@ -105,7 +105,7 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
-       min_free_disk: str = "64Mi") -> dict[str, Any]:
+       min_free_disk: str = "64Mi", job_retention: str = "1h") -> dict[str, Any]:
     """Start a local cluster; returns what cluster.json records."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
@@ -134,7 +134,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
         "raft_password": {"file": str(password_file)}, "token": {"file": str(token_file)},
         "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
-        "durability": durability, "min_free_disk": min_free_disk, "replicas": replicas}
+        "durability": durability, "min_free_disk": min_free_disk, "job_retention": job_retention,
+        "replicas": replicas}
     tls_dir = data_dir / "tls"
     if tls:
         generate(tls_dir, ["127.0.0.1", "localhost"], [f"w{i + 1}" for i in range(workers)])

@@ -23,6 +23,7 @@ ALL_COMMANDS = [
     c.CancelJob(at=7, job_id="j1", reason="user"),
     c.FailAttempt(at=8, term=4, job_id="j1", attempt=2, reason="time limit", final=True),
     c.Barrier(at=9, term=4, reason="read"),
+    c.ForgetJobs(at=10, term=4, job_ids=("j1", "j2")),
 ]
 
 

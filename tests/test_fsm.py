@@ -273,3 +273,14 @@ def test_digest_changes_with_state():
     submit(a)
     assert a.digest() != b.digest()
     assert dataclasses.replace(spec(), name="x") != spec()
+
+
+def test_forget_jobs_drops_only_finished_jobs_and_frees_their_request_ids():
+    state = cluster()
+    submit(state, "done", request_id="r-done")
+    checked(state, c.CancelJob(at=5, job_id="done"))
+    submit(state, "waiting", request_id="r-waiting")
+    result = checked(state, c.ForgetJobs(at=9, term=1, job_ids=("done", "waiting", "ghost")))
+    assert result.value == "1" and list(state.jobs) == ["waiting"]
+    assert "r-done" not in state.job_by_request and state.job_by_request["r-waiting"] == "waiting"
+    assert submit(state, "again", request_id="r-done").value == "again"  # the request id is free again

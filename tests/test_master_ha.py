@@ -150,3 +150,24 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     assert out.exit_code == 0 and "removed" in out.output, out.output
     leader_api = client.leader
     assert len(client.replica_status(leader_api).partners) == 3
+
+
+def test_finished_jobs_are_forgotten_after_the_retention(tmp_path):
+    from synapse import local
+    from synapse.local import free_base_port
+
+    data_dir = tmp_path / "retention"
+    state = local.up(data_dir, 3, 0, 1, 8, free_base_port(3), heartbeat=0.5, job_retention="1s")
+    try:
+        client = MasterClient([m["api_address"] for m in state["masters"]], state["token"])
+        done = client.submit(proto_spec(), request_id="short-lived")
+        client.cancel(done)
+        waiting = client.submit(proto_spec(), request_id="still-pending")
+        import time
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(client.list_jobs()) > 1:
+            time.sleep(0.2)
+        assert [j.id for j in client.list_jobs()] == [waiting]  # the pending job stays
+        client.close()
+    finally:
+        local.down(data_dir)

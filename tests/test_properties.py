@@ -26,7 +26,7 @@ def draw_command(data, state: ClusterState, stale: ClusterState, now: float) -> 
     jobs = sorted(state.jobs)
     kind = data.draw(st.sampled_from(
         ["submit", "submit", "schedule", "schedule", "stale_schedule", "bogus_plan", "start", "start",
-         "exit", "exit", "node_down", "node_up", "cordon", "cancel", "fail"]))
+         "exit", "exit", "node_down", "node_up", "cordon", "cancel", "fail", "forget"]))
     term = data.draw(st.integers(0, 3))
     if kind == "submit":
         job_id = f"j{len(state.jobs)}-{data.draw(st.integers(0, 2))}"  # sometimes a duplicate id
@@ -73,6 +73,8 @@ def draw_command(data, state: ClusterState, stale: ClusterState, now: float) -> 
         return [c.SetSchedulable(at=now, node_id=node_id, schedulable=data.draw(st.booleans()))]
     if kind == "cancel":
         return [c.CancelJob(at=now, job_id=job.id)]
+    if kind == "forget":
+        return [c.ForgetJobs(at=now, term=term, job_ids=tuple(data.draw(st.lists(st.sampled_from(jobs), max_size=3))))]
     return [c.FailAttempt(at=now, term=term, job_id=job.id, attempt=attempt, reason="test",
                           final=data.draw(st.booleans()))]
 

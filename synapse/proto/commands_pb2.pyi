@@ -42,6 +42,7 @@ class Command(_message.Message):
     BARRIER_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     SET_REPLICA_FIELD_NUMBER: _builtins.int
+    FORGET_JOBS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -74,6 +75,8 @@ class Command(_message.Message):
     def batch(self) -> Global___Batch: ...
     @_builtins.property
     def set_replica(self) -> Global___SetReplica: ...
+    @_builtins.property
+    def forget_jobs(self) -> Global___ForgetJobs: ...
     def __init__(
         self,
         *,
@@ -93,16 +96,41 @@ class Command(_message.Message):
         barrier: Global___Barrier | None = ...,
         batch: Global___Batch | None = ...,
         set_replica: Global___SetReplica | None = ...,
+        forget_jobs: Global___ForgetJobs | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class ForgetJobs(_message.Message):
+    """The leader drops finished jobs older than the retention period from the state. Only jobs that
+    are SUCCEEDED, FAILED or CANCELLED are removed; their request ids become free again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetJobs: _TypeAlias = ForgetJobs  # noqa: Y015
 
 @_typing.final
 class SetReplica(_message.Message):
