@@ -6,7 +6,6 @@ from chaos.nemesis import NEMESES
 from chaos.run import run
 
 
-
 @pytest.mark.chaos
 def test_short_chaos_run_holds_every_invariant(tmp_path):
     report = run(masters=3, workers=4, duration=60, seed=1, kinds=sorted(NEMESES), out=tmp_path / "chaos",
