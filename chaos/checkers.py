@@ -158,6 +158,8 @@ def _task_intervals(records: Iterable[dict[str, Any]], end: float) -> dict[tuple
         key = (r["job"], r["attempt"], r["index"])
         slot = (key, r["node"])
         if r["event"] == "start":
+            if slot in open_:  # a second instance on the same node while the first still runs
+                out[key].append((open_[slot], r["time"] + 1e-6, r["node"]))
             open_[slot] = r["time"]
         elif r["event"] in ("exit", "lost") and slot in open_:
             out[key].append((open_.pop(slot), r["time"], r["node"]))

@@ -65,12 +65,19 @@ class Target:
             time.sleep(0.02)
         local._reap(proc["pid"])
 
+    def _stop_previous(self, proc: dict) -> None:
+        """Never leave two incarnations of one process: stop the recorded one if it still runs."""
+        if proc.get("pid") and local.is_ours(proc["pid"], self.data_dir) and local._alive(proc["pid"]):
+            self.kill(proc)
+
     def restart_master(self, m: dict) -> None:
+        self._stop_previous(m)
         m["pid"] = local._spawn(local.master_argv(self.data_dir / "cluster.yaml", m["id"]),
                                 self.data_dir / "logs" / f"{m['id']}.log")
         self._save()
 
     def restart_worker(self, w: dict, gpus: int) -> None:
+        self._stop_previous(w)
         w["pid"] = local._spawn(local.worker_argv(
             self.data_dir, ",".join(m["api_address"] for m in self.state["masters"]),
             self.data_dir / "secrets" / "token", w["id"], w["rack"], gpus, 0.5),

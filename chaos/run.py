@@ -187,7 +187,11 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         stop.set()
         workload_ended = time.time()
         for t in threads:
-            t.join(timeout=60)
+            # Wait for the fault under way to finish healing itself: healing the cluster while a
+            # fault still restarts processes made two incarnations of one master or worker.
+            t.join(timeout=600)
+            if t.is_alive():
+                raise RuntimeError(f"{t.name} did not finish within 600 s")
         heal(target)
         settle(target.client, timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 30)
         replicas = replica_records(target)

@@ -35,6 +35,8 @@ def test_duplicate_live_instances():
     assert checkers.duplicate_tasks(seq, end=10) == []
     dup = [task("a", "j", 1, 0, "start", 1), task("b", "j", 1, 0, "start", 3), task("a", "j", 1, 0, "exit", 5, 0)]
     assert len(checkers.duplicate_tasks(dup, end=10)) == 1
+    same_node = [task("a", "j", 1, 0, "start", 1), task("a", "j", 1, 0, "start", 3)]  # two agents, one node
+    assert len(checkers.duplicate_tasks(same_node, end=10)) == 1
 
 
 def test_partial_gangs():
