@@ -115,10 +115,7 @@ def failover_trials(data_dir: Path, state: dict, trials: int) -> list[float]:
         t0 = time.monotonic()
         client.submit(proto, request_id=f"failover-{trial}")
         times.append(time.monotonic() - t0)
-        local._reap(victim["pid"])
-        victim["pid"] = local._spawn(local.master_argv(data_dir / "cluster.yaml", victim["id"]),
-                                     data_dir / "logs" / f"{victim['id']}.log")
-        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+        local.restart(data_dir, state, victim)
         # Let the restarted replica catch up before the next kill, so each trial kills a leader
         # of a healthy 3-replica cluster.
         deadline = time.monotonic() + 30

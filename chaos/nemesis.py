@@ -58,31 +58,13 @@ class Target:
         return None
 
     def kill(self, proc: dict, sig: int = signal.SIGKILL) -> None:
-        if local.is_ours(proc["pid"], self.data_dir):
-            os.kill(proc["pid"], sig)
-        deadline = time.monotonic() + 10
-        while local._alive(proc["pid"]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        local._reap(proc["pid"])
-
-    def _stop_previous(self, proc: dict) -> None:
-        """Never leave two incarnations of one process: stop the recorded one if it still runs."""
-        if proc.get("pid") and local.is_ours(proc["pid"], self.data_dir) and local._alive(proc["pid"]):
-            self.kill(proc)
+        local.stop_process(self.data_dir, proc["pid"], sig)
 
     def restart_master(self, m: dict) -> None:
-        self._stop_previous(m)
-        m["pid"] = local._spawn(local.master_argv(self.data_dir / "cluster.yaml", m["id"]),
-                                self.data_dir / "logs" / f"{m['id']}.log")
-        self._save()
+        local.restart(self.data_dir, self.state, m)
 
     def restart_worker(self, w: dict, gpus: int) -> None:
-        self._stop_previous(w)
-        w["pid"] = local._spawn(local.worker_argv(
-            self.data_dir, ",".join(m["api_address"] for m in self.state["masters"]),
-            self.data_dir / "secrets" / "token", w["id"], w["rack"], gpus, 0.5),
-            self.data_dir / "logs" / f"{w['id']}.log")
-        self._save()
+        local.restart(self.data_dir, self.state, w, gpus=gpus)
 
     def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
         """(task key, shim pid) of the tasks a worker's state file lists as started."""
@@ -98,8 +80,6 @@ class Target:
                 out.append(([a["job_id"], a["attempt"], a["index"]], t["handle"]["pid"]))
         return out
 
-    def _save(self) -> None:
-        (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
 
 
 Nemesis = Callable[[Target, random.Random, History], dict]

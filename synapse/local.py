@@ -185,6 +185,31 @@ def _wait_for_workers(client: MasterClient, worker_ids: list[str]) -> None:
         time.sleep(0.1)
 
 
+def stop_process(data_dir: Path, pid: int, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
+    """Signal one process of this cluster (only if it is ours) and wait, bounded, until it is gone."""
+    if is_ours(pid, data_dir):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + wait
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _reap(pid)
+
+
+def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: int = 8,
+            heartbeat: float = 0.5) -> None:
+    """Start a master or worker of this cluster again and record its pid in cluster.json. A
+    previous incarnation that still runs is stopped first: two on one data dir corrupt it."""
+    if proc.get("pid") and is_ours(proc["pid"], data_dir) and _alive(proc["pid"]):
+        stop_process(data_dir, proc["pid"])
+    if proc in state["masters"]:
+        argv = master_argv(data_dir / "cluster.yaml", proc["id"])
+    else:
+        argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
+                           data_dir / "secrets" / "token", proc["id"], proc["rack"], gpus, heartbeat)
+    proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
+    (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+
+
 def _pids(state: dict[str, Any]) -> list[int]:
     return [p["pid"] for p in state.get("workers", []) + state.get("masters", []) if p.get("pid")]
 

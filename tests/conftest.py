@@ -80,10 +80,7 @@ class LocalCluster:
             local._reap(pid)
 
     def restart_master(self, replica_id: str) -> None:
-        m = self.master(replica_id)
-        m["pid"] = local._spawn(local.master_argv(self.data_dir / "cluster.yaml", replica_id),
-                                self.data_dir / "logs" / f"{replica_id}.log")
-        (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
+        local.restart(self.data_dir, self.state, self.master(replica_id))
 
     def worker(self, worker_id: str) -> dict:
         return next(w for w in self.state["workers"] if w["id"] == worker_id)
@@ -117,11 +114,7 @@ class LocalCluster:
         return pids
 
     def restart_worker(self, worker_id: str) -> None:
-        w = self.worker(worker_id)
-        w["pid"] = local._spawn(local.worker_argv(
-            self.data_dir, ",".join(self.addresses), self.data_dir / "secrets" / "token", worker_id, w["rack"], 8,
-            0.5), self.data_dir / "logs" / f"{worker_id}.log")
-        (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
+        local.restart(self.data_dir, self.state, self.worker(worker_id))
 
     def stop(self) -> None:
         self.client.close()
