@@ -12,6 +12,12 @@ What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
   configuration without a password and always sets the bind address.
 * Batching makes every synchronous write wait a tick (~100 ms): it is turned off. Elections are
   tuned to one round, and a cut-off leader falls back before a new one can be elected.
+* A follower truncated its log after every AppendEntries whose entries it already held, so a
+  repeated or split append dropped committed (even applied) entries while the leader still
+  counted them as replicated: a committed write could vanish and replicas diverge. `SafeSyncObj`
+  applies Raft's receiver rule instead (skip the entries already held, truncate only from the first
+  conflict, never commit past the last entry the leader vouched for), and fail-stops a replica
+  that meets a conflict at an index it has already applied.
 * Results: `propose` always passes a timeout and maps pysyncobj's outcomes to `ProposeError`
   kinds, distinguishing "surely not applied" from "maybe applied".
 """
@@ -195,6 +201,85 @@ def raft_config(*, bind_address: str, data_dir: str, password: str,
     )
 
 
+def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
+    """How many leading entries of an AppendEntries (command, index, term) the local log already
+    holds at the same index with the same term (`term_at` answers None past the log's end)."""
+    held = 0
+    for _command, index, term in entries:
+        if term_at(index) != term:
+            break
+        held += 1
+    return held
+
+
+class SafeSyncObj(SyncObj):
+    """SyncObj whose followers handle AppendEntries by Raft's receiver rules (see module doc).
+
+    pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending, even entries equal to
+    the ones it receives. An append the leader repeats with fewer entries (after a reset, or split
+    by `appendEntriesBatchSizeBytes`) thus removes entries the follower has acknowledged, and that
+    the leader keeps counting through its match index: a crash in between loses committed entries.
+    Here the entries the log already holds are dropped from the message first; pysyncobj then
+    truncates only at a real conflict. A conflict at an index already applied means this replica's
+    state differs from the leader's: it records `diverged` and ignores the message, and the master
+    stops (a rebuild from the peers is the cure).
+    """
+
+    diverged = ""  #: why this replica can no longer be trusted, once it cannot
+
+    def _term_at(self, index: int) -> int | None:
+        entries = self._SyncObj__getEntries(index, 1)
+        return entries[0][2] if entries else None
+
+    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
+        if (isinstance(message, dict) and message.get("type") == "append_entries"
+                and "prevLogIdx" in message and message.get("transmission") is None
+                and isinstance(message.get("term"), int) and message["term"] >= self.raftCurrentTerm):
+            message = self._screen_append(node, message)
+            if message is None:
+                return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _screen_append(self, node, message: dict) -> dict | None:
+        if self.diverged:
+            return None
+        prev_index, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+        if self._term_at(prev_index) != prev_term:
+            return message  # pysyncobj answers the mismatch (the leader backs off)
+        entries = list(message.get("entries") or [])
+        held = held_prefix(self._term_at, entries)
+        last_sent = entries[held - 1][1] if held else prev_index
+        applied = self._SyncObj__raftLastApplied
+        last_local = self._SyncObj__getCurrentLogIndex()
+        if held < len(entries):
+            conflict = entries[held][1]
+            if self._term_at(conflict) is not None and conflict <= applied:
+                return self._diverge(conflict, applied, message)
+        elif last_local > last_sent and not entries and last_sent < applied:
+            return self._diverge(last_sent + 1, applied, message)  # would drop applied entries
+        if held == 0:
+            return message
+        trimmed = dict(message)
+        trimmed["prevLogIdx"], trimmed["prevLogTerm"] = last_sent, entries[held - 1][2]
+        trimmed["entries"] = entries[held:]
+        if held < len(entries) or last_local == last_sent:
+            return trimmed  # pysyncobj truncates at the conflict (if any) and appends the rest
+        # Every entry is already held and the log goes further: acknowledge without truncating,
+        # and commit no further than the last entry this message vouches for.
+        del trimmed["prevLogIdx"], trimmed["prevLogTerm"], trimmed["entries"]
+        trimmed["commit_index"] = min(message["commit_index"], last_sent)
+        SyncObj._SyncObj__onMessageReceived(self, node, trimmed)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_sent + 1, success=True)
+        return None
+
+    def _diverge(self, index: int, applied: int, message: dict) -> None:
+        self.diverged = (f"the leader's log differs from this replica's at index {index}, which it has "
+                         f"already applied (applied {applied}, leader term {message['term']}): "
+                         "this replica's state has diverged; rebuild it from its peers")
+        log.critical("%s", self.diverged)
+        return None
+
+
 class RaftNode:
     """One replica: a SyncObj carrying a ReplicatedState."""
 
@@ -203,7 +288,7 @@ class RaftNode:
         self.replicated = ReplicatedState(levels)
         self.dump_watch = DumpFailureWatch()
         logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
-        self.sync = SyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
+        self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
         if durable:
             fsync_durable(self.sync)
         self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
@@ -326,7 +411,7 @@ class RaftNode:
 
     def corruption(self) -> str:
         """Why this replica must stop ('' while its stored data is sound)."""
-        return self.replicated.corruption or self.dump_watch.failure
+        return self.replicated.corruption or self.dump_watch.failure or self.sync.diverged
 
     def leader_if_connected(self) -> str | None:
         """The leader's address if this replica leads or currently has a live link to it."""
