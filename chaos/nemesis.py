@@ -11,9 +11,10 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ class Target:
     client: MasterClient
     downtime: float = 1.5  #: how long a killed process stays down
     pause: float = 2.0  #: how long a paused leader stays stopped (above the election timeout)
+    #: the master lane and the machine lane restart processes concurrently; cluster.json is shared
+    restart_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- processes --
 
@@ -61,10 +64,12 @@ class Target:
         local.stop_process(self.data_dir, proc["pid"], sig)
 
     def restart_master(self, m: dict) -> None:
-        local.restart(self.data_dir, self.state, m)
+        with self.restart_lock:
+            local.restart(self.data_dir, self.state, m)
 
     def restart_worker(self, w: dict, gpus: int) -> None:
-        local.restart(self.data_dir, self.state, w, gpus=gpus)
+        with self.restart_lock:
+            local.restart(self.data_dir, self.state, w, gpus=gpus)
 
     def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
         """(task key, shim pid) of the tasks a worker's state file lists as started."""
@@ -183,5 +188,8 @@ NEMESES: dict[str, Nemesis] = {
     "pause-leader": pause_leader, "restart-masters": restart_masters, "kill-worker": kill_worker,
     "restart-worker": restart_worker,
 }
+#: Machine faults act on workers only, so they run in their own lane, concurrently with the master
+#: faults (machines and masters fail independently); every other kind is a master fault.
+MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker"})
 #: Faults that need more than this runner sets up; asking for them says so instead of pretending.
 NOT_AVAILABLE = {"partition-leader": "needs per-replica addresses in private network namespaces; not built yet"}

@@ -6,10 +6,11 @@
 Starts a local cluster of real processes (heartbeat 0.5 s, DOWN after 3 s), runs several clients
 submitting gangs of mixed sizes (some needing a whole rack), reading and cancelling them, with
 short real tasks. It injects faults on a schedule derived from the seed, so a failing run can be
-replayed. Then it heals the cluster, waits for the replicas to converge, stops it, and checks the
-history (see chaos/history.py for the format, kept in --out): no lost acknowledged job, no
-over-allocation in any replica's committed log, no partial gang, no duplicate live task,
-converged replicas, linearizable client operations.
+replayed: master faults in one lane and machine faults (workers) in another, concurrently. Then
+it heals the cluster, waits for the replicas to converge, stops it, and checks the history (see
+chaos/history.py for the format, kept in --out): no lost acknowledged job, no over-allocation in
+any replica's committed log, no partial gang, no duplicate live task, converged replicas,
+linearizable client operations.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
-from chaos.nemesis import NEMESES, NOT_AVAILABLE, Target  # noqa: E402
+from chaos.nemesis import MACHINE_FAULTS, NEMESES, NOT_AVAILABLE, Target  # noqa: E402
 from synapse import codec, local  # noqa: E402
 from synapse.client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
@@ -92,13 +93,15 @@ def workload(client_id: int, addresses: list[str], token: str, history: History,
 
 
 def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threading.Event, seed: int,
-                 interval: float, counts: dict[str, int]) -> None:
-    rng = random.Random(seed)
+                 interval: float, counts: dict[str, int], lane: str = "") -> None:
+    """Inject faults of `kinds`, one at a time, until `stop`; each lane has its own seeded schedule."""
+    rng = random.Random(f"{seed}:{lane}" if lane else seed)
     while not stop.wait(rng.uniform(interval * 0.5, interval * 1.5)):
         kind = rng.choice(kinds)
         fault = NEMESES[kind](target, rng, history)
         if "skipped" not in fault["detail"]:
-            counts[kind] = counts.get(kind, 0) + 1
+            with target.restart_lock:
+                counts[kind] = counts.get(kind, 0) + 1
 
 
 def heal(target: Target) -> None:
@@ -178,7 +181,12 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
     threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], history, stop, seed, submitted,
                                                        lock)) for i in range(clients)]
-    threads.append(threading.Thread(target=nemesis_loop, args=(target, kinds, history, stop, seed, interval, counts)))
+    lanes = {"masters": [k for k in kinds if k not in MACHINE_FAULTS],
+             "machines": [k for k in kinds if k in MACHINE_FAULTS]}
+    for lane, lane_kinds in lanes.items():
+        if lane_kinds:
+            threads.append(threading.Thread(target=nemesis_loop, name=f"nemesis-{lane}",
+                                            args=(target, lane_kinds, history, stop, seed, interval, counts, lane)))
     started = time.time()
     try:
         for t in threads:
