@@ -2,7 +2,8 @@
 
 Writes, and reads that must be current, are served by the leader only. A follower answers
 FAILED_PRECONDITION with the trailing metadata `synapse-leader: <api address>`; a replica that
-knows no leader waits up to LEADER_WAIT_S for one, then answers UNAVAILABLE. A leader answers a
+knows no leader waits up to LEADER_WAIT_S for one, then answers UNAVAILABLE (at once if it has
+just stepped down: it is probably cut off from its peers). A leader answers a
 current read only after committing a Barrier, which a deposed leader cannot do, so it never serves
 state older than the last acknowledged write.
 """
@@ -27,6 +28,9 @@ from synapse.raft import ProposeError
 from synapse.tls import peer_common_name
 
 log = logging.getLogger(__name__)
+
+#: After stepping down, a replica with no known leader sends clients away at once for this long.
+DEPOSED_S = 3.0
 
 #: Trailing metadata key naming the leader's API address on a redirect.
 LEADER_METADATA_KEY = "synapse-leader"
@@ -63,9 +67,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                     f"replica {self.m.replica.id} is not the leader; the leader is at {leader_api}")
+            if time.monotonic() - self.m.deposed_at < DEPOSED_S:
+                # It just stopped leading and knows no successor: most likely it is cut off from
+                # its peers (a follower of a live leader would know it at once). Waiting is useless.
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"replica {self.m.replica.id} stepped down and knows no leader; try another")
             if time.monotonic() > deadline:
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                    f"replica {self.m.replica.id}: no leader elected within {LEADER_WAIT_S:.0f}s")
+                                    f"replica {self.m.replica.id}: no leader elected within {LEADER_WAIT_S:.1f}s")
             await asyncio.sleep(0.02)
 
     async def _propose(self, cmd: c.Command, context: grpc.aio.ServicerContext) -> c.Result:

@@ -34,8 +34,10 @@ from synapse.tls import generate, server_credentials
 
 log = logging.getLogger(__name__)
 
-#: How long a replica with no known leader holds a request before answering UNAVAILABLE.
-LEADER_WAIT_S = 3.0
+#: How long a replica with no known leader holds a request before answering UNAVAILABLE: a little
+#: over the longest election timeout. An election normally ends within it; a replica still without
+#: a leader may be cut off from its peers, and the client does better trying the others.
+LEADER_WAIT_S = 1.2
 #: gRPC message size limit, both ways: a job spec or a node's assignments fit well inside it.
 MAX_MESSAGE_BYTES = 4 << 20
 #: How often leadership is checked (pysyncobj has no reliable cross-thread notification).
@@ -58,6 +60,7 @@ class Master:
         self.leader_loops = None  #: LeaderLoops while this replica leads, else None
         self._node_events: dict[str, asyncio.Event] = {}  #: node id -> set when its assignments may change
         self._leadership_lost = asyncio.Event()  #: set whenever this replica stops leading
+        self.deposed_at = float("-inf")  #: monotonic time this replica last stopped leading
         self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
         self.data_dir = config.data_dir_of(replica_id)
         self.fatal = ""  #: why the replica stopped itself (corruption, full disk), if it did
@@ -184,7 +187,10 @@ class Master:
             term = self.raft.term()
             loops = self.leader_loops
             if loops is not None and (not leading or term != loops.term):
-                log.info("leadership lost term=%d replica=%s", loops.term, self.replica.id)
+                abandoned = self.raft.abandon()
+                self.deposed_at = time.monotonic()
+                log.info("leadership lost term=%d replica=%s abandoned_proposals=%d", loops.term, self.replica.id,
+                         abandoned)
                 loops.stop()
                 self.leader_loops = None
                 self._leadership_lost.set()

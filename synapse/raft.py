@@ -295,6 +295,8 @@ class RaftNode:
         self._flush_scheduled = False
         self._in_flight = 0  #: log entries proposed and not yet resolved
         self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
+        self._waiting: set[asyncio.Future] = set()  #: futures of proposals sent and not yet resolved
+        self._releases: set[Callable[[], None]] = set()  #: frees each in-flight slot still held
         self.entries_proposed = 0  #: log entries proposed from this replica
         self.commands_proposed = 0  #: commands inside them (entries < commands when batching helps)
 
@@ -335,6 +337,8 @@ class RaftNode:
             res, err = await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+        finally:
+            self._waiting.discard(future)
         if err != FAIL_REASON.SUCCESS:
             raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
                                leader=self.leader())
@@ -348,6 +352,7 @@ class RaftNode:
             cmds = [cmd for cmd, _ in batch]
             data = seal(codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds))
             futures = [f for _, f in batch]
+            self._waiting.update(futures)
             self.entries_proposed += 1
             self.commands_proposed += len(cmds)
             self._in_flight += 1
@@ -356,10 +361,14 @@ class RaftNode:
             def release(slot: dict = slot) -> None:
                 if slot["open"]:
                     slot["open"] = False
+                    self._releases.discard(slot["release"])
                     self._in_flight -= 1
                     if self._queued and not self._flush_scheduled:
                         self._flush_scheduled = True
                         loop.call_soon(self._flush, loop)
+
+            slot["release"] = release
+            self._releases.add(release)
 
             def resolve(res: object, err: int, futures: list[asyncio.Future] = futures, release=release) -> None:
                 release()
@@ -372,6 +381,28 @@ class RaftNode:
 
             loop.call_later(IN_FLIGHT_TIMEOUT_S, release)  # a lost callback must not stall the pipeline
             self.replicated.apply(data, callback=on_done)
+
+    def abandon(self) -> int:
+        """Fail every proposal still waiting, because this replica stopped leading; returns how many.
+
+        pysyncobj keeps a deposed leader's proposals waiting until their entries are applied or
+        replaced, and a leader cut off from its peers learns neither until the partition heals:
+        its clients would wait out their whole timeout. Entries already sent may still commit
+        under the new leader (LEADER_CHANGED: maybe applied; clients retry with the same request
+        id); queued ones never left this replica (NOT_LEADER) and are dropped.
+        """
+        queued, self._queued = self._queued, []
+        failed = 0
+        for outcome, futures in ((FAIL_REASON.NOT_LEADER, [f for _, f in queued]),
+                                 (FAIL_REASON.LEADER_CHANGED, list(self._waiting))):
+            for f in futures:
+                if not f.done():
+                    f.set_result((None, outcome))
+                    failed += 1
+        self._waiting.clear()
+        for release in list(self._releases):
+            release()  # a new term starts with an empty pipeline
+        return failed
 
     async def change_membership(self, action: str, raft_address: str, timeout: float = 10.0) -> None:
         """Add ('add') or remove ('remove') a replica through pysyncobj's membership entries."""
