@@ -21,6 +21,8 @@ from typing import Any
 from chaos.history import History
 from synapse import local
 from synapse.client import MasterClient
+from synapse.netns import MasterNet
+from synapse.netns import unavailable as netns_unavailable
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Target:
     client: MasterClient
     downtime: float = 1.5  #: how long a killed process stays down
     pause: float = 2.0  #: how long a paused leader stays stopped (above the election timeout)
+    partition: float = 3.0  #: how long an isolated leader stays cut off
     #: the master lane and the machine lane restart processes concurrently; cluster.json is shared
     restart_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -145,6 +148,22 @@ def pause_leader(t: Target, rng: random.Random, history: History) -> dict:
     return _record(history, "pause-leader", [leader["id"]], start, seconds=t.pause)
 
 
+def partition_leader(t: Target, rng: random.Random, history: History) -> dict:
+    """Cut the leader off from the other masters (clients and workers still reach it), then heal.
+    Needs a cluster started with masters in network namespaces (`local.up(netns=True)`)."""
+    net = MasterNet.from_dict(t.state["netns"])
+    leader = t.wait_leader()
+    start = time.time()
+    if leader is None:
+        return _record(history, "partition-leader", [], start, skipped="no leader")
+    net.isolate(leader["id"])
+    try:
+        time.sleep(t.partition)
+    finally:
+        net.heal(leader["id"])
+    return _record(history, "partition-leader", [leader["id"]], start, seconds=t.partition)
+
+
 def restart_masters(t: Target, rng: random.Random, history: History) -> dict:
     start = time.time()
     for m in t.state["masters"]:
@@ -185,11 +204,16 @@ def restart_worker(t: Target, rng: random.Random, history: History, gpus: int = 
 
 NEMESES: dict[str, Nemesis] = {
     "kill-leader": kill_leader, "kill-follower": kill_follower, "kill-minority": kill_minority,
-    "pause-leader": pause_leader, "restart-masters": restart_masters, "kill-worker": kill_worker,
-    "restart-worker": restart_worker,
+    "pause-leader": pause_leader, "partition-leader": partition_leader, "restart-masters": restart_masters,
+    "kill-worker": kill_worker, "restart-worker": restart_worker,
 }
 #: Machine faults act on workers only, so they run in their own lane, concurrently with the master
 #: faults (machines and masters fail independently); every other kind is a master fault.
 MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker"})
-#: Faults that need more than this runner sets up; asking for them says so instead of pretending.
-NOT_AVAILABLE = {"partition-leader": "needs per-replica addresses in private network namespaces; not built yet"}
+#: Faults that need the masters in network namespaces (see synapse.netns).
+NEEDS_NETNS = frozenset({"partition-leader"})
+
+
+def unavailable(kind: str) -> str:
+    """'' if this machine can inject `kind`, else why not (a runner skips it with this message)."""
+    return netns_unavailable() if kind in NEEDS_NETNS else ""

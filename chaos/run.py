@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
-from chaos.nemesis import MACHINE_FAULTS, NEMESES, NOT_AVAILABLE, Target  # noqa: E402
+from chaos.nemesis import MACHINE_FAULTS, NEEDS_NETNS, NEMESES, Target, unavailable  # noqa: E402
 from synapse import codec, local  # noqa: E402
 from synapse.client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
+from synapse.netns import MasterNet  # noqa: E402
 
 HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
 STOP_GRACE = 3.0  # synapse-local's workers
@@ -105,7 +106,9 @@ def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threa
 
 
 def heal(target: Target) -> None:
-    """Every process back, then wait until every replica has applied the same commands."""
+    """Every process back and every link up, then wait for a leader."""
+    if target.state.get("netns"):
+        MasterNet.from_dict(target.state["netns"]).heal()
     for m in target.state["masters"]:
         if not target.master_alive(m):
             target.restart_master(m)
@@ -175,7 +178,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     data_dir = out / "cluster"
     # Jobs are never forgotten during a run: the checkers compare every acknowledged job with the end.
     state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters), heartbeat=0.5,
-                     job_retention="0")
+                     job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)))
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20))
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
@@ -226,7 +229,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     faults = [r for r in records if r["type"] == "fault"]
     failover = []
     for f in faults:
-        if f["kind"] in ("kill-leader", "pause-leader", "restart-masters", "kill-minority"):
+        if f["kind"] in ("kill-leader", "pause-leader", "partition-leader", "restart-masters", "kill-minority"):
             after = [t for t in ok_times if t > f["start"]]
             if after:
                 failover.append(round(after[0] - f["start"], 3))
@@ -264,13 +267,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="keep the history and the cluster's files here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    unavailable = [k for k in args.faults if k in NOT_AVAILABLE]
-    for k in unavailable:
-        print(f"skipping fault {k}: {NOT_AVAILABLE[k]}", file=sys.stderr)
-    kinds = [k for k in args.faults if k in NEMESES]
-    unknown = [k for k in args.faults if k not in NEMESES and k not in NOT_AVAILABLE]
-    if unknown or not kinds:
-        parser.error(f"unknown or no fault kinds: {unknown}; known: {', '.join(sorted(NEMESES))}")
+    unknown = [k for k in args.faults if k not in NEMESES]
+    if unknown:
+        parser.error(f"unknown fault kinds: {unknown}; known: {', '.join(sorted(NEMESES))}")
+    kinds = []
+    for k in args.faults:
+        why = unavailable(k)
+        if why:
+            print(f"skipping fault {k}: {why}", file=sys.stderr)
+        else:
+            kinds.append(k)
+    if not kinds:
+        parser.error("no fault kind can run here")
     out = args.out or Path(tempfile.mkdtemp(prefix="synapse-chaos-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up (stop the cluster)
     report = run(args.masters, args.workers, args.duration, args.seed, kinds, out, args.clients, args.interval)

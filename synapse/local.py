@@ -27,6 +27,8 @@ import click
 import yaml
 
 from synapse.client import ClientError, ClusterUnavailable, MasterClient
+from synapse.netns import MasterNet
+from synapse.netns import unavailable as netns_unavailable
 from synapse.tls import TLSFiles, generate
 
 READY_TIMEOUT_S = 60.0
@@ -105,8 +107,9 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
-       min_free_disk: str = "64Mi", job_retention: str = "1h") -> dict[str, Any]:
-    """Start a local cluster; returns what cluster.json records."""
+       min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False) -> dict[str, Any]:
+    """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
+    its own network namespace with its own address (see synapse.netns; needs root)."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
         running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
@@ -116,7 +119,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     if masters not in (1, 3, 5):
         raise click.ClickException("--masters must be 1, 3 or 5")
     ports = [base_port + i for i in range(masters)] + [base_port + 100 + i for i in range(masters)]
-    busy = [p for p in ports if not _port_free(p)]
+    busy = [] if netns else [p for p in ports if not _port_free(p)]  # namespaces have their own ports
     if busy:
         raise click.ClickException(f"ports {busy} are in use; choose another --base-port")
     secrets_dir = data_dir / "secrets"
@@ -127,8 +130,15 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         path.write_text(secrets.token_urlsafe(32) + "\n")
         os.chmod(path, 0o600)
     token = token_file.read_text().strip()
-    replicas = [{"id": f"m{i + 1}", "raft": f"127.0.0.1:{base_port + 100 + i}", "api": f"127.0.0.1:{base_port + i}"}
-                for i in range(masters)]
+    ids = [f"m{i + 1}" for i in range(masters)]
+    if netns:
+        why = netns_unavailable()
+        if why:
+            raise click.ClickException(f"--netns: {why}")
+    net = MasterNet.create(ids) if netns else None
+    hosts = [net.address(i) for i in ids] if net else ["127.0.0.1"] * masters
+    replicas = [{"id": rid, "raft": f"{host}:{base_port + 100 + i}", "api": f"{host}:{base_port + i}"}
+                for i, (rid, host) in enumerate(zip(ids, hosts, strict=True))]
     config_path = data_dir / "cluster.yaml"
     doc: dict[str, Any] = {
         "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
@@ -138,7 +148,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         "replicas": replicas}
     tls_dir = data_dir / "tls"
     if tls:
-        generate(tls_dir, ["127.0.0.1", "localhost"], [f"w{i + 1}" for i in range(workers)])
+        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)])
         doc["tls"] = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "server.pem"),
                       "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True}
     config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -146,8 +156,12 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
                              "ca": str(tls_dir / "ca.pem") if tls else "",
                              "cert": str(tls_dir / "client.pem") if tls else "",
                              "key": str(tls_dir / "client-key.pem") if tls else ""}
+    if net:
+        state["netns"] = net.to_dict()
+        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))  # so `down` removes it
     for r in replicas:
-        pid = _spawn(master_argv(config_path, r["id"]), data_dir / "logs" / f"{r['id']}.log")
+        argv = master_argv(config_path, r["id"])
+        pid = _spawn(net.command(r["id"], argv) if net else argv, data_dir / "logs" / f"{r['id']}.log")
         state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"], "pid": pid,
                                  "data_dir": str(data_dir / "masters" / r["id"])})
     (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
@@ -203,6 +217,8 @@ def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: i
         stop_process(data_dir, proc["pid"])
     if proc in state["masters"]:
         argv = master_argv(data_dir / "cluster.yaml", proc["id"])
+        if state.get("netns"):
+            argv = MasterNet.from_dict(state["netns"]).command(proc["id"], argv)
     else:
         argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
                            data_dir / "secrets" / "token", proc["id"], proc["rack"], gpus, heartbeat)
@@ -232,6 +248,8 @@ def down(data_dir: Path, grace: float = 10.0) -> list[int]:
             os.kill(pid, signal.SIGKILL)
     for pid in pids:
         _reap(pid)
+    if state.get("netns"):
+        MasterNet.from_dict(state["netns"]).destroy()
     return pids
 
 
@@ -268,15 +286,44 @@ def main() -> None:
 @click.option("--base-port", default=7000, show_default=True, help="API ports from here, Raft ports from +100")
 @click.option("--heartbeat", default=1.0, show_default=True, help="worker heartbeat interval, seconds")
 @click.option("--tls", is_flag=True, help="generate a development CA: TLS for the API, mTLS for workers")
+@click.option("--netns", is_flag=True,
+              help="each master in its own network namespace and address (root), so `isolate` can cut it off")
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
-           heartbeat: float, tls: bool) -> None:
+           heartbeat: float, tls: bool, netns: bool) -> None:
     """Start the cluster in the background; returns once it is ready."""
-    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls)
+    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns)
     addresses = ",".join(m["api_address"] for m in state["masters"])
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")
     ca = f" SYNAPSE_CA={state['ca']} SYNAPSE_CERT={state['cert']} SYNAPSE_KEY={state['key']}" if state["ca"] else ""
     click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}{ca}")
+
+
+def _net(data_dir: Path) -> MasterNet:
+    state = load_state(data_dir.resolve())
+    if not state.get("netns"):
+        raise click.ClickException("this cluster's masters share loopback; start it with `up --netns`")
+    return MasterNet.from_dict(state["netns"])
+
+
+@main.command("isolate")
+@DATA_DIR
+@click.argument("replica")
+def isolate_cmd(data_dir: Path, replica: str) -> None:
+    """Cut master REPLICA off from the other masters (a network partition; clients still reach it)."""
+    net = _net(data_dir)
+    if replica not in net.replicas:
+        raise click.ClickException(f"no master {replica!r}; masters: {', '.join(net.replicas)}")
+    net.isolate(replica)
+    click.echo(f"{replica} is cut off from {', '.join(r for r in net.replicas if r != replica)}")
+
+
+@main.command("heal")
+@DATA_DIR
+def heal_cmd(data_dir: Path) -> None:
+    """Undo every `isolate`."""
+    _net(data_dir).heal()
+    click.echo("the masters can reach each other again")
 
 
 @main.command("down")

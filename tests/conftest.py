@@ -125,8 +125,8 @@ class LocalCluster:
 def make_cluster(tmp_path):
     started: list[LocalCluster] = []
 
-    def make(masters: int = 3, workers: int = 0, racks: int = 2, gpus: int = 8) -> LocalCluster:
-        cluster = LocalCluster(tmp_path / f"cluster{len(started)}", masters, workers, racks, gpus)
+    def make(masters: int = 3, workers: int = 0, racks: int = 2, gpus: int = 8, **settings) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"cluster{len(started)}", masters, workers, racks, gpus, **settings)
         started.append(cluster)
         return cluster
 

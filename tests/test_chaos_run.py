@@ -1,14 +1,21 @@
-"""A short chaos run: real cluster, every fault kind, every checker. Run with: pytest -m chaos."""
+"""Chaos runs: real cluster, every fault kind this machine can inject, every checker.
+The short one runs with `pytest -m chaos`; the long regression with `pytest -m chaos_long`."""
 
 import pytest
 
-from chaos.nemesis import NEMESES
+from chaos.nemesis import NEMESES, unavailable
 from chaos.run import run
+
+#: partition-leader needs root and network namespaces; elsewhere it is left out (and said so).
+KINDS = sorted(k for k in NEMESES if not unavailable(k))
+SKIPPED = {k: unavailable(k) for k in NEMESES if k not in KINDS}
 
 
 @pytest.mark.chaos
 def test_short_chaos_run_holds_every_invariant(tmp_path):
-    report = run(masters=3, workers=4, duration=60, seed=1, kinds=sorted(NEMESES), out=tmp_path / "chaos",
+    if SKIPPED:
+        print(f"fault kinds left out here: {SKIPPED}")
+    report = run(masters=3, workers=4, duration=60, seed=1, kinds=KINDS, out=tmp_path / "chaos",
                  clients=3, interval=3.0)
     assert report["faults"] >= 8, report
     assert report["acked"] > 50, report
@@ -19,9 +26,11 @@ def test_short_chaos_run_holds_every_invariant(tmp_path):
 
 @pytest.mark.chaos_long
 def test_long_run_seed_7_regression(tmp_path):
-    """Seed 7 over 35 minutes made the replicas diverge: pysyncobj applied log entries that a new
-    leader then replaced ('truncating already-applied log entries'), first on a leader paused with
-    SIGSTOP as it resumed. Kept as the regression test for that bug (not fixed yet)."""
-    report = run(masters=3, workers=4, duration=2100, seed=7, kinds=sorted(NEMESES), out=tmp_path / "chaos",
+    """Seed 7 made the replicas diverge (35 minutes, one fault lane): pysyncobj's followers
+    truncated log entries they had already applied whenever the leader repeated an append
+    ('truncating already-applied log entries'), so a crash could lose committed entries. Fixed by
+    raft.SafeSyncObj; kept as the regression test, now with both fault lanes and 45 minutes."""
+    report = run(masters=3, workers=4, duration=2700, seed=7, kinds=KINDS, out=tmp_path / "chaos",
                  clients=3, interval=0.7)
+    assert report["faults"] >= 1000, report
     assert report["replicas_converged"] and report["ok"], report

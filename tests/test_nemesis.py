@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
 
 import pytest
 
 from chaos.history import History, read
 from chaos.nemesis import NEMESES, Target
-from synapse import codec, local
+from synapse import codec, local, netns
+from synapse.client import ClientError, ClusterUnavailable, MasterClient
 from tests.helpers import spec
 
 pytestmark = pytest.mark.slow
+NO_NETNS = netns.unavailable()
 
 
 @pytest.fixture
@@ -64,7 +67,6 @@ def test_pause_leader_stops_the_process_then_resumes_it(target):
                 states.append(f.read().rsplit(")", 1)[1].split()[0])
             time.sleep(0.05)
 
-    import threading
     w = threading.Thread(target=watch)
     w.start()
     NEMESES["pause-leader"](t, random.Random(4), history)
@@ -102,3 +104,58 @@ def test_restart_masters_replaces_every_process(target):
     after = pids(t, "masters")
     assert all(after[m] != before[m] for m in before)
     assert t.wait_leader() is not None
+
+
+@pytest.mark.skipif(bool(NO_NETNS), reason=f"partition-leader cannot run here: {NO_NETNS}")
+def test_partition_leader_cuts_the_leader_off_from_its_peers_only(make_cluster, tmp_path):
+    cluster = make_cluster(netns=True)
+    t = Target(cluster.data_dir, cluster.state, cluster.client, partition=4.0)
+    old = t.wait_leader()
+    old_pid = old["pid"]
+    net = netns.MasterNet.from_dict(t.state["netns"])
+    seen: list[tuple[str, str, bool]] = []  # (replica, state, isolated) as a client saw them
+    submitted_while_cut_off = []
+    stop = threading.Event()
+
+    def watch():
+        writer = MasterClient(cluster.addresses, cluster.token, deadline=2)
+        while not stop.is_set():
+            try:
+                job = writer.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="during")))
+                if net.isolated(old["id"]):
+                    submitted_while_cut_off.append(job)
+            except (ClientError, ClusterUnavailable):
+                pass
+            isolated = net.isolated(old["id"])
+            for m in t.state["masters"]:
+                try:
+                    seen.append((m["id"], t.client.replica_status(m["api_address"], timeout=0.5).state, isolated))
+                except Exception:  # noqa: BLE001 - a replica busy electing: try again
+                    pass
+            time.sleep(0.1)
+        writer.close()
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        fault = NEMESES["partition-leader"](t, random.Random(8), History(tmp_path / "p.jsonl"))
+    finally:
+        stop.set()
+        w.join()
+    assert fault["targets"] == [old["id"]]
+    cut_off = [(r, s) for r, s, isolated in seen if isolated]
+    assert any(r == old["id"] for r, _ in cut_off)  # the cut-off leader still answers clients
+    assert any(r != old["id"] and s == "leader" for r, s in cut_off)  # the others elected a new leader
+    assert submitted_while_cut_off  # and clients found it (the cut-off replica sends them away)
+    assert pids(t, "masters")[old["id"]] == old_pid and local._alive(old_pid)  # not killed, only cut off
+    assert not net.isolated(old["id"])
+    job_id = t.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="after")))
+    deadline = time.monotonic() + 20  # healed: the old leader catches up with the new log
+    while time.monotonic() < deadline:
+        digests = {(r.commands_applied, r.digest) for r in
+                   (t.client.replica_status(m["api_address"], digest=True) for m in t.state["masters"])}
+        if len(digests) == 1:
+            break
+        time.sleep(0.2)
+    assert len(digests) == 1, digests
+    assert t.client.get_job(job_id).id == job_id

@@ -1,0 +1,136 @@
+"""Masters of a local cluster in private network namespaces, so the network between them can be cut.
+
+On loopback every replica's traffic comes from 127.0.0.1 (pysyncobj does not bind its outgoing
+sockets), so no rule can tell one master's packets from another's. Here each master runs in its
+own namespace with its own address on a private bridge:
+
+    root namespace: bridge <br> 10.211.K.254/24   (workers, clients, synctl)
+    namespace <tag>m1: eth0 10.211.K.1/24          (master m1 binds its Raft and API ports here)
+    namespace <tag>m2: eth0 10.211.K.2/24          ...
+
+Cutting a master off from its peers is a routing change inside its namespace: a blackhole route
+per peer address. Its packets to the peers vanish (and so do its replies to theirs), while
+clients and workers, which reach it from the bridge address, still do. Needs root and `ip`
+(iproute2); `unavailable()` says why not, so callers can skip with that message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+SUBNET_PREFIX = "10.211"
+
+
+def unavailable() -> str:
+    """'' when namespaces can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (run the partition nemesis as root)"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    name = f"synchk{secrets.token_hex(3)}"
+    try:
+        _ip("netns", "add", name)
+    except RuntimeError as exc:
+        return f"cannot create a network namespace: {exc}"
+    _ip("netns", "del", name, check=False)
+    return ""
+
+
+def _ip(*args: str, check: bool = True) -> str:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
+    return proc.stdout
+
+
+def _free_subnet() -> int:
+    used = {int(m) for m in re.findall(rf"{re.escape(SUBNET_PREFIX)}\.(\d+)\.", _ip("-4", "route", "show"))}
+    for k in range(200, 255):
+        if k not in used:
+            return k
+    raise RuntimeError(f"no free {SUBNET_PREFIX}.K.0/24 subnet between K=200 and K=254")
+
+
+@dataclass
+class MasterNet:
+    """The bridge and one namespace per master; `to_dict` / `from_dict` keep it in cluster.json."""
+
+    tag: str
+    subnet: int
+    replicas: list[str]
+
+    @classmethod
+    def create(cls, replicas: list[str]) -> MasterNet:
+        net = cls(tag=secrets.token_hex(3), subnet=_free_subnet(), replicas=list(replicas))
+        try:
+            _ip("link", "add", net.bridge, "type", "bridge")
+            _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
+            _ip("link", "set", net.bridge, "up")
+            for i, replica in enumerate(net.replicas):
+                ns, veth = net.namespace(replica), f"synv{net.tag}{i}"
+                _ip("netns", "add", ns)
+                _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _ip("link", "set", veth, "master", net.bridge)
+                _ip("link", "set", veth, "up")
+                _ip("-n", ns, "addr", "add", f"{net.address(replica)}/24", "dev", "eth0")
+                _ip("-n", ns, "link", "set", "eth0", "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            net.destroy()
+            raise
+        return net
+
+    @property
+    def bridge(self) -> str:
+        return f"synbr{self.tag}"
+
+    @property
+    def gateway(self) -> str:
+        """The root namespace's address on the bridge: where clients and workers come from."""
+        return f"{SUBNET_PREFIX}.{self.subnet}.254"
+
+    def namespace(self, replica: str) -> str:
+        return f"syn{self.tag}{replica}"
+
+    def address(self, replica: str) -> str:
+        return f"{SUBNET_PREFIX}.{self.subnet}.{self.replicas.index(replica) + 1}"
+
+    def command(self, replica: str, argv: list[str]) -> list[str]:
+        """`argv` run inside the replica's namespace (ip netns exec execs it: the pid is argv's)."""
+        return ["ip", "netns", "exec", self.namespace(replica), *argv]
+
+    def peers(self, replica: str) -> list[str]:
+        return [self.address(r) for r in self.replicas if r != replica]
+
+    def isolate(self, replica: str) -> None:
+        """Cut `replica` off from every other master; clients and workers still reach it."""
+        for peer in self.peers(replica):
+            _ip("-n", self.namespace(replica), "route", "replace", "blackhole", f"{peer}/32")
+
+    def isolated(self, replica: str) -> bool:
+        routes = _ip("-n", self.namespace(replica), "route", "show", "type", "blackhole", check=False)
+        return any(peer in routes for peer in self.peers(replica))
+
+    def heal(self, replica: str | None = None) -> None:
+        """Undo `isolate` for one replica, or for all."""
+        for r in [replica] if replica else self.replicas:
+            for peer in self.peers(r):
+                _ip("-n", self.namespace(r), "route", "del", "blackhole", f"{peer}/32", check=False)
+
+    def destroy(self) -> None:
+        """Remove the namespaces (their veth pairs go with them) and the bridge; idempotent."""
+        for replica in self.replicas:
+            _ip("netns", "del", self.namespace(replica), check=False)
+        _ip("link", "del", self.bridge, check=False)
+
+    def to_dict(self) -> dict:
+        return {"tag": self.tag, "subnet": self.subnet, "replicas": self.replicas}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MasterNet:
+        return cls(tag=data["tag"], subnet=int(data["subnet"]), replicas=list(data["replicas"]))
