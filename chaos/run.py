@@ -105,6 +105,16 @@ def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threa
                 counts[kind] = counts.get(kind, 0) + 1
 
 
+def _join(threads: list[threading.Thread]) -> None:
+    """Wait for the fault under way to finish healing itself: healing the cluster (or stopping it)
+    while a fault still restarts processes made two incarnations of one master or worker."""
+    for t in threads:
+        if t.ident is not None:
+            t.join(timeout=600)
+            if t.is_alive():
+                raise RuntimeError(f"{t.name} did not finish within 600 s")
+
+
 def heal(target: Target) -> None:
     """Every process back and every link up, then wait for a leader."""
     if target.state.get("netns"):
@@ -197,18 +207,15 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         time.sleep(duration)
         stop.set()
         workload_ended = time.time()
-        for t in threads:
-            # Wait for the fault under way to finish healing itself: healing the cluster while a
-            # fault still restarts processes made two incarnations of one master or worker.
-            t.join(timeout=600)
-            if t.is_alive():
-                raise RuntimeError(f"{t.name} did not finish within 600 s")
+        _join(threads)
         heal(target)
         settle(target.client, timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 30)
         replicas = replica_records(target)
         for r in replicas:
             history.write("replica", **r)
     finally:
+        stop.set()  # also when interrupted (SIGTERM): no fault may restart a process after `down`
+        _join(threads)
         target.client.close()
         local.down(data_dir)
     ended = time.time()
