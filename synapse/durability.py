@@ -4,8 +4,9 @@ The promise (`durability: fsync`, the default): when a client is told a write su
 command is in the journal of a majority of replicas **and on their disks**. pysyncobj keeps its
 journal in an mmap'd file that it never flushes. A follower acknowledges AppendEntries only after
 `journal.add` returns, and the leader counts only those acknowledgements. So flushing inside `add`
-(msync) puts every acknowledged write on a majority's disks before the client hears of it. The
-term and vote (`raft.journal.meta`) are written with fsync too, as Raft requires. With
+(fdatasync of the mapped file, see `datasync`) puts every acknowledged write on a majority's disks
+before the client hears of it. The term and vote (`raft.journal.meta`) are written with fsync too,
+as Raft requires. With
 `durability: none` the journal reaches the disk whenever the kernel writes it back: acknowledged
 writes survive kill -9 (the page cache outlives the process) but not a power loss.
 
@@ -62,7 +63,7 @@ def fsync_durable(sync: object) -> None:
 
         def flushed(*args: object, _original=original) -> object:
             result = _original(*args)
-            journal.flush()
+            datasync(journal)
             return result
 
         setattr(journal, name, flushed)
@@ -83,6 +84,19 @@ def fsync_durable(sync: object) -> None:
             os.close(dir_fd)
 
     meta.storeMeta = store_synced
+
+
+def datasync(journal: object) -> None:
+    """Put a pysyncobj FileJournal's writes on disk.
+
+    pysyncobj's own `flush` is mmap.flush (msync), which CPython runs holding the GIL: every
+    append stalled the whole master (gRPC handlers, the event loop) for a disk write. On Linux,
+    msync(MS_SYNC) of a shared file mapping is an fsync of that range, and writes through the
+    mapping dirty the file's page cache: fdatasync on the file writes the same pages, and
+    os.fdatasync releases the GIL while it waits. The file object is looked up each time because
+    pysyncobj reopens it when the journal grows."""
+    handle = journal._FileJournal__journalFile._ResizableFile__f  # type: ignore[attr-defined]
+    os.fdatasync(handle.fileno())
 
 
 def journal_records(path: str | Path):

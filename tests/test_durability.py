@@ -12,7 +12,7 @@ import pytest
 
 from synapse import codec, local
 from synapse.client import ClientError
-from synapse.durability import CorruptionError, check_journal, seal, unseal
+from synapse.durability import CorruptionError, check_journal, fsync_durable, seal, unseal
 from tests.conftest import LocalCluster
 from tests.helpers import spec
 
@@ -39,6 +39,25 @@ def wait_exit(pid: int, timeout: float = 20.0) -> int | None:
 
 
 @pytest.mark.slow
+def test_every_journal_append_reaches_the_disk_through_fdatasync_of_the_journal(tmp_path, monkeypatch):
+    from pysyncobj import SyncObj, SyncObjConf
+
+    journal_path = tmp_path / "raft.journal"
+    conf = SyncObjConf(autoTick=False, password="test", journalFile=str(journal_path),
+                       fullDumpFile=str(tmp_path / "raft.dump"))
+    node = SyncObj("127.0.0.1:47290", [], conf=conf)
+    try:
+        synced: list[int] = []
+        monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_ino))
+        fsync_durable(node)
+        journal = node._SyncObj__raftLog
+        journal.add(b"\x01", len(journal) + 1, 1)
+        journal.deleteEntriesFrom(len(journal))
+        assert synced == [journal_path.stat().st_ino] * 2
+    finally:
+        node.destroy()
+
+
 def test_corrupt_journal_is_refused_and_the_replica_rebuilds_from_its_peers(make_cluster):
     cluster = make_cluster()
     for i in range(5):
