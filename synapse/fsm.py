@@ -60,6 +60,10 @@ class ClusterState:
         self.live_tasks: dict[str, set[tuple[str, int, int]]] = {}  #: node id -> live task keys
         self.applied = 0  #: commands applied (accepted or rejected); apply only
         self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
+        #: commands applied other than submissions and barriers (local: not in snapshots). While it
+        #: stands still, only new jobs have joined the queue, and a scheduling round that placed
+        #: nothing need not look at the jobs it already saw (see scheduler.RoundMemo).
+        self.other_changes = 0
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
         #: master replicas added at run time: id -> (raft address, api address); apply only
         self.replicas: dict[str, tuple[str, str]] = {}
@@ -102,6 +106,8 @@ class ClusterState:
     def apply(self, cmd: c.Command) -> Result:
         """Apply one command. Deterministic; never raises; a rejection changes nothing."""
         self.applied += 1
+        if not isinstance(cmd, (c.SubmitJob, c.Barrier)):
+            self.other_changes += 1
         try:
             if cmd.term:
                 if cmd.term < self.max_term:
@@ -453,9 +459,9 @@ class ClusterState:
 
     # ---- reads ----------------------------------------------------------------------------------
 
-    def pending_jobs(self) -> Iterator[Job]:
-        """PENDING jobs in queue order: priority, then submission time."""
-        for _, job_id in self.pending:
+    def pending_jobs(self, start: int = 0) -> Iterator[Job]:
+        """PENDING jobs in queue order (priority, then submission time), from position `start`."""
+        for _, job_id in self.pending.islice(start):
             yield self.jobs[job_id]
 
     def tasks_on_node(self, node_id: str) -> list[tuple[Task, bool]]:

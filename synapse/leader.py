@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from synapse import commands as c
 from synapse.model import JobStatus, NodeStatus
 from synapse.raft import ProposeError
-from synapse.scheduler import Reservation, WaitReason, schedule_round
+from synapse.scheduler import Reservation, RoundMemo, WaitReason, schedule_round
 
 if TYPE_CHECKING:
     from synapse.master import Master
@@ -43,6 +43,7 @@ class LeaderLoops:
         self.ready = asyncio.Event()  #: set once the barrier committed and state is current
         self.reservation: Reservation | None = None  #: carried between rounds (sticky)
         self.waiting: dict[str, WaitReason] = {}  #: why each pending job waits, from the last round
+        self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen
         self._tasks: list[asyncio.Task] = []
         self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
         self._last_sweep = 0.0  #: monotonic time of the last retention sweep
@@ -86,20 +87,21 @@ class LeaderLoops:
     async def _schedule_loop(self) -> None:
         dirty = self.master.scheduler_dirty
         while True:
+            full = False
             try:
                 await asyncio.wait_for(dirty.wait(), SCHEDULE_TICK_S)
             except TimeoutError:
-                pass
+                full = True  # the periodic round looks at every job (time moves backfill windows)
             dirty.clear()
             started = time.monotonic()
-            await self.schedule_once()
+            await self.schedule_once(full)
             await asyncio.sleep(max(0.0, SCHEDULE_MIN_INTERVAL_S - (time.monotonic() - started)))
 
-    async def schedule_once(self) -> None:
+    async def schedule_once(self, full: bool = True) -> None:
         now = time.time()
         with self.master.lock:
-            result = schedule_round(self.master.state, now, self.reservation)
-        self.reservation, self.waiting = result.reservation, result.waiting
+            result = schedule_round(self.master.state, now, self.reservation, None if full else self.memo)
+        self.reservation, self.waiting, self.memo = result.reservation, result.waiting, result.memo
         if not result.plans:
             return
         outcomes = await asyncio.gather(*(self.propose(c.CommitPlan(

@@ -56,11 +56,37 @@ class WaitReason:
         return "; ".join([self.message, *map(str, self.shortfalls)])
 
 
+@dataclass(frozen=True, slots=True)
+class RoundMemo:
+    """What a round that placed nothing concluded, valid while only submissions follow it.
+
+    Placement is deterministic, and a submission changes no capacity: the jobs that round saw
+    would fail again exactly as they did. The next round then looks only at the jobs queued after
+    them (if every new one queues behind them), carrying on with the same failed shapes and
+    reservation. A leader with thousands of waiting jobs thus spends per submission, not per job in
+    the queue. Time-dependent backfill (time limits) is refreshed by the periodic full round."""
+
+    state_id: int  #: id() of the ClusterState it read (a loaded snapshot is a new object)
+    other_changes: int  #: ClusterState.other_changes then
+    seen: int  #: how many pending jobs it went through
+    last_key: tuple | None  #: the queue entry of the last one
+    failed: dict[tuple, WaitReason]
+    reservation: Reservation | None
+    waiting: dict[str, WaitReason]
+
+    def valid_for(self, state: ClusterState) -> bool:
+        if self.state_id != id(state) or self.other_changes != state.other_changes:
+            return False
+        # Every job it saw is still pending and none queued ahead of the last one.
+        return self.seen == 0 or (len(state.pending) >= self.seen and state.pending[self.seen - 1] == self.last_key)
+
+
 @dataclass(slots=True)
 class RoundResult:
     plans: list[Plan] = field(default_factory=list)
     reservation: Reservation | None = None
     waiting: dict[str, WaitReason] = field(default_factory=dict)
+    memo: RoundMemo | None = None  #: set when the round placed nothing
 
 
 def _shape(spec: JobSpec, may_use_reservation: bool) -> tuple:
@@ -69,13 +95,20 @@ def _shape(spec: JobSpec, may_use_reservation: bool) -> tuple:
     return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use_reservation)
 
 
-def schedule_round(state: ClusterState, now: float, previous: Reservation | None = None) -> RoundResult:
-    """Plans for the pending gangs that can start now, and the head blocked gang's reservation."""
+def schedule_round(state: ClusterState, now: float, previous: Reservation | None = None,
+                   memo: RoundMemo | None = None) -> RoundResult:
+    """Plans for the pending gangs that can start now, and the head blocked gang's reservation.
+
+    With a `memo` of the round before that still holds, only the jobs queued since are examined."""
     view = ClusterView(state.nodes, state.index, state.levels)
     result = RoundResult()
     failed: dict[tuple, WaitReason] = {}
     reservation: Reservation | None = None
-    for job in state.pending_jobs():
+    start = 0
+    if memo is not None and memo.valid_for(state):
+        failed, reservation, start = dict(memo.failed), memo.reservation, memo.seen
+        result.waiting = dict(memo.waiting)
+    for job in state.pending_jobs(start):
         may_use_reservation = reservation is None or (
             bool(job.spec.time_limit) and not math.isinf(reservation.starts_at)
             and now + job.spec.time_limit <= reservation.starts_at)
@@ -98,6 +131,10 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
             message = f"does not fit outside the reservation ({reservation.describe()})"
         result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, message)
     result.reservation = reservation
+    if not result.plans:
+        seen = len(state.pending)
+        result.memo = RoundMemo(id(state), state.other_changes, seen, state.pending[seen - 1] if seen else None,
+                                failed, reservation, result.waiting)
     return result
 
 

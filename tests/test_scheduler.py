@@ -132,3 +132,51 @@ def test_without_a_reservation_the_same_stream_starves_it():
                 view.claim(placed.plan, job.spec.resources)
         s.advance()
     assert s.state.jobs[big].status is JobStatus.PENDING
+
+
+def _decisions(result):
+    return ([(p.job_id, p.placements) for p in result.plans], result.reservation,
+            {job: str(reason) for job, reason in result.waiting.items()})
+
+
+def test_a_round_after_submissions_alone_decides_what_a_full_round_decides():
+    """The memo of a round that placed nothing lets the next look only at new jobs; randomized
+    clusters, queues and submissions (some of higher priority, some after other commands) must
+    give the same plans, reservation and reasons as a full round every time."""
+    rng = random.Random(11)
+    incremental_rounds = 0
+    for trial in range(40):
+        s = sim(racks=rng.randint(1, 3), nodes_per_rack=rng.randint(1, 4))
+        occupy(s, rng.sample(sorted(s.state.nodes), k=rng.randint(0, len(s.state.nodes))))
+        memo = None
+        for _step in range(12):
+            for _ in range(rng.randint(1, 4)):
+                s.submit(spec(tasks=rng.randint(1, 6), gpu=rng.choice([1, 4, 8]), priority=rng.choice([0, 0, 0, 3]),
+                              pack=rng.choice(["", "rack"]), required=rng.random() < 0.3,
+                              time_limit=rng.choice([0, 0, 50])), duration=10)
+            if rng.random() < 0.15:
+                s.advance()  # tasks end: not a submission, so the memo no longer holds
+            full = schedule_round(s.state, s.now, s.reservation)
+            quick = schedule_round(s.state, s.now, s.reservation, memo)
+            assert _decisions(quick) == _decisions(full), f"trial {trial}"
+            incremental_rounds += memo is not None and memo.valid_for(s.state)
+            memo = full.memo
+            s.reservation = full.reservation
+            for plan in full.plans:
+                s.commit(plan)
+    assert incremental_rounds > 50  # the shortcut was really taken, not always refused
+
+
+def test_the_memo_is_refused_after_any_other_command_or_a_job_queued_ahead():
+    s = sim(racks=1, nodes_per_rack=1)
+    occupy(s, ["r0-n0"])
+    s.submit(spec(tasks=1), duration=10)
+    memo = schedule_round(s.state, s.now).memo
+    assert memo is not None and memo.valid_for(s.state)
+    s.submit(spec(tasks=1), duration=10)
+    assert memo.valid_for(s.state)  # queued behind: the memo holds
+    s.submit(spec(tasks=1, priority=9), duration=10)
+    assert not memo.valid_for(s.state)  # queued ahead of what it saw
+    memo = schedule_round(s.state, s.now).memo
+    s.advance()
+    assert not memo.valid_for(s.state)  # a task ended: capacity changed
