@@ -7,9 +7,11 @@
 (a) Submissions acknowledged per second through gRPC (client library, several threads), with
 p50/p99 latency, next to raw pysyncobj throughput for the same command measured in the same run
 on three bare replica processes (bench/raw_raft.py), and next to the same load on a cluster
-that does not flush its journal (durability: none), to show what fsync costs. (b) Failover: kill -9 the leader and time
-until the next write is acknowledged through the client; the killed replica is restarted and the
-cluster is let settle between trials. Targets: >= 1,000 submissions/s with p99 <= 50 ms;
+that does not flush its journal (durability: none), to show what fsync costs. It also prints the
+CPU time each process spent per submission and how busy the machine was: every process shares
+the same cores here. (b) Failover: kill -9 the leader and time until the next write is
+acknowledged through the client; the killed replica is restarted and the cluster is let settle
+between trials. Targets: >= 1,000 submissions/s with p99 <= 50 ms;
 failover p50 <= 1 s, max <= 3 s.
 """
 
@@ -30,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile  # noqa: E402
+from common import cpu_seconds, machine_busy, percentile  # noqa: E402
 
 from synapse import codec, local  # noqa: E402
 from synapse import commands as c  # noqa: E402
@@ -40,6 +42,37 @@ from synapse.model import JobSpec, Resources  # noqa: E402
 SPEC = JobSpec(name="bench", tasks=8, resources=Resources(16_000, 64 << 30, 8), command=("python", "train.py"))
 
 
+
+
+class CpuMeter:
+    """CPU time per submission of each master and of this (client) process, and how busy the
+    whole machine was, over a load: on a shared 2-core machine it says where the cores went."""
+
+    def __init__(self, masters: list[dict], leader_id: str) -> None:
+        self.pids = {("leader" if m["id"] == leader_id else f"follower {m['id']}"): m["pid"] for m in masters}
+        self.pids["client"] = os.getpid()
+
+    def __enter__(self) -> CpuMeter:
+        self.start = {k: cpu_seconds(p) for k, p in self.pids.items()}
+        self.machine = machine_busy()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.used = {k: cpu_seconds(p) - self.start[k] for k, p in self.pids.items()}
+        busy, total = machine_busy()
+        self.busy = (busy - self.machine[0]) / max(1, total - self.machine[1])
+
+    def per_submit_ms(self, submits: int) -> dict[str, float]:
+        return {k: round(v * 1000 / submits, 3) for k, v in self.used.items()}
+
+
+def leader_of(state: dict) -> str:
+    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"])
+    try:
+        return next(m["id"] for m in state["masters"]
+                    if client.replica_status(m["api_address"]).state == "leader")
+    finally:
+        client.close()
 
 
 def submit_load(client_addresses: list[str], token: str, total: int, threads: int) -> tuple[float, list[float]]:
@@ -145,7 +178,8 @@ def main() -> None:
         state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3))
         try:
             addresses = [m["api_address"] for m in state["masters"]]
-            rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads)
+            with CpuMeter(state["masters"], leader_of(state)) as meter:
+                rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads)
             failovers = failover_trials(data_dir, state, args.trials)
         finally:
             local.down(data_dir)
@@ -163,7 +197,8 @@ def main() -> None:
               "failover_s": [round(x, 3) for x in failovers],
               "no_fsync_submits_per_s": round(loose_rate, 1),
               "no_fsync_submit_p50_ms": round(percentile(loose_latencies, 0.5), 2),
-              "no_fsync_submit_p99_ms": round(percentile(loose_latencies, 0.99), 2)}
+              "no_fsync_submit_p99_ms": round(percentile(loose_latencies, 0.99), 2),
+              "cpu_ms_per_submit": meter.per_submit_ms(args.submits), "machine_busy": round(meter.busy, 2)}
     if args.json:
         print(json.dumps(report))
         return
@@ -172,6 +207,9 @@ def main() -> None:
     print(f"same load without fsync (durability: none): {report['no_fsync_submits_per_s']:,.0f}/s  "
           f"p50 {report['no_fsync_submit_p50_ms']} ms  p99 {report['no_fsync_submit_p99_ms']} ms  "
           f"(fsync costs {1 - rate / loose_rate:.0%} of the rate)")
+    per = report["cpu_ms_per_submit"]
+    print(f"CPU per submission (ms): {per}; all of them {sum(per.values()):.2f} ms; "
+          f"machine {report['machine_busy']:.0%} busy during the load")
     print(f"raw pysyncobj, same command: {report['raw_raft_ops_per_s']:,.0f}/s  "
           f"(gRPC path = {rate / raw:.2f} x raw)")
     print(f"failover (kill -9 leader -> next write acked), {len(failovers)} trials: "
