@@ -212,6 +212,14 @@ def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
     return held
 
 
+#: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
+_INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
+              "_SyncObj__sendNextNodeIdx")
+_missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
+if _missing:
+    raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
+
+
 class SafeSyncObj(SyncObj):
     """SyncObj whose followers handle AppendEntries by Raft's receiver rules (see module doc).
 
