@@ -78,25 +78,34 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await asyncio.sleep(0.02)
 
     async def _propose(self, cmd: c.Command, context: grpc.aio.ServicerContext) -> c.Result:
-        if not isinstance(cmd, c.Barrier) and not self.m.disk_has_room():
+        return (await self._propose_all([cmd], context))[0]
+
+    async def _propose_all(self, cmds: list[c.Command], context: grpc.aio.ServicerContext) -> list[c.Result]:
+        """Propose commands together; if any fails, abort the call once with the first failure."""
+        if not all(isinstance(cmd, c.Barrier) for cmd in cmds) and not self.m.disk_has_room():
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"replica {self.m.replica.id}: less than {self.m.config.min_free_disk} bytes free "
                                 "under its data dir; writes are refused until there is room")
-        try:
-            return await self.m.propose(cmd)
-        except ProposeError as exc:
-            if exc.maybe_applied:
-                await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                    f"outcome unknown ({exc.kind}) during a leader change; "
-                                    "retry with the same request id")
-            if exc.kind == "QUEUE_FULL":
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
-            if exc.leader:
-                leader_api = self.m.api_of_raft(exc.leader)
-                if leader_api:
-                    context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
-        raise AssertionError("unreachable")
+        outcomes = await asyncio.gather(*(self.m.propose(cmd) for cmd in cmds), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, ProposeError):
+                await self._abort_proposal(outcome, context)
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def _abort_proposal(self, exc: ProposeError, context: grpc.aio.ServicerContext) -> None:
+        if exc.maybe_applied:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"outcome unknown ({exc.kind}) during a leader change; "
+                                "retry with the same request id")
+        if exc.kind == "QUEUE_FULL":
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
+        if exc.leader:
+            leader_api = self.m.api_of_raft(exc.leader)
+            if leader_api:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
 
     async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
         term = await self._leader(context)
@@ -378,7 +387,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
                              exit_code=e.exit_code, reason=e.reason[:512])
                 for e in request.events]
-        results = await asyncio.gather(*(self._propose(cmd, context) for cmd in cmds))
+        results = await self._propose_all(cmds, context)
         return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))
 
 
