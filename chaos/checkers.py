@@ -8,6 +8,9 @@
   started) while another task of it ran on for longer than the allowance (detection + stop grace).
 * `duplicate_tasks` — at most one live instance of each task (job, attempt, index) at any time.
 * `converged` — replicas that applied the same number of commands have the same digest.
+* `log_conflicts` — the replicas' journals hold the same entry (term and command) at every index
+  they all still keep: a replica that applied an entry the others replaced shows up here, even
+  when the cluster never fell quiet long enough for `converged` to compare digests.
 * linearizability of the client operations: `chaos.linearizability.check` with the JOBS model.
 """
 
@@ -166,6 +169,23 @@ def _task_intervals(records: Iterable[dict[str, Any]], end: float) -> dict[tuple
     for (key, node), start in open_.items():
         out[key].append((start, end, node))
     return out
+
+
+def log_conflicts(data_dirs: Iterable[str | Path]) -> list[str]:
+    """Indices where the replicas' journals disagree, over the range every one of them keeps."""
+    logs: dict[str, dict[int, tuple[int, bytes]]] = {}
+    for d in data_dirs:
+        journal = Path(d) / "raft.journal"
+        try:
+            logs[str(d)] = {idx: (term, cmd) for idx, term, cmd in journal_records(journal)} \
+                if journal.exists() else {}
+        except CorruptionError as exc:
+            return [f"{d}: journal unreadable: {exc}"]
+    if len(logs) < 2:
+        return []
+    common = set.intersection(*(set(entries) for entries in logs.values()))
+    return [f"raft index {i}: the replicas hold {len({entries[i] for entries in logs.values()})} different entries"
+            for i in sorted(common) if len({entries[i] for entries in logs.values()}) > 1]
 
 
 def converged(replicas: list[dict[str, Any]]) -> bool:

@@ -34,6 +34,7 @@ from synapse import codec, local  # noqa: E402
 from synapse.client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
 from synapse.netns import MasterNet  # noqa: E402
+from synapse.proto import api_pb2  # noqa: E402
 
 HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
 STOP_GRACE = 3.0  # synapse-local's workers
@@ -128,12 +129,21 @@ def heal(target: Target) -> None:
     target.wait_leader(30)
 
 
-def settle(client: MasterClient, timeout: float) -> None:
-    """Wait (bounded) until no gang is still being stopped, so the final state is at rest."""
+def settle(client: MasterClient, nodes: list[str], timeout: float) -> None:
+    """Bring the cluster to rest (bounded): cordon every node, so the backlog of pending gangs
+    stops being scheduled, and wait until no gang is scheduled, running or being stopped. Only a
+    cluster at rest stops applying commands, and only then can the replicas' digests be compared."""
     deadline = time.monotonic() + timeout
+    for node in nodes:
+        while time.monotonic() < deadline:
+            try:
+                client.call("SetSchedulable", api_pb2.SetSchedulableRequest(node_id=node, schedulable=False))
+                break
+            except (ClientError, ClusterUnavailable):
+                time.sleep(0.2)
     while time.monotonic() < deadline:
         try:
-            if not client.list_jobs(["STOPPING"]):
+            if not client.list_jobs(["SCHEDULED", "RUNNING", "STOPPING"]):
                 return
         except (ClientError, ClusterUnavailable):
             pass
@@ -209,7 +219,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         workload_ended = time.time()
         _join(threads)
         heal(target)
-        settle(target.client, timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 30)
+        settle(target.client, [w["id"] for w in state["workers"]], timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 60)
         replicas = replica_records(target)
         for r in replicas:
             history.write("replica", **r)
@@ -249,6 +259,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
                                                 allowance=HEARTBEAT_TIMEOUT + STOP_GRACE + 3.0),
         "duplicate_tasks": checkers.duplicate_tasks(records, ended),
         "replicas_converged": checkers.converged(replicas),
+        "log_conflicts": checkers.log_conflicts(m["data_dir"] for m in state["masters"]),
         "linearizable": checkers.linearizable(records),
         # The longest stretch, while the workload ran, with no client operation succeeding.
         "max_unavailable_s": round(max((b - a for a, b in zip([started, *ok_times], [*ok_times, workload_ended],
@@ -257,7 +268,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "overcommit_details": overcommits[:10],
     }
     report["ok"] = (not report["lost"] and not overcommits and not report["partial_gangs"]
-                    and not report["duplicate_tasks"] and report["replicas_converged"]
+                    and not report["duplicate_tasks"] and report["replicas_converged"] and not report["log_conflicts"]
                     and report["linearizable"] == "ok")
     return report
 
@@ -293,7 +304,8 @@ def main() -> None:
         print(json.dumps(report))
     else:
         for key in ("faults", "fault_kinds", "ops", "acked", "lost", "overcommits", "partial_gangs", "duplicate_tasks",
-                    "replicas_converged", "linearizable", "max_unavailable_s", "failover_s", "seconds", "history"):
+                    "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s", "failover_s",
+                    "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

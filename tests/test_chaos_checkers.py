@@ -1,5 +1,7 @@
 """The chaos checkers on small hand-made histories, good and bad."""
 
+from pathlib import Path
+
 from chaos import checkers
 from chaos.history import History, read
 from synapse import commands as c
@@ -89,3 +91,24 @@ def test_replay_checks_every_committed_state_and_matches_the_digest(tmp_path, mo
     monkeypatch.setattr(ClusterState, "_plan_problem", lambda self, job, cmd: "")
     _, problems, _ = checkers.replay_replica(tmp_path)
     assert any("over-allocated" in p or "GPU index twice" in p for p in problems), problems
+
+
+def test_log_conflicts_compares_the_range_every_journal_keeps(tmp_path):
+    from pysyncobj.journal import createJournal
+
+    def journal(name: str, entries: list[tuple[int, int, bytes]]) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        j = createJournal(str(d / "raft.journal"))
+        for idx, term, cmd in entries:
+            j.add(cmd, idx, term)
+        j._destroy()
+        return d
+
+    base = [(i, 1, b"\x00cmd%d" % i) for i in range(1, 6)]
+    a = journal("a", base)
+    b = journal("b", base[:4])  # shorter: a lagging replica, not a conflict
+    c = journal("c", base[2:])  # compacted: keeps only 3..5
+    assert checkers.log_conflicts([a, b, c]) == []
+    d = journal("d", base[:3] + [(4, 2, b"\x00other")])  # a different entry at index 4
+    assert checkers.log_conflicts([a, d]) == ["raft index 4: the replicas hold 2 different entries"]
