@@ -66,7 +66,7 @@ class RoundMemo:
     reservation. A leader with thousands of waiting jobs thus spends per submission, not per job in
     the queue. Time-dependent backfill (time limits) is refreshed by the periodic full round."""
 
-    state_id: int  #: id() of the ClusterState it read (a loaded snapshot is a new object)
+    state: ClusterState  #: the state it read (a loaded snapshot is a new object: the memo lapses)
     other_changes: int  #: ClusterState.other_changes then
     seen: int  #: how many pending jobs it went through
     last_key: tuple | None  #: the queue entry of the last one
@@ -75,7 +75,7 @@ class RoundMemo:
     waiting: dict[str, WaitReason]
 
     def valid_for(self, state: ClusterState) -> bool:
-        if self.state_id != id(state) or self.other_changes != state.other_changes:
+        if self.state is not state or self.other_changes != state.other_changes:
             return False
         # Every job it saw is still pending and none queued ahead of the last one.
         return self.seen == 0 or (len(state.pending) >= self.seen and state.pending[self.seen - 1] == self.last_key)
@@ -133,7 +133,7 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
     result.reservation = reservation
     if not result.plans:
         seen = len(state.pending)
-        result.memo = RoundMemo(id(state), state.other_changes, seen, state.pending[seen - 1] if seen else None,
+        result.memo = RoundMemo(state, state.other_changes, seen, state.pending[seen - 1] if seen else None,
                                 failed, reservation, result.waiting)
     return result
 
