@@ -127,3 +127,43 @@ def test_commands_replicate_and_survive_a_full_restart(cluster3, tmp_path):
 def test_raft_refuses_to_run_without_a_password(tmp_path):
     with pytest.raises(ValueError, match="password is required"):
         raft_config(bind_address="127.0.0.1:1", data_dir=str(tmp_path), password="")
+
+
+def test_a_replica_that_stops_leading_fails_the_proposals_it_holds(tmp_path):
+    """RaftNode.abandon: entries already handed to Raft answer 'leader changed' (maybe applied),
+    proposals still queued behind them 'not leader' (surely not), and the pipeline empties."""
+    import asyncio
+
+    from synapse import commands as c
+    from synapse.local import free_base_port
+    from synapse.raft import MAX_IN_FLIGHT, ProposeError, RaftNode
+
+    port = free_base_port(1)
+    node = RaftNode(f"127.0.0.1:{port}", [],
+                    raft_config(bind_address=f"127.0.0.1:{port}", data_dir=str(tmp_path), password="pw",
+                                autoTick=False))
+    try:
+        for _ in range(200):  # a lone replica elects itself on its own ticks
+            node.sync._onTick(0.01)
+            if node.is_leader():
+                break
+        assert node.is_leader()
+
+        async def scenario():
+            # Nothing ticks, so nothing commits: the first proposals fill the pipeline, the last waits.
+            proposals = []
+            for i in range(MAX_IN_FLIGHT + 1):
+                proposals.append(asyncio.ensure_future(node.propose_async(c.Barrier(at=i), timeout=10)))
+                await asyncio.sleep(0)
+            assert node._in_flight == MAX_IN_FLIGHT and len(node._queued) == 1
+            assert node.abandon() == MAX_IN_FLIGHT + 1
+            outcomes = await asyncio.gather(*proposals, return_exceptions=True)
+            return outcomes, node._in_flight, node._queued
+
+        outcomes, in_flight, queued = asyncio.run(scenario())
+        assert all(isinstance(o, ProposeError) for o in outcomes)
+        assert [o.kind for o in outcomes] == ["LEADER_CHANGED"] * MAX_IN_FLIGHT + ["NOT_LEADER"]
+        assert [o.maybe_applied for o in outcomes] == [True] * MAX_IN_FLIGHT + [False]
+        assert in_flight == 0 and queued == []
+    finally:
+        node.destroy()
