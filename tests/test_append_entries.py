@@ -137,4 +137,3 @@ def test_held_prefix():
     assert held_prefix(log.get, [(b"", 2, 1), (b"", 3, 2)]) == 1
     assert held_prefix(log.get, [(b"", 5, 2)]) == 0
     assert held_prefix(log.get, []) == 0
-

@@ -134,7 +134,6 @@ def test_a_replica_that_stops_leading_fails_the_proposals_it_holds(tmp_path):
     proposals still queued behind them 'not leader' (surely not), and the pipeline empties."""
     import asyncio
 
-    from synapse import commands as c
     from synapse.local import free_base_port
     from synapse.raft import MAX_IN_FLIGHT, ProposeError, RaftNode
 
