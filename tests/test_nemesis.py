@@ -159,3 +159,13 @@ def test_partition_leader_cuts_the_leader_off_from_its_peers_only(make_cluster, 
         time.sleep(0.2)
     assert len(digests) == 1, digests
     assert t.client.get_job(job_id).id == job_id
+
+
+def test_isolate_on_a_loopback_cluster_says_how_to_get_one_it_can_cut(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    (tmp_path / "cluster.json").write_text(json.dumps({"masters": [], "workers": [], "token": "t"}))
+    result = CliRunner().invoke(local.main, ["isolate", "--data-dir", str(tmp_path), "m1"])
+    assert result.exit_code != 0 and "up --netns" in result.output
