@@ -184,8 +184,8 @@ def log_conflicts(data_dirs: Iterable[str | Path]) -> list[str]:
     if len(logs) < 2:
         return []
     common = set.intersection(*(set(entries) for entries in logs.values()))
-    return [f"raft index {i}: the replicas hold {len({entries[i] for entries in logs.values()})} different entries"
-            for i in sorted(common) if len({entries[i] for entries in logs.values()}) > 1]
+    variants = {i: len({entries[i] for entries in logs.values()}) for i in sorted(common)}
+    return [f"raft index {i}: the replicas hold {n} different entries" for i, n in variants.items() if n > 1]
 
 
 def converged(replicas: list[dict[str, Any]]) -> bool:

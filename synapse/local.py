@@ -27,8 +27,7 @@ import click
 import yaml
 
 from synapse.client import ClientError, ClusterUnavailable, MasterClient
-from synapse.netns import MasterNet
-from synapse.netns import unavailable as netns_unavailable
+from synapse.netns import MasterNet, Unavailable
 from synapse.tls import TLSFiles, generate
 
 READY_TIMEOUT_S = 60.0
@@ -131,11 +130,10 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         os.chmod(path, 0o600)
     token = token_file.read_text().strip()
     ids = [f"m{i + 1}" for i in range(masters)]
-    if netns:
-        why = netns_unavailable()
-        if why:
-            raise click.ClickException(f"--netns: {why}")
-    net = MasterNet.create(ids) if netns else None
+    try:
+        net = MasterNet.create(ids) if netns else None
+    except Unavailable as exc:
+        raise click.ClickException(f"--netns: {exc}") from None
     hosts = [net.address(i) for i in ids] if net else ["127.0.0.1"] * masters
     replicas = [{"id": rid, "raft": f"{host}:{base_port + 100 + i}", "api": f"{host}:{base_port + i}"}
                 for i, (rid, host) in enumerate(zip(ids, hosts, strict=True))]

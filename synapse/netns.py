@@ -26,17 +26,17 @@ from dataclasses import dataclass
 SUBNET_PREFIX = "10.211"
 
 
+class Unavailable(RuntimeError):
+    """Private networks cannot be built on this machine; the message says why."""
+
+
 def unavailable() -> str:
     """'' when namespaces can be made here, else why not (tried for real: a namespace, a veth pair
     and a bridge, removed again)."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (run the partition nemesis as root)"
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is not installed"
     try:
         MasterNet.create(["probe"]).destroy()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        return f"cannot build a private network here: {exc}"
+    except Unavailable as exc:
+        return str(exc)
     return ""
 
 
@@ -65,6 +65,18 @@ class MasterNet:
 
     @classmethod
     def create(cls, replicas: list[str]) -> MasterNet:
+        """Build the bridge and the namespaces; raises Unavailable (and leaves nothing) if it cannot."""
+        if os.geteuid() != 0:
+            raise Unavailable("network namespaces need root (run the partition nemesis as root)")
+        if shutil.which("ip") is None:
+            raise Unavailable("the `ip` command (iproute2) is not installed")
+        try:
+            return cls._build(replicas)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            raise Unavailable(f"cannot build a private network here: {exc}") from exc
+
+    @classmethod
+    def _build(cls, replicas: list[str]) -> MasterNet:
         net = cls(tag=secrets.token_hex(3), subnet=_free_subnet(), replicas=list(replicas))
         try:
             _ip("link", "add", net.bridge, "type", "bridge")
