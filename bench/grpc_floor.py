@@ -24,9 +24,9 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cpu_seconds  # noqa: E402
+from support.measure import cpu_seconds  # noqa: E402
 
-from synapse.local import free_base_port  # noqa: E402
+from synapse.local.cluster import free_base_port  # noqa: E402
 from synapse.proto import api_pb2, api_pb2_grpc  # noqa: E402
 
 
@@ -97,8 +97,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=6000)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a few seconds, same code path: 300 calls, 4 threads")
     args = parser.parse_args()
-    for kind in ("asyncio", "thread pool", "asyncio", "thread pool"):
+    kinds = ("asyncio", "thread pool", "asyncio", "thread pool")
+    if args.quick:
+        args.calls, args.threads, kinds = 300, 4, kinds[:2]
+    for kind in kinds:
         rate, ms = measure(kind, args.calls, args.threads)
         print(f"{kind:<12} server: {rate:,.0f} calls/s, {ms:.3f} ms of server CPU per call")
 

@@ -6,7 +6,7 @@
 
 (a) Submissions acknowledged per second through gRPC (client library, several threads), with
 p50/p99 latency, next to raw pysyncobj throughput for the same command measured in the same run
-on three bare replica processes (bench/raw_raft.py), and next to the same load on a cluster
+on three bare replica processes (bench/support/raw_raft.py), and next to the same load on a cluster
 that does not flush its journal (durability: none), to show what fsync costs. It also prints the
 CPU time each process spent per submission and how busy the machine was (every process shares
 the same cores here), and runs the same load from one asyncio client straight to the leader, a
@@ -36,12 +36,13 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cpu_seconds, machine_busy, percentile  # noqa: E402
+from support.measure import cpu_seconds, machine_busy, percentile  # noqa: E402
 
-from synapse import codec, local  # noqa: E402
-from synapse import commands as c  # noqa: E402
-from synapse.client import MasterClient  # noqa: E402
-from synapse.model import JobSpec, Resources  # noqa: E402
+from synapse.client.master_client import MasterClient  # noqa: E402
+from synapse.core import codec
+from synapse.core import commands as c  # noqa: E402
+from synapse.core.model import JobSpec, Resources  # noqa: E402
+from synapse.local import cluster as local  # noqa: E402
 
 SPEC = JobSpec(name="bench", tasks=8, resources=Resources(16_000, 64 << 30, 8), command=("python", "train.py"))
 
@@ -107,7 +108,7 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
 def submit_load_asyncio(leader_address: str, token: str, total: int, concurrency: int) -> tuple[float, list[float]]:
     """The same submissions from one asyncio gRPC client straight to the leader: a lighter load
     generator, so more of the shared cores go to the replicas (no failover: a steady leader)."""
-    from synapse.auth import client_metadata
+    from synapse.common.auth import client_metadata
     from synapse.proto import api_pb2, api_pb2_grpc
 
     proto = codec.job_spec_to_proto(SPEC)
@@ -136,7 +137,7 @@ def raw_raft(total: int, threads: int, workdir: Path) -> float:
     base = local.free_base_port(3)
     addrs = [f"127.0.0.1:{base + 100 + i}" for i in range(3)]
     env = {**os.environ, "SYNAPSE_RAFT_PASSWORD": "bench-password"}
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).parent / "raw_raft.py"), a,
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).parent / "support" / "raw_raft.py"), a,
                                ",".join(x for x in addrs if x != a), str(workdir / f"raw{i}")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
              for i, a in enumerate(addrs)]
@@ -202,7 +203,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds, same code path: 200 submits from 4 threads, 1 failover (for CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.submits, args.threads, args.trials = 200, 4, 1
     with tempfile.TemporaryDirectory(prefix="synapse-bench-ha-") as tmp:
         workdir = Path(tmp)
         raw = raw_raft(args.submits, args.threads, workdir)
@@ -259,6 +264,9 @@ def main() -> None:
           f"(gRPC path = {rate / raw:.2f} x raw)")
     print(f"failover (kill -9 leader -> next write acked), {len(failovers)} trials: "
           f"p50 {report['failover_p50_s']} s, max {report['failover_max_s']} s; all: {report['failover_s']}")
+    if args.quick:
+        print("(--quick: sizes too small to judge the targets)")
+        return
     ok = rate >= 1000 and report["submit_p99_ms"] <= 50 and report["failover_p50_s"] <= 1 and \
         report["failover_max_s"] <= 3
     print("targets (>= 1,000/s, p99 <= 50 ms, failover p50 <= 1 s, max <= 3 s):", "met" if ok else "NOT met")

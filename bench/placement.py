@@ -26,13 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile  # noqa: E402
+from support.measure import percentile  # noqa: E402
 
-from synapse import codec  # noqa: E402
-from synapse import commands as c  # noqa: E402
-from synapse.fsm import ClusterState  # noqa: E402
-from synapse.model import JobSpec, Placement, Resources  # noqa: E402
-from synapse.placement import ClusterView, place  # noqa: E402
+from synapse.core import codec  # noqa: E402
+from synapse.core import commands as c  # noqa: E402
+from synapse.core.fsm import ClusterState  # noqa: E402
+from synapse.core.model import JobSpec, Placement, Resources  # noqa: E402
+from synapse.core.placement import ClusterView, place  # noqa: E402
 
 NODE = Resources(64_000, 512 << 30, 8)
 NODES_PER_RACK, RACKS_PER_BLOCK, BLOCKS_PER_ZONE = 32, 8, 4
@@ -143,7 +143,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds, same code path: 1,000 nodes, gangs of 8 and 64, 10 trials")
     args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.gang, args.trials = args.nodes or [1000], args.gang or [8, 64], 10
     report = run(args.nodes or [1000, 10000], args.gang or [8, 64, 256], args.trials, args.seed)
     if args.json:
         print(json.dumps(report))

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from chaos.linearizability import JOBS, Op, check
-from synapse import commands as c
-from synapse.durability import CorruptionError, entry_payload, journal_records
-from synapse.fsm import ClusterState
-from synapse.invariants import node_violations, violations
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState
+from synapse.core.invariants import node_violations, violations
+from synapse.master.durability import CorruptionError, entry_payload, journal_records
 
 #: The full invariant scan (every job and node) runs this often during a replay; the per-node
 #: checks run after every command.

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from chaos.history import History
-from synapse import local
-from synapse.client import MasterClient
-from synapse.netns import MasterNet
-from synapse.netns import unavailable as netns_unavailable
+from synapse.client.master_client import MasterClient
+from synapse.local import cluster as local
+from synapse.local.netns import MasterNet
+from synapse.local.netns import unavailable as netns_unavailable
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Target:
     # -- processes --
 
     def master_alive(self, m: dict) -> bool:
-        return local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"])
+        return local.is_ours(m["pid"], self.data_dir) and local.is_alive(m["pid"])
 
     def leader(self) -> dict | None:
         for m in self.state["masters"]:

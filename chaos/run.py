@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
 from chaos.nemesis import MACHINE_FAULTS, NEEDS_NETNS, NEMESES, Target, unavailable  # noqa: E402
-from synapse import codec, local  # noqa: E402
-from synapse.client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
-from synapse.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
-from synapse.netns import MasterNet  # noqa: E402
+from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
+from synapse.core import codec
+from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
+from synapse.local import cluster as local  # noqa: E402
+from synapse.local.netns import MasterNet  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
 
 HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
@@ -124,7 +125,7 @@ def heal(target: Target) -> None:
         if not target.master_alive(m):
             target.restart_master(m)
     for w in target.state["workers"]:
-        if not (local.is_ours(w["pid"], target.data_dir) and local._alive(w["pid"])):
+        if not (local.is_ours(w["pid"], target.data_dir) and local.is_alive(w["pid"])):
             target.restart_worker(w, GPUS)
     target.wait_leader(30)
 

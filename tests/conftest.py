@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse import local
-from synapse.client import MasterClient
+from synapse.client.master_client import MasterClient
+from synapse.local import cluster as local
 
 
 class LocalCluster:
@@ -30,7 +30,7 @@ class LocalCluster:
 
     def leader_id(self) -> str:
         for m in self.state["masters"]:
-            if local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"]):
+            if local.is_ours(m["pid"], self.data_dir) and local.is_alive(m["pid"]):
                 try:
                     status = self.client.replica_status(m["api_address"])
                 except Exception:  # noqa: BLE001 - a replica going down mid-check
@@ -57,7 +57,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             statuses = []
             for m in self.state["masters"]:
-                if local.is_ours(m["pid"], self.data_dir) and local._alive(m["pid"]):
+                if local.is_ours(m["pid"], self.data_dir) and local.is_alive(m["pid"]):
                     try:
                         statuses.append(self.client.replica_status(m["api_address"], digest=True))
                     except Exception:  # noqa: BLE001 - not answering yet
@@ -75,7 +75,7 @@ class LocalCluster:
         os.kill(pid, sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             deadline = time.monotonic() + 10
-            while local._alive(pid) and time.monotonic() < deadline:
+            while local.is_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
             local._reap(pid)
 
@@ -108,7 +108,7 @@ class LocalCluster:
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 10
-        while local._alive(pid) and time.monotonic() < deadline:
+        while local.is_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         local._reap(pid)
         return pids

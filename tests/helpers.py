@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from synapse import commands as c
-from synapse.fsm import ClusterState
-from synapse.invariants import violations
-from synapse.model import JobSpec, PackMode, Resources, TopologySpec
-from synapse.sim import uniform_cluster
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState
+from synapse.core.invariants import violations
+from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
+from synapse.core.sim import uniform_cluster
 
 GI = 1 << 30
 NODE = Resources(cpu=64_000, memory=512 * GI, gpu=8)

@@ -11,8 +11,8 @@ import json
 import os
 import sys
 
-from synapse import codec
-from synapse.raft import ProposeError, RaftNode, raft_config
+from synapse.core import codec
+from synapse.master.raft import ProposeError, RaftNode, raft_config
 
 
 def main() -> None:

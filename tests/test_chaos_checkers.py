@@ -4,11 +4,11 @@ from pathlib import Path
 
 from chaos import checkers
 from chaos.history import History, read
-from synapse import commands as c
-from synapse.local import free_base_port
-from synapse.model import Placement
-from synapse.raft import RaftNode, raft_config
-from synapse.sim import uniform_cluster
+from synapse.core import commands as c
+from synapse.core.model import Placement
+from synapse.core.sim import uniform_cluster
+from synapse.local.cluster import free_base_port
+from synapse.master.raft import RaftNode, raft_config
 from tests.helpers import spec
 
 
@@ -87,7 +87,7 @@ def test_replay_checks_every_committed_state_and_matches_the_digest(tmp_path, mo
     assert state.jobs["a"].status.value == "SCHEDULED" and state.jobs["b"].status.value == "PENDING"
     # The checker must be able to fail: with the plan re-check broken, the second plan would
     # double-book the node's GPUs, and the replay reports it at the raft index where it happens.
-    from synapse.fsm import ClusterState
+    from synapse.core.fsm import ClusterState
     monkeypatch.setattr(ClusterState, "_plan_problem", lambda self, job, cmd: "")
     _, problems, _ = checkers.replay_replica(tmp_path)
     assert any("over-allocated" in p or "GPU index twice" in p for p in problems), problems

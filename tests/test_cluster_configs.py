@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from synapse.config import ConfigError, load_cluster_config, parse_cluster_config
+from synapse.master.config import ConfigError, load_cluster_config, parse_cluster_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "cluster-configs").glob("*.yaml"))

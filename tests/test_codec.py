@@ -2,9 +2,9 @@ import dataclasses
 
 import pytest
 
-from synapse import codec
-from synapse import commands as c
-from synapse.model import Placement, Resources
+from synapse.core import codec
+from synapse.core import commands as c
+from synapse.core.model import Placement, Resources
 from synapse.proto import commands_pb2
 from tests.helpers import spec
 

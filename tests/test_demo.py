@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from synapse.local import demo, free_base_port
+from synapse.local.cluster import free_base_port
+from synapse.local.demo import demo
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from synapse import codec, local
-from synapse.client import ClientError
-from synapse.durability import CorruptionError, check_journal, fsync_durable, seal, unseal
+from synapse.client.master_client import ClientError
+from synapse.core import codec
+from synapse.local import cluster as local
+from synapse.master.durability import CorruptionError, check_journal, fsync_durable, seal, unseal
 from tests.conftest import LocalCluster
 from tests.helpers import spec
 
@@ -90,7 +91,7 @@ def test_corrupt_journal_is_refused_and_the_replica_rebuilds_from_its_peers(make
 
 
 def test_truncated_journal_is_reported(tmp_path):
-    from synapse.raft import RaftNode, raft_config
+    from synapse.master.raft import RaftNode, raft_config
 
     node = RaftNode("127.0.0.1:1", [], raft_config(bind_address=f"127.0.0.1:{local.free_base_port(1)}",
                                                    data_dir=str(tmp_path), password="pw"))

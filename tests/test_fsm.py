@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from synapse import commands as c
-from synapse.fsm import ClusterState
-from synapse.model import JobStatus, NodeStatus, Placement, Resources, TaskState
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState
+from synapse.core.model import JobStatus, NodeStatus, Placement, Resources, TaskState
 from tests.helpers import GI, NODE, checked, cluster, spec
 
 

@@ -8,8 +8,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synapse.jobfile import JobFileError, check_spec, parse_job
-from synapse.model import JobSpec
+from synapse.core.jobspec import JobFileError, check_spec, parse_job
+from synapse.core.model import JobSpec
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
                     st.text(max_size=30), st.sampled_from(["64Gi", "500m", "2h", "rack", "required", "-1", "1e9"]))

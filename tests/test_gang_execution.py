@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from synapse import codec
-from synapse.model import JobSpec, PackMode, Resources, TopologySpec
+from synapse.core import codec
+from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +161,7 @@ def test_external_runtime_template_receives_the_task(make_cluster, tmp_path):
                     'echo "runtime got task=$2 image=$3"; shift 3; exec "$@"\n')
     fake.chmod(0o755)
     cluster = make_cluster(workers=0)
-    from synapse import local
+    from synapse.local import cluster as local
     pid = local._spawn(local.worker_argv(cluster.data_dir, ",".join(cluster.addresses),
                                          cluster.data_dir / "secrets" / "token", "wr", "rack0", 8, 0.5)
                        + ["--runtime", f"{fake} run {{task_id}} {{image}}"], cluster.data_dir / "logs" / "wr.log")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from synapse import codec
-from synapse.auth import client_metadata
-from synapse.client import MasterClient
+from synapse.client.master_client import MasterClient
+from synapse.common.auth import client_metadata
+from synapse.core import codec
 from synapse.proto import api_pb2, types_pb2
 from tests.helpers import spec
 
@@ -113,8 +113,8 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     import yaml
     from click.testing import CliRunner
 
-    from synapse.cli import main as synctl
-    from synapse.local import free_base_port
+    from synapse.client.synctl import main as synctl
+    from synapse.local.cluster import free_base_port
 
     cluster = make_cluster()
     env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}
@@ -153,8 +153,8 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
 
 
 def test_finished_jobs_are_forgotten_after_the_retention(tmp_path):
-    from synapse import local
-    from synapse.local import free_base_port
+    from synapse.local import cluster as local
+    from synapse.local.cluster import free_base_port
 
     data_dir = tmp_path / "retention"
     state = local.up(data_dir, 3, 0, 1, 8, free_base_port(3), heartbeat=0.5, job_retention="1s")

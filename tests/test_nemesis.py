@@ -11,8 +11,10 @@ import pytest
 
 from chaos.history import History, read
 from chaos.nemesis import NEMESES, Target
-from synapse import codec, local, netns
-from synapse.client import ClientError, ClusterUnavailable, MasterClient
+from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
+from synapse.core import codec
+from synapse.local import cluster as local
+from synapse.local import netns
 from tests.helpers import spec
 
 pytestmark = pytest.mark.slow
@@ -37,7 +39,7 @@ def test_kill_leader_kills_it_and_a_new_leader_serves(target):
     old_pid = before["pid"]
     fault = NEMESES["kill-leader"](t, random.Random(1), history)
     assert fault["targets"] == [before["id"]]
-    assert not local._alive(old_pid) and pids(t, "masters")[before["id"]] != old_pid  # killed, then restarted
+    assert not local.is_alive(old_pid) and pids(t, "masters")[before["id"]] != old_pid  # killed, then restarted
     assert t.client.list_nodes() is not None  # served by a leader elected meanwhile
     history.close()
     assert [r["kind"] for r in read(path) if r["type"] == "fault"] == ["kill-leader"]
@@ -51,7 +53,7 @@ def test_kill_follower_and_minority_restart_new_processes(target):
     f2 = NEMESES["kill-minority"](t, random.Random(3), history)
     after = pids(t, "masters")
     for victim, old, new in [(v, before, middle) for v in f1["targets"]] + [(v, middle, after) for v in f2["targets"]]:
-        assert not local._alive(old[victim]) and new[victim] != old[victim]
+        assert not local.is_alive(old[victim]) and new[victim] != old[victim]
     assert len(f2["targets"]) == 1  # a minority of 3
 
 
@@ -87,11 +89,11 @@ def test_kill_worker_takes_its_tasks_down_and_restart_worker_keeps_them(target):
     # restart-worker: agent dies alone, tasks live on.
     fault = NEMESES["restart-worker"](t, random.Random(5), history)
     survivor = fault["targets"][0]
-    assert all(local._alive(p) for p in running[survivor])
+    assert all(local.is_alive(p) for p in running[survivor])
     # kill-worker: the machine dies, tasks included.
     fault = NEMESES["kill-worker"](t, random.Random(6), history)
     dead = fault["targets"][0]
-    assert not any(local._alive(p) for p in running[dead])
+    assert not any(local.is_alive(p) for p in running[dead])
     history.close()
     lost = [r for r in read(path) if r["type"] == "task" and r["event"] == "lost"]
     assert lost and {r["job"] for r in lost} == {job_id}
@@ -147,7 +149,7 @@ def test_partition_leader_cuts_the_leader_off_from_its_peers_only(make_cluster, 
     assert any(r == old["id"] for r, _ in cut_off)  # the cut-off leader still answers clients
     assert any(r != old["id"] and s == "leader" for r, s in cut_off)  # the others elected a new leader
     assert submitted_while_cut_off  # and clients found it (the cut-off replica sends them away)
-    assert pids(t, "masters")[old["id"]] == old_pid and local._alive(old_pid)  # not killed, only cut off
+    assert pids(t, "masters")[old["id"]] == old_pid and local.is_alive(old_pid)  # not killed, only cut off
     assert not net.isolated(old["id"])
     job_id = t.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="after")))
     deadline = time.monotonic() + 20  # healed: the old leader catches up with the new log
@@ -166,6 +168,8 @@ def test_isolate_on_a_loopback_cluster_says_how_to_get_one_it_can_cut(tmp_path):
 
     from click.testing import CliRunner
 
+    from synapse.local.main import main as synapse_local
+
     (tmp_path / "cluster.json").write_text(json.dumps({"masters": [], "workers": [], "token": "t"}))
-    result = CliRunner().invoke(local.main, ["isolate", "--data-dir", str(tmp_path), "m1"])
+    result = CliRunner().invoke(synapse_local, ["isolate", "--data-dir", str(tmp_path), "m1"])
     assert result.exit_code != 0 and "up --netns" in result.output

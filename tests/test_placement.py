@@ -1,8 +1,8 @@
 """Exact plans from the pure placement engine."""
 
-from synapse import commands as c
-from synapse.model import Placement, Plan, Resources
-from synapse.placement import ClusterView, place
+from synapse.core import commands as c
+from synapse.core.model import Placement, Plan, Resources
+from synapse.core.placement import ClusterView, place
 from tests.helpers import checked, cluster, spec
 
 

@@ -9,12 +9,12 @@ log into a fresh replica, or into one restored from a mid-way snapshot, gives th
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synapse import commands as c
-from synapse.fsm import ClusterState
-from synapse.invariants import violations
-from synapse.model import JobStatus, Placement, Resources
-from synapse.scheduler import schedule_round
-from synapse.sim import uniform_cluster
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState
+from synapse.core.invariants import violations
+from synapse.core.model import JobStatus, Placement, Resources
+from synapse.core.scheduler import schedule_round
+from synapse.core.sim import uniform_cluster
 from tests.helpers import GI, spec
 
 NODES = uniform_cluster(blocks_per_zone=2, racks_per_block=2, nodes_per_rack=2,

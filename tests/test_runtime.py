@@ -3,8 +3,8 @@
 import signal
 import time
 
-from synapse.model import Assignment
-from synapse.runtime import ProcessRuntime, alive, exit_code, stop_all, task_env
+from synapse.core.model import Assignment
+from synapse.worker.runtime import ProcessRuntime, alive, exit_code, stop_all, task_env
 
 
 def assignment(index, command, job="job.with.dots-1"):
@@ -75,9 +75,9 @@ def test_restarted_agent_adopts_a_task_forked_just_before_a_crash(tmp_path):
     import dataclasses
     import json
 
-    from synapse.agent import STATE_FILE, WorkerAgent
-    from synapse.model import Resources
-    from synapse.worker_state import Report
+    from synapse.core.model import Resources
+    from synapse.worker.agent import STATE_FILE, WorkerAgent
+    from synapse.worker.state import Report
 
     forked, never = assignment(0, ["sleep", "30"]), assignment(1, ["sleep", "30"])
     handle = ProcessRuntime(tmp_path).start(forked)

@@ -2,10 +2,10 @@
 
 import random
 
-from synapse.model import JobStatus, Placement, Plan
-from synapse.placement import ClusterView, place
-from synapse.scheduler import schedule_round
-from synapse.sim import Simulator, uniform_cluster
+from synapse.core.model import JobStatus, Placement, Plan
+from synapse.core.placement import ClusterView, place
+from synapse.core.scheduler import schedule_round
+from synapse.core.sim import Simulator, uniform_cluster
 from tests.helpers import spec
 
 

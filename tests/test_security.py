@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse import codec
-from synapse.local import free_base_port
+from synapse.core import codec
+from synapse.local.cluster import free_base_port
 from tests.helpers import spec
 
 pytestmark = pytest.mark.slow
@@ -103,8 +103,8 @@ def test_a_worker_may_act_only_for_its_own_node(make_cluster):
     """RegisterNode hands out a credential for that node; another node's calls are refused."""
     import grpc
 
-    from synapse.auth import client_metadata
-    from synapse.client import ClientError
+    from synapse.client.master_client import ClientError
+    from synapse.common.auth import client_metadata
     from synapse.proto import api_pb2, types_pb2
 
     cluster = make_cluster()
@@ -143,10 +143,10 @@ def test_tls_cluster_with_mtls_workers(tmp_path):
     a worker's certificate is good for its own node only."""
     import grpc
 
-    from synapse import local
-    from synapse.client import MasterClient, TLSError
+    from synapse.client.master_client import MasterClient, TLSError
+    from synapse.common.tls import TLSFiles, channel_credentials, generate
+    from synapse.local import cluster as local
     from synapse.proto import api_pb2, types_pb2
-    from synapse.tls import TLSFiles, channel_credentials, generate
 
     data_dir = tmp_path / "tls-cluster"
     state = local.up(data_dir, 3, 2, 1, 8, free_base_port(3), heartbeat=0.5, tls=True)

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from synapse.cli import main
+from synapse.client.synctl import main
 from tests.test_master_ha import register, wait_status
 
 JOB = """\

@@ -2,9 +2,9 @@
 
 import signal
 
-from synapse.model import Assignment
-from synapse.runtime import Handle
-from synapse.worker_state import (
+from synapse.core.model import Assignment
+from synapse.worker.runtime import Handle
+from synapse.worker.state import (
     AssignmentsReceived,
     Report,
     ReportsAcknowledged,

@@ -1,0 +1,1 @@
+"""What the benchmarks share: measurement helpers and helper processes (not benchmarks themselves)."""

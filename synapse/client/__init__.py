@@ -1,0 +1,1 @@
+"""What runs in a user's process: the client library (`master_client`), `synctl`, job files."""

@@ -1,0 +1,438 @@
+"""`synctl`: the command-line client. Every command works against any master address.
+
+Errors are one clear line on stderr and a non-zero exit: 2 for bad input (an invalid job file,
+an unknown id), 3 when the cluster cannot be reached, 4 for refused credentials, 1 for a job
+that ended other than SUCCEEDED under `submit --wait`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+import grpc
+import yaml
+
+from synapse.client.jobfile import load_job_file
+from synapse.client.master_client import (
+    AuthError,
+    ClientError,
+    ClusterUnavailable,
+    MasterClient,
+    TLSError,
+    new_request_id,
+)
+from synapse.common.cli import CONTEXT_SETTINGS, version_option
+from synapse.common.cli import fail as common_fail
+from synapse.common.tls import TLSFiles
+from synapse.core import codec
+from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.quantity import format_cpu, format_memory
+from synapse.proto import api_pb2, api_pb2_grpc
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class Context:
+    def __init__(self, masters: str, token: str, timeout: float, tls: TLSFiles) -> None:
+        self.masters, self.token, self.timeout, self.tls = masters, token, timeout, tls
+        self._client: MasterClient | None = None
+
+    @property
+    def client(self) -> MasterClient:
+        if self._client is None:
+            if not self.masters:
+                fail("no masters given: use --masters host:port[,host:port…] or set SYNAPSE_MASTERS", 2)
+            self._client = MasterClient(self.masters, self.token, deadline=self.timeout, tls=self.tls)
+        return self._client
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    common_fail("synctl", message, code)
+
+
+def run(action: Callable[[], Any]) -> Any:
+    """Run a client action, turning its failures into one line and an exit code."""
+    try:
+        return action()
+    except TLSError as exc:
+        fail(f"TLS failed: {exc.message} (check --ca / SYNAPSE_CA, --cert, --key)", 4)
+    except AuthError as exc:
+        fail(f"authentication failed: {exc.message} (check --token / SYNAPSE_TOKEN)", 4)
+    except ClientError as exc:
+        prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected"}
+        fail(f"{prefix.get(exc.code, exc.code.name.lower())}: {exc.message}", 2)
+    except ClusterUnavailable as exc:
+        fail(f"cluster unreachable: {exc}", 3)
+
+
+def emit(data: Any, output: str, table: Callable[[Any], str]) -> None:
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+    elif output == "yaml":
+        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+    else:
+        click.echo(table(data))
+
+
+def render_table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
+    spec = codec.job_spec_from_proto(info.spec)
+    return {
+        "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
+        "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
+        "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
+                      "gpu": spec.resources.gpu},
+        "topology": {"pack": spec.topology.pack or "lowest", "mode": spec.topology.mode.value},
+        "command": list(spec.command), "request_id": info.request_id,
+        "submitted_at": info.submitted_at, "started_at": info.started_at or None,
+        "finished_at": info.finished_at or None,
+        "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
+                   "exit_code": t.exit_code if t.has_exit_code else None} for t in info.tasks],
+        "waiting": info.waiting or None, "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
+        "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in info.events],
+    }
+
+
+def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
+    capacity, used = codec.resources_from_proto(n.capacity), codec.resources_from_proto(n.used)
+    return {"id": n.id, "address": n.address, "topology": "/".join(n.topology), "status": n.status,
+            "schedulable": n.schedulable, "gpus": capacity.gpu, "gpus_used": used.gpu,
+            "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
+            "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
+            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
+
+
+def when(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
+                      show_default=True, help="output format")
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@version_option("synctl")
+@click.option("--masters", envvar="SYNAPSE_MASTERS", default="",
+              help="comma-separated master API addresses (any replica works) [env: SYNAPSE_MASTERS]")
+@click.option("--token", envvar="SYNAPSE_TOKEN", default="", help="cluster token [env: SYNAPSE_TOKEN]")
+@click.option("--timeout", type=float, default=30.0, show_default=True,
+              help="seconds to keep trying (across failovers) before giving up")
+@click.option("--ca", envvar="SYNAPSE_CA", default="", help="CA of the masters' TLS certificates [env: SYNAPSE_CA]")
+@click.option("--cert", envvar="SYNAPSE_CERT", default="", help="client certificate, if the cluster wants one")
+@click.option("--key", envvar="SYNAPSE_KEY", default="", help="its private key")
+@click.pass_context
+def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, cert: str, key: str) -> None:
+    """Submit and inspect gang jobs on a Synapse cluster."""
+    ctx.obj = Context(masters, token, timeout, TLSFiles(ca, cert, key))
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@click.argument("command", nargs=-1)
+@click.option("--request-id", help="idempotency key: the same id always yields the same job")
+@click.option("--wait", is_flag=True, help="follow the job until it ends; exit 0 only if it SUCCEEDED")
+@click.option("--name", help="job name (shorthand without a file)")
+@click.option("--tasks", type=int, help="gang size")
+@click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
+@click.option("--mem", "--memory", "memory", help="memory per task, e.g. 16Gi")
+@click.option("--gpu", type=int, help="GPUs per task")
+@click.option("--image", help="container image for an external runtime")
+@click.option("--pack", help="topology level to pack the gang in (rack, block, zone, node)")
+@click.option("--required", is_flag=True, help="wait rather than spread beyond --pack")
+@click.option("--priority", type=int)
+@click.option("--max-restarts", type=int)
+@click.option("--time-limit", help="e.g. 2h; lets the job backfill ahead of a reservation")
+@click.option("--env", "env", multiple=True, help="NAME=value (repeatable)")
+@OUTPUT
+@click.pass_obj
+def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
+           output: str, **flags: Any) -> None:
+    """Submit a job file, or a one-off job from flags: `submit --tasks 2 --gpu 1 -- python x.py`."""
+    shorthand = bool(command) or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu", "name",
+                                                                     "image"))
+    try:
+        if shorthand:
+            spec = parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags))
+        elif job_file:
+            spec = load_job_file(job_file)
+        else:
+            raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
+    except JobFileError as exc:
+        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}", 2)
+    rid = request_id or new_request_id()
+    job_id = run(lambda: obj.client.submit(codec.job_spec_to_proto(spec), request_id=rid))
+    if output == "table":
+        click.echo(job_id)
+    else:
+        emit({"id": job_id, "request_id": rid}, output, str)
+    if wait:
+        sys.exit(_follow(obj, job_id, quiet=output != "table"))
+
+
+def _flags_to_doc(argv: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    if not argv:
+        raise JobFileError("command", "give a job file, or a command after -- (e.g. -- python train.py)")
+    doc: dict[str, Any] = {"name": flags["name"] or os.path.basename(argv[0]).replace(" ", "-")[:40] or "job",
+                           "command": argv, "tasks": flags["tasks"] or 1, "resources": {}}
+    for key, field in (("cpu", "cpu"), ("memory", "memory"), ("gpu", "gpu")):
+        if flags[key] is not None:
+            doc["resources"][field] = flags[key]
+    for key in ("image", "priority", "max_restarts", "time_limit"):
+        if flags[key] is not None:
+            doc[key] = flags[key]
+    if flags["pack"]:
+        doc["topology"] = {"pack": flags["pack"], "mode": "required" if flags["required"] else "preferred"}
+    env = {}
+    for item in flags["env"]:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise JobFileError("env", f"expected NAME=value, got {item!r}")
+        env[key] = value
+    if env:
+        doc["env"] = env
+    return doc
+
+
+def _follow(obj: Context, job_id: str, quiet: bool = False) -> int:
+    seen_events = 0
+    while True:
+        info = run(lambda: obj.client.get_job(job_id))
+        for event in info.events[seen_events:]:
+            if not quiet:
+                click.echo(f"{when(event.at)}  {event.kind:<10} {event.message}")
+        seen_events = len(info.events)
+        if info.status in TERMINAL:
+            return 0 if info.status == "SUCCEEDED" else 1
+        time.sleep(0.25)
+
+
+@main.group()
+def get() -> None:
+    """List jobs or nodes."""
+
+
+@get.command("jobs")
+@click.option("--status", multiple=True, help="only jobs in this status (repeatable)")
+@OUTPUT
+@click.pass_obj
+def get_jobs(obj: Context, status: tuple[str, ...], output: str) -> None:
+    """List jobs, oldest first."""
+    jobs = [job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status]))]
+    emit(jobs, output, lambda rows: render_table(
+        ["ID", "NAME", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
+        [[j["id"], j["name"], j["status"], j["attempt"], j["tasks_requested"], j["resources"]["gpu"],
+          when(j["submitted_at"])] for j in rows]))
+
+
+@get.command("nodes")
+@OUTPUT
+@click.pass_obj
+def get_nodes(obj: Context, output: str) -> None:
+    """List nodes with their capacity and use."""
+    nodes = [node_dict(n) for n in run(obj.client.list_nodes)]
+    emit(nodes, output, lambda rows: render_table(
+        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "CPU", "MEMORY", "TASKS", "ADDRESS"],
+        [[n["id"], n["status"], "yes" if n["schedulable"] else "no", n["topology"],
+          f"{n['gpus_used']}/{n['gpus']}", f"{n['cpu_used']}/{n['cpu']}", f"{n['memory_used']}/{n['memory']}",
+          n["live_tasks"], n["address"]] for n in rows]))
+
+
+@main.group()
+def describe() -> None:
+    """Show one object in detail."""
+
+
+@describe.command("job")
+@click.argument("job_id")
+@OUTPUT
+@click.pass_obj
+def describe_job(obj: Context, job_id: str, output: str) -> None:
+    """Status, attempt, placement, events, and for a pending job why it waits."""
+    job = job_dict(run(lambda: obj.client.get_job(job_id)))
+    emit(job, output, _describe_table)
+
+
+def _describe_table(j: dict[str, Any]) -> str:
+    r = j["resources"]
+    lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}",
+             f"Attempt:    {j['attempt']} of {j['max_restarts'] + 1}",
+             f"Gang:       {j['tasks_requested']} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
+             f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
+             f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
+             f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
+             f"Finished: {when(j['finished_at'])}"]
+    if j["waiting"]:
+        lines.append(f"Waiting:    {j['waiting']}")
+        lines += [f"  - {s}" for s in j["shortfalls"]]
+    if j["reservation"]:
+        lines.append(f"Reserved:   {j['reservation']}")
+    if j["tasks"]:
+        lines += ["Tasks:", "  " + render_table(["INDEX", "RANK", "NODE", "GPUS", "STATE", "EXIT"], [
+            [t["index"], t["rank"], t["node"], ",".join(map(str, t["gpus"])) or "-", t["state"],
+             "-" if t["exit_code"] is None else t["exit_code"]] for t in j["tasks"]]).replace("\n", "\n  ")]
+    lines += ["Events:"] + [f"  {when(e['at'])}  {e['kind']:<10} {e['message']}" for e in j["events"]]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--task", "task_index", type=int, help="only this task index (default: all)")
+@click.option("--attempt", type=int, help="attempt number (default: the latest that ran)")
+@click.option("-f", "--follow", is_flag=True, help="keep printing while the tasks run")
+@click.pass_obj
+def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None, follow: bool) -> None:
+    """Print a job's task output, read straight from the workers that ran it."""
+    info = run(lambda: obj.client.get_job(job_id))
+    placed = {a.attempt: list(a.nodes) for a in info.attempts}
+    if not placed:
+        fail(f"job {job_id} has not run yet ({info.status})", 2)
+    attempt = attempt or max(placed)
+    if attempt not in placed:
+        fail(f"job {job_id} has no attempt {attempt} that ran (attempts: {sorted(placed)})", 2)
+    nodes = placed[attempt]
+    indices = [task_index] if task_index is not None else list(range(len(nodes)))
+    if any(not 0 <= i < len(nodes) for i in indices):
+        fail(f"job {job_id} has tasks 0..{len(nodes) - 1}", 2)
+    addresses = {n.id: n.address for n in run(obj.client.list_nodes)}
+    prefix = len(indices) > 1
+
+    def stream(index: int) -> None:
+        node = nodes[index]
+        channel = grpc.insecure_channel(addresses.get(node, ""))
+        request = api_pb2.ReadLogRequest(job_id=job_id, attempt=attempt, index=index, follow=follow)
+        try:
+            for chunk in api_pb2_grpc.WorkerStub(channel).ReadLog(request, metadata=obj.client.metadata):
+                text = chunk.data.decode(errors="replace")
+                if prefix:
+                    text = "".join(f"[task {index}] {line}" for line in text.splitlines(keepends=True))
+                click.echo(text, nl=False)
+        except grpc.RpcError as exc:
+            click.echo(f"synctl: task {index} on {node}: {exc.details() or exc.code().name}", err=True)
+        finally:
+            channel.close()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in indices] if follow else []
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not follow:
+        for i in indices:
+            stream(i)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--reason", default="", help="recorded in the job's events")
+@click.pass_obj
+def cancel(obj: Context, job_id: str, reason: str) -> None:
+    """Cancel a job: pending jobs end at once, running gangs are stopped first."""
+    click.echo(f"{job_id}: {run(lambda: obj.client.cancel(job_id, reason))}")
+
+
+def _schedulable(obj: Context, node_id: str, schedulable: bool) -> None:
+    run(lambda: obj.client.call("SetSchedulable", api_pb2.SetSchedulableRequest(node_id=node_id,
+                                                                               schedulable=schedulable)))
+
+
+@main.command()
+@click.argument("node_id")
+@click.pass_obj
+def cordon(obj: Context, node_id: str) -> None:
+    """Stop placing new tasks on a node (running ones stay)."""
+    _schedulable(obj, node_id, False)
+    click.echo(f"{node_id}: cordoned")
+
+
+@main.command()
+@click.argument("node_id")
+@click.pass_obj
+def uncordon(obj: Context, node_id: str) -> None:
+    """Allow new tasks on a node again."""
+    _schedulable(obj, node_id, True)
+    click.echo(f"{node_id}: schedulable")
+
+
+@main.command()
+@click.argument("node_id")
+@click.pass_obj
+def drain(obj: Context, node_id: str) -> None:
+    """Cordon a node and stop every gang with a task on it (they are requeued)."""
+    reply = run(lambda: obj.client.call("DrainNode", api_pb2.DrainNodeRequest(node_id=node_id)))
+    click.echo(f"{node_id}: drained; stopped {len(reply.jobs_stopped)} job(s)"
+               + (": " + ", ".join(reply.jobs_stopped) if reply.jobs_stopped else ""))
+
+
+@main.group()
+def cluster() -> None:
+    """The master replicas."""
+
+
+@cluster.command("status")
+@OUTPUT
+@click.pass_obj
+def cluster_status(obj: Context, output: str) -> None:
+    """Every replica: role, term, commit and applied index, and who is reachable."""
+    client = obj.client
+    replicas = []
+    for address in list(client.addresses):
+        try:
+            s = client.replica_status(address, digest=True)
+            replicas.append({"id": s.id, "address": address, "reachable": True, "state": s.state, "term": s.term,
+                             "commit_index": s.commit_index, "applied_index": s.applied_index,
+                             "commands_applied": s.commands_applied, "digest": s.digest[:12],
+                             "leader": s.leader_api or None, "connected_to": list(s.connected)})
+        except (ClientError, ClusterUnavailable) as exc:
+            replicas.append({"id": None, "address": address, "reachable": False, "error": str(exc)})
+    leaders = [r for r in replicas if r.get("state") == "leader"]
+    if not any(r["reachable"] for r in replicas):
+        fail("cluster unreachable: no master answered", 3)
+    top = max(leaders, key=lambda r: r["term"]) if leaders else None
+    data = {"leader": {"id": top["id"], "address": top["address"]} if top else None,
+            "term": top["term"] if top else max((r.get("term", 0) for r in replicas), default=0),
+            "replicas": replicas}
+    emit(data, output, lambda d: (f"leader: {d['leader']['id']} at {d['leader']['address']} (term {d['term']})"
+                                  if d["leader"] else "leader: none") + "\n" + render_table(
+        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "DIGEST", "REACHABLE"],
+        [[r.get("id") or "?", r["address"], r.get("state", "-"), r.get("term", "-"), r.get("commit_index", "-"),
+          r.get("applied_index", "-"), r.get("digest", "-"), "yes" if r["reachable"] else "no"]
+         for r in d["replicas"]]))
+
+
+@cluster.command("add-master")
+@click.option("--id", "replica_id", required=True, help="the new replica's id")
+@click.option("--raft", "raft_address", required=True, help="its Raft address, host:port")
+@click.option("--api", "api_address", required=True, help="its API address, host:port")
+@click.pass_obj
+def add_master(obj: Context, replica_id: str, raft_address: str, api_address: str) -> None:
+    """Add a master replica (one at a time), then start its process with a cluster file listing it."""
+    reply = run(lambda: obj.client.call("AddReplica", api_pb2.MembershipRequest(
+        id=replica_id, raft_address=raft_address, api_address=api_address)))
+    click.echo(reply.message)
+
+
+@cluster.command("remove-master")
+@click.option("--id", "replica_id", required=True, help="the replica to remove")
+@click.option("--raft", "raft_address", default="", help="its Raft address if the cluster does not know it")
+@click.pass_obj
+def remove_master(obj: Context, replica_id: str, raft_address: str) -> None:
+    """Remove a master replica (e.g. a dead one being replaced); stop its process afterwards."""
+    reply = run(lambda: obj.client.call("RemoveReplica", api_pb2.MembershipRequest(
+        id=replica_id, raft_address=raft_address)))
+    click.echo(reply.message)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""What several processes share at their edges: authentication, TLS, logging, command lines."""

@@ -1,0 +1,241 @@
+"""Conversions between domain objects and protobuf messages: flat `x_to_proto` / `x_from_proto` pairs.
+
+This is the only module that knows both worlds. Decoding never trusts its input: a malformed or
+unknown command raises `CodecError`, which the state machine turns into a rejection.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+
+from synapse.core import commands as c
+from synapse.core.model import Assignment, Job, JobSpec, Node, PackMode, Placement, Resources, TopologySpec
+from synapse.proto import api_pb2, commands_pb2, types_pb2
+
+#: Version of the command encoding written by this code. Bump it when a change would make an older
+#: replica apply a newer command differently; apply refuses versions above the one it knows.
+COMMAND_VERSION = 1
+
+
+class CodecError(ValueError):
+    """Bytes that are not a command this version understands."""
+
+
+def resources_to_proto(r: Resources) -> types_pb2.Resources:
+    return types_pb2.Resources(cpu_millis=r.cpu, memory_bytes=r.memory, gpu=r.gpu)
+
+
+def resources_from_proto(p: types_pb2.Resources) -> Resources:
+    return Resources(cpu=p.cpu_millis, memory=p.memory_bytes, gpu=p.gpu)
+
+
+def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(
+        name=spec.name, tasks=spec.tasks, resources=resources_to_proto(spec.resources),
+        command=list(spec.command), env=dict(spec.env),
+        topology=types_pb2.TopologySpec(pack=spec.topology.pack, mode=spec.topology.mode.value),
+        priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
+        image=spec.image)
+
+
+def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
+    try:
+        mode = PackMode(p.topology.mode or PackMode.PREFERRED.value)
+    except ValueError as exc:
+        raise CodecError(f"topology.mode must be preferred or required, not {p.topology.mode!r}") from exc
+    return JobSpec(
+        name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
+        command=tuple(p.command), env=tuple(sorted(p.env.items())),
+        topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image)
+
+
+def placement_to_proto(pl: Placement) -> types_pb2.Placement:
+    return types_pb2.Placement(index=pl.index, node_id=pl.node_id, gpus=list(pl.gpus), rank=pl.rank)
+
+
+def placement_from_proto(p: types_pb2.Placement) -> Placement:
+    return Placement(index=p.index, node_id=p.node_id, gpus=tuple(p.gpus), rank=p.rank)
+
+
+def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
+    env = commands_pb2.Command(version=COMMAND_VERSION, at=cmd.at, term=cmd.term)
+    match cmd:
+        case c.RegisterNode():
+            env.register_node.CopyFrom(commands_pb2.RegisterNode(
+                node_id=cmd.node_id, address=cmd.address, topology=list(cmd.topology),
+                capacity=resources_to_proto(cmd.capacity)))
+        case c.NodeDown():
+            env.node_down.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
+        case c.NodeUp():
+            env.node_up.CopyFrom(commands_pb2.NodeUp(node_id=cmd.node_id))
+        case c.SetSchedulable():
+            env.set_schedulable.CopyFrom(commands_pb2.SetSchedulable(
+                node_id=cmd.node_id, schedulable=cmd.schedulable))
+        case c.SubmitJob():
+            env.submit_job.CopyFrom(commands_pb2.SubmitJob(
+                job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
+        case c.CommitPlan():
+            env.commit_plan.CopyFrom(commands_pb2.CommitPlan(
+                job_id=cmd.job_id, attempt=cmd.attempt,
+                placements=[placement_to_proto(p) for p in cmd.placements]))
+        case c.TaskStarted():
+            env.task_started.CopyFrom(commands_pb2.TaskStarted(
+                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
+        case c.TaskExited():
+            env.task_exited.CopyFrom(commands_pb2.TaskExited(
+                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id,
+                exit_code=cmd.exit_code, reason=cmd.reason))
+        case c.CancelJob():
+            env.cancel_job.CopyFrom(commands_pb2.CancelJob(job_id=cmd.job_id, reason=cmd.reason))
+        case c.FailAttempt():
+            env.fail_attempt.CopyFrom(commands_pb2.FailAttempt(
+                job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final))
+        case c.Barrier():
+            env.barrier.CopyFrom(commands_pb2.Barrier(reason=cmd.reason))
+        case c.ForgetJobs():
+            env.forget_jobs.CopyFrom(commands_pb2.ForgetJobs(job_ids=list(cmd.job_ids)))
+        case c.SetReplica():
+            env.set_replica.CopyFrom(commands_pb2.SetReplica(id=cmd.id, raft_address=cmd.raft_address,
+                                                             api_address=cmd.api_address, removed=cmd.removed))
+        case _:
+            raise CodecError(f"unknown command type {type(cmd).__name__}")
+    return env
+
+
+def command_from_proto(env: commands_pb2.Command) -> c.Command:
+    if env.version == 0 or env.version > COMMAND_VERSION:
+        raise CodecError(f"command version {env.version} is not supported (this replica knows "
+                         f"1..{COMMAND_VERSION})")
+    kind = env.WhichOneof("body")
+    base = {"at": env.at, "term": env.term}
+    match kind:
+        case "register_node":
+            b = env.register_node
+            return c.RegisterNode(node_id=b.node_id, address=b.address, topology=tuple(b.topology),
+                                  capacity=resources_from_proto(b.capacity), **base)
+        case "node_down":
+            return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
+        case "node_up":
+            return c.NodeUp(node_id=env.node_up.node_id, **base)
+        case "set_schedulable":
+            b = env.set_schedulable
+            return c.SetSchedulable(node_id=b.node_id, schedulable=b.schedulable, **base)
+        case "submit_job":
+            b = env.submit_job
+            return c.SubmitJob(job_id=b.job_id, request_id=b.request_id,
+                               spec=job_spec_from_proto(b.spec), **base)
+        case "commit_plan":
+            b = env.commit_plan
+            return c.CommitPlan(job_id=b.job_id, attempt=b.attempt,
+                                placements=tuple(placement_from_proto(p) for p in b.placements), **base)
+        case "task_started":
+            b = env.task_started
+            return c.TaskStarted(job_id=b.job_id, attempt=b.attempt, index=b.index,
+                                 node_id=b.node_id, **base)
+        case "task_exited":
+            b = env.task_exited
+            return c.TaskExited(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id,
+                                exit_code=b.exit_code, reason=b.reason, **base)
+        case "cancel_job":
+            return c.CancelJob(job_id=env.cancel_job.job_id, reason=env.cancel_job.reason, **base)
+        case "fail_attempt":
+            b = env.fail_attempt
+            return c.FailAttempt(job_id=b.job_id, attempt=b.attempt, reason=b.reason,
+                                 final=b.final, **base)
+        case "barrier":
+            return c.Barrier(reason=env.barrier.reason, **base)
+        case "forget_jobs":
+            return c.ForgetJobs(job_ids=tuple(env.forget_jobs.job_ids), **base)
+        case "set_replica":
+            b = env.set_replica
+            return c.SetReplica(id=b.id, raft_address=b.raft_address, api_address=b.api_address,
+                                removed=b.removed, **base)
+        case _:
+            raise CodecError(f"command has no known body (got {kind!r})")
+
+
+def encode_command(cmd: c.Command) -> bytes:
+    """The bytes that go into the Raft log for `cmd`."""
+    return command_to_proto(cmd).SerializeToString()
+
+
+def encode_batch(cmds: list[c.Command]) -> bytes:
+    """One log entry carrying several commands (group commit)."""
+    env = commands_pb2.Command(version=COMMAND_VERSION)
+    env.batch.commands.extend(command_to_proto(cmd) for cmd in cmds)
+    return env.SerializeToString()
+
+
+def _parse(data: bytes) -> commands_pb2.Command:
+    env = commands_pb2.Command()
+    try:
+        env.ParseFromString(data)
+    except (DecodeError, TypeError, ValueError) as exc:
+        raise CodecError(f"malformed command: {exc}") from exc
+    return env
+
+
+def decode_command(data: bytes) -> c.Command:
+    """The command in `data`; raises CodecError on anything malformed or unknown."""
+    return command_from_proto(_parse(data))
+
+
+def decode_entry(data: bytes) -> list[c.Command | CodecError]:
+    """The commands of one log entry: one, or a batch's. A sub-command that does not decode
+    comes back as its CodecError, so the others still apply; a batch inside a batch is refused."""
+    env = _parse(data)
+    if env.WhichOneof("body") != "batch":
+        return [command_from_proto(env)]
+    if env.version == 0 or env.version > COMMAND_VERSION:
+        raise CodecError(f"command version {env.version} is not supported")
+    out: list[c.Command | CodecError] = []
+    for sub in env.batch.commands:
+        try:
+            if sub.WhichOneof("body") == "batch":
+                raise CodecError("a batch must not contain a batch")
+            out.append(command_from_proto(sub))
+        except CodecError as exc:
+            out.append(exc)
+    return out
+
+
+# ---- API messages (read side) -------------------------------------------------------------------
+
+
+def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
+                reservation: str = "") -> api_pb2.JobInfo:
+    return api_pb2.JobInfo(
+        id=job.id, spec=job_spec_to_proto(job.spec), status=job.status.value, attempt=job.attempt,
+        request_id=job.request_id, submitted_at=job.submitted_at, started_at=job.started_at,
+        finished_at=job.finished_at, waiting=waiting, shortfalls=list(shortfalls), reservation=reservation,
+        tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),
+                                state=t.state.value, exit_code=t.exit_code or 0,
+                                has_exit_code=t.exit_code is not None, attempt=t.attempt) for t in job.tasks],
+        events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
+        attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
+                  for a, nodes in sorted(job.placements.items())])
+
+
+def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:
+    return api_pb2.NodeInfo(
+        id=node.id, address=node.address, topology=list(node.topology),
+        capacity=resources_to_proto(node.capacity), used=resources_to_proto(node.used),
+        gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,
+        live_tasks=live_tasks)
+
+
+def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
+    return api_pb2.Assignment(
+        job_id=a.job_id, attempt=a.attempt, index=a.index, rank=a.rank, world_size=a.world_size,
+        local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
+        master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
+        env=dict(a.env), image=a.image, stop=a.stop)
+
+
+def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
+    return Assignment(
+        job_id=p.job_id, attempt=p.attempt, index=p.index, rank=p.rank, world_size=p.world_size,
+        local_rank=p.local_rank, local_world_size=p.local_world_size, node_rank=p.node_rank,
+        master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
+        env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop)

@@ -1,0 +1,126 @@
+"""The commands of the replicated log, as domain objects.
+
+Each command carries everything apply needs: ids, timestamps (`at`, the proposer's clock) and, for
+leader-only commands, the proposer's Raft term (`term`), so apply is a pure function of the state
+and the command. `codec.py` turns them into the versioned protobuf envelope that goes into the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from synapse.core.model import JobSpec, Placement, Resources
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    at: float  #: proposer's wall clock, seconds since the epoch
+    term: int = 0  #: proposing leader's term; 0 for commands that any replica may forward
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterNode(Command):
+    node_id: str
+    address: str
+    topology: tuple[str, ...]
+    capacity: Resources
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeDown(Command):
+    node_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeUp(Command):
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetSchedulable(Command):
+    node_id: str
+    schedulable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitJob(Command):
+    job_id: str
+    request_id: str
+    spec: JobSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitPlan(Command):
+    job_id: str
+    attempt: int
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStarted(Command):
+    job_id: str
+    attempt: int
+    index: int
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskExited(Command):
+    job_id: str
+    attempt: int
+    index: int
+    node_id: str
+    exit_code: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelJob(Command):
+    job_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailAttempt(Command):
+    job_id: str
+    attempt: int
+    reason: str
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Barrier(Command):
+    """Changes nothing; committing it proves the proposer still leads (see api.proto)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetReplica(Command):
+    """Records a master replica's addresses (or its removal) in the replicated directory."""
+
+    id: str
+    raft_address: str
+    api_address: str
+    removed: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetJobs(Command):
+    """Drop finished jobs from the state (retention); unfinished ones are left alone."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""
+
+    ok: bool
+    error: str = ""
+    value: str = ""  #: e.g. the job id of a submission
+
+    @classmethod
+    def rejected(cls, error: str) -> Result:
+        return cls(False, error)

@@ -1,0 +1,584 @@
+"""The cluster state machine: the only source of truth, replicated by Raft, changed only by `apply`.
+
+Every replica applies the same commands in the same order and must reach the same state, so apply
+is deterministic: no clock, no randomness, no leadership checks, no I/O. Ids, timestamps and the
+proposer's term arrive inside the command. Apply never raises (an exception inside a pysyncobj
+replicated method stops that replica from applying for good): every handler validates first and
+mutates after, and a rejected command changes nothing but the applied-command counter.
+
+Resources are freed only when the work is known to be gone: when a task's worker reports it
+stopped (TaskExited) or its node is declared DOWN. Asking a gang to stop (a failed task, a
+cancellation) only moves the job to STOPPING; its tasks keep their resources until they are gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from synapse.core import codec
+from synapse.core import commands as c
+from synapse.core.commands import Result
+from synapse.core.model import (
+    DEFAULT_LABEL,
+    DEFAULT_LEVELS,
+    Event,
+    Job,
+    JobSpec,
+    JobStatus,
+    Node,
+    NodeStatus,
+    PackMode,
+    Resources,
+    Task,
+    TaskState,
+    TopologySpec,
+)
+from synapse.core.topology import CapacityIndex
+
+log = logging.getLogger(__name__)
+
+#: Events kept per job; older ones are dropped (the first, "submitted", is always kept).
+MAX_EVENTS_PER_JOB = 200
+SNAPSHOT_VERSION = 1
+
+
+class ClusterState:
+    """Nodes, jobs and tasks, plus the indexes placement needs. Mutated only through `apply`."""
+
+    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+        self.levels = tuple(levels)  #: topology level names, widest first; fixed for the cluster
+        self.nodes: dict[str, Node] = {}  #: by node id; apply only
+        self.jobs: dict[str, Job] = {}  #: by job id; apply only
+        self.job_by_request: dict[str, str] = {}  #: client request id -> job id; apply only
+        self.pending: SortedList = SortedList()  #: (queue_key, job id) of PENDING jobs; apply only
+        self.live_tasks: dict[str, set[tuple[str, int, int]]] = {}  #: node id -> live task keys
+        self.applied = 0  #: commands applied (accepted or rejected); apply only
+        self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
+        #: commands applied other than submissions and barriers (local: not in snapshots). While it
+        #: stands still, only new jobs have joined the queue, and a scheduling round that placed
+        #: nothing need not look at the jobs it already saw (see scheduler.RoundMemo).
+        self.other_changes = 0
+        self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
+        #: master replicas added at run time: id -> (raft address, api address); apply only
+        self.replicas: dict[str, tuple[str, str]] = {}
+        self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
+        self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
+        self._handlers: dict[type, Callable[[Any], Result]] = {
+            c.RegisterNode: self._register_node, c.NodeDown: self._node_down,
+            c.NodeUp: self._node_up, c.SetSchedulable: self._set_schedulable,
+            c.SubmitJob: self._submit_job, c.CommitPlan: self._commit_plan,
+            c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
+            c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
+            c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
+            c.ForgetJobs: self._forget_jobs,
+        }
+
+    # ---- the one door ---------------------------------------------------------------------------
+
+    def apply_bytes(self, data: bytes) -> Result:
+        """Decode a single-command log entry and apply it; malformed entries are rejected."""
+        return self.apply_entry(data)[0][1]
+
+    def apply_entry(self, data: bytes) -> list[tuple[c.Command | None, Result]]:
+        """Apply every command of a log entry (one, or a batch's, in order) with its result.
+
+        A command that does not decode is rejected (and counted) like any other rejection.
+        """
+        try:
+            cmds = codec.decode_entry(data)
+        except codec.CodecError as exc:
+            cmds = [exc]
+        out: list[tuple[c.Command | None, Result]] = []
+        for cmd in cmds:
+            if isinstance(cmd, codec.CodecError):
+                self.applied += 1
+                out.append((None, Result.rejected(str(cmd))))
+            else:
+                out.append((cmd, self.apply(cmd)))
+        return out
+
+    def apply(self, cmd: c.Command) -> Result:
+        """Apply one command. Deterministic; never raises; a rejection changes nothing."""
+        self.applied += 1
+        if not isinstance(cmd, (c.SubmitJob, c.Barrier)):
+            self.other_changes += 1
+        try:
+            if cmd.term:
+                if cmd.term < self.max_term:
+                    return Result.rejected(f"stale leader: command from term {cmd.term}, "
+                                           f"term {self.max_term} already seen")
+                self.max_term = cmd.term
+            handler = self._handlers.get(type(cmd))
+            if handler is None:
+                return Result.rejected(f"unknown command type {type(cmd).__name__}")
+            return handler(cmd)
+        except Exception as exc:  # noqa: BLE001 - see the module docstring: apply must not raise
+            log.exception("apply failed cmd=%s applied=%d", type(cmd).__name__, self.applied)
+            return Result.rejected(f"internal error applying {type(cmd).__name__}: {exc!r}")
+
+    # ---- nodes ----------------------------------------------------------------------------------
+
+    def _register_node(self, cmd: c.RegisterNode) -> Result:
+        if not cmd.node_id:
+            return Result.rejected("node id must not be empty")
+        if cmd.capacity.is_negative():
+            return Result.rejected(f"node {cmd.node_id}: capacity must not be negative")
+        if len(cmd.topology) > len(self.levels):
+            return Result.rejected(f"node {cmd.node_id}: topology {'/'.join(cmd.topology)} has more "
+                                   f"levels than the cluster's {'/'.join(self.levels)}")
+        if any(not label or "/" in label for label in cmd.topology):
+            return Result.rejected(f"node {cmd.node_id}: topology labels must be non-empty, without '/'")
+        topology = (DEFAULT_LABEL,) * (len(self.levels) - len(cmd.topology)) + tuple(cmd.topology)
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            node = Node(id=cmd.node_id, address=cmd.address, topology=topology,
+                        capacity=cmd.capacity, registered_at=cmd.at, status_changed_at=cmd.at)
+            self.nodes[node.id] = node
+            self.live_tasks[node.id] = set()
+            self.index.update(node)
+            self._note_capacity(node.capacity)
+            return Result(True, value="registered")
+        if not node.used.fits_in(cmd.capacity) or any(g >= cmd.capacity.gpu for g in node.gpus_in_use):
+            return Result.rejected(f"node {node.id}: new capacity is below what its live tasks use")
+        node.address, node.topology, node.capacity = cmd.address, topology, cmd.capacity
+        self._note_capacity(node.capacity)
+        if node.status is NodeStatus.DOWN:
+            node.status, node.status_changed_at = NodeStatus.READY, cmd.at
+        self.index.update(node)
+        return Result(True, value="re-registered")
+
+    def _note_capacity(self, capacity: Resources) -> None:
+        """Keep `largest` (a hint for rejecting tasks no node could ever hold; it never shrinks)."""
+        self.largest = Resources(max(self.largest.cpu, capacity.cpu), max(self.largest.memory, capacity.memory),
+                                 max(self.largest.gpu, capacity.gpu))
+
+    def _node_down(self, cmd: c.NodeDown) -> Result:
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return Result.rejected(f"unknown node {cmd.node_id}")
+        if node.status is NodeStatus.DOWN:
+            return Result(True, value="already down")
+        node.status, node.status_changed_at = NodeStatus.DOWN, cmd.at
+        reason = f"node {node.id} down" + (f": {cmd.reason}" if cmd.reason else "")
+        for job_id, _attempt, index in sorted(self.live_tasks[node.id]):
+            job = self.jobs[job_id]
+            self._end_task(job.tasks[index], TaskState.LOST, None, cmd.at)
+            self._stop_attempt(job, f"failed: task {index} lost ({reason})", cmd.at)
+            self._maybe_end_attempt(job, cmd.at)
+        self.index.update(node)
+        return Result(True)
+
+    def _node_up(self, cmd: c.NodeUp) -> Result:
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return Result.rejected(f"unknown node {cmd.node_id}")
+        if node.status is NodeStatus.READY:
+            return Result(True, value="already ready")
+        node.status, node.status_changed_at = NodeStatus.READY, cmd.at
+        self.index.update(node)
+        return Result(True)
+
+    def _set_schedulable(self, cmd: c.SetSchedulable) -> Result:
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return Result.rejected(f"unknown node {cmd.node_id}")
+        node.schedulable = cmd.schedulable
+        self.index.update(node)
+        return Result(True)
+
+    def _set_replica(self, cmd: c.SetReplica) -> Result:
+        if not cmd.id:
+            return Result.rejected("replica id must not be empty")
+        if cmd.removed:
+            self.replicas.pop(cmd.id, None)
+            return Result(True)
+        if not cmd.raft_address or not cmd.api_address:
+            return Result.rejected(f"replica {cmd.id}: raft and api addresses are required")
+        self.replicas[cmd.id] = (cmd.raft_address, cmd.api_address)
+        return Result(True)
+
+    # ---- jobs -----------------------------------------------------------------------------------
+
+    def validate_spec(self, spec: JobSpec) -> str:
+        """Why a job spec can never be accepted, or '' when it is well formed."""
+        if not spec.name:
+            return "name must not be empty"
+        if spec.tasks < 1:
+            return f"tasks must be at least 1, not {spec.tasks}"
+        if spec.resources.is_negative():
+            return "resources must not be negative"
+        if spec.resources == Resources():
+            return "a task must ask for some cpu, memory or gpu"
+        if not spec.command:
+            return "command must not be empty"
+        if spec.max_restarts < 0:
+            return "max_restarts must not be negative"
+        if spec.time_limit < 0:
+            return "time_limit must not be negative"
+        if spec.topology.pack and spec.topology.pack not in (*self.levels, "node"):
+            return (f"topology.pack must be one of {', '.join((*self.levels, 'node'))}, "
+                    f"not {spec.topology.pack!r}")
+        return ""
+
+    def _submit_job(self, cmd: c.SubmitJob) -> Result:
+        if cmd.request_id and cmd.request_id in self.job_by_request:
+            return Result(True, value=self.job_by_request[cmd.request_id])
+        if not cmd.job_id:
+            return Result.rejected("job id must not be empty")
+        if cmd.job_id in self.jobs:
+            return Result.rejected(f"job id {cmd.job_id} already exists")
+        problem = self.validate_spec(cmd.spec)
+        if problem:
+            return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
+        self.job_seq += 1
+        job = Job(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, submitted_at=cmd.at,
+                  seq=self.job_seq)
+        self.jobs[job.id] = job
+        if cmd.request_id:
+            self.job_by_request[cmd.request_id] = job.id
+        self.pending.add((job.queue_key(), job.id))
+        self._event(job, cmd.at, "Submitted",
+                    f"{cmd.spec.tasks} task(s), attempt 1 of {cmd.spec.max_restarts + 1}")
+        return Result(True, value=job.id)
+
+    def _commit_plan(self, cmd: c.CommitPlan) -> Result:
+        job = self.jobs.get(cmd.job_id)
+        if job is None:
+            return Result.rejected(f"unknown job {cmd.job_id}")
+        problem = self._plan_problem(job, cmd)
+        if problem:
+            return Result.rejected(f"plan for job {job.id} attempt {cmd.attempt} rejected: {problem}")
+        per_task = job.spec.resources
+        job.tasks = []
+        for p in sorted(cmd.placements, key=lambda p: p.index):
+            node = self.nodes[p.node_id]
+            task = Task(job_id=job.id, attempt=job.attempt, index=p.index, node_id=node.id,
+                        resources=per_task, gpus=tuple(p.gpus), rank=p.rank)
+            job.tasks.append(task)
+            node.used = node.used + per_task
+            node.gpus_in_use.update(p.gpus)
+            self.live_tasks[node.id].add(task.key)
+        for node_id in {p.node_id for p in cmd.placements}:
+            self.index.update(self.nodes[node_id])
+        self.pending.remove((job.queue_key(), job.id))
+        job.status = JobStatus.SCHEDULED
+        job.placements[job.attempt] = tuple(t.node_id for t in job.tasks)
+        nodes = sorted({p.node_id for p in cmd.placements})
+        self._event(job, cmd.at, "Scheduled",
+                    f"attempt {job.attempt}: {len(cmd.placements)} task(s) on {len(nodes)} node(s): "
+                    + ", ".join(nodes[:8]) + (" …" if len(nodes) > 8 else ""))
+        return Result(True)
+
+    def _plan_problem(self, job: Job, cmd: c.CommitPlan) -> str:
+        """Everything that makes a gang plan invalid against the current state, or ''."""
+        if job.status is not JobStatus.PENDING:
+            return f"job is {job.status.value}, not PENDING"
+        if cmd.attempt != job.attempt:
+            return f"plan is for attempt {cmd.attempt}, job is at attempt {job.attempt}"
+        n = job.spec.tasks
+        if len(cmd.placements) != n:
+            return f"plan places {len(cmd.placements)} task(s), the gang has {n}"
+        if sorted(p.index for p in cmd.placements) != list(range(n)):
+            return "task indices must be exactly 0..tasks-1"
+        if sorted(p.rank for p in cmd.placements) != list(range(n)):
+            return "ranks must be exactly 0..tasks-1"
+        per_task = job.spec.resources
+        demand: dict[str, int] = {}
+        gpus: dict[str, set[int]] = {}
+        for p in cmd.placements:
+            node = self.nodes.get(p.node_id)
+            if node is None:
+                return f"unknown node {p.node_id}"
+            if node.status is not NodeStatus.READY:
+                return f"node {node.id} is {node.status.value}"
+            if not node.schedulable:
+                return f"node {node.id} is cordoned"
+            if len(p.gpus) != per_task.gpu or len(set(p.gpus)) != len(p.gpus):
+                return f"task {p.index} must get {per_task.gpu} distinct GPU index(es)"
+            taken = gpus.setdefault(node.id, set())
+            for g in p.gpus:
+                if not 0 <= g < node.capacity.gpu:
+                    return f"node {node.id} has no GPU {g}"
+                if g in node.gpus_in_use or g in taken:
+                    return f"GPU {g} of node {node.id} is already in use"
+                taken.add(g)
+            demand[node.id] = demand.get(node.id, 0) + 1
+        for node_id, count in demand.items():
+            node = self.nodes[node_id]
+            need = per_task.scaled(count)
+            if not need.fits_in(node.free):
+                return (f"node {node_id} lacks {', '.join(need.short_of(node.free))} for "
+                        f"{count} task(s)")
+        topo = job.spec.topology
+        if topo.mode is PackMode.REQUIRED and topo.pack:
+            depth = len(self.levels) + 1 if topo.pack == "node" else self.levels.index(topo.pack) + 1
+            domains = {(self.nodes[n].topology + (n,))[:depth] for n in demand}
+            if len(domains) > 1:
+                return f"topology {topo.pack} is required but the plan spans {len(domains)} of them"
+        return ""
+
+    def _task_started(self, cmd: c.TaskStarted) -> Result:
+        job, task, problem = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+        if problem:
+            return Result.rejected(problem)
+        if task.state is not TaskState.ASSIGNED:
+            return Result(True, value=f"task already {task.state.value}")
+        task.state, task.started_at = TaskState.RUNNING, cmd.at
+        if job.status is JobStatus.SCHEDULED and all(t.started_at for t in job.tasks):
+            job.status, job.started_at = JobStatus.RUNNING, cmd.at
+            self._event(job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
+                                                f"{job.attempt} started")
+        return Result(True)
+
+    def _task_exited(self, cmd: c.TaskExited) -> Result:
+        job, task, problem = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+        if problem:
+            return Result.rejected(problem)
+        if not task.state.live:
+            return Result(True, value=f"task already {task.state.value}")
+        if not task.started_at:
+            task.started_at = cmd.at
+        self._end_task(task, TaskState.EXITED, cmd.exit_code, cmd.at)
+        if cmd.exit_code != 0:
+            why = f"failed: task {task.index} exited with code {cmd.exit_code}"
+            self._stop_attempt(job, why + (f" ({cmd.reason})" if cmd.reason else ""), cmd.at)
+        self._maybe_end_attempt(job, cmd.at)
+        return Result(True)
+
+    def _cancel_job(self, cmd: c.CancelJob) -> Result:
+        job = self.jobs.get(cmd.job_id)
+        if job is None:
+            return Result.rejected(f"unknown job {cmd.job_id}")
+        if job.status.terminal:
+            return Result(True, value=f"already {job.status.value}")
+        reason = "cancelled" + (f": {cmd.reason}" if cmd.reason else "")
+        job.cancel_requested = True
+        if job.status is JobStatus.PENDING:
+            self._finish(job, JobStatus.CANCELLED, reason, cmd.at)
+            return Result(True)
+        self._stop_attempt(job, reason, cmd.at)
+        self._maybe_end_attempt(job, cmd.at)
+        return Result(True)
+
+    def _fail_attempt(self, cmd: c.FailAttempt) -> Result:
+        job = self.jobs.get(cmd.job_id)
+        if job is None:
+            return Result.rejected(f"unknown job {cmd.job_id}")
+        if cmd.attempt != job.attempt or job.status.terminal:
+            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, "
+                                   f"not at attempt {cmd.attempt}")
+        if job.status is JobStatus.PENDING:
+            if not cmd.final:
+                return Result.rejected(f"job {job.id} is PENDING; only a final failure applies")
+            self._finish(job, JobStatus.FAILED, f"failed: {cmd.reason}", cmd.at)
+            return Result(True)
+        if cmd.final:
+            job.final_failure = True
+        self._stop_attempt(job, f"failed: {cmd.reason}", cmd.at)
+        self._maybe_end_attempt(job, cmd.at)
+        return Result(True)
+
+    def _forget_jobs(self, cmd: c.ForgetJobs) -> Result:
+        forgotten = 0
+        for job_id in cmd.job_ids:
+            job = self.jobs.get(job_id)
+            if job is None or not job.status.terminal:
+                continue
+            del self.jobs[job_id]
+            if job.request_id and self.job_by_request.get(job.request_id) == job_id:
+                del self.job_by_request[job.request_id]
+            forgotten += 1
+        return Result(True, value=str(forgotten))
+
+    # ---- transitions shared by the handlers ------------------------------------------------------
+
+    def _find_task(self, job_id: str, attempt: int, index: int,
+                   node_id: str) -> tuple[Job, Task, str]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None, None, f"unknown job {job_id}"  # type: ignore[return-value]
+        if attempt != job.attempt or not job.tasks:
+            return job, None, (f"stale report: job {job_id} is at attempt {job.attempt} "  # type: ignore[return-value]
+                               f"({job.status.value}), report is for attempt {attempt}")
+        if not 0 <= index < len(job.tasks):
+            return job, None, f"job {job_id} has no task {index}"  # type: ignore[return-value]
+        task = job.tasks[index]
+        if task.node_id != node_id:
+            return job, task, f"task {index} of job {job_id} runs on {task.node_id}, not {node_id}"
+        return job, task, ""
+
+    def _end_task(self, task: Task, state: TaskState, exit_code: int | None, at: float) -> None:
+        """The task is gone: give its resources back."""
+        node = self.nodes[task.node_id]
+        node.used = node.used - task.resources
+        node.gpus_in_use.difference_update(task.gpus)
+        self.live_tasks[node.id].discard(task.key)
+        task.state, task.exit_code, task.ended_at = state, exit_code, at
+        self.index.update(node)
+
+    def _stop_attempt(self, job: Job, reason: str, at: float) -> None:
+        """Ask every task of the attempt to stop; they keep their resources until gone."""
+        if job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            job.status, job.stop_reason = JobStatus.STOPPING, reason
+            self._event(job, at, "Stopping", f"attempt {job.attempt} {reason}")
+
+    def _maybe_end_attempt(self, job: Job, at: float) -> None:
+        """Once no task of the attempt is live: succeed, fail, cancel or requeue the job."""
+        if not job.status.has_gang or any(t.state.live for t in job.tasks):
+            return
+        if job.status is not JobStatus.STOPPING:
+            self._finish(job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
+        elif job.cancel_requested:
+            self._finish(job, JobStatus.CANCELLED, job.stop_reason, at)
+        elif job.attempt > job.restarts_allowed():
+            self._finish(job, JobStatus.FAILED,
+                         f"{job.stop_reason}; no restarts left ({job.attempt} attempt(s))", at)
+        else:
+            job.attempt += 1
+            job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
+            self.pending.add((job.queue_key(), job.id))
+            self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
+
+    def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
+        if job.status is JobStatus.PENDING:
+            self.pending.discard((job.queue_key(), job.id))
+        job.status, job.finished_at = status, at
+        self._event(job, at, status.value.capitalize(), reason)
+
+    @staticmethod
+    def _event(job: Job, at: float, kind: str, message: str) -> None:
+        job.events.append(Event(at, kind, message))
+        if len(job.events) > MAX_EVENTS_PER_JOB:
+            del job.events[1]
+
+    # ---- reads ----------------------------------------------------------------------------------
+
+    def pending_jobs(self, start: int = 0) -> Iterator[Job]:
+        """PENDING jobs in queue order (priority, then submission time), from position `start`."""
+        for _, job_id in self.pending.islice(start):
+            yield self.jobs[job_id]
+
+    def tasks_on_node(self, node_id: str) -> list[tuple[Task, bool]]:
+        """Live tasks on a node with whether each is still wanted (False: it must be stopped)."""
+        out = []
+        for job_id, _attempt, index in sorted(self.live_tasks.get(node_id, ())):
+            job = self.jobs[job_id]
+            wanted = job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING)
+            out.append((job.tasks[index], wanted))
+        return out
+
+    # ---- snapshots and digests ------------------------------------------------------------------
+
+    def to_snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data (JSON-able); indexes are left out and rebuilt on load."""
+        return {
+            "version": SNAPSHOT_VERSION, "levels": list(self.levels), "applied": self.applied,
+            "max_term": self.max_term, "job_seq": self.job_seq,
+            "replicas": {k: list(v) for k, v in sorted(self.replicas.items())},
+            "nodes": [_node_to_dict(n) for n in sorted(self.nodes.values(), key=lambda n: n.id)],
+            "jobs": [_job_to_dict(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> ClusterState:
+        if data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
+        state = cls(tuple(data["levels"]))
+        state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
+        state.replicas = {k: (v[0], v[1]) for k, v in data.get("replicas", {}).items()}
+        for nd in data["nodes"]:
+            node = _node_from_dict(nd)
+            state.nodes[node.id] = node
+            state.live_tasks[node.id] = set()
+            state.index.update(node)
+            state._note_capacity(node.capacity)
+        for jd in data["jobs"]:
+            job = _job_from_dict(jd)
+            state.jobs[job.id] = job
+            if job.request_id:
+                state.job_by_request[job.request_id] = job.id
+            if job.status is JobStatus.PENDING:
+                state.pending.add((job.queue_key(), job.id))
+            for task in job.tasks:
+                if task.state.live:
+                    state.live_tasks[task.node_id].add(task.key)
+        return state
+
+    def digest(self) -> str:
+        """A hash of the whole state: equal on replicas that applied the same commands."""
+        return snapshot_digest(self.to_snapshot())
+
+
+def snapshot_digest(snapshot: dict[str, Any]) -> str:
+    """The digest of a state's snapshot (hash it outside any lock: it is a pass over everything)."""
+    blob = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _res(r: Resources) -> list[int]:
+    return [r.cpu, r.memory, r.gpu]
+
+
+def _node_to_dict(n: Node) -> dict[str, Any]:
+    return {"id": n.id, "address": n.address, "topology": list(n.topology),
+            "capacity": _res(n.capacity), "used": _res(n.used), "gpus_in_use": sorted(n.gpus_in_use),
+            "status": n.status.value, "schedulable": n.schedulable,
+            "registered_at": n.registered_at, "status_changed_at": n.status_changed_at}
+
+
+def _node_from_dict(d: dict[str, Any]) -> Node:
+    return Node(id=d["id"], address=d["address"], topology=tuple(d["topology"]),
+                capacity=Resources(*d["capacity"]), used=Resources(*d["used"]),
+                gpus_in_use=set(d["gpus_in_use"]), status=NodeStatus(d["status"]),
+                schedulable=d["schedulable"], registered_at=d["registered_at"],
+                status_changed_at=d["status_changed_at"])
+
+
+def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
+    return {"name": s.name, "tasks": s.tasks, "resources": _res(s.resources),
+            "command": list(s.command), "env": [list(kv) for kv in s.env],
+            "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
+            "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image}
+
+
+def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
+    return JobSpec(name=d["name"], tasks=d["tasks"], resources=Resources(*d["resources"]),
+                   command=tuple(d["command"]), env=tuple((k, v) for k, v in d["env"]),
+                   topology=TopologySpec(d["pack"], PackMode(d["mode"])), priority=d["priority"],
+                   max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"])
+
+
+def _task_to_dict(t: Task) -> dict[str, Any]:
+    return {"index": t.index, "node_id": t.node_id, "resources": _res(t.resources),
+            "gpus": list(t.gpus), "rank": t.rank, "state": t.state.value, "exit_code": t.exit_code,
+            "started_at": t.started_at, "ended_at": t.ended_at}
+
+
+def _job_to_dict(j: Job) -> dict[str, Any]:
+    return {"id": j.id, "spec": _spec_to_dict(j.spec), "request_id": j.request_id,
+            "submitted_at": j.submitted_at, "seq": j.seq, "status": j.status.value,
+            "attempt": j.attempt, "tasks": [_task_to_dict(t) for t in j.tasks],
+            "started_at": j.started_at, "finished_at": j.finished_at, "stop_reason": j.stop_reason,
+            "cancel_requested": j.cancel_requested, "final_failure": j.final_failure,
+            "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
+            "events": [[e.at, e.kind, e.message] for e in j.events]}
+
+
+def _job_from_dict(d: dict[str, Any]) -> Job:
+    job = Job(id=d["id"], spec=_spec_from_dict(d["spec"]), request_id=d["request_id"],
+              submitted_at=d["submitted_at"], seq=d["seq"], status=JobStatus(d["status"]),
+              attempt=d["attempt"], started_at=d["started_at"], finished_at=d["finished_at"],
+              stop_reason=d["stop_reason"], cancel_requested=d["cancel_requested"],
+              final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]],
+              placements={a: tuple(nodes) for a, nodes in d["placements"]})
+    job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
+                      resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
+                      state=TaskState(t["state"]), exit_code=t["exit_code"],
+                      started_at=t["started_at"], ended_at=t["ended_at"]) for t in d["tasks"]]
+    return job

@@ -1,0 +1,153 @@
+"""Job specs: parsing a job document and validating a spec, with errors that name the field and why.
+
+The same checks guard every entry point: `synctl submit` runs them before sending (reading the
+file is `synapse.client.jobfile`), and the master runs `check_spec` on every SubmitJob request, so
+a bad job never reaches the replicated log.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
+from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
+
+#: Limits on what one job may carry; they keep the log and the API's messages small.
+MAX_NAME = 63
+MAX_TASKS = 100_000
+MAX_GPUS_PER_TASK = 1024
+MAX_COMMAND_ARGS = 1024
+MAX_ARG_CHARS = 8192
+MAX_ENV_ENTRIES = 512
+MAX_ENV_CHARS = 8192
+MAX_RESTARTS = 1000
+MAX_PRIORITY = 1_000_000
+MAX_IMAGE_CHARS = 1024
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
+           "time_limit", "image"}
+
+
+class JobFileError(ValueError):
+    """A job file or spec that cannot be accepted; `field` names where."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+        self.why = why
+
+
+def _int(doc: dict, field: str, default: int, low: int, high: int, path: str = "") -> int:
+    value = doc.get(field, default)
+    name = path or field
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobFileError(name, f"must be a whole number, not {value!r}")
+    if not low <= value <= high:
+        raise JobFileError(name, f"must be between {low} and {high}, not {value}")
+    return value
+
+
+def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> JobSpec:
+    """A JobSpec from a parsed job file (a mapping); raises JobFileError naming the field."""
+    if not isinstance(doc, dict):
+        raise JobFileError("(file)", "a job file must be a YAML mapping of fields")
+    unknown = sorted(set(map(str, doc)) - _FIELDS)
+    if unknown:
+        raise JobFileError(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise JobFileError("name", "is required and must be a string")
+    tasks = _int(doc, "tasks", 1, 1, MAX_TASKS)
+    resources = doc.get("resources", {}) or {}
+    if not isinstance(resources, dict):
+        raise JobFileError("resources", "must be a mapping such as {cpu: 4, memory: 16Gi, gpu: 1}")
+    bad = sorted(set(map(str, resources)) - {"cpu", "memory", "gpu"})
+    if bad:
+        raise JobFileError(f"resources.{bad[0]}", "unknown resource (known: cpu, memory, gpu)")
+    try:
+        cpu = parse_cpu(resources.get("cpu", 1))
+    except QuantityError as exc:
+        raise JobFileError("resources.cpu", str(exc)) from None
+    try:
+        memory = parse_memory(resources.get("memory", 0))
+    except QuantityError as exc:
+        raise JobFileError("resources.memory", str(exc)) from None
+    gpu = _int(resources, "gpu", 0, 0, MAX_GPUS_PER_TASK, "resources.gpu")
+    command = doc.get("command")
+    if isinstance(command, str):
+        command = shlex.split(command)
+    if not isinstance(command, list) or not command or not all(isinstance(a, str | int | float) for a in command):
+        raise JobFileError("command", "is required: a list of strings such as [python, train.py]")
+    env = doc.get("env", {}) or {}
+    if not isinstance(env, dict):
+        raise JobFileError("env", "must be a mapping of NAME: value")
+    topology = doc.get("topology", {}) or {}
+    if not isinstance(topology, dict):
+        raise JobFileError("topology", "must be a mapping such as {pack: rack, mode: preferred}")
+    bad = sorted(set(map(str, topology)) - {"pack", "mode"})
+    if bad:
+        raise JobFileError(f"topology.{bad[0]}", "unknown field (known: pack, mode)")
+    mode_text = str(topology.get("mode", "preferred"))
+    try:
+        mode = PackMode(mode_text)
+    except ValueError:
+        raise JobFileError("topology.mode", f"must be preferred or required, not {mode_text!r}") from None
+    try:
+        time_limit = parse_duration(doc["time_limit"]) if doc.get("time_limit") is not None else 0.0
+    except QuantityError as exc:
+        raise JobFileError("time_limit", str(exc)) from None
+    image = doc.get("image", "") or ""
+    if not isinstance(image, str):
+        raise JobFileError("image", "must be a string")
+    spec = JobSpec(
+        name=name, tasks=tasks, resources=Resources(cpu, memory, gpu),
+        command=tuple(str(a) for a in command),
+        env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+        topology=TopologySpec(str(topology.get("pack", "") or ""), mode),
+        priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
+        max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
+        time_limit=time_limit, image=image)
+    check_spec(spec, levels)
+    return spec
+
+
+def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack")) -> None:
+    """Raise JobFileError if a spec (from a file, flags or an RPC) breaks any rule or limit."""
+    if not spec.name or len(spec.name) > MAX_NAME or not _NAME_RE.match(spec.name):
+        raise JobFileError("name", f"must be 1-{MAX_NAME} characters of letters, digits, '.', '_' or '-', "
+                                   f"starting with a letter or digit, not {spec.name!r}")
+    if not 1 <= spec.tasks <= MAX_TASKS:
+        raise JobFileError("tasks", f"must be between 1 and {MAX_TASKS}, not {spec.tasks}")
+    r = spec.resources
+    if r.cpu < 0 or r.memory < 0 or r.gpu < 0:
+        raise JobFileError("resources", "must not be negative")
+    if r.gpu > MAX_GPUS_PER_TASK:
+        raise JobFileError("resources.gpu", f"must be at most {MAX_GPUS_PER_TASK}")
+    if r == Resources():
+        raise JobFileError("resources", "a task must ask for some cpu, memory or gpu")
+    if not spec.command or len(spec.command) > MAX_COMMAND_ARGS:
+        raise JobFileError("command", f"must have 1 to {MAX_COMMAND_ARGS} arguments")
+    if any(len(a) > MAX_ARG_CHARS for a in spec.command):
+        raise JobFileError("command", f"an argument is longer than {MAX_ARG_CHARS} characters")
+    if len(spec.env) > MAX_ENV_ENTRIES:
+        raise JobFileError("env", f"has more than {MAX_ENV_ENTRIES} entries")
+    for key, value in spec.env:
+        if not _ENV_KEY_RE.match(key):
+            raise JobFileError(f"env.{key}", "is not a valid variable name")
+        if len(key) + len(value) > MAX_ENV_CHARS:
+            raise JobFileError(f"env.{key}", f"is longer than {MAX_ENV_CHARS} characters")
+    if spec.topology.pack and spec.topology.pack not in (*levels, "node"):
+        raise JobFileError("topology.pack", f"must be one of {', '.join((*levels, 'node'))}, "
+                                            f"not {spec.topology.pack!r}")
+    if not 0 <= spec.max_restarts <= MAX_RESTARTS:
+        raise JobFileError("max_restarts", f"must be between 0 and {MAX_RESTARTS}")
+    if abs(spec.priority) > MAX_PRIORITY:
+        raise JobFileError("priority", f"must be between {-MAX_PRIORITY} and {MAX_PRIORITY}")
+    if not 0 <= spec.time_limit <= 366 * 86400 or spec.time_limit != spec.time_limit:
+        raise JobFileError("time_limit", "must be between 0 and 366 days")
+    if len(spec.image) > MAX_IMAGE_CHARS:
+        raise JobFileError("image", f"is longer than {MAX_IMAGE_CHARS} characters")
+

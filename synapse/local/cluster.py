@@ -1,0 +1,262 @@
+"""A whole cluster on this machine, as separate background processes (`synapse-local`).
+
+`up` generates the Raft password and the cluster token, writes `DIR/cluster.yaml` (the same format
+an operator deploys) and `DIR/cluster.json` (what it started, with pids), and returns once a leader
+exists and every worker is registered. `down` stops exactly the processes listed in
+`cluster.json`, each only if its command line still names this data dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
+from synapse.common.tls import TLSFiles, generate
+from synapse.local.netns import MasterNet, Unavailable
+
+READY_TIMEOUT_S = 60.0
+
+
+def free_base_port(masters: int, low: int = 20000, high: int = 40000) -> int:
+    """A base port whose API (base+i) and Raft (base+100+i) ports are all free now."""
+    import random
+
+    for _ in range(500):
+        base = random.randrange(low, high, 10)
+        if all(_port_free(p) for p in [base + i for i in range(masters)] + [base + 100 + i for i in range(masters)]):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_ours(pid: int, data_dir: Path) -> bool:
+    """True while `pid` is alive and is a process this data dir started (not a reused pid)."""
+    return str(data_dir) in _cmdline(pid)
+
+
+def _spawn(argv: list[str], log_path: Path) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid
+
+
+def master_argv(config_path: Path, replica_id: str) -> list[str]:
+    return [sys.executable, "-m", "synapse.master", "--config", str(config_path), "--id", replica_id]
+
+
+def worker_argv(data_dir: Path, masters: str, token_file: Path, worker_id: str, rack: str, gpus: int,
+                heartbeat: float) -> list[str]:
+    argv = [sys.executable, "-m", "synapse.worker", "--masters", masters, "--token-file", str(token_file),
+            "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
+            "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
+            "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat), "--stop-grace", "3",
+            "--stop-tasks-on-exit"]
+    tls_dir = data_dir / "tls"
+    if (tls_dir / "ca.pem").exists():  # a --tls cluster: the worker's own certificate (CN = its id)
+        argv += ["--ca", str(tls_dir / "ca.pem"), "--cert", str(tls_dir / f"worker-{worker_id}.pem"),
+                 "--key", str(tls_dir / f"worker-{worker_id}-key.pem")]
+    return argv
+
+
+def client_tls(state: dict[str, Any]) -> TLSFiles:
+    """The TLS files a client of this local cluster uses (none for a plain cluster)."""
+    return TLSFiles(state.get("ca", ""), state.get("cert", ""), state.get("key", ""))
+
+
+def load_state(data_dir: Path) -> dict[str, Any]:
+    path = data_dir / "cluster.json"
+    if not path.exists():
+        raise click.ClickException(f"no local cluster in {data_dir} (no cluster.json)")
+    return json.loads(path.read_text())
+
+
+def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
+       heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
+       min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False) -> dict[str, Any]:
+    """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
+    its own network namespace with its own address (see synapse.netns; needs root)."""
+    data_dir = data_dir.resolve()
+    if (data_dir / "cluster.json").exists():
+        running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
+        if running:
+            raise click.ClickException(f"a local cluster is already running in {data_dir}; "
+                                       "run `synapse-local down` first")
+    if masters not in (1, 3, 5):
+        raise click.ClickException("--masters must be 1, 3 or 5")
+    ports = [base_port + i for i in range(masters)] + [base_port + 100 + i for i in range(masters)]
+    busy = [] if netns else [p for p in ports if not _port_free(p)]  # namespaces have their own ports
+    if busy:
+        raise click.ClickException(f"ports {busy} are in use; choose another --base-port")
+    secrets_dir = data_dir / "secrets"
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(secrets_dir, 0o700)
+    token_file, password_file = secrets_dir / "token", secrets_dir / "raft-password"
+    for path in (token_file, password_file):
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+        os.chmod(path, 0o600)
+    token = token_file.read_text().strip()
+    ids = [f"m{i + 1}" for i in range(masters)]
+    try:
+        net = MasterNet.create(ids) if netns else None
+    except Unavailable as exc:
+        raise click.ClickException(f"--netns: {exc}") from None
+    hosts = [net.address(i) for i in ids] if net else ["127.0.0.1"] * masters
+    replicas = [{"id": rid, "raft": f"{host}:{base_port + 100 + i}", "api": f"{host}:{base_port + i}"}
+                for i, (rid, host) in enumerate(zip(ids, hosts, strict=True))]
+    config_path = data_dir / "cluster.yaml"
+    doc: dict[str, Any] = {
+        "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
+        "raft_password": {"file": str(password_file)}, "token": {"file": str(token_file)},
+        "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
+        "durability": durability, "min_free_disk": min_free_disk, "job_retention": job_retention,
+        "replicas": replicas}
+    tls_dir = data_dir / "tls"
+    if tls:
+        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)])
+        doc["tls"] = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "server.pem"),
+                      "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True}
+    config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    state: dict[str, Any] = {"masters": [], "workers": [], "token": token, "data_dir": str(data_dir),
+                             "ca": str(tls_dir / "ca.pem") if tls else "",
+                             "cert": str(tls_dir / "client.pem") if tls else "",
+                             "key": str(tls_dir / "client-key.pem") if tls else ""}
+    if net:
+        state["netns"] = net.to_dict()
+        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))  # so `down` removes it
+    for r in replicas:
+        argv = master_argv(config_path, r["id"])
+        pid = _spawn(net.command(r["id"], argv) if net else argv, data_dir / "logs" / f"{r['id']}.log")
+        state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"], "pid": pid,
+                                 "data_dir": str(data_dir / "masters" / r["id"])})
+    (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+    addresses = ",".join(r["api"] for r in replicas)
+    client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S, tls=client_tls(state))
+    try:
+        client.list_nodes()  # answers once a leader is elected and ready
+        for i in range(workers):
+            worker_id, rack = f"w{i + 1}", f"rack{i % max(1, racks)}"
+            pid = _spawn(worker_argv(data_dir, addresses, token_file, worker_id, rack, gpus, heartbeat),
+                         data_dir / "logs" / f"{worker_id}.log")
+            state["workers"].append({"id": worker_id, "pid": pid, "rack": rack})
+        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+        _wait_for_workers(client, [w["id"] for w in state["workers"]])
+    except (ClientError, ClusterUnavailable, click.ClickException) as exc:
+        down(data_dir)
+        raise click.ClickException(
+            f"the local cluster did not come up: {exc}; logs are in {data_dir / 'logs'}") from None
+    except BaseException:
+        down(data_dir)  # whatever went wrong, leave nothing running
+        raise
+    finally:
+        client.close()
+    return state
+
+
+def _wait_for_workers(client: MasterClient, worker_ids: list[str]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while worker_ids:
+        ready = {n.id for n in client.list_nodes() if n.status == "READY"}
+        if set(worker_ids) <= ready:
+            return
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"workers not registered: {sorted(set(worker_ids) - ready)}")
+        time.sleep(0.1)
+
+
+def stop_process(data_dir: Path, pid: int, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
+    """Signal one process of this cluster (only if it is ours) and wait, bounded, until it is gone."""
+    if is_ours(pid, data_dir):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + wait
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _reap(pid)
+
+
+def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: int = 8,
+            heartbeat: float = 0.5) -> None:
+    """Start a master or worker of this cluster again and record its pid in cluster.json. A
+    previous incarnation that still runs is stopped first: two on one data dir corrupt it."""
+    if proc.get("pid") and is_ours(proc["pid"], data_dir) and is_alive(proc["pid"]):
+        stop_process(data_dir, proc["pid"])
+    if proc in state["masters"]:
+        argv = master_argv(data_dir / "cluster.yaml", proc["id"])
+        if state.get("netns"):
+            argv = MasterNet.from_dict(state["netns"]).command(proc["id"], argv)
+    else:
+        argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
+                           data_dir / "secrets" / "token", proc["id"], proc["rack"], gpus, heartbeat)
+    proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
+    (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+
+
+def _pids(state: dict[str, Any]) -> list[int]:
+    return [p["pid"] for p in state.get("workers", []) + state.get("masters", []) if p.get("pid")]
+
+
+def down(data_dir: Path, grace: float = 10.0) -> list[int]:
+    """Stop what `up` started in this data dir (workers first); returns the pids stopped."""
+    data_dir = data_dir.resolve()
+    state = load_state(data_dir)
+    pids = [p for p in _pids(state) if is_ours(p, data_dir)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(is_ours(p, data_dir) and is_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if is_ours(pid, data_dir) and is_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        _reap(pid)
+    if state.get("netns"):
+        MasterNet.from_dict(state["netns"]).destroy()
+    return pids
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

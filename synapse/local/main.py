@@ -1,0 +1,129 @@
+"""`synapse-local`: a whole cluster on this machine, as separate background processes.
+
+    synapse-local up --masters 3 --workers 4 --racks 2 --gpus-per-worker 8 --data-dir ./synapse-local
+    synapse-local status --data-dir ./synapse-local
+    synapse-local down --data-dir ./synapse-local
+    synapse-local demo
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
+from synapse.common.cli import CONTEXT_SETTINGS, version_option
+from synapse.local.cluster import client_tls, down, is_alive, is_ours, load_state, up
+from synapse.local.demo import demo
+from synapse.local.netns import MasterNet
+
+DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+                        default=Path("synapse-local"), show_default=True, help="where the cluster keeps its files")
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@version_option("synapse-local")
+def main() -> None:
+    """Run a Synapse cluster (masters and workers) on this machine."""
+
+
+@main.command("up")
+@DATA_DIR
+@click.option("--masters", default=3, show_default=True, help="master replicas: 1, 3 or 5")
+@click.option("--workers", default=0, show_default=True, help="worker agents to start")
+@click.option("--racks", default=2, show_default=True, help="racks the workers are spread over")
+@click.option("--gpus-per-worker", default=8, show_default=True, help="fake GPUs each worker announces")
+@click.option("--base-port", default=7000, show_default=True, help="API ports from here, Raft ports from +100")
+@click.option("--heartbeat", default=1.0, show_default=True, help="worker heartbeat interval, seconds")
+@click.option("--tls", is_flag=True, help="generate a development CA: TLS for the API, mTLS for workers")
+@click.option("--netns", is_flag=True,
+              help="each master in its own network namespace and address (root), so `isolate` can cut it off")
+def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
+           heartbeat: float, tls: bool, netns: bool) -> None:
+    """Start the cluster in the background; returns once it is ready."""
+    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns)
+    addresses = ",".join(m["api_address"] for m in state["masters"])
+    click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
+               f"files in {state['data_dir']}")
+    ca = f" SYNAPSE_CA={state['ca']} SYNAPSE_CERT={state['cert']} SYNAPSE_KEY={state['key']}" if state["ca"] else ""
+    click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}{ca}")
+
+
+def _net(data_dir: Path) -> MasterNet:
+    state = load_state(data_dir.resolve())
+    if not state.get("netns"):
+        raise click.ClickException("this cluster's masters share loopback; start it with `up --netns`")
+    return MasterNet.from_dict(state["netns"])
+
+
+@main.command("isolate")
+@DATA_DIR
+@click.argument("replica")
+def isolate_cmd(data_dir: Path, replica: str) -> None:
+    """Cut master REPLICA off from the other masters (a network partition; clients still reach it)."""
+    net = _net(data_dir)
+    if replica not in net.replicas:
+        raise click.ClickException(f"no master {replica!r}; masters: {', '.join(net.replicas)}")
+    net.isolate(replica)
+    click.echo(f"{replica} is cut off from {', '.join(r for r in net.replicas if r != replica)}")
+
+
+@main.command("heal")
+@DATA_DIR
+def heal_cmd(data_dir: Path) -> None:
+    """Undo every `isolate`."""
+    _net(data_dir).heal()
+    click.echo("the masters can reach each other again")
+
+
+@main.command("down")
+@DATA_DIR
+def down_cmd(data_dir: Path) -> None:
+    """Stop every process the cluster in this data dir started."""
+    pids = down(data_dir)
+    click.echo(f"stopped {len(pids)} process(es)")
+
+
+@main.command("status")
+@DATA_DIR
+def status_cmd(data_dir: Path) -> None:
+    """Which of the cluster's processes are alive, and who leads."""
+    data_dir = data_dir.resolve()
+    state = load_state(data_dir)
+    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], deadline=3,
+                          tls=client_tls(state))
+    for m in state["masters"]:
+        alive = is_ours(m["pid"], data_dir) and is_alive(m["pid"])
+        role = "-"
+        if alive:
+            try:
+                role = client.replica_status(m["api_address"]).state
+            except (ClientError, ClusterUnavailable):
+                role = "not answering"
+        click.echo(f"master {m['id']:<4} pid {m['pid']:<8} {'alive' if alive else 'stopped':<8} {role}")
+    for w in state["workers"]:
+        alive = is_ours(w["pid"], data_dir) and is_alive(w["pid"])
+        click.echo(f"worker {w['id']:<4} pid {w['pid']:<8} {'alive' if alive else 'stopped':<8} {w['rack']}")
+    client.close()
+
+
+@main.command("demo")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="keep the demo's files here (default: a temporary directory, removed afterwards)")
+@click.option("--base-port", default=7300, show_default=True)
+def demo_cmd(data_dir: Path | None, base_port: int) -> None:
+    """Start a cluster, run a rack-packed gang, kill the leader mid-run, watch it succeed, stop all."""
+    import tempfile
+
+    if data_dir is not None:
+        ok = demo(data_dir, base_port)
+    else:
+        with tempfile.TemporaryDirectory(prefix="synapse-demo-") as tmp:
+            ok = demo(Path(tmp), base_port)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

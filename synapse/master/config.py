@@ -1,0 +1,196 @@
+"""The cluster file: one YAML document describing the master replicas and their settings.
+
+    cluster: prod
+    topology_levels: [zone, block, rack]
+    data_dir: /var/lib/synapse/{id}          # {id} becomes the replica id
+    raft_password: {file: /etc/synapse/raft-password}   # or {env: NAME}; required
+    token: {env: SYNAPSE_TOKEN}              # or {file: PATH}; empty = no client authentication
+    heartbeat_interval: 5s
+    heartbeat_timeout: 10s
+    election_timeout: {min: 400ms, max: 1s}
+    job_retention: 1h                         # finished jobs are forgotten after this; 0 = keep forever
+    durability: fsync                         # fsync (default) | none; see synapse/master/durability.py
+    min_free_disk: 256Mi                      # refuse writes below this much free space
+    tls:                                      # optional: TLS for the API, mTLS for workers
+      ca: /etc/synapse/ca.pem
+      cert: /etc/synapse/server.pem           # {id} allowed
+      key: /etc/synapse/server-key.pem
+      require_worker_certs: true              # worker calls need a cert whose CN is the node id
+    replicas:
+      - {id: m1, raft: 10.0.0.1:7100, api: 10.0.0.1:7000}
+      - {id: m2, raft: 10.0.0.2:7100, api: 10.0.0.2:7000}
+      - {id: m3, raft: 10.0.0.3:7100, api: 10.0.0.3:7000}
+
+Secrets are never written in the file itself by the examples: `{env: NAME}` reads an environment
+variable (systemd's EnvironmentFile), `{file: PATH}` a file's first line. A plain string is accepted
+for local experiments.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from synapse.common.tls import TLSFiles
+from synapse.core.model import DEFAULT_LEVELS
+from synapse.core.quantity import QuantityError, parse_duration, parse_memory
+
+
+class ConfigError(ValueError):
+    """A cluster file that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    raft: str  #: host:port of the Raft port
+    api: str  #: host:port of the gRPC API
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    cluster: str
+    replicas: tuple[Replica, ...]
+    data_dir: str  #: may contain {id}
+    raft_password: str
+    token: str = ""
+    topology_levels: tuple[str, ...] = DEFAULT_LEVELS
+    heartbeat_interval: float = 5.0
+    heartbeat_timeout: float = 10.0
+    election_min: float = 0.4
+    election_max: float = 1.0
+    job_retention: float = 3600.0  #: seconds a finished job stays in the state; 0 = forever
+    durability: str = "fsync"  #: fsync | none
+    min_free_disk: int = 256 << 20  #: bytes
+    tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
+    require_worker_certs: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def replica(self, replica_id: str) -> Replica:
+        for r in self.replicas:
+            if r.id == replica_id:
+                return r
+        raise ConfigError(f"replicas: no replica with id {replica_id!r} "
+                          f"(known: {', '.join(r.id for r in self.replicas)})")
+
+    def tls_of(self, replica_id: str) -> TLSFiles:
+        cert, key = (path.replace("{id}", replica_id) for path in (self.tls.cert, self.tls.key))
+        return TLSFiles(self.tls.ca, cert, key)
+
+    def data_dir_of(self, replica_id: str) -> str:
+        return self.data_dir.replace("{id}", replica_id)
+
+    def api_of_raft(self, raft_address: str) -> str:
+        """The API address of the replica whose Raft address this is, or ''."""
+        return next((r.api for r in self.replicas if r.raft == raft_address), "")
+
+
+def read_secret(value: Any, field_name: str) -> str:
+    """A secret from `{env: NAME}`, `{file: PATH}` or a plain string."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and set(value) == {"env"}:
+        secret = os.environ.get(str(value["env"]), "")
+        if not secret:
+            raise ConfigError(f"{field_name}: environment variable {value['env']} is not set")
+        return secret
+    if isinstance(value, dict) and set(value) == {"file"}:
+        try:
+            return Path(str(value["file"])).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{field_name}: cannot read {value['file']}: {exc.strerror}") from None
+    raise ConfigError(f"{field_name}: must be {{env: NAME}}, {{file: PATH}} or a string")
+
+
+def _duration(doc: dict, name: str, default: float) -> float:
+    try:
+        return parse_duration(doc[name]) if name in doc else default
+    except QuantityError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError("a cluster file must be a YAML mapping")
+    known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
+             "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
+             "job_retention"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
+    replicas_doc = doc.get("replicas")
+    if not isinstance(replicas_doc, list) or not replicas_doc:
+        raise ConfigError("replicas: a list of {id, raft, api} is required")
+    replicas = []
+    for i, r in enumerate(replicas_doc):
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r.get(k) for k in ("id", "raft", "api")):
+            raise ConfigError(f"replicas[{i}]: needs id, raft (host:port) and api (host:port)")
+        for k in ("raft", "api"):
+            host, _, port = r[k].rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(f"replicas[{i}].{k}: must be host:port, not {r[k]!r}")
+        replicas.append(Replica(r["id"], r["raft"], r["api"]))
+    for attr in ("id", "raft", "api"):
+        values = [getattr(r, attr) for r in replicas]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"replicas: duplicate {attr}")
+    # An even count is allowed: it is the middle of growing 3 -> 5 one replica at a time (it
+    # tolerates no more failures than one replica fewer would).
+    levels = doc.get("topology_levels", list(DEFAULT_LEVELS))
+    if not isinstance(levels, list) or not levels or not all(isinstance(x, str) and x for x in levels):
+        raise ConfigError("topology_levels: must be a list of level names, widest first")
+    election = doc.get("election_timeout", {}) or {}
+    if not isinstance(election, dict):
+        raise ConfigError("election_timeout: must be {min: 400ms, max: 1s}")
+    election_min = _duration(election, "min", 0.4)
+    election_max = _duration(election, "max", 1.0)
+    if not 0 < election_min < election_max:
+        raise ConfigError("election_timeout: need 0 < min < max")
+    durability = str(doc.get("durability", "fsync"))
+    if durability not in ("fsync", "none"):
+        raise ConfigError(f"durability: must be fsync or none, not {durability!r}")
+    try:
+        min_free_disk = parse_memory(doc.get("min_free_disk", "256Mi"))
+    except QuantityError as exc:
+        raise ConfigError(f"min_free_disk: {exc}") from None
+    tls_doc = doc.get("tls") or {}
+    if not isinstance(tls_doc, dict) or set(tls_doc) - {"ca", "cert", "key", "require_worker_certs"}:
+        raise ConfigError("tls: must be {ca, cert, key, require_worker_certs}")
+    tls = TLSFiles(str(tls_doc.get("ca", "")), str(tls_doc.get("cert", "")), str(tls_doc.get("key", "")))
+    if tls.enabled and not (tls.cert and tls.key):
+        raise ConfigError("tls: ca, cert and key are all required")
+    password = read_secret(doc.get("raft_password"), "raft_password") if need_secrets else ""
+    if need_secrets and not password:
+        raise ConfigError("raft_password: required (pysyncobj's Raft port runs what it receives "
+                          "from anyone who knows no password)")
+    config = ClusterConfig(
+        cluster=str(doc.get("cluster", "synapse")), replicas=tuple(replicas),
+        data_dir=str(doc.get("data_dir", "/var/lib/synapse/{id}")), raft_password=password,
+        token=read_secret(doc.get("token"), "token") if need_secrets else "",
+        topology_levels=tuple(levels),
+        heartbeat_interval=_duration(doc, "heartbeat_interval", 5.0),
+        heartbeat_timeout=_duration(doc, "heartbeat_timeout", 10.0),
+        election_min=election_min, election_max=election_max, tls=tls, durability=durability,
+        min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
+        require_worker_certs=bool(tls_doc.get("require_worker_certs", False)))
+    if config.require_worker_certs and not tls.enabled:
+        raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
+    if config.heartbeat_timeout <= config.heartbeat_interval:
+        raise ConfigError("heartbeat_timeout: must be longer than heartbeat_interval")
+    return config
+
+
+def load_cluster_config(path: str | Path, *, need_secrets: bool = True) -> ClusterConfig:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return parse_cluster_config(doc, need_secrets=need_secrets)

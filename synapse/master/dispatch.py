@@ -1,0 +1,53 @@
+"""Desired state per node: what the leader tells each worker to run. A pure read of the state.
+
+Dispatch is level-triggered: a worker receives the whole list for its node, starts what is listed
+and not running, and stops what it runs that is not listed or is listed with `stop`. Losing a
+message, or a leader, therefore loses nothing: the next list says everything again.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from synapse.core.fsm import ClusterState
+from synapse.core.model import Assignment, Job
+
+#: torchrun's default rendezvous port is 29500; each attempt gets its own port above it so two
+#: gangs whose rank 0 share a node are unlikely to collide.
+MASTER_PORT_BASE = 29500
+MASTER_PORT_SPAN = 10000
+
+
+def master_port(job_id: str, attempt: int) -> int:
+    """The rendezvous port of one attempt: deterministic, so every rank computes the same."""
+    return MASTER_PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % MASTER_PORT_SPAN
+
+
+def host_of(address: str) -> str:
+    host = address.rpartition(":")[0] if ":" in address else address
+    return host.strip("[]") or address
+
+
+def assignments_for_node(state: ClusterState, node_id: str) -> list[Assignment]:
+    """Every live task on the node with its torch.distributed environment, in key order."""
+    out = []
+    for task, wanted in state.tasks_on_node(node_id):
+        job = state.jobs[task.job_id]
+        out.append(_assignment(state, job, task.index, node_id, stop=not wanted))
+    return out
+
+
+def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool) -> Assignment:
+    by_rank = sorted(job.tasks, key=lambda t: t.rank)
+    task = job.tasks[index]
+    node_order: list[str] = []
+    for t in by_rank:
+        if t.node_id not in node_order:
+            node_order.append(t.node_id)
+    local = [t for t in by_rank if t.node_id == node_id]
+    rank0 = state.nodes.get(by_rank[0].node_id)
+    return Assignment(
+        job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
+        local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
+        master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
+        gpus=task.gpus, command=job.spec.command, env=job.spec.env, image=job.spec.image, stop=stop)

@@ -1,0 +1,456 @@
+"""The gRPC API of a master replica: convert, call the domain, map errors to status codes.
+
+Writes, and reads that must be current, are served by the leader only. A follower answers
+FAILED_PRECONDITION with the trailing metadata `synapse-leader: <api address>`; a replica that
+knows no leader waits up to LEADER_WAIT_S for one, then answers UNAVAILABLE (at once if it has
+just stepped down: it is probably cut off from its peers). A leader answers a
+current read only after committing a Barrier, which a deposed leader cannot do, so it never serves
+state older than the last acknowledged write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+
+import grpc
+
+from synapse.common.auth import LEADER_METADATA_KEY, NODE_CREDENTIAL_KEY
+from synapse.common.tls import peer_common_name
+from synapse.core import codec
+from synapse.core import commands as c
+from synapse.core.jobspec import JobFileError, check_spec
+from synapse.core.model import JobStatus
+from synapse.master.dispatch import assignments_for_node
+from synapse.master.raft import ProposeError
+from synapse.master.replica import LEADER_WAIT_S, Master
+from synapse.proto import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: After stepping down, a replica with no known leader sends clients away at once for this long.
+DEPOSED_S = 3.0
+
+#: Bounds on what a node may announce.
+MAX_TOPOLOGY_LABELS = 8
+MAX_LABEL_CHARS = 63
+MAX_NODE_GPUS = 1024
+#: ListJobs page sizes: a page of full JobInfos stays well inside the 4 MiB message cap.
+DEFAULT_PAGE = 500
+MAX_PAGE = 5000
+#: A watch stream re-sends the current assignments at least this often (a keepalive that also
+#: lets the worker notice a silent leader change).
+WATCH_REFRESH_S = 5.0
+MAX_ID_CHARS = 256
+
+
+class MasterServicer(api_pb2_grpc.MasterServicer):
+    def __init__(self, master: Master) -> None:
+        self.m = master
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    async def _leader(self, context: grpc.aio.ServicerContext) -> int:
+        """This replica's term if it leads and is ready; otherwise abort with a redirect or UNAVAILABLE."""
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while True:
+            term = self.m.ready_leader_term()
+            if term:
+                return term
+            leader_api = self.m.leader_api_address()
+            if leader_api and leader_api != self.m.replica.api:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"replica {self.m.replica.id} is not the leader; the leader is at {leader_api}")
+            if time.monotonic() - self.m.deposed_at < DEPOSED_S:
+                # It just stopped leading and knows no successor: most likely it is cut off from
+                # its peers (a follower of a live leader would know it at once). Waiting is useless.
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"replica {self.m.replica.id} stepped down and knows no leader; try another")
+            if time.monotonic() > deadline:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"replica {self.m.replica.id}: no leader elected within {LEADER_WAIT_S:.1f}s")
+            await asyncio.sleep(0.02)
+
+    async def _propose(self, cmd: c.Command, context: grpc.aio.ServicerContext) -> c.Result:
+        return (await self._propose_all([cmd], context))[0]
+
+    async def _propose_all(self, cmds: list[c.Command], context: grpc.aio.ServicerContext) -> list[c.Result]:
+        """Propose commands together; if any fails, abort the call once with the first failure."""
+        if not all(isinstance(cmd, c.Barrier) for cmd in cmds) and not self.m.disk_has_room():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"replica {self.m.replica.id}: less than {self.m.config.min_free_disk} bytes free "
+                                "under its data dir; writes are refused until there is room")
+        outcomes = await asyncio.gather(*(self.m.propose(cmd) for cmd in cmds), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, ProposeError):
+                await self._abort_proposal(outcome, context)
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def _abort_proposal(self, exc: ProposeError, context: grpc.aio.ServicerContext) -> None:
+        if exc.maybe_applied:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"outcome unknown ({exc.kind}) during a leader change; "
+                                "retry with the same request id")
+        if exc.kind == "QUEUE_FULL":
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
+        if exc.leader:
+            leader_api = self.m.api_of_raft(exc.leader)
+            if leader_api:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
+
+    async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
+        term = await self._leader(context)
+        await self._propose(c.Barrier(at=time.time(), term=term, reason="read"), context)
+
+    async def _worker_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> None:
+        """A worker call must come from that node: its credential, and its certificate under mTLS."""
+        await self._check_id(node_id, "node_id", context)
+        presented = dict(context.invocation_metadata() or ()).get(NODE_CREDENTIAL_KEY, "")
+        if not hmac.compare_digest(str(presented).encode(), self.m.node_credential(node_id).encode()):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"no valid credential for node {node_id}: register first, and act only for "
+                                "your own node")
+        if self.m.config.require_worker_certs and peer_common_name(context) != node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"node {node_id} must present a client certificate issued to {node_id}")
+
+    @staticmethod
+    async def _check_id(value: str, field: str, context: grpc.aio.ServicerContext) -> None:
+        if not value or len(value) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{field}: required, at most {MAX_ID_CHARS} characters")
+
+    async def _ok_or_abort(self, result: c.Result, context: grpc.aio.ServicerContext,
+                           code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> c.Result:
+        if not result.ok:
+            if result.error.startswith("unknown job") or result.error.startswith("unknown node"):
+                code = grpc.StatusCode.NOT_FOUND
+            await context.abort(code, result.error)
+        return result
+
+    # ---- clients -------------------------------------------------------------------------------
+
+    async def SubmitJob(self, request, context):
+        try:
+            spec = codec.job_spec_from_proto(request.spec)
+            check_spec(spec, self.m.config.topology_levels)
+        except (JobFileError, codec.CodecError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
+        if len(request.request_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: at most {MAX_ID_CHARS} characters")
+        await self._leader(context)
+        with self.m.lock:
+            existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
+            largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
+        if existing:
+            return api_pb2.SubmitJobReply(job_id=existing)
+        if has_nodes and not spec.resources.fits_in(largest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"invalid job: resources: no node can hold one task: "
+                                f"{', '.join(spec.resources.short_of(largest))} per task is more than the "
+                                f"largest node has (gpu {largest.gpu}, cpu {largest.cpu}m, memory {largest.memory})")
+        job_id = self.m.new_job_id(spec.name)
+        result = await self._propose(c.SubmitJob(at=time.time(), job_id=job_id, request_id=request.request_id,
+                                                 spec=spec), context)
+        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+        log.info("job submitted job=%s request=%s tasks=%d", result.value, request.request_id, spec.tasks)
+        return api_pb2.SubmitJobReply(job_id=result.value)
+
+    def _job_info(self, job) -> api_pb2.JobInfo:
+        loops = self.m.leader_loops
+        waiting = loops.waiting.get(job.id) if loops and job.status is JobStatus.PENDING else None
+        reservation = loops.reservation if loops else None
+        return codec.job_to_info(
+            job, waiting=waiting.message if waiting else "",
+            shortfalls=tuple(map(str, waiting.shortfalls)) if waiting else (),
+            reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
+
+    async def GetJob(self, request, context):
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            return self._job_info(job)
+
+    async def ListJobs(self, request, context):
+        if request.limit < 0 or request.limit > MAX_PAGE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: between 1 and {MAX_PAGE}")
+        limit = request.limit or DEFAULT_PAGE
+        await self._current_read(context)
+        wanted = set(request.status)
+        with self.m.lock:
+            jobs = self.m.state.jobs
+            after = jobs.get(request.after) if request.after else None
+            if request.after and after is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"after: unknown job {request.after}")
+            # Jobs are kept in submission order (dicts keep insertion order; seq grows with it).
+            page, more = [], False
+            for job in jobs.values():
+                if after is not None and job.seq <= after.seq:
+                    continue
+                if wanted and job.status.value not in wanted:
+                    continue
+                if len(page) == limit:
+                    more = True
+                    break
+                page.append(job)
+            infos = []
+            for job in page:
+                info = self._job_info(job)
+                del info.events[:]
+                infos.append(info)
+            return api_pb2.ListJobsReply(jobs=infos, next=page[-1].id if more and page else "")
+
+    async def ListNodes(self, request, context):
+        await self._current_read(context)
+        with self.m.lock:
+            state = self.m.state
+            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]))
+                                                 for n in sorted(state.nodes.values(), key=lambda n: n.id)])
+
+    async def CancelJob(self, request, context):
+        await self._check_id(request.job_id, "job_id", context)
+        await self._leader(context)
+        result = await self._propose(c.CancelJob(at=time.time(), job_id=request.job_id,
+                                                 reason=request.reason[:512]), context)
+        await self._ok_or_abort(result, context)
+        with self.m.lock:
+            return api_pb2.CancelJobReply(status=self.m.state.jobs[request.job_id].status.value)
+
+    async def SetSchedulable(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        await self._leader(context)
+        result = await self._propose(c.SetSchedulable(at=time.time(), node_id=request.node_id,
+                                                      schedulable=request.schedulable), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.SetSchedulableReply()
+
+    async def DrainNode(self, request, context):
+        """Cordon the node, then stop (and requeue) every gang with a task on it."""
+        await self._check_id(request.node_id, "node_id", context)
+        term = await self._leader(context)
+        result = await self._propose(c.SetSchedulable(at=time.time(), node_id=request.node_id,
+                                                      schedulable=False), context)
+        await self._ok_or_abort(result, context)
+        with self.m.lock:
+            jobs = sorted({(t.job_id, t.attempt) for t, wanted in self.m.state.tasks_on_node(request.node_id)
+                           if wanted})
+        stopped = []
+        for job_id, attempt in jobs:
+            res = await self._propose(c.FailAttempt(at=time.time(), term=term, job_id=job_id, attempt=attempt,
+                                                    reason=f"node {request.node_id} drained"), context)
+            if res.ok:
+                stopped.append(job_id)
+        return api_pb2.DrainNodeReply(jobs_stopped=stopped)
+
+    async def ReplicaStatus(self, request, context):
+        status = self.m.raft.status()
+        leader = self.m.raft.leader() or ""
+        if request.with_digest:
+            applied, digest = self.m.raft.replicated.digest()
+        else:
+            applied, digest = self.m.raft.replicated.applied(), ""
+        partners = self.m.raft.partners()
+        connected = [p for p in partners if status.get(f"partner_node_status_server_{p}") == 2]
+        return api_pb2.ReplicaStatusReply(
+            id=self.m.replica.id, api_address=self.m.replica.api, raft_address=self.m.replica.raft,
+            state={0: "follower", 1: "candidate", 2: "leader"}.get(status.get("state"), "unknown"),
+            leader_raft=leader, leader_api=self.m.api_of_raft(leader) if leader else "",
+            term=status.get("raft_term", 0), commit_index=status.get("commit_idx", 0),
+            applied_index=status.get("last_applied", 0), commands_applied=applied, digest=digest,
+            partners=partners, connected=connected, entries_proposed=self.m.raft.entries_proposed,
+            commands_proposed=self.m.raft.commands_proposed)
+
+    async def AddReplica(self, request, context):
+        """Add a master replica: record its addresses, then add it to the Raft membership.
+        Start the new replica's process afterwards (its cluster file lists every member)."""
+        await self._membership(request, context, "add")
+        return api_pb2.MembershipReply(message=f"replica {request.id} added at {request.raft_address}; "
+                                               "start its process now")
+
+    async def RemoveReplica(self, request, context):
+        """Remove a master replica from the Raft membership (then stop its process)."""
+        await self._membership(request, context, "remove")
+        return api_pb2.MembershipReply(message=f"replica {request.id} removed")
+
+    async def _membership(self, request, context, action: str) -> None:
+        await self._check_id(request.id, "id", context)
+        raft_address = request.raft_address
+        if action == "remove" and not raft_address:
+            known = {r.id: r.raft for r in self.m.config.replicas}
+            with self.m.lock:
+                known.update({k: v[0] for k, v in self.m.state.replicas.items()})
+            raft_address = known.get(request.id, "")
+        if not _host_port(raft_address):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"raft_address: must be host:port, not {raft_address!r} (unknown replica?)")
+        if action == "add" and not _host_port(request.api_address):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"api_address: must be host:port, not {request.api_address!r}")
+        if action == "remove" and raft_address == self.m.replica.raft:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "the leader cannot remove itself; stop it first so another replica leads")
+        await self._leader(context)
+        if action == "add":
+            await self._ok_or_abort(await self._propose(c.SetReplica(
+                at=time.time(), id=request.id, raft_address=raft_address, api_address=request.api_address),
+                context), context)
+        try:
+            await self.m.raft.change_membership(action, raft_address)
+        except ProposeError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"membership change refused ({exc.kind}): one change at a time, by the leader")
+        if action == "remove":
+            await self._propose(c.SetReplica(at=time.time(), id=request.id, raft_address=raft_address,
+                                             api_address="", removed=True), context)
+        log.info("membership changed action=%s replica=%s raft=%s", action, request.id, raft_address)
+
+    # ---- workers -------------------------------------------------------------------------------
+
+    async def RegisterNode(self, request, context):
+        await self._check_id(request.node_id, "node_id", context)
+        if self.m.config.require_worker_certs and peer_common_name(context) != request.node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"node {request.node_id} must present a client certificate issued to it")
+        capacity = codec.resources_from_proto(request.capacity)
+        problem = _capacity_problem(capacity, request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        await self._leader(context)
+        result = await self._propose(c.RegisterNode(at=time.time(), node_id=request.node_id,
+                                                    address=request.address[:MAX_ID_CHARS],
+                                                    topology=tuple(request.topology), capacity=capacity), context)
+        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+        loops = self.m.leader_loops
+        if loops is not None:
+            loops.node_heard(request.node_id)
+        log.info("node registered node=%s address=%s topology=%s gpus=%d", request.node_id, request.address,
+                 "/".join(request.topology), capacity.gpu)
+        return api_pb2.RegisterNodeReply(status=result.value, heartbeat_interval_s=self.m.config.heartbeat_interval,
+                                         node_credential=self.m.node_credential(request.node_id))
+
+    async def Heartbeat(self, request, context):
+        await self._worker_identity(request.node_id, context)
+        term = await self._leader(context)
+        with self.m.lock:
+            node = self.m.state.nodes.get(request.node_id)
+            status = node.status.value if node else "UNKNOWN"
+        if node is not None and self.m.leader_loops is not None:
+            self.m.leader_loops.node_heard(request.node_id)
+        return api_pb2.HeartbeatReply(node_status=status, term=term)
+
+    async def WatchAssignments(self, request, context):
+        await self._worker_identity(request.node_id, context)
+        term = await self._leader(context)
+        lost = self.m.leadership_lost()
+        last_sent = None
+        while not lost.is_set() and self.m.ready_leader_term() == term:
+            changed = self.m.node_event(request.node_id)
+            with self.m.lock:
+                state = self.m.state
+                node = state.nodes.get(request.node_id)
+                reply = api_pb2.Assignments(
+                    term=term, version=state.applied,
+                    node_status=node.status.value if node else "UNKNOWN",
+                    tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(state, request.node_id)])
+            body = (reply.node_status, tuple(t.SerializeToString() for t in reply.tasks))
+            if body != last_sent or (term, reply.version) > (request.known_term, request.known_version):
+                request.known_term, request.known_version = term, reply.version
+                last_sent = body
+                yield reply
+            try:
+                await asyncio.wait_for(changed.wait(), WATCH_REFRESH_S)
+            except TimeoutError:
+                last_sent = None  # keepalive: send the current list again
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"replica {self.m.replica.id} stopped leading; reconnect to the new leader")
+
+    async def ReportTaskEvents(self, request, context):
+        await self._worker_identity(request.node_id, context)
+        if len(request.events) > 10_000:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events: at most 10000 per report")
+        await self._leader(context)
+        now = time.time()
+        cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
+                if e.started else
+                c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
+                             exit_code=e.exit_code, reason=e.reason[:512])
+                for e in request.events]
+        results = await self._propose_all(cmds, context)
+        return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))
+
+
+def _host_port(value: str) -> bool:
+    host, _, port = value.rpartition(":")
+    return bool(host) and port.isdigit() and len(value) <= MAX_ID_CHARS
+
+
+def _capacity_problem(capacity, request) -> str:
+    """Why a node registration is refused, or ''."""
+    if capacity.is_negative():
+        return "capacity: must not be negative"
+    if capacity.gpu > MAX_NODE_GPUS or capacity.cpu > 1 << 32 or capacity.memory > 1 << 60:
+        return "capacity: absurdly large"
+    if len(request.topology) > MAX_TOPOLOGY_LABELS or any(
+            not label or len(label) > MAX_LABEL_CHARS or "/" in label for label in request.topology):
+        return (f"topology: at most {MAX_TOPOLOGY_LABELS} labels of 1-{MAX_LABEL_CHARS} characters, without '/'")
+    if not _host_port(request.address):
+        return f"address: must be host:port, not {request.address[:80]!r}"
+    return ""
+
+
+class Malformed:
+    """A request whose bytes did not parse; the handler wrapper answers INVALID_ARGUMENT."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any garbage
+            return Malformed(str(exc)[:200] or type(exc).__name__)
+    return deserialize
+
+
+def _unary(impl):
+    async def handle(request, context):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+        return await impl(request, context)
+    return handle
+
+
+def _stream(impl):
+    async def handle(request, context):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+        async for reply in impl(request, context):
+            yield reply
+    return handle
+
+
+def add_to_server(servicer: MasterServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer like the generated helper does, but with deserializers that turn
+    undecodable bytes into INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+    service = api_pb2.DESCRIPTOR.services_by_name["Master"]
+    handlers = {}
+    for method in service.methods:
+        request_cls = getattr(api_pb2, method.input_type.name)
+        reply_cls = getattr(api_pb2, method.output_type.name)
+        impl = getattr(servicer, method.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make((_stream if method.server_streaming else _unary)(impl),
+                                     request_deserializer=_lenient(request_cls.FromString),
+                                     response_serializer=reply_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

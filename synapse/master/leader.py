@@ -1,0 +1,174 @@
+"""Leader-only work: scheduling, heartbeat expiry, time limits. Started on gaining leadership.
+
+Every command proposed here carries the term the loops were started in. If this replica was
+deposed and a newer leader has already committed a command, the state machine refuses ours (term
+fencing), so a stale leader can never commit a plan or declare a node dead.
+
+Before acting, the loops commit a Barrier: once it is applied, this replica's state holds every
+command committed by earlier leaders, so its first plan is computed from current state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from synapse.core import commands as c
+from synapse.core.model import JobStatus, NodeStatus
+from synapse.core.scheduler import Reservation, RoundMemo, WaitReason, schedule_round
+from synapse.master.raft import ProposeError
+
+if TYPE_CHECKING:
+    from synapse.master.replica import Master
+
+log = logging.getLogger(__name__)
+
+#: Safety tick: a scheduling round runs at least this often even if nothing signalled a change.
+SCHEDULE_TICK_S = 1.0
+#: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
+SCHEDULE_MIN_INTERVAL_S = 0.02
+#: How often finished jobs past their retention are forgotten, and how many per command.
+RETENTION_SWEEP_S = 10.0
+FORGET_CHUNK = 500
+
+
+class LeaderLoops:
+    """The loops one leadership term runs; `stop()` cancels them all."""
+
+    def __init__(self, master: Master, term: int) -> None:
+        self.master = master
+        self.term = term  #: every proposal carries it
+        self.ready = asyncio.Event()  #: set once the barrier committed and state is current
+        self.reservation: Reservation | None = None  #: carried between rounds (sticky)
+        self.waiting: dict[str, WaitReason] = {}  #: why each pending job waits, from the last round
+        self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen
+        self._tasks: list[asyncio.Task] = []
+        self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
+        self._last_sweep = 0.0  #: monotonic time of the last retention sweep
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._run()))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.master.propose(c.Barrier(at=time.time(), term=self.term, reason="leader start"))
+                break
+            except ProposeError as exc:
+                log.info("leader barrier failed term=%d kind=%s; retrying", self.term, exc.kind)
+                await asyncio.sleep(0.05)
+        with self.master.lock:
+            nodes = list(self.master.state.nodes)
+        self.master.heartbeats.grace(nodes, time.monotonic())
+        self.ready.set()
+        log.info("leader ready term=%d nodes=%d", self.term, len(nodes))
+        self.master.scheduler_dirty.set()
+        self._tasks += [asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._monitor_loop())]
+
+    async def propose(self, cmd: c.Command) -> c.Result | None:
+        """Propose a leader-only command; None if it did not commit (the next round retries)."""
+        try:
+            result = await self.master.propose(cmd)
+        except ProposeError as exc:
+            log.info("leader proposal failed cmd=%s kind=%s term=%d", type(cmd).__name__, exc.kind, self.term)
+            return None
+        if not result.ok:
+            log.info("leader proposal rejected cmd=%s error=%s", type(cmd).__name__, result.error)
+        return result
+
+    # ---- scheduling ----------------------------------------------------------------------------
+
+    async def _schedule_loop(self) -> None:
+        dirty = self.master.scheduler_dirty
+        while True:
+            full = False
+            try:
+                await asyncio.wait_for(dirty.wait(), SCHEDULE_TICK_S)
+            except TimeoutError:
+                full = True  # the periodic round looks at every job (time moves backfill windows)
+            dirty.clear()
+            started = time.monotonic()
+            await self.schedule_once(full)
+            await asyncio.sleep(max(0.0, SCHEDULE_MIN_INTERVAL_S - (time.monotonic() - started)))
+
+    async def schedule_once(self, full: bool = True) -> None:
+        now = time.time()
+        with self.master.lock:
+            result = schedule_round(self.master.state, now, self.reservation, None if full else self.memo)
+        self.reservation, self.waiting, self.memo = result.reservation, result.waiting, result.memo
+        if not result.plans:
+            return
+        outcomes = await asyncio.gather(*(self.propose(c.CommitPlan(
+            at=now, term=self.term, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
+            for p in result.plans))
+        for plan, outcome in zip(result.plans, outcomes, strict=True):
+            if outcome is not None and outcome.ok:
+                log.info("gang committed job=%s attempt=%d tasks=%d nodes=%d", plan.job_id, plan.attempt,
+                         len(plan.placements), len({p.node_id for p in plan.placements}))
+            else:
+                self.master.scheduler_dirty.set()  # the state moved under the plan: plan again
+
+    # ---- heartbeats and time limits ---------------------------------------------------------------
+
+    async def _monitor_loop(self) -> None:
+        period = min(1.0, self.master.config.heartbeat_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            await self.check_once()
+
+    async def check_once(self) -> None:
+        now, mono = time.time(), time.monotonic()
+        with self.master.lock:
+            state = self.master.state
+            ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
+            overdue = [(j.id, j.attempt, j.spec.time_limit) for j in state.jobs.values()
+                       if j.status is JobStatus.RUNNING and j.spec.time_limit
+                       and now - j.started_at > j.spec.time_limit]
+        for node_id, silent in self.master.heartbeats.expired(ready, mono):
+            log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
+            await self.propose(c.NodeDown(at=now, term=self.term, node_id=node_id,
+                                          reason=f"no heartbeat for {silent:.1f}s"))
+        for job_id, attempt, limit in overdue:
+            log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job_id, attempt, limit)
+            await self.propose(c.FailAttempt(at=now, term=self.term, job_id=job_id, attempt=attempt,
+                                             reason=f"time limit of {limit:.0f}s exceeded", final=True))
+        await self.forget_expired(now, mono)
+
+    async def forget_expired(self, now: float, mono: float) -> None:
+        """Forget finished jobs older than the retention period (Slurm's MinJobAge)."""
+        retention = self.master.config.job_retention
+        if not retention or mono - self._last_sweep < RETENTION_SWEEP_S:
+            return
+        self._last_sweep = mono
+        with self.master.lock:
+            expired = [j.id for j in self.master.state.jobs.values()
+                       if j.status.terminal and now - j.finished_at > retention]
+        for start in range(0, len(expired), FORGET_CHUNK):
+            chunk = tuple(expired[start:start + FORGET_CHUNK])
+            result = await self.propose(c.ForgetJobs(at=now, term=self.term, job_ids=chunk))
+            if result is not None and result.ok:
+                log.info("finished jobs forgotten count=%s retention_s=%.0f", result.value, retention)
+
+    def node_heard(self, node_id: str) -> None:
+        """A heartbeat arrived; a node the state holds DOWN is brought back (once)."""
+        self.master.heartbeats.beat(node_id, time.monotonic())
+        with self.master.lock:
+            node = self.master.state.nodes.get(node_id)
+            down = node is not None and node.status is NodeStatus.DOWN
+        if down and node_id not in self._proposed_up:
+            self._proposed_up.add(node_id)
+            self._tasks = [t for t in self._tasks if not t.done()]
+
+            async def bring_up() -> None:
+                try:
+                    await self.propose(c.NodeUp(at=time.time(), term=self.term, node_id=node_id))
+                finally:
+                    self._proposed_up.discard(node_id)
+
+            self._tasks.append(asyncio.create_task(bring_up()))

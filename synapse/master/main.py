@@ -1,0 +1,166 @@
+"""`synapse-master`: assemble one master replica and run it; plus its maintenance commands.
+
+    synapse-master --config cluster.yaml --id m1
+    synapse-master rebuild --config cluster.yaml --id m2
+    synapse-master gen-certs --out ./pki --hosts h1,h2,h3
+
+This module is the only one that knows every piece of a replica: the Raft node
+(`synapse.master.raft`), the process-local state (`synapse.master.replica`), the gRPC endpoints
+(`synapse.master.endpoints`) and the leader loops (`synapse.master.leader`). Those receive what they
+need from here and never import it, so the master's modules import each other without a circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+
+import click
+import grpc
+
+from synapse.common.auth import TokenInterceptor
+from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
+from synapse.common.logs import configure
+from synapse.common.tls import generate, server_credentials
+from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
+from synapse.master.durability import check_journal
+from synapse.master.endpoints import MasterServicer, add_to_server
+from synapse.master.leader import LeaderLoops
+from synapse.master.raft import RaftNode, RaftTimeouts, raft_config
+from synapse.master.replica import Master
+
+log = logging.getLogger(__name__)
+
+#: Exit status of a replica that stopped because its data is corrupt or its disk is full.
+EXIT_STORAGE = 3
+#: gRPC message size limit, both ways: a job spec or a node's assignments fit well inside it.
+MAX_MESSAGE_BYTES = 4 << 20
+
+
+async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | None = None) -> None:
+    """Run one replica until SIGTERM / SIGINT (or `stop` is set)."""
+    replica = config.replica(replica_id)
+    timeouts = RaftTimeouts(election_min=config.election_min, election_max=config.election_max,
+                            leader_fallback=min(0.35, config.election_min * 0.85))
+    conf = raft_config(bind_address=replica.raft, data_dir=config.data_dir_of(replica_id),
+                       password=config.raft_password, timeouts=timeouts)
+    partners = [r.raft for r in config.replicas if r.id != replica_id]
+    problem = check_journal(Path(config.data_dir_of(replica_id)) / "raft.journal")
+    if problem:
+        raise StorageError(f"journal corrupt: {problem}. Rebuild this replica from its peers with: "
+                           f"synapse-master rebuild --config FILE --id {replica_id}")
+    raft = RaftNode(replica.raft, partners, conf, config.topology_levels, durable=config.durability == "fsync")
+    master = Master(config, replica_id, raft)
+    master.loop = asyncio.get_running_loop()
+    raft.bind_loop(master.loop)
+    raft.replicated.listener = master.on_applied
+
+    interceptors = [TokenInterceptor(config.token)] if config.token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0)])
+    add_to_server(MasterServicer(master), server)
+    if config.tls.enabled:
+        server.add_secure_port(replica.api, server_credentials(config.tls_of(replica_id),
+                                                                config.require_worker_certs))
+    else:
+        server.add_insecure_port(replica.api)
+    await server.start()
+    log.info("master serving replica=%s api=%s raft=%s partners=%s", replica_id, replica.api, replica.raft,
+             ",".join(partners))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(master.watch_leadership(LeaderLoops))
+    guard = asyncio.create_task(master.watchdog(stop))
+    await stop.wait()
+    guard.cancel()
+    log.info("master stopping replica=%s", replica_id)
+    watcher.cancel()
+    if master.leader_loops is not None:
+        master.leader_loops.stop()
+    await server.stop(grace=1.0)
+    raft.replicated.listener = None
+    raft.destroy()
+    if master.fatal:
+        raise StorageError(master.fatal)
+
+
+class StorageError(RuntimeError):
+    """The replica's stored data is corrupt, or its disk is full: it must not serve."""
+
+
+CONFIG = click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+                      help="cluster file (YAML)")
+REPLICA = click.option("--id", "replica_id", required=True, help="the replica's id in the cluster file")
+
+
+@click.group(context_settings=CONTEXT_SETTINGS, invoke_without_command=True)
+@version_option("synapse-master")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cluster file (YAML)")
+@click.option("--id", "replica_id", help="this replica's id in the cluster file")
+@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, replica_id: str | None, log_level: str) -> None:
+    """Run one Synapse master replica: synapse-master --config FILE --id ID.
+
+    The subcommands below maintain a replica; they do not start one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not config_path or not replica_id:
+        fail("synapse-master", "--config and --id are required to run a replica (see --help)")
+    configure("synapse-master", replica_id, log_level)
+    try:
+        config = load_cluster_config(config_path)
+        config.replica(replica_id)
+    except ConfigError as exc:
+        fail("synapse-master", str(exc))
+    try:
+        asyncio.run(serve(config, replica_id))
+    except StorageError as exc:
+        fail("synapse-master", str(exc), EXIT_STORAGE)
+
+
+@main.command("rebuild")
+@CONFIG
+@REPLICA
+def rebuild_cmd(config_path: str, replica_id: str) -> None:
+    """Set aside a replica's data dir (corrupt journal or snapshot).
+
+    Started again, the replica rejoins empty and copies the state from the leader. Run it with the
+    replica stopped, while the other replicas hold a majority.
+    """
+    try:
+        config = load_cluster_config(config_path, need_secrets=False)
+        data_dir = Path(config.data_dir_of(config.replica(replica_id).id))
+    except ConfigError as exc:
+        fail("synapse-master", str(exc))
+    if not data_dir.exists():
+        click.echo(f"{data_dir} does not exist: nothing to set aside")
+        return
+    aside = data_dir.with_name(f"{data_dir.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+    data_dir.rename(aside)
+    click.echo(f"moved {data_dir} to {aside}; start the replica again and it will catch up from the leader")
+
+
+@main.command("gen-certs")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="directory to write the PEM files to")
+@click.option("--hosts", default="127.0.0.1,localhost", show_default=True,
+              help="names and IPs the masters answer on, comma-separated")
+@click.option("--workers", default="", help="worker node ids to make client certificates for, comma-separated")
+@click.option("--days", type=int, default=365, show_default=True, help="validity of the certificates")
+def gen_certs_cmd(out: str, hosts: str, workers: str, days: int) -> None:
+    """Write a development CA and certificates (see synapse/common/tls.py)."""
+    written = generate(Path(out), [h for h in hosts.split(",") if h], [w for w in workers.split(",") if w], days)
+    for path in written:
+        click.echo(path)
+
+
+if __name__ == "__main__":
+    main()

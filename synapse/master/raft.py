@@ -1,0 +1,472 @@
+"""The cluster state on pysyncobj: one replicated door, snapshots as plain data, safe defaults.
+
+What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
+
+* One door, forever at the same id: pysyncobj numbers `@replicated` methods by sorted name, so the
+  consumer has exactly one, `apply(bytes)`, and the command inside is a versioned protobuf.
+* Apply must never raise (an exception stops that replica applying for good): `ClusterState.apply`
+  catches everything, and the listener hook below is wrapped too.
+* Snapshots pickle the consumer's attributes: `_serialize` hands pysyncobj the plain-data
+  snapshot of the state instead, and `_deserialize` rebuilds the indexes from it.
+* Its port unpickles what arrives and binds 0.0.0.0 by default: `raft_config` refuses to build a
+  configuration without a password and always sets the bind address.
+* Batching makes every synchronous write wait a tick (~100 ms): it is turned off. Elections are
+  tuned to one round, and a cut-off leader falls back before a new one can be elected.
+* A follower truncated its log after every AppendEntries whose entries it already held, so a
+  repeated or split append dropped committed (even applied) entries while the leader still
+  counted them as replicated: a committed write could vanish and replicas diverge. `SafeSyncObj`
+  applies Raft's receiver rule instead (skip the entries already held, truncate only from the first
+  conflict, never commit past the last entry the leader vouched for), and fail-stops a replica
+  that meets a conflict at an index it has already applied.
+* Results: `propose` always passes a timeout and maps pysyncobj's outcomes to `ProposeError`
+  kinds, distinguishing "surely not applied" from "maybe applied".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
+
+from synapse.core import codec
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState, snapshot_digest
+from synapse.core.model import DEFAULT_LEVELS
+from synapse.master.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RaftTimeouts:
+    """Timing of the Raft layer, in seconds (defaults measured for a one-round election)."""
+
+    election_min: float = 0.4
+    election_max: float = 1.0
+    heartbeat: float = 0.05  #: appendEntriesPeriod
+    connection: float = 5.0  #: larger than election_max, so an idle link does not eat a vote
+    leader_fallback: float = 0.35  #: below election_min: a cut-off leader steps down first
+    #: pysyncobj retries a failed link only this often (default 5 s): a replica restarted during a
+    #: failover could not reach its peer's vote in time, and elections took 4 s instead of one round
+    reconnect: float = 0.25
+
+
+class LoopInbox:
+    """Hands work from pysyncobj's tick thread to an asyncio loop with few wake-ups.
+
+    `post` appends to a deque and wakes the loop only when no drain is already pending, so a burst
+    of applied entries costs one self-pipe write instead of one per entry. Safe to call from the
+    tick thread: it never raises.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: collections.deque = collections.deque()
+        self._scheduled = False
+
+    def post(self, fn: Callable[..., None], *args: object) -> None:
+        self._items.append((fn, args))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _drain(self) -> None:
+        self._scheduled = False  # before popping: a post from now on schedules another drain
+        while self._items:
+            fn, args = self._items.popleft()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - one bad handler must not stop the others
+                log.exception("loop inbox handler failed")
+
+
+class ProposeError(Exception):
+    """A proposal that did not produce a result. `maybe_applied` says whether it may still commit."""
+
+    def __init__(self, kind: str, maybe_applied: bool, leader: str | None = None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.maybe_applied = maybe_applied
+        self.leader = leader  #: a redirect hint, never proof
+
+
+#: pysyncobj outcomes after which the command may still be (or already be) committed.
+_MAYBE_APPLIED = {FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME, FAIL_REASON.DISCARDED}
+_FAIL_NAMES = {getattr(FAIL_REASON, n): n for n in dir(FAIL_REASON) if n.isupper()}
+#: Most commands one group-commit log entry carries.
+MAX_BATCH = 256
+#: Log entries in flight at once; later proposals wait and travel together in the next one.
+MAX_IN_FLIGHT = 2
+#: A slot whose entry has had no outcome for this long is freed (the proposal itself times out).
+IN_FLIGHT_TIMEOUT_S = 5.0
+
+
+class ReplicatedState(SyncObjConsumer):
+    """A ClusterState applied through the Raft log. Read it under `lock`."""
+
+    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+        super().__init__()
+        self.lock = threading.RLock()  #: held by apply and by every compound read
+        self.state = ClusterState(levels)  #: replaced wholesale when a snapshot is loaded
+        #: set (and never cleared) when stored data fails its checksum: this replica must stop
+        self.corruption = ""
+        self._digest_cache: tuple[int, str] = (-1, "")  #: (applied, digest) last computed
+        #: called on the tick thread once per applied log entry with its (command, result) pairs;
+        #: must be trivial (hand off to another thread)
+        self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
+
+    @replicated
+    def apply(self, data: bytes) -> list[tuple[bool, str, str]]:
+        """The one replicated door: a sealed (checksummed), versioned, encoded command or batch."""
+        try:
+            payload = unseal(data)
+        except CorruptionError as exc:
+            # Only a damaged copy fails its CRC: applying it (even as a rejection) would make this
+            # replica diverge from the others. Stop applying; the master process stops serving.
+            self.corruption = self.corruption or f"corrupt log entry: {exc}"
+            log.critical("%s; this replica stops applying", self.corruption)
+            return [(False, self.corruption, "")]
+        with self.lock:
+            applied = self.state.apply_entry(payload)
+        listener = self.listener
+        if listener is not None:
+            try:
+                listener(applied)
+            except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
+                log.exception("apply listener failed")
+        return [(r.ok, r.error, r.value) for _, r in applied]
+
+    def _serialize(self) -> dict:
+        with self.lock:
+            snapshot = self.state.to_snapshot()
+        return {"sha256": snapshot_digest(snapshot), "state": snapshot}
+
+    def _deserialize(self, data: dict) -> None:
+        snapshot = data.get("state") if isinstance(data, dict) else None
+        if snapshot is None or data.get("sha256") != snapshot_digest(snapshot):
+            self.corruption = self.corruption or "the snapshot fails its SHA-256"
+            log.critical("%s; this replica stops", self.corruption)
+            return
+        state = ClusterState.from_snapshot(snapshot)
+        with self.lock:
+            self.state = state
+
+    def digest(self) -> tuple[int, str]:
+        """(commands applied, state digest), read together. Only the copy holds the lock that
+        apply needs; hashing happens outside it, and the result is reused until a command applies."""
+        with self.lock:
+            applied = self.state.applied
+            cached = self._digest_cache
+            if cached[0] == applied:
+                return cached
+            snapshot = self.state.to_snapshot()
+        result = (applied, snapshot_digest(snapshot))
+        self._digest_cache = result
+        return result
+
+    def applied(self) -> int:
+        with self.lock:
+            return self.state.applied
+
+
+def raft_config(*, bind_address: str, data_dir: str, password: str,
+                timeouts: RaftTimeouts = RaftTimeouts(), **extra: object) -> SyncObjConf:
+    """A SyncObjConf with Synapse's mandatory settings; refuses to run without a password."""
+    if not password:
+        raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
+    os.makedirs(data_dir, exist_ok=True)
+    return SyncObjConf(
+        password=password,
+        bindAddress=bind_address,
+        journalFile=os.path.join(data_dir, "raft.journal"),
+        fullDumpFile=os.path.join(data_dir, "raft.dump"),
+        appendEntriesUseBatch=False,
+        raftMinTimeout=timeouts.election_min,
+        raftMaxTimeout=timeouts.election_max,
+        appendEntriesPeriod=timeouts.heartbeat,
+        connectionTimeout=timeouts.connection,
+        connectionRetryTime=timeouts.reconnect,
+        leaderFallbackTimeout=timeouts.leader_fallback,
+        dynamicMembershipChange=True,
+        **extra,
+    )
+
+
+def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
+    """How many leading entries of an AppendEntries (command, index, term) the local log already
+    holds at the same index with the same term (`term_at` answers None past the log's end)."""
+    held = 0
+    for _command, index, term in entries:
+        if term_at(index) != term:
+            break
+        held += 1
+    return held
+
+
+#: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
+_INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
+              "_SyncObj__sendNextNodeIdx")
+_missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
+if _missing:
+    raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
+
+
+class SafeSyncObj(SyncObj):
+    """SyncObj whose followers handle AppendEntries by Raft's receiver rules (see module doc).
+
+    pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending, even entries equal to
+    the ones it receives. An append the leader repeats with fewer entries (after a reset, or split
+    by `appendEntriesBatchSizeBytes`) thus removes entries the follower has acknowledged, and that
+    the leader keeps counting through its match index: a crash in between loses committed entries.
+    Here the entries the log already holds are dropped from the message first; pysyncobj then
+    truncates only at a real conflict. A conflict at an index already applied means this replica's
+    state differs from the leader's: it records `diverged` and ignores the message, and the master
+    stops (a rebuild from the peers is the cure).
+    """
+
+    diverged = ""  #: why this replica can no longer be trusted, once it cannot
+
+    def _term_at(self, index: int) -> int | None:
+        entries = self._SyncObj__getEntries(index, 1)
+        return entries[0][2] if entries else None
+
+    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
+        if (isinstance(message, dict) and message.get("type") == "append_entries"
+                and "prevLogIdx" in message and message.get("transmission") is None
+                and isinstance(message.get("term"), int) and message["term"] >= self.raftCurrentTerm):
+            message = self._screen_append(node, message)
+            if message is None:
+                return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _screen_append(self, node, message: dict) -> dict | None:
+        if self.diverged:
+            return None
+        prev_index, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+        if self._term_at(prev_index) != prev_term:
+            return message  # pysyncobj answers the mismatch (the leader backs off)
+        entries = list(message.get("entries") or [])
+        held = held_prefix(self._term_at, entries)
+        last_sent = entries[held - 1][1] if held else prev_index
+        applied = self._SyncObj__raftLastApplied
+        last_local = self._SyncObj__getCurrentLogIndex()
+        if held < len(entries):
+            conflict = entries[held][1]
+            if self._term_at(conflict) is not None and conflict <= applied:
+                return self._diverge(conflict, applied, message)
+        elif last_local > last_sent and not entries and last_sent < applied:
+            return self._diverge(last_sent + 1, applied, message)  # would drop applied entries
+        if held == 0:
+            return message
+        trimmed = dict(message)
+        trimmed["prevLogIdx"], trimmed["prevLogTerm"] = last_sent, entries[held - 1][2]
+        trimmed["entries"] = entries[held:]
+        if held < len(entries) or last_local == last_sent:
+            return trimmed  # pysyncobj truncates at the conflict (if any) and appends the rest
+        # Every entry is already held and the log goes further: acknowledge without truncating,
+        # and commit no further than the last entry this message vouches for.
+        del trimmed["prevLogIdx"], trimmed["prevLogTerm"], trimmed["entries"]
+        trimmed["commit_index"] = min(message["commit_index"], last_sent)
+        SyncObj._SyncObj__onMessageReceived(self, node, trimmed)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_sent + 1, success=True)
+        return None
+
+    def _diverge(self, index: int, applied: int, message: dict) -> None:
+        self.diverged = (f"the leader's log differs from this replica's at index {index}, which it has "
+                         f"already applied (applied {applied}, leader term {message['term']}): "
+                         "this replica's state has diverged; rebuild it from its peers")
+        log.critical("%s", self.diverged)
+        return None
+
+
+class RaftNode:
+    """One replica: a SyncObj carrying a ReplicatedState."""
+
+    def __init__(self, self_address: str, partners: list[str], conf: SyncObjConf,
+                 levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True) -> None:
+        self.replicated = ReplicatedState(levels)
+        self.dump_watch = DumpFailureWatch()
+        logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
+        self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
+        if durable:
+            fsync_durable(self.sync)
+        self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
+        self._flush_scheduled = False
+        self._in_flight = 0  #: log entries proposed and not yet resolved
+        self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
+        self._waiting: set[asyncio.Future] = set()  #: futures of proposals sent and not yet resolved
+        self._releases: set[Callable[[], None]] = set()  #: frees each in-flight slot still held
+        self.entries_proposed = 0  #: log entries proposed from this replica
+        self.commands_proposed = 0  #: commands inside them (entries < commands when batching helps)
+
+    def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
+        """Append a command and wait for its result on this replica; raises ProposeError."""
+        try:
+            [(ok, error, value)] = self.replicated.apply(seal(codec.encode_command(cmd)), sync=True, timeout=timeout)
+        except SyncObjException as exc:
+            code = exc.errorCode
+            if code == "Timeout":
+                raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from exc
+            name = _FAIL_NAMES.get(code, str(code))
+            raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
+        return c.Result(ok, error, value)
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
+        """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""
+        self.inbox = LoopInbox(loop)
+        return self.inbox
+
+    async def propose_async(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
+        """Like `propose`, without blocking the event loop, and with pipelined group commit.
+
+        At most MAX_IN_FLIGHT log entries are in flight at once. Proposals made while they are
+        travelling wait, and go into the next entry together (a Batch, applied in order, each
+        command with its own result). Under load one Raft round then carries many commands; when
+        idle a proposal goes out at once.
+        """
+        loop = asyncio.get_running_loop()
+        if self.inbox is None or self.inbox.loop is not loop:
+            self.bind_loop(loop)
+        future: asyncio.Future = loop.create_future()
+        self._queued.append((cmd, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush, loop)
+        try:
+            res, err = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+        finally:
+            self._waiting.discard(future)
+        if err != FAIL_REASON.SUCCESS:
+            raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
+                               leader=self.leader())
+        ok, error, value = res
+        return c.Result(ok, error, value)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._flush_scheduled = False
+        while self._queued and self._in_flight < MAX_IN_FLIGHT:
+            batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
+            cmds = [cmd for cmd, _ in batch]
+            data = seal(codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds))
+            futures = [f for _, f in batch]
+            self._waiting.update(futures)
+            self.entries_proposed += 1
+            self.commands_proposed += len(cmds)
+            self._in_flight += 1
+            slot = {"open": True}
+
+            def release(slot: dict = slot) -> None:
+                if slot["open"]:
+                    slot["open"] = False
+                    self._releases.discard(slot["release"])
+                    self._in_flight -= 1
+                    if self._queued and not self._flush_scheduled:
+                        self._flush_scheduled = True
+                        loop.call_soon(self._flush, loop)
+
+            slot["release"] = release
+            self._releases.add(release)
+
+            def resolve(res: object, err: int, futures: list[asyncio.Future] = futures, release=release) -> None:
+                release()
+                for i, f in enumerate(futures):
+                    if not f.done():
+                        f.set_result((res[i] if res else None, err))  # type: ignore[index]
+
+            def on_done(res: object, err: int, resolve=resolve, inbox: LoopInbox = self.inbox) -> None:
+                inbox.post(resolve, res, err)  # tick thread: trivial, never raises
+
+            loop.call_later(IN_FLIGHT_TIMEOUT_S, release)  # a lost callback must not stall the pipeline
+            self.replicated.apply(data, callback=on_done)
+
+    def abandon(self) -> int:
+        """Fail every proposal still waiting, because this replica stopped leading; returns how many.
+
+        pysyncobj keeps a deposed leader's proposals waiting until their entries are applied or
+        replaced, and a leader cut off from its peers learns neither until the partition heals:
+        its clients would wait out their whole timeout. Entries already sent may still commit
+        under the new leader (LEADER_CHANGED: maybe applied; clients retry with the same request
+        id); queued ones never left this replica (NOT_LEADER) and are dropped.
+        """
+        queued, self._queued = self._queued, []
+        failed = 0
+        for outcome, futures in ((FAIL_REASON.NOT_LEADER, [f for _, f in queued]),
+                                 (FAIL_REASON.LEADER_CHANGED, list(self._waiting))):
+            for f in futures:
+                if not f.done():
+                    f.set_result((None, outcome))
+                    failed += 1
+        self._waiting.clear()
+        for release in list(self._releases):
+            release()  # a new term starts with an empty pipeline
+        return failed
+
+    async def change_membership(self, action: str, raft_address: str, timeout: float = 10.0) -> None:
+        """Add ('add') or remove ('remove') a replica through pysyncobj's membership entries."""
+        loop = asyncio.get_running_loop()
+        inbox = self.inbox if self.inbox is not None and self.inbox.loop is loop else self.bind_loop(loop)
+        future: asyncio.Future = loop.create_future()
+
+        def resolve(res: object, err: int) -> None:
+            if not future.done():
+                future.set_result(err)
+
+        def on_done(res: object, err: int) -> None:  # tick thread
+            inbox.post(resolve, res, err)
+
+        change = self.sync.addNodeToCluster if action == "add" else self.sync.removeNodeFromCluster
+        change(raft_address, callback=on_done)
+        try:
+            err = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+        if err != FAIL_REASON.SUCCESS:
+            raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
+                               leader=self.leader())
+
+    def partners(self) -> list[str]:
+        """Raft addresses of the other current members, as this replica knows them."""
+        prefix = "partner_node_status_server_"
+        return sorted(k[len(prefix):] for k in self.status() if k.startswith(prefix))
+
+    def is_leader(self) -> bool:
+        return self.sync._isLeader()
+
+    def leader(self) -> str | None:
+        """The leader as this replica believes it: a hint, possibly stale."""
+        leader = self.sync._getLeader()
+        return None if leader is None else str(leader.address if hasattr(leader, "address") else leader)
+
+    def corruption(self) -> str:
+        """Why this replica must stop ('' while its stored data is sound)."""
+        return self.replicated.corruption or self.dump_watch.failure or self.sync.diverged
+
+    def leader_if_connected(self) -> str | None:
+        """The leader's address if this replica leads or currently has a live link to it."""
+        node = self.sync._getLeader()
+        if node is None:
+            return None
+        if not self.sync._isLeader() and not self.sync.isNodeConnected(node):
+            return None
+        return str(node.address if hasattr(node, "address") else node)
+
+    def term(self) -> int:
+        return self.sync.raftCurrentTerm
+
+    def status(self) -> dict:
+        return self.sync.getStatus()
+
+    def destroy(self) -> None:
+        self.sync.destroy()
+        logging.getLogger("pysyncobj.syncobj").removeHandler(self.dump_watch)

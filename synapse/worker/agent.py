@@ -1,0 +1,304 @@
+"""The worker agent: the I/O around `WorkerState`. Registers, heartbeats, watches assignments,
+starts and stops task processes, reports their starts and exits.
+
+Threads, each feeding events into one queue that the main loop drains in order:
+* watch: holds a WatchAssignments stream to the leader, reconnecting (and following redirects)
+  by itself, so a leader change never stops the worker or its tasks;
+* heartbeat: one RPC per interval; re-registers when the leader does not know the node;
+* reporter: sends unacknowledged reports in batches, retrying until acknowledged;
+* the main loop also polls its task processes (every 0.1 s) and writes the state file after every
+  change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent import futures
+from dataclasses import asdict
+from pathlib import Path
+
+import grpc
+
+from synapse.client.master_client import AuthError, ClientError, ClusterUnavailable, MasterClient
+from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY, client_metadata
+from synapse.common.tls import TLSFiles
+from synapse.core import codec
+from synapse.core.model import Assignment, Resources
+from synapse.proto import api_pb2, api_pb2_grpc
+from synapse.worker import state as ws
+from synapse.worker.runtime import Handle, ProcessRuntime, alive, exit_code
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+STATE_FILE = "worker-state.json"
+
+
+class WorkerAgent:
+    def __init__(self, *, node_id: str, address: str, topology: tuple[str, ...], capacity: Resources,
+                 masters: list[str], token: str, data_dir: Path, heartbeat_interval: float = 5.0,
+                 stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
+                 tls: TLSFiles | None = None) -> None:
+        self.node_id = node_id
+        self.topology = topology
+        self.capacity = capacity
+        self.token = token
+        self.data_dir = data_dir
+        self.heartbeat_interval = heartbeat_interval
+        self.runtime = ProcessRuntime(data_dir, runtime_template)
+        self.state = ws.WorkerState(stop_grace=stop_grace)
+        self.events: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        self.reports_ready = threading.Event()
+        self.log_server, self.log_port = self._serve_logs(address, log_port)
+        host = address.rpartition(":")[0] if ":" in address else address
+        self.address = f"{host}:{self.log_port}"  #: registered: its host is MASTER_ADDR for rank 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until `stop()`; tasks keep running after the agent stops (they are re-adopted)."""
+        self._load_state()
+        self._register()
+        threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
+            (self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report"))]
+        for t in threads:
+            t.start()
+        try:
+            self._main_loop()
+        finally:
+            self.log_server.stop(grace=0.5)
+            self._save_state()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.reports_ready.set()
+
+    def _register(self) -> None:
+        request = api_pb2.RegisterNodeRequest(node_id=self.node_id, address=self.address,
+                                              topology=list(self.topology),
+                                              capacity=codec.resources_to_proto(self.capacity))
+        while not self.stopping.is_set():
+            try:
+                reply = self.client.call("RegisterNode", request, deadline=10.0)
+                credential = ((NODE_CREDENTIAL_KEY, reply.node_credential),)
+                for client in (self.client, self.watch_client, self.report_client):
+                    client.metadata = client_metadata(self.token) + credential
+                log.info("registered node=%s status=%s address=%s", self.node_id, reply.status, self.address)
+                return
+            except AuthError:
+                raise
+            except (ClientError, ClusterUnavailable) as exc:
+                log.warning("registration failed node=%s error=%s; retrying", self.node_id, exc)
+                self.stopping.wait(1.0)
+
+    # ---- main loop: events -> state -> instructions ----------------------------------------------
+
+    def _main_loop(self) -> None:
+        next_poll = 0.0
+        while not self.stopping.is_set():
+            try:
+                event = self.events.get(timeout=POLL_S)
+            except queue.Empty:
+                event = None
+            changed = False
+            if event is not None:
+                self._carry_out(self.state.handle(event, time.monotonic()))
+                changed = True
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + POLL_S
+                changed |= self._poll_processes()
+                self._carry_out(self.state.handle(ws.Tick(), time.monotonic()))
+            if changed:
+                self._save_state()
+                if self.state.unreported:
+                    self.reports_ready.set()
+
+    def _carry_out(self, instructions: list) -> None:
+        for ins in instructions:
+            if isinstance(ins, ws.Start):
+                self._start(ins.assignment)
+            elif isinstance(ins, ws.Signal):
+                log.info("signal task=%s sig=%d", ins.key, ins.signal)
+                self.runtime.signal(ins.handle, ins.signal)
+
+    def _start(self, a: Assignment) -> None:
+        # Record the intent first: a crash between the fork and the next save must not leave a
+        # task this worker forgets and would start a second time (see _load_state).
+        self._save_state()
+        try:
+            handle = self.runtime.start(a)
+        except OSError as exc:
+            log.warning("task start failed task=%s error=%s", a.key, exc)
+            self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, str(exc)), time.monotonic()))
+            return
+        log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d", a.job_id, a.attempt, a.index,
+                 a.rank, handle.pid)
+        self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+
+    def _poll_processes(self) -> bool:
+        self.runtime.reap()
+        changed = False
+        for task in self.state.running():
+            assert task.handle is not None
+            if not alive(task.handle):
+                self.runtime.reap()
+                code = exit_code(task.handle)
+                reason = "" if code is not None else "killed (no exit status recorded)"
+                a = task.assignment
+                log.info("task exited job=%s attempt=%d index=%d code=%s", a.job_id, a.attempt, a.index, code)
+                self._carry_out(self.state.handle(ws.TaskExited(a.key, code if code is not None else -9, reason),
+                                                  time.monotonic()))
+                changed = True
+        return changed
+
+    # ---- threads talking to the master ---------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        pause = 0.05
+        while not self.stopping.is_set():
+            term, version = self.state.known
+            request = api_pb2.WatchAssignmentsRequest(node_id=self.node_id, known_term=term, known_version=version)
+            address = self.watch_client.leader or self.watch_client.addresses[0]
+            try:
+                stream = self.watch_client.stub(address).WatchAssignments(request, metadata=self.watch_client.metadata)
+                for message in stream:
+                    pause = 0.05
+                    self.watch_client.leader = address
+                    self.events.put(ws.AssignmentsReceived(
+                        message.term, message.version,
+                        tuple(codec.assignment_from_proto(a) for a in message.tasks), message.node_status))
+                    if self.stopping.is_set():
+                        stream.cancel()
+                        return
+            except grpc.RpcError as exc:
+                hint = ""
+                try:
+                    hint = dict(exc.trailing_metadata() or ()).get(LEADER_METADATA_KEY, "")
+                except Exception:  # noqa: BLE001
+                    pass
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    log.error("watch refused: %s", exc.details())
+                if hint:
+                    self.watch_client.leader = hint
+                    continue
+                addresses = self.watch_client.addresses
+                self.watch_client.leader = addresses[(addresses.index(address) + 1) % len(addresses)] \
+                    if address in addresses else addresses[0]
+            self.stopping.wait(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self.heartbeat_interval):
+            try:
+                reply = self.client.call("Heartbeat", api_pb2.HeartbeatRequest(node_id=self.node_id),
+                                         deadline=self.heartbeat_interval)
+                if reply.node_status == "UNKNOWN":
+                    self._register()
+            except (ClientError, ClusterUnavailable) as exc:
+                log.warning("heartbeat failed node=%s error=%s", self.node_id, exc)
+
+    def _report_loop(self) -> None:
+        while not self.stopping.is_set():
+            self.reports_ready.wait(1.0)
+            self.reports_ready.clear()
+            batch = tuple(self.state.unreported)
+            if not batch:
+                continue
+            request = api_pb2.ReportTaskEventsRequest(node_id=self.node_id, events=[
+                api_pb2.TaskEvent(job_id=r.key[0], attempt=r.key[1], index=r.key[2], started=r.started,
+                                  exit_code=r.exit_code, reason=r.reason) for r in batch])
+            try:
+                self.report_client.call("ReportTaskEvents", request, deadline=10.0)
+                self.events.put(ws.ReportsAcknowledged(batch))
+            except (ClientError, ClusterUnavailable) as exc:
+                log.warning("report failed node=%s reports=%d error=%s; retrying", self.node_id, len(batch), exc)
+                self.stopping.wait(0.5)
+                self.reports_ready.set()
+
+    # ---- state file: re-adopting tasks after a restart ------------------------------------------
+
+    def _save_state(self) -> None:
+        data = {"known": list(self.state.known), "done": [list(k) for k in sorted(self.state.done)],
+                "unreported": [asdict(r) | {"key": list(r.key)} for r in self.state.unreported],
+                "tasks": [{"assignment": asdict(t.assignment), "phase": t.phase,
+                           "handle": asdict(t.handle) if t.handle else None} for t in self.state.tasks.values()]}
+        path = self.data_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    def _load_state(self) -> None:
+        path = self.data_dir / STATE_FILE
+        if not path.exists():
+            return
+        data = json.loads(path.read_text())
+        self.state.known = tuple(data["known"])  # type: ignore[assignment]
+        self.state.done = {tuple(k) for k in data["done"]}  # type: ignore[misc]
+        self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"])  # type: ignore[arg-type]
+                                 for r in data["unreported"]]
+        for t in data["tasks"]:
+            a = t["assignment"]
+            assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
+                                       "env": tuple(tuple(kv) for kv in a["env"])})
+            task = ws.LocalTask(assignment, phase=t["phase"])
+            # A task recorded as starting may have been forked just before a crash: its shim's
+            # pid file says so. Never started (no pid file): forget it; the master lists it again.
+            task.handle = Handle(**t["handle"]) if t["handle"] else self.runtime.find(assignment)
+            if task.handle is None:
+                continue
+            if task.phase == "starting":
+                task.phase = "running"
+                self.state.unreported.append(ws.Report(assignment.key, started=True))
+            self.state.tasks[assignment.key] = task
+            log.info("re-adopting task=%s pid=%d alive=%s", assignment.key, task.handle.pid, alive(task.handle))
+
+    # ---- log service ---------------------------------------------------------------------------
+
+    def _serve_logs(self, address: str, port: int) -> tuple[grpc.Server, int]:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="logs"))
+        api_pb2_grpc.add_WorkerServicer_to_server(LogService(self), server)
+        host = address.rpartition(":")[0] if ":" in address else address
+        bound = server.add_insecure_port(f"{host or '127.0.0.1'}:{port}")
+        server.start()
+        return server, bound
+
+
+class LogService(api_pb2_grpc.WorkerServicer):
+    """Streams a task's log file from an offset, following it while the task runs."""
+
+    CHUNK = 64 << 10
+
+    def __init__(self, agent: WorkerAgent) -> None:
+        self.agent = agent
+
+    def ReadLog(self, request, context):
+        if self.agent.token and dict(context.invocation_metadata()).get(METADATA_KEY) != f"Bearer {self.agent.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
+        if not request.job_id or "/" in request.job_id or request.job_id.startswith("."):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: invalid")
+        path = self.agent.runtime.log_path(request.job_id, request.attempt, request.index)
+        if not path.exists():
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no log for task {request.index} of job {request.job_id} "
+                                                     f"attempt {request.attempt} on {self.agent.node_id}")
+        offset = max(0, request.offset)
+        key = (request.job_id, request.attempt, request.index)
+        with open(path, "rb") as f:
+            while context.is_active():
+                f.seek(offset)
+                data = f.read(self.CHUNK)
+                if data:
+                    offset += len(data)
+                    yield api_pb2.LogChunk(data=data, offset=offset)
+                    continue
+                if not request.follow or (key not in self.agent.state.tasks):
+                    return
+                time.sleep(0.2)

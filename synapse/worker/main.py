@@ -1,0 +1,149 @@
+"""`synapse-worker`: the agent that runs on every machine.
+
+    synapse-worker --masters h1:7000,h2:7000,h3:7000 --token-file /etc/synapse/token \\
+        --topology zone1/block2/rack7 --data-dir /var/lib/synapse-worker
+
+Capacity is detected (cpu count, memory from /proc/meminfo, GPUs from NVML or `nvidia-smi -L`)
+and any flag overrides it: tests and the local cluster announce 8 fake GPUs with `--gpus 8`.
+The node id is kept in the data dir, so a restarted worker is the same node.
+
+SIGTERM or SIGINT stops the agent and leaves its tasks running: a restarted agent re-adopts them,
+as slurmd and the Borglet do. With `--stop-tasks-on-exit` it stops every task first (a machine
+leaving the cluster, or a local cluster being torn down).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import click
+
+from synapse.client.master_client import AuthError, parse_addresses
+from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
+from synapse.common.logs import configure
+from synapse.common.tls import TLSFiles
+from synapse.core.model import Resources
+from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
+from synapse.worker.agent import WorkerAgent
+from synapse.worker.runtime import stop_all
+
+log = logging.getLogger(__name__)
+
+
+def detect_gpus() -> int:
+    try:
+        import pynvml  # nvidia-ml-py, optional
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - not installed, or no driver
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return 0
+
+
+def detect_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def node_id_for(data_dir: Path, given: str) -> str:
+    """The node's stable id: given, or kept in the data dir, or made once from the hostname."""
+    path = data_dir / "node-id"
+    if given:
+        path.write_text(given + "\n")
+        return given
+    if path.exists():
+        return path.read_text().strip()
+    node_id = f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}"
+    path.write_text(node_id + "\n")
+    return node_id
+
+
+@click.command(context_settings=CONTEXT_SETTINGS)
+@version_option("synapse-worker")
+@click.option("--masters", envvar="SYNAPSE_MASTERS", default="",
+              help="comma-separated master API addresses [env: SYNAPSE_MASTERS]")
+@click.option("--token", envvar="SYNAPSE_TOKEN", default="", help="cluster token [env: SYNAPSE_TOKEN]")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="read the cluster token from this file")
+@click.option("--node-id", default="", help="node id (default: kept in the data dir)")
+@click.option("--rack", help="rack label (shorthand for --topology default/default/RACK)")
+@click.option("--topology", help="topology path, widest first, e.g. zone1/block2/rack7")
+@click.option("--cpus", help="cpu cores to offer, e.g. 16 or 500m (default: all)")
+@click.option("--memory", help="memory to offer, e.g. 512Gi (default: all)")
+@click.option("--gpus", type=int, help="GPUs to offer (default: detected)")
+@click.option("--data-dir", default="/var/lib/synapse-worker", show_default=True, type=click.Path(file_okay=False),
+              help="node id, state file, task logs")
+@click.option("--address", default=socket.gethostname, show_default="this host's name",
+              help="host other machines reach this one at")
+@click.option("--port", type=int, default=0, show_default=True, help="port of the worker's log service (0: any free)")
+@click.option("--heartbeat-interval", type=float, default=5.0, show_default=True, help="seconds between heartbeats")
+@click.option("--stop-grace", type=float, default=10.0, show_default=True,
+              help="seconds from SIGTERM to SIGKILL for a task")
+@click.option("--runtime", default="", help="external runtime template, e.g. 'carapace run {task_id} {image}'")
+@click.option("--ca", envvar="SYNAPSE_CA", default="", help="CA of the masters' TLS certificates [env: SYNAPSE_CA]")
+@click.option("--cert", default="", help="this worker's client certificate (mTLS; CN = node id)")
+@click.option("--key", default="", help="its private key")
+@click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
+@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
+def main(masters: str, token: str, token_file: str | None, node_id: str, rack: str | None, topology: str | None,
+         cpus: str | None, memory: str | None, gpus: int | None, data_dir: str, address: str, port: int,
+         heartbeat_interval: float, stop_grace: float, runtime: str, ca: str, cert: str, key: str,
+         stop_tasks_on_exit: bool, log_level: str) -> None:
+    """Run the Synapse worker agent on this machine."""
+    if rack and topology:
+        fail("synapse-worker", "give --rack or --topology, not both")
+    addresses = parse_addresses(masters)
+    if not addresses:
+        fail("synapse-worker", "--masters (or SYNAPSE_MASTERS) is required")
+    try:
+        capacity = Resources(parse_cpu(cpus) if cpus else (os.cpu_count() or 1) * 1000,
+                             parse_memory(memory) if memory else detect_memory(),
+                             gpus if gpus is not None else detect_gpus())
+    except QuantityError as exc:
+        fail("synapse-worker", str(exc))
+    root = Path(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    node_id = node_id_for(root, node_id)
+    configure("synapse-worker", node_id, log_level)
+    if token_file:
+        token = Path(token_file).read_text().strip()
+    path = tuple(topology.split("/")) if topology else ((rack,) if rack else ())
+    agent = WorkerAgent(node_id=node_id, address=address, topology=path, capacity=capacity,
+                        masters=addresses, token=token, data_dir=root,
+                        heartbeat_interval=heartbeat_interval, stop_grace=stop_grace,
+                        runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))
+    try:
+        agent.run()
+    except AuthError as exc:
+        fail("synapse-worker", str(exc), 4)
+    if stop_tasks_on_exit:
+        stop_all(agent.runtime, [t.handle for t in agent.state.running() if t.handle], stop_grace)
+    log.info("worker stopped node=%s", node_id)
+
+
+if __name__ == "__main__":
+    main()
