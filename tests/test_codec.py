@@ -4,7 +4,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.model import Placement, Resources
+from synapse.core.model import Placement, Resources, Role
 from synapse.proto import commands_pb2
 from tests.helpers import spec
 
@@ -14,8 +14,8 @@ ALL_COMMANDS = [
     c.NodeDown(at=2, term=3, node_id="n1", reason="silent 10s"),
     c.NodeUp(at=2, term=3, node_id="n1"),
     c.SetSchedulable(at=2, node_id="n1", schedulable=False),
-    c.SubmitJob(at=3, job_id="j1", request_id="r1", spec=spec(tasks=4, pack="rack", required=True,
-                                                                priority=5, time_limit=60)),
+    c.SubmitJob(at=3, by="alice", job_id="j1", request_id="r1", spec=spec(tasks=4, pack="rack", required=True,
+                                                                          priority=5, time_limit=60)),
     c.CommitPlan(at=4, term=2, job_id="j1", attempt=1,
                  placements=(Placement(0, "n1", (0, 1), 0), Placement(1, "n2", (), 1))),
     c.TaskStarted(at=5, job_id="j1", attempt=1, index=0, node_id="n1"),
@@ -24,6 +24,9 @@ ALL_COMMANDS = [
     c.FailAttempt(at=8, term=4, job_id="j1", attempt=2, reason="time limit", final=True),
     c.Barrier(at=9, term=4, reason="read"),
     c.ForgetJobs(at=10, term=4, job_ids=("j1", "j2")),
+    c.AddUser(at=11, by="admin", name="alice", role=Role.ADMIN, groups=("team-a", "ml"), token_hash="ab" * 32),
+    c.SetUserToken(at=12, by="alice", name="alice", token_hash="cd" * 32),
+    c.RemoveUser(at=13, by="admin", name="alice"),
 ]
 
 

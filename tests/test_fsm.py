@@ -6,7 +6,7 @@ import pytest
 
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
-from synapse.core.model import JobStatus, NodeStatus, Placement, Resources, TaskState
+from synapse.core.model import JobStatus, NodeStatus, Placement, Resources, Role, TaskState
 from tests.helpers import GI, NODE, checked, cluster, spec
 
 
@@ -284,3 +284,67 @@ def test_forget_jobs_drops_only_finished_jobs_and_frees_their_request_ids():
     assert result.value == "1" and list(state.jobs) == ["waiting"]
     assert "r-done" not in state.job_by_request and state.job_by_request["r-waiting"] == "waiting"
     assert submit(state, "again", request_id="r-done").value == "again"  # the request id is free again
+
+
+# ---- users ----------------------------------------------------------------------------------------
+
+def add(state, name="alice", token_hash="h1", role=Role.USER, groups=("team-a",), by="admin"):
+    return state.apply(c.AddUser(at=50, by=by, name=name, role=role, groups=groups, token_hash=token_hash))
+
+
+def test_users_are_added_rotated_and_removed_with_their_token_index():
+    state = cluster(racks=1, nodes_per_rack=1)
+    assert add(state).ok
+    assert state.user_by_token == {"h1": "alice"} and state.users["alice"].created_by == "admin"
+    assert state.apply(c.SetUserToken(at=60, by="alice", name="alice", token_hash="h2")).ok
+    assert state.user_by_token == {"h2": "alice"} and state.users["alice"].token_set_at == 60
+    assert state.apply(c.RemoveUser(at=70, by="admin", name="alice")).ok
+    assert state.users == {} and state.user_by_token == {}
+
+
+@pytest.mark.parametrize("kw, error", [
+    ({"name": "Alice"}, "user name"), ({"name": "admin"}, "reserved"), ({"name": ""}, "user name"),
+    ({"groups": ("ok", "Bad Group")}, "group name"), ({"groups": ("a", "a")}, "each at most once"),
+    ({"token_hash": ""}, "token hash"),
+])
+def test_bad_users_change_nothing(kw, error):
+    state = cluster(racks=1, nodes_per_rack=1)
+    before = state.digest()
+    result = add(state, **kw)
+    assert not result.ok and error in result.error
+    state.applied -= 1  # the rejection is counted; everything else is as it was
+    assert state.digest() == before
+
+
+def test_duplicate_names_and_tokens_are_refused():
+    state = cluster(racks=1, nodes_per_rack=1)
+    assert add(state).ok
+    assert "already exists" in add(state, token_hash="h9").error
+    assert "already in use" in add(state, name="bob").error
+    assert "unknown user" in state.apply(c.RemoveUser(at=70, name="bob")).error
+    assert "already in use" in state.apply(c.SetUserToken(at=70, name="alice", token_hash="h1")).error
+
+
+def test_jobs_record_who_submitted_and_who_cancelled_and_snapshots_keep_users():
+    state = cluster(racks=1, nodes_per_rack=1)
+    assert add(state).ok
+    checked(state, c.SubmitJob(at=10, by="alice", job_id="j1", request_id="r1", spec=spec()))
+    checked(state, c.CancelJob(at=11, by="admin", job_id="j1"))
+    job = state.jobs["j1"]
+    assert (job.user, job.cancelled_by) == ("alice", "admin")
+    assert job.events[0].message.startswith("by alice:")
+    assert any("cancelled by admin" in e.message for e in job.events)
+    restored = ClusterState.from_snapshot(state.to_snapshot())
+    assert restored.digest() == state.digest()
+    assert restored.user_by_token == {"h1": "alice"} and restored.jobs["j1"].user == "alice"
+
+
+def test_a_snapshot_from_before_users_still_loads():
+    state = cluster(racks=1, nodes_per_rack=1)
+    checked(state, c.SubmitJob(at=10, job_id="j1", request_id="r1", spec=spec()))
+    old = state.to_snapshot()
+    del old["users"]
+    for job in old["jobs"]:
+        del job["user"], job["cancelled_by"]
+    restored = ClusterState.from_snapshot(old)
+    assert restored.users == {} and restored.jobs["j1"].user == ""

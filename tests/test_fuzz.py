@@ -116,3 +116,51 @@ def test_malformed_request_bytes_on_every_rpc(shared_cluster):
     # Still serving, replicas still agree.
     assert client.list_nodes() is not None
     shared_cluster.converged_digest()
+
+
+user_requests = st.fixed_dictionaries({
+    "method": st.sampled_from(["AddUser", "RotateUserToken", "RemoveUser", "LogAccess"]),
+    "name": st.text(max_size=40) | st.sampled_from(["admin", "ok-user", "a" * 33, ""]),
+    "groups": st.lists(st.text(max_size=12), max_size=4), "role": st.sampled_from(["", "user", "admin", "root"]),
+    "attempt": st.integers(-5, 5)})
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(user_requests)
+def test_user_rpc_fuzz_never_crashes_and_refusals_change_nothing(shared_cluster, r):
+    from synapse.proto import api_pb2
+
+    client = shared_cluster.client
+    before = list(client.call("ListUsers", api_pb2.ListUsersRequest()).users)
+    request = {"AddUser": lambda: api_pb2.AddUserRequest(name=r["name"], groups=r["groups"], role=r["role"]),
+               "RotateUserToken": lambda: api_pb2.RotateUserTokenRequest(name=r["name"]),
+               "RemoveUser": lambda: api_pb2.RemoveUserRequest(name=r["name"]),
+               "LogAccess": lambda: api_pb2.LogAccessRequest(job_id=r["name"], attempt=r["attempt"])}[r["method"]]()
+    try:
+        reply = getattr(client.stub(client.leader), r["method"])(request, metadata=client.metadata, timeout=10)
+    except grpc.RpcError as exc:
+        assert exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                              grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION), \
+            (exc.code(), exc.details())
+        assert list(client.call("ListUsers", api_pb2.ListUsersRequest()).users) == before
+        return
+    after = {u.name for u in client.call("ListUsers", api_pb2.ListUsersRequest()).users}
+    if r["method"] == "AddUser":
+        assert reply.user.name == r["name"] in after and reply.token.startswith("syn_")
+    elif r["method"] == "RemoveUser":
+        assert r["name"] not in after
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=80))  # what metadata may carry
+def test_any_wrong_token_is_unauthenticated(shared_cluster, token):
+    from synapse.proto import api_pb2
+
+    client = shared_cluster.client
+    client.list_nodes()
+    with pytest.raises(grpc.RpcError) as err:
+        client.stub(client.leader).ListNodes(api_pb2.ListNodesRequest(), timeout=10,
+                                             metadata=(("authorization", f"Bearer {token}"),))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value.details()

@@ -45,6 +45,10 @@ class AuthError(ClientError):
     """The cluster refused our credentials."""
 
 
+class PermissionDenied(ClientError):
+    """The cluster knows who we are, and that is not allowed (not our job, or not an admin)."""
+
+
 class TLSError(AuthError):
     """The TLS handshake failed (wrong CA, expired or missing certificate): retrying will not help."""
 
@@ -147,6 +151,8 @@ class MasterClient:
                     code, details = exc.code(), exc.details() or ""
                     if code == grpc.StatusCode.UNAUTHENTICATED:
                         raise AuthError(code, f"{address}: {details}") from None
+                    if code == grpc.StatusCode.PERMISSION_DENIED:
+                        raise PermissionDenied(code, details) from None
                     if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
                         raise TLSError(code, f"{address}: TLS failed: {details}") from None
                     hint = _leader_hint(exc)
@@ -189,12 +195,13 @@ class MasterClient:
     def get_job(self, job_id: str) -> api_pb2.JobInfo:
         return self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))
 
-    def list_jobs(self, statuses: list[str] | None = None, page: int = 0) -> list[api_pb2.JobInfo]:
-        """Every job (without events), oldest first, fetched a page at a time."""
+    def list_jobs(self, statuses: list[str] | None = None, page: int = 0, user: str = "") -> list[api_pb2.JobInfo]:
+        """Every job (without events), oldest first, fetched a page at a time; `user`: only theirs."""
         out: list[api_pb2.JobInfo] = []
         after = ""
         while True:
-            reply = self.call("ListJobs", api_pb2.ListJobsRequest(status=statuses or [], limit=page, after=after))
+            reply = self.call("ListJobs", api_pb2.ListJobsRequest(status=statuses or [], limit=page, after=after,
+                                                                  user=user))
             out += reply.jobs
             if not reply.next:
                 return out

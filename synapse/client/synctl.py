@@ -25,18 +25,22 @@ from synapse.client.master_client import (
     ClientError,
     ClusterUnavailable,
     MasterClient,
+    PermissionDenied,
     TLSError,
     new_request_id,
 )
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
-from synapse.common.tls import TLSFiles
+from synapse.common.tls import TLSFiles, channel_credentials
 from synapse.core import codec
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.quantity import format_cpu, format_memory
 from synapse.proto import api_pb2, api_pb2_grpc
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+#: Exit codes (README, "synctl"): 2 refused or bad input, 3 cluster unreachable, 4 not
+#: authenticated, 5 authenticated but not allowed.
+EXIT_DENIED = 5
 
 
 class Context:
@@ -63,6 +67,8 @@ def run(action: Callable[[], Any]) -> Any:
         return action()
     except TLSError as exc:
         fail(f"TLS failed: {exc.message} (check --ca / SYNAPSE_CA, --cert, --key)", 4)
+    except PermissionDenied as exc:
+        fail(exc.message, EXIT_DENIED)
     except AuthError as exc:
         fail(f"authentication failed: {exc.message} (check --token / SYNAPSE_TOKEN)", 4)
     except ClientError as exc:
@@ -95,7 +101,8 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
                       "gpu": spec.resources.gpu},
         "topology": {"pack": spec.topology.pack or "lowest", "mode": spec.topology.mode.value},
-        "command": list(spec.command), "request_id": info.request_id,
+        "command": list(spec.command), "request_id": info.request_id, "user": info.user or None,
+        "cancelled_by": info.cancelled_by or None,
         "submitted_at": info.submitted_at, "started_at": info.started_at or None,
         "finished_at": info.finished_at or None,
         "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
@@ -112,6 +119,15 @@ def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
             "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
             "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
             "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
+
+
+def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
+    """A channel to a worker's log service: over TLS when the cluster uses it, checking that the
+    worker's certificate was issued to that node (not merely to some host at that address)."""
+    if not obj.tls.enabled:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, channel_credentials(obj.tls),
+                               options=[("grpc.ssl_target_name_override", node_id)])
 
 
 def when(ts: float | None) -> str:
@@ -225,15 +241,16 @@ def get() -> None:
 
 @get.command("jobs")
 @click.option("--status", multiple=True, help="only jobs in this status (repeatable)")
+@click.option("--user", default="", help="only jobs this user submitted")
 @OUTPUT
 @click.pass_obj
-def get_jobs(obj: Context, status: tuple[str, ...], output: str) -> None:
+def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> None:
     """List jobs, oldest first."""
-    jobs = [job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status]))]
+    jobs = [job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status], user=user))]
     emit(jobs, output, lambda rows: render_table(
-        ["ID", "NAME", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
-        [[j["id"], j["name"], j["status"], j["attempt"], j["tasks_requested"], j["resources"]["gpu"],
-          when(j["submitted_at"])] for j in rows]))
+        ["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
+        [[j["id"], j["name"], j["user"] or "-", j["status"], j["attempt"], j["tasks_requested"],
+          j["resources"]["gpu"], when(j["submitted_at"])] for j in rows]))
 
 
 @get.command("nodes")
@@ -266,7 +283,9 @@ def describe_job(obj: Context, job_id: str, output: str) -> None:
 
 def _describe_table(j: dict[str, Any]) -> str:
     r = j["resources"]
-    lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}",
+    cancelled = f" (cancelled by {j['cancelled_by']})" if j["cancelled_by"] else ""
+    lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
+             f"User:       {j['user'] or '-'}",
              f"Attempt:    {j['attempt']} of {j['max_restarts'] + 1}",
              f"Gang:       {j['tasks_requested']} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
@@ -293,33 +312,27 @@ def _describe_table(j: dict[str, Any]) -> str:
 @click.option("-f", "--follow", is_flag=True, help="keep printing while the tasks run")
 @click.pass_obj
 def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None, follow: bool) -> None:
-    """Print a job's task output, read straight from the workers that ran it."""
-    info = run(lambda: obj.client.get_job(job_id))
-    placed = {a.attempt: list(a.nodes) for a in info.attempts}
-    if not placed:
-        fail(f"job {job_id} has not run yet ({info.status})", 2)
-    attempt = attempt or max(placed)
-    if attempt not in placed:
-        fail(f"job {job_id} has no attempt {attempt} that ran (attempts: {sorted(placed)})", 2)
-    nodes = placed[attempt]
-    indices = [task_index] if task_index is not None else list(range(len(nodes)))
-    if any(not 0 <= i < len(nodes) for i in indices):
-        fail(f"job {job_id} has tasks 0..{len(nodes) - 1}", 2)
-    addresses = {n.id: n.address for n in run(obj.client.list_nodes)}
+    """Print a job's task output, read straight from the workers that ran it (yours, or any as admin)."""
+    access = run(lambda: obj.client.call("LogAccess", api_pb2.LogAccessRequest(job_id=job_id, attempt=attempt or 0)))
+    tickets = {t.index: t for t in access.tickets}
+    indices = [task_index] if task_index is not None else sorted(tickets)
+    if any(i not in tickets for i in indices):
+        fail(f"job {job_id} has tasks 0..{len(tickets) - 1}", 2)
     prefix = len(indices) > 1
 
     def stream(index: int) -> None:
-        node = nodes[index]
-        channel = grpc.insecure_channel(addresses.get(node, ""))
-        request = api_pb2.ReadLogRequest(job_id=job_id, attempt=attempt, index=index, follow=follow)
+        ticket = tickets[index]
+        channel = _worker_channel(obj, ticket.address, ticket.node_id)
+        request = api_pb2.ReadLogRequest(job_id=job_id, attempt=access.attempt, index=index, follow=follow,
+                                         ticket=ticket.ticket)
         try:
-            for chunk in api_pb2_grpc.WorkerStub(channel).ReadLog(request, metadata=obj.client.metadata):
+            for chunk in api_pb2_grpc.WorkerStub(channel).ReadLog(request):
                 text = chunk.data.decode(errors="replace")
                 if prefix:
                     text = "".join(f"[task {index}] {line}" for line in text.splitlines(keepends=True))
                 click.echo(text, nl=False)
         except grpc.RpcError as exc:
-            click.echo(f"synctl: task {index} on {node}: {exc.details() or exc.code().name}", err=True)
+            click.echo(f"synctl: task {index} on {ticket.node_id}: {exc.details() or exc.code().name}", err=True)
         finally:
             channel.close()
 
@@ -432,6 +445,80 @@ def remove_master(obj: Context, replica_id: str, raft_address: str) -> None:
     reply = run(lambda: obj.client.call("RemoveReplica", api_pb2.MembershipRequest(
         id=replica_id, raft_address=raft_address)))
     click.echo(reply.message)
+
+
+def user_dict(u: api_pb2.UserInfo) -> dict[str, Any]:
+    return {"name": u.name, "role": u.role, "groups": list(u.groups), "created_at": u.created_at or None,
+            "created_by": u.created_by or None, "token_set_at": u.token_set_at or None,
+            **({"bootstrap": True} if u.bootstrap else {})}
+
+
+def _emit_token(reply: api_pb2.UserToken, output: str, verb: str) -> None:
+    data = {**user_dict(reply.user), "token": reply.token}
+    emit(data, output, lambda d: (
+        f"user {d['name']} {verb} (role {d['role']}, groups {','.join(d['groups']) or '-'}).\n"
+        f"Its token, shown this once (the cluster keeps only a keyed hash):\n\n"
+        f"export SYNAPSE_TOKEN={d['token']}"))
+
+
+@main.group()
+def user() -> None:
+    """Manage users (admin), or see who you are."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--group", "groups", multiple=True, help="a group the user belongs to (repeatable)")
+@click.option("--admin", is_flag=True, help="give the user the admin role (default: user)")
+@OUTPUT
+@click.pass_obj
+def user_add(obj: Context, name: str, groups: tuple[str, ...], admin: bool, output: str) -> None:
+    """Add a user and print its token (once)."""
+    reply = run(lambda: obj.client.call("AddUser", api_pb2.AddUserRequest(
+        name=name, groups=list(groups), role="admin" if admin else "user")))
+    _emit_token(reply, output, "added")
+
+
+@user.command("rotate")
+@click.argument("name", required=False, default="")
+@OUTPUT
+@click.pass_obj
+def user_rotate(obj: Context, name: str, output: str) -> None:
+    """Issue a new token for NAME (default: yourself); the old one stops working at once."""
+    reply = run(lambda: obj.client.call("RotateUserToken", api_pb2.RotateUserTokenRequest(name=name)))
+    _emit_token(reply, output, "has a new token")
+
+
+@user.command("remove")
+@click.argument("name")
+@click.pass_obj
+def user_remove(obj: Context, name: str) -> None:
+    """Remove a user: its token stops working on every master. Its jobs keep running."""
+    run(lambda: obj.client.call("RemoveUser", api_pb2.RemoveUserRequest(name=name)))
+    click.echo(f"user {name} removed")
+
+
+@user.command("list")
+@OUTPUT
+@click.pass_obj
+def user_list(obj: Context, output: str) -> None:
+    """List users (admin)."""
+    users = [user_dict(u) for u in run(lambda: obj.client.call("ListUsers", api_pb2.ListUsersRequest())).users]
+    emit(users, output, lambda rows: render_table(
+        ["NAME", "ROLE", "GROUPS", "CREATED", "BY", "TOKEN SET"],
+        [[u["name"], u["role"], ",".join(u["groups"]) or "-", when(u["created_at"]), u["created_by"] or "-",
+          when(u["token_set_at"])] for u in rows]))
+
+
+@main.command()
+@OUTPUT
+@click.pass_obj
+def whoami(obj: Context, output: str) -> None:
+    """Who the cluster takes you for, and your role."""
+    me = user_dict(run(lambda: obj.client.call("WhoAmI", api_pb2.WhoAmIRequest())))
+    emit(me, output, lambda d: f"{d['name']} (role {d['role']}"
+         + (", the cluster token's built-in admin" if d.get("bootstrap") else "")
+         + (f", groups {','.join(d['groups'])}" if d["groups"] else "") + ")")
 
 
 if __name__ == "__main__":

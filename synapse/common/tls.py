@@ -3,8 +3,10 @@
     synapse-master gen-certs --out DIR --hosts 127.0.0.1,localhost,m1.example --workers w1,w2
 
 writes `ca.pem` (+ `ca-key.pem`), `server.pem` / `server-key.pem` (valid for every --hosts name
-or IP, used by every master), `client.pem` / `client-key.pem` (for synctl, optional), and for each
-worker `worker-<id>.pem` / `worker-<id>-key.pem` whose common name is the node id.
+or IP, used by every master), `client.pem` / `client-key.pem` (for synctl, optional), for each
+worker `worker-<id>.pem` / `worker-<id>-key.pem` whose common name (and DNS name) is the node id
+(it is also the worker's log-service certificate), and with `--users` a `user-<name>.pem` per user
+whose common name is the user name (for `tls.user_certs`).
 
 With `tls.require_worker_certs`, every caller must present a certificate signed by the CA (gRPC
 for Python cannot ask for a client certificate without requiring one), and a worker's calls are
@@ -59,7 +61,8 @@ def peer_common_name(context: grpc.ServicerContext) -> str:
     return names[0].decode() if names else ""
 
 
-def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365) -> list[Path]:
+def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365,
+             users: tuple[str, ...] = ()) -> list[Path]:
     """A development CA plus server, client and per-worker certificates (see the module docstring)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -91,13 +94,13 @@ def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365) -
     save("ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM))
     save("ca-key.pem", key_pem(ca_key), private=True)
 
-    def leaf(name: str, common_name: str, usage, sans: list[str]) -> None:
+    def leaf(name: str, common_name: str, usages, sans: list[str]) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (x509.CertificateBuilder()
                    .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                    .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False))
         if sans:
             entries = []
             for host in sans:
@@ -110,8 +113,12 @@ def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365) -
         save(f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM))
         save(f"{name}-key.pem", key_pem(key), private=True)
 
-    leaf("server", hosts[0] if hosts else "synapse-master", ExtendedKeyUsageOID.SERVER_AUTH, hosts)
-    leaf("client", "synctl", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    leaf("server", hosts[0] if hosts else "synapse-master", [ExtendedKeyUsageOID.SERVER_AUTH], hosts)
+    leaf("client", "synctl", [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     for worker in workers:
-        leaf(f"worker-{worker}", worker, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+        # A worker's certificate is also its log service's: clients check it names the node.
+        leaf(f"worker-{worker}", worker, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
+             [worker])
+    for user in users:
+        leaf(f"user-{user}", user, [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     return written

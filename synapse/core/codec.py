@@ -9,7 +9,18 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from synapse.core import commands as c
-from synapse.core.model import Assignment, Job, JobSpec, Node, PackMode, Placement, Resources, TopologySpec
+from synapse.core.model import (
+    Assignment,
+    Job,
+    JobSpec,
+    Node,
+    PackMode,
+    Placement,
+    Resources,
+    Role,
+    TopologySpec,
+    User,
+)
 from synapse.proto import api_pb2, commands_pb2, types_pb2
 
 #: Version of the command encoding written by this code. Bump it when a change would make an older
@@ -59,7 +70,7 @@ def placement_from_proto(p: types_pb2.Placement) -> Placement:
 
 
 def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
-    env = commands_pb2.Command(version=COMMAND_VERSION, at=cmd.at, term=cmd.term)
+    env = commands_pb2.Command(version=COMMAND_VERSION, at=cmd.at, term=cmd.term, by=cmd.by)
     match cmd:
         case c.RegisterNode():
             env.register_node.CopyFrom(commands_pb2.RegisterNode(
@@ -98,6 +109,13 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
         case c.SetReplica():
             env.set_replica.CopyFrom(commands_pb2.SetReplica(id=cmd.id, raft_address=cmd.raft_address,
                                                              api_address=cmd.api_address, removed=cmd.removed))
+        case c.AddUser():
+            env.add_user.CopyFrom(commands_pb2.AddUser(name=cmd.name, groups=list(cmd.groups), role=cmd.role.value,
+                                                       token_hash=cmd.token_hash))
+        case c.SetUserToken():
+            env.set_user_token.CopyFrom(commands_pb2.SetUserToken(name=cmd.name, token_hash=cmd.token_hash))
+        case c.RemoveUser():
+            env.remove_user.CopyFrom(commands_pb2.RemoveUser(name=cmd.name))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -108,7 +126,7 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
         raise CodecError(f"command version {env.version} is not supported (this replica knows "
                          f"1..{COMMAND_VERSION})")
     kind = env.WhichOneof("body")
-    base = {"at": env.at, "term": env.term}
+    base = {"at": env.at, "term": env.term, "by": env.by}
     match kind:
         case "register_node":
             b = env.register_node
@@ -151,6 +169,17 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
             b = env.set_replica
             return c.SetReplica(id=b.id, raft_address=b.raft_address, api_address=b.api_address,
                                 removed=b.removed, **base)
+        case "add_user":
+            b = env.add_user
+            try:
+                role = Role(b.role)
+            except ValueError:
+                raise CodecError(f"add_user: unknown role {b.role!r}") from None
+            return c.AddUser(name=b.name, role=role, groups=tuple(b.groups), token_hash=b.token_hash, **base)
+        case "set_user_token":
+            return c.SetUserToken(name=env.set_user_token.name, token_hash=env.set_user_token.token_hash, **base)
+        case "remove_user":
+            return c.RemoveUser(name=env.remove_user.name, **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 
@@ -214,7 +243,13 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
                                 has_exit_code=t.exit_code is not None, attempt=t.attempt) for t in job.tasks],
         events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
         attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
-                  for a, nodes in sorted(job.placements.items())])
+                  for a, nodes in sorted(job.placements.items())],
+        user=job.user, cancelled_by=job.cancelled_by)
+
+
+def user_to_info(user: User) -> api_pb2.UserInfo:
+    return api_pb2.UserInfo(name=user.name, groups=list(user.groups), role=user.role.value,
+                            created_at=user.created_at, created_by=user.created_by, token_set_at=user.token_set_at)
 
 
 def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse.core.model import JobSpec, Placement, Resources
+from synapse.core.model import JobSpec, Placement, Resources, Role
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
     at: float  #: proposer's wall clock, seconds since the epoch
     term: int = 0  #: proposing leader's term; 0 for commands that any replica may forward
+    by: str = ""  #: the authenticated user who asked for it; "" for the cluster's own commands
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +112,29 @@ class ForgetJobs(Command):
     """Drop finished jobs from the state (retention); unfinished ones are left alone."""
 
     job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddUser(Command):
+    """A new user; the token's keyed hash only (the token never enters the log)."""
+
+    name: str
+    role: Role
+    groups: tuple[str, ...]
+    token_hash: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetUserToken(Command):
+    """A user's new token (rotation): the old one stops working when this applies."""
+
+    name: str
+    token_hash: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoveUser(Command):
+    name: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from sortedcontainers import SortedList
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.commands import Result
+from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.model import (
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
@@ -35,9 +36,11 @@ from synapse.core.model import (
     NodeStatus,
     PackMode,
     Resources,
+    Role,
     Task,
     TaskState,
     TopologySpec,
+    User,
 )
 from synapse.core.topology import CapacityIndex
 
@@ -67,6 +70,8 @@ class ClusterState:
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
         #: master replicas added at run time: id -> (raft address, api address); apply only
         self.replicas: dict[str, tuple[str, str]] = {}
+        self.users: dict[str, User] = {}  #: by name; apply only
+        self.user_by_token: dict[str, str] = {}  #: token hash -> user name; derived, rebuilt on restore
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -76,7 +81,8 @@ class ClusterState:
             c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
             c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
             c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
-            c.ForgetJobs: self._forget_jobs,
+            c.ForgetJobs: self._forget_jobs, c.AddUser: self._add_user,
+            c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -238,13 +244,13 @@ class ClusterState:
             return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
         self.job_seq += 1
         job = Job(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, submitted_at=cmd.at,
-                  seq=self.job_seq)
+                  seq=self.job_seq, user=cmd.by)
         self.jobs[job.id] = job
         if cmd.request_id:
             self.job_by_request[cmd.request_id] = job.id
         self.pending.add((job.queue_key(), job.id))
-        self._event(job, cmd.at, "Submitted",
-                    f"{cmd.spec.tasks} task(s), attempt 1 of {cmd.spec.max_restarts + 1}")
+        self._event(job, cmd.at, "Submitted", (f"by {cmd.by}: " if cmd.by else "")
+                    + f"{cmd.spec.tasks} task(s), attempt 1 of {cmd.spec.max_restarts + 1}")
         return Result(True, value=job.id)
 
     def _commit_plan(self, cmd: c.CommitPlan) -> Result:
@@ -357,8 +363,9 @@ class ClusterState:
             return Result.rejected(f"unknown job {cmd.job_id}")
         if job.status.terminal:
             return Result(True, value=f"already {job.status.value}")
-        reason = "cancelled" + (f": {cmd.reason}" if cmd.reason else "")
+        reason = "cancelled" + (f" by {cmd.by}" if cmd.by else "") + (f": {cmd.reason}" if cmd.reason else "")
         job.cancel_requested = True
+        job.cancelled_by = cmd.by
         if job.status is JobStatus.PENDING:
             self._finish(job, JobStatus.CANCELLED, reason, cmd.at)
             return Result(True)
@@ -397,6 +404,39 @@ class ClusterState:
         return Result(True, value=str(forgotten))
 
     # ---- transitions shared by the handlers ------------------------------------------------------
+
+    # ---- users ----------------------------------------------------------------------------------
+
+    def _add_user(self, cmd: c.AddUser) -> Result:
+        problem = user_name_problem(cmd.name) or groups_problem(cmd.groups)
+        if problem:
+            return Result.rejected(problem)
+        if cmd.name in self.users:
+            return Result.rejected(f"user {cmd.name} already exists")
+        if not cmd.token_hash or cmd.token_hash in self.user_by_token:
+            return Result.rejected("token hash missing or already in use")
+        self.users[cmd.name] = User(name=cmd.name, role=cmd.role, groups=cmd.groups, token_hash=cmd.token_hash,
+                                    created_at=cmd.at, created_by=cmd.by, token_set_at=cmd.at)
+        self.user_by_token[cmd.token_hash] = cmd.name
+        return Result(True, value=cmd.name)
+
+    def _set_user_token(self, cmd: c.SetUserToken) -> Result:
+        user = self.users.get(cmd.name)
+        if user is None:
+            return Result.rejected(f"unknown user {cmd.name}")
+        if not cmd.token_hash or cmd.token_hash in self.user_by_token:
+            return Result.rejected("token hash missing or already in use")
+        del self.user_by_token[user.token_hash]
+        user.token_hash, user.token_set_at = cmd.token_hash, cmd.at
+        self.user_by_token[cmd.token_hash] = cmd.name
+        return Result(True, value=cmd.name)
+
+    def _remove_user(self, cmd: c.RemoveUser) -> Result:
+        user = self.users.pop(cmd.name, None)
+        if user is None:
+            return Result.rejected(f"unknown user {cmd.name}")
+        del self.user_by_token[user.token_hash]
+        return Result(True, value=cmd.name)
 
     def _find_task(self, job_id: str, attempt: int, index: int,
                    node_id: str) -> tuple[Job, Task, str]:
@@ -481,6 +521,7 @@ class ClusterState:
             "version": SNAPSHOT_VERSION, "levels": list(self.levels), "applied": self.applied,
             "max_term": self.max_term, "job_seq": self.job_seq,
             "replicas": {k: list(v) for k, v in sorted(self.replicas.items())},
+            "users": [_user_to_dict(u) for _, u in sorted(self.users.items())],
             "nodes": [_node_to_dict(n) for n in sorted(self.nodes.values(), key=lambda n: n.id)],
             "jobs": [_job_to_dict(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
         }
@@ -492,6 +533,10 @@ class ClusterState:
         state = cls(tuple(data["levels"]))
         state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
         state.replicas = {k: (v[0], v[1]) for k, v in data.get("replicas", {}).items()}
+        for ud in data.get("users", []):
+            user = _user_from_dict(ud)
+            state.users[user.name] = user
+            state.user_by_token[user.token_hash] = user.name
         for nd in data["nodes"]:
             node = _node_from_dict(nd)
             state.nodes[node.id] = node
@@ -567,7 +612,8 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "started_at": j.started_at, "finished_at": j.finished_at, "stop_reason": j.stop_reason,
             "cancel_requested": j.cancel_requested, "final_failure": j.final_failure,
             "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
-            "events": [[e.at, e.kind, e.message] for e in j.events]}
+            "events": [[e.at, e.kind, e.message] for e in j.events],
+            "user": j.user, "cancelled_by": j.cancelled_by}
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -576,9 +622,20 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               attempt=d["attempt"], started_at=d["started_at"], finished_at=d["finished_at"],
               stop_reason=d["stop_reason"], cancel_requested=d["cancel_requested"],
               final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]],
-              placements={a: tuple(nodes) for a, nodes in d["placements"]})
+              placements={a: tuple(nodes) for a, nodes in d["placements"]},
+              user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""))
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],
                       started_at=t["started_at"], ended_at=t["ended_at"]) for t in d["tasks"]]
     return job
+
+
+def _user_to_dict(u: User) -> dict[str, Any]:
+    return {"name": u.name, "role": u.role.value, "groups": list(u.groups), "token_hash": u.token_hash,
+            "created_at": u.created_at, "created_by": u.created_by, "token_set_at": u.token_set_at}
+
+
+def _user_from_dict(d: dict[str, Any]) -> User:
+    return User(name=d["name"], role=Role(d["role"]), groups=tuple(d["groups"]), token_hash=d["token_hash"],
+                created_at=d["created_at"], created_by=d["created_by"], token_set_at=d["token_set_at"])

@@ -201,6 +201,8 @@ class Job:
     events: list[Event] = field(default_factory=list)
     #: attempt -> node of each task index, for every attempt that was placed (logs of old attempts)
     placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    user: str = ""  #: who submitted it: the authenticated caller, never a name the client claims
+    cancelled_by: str = ""  #: who asked to cancel it, if anyone did
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts
@@ -208,6 +210,26 @@ class Job:
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""
         return (-self.spec.priority, self.submitted_at, self.seq)
+
+
+class Role(enum.StrEnum):
+    """What a user may do: `admin` everything; `user` submit, read, and cancel its own jobs."""
+
+    ADMIN = "admin"
+    USER = "user"
+
+
+@dataclass(slots=True)
+class User:
+    """A user of the cluster. Only the token's keyed hash is kept (see synapse.master.access)."""
+
+    name: str
+    role: Role
+    groups: tuple[str, ...]
+    token_hash: str
+    created_at: float
+    created_by: str
+    token_set_at: float
 
 
 @dataclass(frozen=True, slots=True)

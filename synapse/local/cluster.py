@@ -102,9 +102,11 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
-       min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False) -> dict[str, Any]:
+       min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
+       user_certs: tuple[str, ...] = ()) -> dict[str, Any]:
     """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
-    its own network namespace with its own address (see synapse.netns; needs root)."""
+    its own network namespace with its own address (see synapse.netns; needs root). With
+    `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
         running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
@@ -142,9 +144,13 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         "replicas": replicas}
     tls_dir = data_dir / "tls"
     if tls:
-        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)])
+        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)],
+                 users=user_certs)
         doc["tls"] = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "server.pem"),
-                      "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True}
+                      "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True,
+                      "user_certs": bool(user_certs)}
+    elif user_certs:
+        raise click.ClickException("user certificates need --tls")
     config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     state: dict[str, Any] = {"masters": [], "workers": [], "token": token, "data_dir": str(data_dir),
                              "ca": str(tls_dir / "ca.pem") if tls else "",

@@ -38,12 +38,15 @@ def main() -> None:
 @click.option("--base-port", default=7000, show_default=True, help="API ports from here, Raft ports from +100")
 @click.option("--heartbeat", default=1.0, show_default=True, help="worker heartbeat interval, seconds")
 @click.option("--tls", is_flag=True, help="generate a development CA: TLS for the API, mTLS for workers")
+@click.option("--user-cert", "user_certs", multiple=True,
+              help="with --tls: a client certificate for this user name (repeatable); its CN names the user")
 @click.option("--netns", is_flag=True,
               help="each master in its own network namespace and address (root), so `isolate` can cut it off")
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
-           heartbeat: float, tls: bool, netns: bool) -> None:
+           heartbeat: float, tls: bool, user_certs: tuple[str, ...], netns: bool) -> None:
     """Start the cluster in the background; returns once it is ready."""
-    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns)
+    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns,
+               user_certs=user_certs)
     addresses = ",".join(m["api_address"] for m in state["masters"])
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")

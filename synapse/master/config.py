@@ -15,7 +15,8 @@
       ca: /etc/synapse/ca.pem
       cert: /etc/synapse/server.pem           # {id} allowed
       key: /etc/synapse/server-key.pem
-      require_worker_certs: true              # worker calls need a cert whose CN is the node id
+      require_worker_certs: true              # every caller needs a cert; a worker's CN is its node id
+      user_certs: true                        # a client cert's CN names the user when no token is given
     replicas:
       - {id: m1, raft: 10.0.0.1:7100, api: 10.0.0.1:7000}
       - {id: m2, raft: 10.0.0.2:7100, api: 10.0.0.2:7000}
@@ -68,6 +69,8 @@ class ClusterConfig:
     min_free_disk: int = 256 << 20  #: bytes
     tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
     require_worker_certs: bool = False
+    #: a verified client certificate's common name identifies a user when the call carries no token
+    user_certs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replica(self, replica_id: str) -> Replica:
@@ -160,8 +163,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     except QuantityError as exc:
         raise ConfigError(f"min_free_disk: {exc}") from None
     tls_doc = doc.get("tls") or {}
-    if not isinstance(tls_doc, dict) or set(tls_doc) - {"ca", "cert", "key", "require_worker_certs"}:
-        raise ConfigError("tls: must be {ca, cert, key, require_worker_certs}")
+    if not isinstance(tls_doc, dict) or set(tls_doc) - {"ca", "cert", "key", "require_worker_certs", "user_certs"}:
+        raise ConfigError("tls: must be {ca, cert, key, require_worker_certs, user_certs}")
     tls = TLSFiles(str(tls_doc.get("ca", "")), str(tls_doc.get("cert", "")), str(tls_doc.get("key", "")))
     if tls.enabled and not (tls.cert and tls.key):
         raise ConfigError("tls: ca, cert and key are all required")
@@ -178,9 +181,13 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         heartbeat_timeout=_duration(doc, "heartbeat_timeout", 10.0),
         election_min=election_min, election_max=election_max, tls=tls, durability=durability,
         min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
-        require_worker_certs=bool(tls_doc.get("require_worker_certs", False)))
+        require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
+        user_certs=bool(tls_doc.get("user_certs", False)))
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
+    if config.user_certs and not config.require_worker_certs:
+        raise ConfigError("tls.user_certs: needs tls.require_worker_certs (gRPC asks every caller for a "
+                          "certificate or none)")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ConfigError("heartbeat_timeout: must be longer than heartbeat_interval")
     return config

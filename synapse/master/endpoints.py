@@ -17,12 +17,15 @@ import time
 
 import grpc
 
-from synapse.common.auth import LEADER_METADATA_KEY, NODE_CREDENTIAL_KEY
+from synapse.common import tickets
+from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
 from synapse.core import codec
 from synapse.core import commands as c
+from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
-from synapse.core.model import JobStatus
+from synapse.core.model import JobStatus, Role
+from synapse.master.access import ACCESS, BOOTSTRAP, CALLER, OPEN, Identity, denial, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.raft import ProposeError
 from synapse.master.replica import LEADER_WAIT_S, Master
@@ -49,6 +52,61 @@ MAX_ID_CHARS = 256
 class MasterServicer(api_pb2_grpc.MasterServicer):
     def __init__(self, master: Master) -> None:
         self.m = master
+        self._token_key = token_key(master.config.raft_password)
+
+    # ---- identities ----------------------------------------------------------------------------
+
+    def _known(self, token: str, common_name: str) -> Identity | None:
+        """The identity these credentials name in this replica's state, if any."""
+        config = self.m.config
+        if token:
+            if config.token and hmac.compare_digest(token.encode(), config.token.encode()):
+                return BOOTSTRAP
+            hashed = token_hash(self._token_key, token)
+            with self.m.lock:
+                name = self.m.state.user_by_token.get(hashed)
+                user = self.m.state.users.get(name) if name else None
+            return Identity(user.name, user.role, user.groups) if user else None
+        if config.user_certs and common_name:
+            with self.m.lock:
+                user = self.m.state.users.get(common_name)
+            if user is not None:
+                return Identity(user.name, user.role, user.groups)
+        if not config.token:
+            return OPEN
+        return None
+
+    async def authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Identity:
+        """The caller, or abort: UNAUTHENTICATED for unknown credentials, PERMISSION_DENIED when
+        the caller's role does not allow `method`.
+
+        Only a ready leader says UNAUTHENTICATED to a token it does not know: a follower (or a new
+        leader still catching up) may not have applied the user's creation yet, so it redirects to
+        the leader or asks the client to retry, and a valid user is never turned away by a lag.
+        """
+        presented = str(dict(context.invocation_metadata() or ()).get(METADATA_KEY, ""))
+        token = presented[7:] if presented.startswith("Bearer ") else ""
+        if presented and not token:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer <token>'")
+        common_name = peer_common_name(context) if self.m.config.user_certs else ""
+        caller = self._known(token, common_name)
+        if caller is None and (token or common_name) and not self.m.ready_leader_term():
+            await self._leader(context)  # redirects, or returns once this replica leads
+            caller = self._known(token, common_name)
+        if caller is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "unknown token" if token else "missing credentials: give a token (--token or "
+                                "SYNAPSE_TOKEN)")
+        why = denial(method, caller)
+        if why:
+            log.info("permission denied method=%s user=%s", method, caller.name)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {why}")
+        return caller
+
+    @staticmethod
+    def caller() -> Identity:
+        """The authenticated caller of the RPC being served."""
+        return CALLER.get()
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -156,10 +214,12 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 f"{', '.join(spec.resources.short_of(largest))} per task is more than the "
                                 f"largest node has (gpu {largest.gpu}, cpu {largest.cpu}m, memory {largest.memory})")
         job_id = self.m.new_job_id(spec.name)
-        result = await self._propose(c.SubmitJob(at=time.time(), job_id=job_id, request_id=request.request_id,
-                                                 spec=spec), context)
+        user = self.caller().name
+        result = await self._propose(c.SubmitJob(at=time.time(), by=user, job_id=job_id,
+                                                 request_id=request.request_id, spec=spec), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
-        log.info("job submitted job=%s request=%s tasks=%d", result.value, request.request_id, spec.tasks)
+        log.info("job submitted job=%s request=%s tasks=%d user=%s", result.value, request.request_id, spec.tasks,
+                 user)
         return api_pb2.SubmitJobReply(job_id=result.value)
 
     def _job_info(self, job) -> api_pb2.JobInfo:
@@ -184,6 +244,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if request.limit < 0 or request.limit > MAX_PAGE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: between 1 and {MAX_PAGE}")
         limit = request.limit or DEFAULT_PAGE
+        if len(request.user) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"user: at most {MAX_ID_CHARS} characters")
         await self._current_read(context)
         wanted = set(request.status)
         with self.m.lock:
@@ -197,6 +259,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 if after is not None and job.seq <= after.seq:
                     continue
                 if wanted and job.status.value not in wanted:
+                    continue
+                if request.user and job.user != request.user:
                     continue
                 if len(page) == limit:
                     more = True
@@ -219,7 +283,19 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def CancelJob(self, request, context):
         await self._check_id(request.job_id, "job_id", context)
         await self._leader(context)
-        result = await self._propose(c.CancelJob(at=time.time(), job_id=request.job_id,
+        caller = self.caller()
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            owner = job.user if job else ""
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+        if not caller.is_admin and owner != caller.name:
+            log.info("permission denied method=CancelJob user=%s job=%s owner=%s", caller.name, request.job_id, owner)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not cancel job {request.job_id}: it "
+                                f"belongs to {owner or 'no user'}; only its owner or an admin may cancel it")
+        # The owner never changes, so the check above still holds when the command applies.
+        result = await self._propose(c.CancelJob(at=time.time(), by=caller.name, job_id=request.job_id,
                                                  reason=request.reason[:512]), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
@@ -228,7 +304,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def SetSchedulable(self, request, context):
         await self._check_id(request.node_id, "node_id", context)
         await self._leader(context)
-        result = await self._propose(c.SetSchedulable(at=time.time(), node_id=request.node_id,
+        result = await self._propose(c.SetSchedulable(at=time.time(), by=self.caller().name, node_id=request.node_id,
                                                       schedulable=request.schedulable), context)
         await self._ok_or_abort(result, context)
         return api_pb2.SetSchedulableReply()
@@ -237,7 +313,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         """Cordon the node, then stop (and requeue) every gang with a task on it."""
         await self._check_id(request.node_id, "node_id", context)
         term = await self._leader(context)
-        result = await self._propose(c.SetSchedulable(at=time.time(), node_id=request.node_id,
+        by = self.caller().name
+        result = await self._propose(c.SetSchedulable(at=time.time(), by=by, node_id=request.node_id,
                                                       schedulable=False), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
@@ -245,8 +322,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                            if wanted})
         stopped = []
         for job_id, attempt in jobs:
-            res = await self._propose(c.FailAttempt(at=time.time(), term=term, job_id=job_id, attempt=attempt,
-                                                    reason=f"node {request.node_id} drained"), context)
+            res = await self._propose(c.FailAttempt(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt,
+                                                    reason=f"node {request.node_id} drained by {by}"), context)
             if res.ok:
                 stopped.append(job_id)
         return api_pb2.DrainNodeReply(jobs_stopped=stopped)
@@ -301,17 +378,119 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._leader(context)
         if action == "add":
             await self._ok_or_abort(await self._propose(c.SetReplica(
-                at=time.time(), id=request.id, raft_address=raft_address, api_address=request.api_address),
-                context), context)
+                at=time.time(), by=self.caller().name, id=request.id, raft_address=raft_address,
+                api_address=request.api_address), context), context)
         try:
             await self.m.raft.change_membership(action, raft_address)
         except ProposeError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"membership change refused ({exc.kind}): one change at a time, by the leader")
         if action == "remove":
-            await self._propose(c.SetReplica(at=time.time(), id=request.id, raft_address=raft_address,
+            await self._propose(c.SetReplica(at=time.time(), by=self.caller().name, id=request.id,
+                                             raft_address=raft_address,
                                              api_address="", removed=True), context)
         log.info("membership changed action=%s replica=%s raft=%s", action, request.id, raft_address)
+
+    # ---- users ---------------------------------------------------------------------------------
+
+    async def WhoAmI(self, request, context):
+        caller = self.caller()
+        if caller.bootstrap:
+            return api_pb2.UserInfo(name=caller.name, role=caller.role.value, bootstrap=True)
+        with self.m.lock:
+            user = self.m.state.users.get(caller.name)
+            return codec.user_to_info(user) if user else api_pb2.UserInfo(name=caller.name, role=caller.role.value)
+
+    async def AddUser(self, request, context):
+        groups = tuple(request.groups)
+        problem = user_name_problem(request.name) or groups_problem(groups)
+        if request.role not in ("", Role.USER.value, Role.ADMIN.value):
+            problem = problem or f"role: 'user' or 'admin', not {request.role[:40]!r}"
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        await self._leader(context)
+        with self.m.lock:
+            exists = request.name in self.m.state.users
+        if exists:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"user {request.name} already exists (rotate its token to issue a new one)")
+        token = new_token()
+        result = await self._propose(c.AddUser(at=time.time(), by=self.caller().name, name=request.name,
+                                               role=Role(request.role or Role.USER.value), groups=groups,
+                                               token_hash=token_hash(self._token_key, token)), context)
+        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+        log.info("user added user=%s by=%s", request.name, self.caller().name)
+        return await self._user_token(request.name, token, context)
+
+    async def RotateUserToken(self, request, context):
+        caller = self.caller()
+        name = request.name or caller.name
+        if not caller.is_admin and name != caller.name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may rotate only its own token, not {name}'s")
+        await self._leader(context)
+        with self.m.lock:
+            exists = name in self.m.state.users
+        if not exists:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown user {name}"
+                                + (" (the bootstrap admin's token is the cluster token in the cluster file)"
+                                   if caller.bootstrap and name == caller.name else ""))
+        token = new_token()
+        result = await self._propose(c.SetUserToken(at=time.time(), by=caller.name, name=name,
+                                                    token_hash=token_hash(self._token_key, token)), context)
+        await self._ok_or_abort(result, context)
+        log.info("user token rotated user=%s by=%s", name, caller.name)
+        return await self._user_token(name, token, context)
+
+    async def _user_token(self, name: str, token: str, context) -> api_pb2.UserToken:
+        with self.m.lock:
+            user = self.m.state.users.get(name)
+            info = codec.user_to_info(user) if user else None
+        if info is None:  # removed again in between
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown user {name}")
+        return api_pb2.UserToken(user=info, token=token)
+
+    async def RemoveUser(self, request, context):
+        await self._check_id(request.name, "name", context)
+        await self._leader(context)
+        result = await self._propose(c.RemoveUser(at=time.time(), by=self.caller().name, name=request.name), context)
+        await self._ok_or_abort(result, context)
+        log.info("user removed user=%s by=%s", request.name, self.caller().name)
+        return api_pb2.RemoveUserReply()
+
+    async def ListUsers(self, request, context):
+        await self._current_read(context)
+        with self.m.lock:
+            return api_pb2.ListUsersReply(users=[codec.user_to_info(u) for _, u in sorted(self.m.state.users.items())])
+
+    async def LogAccess(self, request, context):
+        """Tickets to read a job's task logs from its workers: for its owner and for admins."""
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        caller = self.caller()
+        with self.m.lock:
+            state = self.m.state
+            job = state.jobs.get(request.job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            attempt = request.attempt or max(job.placements, default=0)
+            nodes = job.placements.get(attempt)
+            addresses = {n: state.nodes[n].address if n in state.nodes else "" for n in nodes or ()}
+            owner, status = job.user, job.status.value
+        if not caller.is_admin and owner != caller.name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not read the logs of job {request.job_id}:"
+                                f" it belongs to {owner or 'no user'}; only its owner or an admin may")
+        if not nodes:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"job {request.job_id} has no attempt {attempt} that ran (attempts that ran: "
+                                f"{sorted(job.placements)})" if attempt else
+                                f"job {request.job_id} has not run yet ({status})")
+        expires = time.time() + tickets.TICKET_TTL_S
+        return api_pb2.LogAccessReply(attempt=attempt, expires_at=expires, tickets=[
+            api_pb2.LogTicket(index=i, node_id=node, address=addresses[node],
+                              ticket=tickets.sign(self.m.node_credential(node), request.job_id, attempt, i, expires))
+            for i, node in enumerate(nodes)])
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -325,7 +504,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         await self._leader(context)
-        result = await self._propose(c.RegisterNode(at=time.time(), node_id=request.node_id,
+        result = await self._propose(c.RegisterNode(at=time.time(), by=self.caller().name, node_id=request.node_id,
                                                     address=request.address[:MAX_ID_CHARS],
                                                     topology=tuple(request.topology), capacity=capacity), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
@@ -423,16 +602,18 @@ def _lenient(parse):
     return deserialize
 
 
-def _unary(impl):
+def _unary(servicer: MasterServicer, name: str, impl):
     async def handle(request, context):
+        CALLER.set(await servicer.authenticate(name, context))
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
         return await impl(request, context)
     return handle
 
 
-def _stream(impl):
+def _stream(servicer: MasterServicer, name: str, impl):
     async def handle(request, context):
+        CALLER.set(await servicer.authenticate(name, context))
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
         async for reply in impl(request, context):
@@ -441,16 +622,20 @@ def _stream(impl):
 
 
 def add_to_server(servicer: MasterServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer like the generated helper does, but with deserializers that turn
-    undecodable bytes into INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+    """Register the servicer like the generated helper does, but authenticate and authorize every
+    call first (synapse.master.access), and turn undecodable bytes into INVALID_ARGUMENT instead of
+    gRPC's UNKNOWN."""
     service = api_pb2.DESCRIPTOR.services_by_name["Master"]
+    unguarded = sorted(m.name for m in service.methods if m.name not in ACCESS)
+    if unguarded:
+        raise RuntimeError(f"RPCs without an access rule in synapse.master.access.ACCESS: {unguarded}")
     handlers = {}
     for method in service.methods:
         request_cls = getattr(api_pb2, method.input_type.name)
         reply_cls = getattr(api_pb2, method.output_type.name)
         impl = getattr(servicer, method.name)
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = make((_stream if method.server_streaming else _unary)(impl),
+        handlers[method.name] = make((_stream if method.server_streaming else _unary)(servicer, method.name, impl),
                                      request_deserializer=_lenient(request_cls.FromString),
                                      response_serializer=reply_cls.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

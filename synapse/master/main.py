@@ -21,7 +21,6 @@ from pathlib import Path
 import click
 import grpc
 
-from synapse.common.auth import TokenInterceptor
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.logs import configure
 from synapse.common.tls import generate, server_credentials
@@ -58,8 +57,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     raft.bind_loop(master.loop)
     raft.replicated.listener = master.on_applied
 
-    interceptors = [TokenInterceptor(config.token)] if config.token else []
-    server = grpc.aio.server(interceptors=interceptors, options=[
+    server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0)])
@@ -154,10 +152,12 @@ def rebuild_cmd(config_path: str, replica_id: str) -> None:
 @click.option("--hosts", default="127.0.0.1,localhost", show_default=True,
               help="names and IPs the masters answer on, comma-separated")
 @click.option("--workers", default="", help="worker node ids to make client certificates for, comma-separated")
+@click.option("--users", default="", help="user names to make client certificates for (tls.user_certs)")
 @click.option("--days", type=int, default=365, show_default=True, help="validity of the certificates")
-def gen_certs_cmd(out: str, hosts: str, workers: str, days: int) -> None:
+def gen_certs_cmd(out: str, hosts: str, workers: str, users: str, days: int) -> None:
     """Write a development CA and certificates (see synapse/common/tls.py)."""
-    written = generate(Path(out), [h for h in hosts.split(",") if h], [w for w in workers.split(",") if w], days)
+    written = generate(Path(out), [h for h in hosts.split(",") if h], [w for w in workers.split(",") if w], days,
+                       tuple(u for u in users.split(",") if u))
     for path in written:
         click.echo(path)
 

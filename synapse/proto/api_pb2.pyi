@@ -31,6 +31,7 @@ class ReadLogRequest(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     FOLLOW_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -38,6 +39,8 @@ class ReadLogRequest(_message.Message):
     """byte offset to start from"""
     follow: _builtins.bool
     """keep streaming while the task runs"""
+    ticket: _builtins.str
+    """from LogAccess: this task's log only, for a few minutes"""
     def __init__(
         self,
         *,
@@ -46,10 +49,11 @@ class ReadLogRequest(_message.Message):
         index: _builtins.int = ...,
         offset: _builtins.int = ...,
         follow: _builtins.bool = ...,
+        ticket: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "follow", b"follow", "index", b"index", "job_id", b"job_id", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "follow", b"follow", "index", b"index", "job_id", b"job_id", "offset", b"offset", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -147,10 +151,13 @@ class ListJobsRequest(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     limit: _builtins.int
     """jobs per page (default 500, at most 5000)"""
     after: _builtins.str
     """the `next` of the previous page; empty = from the first job"""
+    user: _builtins.str
+    """only jobs this user submitted; empty = everyone's"""
     @_builtins.property
     def status(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty = all"""
@@ -161,10 +168,11 @@ class ListJobsRequest(_message.Message):
         status: _abc.Iterable[_builtins.str] | None = ...,
         limit: _builtins.int = ...,
         after: _builtins.str = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "limit", b"limit", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "limit", b"limit", "status", b"status", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -280,6 +288,8 @@ class JobInfo(_message.Message):
     SHORTFALLS_FIELD_NUMBER: _builtins.int
     RESERVATION_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    CANCELLED_BY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -291,6 +301,10 @@ class JobInfo(_message.Message):
     """for a pending job: why it waits (shortfall per domain)"""
     reservation: _builtins.str
     """the reservation that holds nodes for this job, if any"""
+    user: _builtins.str
+    """who submitted it (its owner)"""
+    cancelled_by: _builtins.str
+    """who cancelled it, if anyone did"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
@@ -320,10 +334,12 @@ class JobInfo(_message.Message):
         shortfalls: _abc.Iterable[_builtins.str] | None = ...,
         reservation: _builtins.str = ...,
         attempts: _abc.Iterable[Global___AttemptPlacement] | None = ...,
+        user: _builtins.str = ...,
+        cancelled_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "events", b"events", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "events", b"events", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1007,3 +1023,279 @@ class ReportTaskEventsReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportTaskEventsReply: _TypeAlias = ReportTaskEventsReply  # noqa: Y015
+
+@_typing.final
+class UserInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    TOKEN_SET_AT_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    role: _builtins.str
+    """"admin" or "user" """
+    created_at: _builtins.float
+    created_by: _builtins.str
+    token_set_at: _builtins.float
+    """when its current token was issued"""
+    bootstrap: _builtins.bool
+    """WhoAmI only: the cluster token's built-in admin, not a stored user"""
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+        role: _builtins.str = ...,
+        created_at: _builtins.float = ...,
+        created_by: _builtins.str = ...,
+        token_set_at: _builtins.float = ...,
+        bootstrap: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap", b"bootstrap", "created_at", b"created_at", "created_by", b"created_by", "groups", b"groups", "name", b"name", "role", b"role", "token_set_at", b"token_set_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserInfo: _TypeAlias = UserInfo  # noqa: Y015
+
+@_typing.final
+class WhoAmIRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WhoAmIRequest: _TypeAlias = WhoAmIRequest  # noqa: Y015
+
+@_typing.final
+class AddUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    role: _builtins.str
+    """"user" (default) or "admin" """
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "name", b"name", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddUserRequest: _TypeAlias = AddUserRequest  # noqa: Y015
+
+@_typing.final
+class RotateUserTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateUserTokenRequest: _TypeAlias = RotateUserTokenRequest  # noqa: Y015
+
+@_typing.final
+class UserToken(_message.Message):
+    """The only time a token is shown: the cluster stores its keyed hash alone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    @_builtins.property
+    def user(self) -> Global___UserInfo: ...
+    def __init__(
+        self,
+        *,
+        user: Global___UserInfo | None = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserToken: _TypeAlias = UserToken  # noqa: Y015
+
+@_typing.final
+class RemoveUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveUserRequest: _TypeAlias = RemoveUserRequest  # noqa: Y015
+
+@_typing.final
+class RemoveUserReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveUserReply: _TypeAlias = RemoveUserReply  # noqa: Y015
+
+@_typing.final
+class ListUsersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersRequest: _TypeAlias = ListUsersRequest  # noqa: Y015
+
+@_typing.final
+class ListUsersReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserInfo]: ...
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersReply: _TypeAlias = ListUsersReply  # noqa: Y015
+
+@_typing.final
+class LogAccessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    """0 = the latest attempt that was placed"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogAccessRequest: _TypeAlias = LogAccessRequest  # noqa: Y015
+
+@_typing.final
+class LogTicket(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    node_id: _builtins.str
+    address: _builtins.str
+    """the worker's log service"""
+    ticket: _builtins.str
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        ticket: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "node_id", b"node_id", "ticket", b"ticket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogTicket: _TypeAlias = LogTicket  # noqa: Y015
+
+@_typing.final
+class LogAccessReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    TICKETS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    expires_at: _builtins.float
+    @_builtins.property
+    def tickets(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogTicket]:
+        """index order"""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        tickets: _abc.Iterable[Global___LogTicket] | None = ...,
+        expires_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "expires_at", b"expires_at", "tickets", b"tickets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogAccessReply: _TypeAlias = LogAccessReply  # noqa: Y015

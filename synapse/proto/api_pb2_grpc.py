@@ -84,6 +84,36 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.MembershipRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.MembershipReply.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/synapse.v1.Master/WhoAmI',
+                request_serializer=synapse_dot_proto_dot_api__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.UserInfo.FromString,
+                _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/synapse.v1.Master/AddUser',
+                request_serializer=synapse_dot_proto_dot_api__pb2.AddUserRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.UserToken.FromString,
+                _registered_method=True)
+        self.RotateUserToken = channel.unary_unary(
+                '/synapse.v1.Master/RotateUserToken',
+                request_serializer=synapse_dot_proto_dot_api__pb2.RotateUserTokenRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.UserToken.FromString,
+                _registered_method=True)
+        self.RemoveUser = channel.unary_unary(
+                '/synapse.v1.Master/RemoveUser',
+                request_serializer=synapse_dot_proto_dot_api__pb2.RemoveUserRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.RemoveUserReply.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/synapse.v1.Master/ListUsers',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ListUsersReply.FromString,
+                _registered_method=True)
+        self.LogAccess = channel.unary_unary(
+                '/synapse.v1.Master/LogAccess',
+                request_serializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.LogAccessReply.FromString,
+                _registered_method=True)
         self.RegisterNode = channel.unary_unary(
                 '/synapse.v1.Master/RegisterNode',
                 request_serializer=synapse_dot_proto_dot_api__pb2.RegisterNodeRequest.SerializeToString,
@@ -171,6 +201,44 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Identities. Who may call what is in synapse/master/access.py (ACCESS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateUserToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LogAccess(self, request, context):
+        """Tickets that let the caller read a job's task logs from the workers that ran them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterNode(self, request, context):
         """Workers.
         """
@@ -248,6 +316,36 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RemoveReplica,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.MembershipRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.MembershipReply.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.WhoAmIRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.UserInfo.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.AddUserRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.UserToken.SerializeToString,
+            ),
+            'RotateUserToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateUserToken,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.RotateUserTokenRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.UserToken.SerializeToString,
+            ),
+            'RemoveUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUser,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.RemoveUserRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.RemoveUserReply.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ListUsersRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ListUsersReply.SerializeToString,
+            ),
+            'LogAccess': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogAccess,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.LogAccessReply.SerializeToString,
             ),
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
@@ -540,6 +638,168 @@ class Master:
             '/synapse.v1.Master/RemoveReplica',
             synapse_dot_proto_dot_api__pb2.MembershipRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.MembershipReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/WhoAmI',
+            synapse_dot_proto_dot_api__pb2.WhoAmIRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.UserInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/AddUser',
+            synapse_dot_proto_dot_api__pb2.AddUserRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.UserToken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateUserToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/RotateUserToken',
+            synapse_dot_proto_dot_api__pb2.RotateUserTokenRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.UserToken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/RemoveUser',
+            synapse_dot_proto_dot_api__pb2.RemoveUserRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.RemoveUserReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ListUsers',
+            synapse_dot_proto_dot_api__pb2.ListUsersRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ListUsersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogAccess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/LogAccess',
+            synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.LogAccessReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,7 @@ class Command(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
     REGISTER_NODE_FIELD_NUMBER: _builtins.int
     NODE_DOWN_FIELD_NUMBER: _builtins.int
     NODE_UP_FIELD_NUMBER: _builtins.int
@@ -43,12 +44,17 @@ class Command(_message.Message):
     BATCH_FIELD_NUMBER: _builtins.int
     SET_REPLICA_FIELD_NUMBER: _builtins.int
     FORGET_JOBS_FIELD_NUMBER: _builtins.int
+    ADD_USER_FIELD_NUMBER: _builtins.int
+    SET_USER_TOKEN_FIELD_NUMBER: _builtins.int
+    REMOVE_USER_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
     """proposer's wall clock, seconds since the epoch"""
     term: _builtins.int
     """proposing leader's Raft term (0 = not a leader-only command); fences stale leaders"""
+    by: _builtins.str
+    """the authenticated user who asked for it; empty for the cluster's own commands"""
     @_builtins.property
     def register_node(self) -> Global___RegisterNode: ...
     @_builtins.property
@@ -77,12 +83,19 @@ class Command(_message.Message):
     def set_replica(self) -> Global___SetReplica: ...
     @_builtins.property
     def forget_jobs(self) -> Global___ForgetJobs: ...
+    @_builtins.property
+    def add_user(self) -> Global___AddUser: ...
+    @_builtins.property
+    def set_user_token(self) -> Global___SetUserToken: ...
+    @_builtins.property
+    def remove_user(self) -> Global___RemoveUser: ...
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         at: _builtins.float = ...,
         term: _builtins.int = ...,
+        by: _builtins.str = ...,
         register_node: Global___RegisterNode | None = ...,
         node_down: Global___NodeDown | None = ...,
         node_up: Global___NodeUp | None = ...,
@@ -97,12 +110,15 @@ class Command(_message.Message):
         batch: Global___Batch | None = ...,
         set_replica: Global___SetReplica | None = ...,
         forget_jobs: Global___ForgetJobs | None = ...,
+        add_user: Global___AddUser | None = ...,
+        set_user_token: Global___SetUserToken | None = ...,
+        remove_user: Global___RemoveUser | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -477,3 +493,81 @@ class FailAttempt(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FailAttempt: _TypeAlias = FailAttempt  # noqa: Y015
+
+@_typing.final
+class AddUser(_message.Message):
+    """A user of the cluster. The token itself never enters the log: only its keyed hash (HMAC-SHA256
+    under a key derived from the Raft password, which clients never see), so a copy of the log or of
+    a snapshot yields no usable token.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    TOKEN_HASH_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    role: _builtins.str
+    """"admin" or "user" """
+    token_hash: _builtins.str
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+        role: _builtins.str = ...,
+        token_hash: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "name", b"name", "role", b"role", "token_hash", b"token_hash"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddUser: _TypeAlias = AddUser  # noqa: Y015
+
+@_typing.final
+class SetUserToken(_message.Message):
+    """A new token for a user (rotation); the old one stops working when this applies."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TOKEN_HASH_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    token_hash: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        token_hash: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "token_hash", b"token_hash"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUserToken: _TypeAlias = SetUserToken  # noqa: Y015
+
+@_typing.final
+class RemoveUser(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveUser: _TypeAlias = RemoveUser  # noqa: Y015

@@ -12,6 +12,7 @@ Threads, each feeding events into one queue that the main loop drains in order:
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from synapse.client.master_client import AuthError, ClientError, ClusterUnavailable, MasterClient
+from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY, client_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
@@ -58,7 +60,9 @@ class WorkerAgent:
         self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls)
         self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
         self.reports_ready = threading.Event()
-        self.log_server, self.log_port = self._serve_logs(address, log_port)
+        #: what RegisterNode returned: it proves calls come from this node, and checks log tickets
+        self.node_credential = ""
+        self.log_server, self.log_port = self._serve_logs(address, log_port, tls)
         host = address.rpartition(":")[0] if ":" in address else address
         self.address = f"{host}:{self.log_port}"  #: registered: its host is MASTER_ADDR for rank 0
 
@@ -89,6 +93,7 @@ class WorkerAgent:
         while not self.stopping.is_set():
             try:
                 reply = self.client.call("RegisterNode", request, deadline=10.0)
+                self.node_credential = reply.node_credential
                 credential = ((NODE_CREDENTIAL_KEY, reply.node_credential),)
                 for client in (self.client, self.watch_client, self.report_client):
                     client.metadata = client_metadata(self.token) + credential
@@ -263,11 +268,18 @@ class WorkerAgent:
 
     # ---- log service ---------------------------------------------------------------------------
 
-    def _serve_logs(self, address: str, port: int) -> tuple[grpc.Server, int]:
+    def _serve_logs(self, address: str, port: int, tls: TLSFiles | None) -> tuple[grpc.Server, int]:
+        """The log service: over TLS with this worker's certificate when it has one (clients check
+        that the certificate names this node), else in the clear as the rest of such a cluster is."""
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="logs"))
         api_pb2_grpc.add_WorkerServicer_to_server(LogService(self), server)
         host = address.rpartition(":")[0] if ":" in address else address
-        bound = server.add_insecure_port(f"{host or '127.0.0.1'}:{port}")
+        bind = f"{host or '127.0.0.1'}:{port}"
+        if tls is not None and tls.enabled and tls.cert and tls.key:
+            ca, cert, key = tls.read()
+            bound = server.add_secure_port(bind, grpc.ssl_server_credentials([(key, cert)], root_certificates=ca))
+        else:
+            bound = server.add_insecure_port(bind)
         server.start()
         return server, bound
 
@@ -281,10 +293,21 @@ class LogService(api_pb2_grpc.WorkerServicer):
         self.agent = agent
 
     def ReadLog(self, request, context):
-        if self.agent.token and dict(context.invocation_metadata()).get(METADATA_KEY) != f"Bearer {self.agent.token}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
+        """A task's log, for a caller with a ticket for that very task (from the masters' LogAccess,
+        which gives one to the job's owner and to admins) or with the cluster token."""
         if not request.job_id or "/" in request.job_id or request.job_id.startswith("."):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: invalid")
+        presented = str(dict(context.invocation_metadata()).get(METADATA_KEY, ""))
+        cluster = bool(self.agent.token) and hmac.compare_digest(presented.encode(),
+                                                                 f"Bearer {self.agent.token}".encode())
+        if not cluster and (self.agent.token or request.ticket):
+            if not request.ticket:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              "a log ticket is needed (synctl logs asks the masters for one)")
+            why = tickets.problem(self.agent.node_credential, request.ticket, request.job_id, request.attempt,
+                                  request.index, time.time())
+            if why:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {why}")
         path = self.agent.runtime.log_path(request.job_id, request.attempt, request.index)
         if not path.exists():
             context.abort(grpc.StatusCode.NOT_FOUND, f"no log for task {request.index} of job {request.job_id} "

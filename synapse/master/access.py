@@ -1,0 +1,100 @@
+"""Who is calling, and what they may do: identities, roles, token hashes, and the per-RPC rules.
+
+Identities come from the replicated state, so every replica decides alike and a removed user's
+token stops working as soon as its removal applies:
+
+* the cluster token is the bootstrap admin (`admin`): workers and the first operator use it;
+* a user token (`synctl user add`) is looked up by its keyed hash (HMAC-SHA256 under a key derived
+  from the Raft password, which clients and workers never see): the state, a snapshot or the log
+  hold no usable token, and a stolen copy cannot even be checked against guesses offline;
+* with `tls.user_certs`, a verified client certificate's common name names the user when the call
+  carries no token (as a worker's certificate names its node);
+* a cluster configured without a token lets every caller in as `anonymous`, an admin (a local
+  development setting, as before users existed).
+
+Every RPC of the Master service names the role it needs in `ACCESS`; `add_to_server` refuses to
+start if one is missing, so a new RPC cannot be served unguarded. Ownership (a user cancels only
+its own jobs) is checked by the endpoint, which knows the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from synapse.core.identity import ANONYMOUS, BOOTSTRAP_ADMIN
+from synapse.core.model import Role
+
+#: What each RPC needs. `USER` lets any authenticated caller in; `ADMIN` only admins.
+ACCESS: dict[str, Role] = {
+    # reading is open to every user, as squeue and kubectl get are
+    "GetJob": Role.USER, "ListJobs": Role.USER, "ListNodes": Role.USER, "ReplicaStatus": Role.USER,
+    "WhoAmI": Role.USER,
+    # a user's own work (the endpoint checks ownership)
+    "SubmitJob": Role.USER, "CancelJob": Role.USER, "LogAccess": Role.USER, "RotateUserToken": Role.USER,
+    # operating the cluster
+    "SetSchedulable": Role.ADMIN, "DrainNode": Role.ADMIN, "AddReplica": Role.ADMIN, "RemoveReplica": Role.ADMIN,
+    "AddUser": Role.ADMIN, "RemoveUser": Role.ADMIN, "ListUsers": Role.ADMIN,
+    # workers (they hold the cluster token; each call also needs its node's credential)
+    "RegisterNode": Role.ADMIN, "Heartbeat": Role.ADMIN, "WatchAssignments": Role.ADMIN,
+    "ReportTaskEvents": Role.ADMIN,
+}
+
+#: Why each admin-only RPC is admin-only, for the PERMISSION_DENIED message.
+_ADMIN_BECAUSE = {
+    "SetSchedulable": "node operations", "DrainNode": "node operations",
+    "AddReplica": "membership changes", "RemoveReplica": "membership changes",
+    "AddUser": "user management", "RemoveUser": "user management", "ListUsers": "user management",
+    "RegisterNode": "worker calls", "Heartbeat": "worker calls", "WatchAssignments": "worker calls",
+    "ReportTaskEvents": "worker calls",
+}
+
+#: Prefix of user tokens, so a token found in a file says what it is.
+TOKEN_PREFIX = "syn_"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An authenticated caller."""
+
+    name: str
+    role: Role
+    groups: tuple[str, ...] = ()
+    bootstrap: bool = False  #: the cluster token's admin (or an open cluster's anonymous caller)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+
+#: The caller of the RPC being served (set by the handler wrapper in endpoints.add_to_server).
+CALLER: ContextVar[Identity] = ContextVar("synapse_caller")
+
+BOOTSTRAP = Identity(BOOTSTRAP_ADMIN, Role.ADMIN, bootstrap=True)
+OPEN = Identity(ANONYMOUS, Role.ADMIN, bootstrap=True)
+
+
+def token_key(raft_password: str) -> bytes:
+    """The key user tokens are hashed under; only masters can derive it."""
+    return hashlib.sha256(b"synapse-user-token\0" + raft_password.encode()).digest()
+
+
+def token_hash(key: bytes, token: str) -> str:
+    return hmac.new(key, token.encode(), hashlib.sha256).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh user token: 256 random bits."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def denial(method: str, caller: Identity) -> str:
+    """Why `caller` may not call `method`, or '' if it may."""
+    needed = ACCESS[method]
+    if needed is Role.ADMIN and not caller.is_admin:
+        return (f"user {caller.name} (role {caller.role.value}) may not call {method}: "
+                f"{_ADMIN_BECAUSE.get(method, 'this call')} need the admin role")
+    return ""
