@@ -14,10 +14,10 @@ NODE = Resources(cpu=64_000, memory=512 * GI, gpu=8)
 
 def spec(tasks: int = 1, gpu: int = 8, cpu: int = 1000, memory: int = GI, *, pack: str = "",
          required: bool = False, priority: int = 0, max_restarts: int = 0, time_limit: float = 0.0,
-         name: str = "job") -> JobSpec:
+         name: str = "job", queue: str = "") -> JobSpec:
     return JobSpec(name=name, tasks=tasks, resources=Resources(cpu, memory, gpu), command=("true",),
                    topology=TopologySpec(pack, PackMode.REQUIRED if required else PackMode.PREFERRED),
-                   priority=priority, max_restarts=max_restarts, time_limit=time_limit)
+                   priority=priority, max_restarts=max_restarts, time_limit=time_limit, queue=queue)
 
 
 def cluster(racks: int = 2, nodes_per_rack: int = 4, blocks: int = 1, **kw) -> ClusterState:

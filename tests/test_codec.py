@@ -4,7 +4,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.model import Placement, Resources, Role
+from synapse.core.model import Placement, Queue, Resources, Role
 from synapse.proto import commands_pb2
 from tests.helpers import spec
 
@@ -27,6 +27,12 @@ ALL_COMMANDS = [
     c.AddUser(at=11, by="admin", name="alice", role=Role.ADMIN, groups=("team-a", "ml"), token_hash="ab" * 32),
     c.SetUserToken(at=12, by="alice", name="alice", token_hash="cd" * 32),
     c.RemoveUser(at=13, by="admin", name="alice"),
+    c.ApplyQueues(at=14, by="admin", queues=(
+        Queue("research"), Queue("a", parent="research", weight=2.5, guaranteed=Resources(64000, 1 << 30, 16),
+                                 max=Resources(-1, -1, 32), users=("alice",), groups=("team-a",),
+                                 preemption_rules=("reclaim",), min_runtime=600, max_grace=30))),
+    c.DeleteQueue(at=15, by="admin", name="a"),
+    c.SubmitJob(at=16, job_id="j2", request_id="r2", spec=spec(queue="a")),
 ]
 
 

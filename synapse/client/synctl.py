@@ -7,12 +7,14 @@ that ended other than SUCCEEDED under `submit --wait`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -35,6 +37,7 @@ from synapse.common.tls import TLSFiles, channel_credentials
 from synapse.core import codec
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.quantity import format_cpu, format_memory
+from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -98,6 +101,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
     return {
         "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
         "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
+        "queue": spec.queue or "default",
         "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
                       "gpu": spec.resources.gpu},
         "topology": {"pack": spec.topology.pack or "lowest", "mode": spec.topology.mode.value},
@@ -171,6 +175,7 @@ def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, 
 @click.option("--max-restarts", type=int)
 @click.option("--time-limit", help="e.g. 2h; lets the job backfill ahead of a reservation")
 @click.option("--env", "env", multiple=True, help="NAME=value (repeatable)")
+@click.option("--queue", help="the queue to submit to (overrides the job file's; default: the default queue)")
 @OUTPUT
 @click.pass_obj
 def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
@@ -187,6 +192,11 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
     except JobFileError as exc:
         fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}", 2)
+    if flags["queue"]:
+        problem = queue_name_problem(flags["queue"])
+        if problem:
+            fail(f"invalid job: queue: {problem}", 2)
+        spec = dataclasses.replace(spec, queue=flags["queue"])
     rid = request_id or new_request_id()
     job_id = run(lambda: obj.client.submit(codec.job_spec_to_proto(spec), request_id=rid))
     if output == "table":
@@ -285,7 +295,7 @@ def _describe_table(j: dict[str, Any]) -> str:
     r = j["resources"]
     cancelled = f" (cancelled by {j['cancelled_by']})" if j["cancelled_by"] else ""
     lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
-             f"User:       {j['user'] or '-'}",
+             f"User:       {j['user'] or '-'}   Queue: {j['queue']}",
              f"Attempt:    {j['attempt']} of {j['max_restarts'] + 1}",
              f"Gang:       {j['tasks_requested']} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
@@ -445,6 +455,93 @@ def remove_master(obj: Context, replica_id: str, raft_address: str) -> None:
     reply = run(lambda: obj.client.call("RemoveReplica", api_pb2.MembershipRequest(
         id=replica_id, raft_address=raft_address)))
     click.echo(reply.message)
+
+
+def _amounts(r: api_pb2.Resources, limit: bool) -> dict[str, Any]:
+    """A queue's amounts as a user writes them; in a limit, a negative amount is no limit."""
+    out: dict[str, Any] = {}
+    for key, value, show in (("gpu", r.gpu, str), ("cpu", r.cpu_millis, format_cpu),
+                             ("memory", r.memory_bytes, format_memory)):
+        if limit and value < 0:
+            continue
+        out[key] = value if key == "gpu" else show(value)
+    return out
+
+
+def queue_dict(q: api_pb2.QueueInfo) -> dict[str, Any]:
+    s = q.spec
+    return {"name": s.name, "parent": s.parent or None, "weight": s.weight,
+            "guaranteed": _amounts(s.guaranteed, False), "max": _amounts(s.max, True),
+            "lending_limit": _amounts(s.lending_limit, True), "users": list(s.users), "groups": list(s.groups),
+            "preemption": {"rules": list(s.preemption_rules), "min_runtime_s": s.min_runtime_s,
+                           "max_grace_s": s.max_grace_s},
+            "usage": _amounts(q.usage, False), "pending": q.pending, "running": q.running,
+            **({"implicit": True} if q.implicit else {})}
+
+
+@main.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_obj
+def apply_file(obj: Context, file: str) -> None:
+    """Create or update the queues a YAML file lists (`queues:`); the same file again changes nothing (admin)."""
+    try:
+        queues = parse_queue_file(yaml.safe_load(Path(file).read_text()))
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc.strerror}", 2)
+    except yaml.YAMLError as exc:
+        fail(f"{file}: not valid YAML: {exc}", 2)
+    except QueueFileError as exc:
+        fail(f"invalid queue file {file}: {exc}", 2)
+    reply = run(lambda: obj.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(
+        queues=[codec.queue_to_proto(q) for q in queues])))
+    for verb, names in (("created", reply.created), ("configured", reply.changed), ("unchanged", reply.unchanged)):
+        for name in names:
+            click.echo(f"queue/{name} {verb}")
+
+
+def _queues(obj: Context) -> list[dict[str, Any]]:
+    return [queue_dict(q) for q in run(lambda: obj.client.call("ListQueues", api_pb2.ListQueuesRequest())).queues]
+
+
+def _gpus(amounts: dict[str, Any]) -> str:
+    return str(amounts["gpu"]) if "gpu" in amounts else "-"
+
+
+@get.command("queues")
+@OUTPUT
+@click.pass_obj
+def get_queues(obj: Context, output: str) -> None:
+    """List queues with their GPU quota and what their gangs hold now."""
+    emit(_queues(obj), output, lambda rows: render_table(
+        ["NAME", "PARENT", "WEIGHT", "GPU USED", "GPU GUARANTEED", "GPU MAX", "PENDING", "RUNNING"],
+        [[q["name"], q["parent"] or "-", f"{q['weight']:g}", _gpus(q["usage"]), _gpus(q["guaranteed"]),
+          _gpus(q["max"]), q["pending"], q["running"]] for q in rows]))
+
+
+@describe.command("queue")
+@click.argument("name")
+@OUTPUT
+@click.pass_obj
+def describe_queue(obj: Context, name: str, output: str) -> None:
+    """A queue's quota, who may submit, preemption settings and current use."""
+    queue = next((q for q in _queues(obj) if q["name"] == name), None)
+    if queue is None:
+        fail(f"not found: unknown queue {name}", 2)
+    emit(queue, output, lambda q: yaml.safe_dump(q, sort_keys=False).rstrip())
+
+
+@main.group()
+def delete() -> None:
+    """Delete a queue."""
+
+
+@delete.command("queue")
+@click.argument("name")
+@click.pass_obj
+def delete_queue(obj: Context, name: str) -> None:
+    """Delete a queue; refused while it holds unfinished jobs or has child queues (admin)."""
+    run(lambda: obj.client.call("DeleteQueue", api_pb2.DeleteQueueRequest(name=name)))
+    click.echo(f"queue/{name} deleted")
 
 
 def user_dict(u: api_pb2.UserInfo) -> dict[str, Any]:

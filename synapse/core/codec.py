@@ -16,6 +16,7 @@ from synapse.core.model import (
     Node,
     PackMode,
     Placement,
+    Queue,
     Resources,
     Role,
     TopologySpec,
@@ -46,7 +47,7 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         command=list(spec.command), env=dict(spec.env),
         topology=types_pb2.TopologySpec(pack=spec.topology.pack, mode=spec.topology.mode.value),
         priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
-        image=spec.image)
+        image=spec.image, queue=spec.queue)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -58,7 +59,23 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
         command=tuple(p.command), env=tuple(sorted(p.env.items())),
         topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
-        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image)
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue)
+
+
+def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
+    return types_pb2.QueueSpec(
+        name=q.name, parent=q.parent, weight=q.weight, guaranteed=resources_to_proto(q.guaranteed),
+        max=resources_to_proto(q.max), lending_limit=resources_to_proto(q.lending_limit), users=list(q.users),
+        groups=list(q.groups), preemption_rules=list(q.preemption_rules), min_runtime_s=q.min_runtime,
+        max_grace_s=q.max_grace)
+
+
+def queue_from_proto(p: types_pb2.QueueSpec) -> Queue:
+    """A queue as sent; its validity is checked by synapse.core.queues, not here."""
+    return Queue(name=p.name, parent=p.parent, weight=p.weight or 1.0, guaranteed=resources_from_proto(p.guaranteed),
+                 max=resources_from_proto(p.max), lending_limit=resources_from_proto(p.lending_limit),
+                 users=tuple(p.users), groups=tuple(p.groups), preemption_rules=tuple(p.preemption_rules),
+                 min_runtime=p.min_runtime_s, max_grace=p.max_grace_s)
 
 
 def placement_to_proto(pl: Placement) -> types_pb2.Placement:
@@ -116,6 +133,10 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
             env.set_user_token.CopyFrom(commands_pb2.SetUserToken(name=cmd.name, token_hash=cmd.token_hash))
         case c.RemoveUser():
             env.remove_user.CopyFrom(commands_pb2.RemoveUser(name=cmd.name))
+        case c.ApplyQueues():
+            env.apply_queues.CopyFrom(commands_pb2.ApplyQueues(queues=[queue_to_proto(q) for q in cmd.queues]))
+        case c.DeleteQueue():
+            env.delete_queue.CopyFrom(commands_pb2.DeleteQueue(name=cmd.name))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -180,6 +201,10 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.SetUserToken(name=env.set_user_token.name, token_hash=env.set_user_token.token_hash, **base)
         case "remove_user":
             return c.RemoveUser(name=env.remove_user.name, **base)
+        case "apply_queues":
+            return c.ApplyQueues(queues=tuple(queue_from_proto(q) for q in env.apply_queues.queues), **base)
+        case "delete_queue":
+            return c.DeleteQueue(name=env.delete_queue.name, **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 

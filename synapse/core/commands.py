@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse.core.model import JobSpec, Placement, Resources, Role
+from synapse.core.model import JobSpec, Placement, Queue, Resources, Role
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +134,20 @@ class SetUserToken(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RemoveUser(Command):
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApplyQueues(Command):
+    """Create or replace these queues, all together or none."""
+
+    queues: tuple[Queue, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteQueue(Command):
+    """Refused while the queue holds unfinished jobs or has child queues."""
+
     name: str
 
 

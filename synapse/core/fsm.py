@@ -28,6 +28,7 @@ from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.model import (
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
+    DEFAULT_QUEUE,
     Event,
     Job,
     JobSpec,
@@ -35,6 +36,7 @@ from synapse.core.model import (
     Node,
     NodeStatus,
     PackMode,
+    Queue,
     Resources,
     Role,
     Task,
@@ -42,6 +44,7 @@ from synapse.core.model import (
     TopologySpec,
     User,
 )
+from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,7 @@ class ClusterState:
         self.replicas: dict[str, tuple[str, str]] = {}
         self.users: dict[str, User] = {}  #: by name; apply only
         self.user_by_token: dict[str, str] = {}  #: token hash -> user name; derived, rebuilt on restore
+        self.queues: dict[str, Queue] = {}  #: by name; apply only (the default queue is implicit)
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -83,6 +87,7 @@ class ClusterState:
             c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
             c.ForgetJobs: self._forget_jobs, c.AddUser: self._add_user,
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
+            c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -242,6 +247,8 @@ class ClusterState:
         problem = self.validate_spec(cmd.spec)
         if problem:
             return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
+        if cmd.spec.queue not in ("", DEFAULT_QUEUE) and cmd.spec.queue not in self.queues:
+            return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: queue: unknown queue {cmd.spec.queue}")
         self.job_seq += 1
         job = Job(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, submitted_at=cmd.at,
                   seq=self.job_seq, user=cmd.by)
@@ -438,6 +445,32 @@ class ClusterState:
         del self.user_by_token[user.token_hash]
         return Result(True, value=cmd.name)
 
+    # ---- queues ---------------------------------------------------------------------------------
+
+    def _apply_queues(self, cmd: c.ApplyQueues) -> Result:
+        problem = batch_problem(self.queues, list(cmd.queues)) if cmd.queues else "no queues given"
+        if problem:
+            return Result.rejected(problem)
+        for queue in cmd.queues:
+            self.queues[queue.name] = queue
+        return Result(True, value=",".join(q.name for q in cmd.queues))
+
+    def _delete_queue(self, cmd: c.DeleteQueue) -> Result:
+        if cmd.name not in self.queues:
+            return Result.rejected(f"unknown queue {cmd.name}")
+        children = sorted(q.name for q in self.queues.values() if q.parent == cmd.name)
+        if children:
+            return Result.rejected(f"queue {cmd.name} has child queues: {', '.join(children)}")
+        holding = sum(1 for j in self.jobs.values() if not j.status.terminal and self.queue_of(j) == cmd.name)
+        if holding:
+            return Result.rejected(f"queue {cmd.name} holds {holding} unfinished job(s); cancel them or let them end")
+        del self.queues[cmd.name]
+        return Result(True, value=cmd.name)
+
+    @staticmethod
+    def queue_of(job: Job) -> str:
+        return job.spec.queue or DEFAULT_QUEUE
+
     def _find_task(self, job_id: str, attempt: int, index: int,
                    node_id: str) -> tuple[Job, Task, str]:
         job = self.jobs.get(job_id)
@@ -522,6 +555,7 @@ class ClusterState:
             "max_term": self.max_term, "job_seq": self.job_seq,
             "replicas": {k: list(v) for k, v in sorted(self.replicas.items())},
             "users": [_user_to_dict(u) for _, u in sorted(self.users.items())],
+            "queues": [_queue_to_dict(q) for _, q in sorted(self.queues.items())],
             "nodes": [_node_to_dict(n) for n in sorted(self.nodes.values(), key=lambda n: n.id)],
             "jobs": [_job_to_dict(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
         }
@@ -533,6 +567,9 @@ class ClusterState:
         state = cls(tuple(data["levels"]))
         state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
         state.replicas = {k: (v[0], v[1]) for k, v in data.get("replicas", {}).items()}
+        for qd in data.get("queues", []):
+            queue = _queue_from_dict(qd)
+            state.queues[queue.name] = queue
         for ud in data.get("users", []):
             user = _user_from_dict(ud)
             state.users[user.name] = user
@@ -589,14 +626,15 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
     return {"name": s.name, "tasks": s.tasks, "resources": _res(s.resources),
             "command": list(s.command), "env": [list(kv) for kv in s.env],
             "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
-            "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image}
+            "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
     return JobSpec(name=d["name"], tasks=d["tasks"], resources=Resources(*d["resources"]),
                    command=tuple(d["command"]), env=tuple((k, v) for k, v in d["env"]),
                    topology=TopologySpec(d["pack"], PackMode(d["mode"])), priority=d["priority"],
-                   max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"])
+                   max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"],
+                   queue=d.get("queue", ""))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -639,3 +677,17 @@ def _user_to_dict(u: User) -> dict[str, Any]:
 def _user_from_dict(d: dict[str, Any]) -> User:
     return User(name=d["name"], role=Role(d["role"]), groups=tuple(d["groups"]), token_hash=d["token_hash"],
                 created_at=d["created_at"], created_by=d["created_by"], token_set_at=d["token_set_at"])
+
+
+def _queue_to_dict(q: Queue) -> dict[str, Any]:
+    return {"name": q.name, "parent": q.parent, "weight": q.weight, "guaranteed": _res(q.guaranteed),
+            "max": _res(q.max), "lending_limit": _res(q.lending_limit), "users": list(q.users),
+            "groups": list(q.groups), "preemption_rules": list(q.preemption_rules), "min_runtime": q.min_runtime,
+            "max_grace": q.max_grace}
+
+
+def _queue_from_dict(d: dict[str, Any]) -> Queue:
+    return Queue(name=d["name"], parent=d["parent"], weight=d["weight"], guaranteed=Resources(*d["guaranteed"]),
+                 max=Resources(*d["max"]), lending_limit=Resources(*d["lending_limit"]), users=tuple(d["users"]),
+                 groups=tuple(d["groups"]), preemption_rules=tuple(d["preemption_rules"]),
+                 min_runtime=d["min_runtime"], max_grace=d["max_grace"])

@@ -13,6 +13,7 @@ from typing import Any
 
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
+from synapse.core.queues import queue_name_problem
 
 #: Limits on what one job may carry; they keep the log and the API's messages small.
 MAX_NAME = 63
@@ -28,7 +29,7 @@ MAX_IMAGE_CHARS = 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
-           "time_limit", "image"}
+           "time_limit", "image", "queue"}
 
 
 class JobFileError(ValueError):
@@ -102,6 +103,9 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     image = doc.get("image", "") or ""
     if not isinstance(image, str):
         raise JobFileError("image", "must be a string")
+    queue = doc.get("queue", "") or ""
+    if not isinstance(queue, str):
+        raise JobFileError("queue", "must be a queue name")
     spec = JobSpec(
         name=name, tasks=tasks, resources=Resources(cpu, memory, gpu),
         command=tuple(str(a) for a in command),
@@ -109,7 +113,7 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         topology=TopologySpec(str(topology.get("pack", "") or ""), mode),
         priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
-        time_limit=time_limit, image=image)
+        time_limit=time_limit, image=image, queue=queue)
     check_spec(spec, levels)
     return spec
 
@@ -150,4 +154,6 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
         raise JobFileError("time_limit", "must be between 0 and 366 days")
     if len(spec.image) > MAX_IMAGE_CHARS:
         raise JobFileError("image", f"is longer than {MAX_IMAGE_CHARS} characters")
+    if spec.queue and queue_name_problem(spec.queue):
+        raise JobFileError("queue", queue_name_problem(spec.queue))
 

@@ -114,6 +114,7 @@ class JobSpec:
     max_restarts: int = 0
     time_limit: float = 0.0  #: seconds; 0 means none
     image: str = ""
+    queue: str = ""  #: the queue it is admitted through; "" is the default queue
 
     @property
     def total(self) -> Resources:
@@ -210,6 +211,30 @@ class Job:
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""
         return (-self.spec.priority, self.submitted_at, self.seq)
+
+
+#: The queue of jobs that name none. It exists without being defined (no limits, anyone may submit);
+#: an admin may define it like any other queue to give it limits.
+DEFAULT_QUEUE = "default"
+#: In a queue's `max` or `lending_limit`, an amount meaning "no limit" for that resource.
+UNLIMITED = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A share of the cluster (see synapse.core.queues for the rules a queue file must follow)."""
+
+    name: str
+    parent: str = ""  #: the organisation above this team; "" for a top-level queue
+    weight: float = 1.0  #: for fair share
+    guaranteed: Resources = Resources()
+    max: Resources = Resources(UNLIMITED, UNLIMITED, UNLIMITED)  #: UNLIMITED per resource: no cap
+    lending_limit: Resources = Resources(UNLIMITED, UNLIMITED, UNLIMITED)
+    users: tuple[str, ...] = ()  #: who may submit; with `groups` empty too: everyone
+    groups: tuple[str, ...] = ()
+    preemption_rules: tuple[str, ...] = ()  #: of reclaim, priority, fair_share
+    min_runtime: float = 0.0  #: seconds a gang runs before it may be preempted
+    max_grace: float = 0.0  #: cap, in seconds, on a job's grace when preempted; 0: no cap
 
 
 class Role(enum.StrEnum):

@@ -32,12 +32,13 @@ from synapse.core.model import Role
 ACCESS: dict[str, Role] = {
     # reading is open to every user, as squeue and kubectl get are
     "GetJob": Role.USER, "ListJobs": Role.USER, "ListNodes": Role.USER, "ReplicaStatus": Role.USER,
-    "WhoAmI": Role.USER,
+    "WhoAmI": Role.USER, "ListQueues": Role.USER,
     # a user's own work (the endpoint checks ownership)
     "SubmitJob": Role.USER, "CancelJob": Role.USER, "LogAccess": Role.USER, "RotateUserToken": Role.USER,
     # operating the cluster
     "SetSchedulable": Role.ADMIN, "DrainNode": Role.ADMIN, "AddReplica": Role.ADMIN, "RemoveReplica": Role.ADMIN,
     "AddUser": Role.ADMIN, "RemoveUser": Role.ADMIN, "ListUsers": Role.ADMIN,
+    "ApplyQueues": Role.ADMIN, "DeleteQueue": Role.ADMIN,
     # workers (they hold the cluster token; each call also needs its node's credential)
     "RegisterNode": Role.ADMIN, "Heartbeat": Role.ADMIN, "WatchAssignments": Role.ADMIN,
     "ReportTaskEvents": Role.ADMIN,
@@ -48,6 +49,7 @@ _ADMIN_BECAUSE = {
     "SetSchedulable": "node operations", "DrainNode": "node operations",
     "AddReplica": "membership changes", "RemoveReplica": "membership changes",
     "AddUser": "user management", "RemoveUser": "user management", "ListUsers": "user management",
+    "ApplyQueues": "queue management", "DeleteQueue": "queue management",
     "RegisterNode": "worker calls", "Heartbeat": "worker calls", "WatchAssignments": "worker calls",
     "ReportTaskEvents": "worker calls",
 }

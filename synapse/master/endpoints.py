@@ -11,6 +11,7 @@ state older than the last acknowledged write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import time
@@ -24,7 +25,8 @@ from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
-from synapse.core.model import JobStatus, Role
+from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role
+from synapse.core.queues import batch_problem
 from synapse.master.access import ACCESS, BOOTSTRAP, CALLER, OPEN, Identity, denial, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.raft import ProposeError
@@ -203,18 +205,29 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if len(request.request_id) > MAX_ID_CHARS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: at most {MAX_ID_CHARS} characters")
         await self._leader(context)
+        spec = dataclasses.replace(spec, queue=spec.queue or DEFAULT_QUEUE)
+        caller = self.caller()
         with self.m.lock:
             existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
             largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
+            queue = self.m.state.queues.get(spec.queue)
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
+        if queue is None and spec.queue != DEFAULT_QUEUE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: queue: unknown queue {spec.queue}")
+        if queue is not None and (queue.users or queue.groups) and not caller.is_admin \
+                and caller.name not in queue.users and not set(caller.groups) & set(queue.groups):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not submit to queue {queue.name}: it "
+                                f"takes users {', '.join(queue.users) or '-'} and groups "
+                                f"{', '.join(queue.groups) or '-'}")
         if has_nodes and not spec.resources.fits_in(largest):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"invalid job: resources: no node can hold one task: "
                                 f"{', '.join(spec.resources.short_of(largest))} per task is more than the "
                                 f"largest node has (gpu {largest.gpu}, cpu {largest.cpu}m, memory {largest.memory})")
         job_id = self.m.new_job_id(spec.name)
-        user = self.caller().name
+        user = caller.name
         result = await self._propose(c.SubmitJob(at=time.time(), by=user, job_id=job_id,
                                                  request_id=request.request_id, spec=spec), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
@@ -491,6 +504,63 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             api_pb2.LogTicket(index=i, node_id=node, address=addresses[node],
                               ticket=tickets.sign(self.m.node_credential(node), request.job_id, attempt, i, expires))
             for i, node in enumerate(nodes)])
+
+    # ---- queues --------------------------------------------------------------------------------
+
+    async def ApplyQueues(self, request, context):
+        """Create or replace queues, all together or none; applying the same file again changes nothing."""
+        queues = [codec.queue_from_proto(q) for q in request.queues]
+        await self._leader(context)
+        with self.m.lock:
+            existing = dict(self.m.state.queues)
+        problem = batch_problem(existing, queues) if queues else "no queues given"
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid queues: {problem}")
+        changed = [q for q in queues if existing.get(q.name) != q]
+        if changed:
+            result = await self._propose(c.ApplyQueues(at=time.time(), by=self.caller().name, queues=tuple(changed)),
+                                         context)
+            await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+            log.info("queues applied queues=%s by=%s", ",".join(q.name for q in changed), self.caller().name)
+        return api_pb2.ApplyQueuesReply(
+            created=[q.name for q in changed if q.name not in existing],
+            changed=[q.name for q in changed if q.name in existing],
+            unchanged=[q.name for q in queues if existing.get(q.name) == q])
+
+    async def DeleteQueue(self, request, context):
+        await self._check_id(request.name, "name", context)
+        await self._leader(context)
+        result = await self._propose(c.DeleteQueue(at=time.time(), by=self.caller().name, name=request.name), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.DeleteQueueReply()
+
+    async def ListQueues(self, request, context):
+        await self._current_read(context)
+        with self.m.lock:
+            state = self.m.state
+            usage: dict[str, Resources] = {}
+            counts: dict[str, list[int]] = {}
+            for job in state.jobs.values():
+                if job.status.terminal:
+                    continue
+                name = state.queue_of(job)
+                count = counts.setdefault(name, [0, 0])
+                count[0 if job.status is JobStatus.PENDING else 1] += 1
+                for task in job.tasks:
+                    if task.state.live:
+                        usage[name] = usage.get(name, Resources()) + task.resources
+            queues = dict(state.queues)
+        implicit = DEFAULT_QUEUE not in queues
+        if implicit:
+            queues[DEFAULT_QUEUE] = Queue(DEFAULT_QUEUE)
+
+        def info(name: str, queue: Queue) -> api_pb2.QueueInfo:
+            pending, running = counts.get(name, [0, 0])
+            return api_pb2.QueueInfo(spec=codec.queue_to_proto(queue), pending=pending, running=running,
+                                     usage=codec.resources_to_proto(usage.get(name, Resources())),
+                                     implicit=implicit and name == DEFAULT_QUEUE)
+
+        return api_pb2.ListQueuesReply(queues=[info(n, q) for n, q in sorted(queues.items())])
 
     # ---- workers -------------------------------------------------------------------------------
 

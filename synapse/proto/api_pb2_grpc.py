@@ -109,6 +109,21 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.ListUsersRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.ListUsersReply.FromString,
                 _registered_method=True)
+        self.ApplyQueues = channel.unary_unary(
+                '/synapse.v1.Master/ApplyQueues',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ApplyQueuesRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ApplyQueuesReply.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/synapse.v1.Master/DeleteQueue',
+                request_serializer=synapse_dot_proto_dot_api__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.DeleteQueueReply.FromString,
+                _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/synapse.v1.Master/ListQueues',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ListQueuesReply.FromString,
+                _registered_method=True)
         self.LogAccess = channel.unary_unary(
                 '/synapse.v1.Master/LogAccess',
                 request_serializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
@@ -232,6 +247,25 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyQueues(self, request, context):
+        """Queues (admin to change; everyone may read).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueues(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LogAccess(self, request, context):
         """Tickets that let the caller read a job's task logs from the workers that ran them.
         """
@@ -341,6 +375,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListUsers,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.ListUsersRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.ListUsersReply.SerializeToString,
+            ),
+            'ApplyQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyQueues,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ApplyQueuesRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ApplyQueuesReply.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.DeleteQueueReply.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ListQueuesRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ListQueuesReply.SerializeToString,
             ),
             'LogAccess': grpc.unary_unary_rpc_method_handler(
                     servicer.LogAccess,
@@ -773,6 +822,87 @@ class Master:
             '/synapse.v1.Master/ListUsers',
             synapse_dot_proto_dot_api__pb2.ListUsersRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.ListUsersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ApplyQueues',
+            synapse_dot_proto_dot_api__pb2.ApplyQueuesRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ApplyQueuesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/DeleteQueue',
+            synapse_dot_proto_dot_api__pb2.DeleteQueueRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.DeleteQueueReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ListQueues',
+            synapse_dot_proto_dot_api__pb2.ListQueuesRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ListQueuesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from synapse.proto import types_pb2 as synapse_dot_proto_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csynapse/proto/commands.proto\x12\nsynapse.v1\x1a\x19synapse/proto/types.proto\"\xd4\x06\n\x07\x43ommand\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\n\n\x02\x61t\x18\x02 \x01(\x01\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\n\n\x02\x62y\x18\x04 \x01(\t\x12\x31\n\rregister_node\x18\n \x01(\x0b\x32\x18.synapse.v1.RegisterNodeH\x00\x12)\n\tnode_down\x18\x0b \x01(\x0b\x32\x14.synapse.v1.NodeDownH\x00\x12%\n\x07node_up\x18\x0c \x01(\x0b\x32\x12.synapse.v1.NodeUpH\x00\x12\x35\n\x0fset_schedulable\x18\r \x01(\x0b\x32\x1a.synapse.v1.SetSchedulableH\x00\x12+\n\nsubmit_job\x18\x0e \x01(\x0b\x32\x15.synapse.v1.SubmitJobH\x00\x12-\n\x0b\x63ommit_plan\x18\x0f \x01(\x0b\x32\x16.synapse.v1.CommitPlanH\x00\x12/\n\x0ctask_started\x18\x10 \x01(\x0b\x32\x17.synapse.v1.TaskStartedH\x00\x12-\n\x0btask_exited\x18\x11 \x01(\x0b\x32\x16.synapse.v1.TaskExitedH\x00\x12+\n\ncancel_job\x18\x12 \x01(\x0b\x32\x15.synapse.v1.CancelJobH\x00\x12/\n\x0c\x66\x61il_attempt\x18\x13 \x01(\x0b\x32\x17.synapse.v1.FailAttemptH\x00\x12&\n\x07\x62\x61rrier\x18\x14 \x01(\x0b\x32\x13.synapse.v1.BarrierH\x00\x12\"\n\x05\x62\x61tch\x18\x15 \x01(\x0b\x32\x11.synapse.v1.BatchH\x00\x12-\n\x0bset_replica\x18\x16 \x01(\x0b\x32\x16.synapse.v1.SetReplicaH\x00\x12-\n\x0b\x66orget_jobs\x18\x17 \x01(\x0b\x32\x16.synapse.v1.ForgetJobsH\x00\x12\'\n\x08\x61\x64\x64_user\x18\x18 \x01(\x0b\x32\x13.synapse.v1.AddUserH\x00\x12\x32\n\x0eset_user_token\x18\x19 \x01(\x0b\x32\x18.synapse.v1.SetUserTokenH\x00\x12-\n\x0bremove_user\x18\x1a \x01(\x0b\x32\x16.synapse.v1.RemoveUserH\x00\x42\x06\n\x04\x62ody\"\x1d\n\nForgetJobs\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"T\n\nSetReplica\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0craft_address\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x03 \x01(\t\x12\x0f\n\x07removed\x18\x04 \x01(\x08\".\n\x05\x42\x61tch\x12%\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x13.synapse.v1.Command\"\x19\n\x07\x42\x61rrier\x12\x0e\n\x06reason\x18\x01 \x01(\t\"k\n\x0cRegisterNode\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08topology\x18\x03 \x03(\t\x12\'\n\x08\x63\x61pacity\x18\x04 \x01(\x0b\x32\x15.synapse.v1.Resources\"+\n\x08NodeDown\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x19\n\x06NodeUp\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"6\n\x0eSetSchedulable\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bschedulable\x18\x02 \x01(\x08\"R\n\tSubmitJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12!\n\x04spec\x18\x03 \x01(\x0b\x32\x13.synapse.v1.JobSpec\"X\n\nCommitPlan\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12)\n\nplacements\x18\x03 \x03(\x0b\x32\x15.synapse.v1.Placement\"N\n\x0bTaskStarted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"p\n\nTaskExited\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\"+\n\tCancelJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"M\n\x0b\x46\x61ilAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\"I\n\x07\x41\x64\x64User\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06groups\x18\x02 \x03(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\ntoken_hash\x18\x04 \x01(\t\"0\n\x0cSetUserToken\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ntoken_hash\x18\x02 \x01(\t\"\x1a\n\nRemoveUser\x12\x0c\n\x04name\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csynapse/proto/commands.proto\x12\nsynapse.v1\x1a\x19synapse/proto/types.proto\"\xb6\x07\n\x07\x43ommand\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\n\n\x02\x61t\x18\x02 \x01(\x01\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\n\n\x02\x62y\x18\x04 \x01(\t\x12\x31\n\rregister_node\x18\n \x01(\x0b\x32\x18.synapse.v1.RegisterNodeH\x00\x12)\n\tnode_down\x18\x0b \x01(\x0b\x32\x14.synapse.v1.NodeDownH\x00\x12%\n\x07node_up\x18\x0c \x01(\x0b\x32\x12.synapse.v1.NodeUpH\x00\x12\x35\n\x0fset_schedulable\x18\r \x01(\x0b\x32\x1a.synapse.v1.SetSchedulableH\x00\x12+\n\nsubmit_job\x18\x0e \x01(\x0b\x32\x15.synapse.v1.SubmitJobH\x00\x12-\n\x0b\x63ommit_plan\x18\x0f \x01(\x0b\x32\x16.synapse.v1.CommitPlanH\x00\x12/\n\x0ctask_started\x18\x10 \x01(\x0b\x32\x17.synapse.v1.TaskStartedH\x00\x12-\n\x0btask_exited\x18\x11 \x01(\x0b\x32\x16.synapse.v1.TaskExitedH\x00\x12+\n\ncancel_job\x18\x12 \x01(\x0b\x32\x15.synapse.v1.CancelJobH\x00\x12/\n\x0c\x66\x61il_attempt\x18\x13 \x01(\x0b\x32\x17.synapse.v1.FailAttemptH\x00\x12&\n\x07\x62\x61rrier\x18\x14 \x01(\x0b\x32\x13.synapse.v1.BarrierH\x00\x12\"\n\x05\x62\x61tch\x18\x15 \x01(\x0b\x32\x11.synapse.v1.BatchH\x00\x12-\n\x0bset_replica\x18\x16 \x01(\x0b\x32\x16.synapse.v1.SetReplicaH\x00\x12-\n\x0b\x66orget_jobs\x18\x17 \x01(\x0b\x32\x16.synapse.v1.ForgetJobsH\x00\x12\'\n\x08\x61\x64\x64_user\x18\x18 \x01(\x0b\x32\x13.synapse.v1.AddUserH\x00\x12\x32\n\x0eset_user_token\x18\x19 \x01(\x0b\x32\x18.synapse.v1.SetUserTokenH\x00\x12-\n\x0bremove_user\x18\x1a \x01(\x0b\x32\x16.synapse.v1.RemoveUserH\x00\x12/\n\x0c\x61pply_queues\x18\x1b \x01(\x0b\x32\x17.synapse.v1.ApplyQueuesH\x00\x12/\n\x0c\x64\x65lete_queue\x18\x1c \x01(\x0b\x32\x17.synapse.v1.DeleteQueueH\x00\x42\x06\n\x04\x62ody\"\x1d\n\nForgetJobs\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"T\n\nSetReplica\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0craft_address\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x03 \x01(\t\x12\x0f\n\x07removed\x18\x04 \x01(\x08\".\n\x05\x42\x61tch\x12%\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x13.synapse.v1.Command\"\x19\n\x07\x42\x61rrier\x12\x0e\n\x06reason\x18\x01 \x01(\t\"k\n\x0cRegisterNode\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08topology\x18\x03 \x03(\t\x12\'\n\x08\x63\x61pacity\x18\x04 \x01(\x0b\x32\x15.synapse.v1.Resources\"+\n\x08NodeDown\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x19\n\x06NodeUp\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"6\n\x0eSetSchedulable\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bschedulable\x18\x02 \x01(\x08\"R\n\tSubmitJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12!\n\x04spec\x18\x03 \x01(\x0b\x32\x13.synapse.v1.JobSpec\"X\n\nCommitPlan\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12)\n\nplacements\x18\x03 \x03(\x0b\x32\x15.synapse.v1.Placement\"N\n\x0bTaskStarted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"p\n\nTaskExited\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\"+\n\tCancelJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"M\n\x0b\x46\x61ilAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\"I\n\x07\x41\x64\x64User\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06groups\x18\x02 \x03(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\ntoken_hash\x18\x04 \x01(\t\"0\n\x0cSetUserToken\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ntoken_hash\x18\x02 \x01(\t\"\x1a\n\nRemoveUser\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x0b\x41pplyQueues\x12%\n\x06queues\x18\x01 \x03(\x0b\x32\x15.synapse.v1.QueueSpec\"\x1b\n\x0b\x44\x65leteQueue\x12\x0c\n\x04name\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,39 +33,43 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'synapse.proto.commands_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_COMMAND']._serialized_start=72
-  _globals['_COMMAND']._serialized_end=924
-  _globals['_FORGETJOBS']._serialized_start=926
-  _globals['_FORGETJOBS']._serialized_end=955
-  _globals['_SETREPLICA']._serialized_start=957
-  _globals['_SETREPLICA']._serialized_end=1041
-  _globals['_BATCH']._serialized_start=1043
-  _globals['_BATCH']._serialized_end=1089
-  _globals['_BARRIER']._serialized_start=1091
-  _globals['_BARRIER']._serialized_end=1116
-  _globals['_REGISTERNODE']._serialized_start=1118
-  _globals['_REGISTERNODE']._serialized_end=1225
-  _globals['_NODEDOWN']._serialized_start=1227
-  _globals['_NODEDOWN']._serialized_end=1270
-  _globals['_NODEUP']._serialized_start=1272
-  _globals['_NODEUP']._serialized_end=1297
-  _globals['_SETSCHEDULABLE']._serialized_start=1299
-  _globals['_SETSCHEDULABLE']._serialized_end=1353
-  _globals['_SUBMITJOB']._serialized_start=1355
-  _globals['_SUBMITJOB']._serialized_end=1437
-  _globals['_COMMITPLAN']._serialized_start=1439
-  _globals['_COMMITPLAN']._serialized_end=1527
-  _globals['_TASKSTARTED']._serialized_start=1529
-  _globals['_TASKSTARTED']._serialized_end=1607
-  _globals['_TASKEXITED']._serialized_start=1609
-  _globals['_TASKEXITED']._serialized_end=1721
-  _globals['_CANCELJOB']._serialized_start=1723
-  _globals['_CANCELJOB']._serialized_end=1766
-  _globals['_FAILATTEMPT']._serialized_start=1768
-  _globals['_FAILATTEMPT']._serialized_end=1845
-  _globals['_ADDUSER']._serialized_start=1847
-  _globals['_ADDUSER']._serialized_end=1920
-  _globals['_SETUSERTOKEN']._serialized_start=1922
-  _globals['_SETUSERTOKEN']._serialized_end=1970
-  _globals['_REMOVEUSER']._serialized_start=1972
-  _globals['_REMOVEUSER']._serialized_end=1998
+  _globals['_COMMAND']._serialized_end=1022
+  _globals['_FORGETJOBS']._serialized_start=1024
+  _globals['_FORGETJOBS']._serialized_end=1053
+  _globals['_SETREPLICA']._serialized_start=1055
+  _globals['_SETREPLICA']._serialized_end=1139
+  _globals['_BATCH']._serialized_start=1141
+  _globals['_BATCH']._serialized_end=1187
+  _globals['_BARRIER']._serialized_start=1189
+  _globals['_BARRIER']._serialized_end=1214
+  _globals['_REGISTERNODE']._serialized_start=1216
+  _globals['_REGISTERNODE']._serialized_end=1323
+  _globals['_NODEDOWN']._serialized_start=1325
+  _globals['_NODEDOWN']._serialized_end=1368
+  _globals['_NODEUP']._serialized_start=1370
+  _globals['_NODEUP']._serialized_end=1395
+  _globals['_SETSCHEDULABLE']._serialized_start=1397
+  _globals['_SETSCHEDULABLE']._serialized_end=1451
+  _globals['_SUBMITJOB']._serialized_start=1453
+  _globals['_SUBMITJOB']._serialized_end=1535
+  _globals['_COMMITPLAN']._serialized_start=1537
+  _globals['_COMMITPLAN']._serialized_end=1625
+  _globals['_TASKSTARTED']._serialized_start=1627
+  _globals['_TASKSTARTED']._serialized_end=1705
+  _globals['_TASKEXITED']._serialized_start=1707
+  _globals['_TASKEXITED']._serialized_end=1819
+  _globals['_CANCELJOB']._serialized_start=1821
+  _globals['_CANCELJOB']._serialized_end=1864
+  _globals['_FAILATTEMPT']._serialized_start=1866
+  _globals['_FAILATTEMPT']._serialized_end=1943
+  _globals['_ADDUSER']._serialized_start=1945
+  _globals['_ADDUSER']._serialized_end=2018
+  _globals['_SETUSERTOKEN']._serialized_start=2020
+  _globals['_SETUSERTOKEN']._serialized_end=2068
+  _globals['_REMOVEUSER']._serialized_start=2070
+  _globals['_REMOVEUSER']._serialized_end=2096
+  _globals['_APPLYQUEUES']._serialized_start=2098
+  _globals['_APPLYQUEUES']._serialized_end=2150
+  _globals['_DELETEQUEUE']._serialized_start=2152
+  _globals['_DELETEQUEUE']._serialized_end=2179
 # @@protoc_insertion_point(module_scope)

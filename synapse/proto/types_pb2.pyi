@@ -105,6 +105,7 @@ class JobSpec(_message.Message):
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -112,6 +113,8 @@ class JobSpec(_message.Message):
     time_limit_s: _builtins.float
     """0 = no limit"""
     image: _builtins.str
+    queue: _builtins.str
+    """empty = the default queue"""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -135,14 +138,82 @@ class JobSpec(_message.Message):
         max_restarts: _builtins.int = ...,
         time_limit_s: _builtins.float = ...,
         image: _builtins.str = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "priority", b"priority", "resources", b"resources", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "priority", b"priority", "queue", b"queue", "resources", b"resources", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class QueueSpec(_message.Message):
+    """A queue's share of the cluster (synctl apply). In `max` and `lending_limit` a negative amount
+    means "no limit" for that resource.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    GUARANTEED_FIELD_NUMBER: _builtins.int
+    MAX_FIELD_NUMBER: _builtins.int
+    LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_RULES_FIELD_NUMBER: _builtins.int
+    MIN_RUNTIME_S_FIELD_NUMBER: _builtins.int
+    MAX_GRACE_S_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    parent: _builtins.str
+    """the organisation above this team; empty = a top-level queue"""
+    weight: _builtins.float
+    """for fair share; 0 means 1"""
+    min_runtime_s: _builtins.float
+    """a gang is not preempted before it has run this long"""
+    max_grace_s: _builtins.float
+    """cap on a job's grace (SIGTERM to SIGKILL) when preempted"""
+    @_builtins.property
+    def guaranteed(self) -> Global___Resources: ...
+    @_builtins.property
+    def max(self) -> Global___Resources: ...
+    @_builtins.property
+    def lending_limit(self) -> Global___Resources: ...
+    @_builtins.property
+    def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """who may submit; with `groups` empty too: everyone"""
+
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def preemption_rules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """of: reclaim, priority, fair_share"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        parent: _builtins.str = ...,
+        weight: _builtins.float = ...,
+        guaranteed: Global___Resources | None = ...,
+        max: Global___Resources | None = ...,
+        lending_limit: Global___Resources | None = ...,
+        users: _abc.Iterable[_builtins.str] | None = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+        preemption_rules: _abc.Iterable[_builtins.str] | None = ...,
+        min_runtime_s: _builtins.float = ...,
+        max_grace_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["guaranteed", b"guaranteed", "lending_limit", b"lending_limit", "max", b"max"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "guaranteed", b"guaranteed", "lending_limit", b"lending_limit", "max", b"max", "max_grace_s", b"max_grace_s", "min_runtime_s", b"min_runtime_s", "name", b"name", "parent", b"parent", "preemption_rules", b"preemption_rules", "users", b"users", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueSpec: _TypeAlias = QueueSpec  # noqa: Y015
 
 @_typing.final
 class Placement(_message.Message):
