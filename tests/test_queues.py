@@ -138,3 +138,78 @@ def test_queues_through_synctl(make_cluster, tmp_path):
     assert synctl(cl, admin, "delete", "queue", "a").exit_code == 0
     out = synctl(cl, admin, "delete", "queue", "research")
     assert out.exit_code == 0, out.output
+
+
+# ---- preemption on a real cluster ---------------------------------------------------------------
+
+TWO_QUEUES = """
+queues:
+  - name: a
+    guaranteed: {gpu: 16}
+    max: {gpu: 32}
+  - name: b
+    guaranteed: {gpu: 16}
+    max: {gpu: 32}
+"""
+
+
+@pytest.mark.slow
+def test_a_queue_below_its_guarantee_reclaims_one_rack_from_a_borrower(make_cluster, tmp_path):
+    """The issue's acceptance run: 4 workers x 8 GPUs in 2 racks; b borrows a's guarantee; a's
+    rack-packed gang preempts exactly two of b's gangs, both in the rack it gets, and nothing is
+    preempted back."""
+    import time
+
+    from tests.test_master_ha import wait_status
+
+    cl = make_cluster(workers=4, racks=2)
+    admin = cl.token
+    path = tmp_path / "queues.yaml"
+    path.write_text(TWO_QUEUES)
+    assert synctl(cl, admin, "apply", str(path)).exit_code == 0
+    b_file = tmp_path / "b.yaml"
+    b_file.write_text("name: b\ntasks: 1\nqueue: b\ngrace: 2s\nresources: {cpu: 1, memory: 1Gi, gpu: 8}\n"
+                      "command: [sleep, '300']\n")
+    b_jobs = []
+    for i in range(4):
+        out = synctl(cl, admin, "submit", str(b_file), "--request-id", f"b{i}")
+        assert out.exit_code == 0, out.output
+        b_jobs.append(out.output.strip())
+    for job_id in b_jobs:
+        wait_status(cl.client, job_id, {"RUNNING"})
+
+    a_file = tmp_path / "a.yaml"
+    a_file.write_text("name: a\ntasks: 2\nqueue: a\nresources: {cpu: 1, memory: 1Gi, gpu: 8}\n"
+                      "topology: {pack: rack, mode: required}\ncommand: [sleep, '300']\n")
+    started = time.monotonic()
+    a_job = synctl(cl, admin, "submit", str(a_file)).output.strip()
+    a_info = wait_status(cl.client, a_job, {"RUNNING"}, timeout=20)
+    assert time.monotonic() - started < 20
+
+    racks = {w["id"]: w["rack"] for w in cl.state["workers"]}
+    a_rack = {racks[t.node_id] for t in a_info.tasks}
+    assert len(a_rack) == 1
+    described = {j: json.loads(synctl(cl, admin, "describe", "job", j, "-o", "json").output) for j in b_jobs}
+    preempted = [j for j, d in described.items() if any(e["reason"] == "Preempted" for e in d["events"])]
+    assert len(preempted) == 2, described
+    for j in preempted:
+        event = next(e for e in described[j]["events"] if e["reason"] == "Preempted")
+        assert a_job in event["message"] and "rule reclaim" in event["message"]
+        first_node = cl.client.get_job(j).attempts[0].nodes[0]
+        assert racks[first_node] in a_rack
+    untouched = [j for j in b_jobs if j not in preempted]
+    for j in untouched:
+        info = cl.client.get_job(j)
+        assert info.status == "RUNNING" and info.attempt == 1
+
+    queues = {q["name"]: q for q in json.loads(synctl(cl, admin, "get", "queues", "-o", "json").output)}
+    assert queues["a"]["usage"]["gpu"] == 16 and queues["b"]["usage"]["gpu"] == 16
+
+    time.sleep(3)  # nothing is preempted back: b's requeued gangs wait, a's gang keeps running
+    assert cl.client.get_job(a_job).status == "RUNNING" and cl.client.get_job(a_job).attempt == 1
+    for j in preempted:
+        info = cl.client.get_job(j)
+        assert info.status == "PENDING" and info.attempt == 2
+        assert not any(e.kind == "Preempted" and a_job not in e.message for e in info.events)
+    for j in untouched:
+        assert cl.client.get_job(j).attempt == 1

@@ -101,7 +101,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
     return {
         "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
         "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
-        "queue": spec.queue or "default",
+        "queue": spec.queue or "default", "grace_s": spec.grace or None,
         "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
                       "gpu": spec.resources.gpu},
         "topology": {"pack": spec.topology.pack or "lowest", "mode": spec.topology.mode.value},
@@ -112,7 +112,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
                    "exit_code": t.exit_code if t.has_exit_code else None} for t in info.tasks],
         "waiting": info.waiting or None, "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
-        "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in info.events],
+        "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
     }
 
 

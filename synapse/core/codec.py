@@ -47,7 +47,7 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         command=list(spec.command), env=dict(spec.env),
         topology=types_pb2.TopologySpec(pack=spec.topology.pack, mode=spec.topology.mode.value),
         priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
-        image=spec.image, queue=spec.queue)
+        image=spec.image, queue=spec.queue, grace_s=spec.grace)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -59,7 +59,7 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
         command=tuple(p.command), env=tuple(sorted(p.env.items())),
         topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
-        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue)
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -137,6 +137,12 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
             env.apply_queues.CopyFrom(commands_pb2.ApplyQueues(queues=[queue_to_proto(q) for q in cmd.queues]))
         case c.DeleteQueue():
             env.delete_queue.CopyFrom(commands_pb2.DeleteQueue(name=cmd.name))
+        case c.Preempt():
+            env.preempt.CopyFrom(commands_pb2.Preempt(
+                job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes),
+                explanation=cmd.explanation,
+                victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace)
+                         for v in cmd.victims]))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -205,6 +211,11 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.ApplyQueues(queues=tuple(queue_from_proto(q) for q in env.apply_queues.queues), **base)
         case "delete_queue":
             return c.DeleteQueue(name=env.delete_queue.name, **base)
+        case "preempt":
+            b = env.preempt
+            return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes),
+                             explanation=b.explanation,
+                             victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s) for v in b.victims), **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 
@@ -290,7 +301,7 @@ def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
         job_id=a.job_id, attempt=a.attempt, index=a.index, rank=a.rank, world_size=a.world_size,
         local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
         master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
-        env=dict(a.env), image=a.image, stop=a.stop)
+        env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace)
 
 
 def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
@@ -298,4 +309,4 @@ def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
         job_id=p.job_id, attempt=p.attempt, index=p.index, rank=p.rank, world_size=p.world_size,
         local_rank=p.local_rank, local_world_size=p.local_world_size, node_rank=p.node_rank,
         master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
-        env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop)
+        env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop, grace=p.grace_s)

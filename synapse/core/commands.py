@@ -152,6 +152,25 @@ class DeleteQueue(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Victim:
+    job_id: str
+    attempt: int
+    grace: float  #: seconds from SIGTERM to SIGKILL
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preempt(Command):
+    """A whole preemption plan: stop these gangs, hold these nodes for the preemptor alone."""
+
+    job_id: str
+    attempt: int
+    rule: str
+    victims: tuple[Victim, ...]
+    nodes: tuple[str, ...]
+    explanation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""
 

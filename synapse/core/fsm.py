@@ -30,6 +30,7 @@ from synapse.core.model import (
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
     Event,
+    Hold,
     Job,
     JobSpec,
     JobStatus,
@@ -76,6 +77,11 @@ class ClusterState:
         self.users: dict[str, User] = {}  #: by name; apply only
         self.user_by_token: dict[str, str] = {}  #: token hash -> user name; derived, rebuilt on restore
         self.queues: dict[str, Queue] = {}  #: by name; apply only (the default queue is implicit)
+        self.holds: dict[str, Hold] = {}  #: preemptor job id -> nodes held for it alone; apply only
+        self.held_nodes: dict[str, str] = {}  #: node id -> preemptor holding it; derived
+        #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
+        #: derived, kept by apply and rebuilt on restore
+        self.queue_usage: dict[str, Resources] = {}
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -88,6 +94,7 @@ class ClusterState:
             c.ForgetJobs: self._forget_jobs, c.AddUser: self._add_user,
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
+            c.Preempt: self._preempt,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -170,6 +177,9 @@ class ClusterState:
                                  max(self.largest.gpu, capacity.gpu))
 
     def _node_down(self, cmd: c.NodeDown) -> Result:
+        holder = self.held_nodes.get(cmd.node_id)
+        if holder is not None and cmd.node_id in self.nodes:
+            self._release_hold(holder)  # the plan lapses; the preemptor is planned afresh
         node = self.nodes.get(cmd.node_id)
         if node is None:
             return Result.rejected(f"unknown node {cmd.node_id}")
@@ -279,6 +289,8 @@ class ClusterState:
             self.live_tasks[node.id].add(task.key)
         for node_id in {p.node_id for p in cmd.placements}:
             self.index.update(self.nodes[node_id])
+        self._use(job, per_task.scaled(len(job.tasks)))
+        self._release_hold(job.id)
         self.pending.remove((job.queue_key(), job.id))
         job.status = JobStatus.SCHEDULED
         job.placements[job.attempt] = tuple(t.node_id for t in job.tasks)
@@ -292,6 +304,10 @@ class ClusterState:
         """Everything that makes a gang plan invalid against the current state, or ''."""
         if job.status is not JobStatus.PENDING:
             return f"job is {job.status.value}, not PENDING"
+        for p in cmd.placements:
+            holder = self.held_nodes.get(p.node_id)
+            if holder is not None and holder != job.id:
+                return f"node {p.node_id} is held for job {holder}, which preempted gangs to get it"
         if cmd.attempt != job.attempt:
             return f"plan is for attempt {cmd.attempt}, job is at attempt {job.attempt}"
         n = job.spec.tasks
@@ -445,6 +461,57 @@ class ClusterState:
         del self.user_by_token[user.token_hash]
         return Result(True, value=cmd.name)
 
+    # ---- preemption -----------------------------------------------------------------------------
+
+    def _preempt(self, cmd: c.Preempt) -> Result:
+        """Stop the victims' whole gangs and hold the nodes for the preemptor. The leader planned
+        from a snapshot; this re-checks what the plan relies on, and applies all of it or nothing."""
+        job = self.jobs.get(cmd.job_id)
+        if job is None or job.status is not JobStatus.PENDING or job.attempt != cmd.attempt:
+            return Result.rejected(f"preemptor {cmd.job_id} is not pending at attempt {cmd.attempt}")
+        if cmd.job_id in self.holds:
+            return Result.rejected(f"job {cmd.job_id} already holds nodes from an earlier preemption")
+        if not cmd.victims or not cmd.nodes:
+            return Result.rejected("a preemption needs victims and nodes")
+        for node_id in cmd.nodes:
+            node = self.nodes.get(node_id)
+            if node is None or node.status is not NodeStatus.READY:
+                return Result.rejected(f"node {node_id} is not READY")
+            if node_id in self.held_nodes:
+                return Result.rejected(f"node {node_id} is already held for job {self.held_nodes[node_id]}")
+        victims = []
+        for v in cmd.victims:
+            victim = self.jobs.get(v.job_id)
+            if victim is None or victim.attempt != v.attempt or victim.status not in (JobStatus.SCHEDULED,
+                                                                                     JobStatus.RUNNING):
+                return Result.rejected(f"victim {v.job_id} is not running at attempt {v.attempt}")
+            victims.append((victim, v))
+        for victim, v in victims:
+            victim.stop_grace = v.grace
+            reason = f"preempted by job {cmd.job_id} (rule {cmd.rule})"
+            self._stop_attempt(victim, reason, cmd.at)
+            self._event(victim, cmd.at, "Preempted",
+                        f"by job {cmd.job_id} of queue {self.queue_of(job)} (user {job.user or '-'}), rule "
+                        f"{cmd.rule}; grace {v.grace:g}s" + (f"; {cmd.explanation}" if cmd.explanation else ""))
+        self.holds[cmd.job_id] = Hold(cmd.job_id, cmd.attempt, tuple(cmd.nodes), tuple(v.job_id for v in cmd.victims),
+                                      cmd.rule, cmd.at)
+        for node_id in cmd.nodes:
+            self.held_nodes[node_id] = cmd.job_id
+        self._event(job, cmd.at, "Preempting",
+                    f"rule {cmd.rule}: stopping {', '.join(v.job_id for v in cmd.victims)}; holding "
+                    f"{', '.join(cmd.nodes)}" + (f"; {cmd.explanation}" if cmd.explanation else ""))
+        return Result(True)
+
+    def _release_hold(self, job_id: str) -> None:
+        hold = self.holds.pop(job_id, None)
+        if hold is not None:
+            for node_id in hold.nodes:
+                self.held_nodes.pop(node_id, None)
+
+    def _use(self, job: Job, delta: Resources) -> None:
+        name = self.queue_of(job)
+        self.queue_usage[name] = self.queue_usage.get(name, Resources()) + delta
+
     # ---- queues ---------------------------------------------------------------------------------
 
     def _apply_queues(self, cmd: c.ApplyQueues) -> Result:
@@ -488,6 +555,9 @@ class ClusterState:
 
     def _end_task(self, task: Task, state: TaskState, exit_code: int | None, at: float) -> None:
         """The task is gone: give its resources back."""
+        job = self.jobs.get(task.job_id)
+        if job is not None:
+            self._use(job, Resources() - task.resources)
         node = self.nodes[task.node_id]
         node.used = node.used - task.resources
         node.gpus_in_use.difference_update(task.gpus)
@@ -509,7 +579,16 @@ class ClusterState:
             self._finish(job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
         elif job.cancel_requested:
             self._finish(job, JobStatus.CANCELLED, job.stop_reason, at)
-        elif job.attempt > job.restarts_allowed():
+        elif job.stop_reason.startswith("preempted"):
+            # Not a failure: the next attempt keeps the job's place in its queue (the queue key is
+            # the original submission time) and uses up none of its restarts.
+            job.preemptions += 1
+            job.attempt += 1
+            job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
+            job.stop_grace = 0.0
+            self.pending.add((job.queue_key(), job.id))
+            self._event(job, at, "Requeued", f"attempt {job.attempt} after preemption {job.preemptions}")
+        elif job.restarts_used() >= job.restarts_allowed():
             self._finish(job, JobStatus.FAILED,
                          f"{job.stop_reason}; no restarts left ({job.attempt} attempt(s))", at)
         else:
@@ -521,6 +600,7 @@ class ClusterState:
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:
             self.pending.discard((job.queue_key(), job.id))
+        self._release_hold(job.id)
         job.status, job.finished_at = status, at
         self._event(job, at, status.value.capitalize(), reason)
 
@@ -556,6 +636,8 @@ class ClusterState:
             "replicas": {k: list(v) for k, v in sorted(self.replicas.items())},
             "users": [_user_to_dict(u) for _, u in sorted(self.users.items())],
             "queues": [_queue_to_dict(q) for _, q in sorted(self.queues.items())],
+            "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
+                      for _, h in sorted(self.holds.items())],
             "nodes": [_node_to_dict(n) for n in sorted(self.nodes.values(), key=lambda n: n.id)],
             "jobs": [_job_to_dict(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
         }
@@ -570,6 +652,10 @@ class ClusterState:
         for qd in data.get("queues", []):
             queue = _queue_from_dict(qd)
             state.queues[queue.name] = queue
+        for job_id, attempt, nodes, victims, rule, at in data.get("holds", []):
+            state.holds[job_id] = Hold(job_id, attempt, tuple(nodes), tuple(victims), rule, at)
+            for node_id in nodes:
+                state.held_nodes[node_id] = job_id
         for ud in data.get("users", []):
             user = _user_from_dict(ud)
             state.users[user.name] = user
@@ -590,6 +676,7 @@ class ClusterState:
             for task in job.tasks:
                 if task.state.live:
                     state.live_tasks[task.node_id].add(task.key)
+                    state._use(job, task.resources)
         return state
 
     def digest(self) -> str:
@@ -626,7 +713,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
     return {"name": s.name, "tasks": s.tasks, "resources": _res(s.resources),
             "command": list(s.command), "env": [list(kv) for kv in s.env],
             "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
-            "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue}
+            "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue,
+            "grace": s.grace}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -634,7 +722,7 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    command=tuple(d["command"]), env=tuple((k, v) for k, v in d["env"]),
                    topology=TopologySpec(d["pack"], PackMode(d["mode"])), priority=d["priority"],
                    max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"],
-                   queue=d.get("queue", ""))
+                   queue=d.get("queue", ""), grace=d.get("grace", 0.0))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -651,7 +739,8 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "cancel_requested": j.cancel_requested, "final_failure": j.final_failure,
             "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
             "events": [[e.at, e.kind, e.message] for e in j.events],
-            "user": j.user, "cancelled_by": j.cancelled_by}
+            "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
+            "stop_grace": j.stop_grace}
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -661,7 +750,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               stop_reason=d["stop_reason"], cancel_requested=d["cancel_requested"],
               final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]],
               placements={a: tuple(nodes) for a, nodes in d["placements"]},
-              user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""))
+              user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
+              preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0))
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],

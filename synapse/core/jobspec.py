@@ -29,7 +29,7 @@ MAX_IMAGE_CHARS = 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
-           "time_limit", "image", "queue"}
+           "time_limit", "image", "queue", "grace"}
 
 
 class JobFileError(ValueError):
@@ -103,6 +103,10 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     image = doc.get("image", "") or ""
     if not isinstance(image, str):
         raise JobFileError("image", "must be a string")
+    try:
+        grace = parse_duration(doc["grace"]) if doc.get("grace") is not None else 0.0
+    except QuantityError as exc:
+        raise JobFileError("grace", str(exc)) from None
     queue = doc.get("queue", "") or ""
     if not isinstance(queue, str):
         raise JobFileError("queue", "must be a queue name")
@@ -113,7 +117,7 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         topology=TopologySpec(str(topology.get("pack", "") or ""), mode),
         priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
-        time_limit=time_limit, image=image, queue=queue)
+        time_limit=time_limit, image=image, queue=queue, grace=grace)
     check_spec(spec, levels)
     return spec
 
@@ -154,6 +158,8 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
         raise JobFileError("time_limit", "must be between 0 and 366 days")
     if len(spec.image) > MAX_IMAGE_CHARS:
         raise JobFileError("image", f"is longer than {MAX_IMAGE_CHARS} characters")
+    if not 0 <= spec.grace <= 86400 or spec.grace != spec.grace:
+        raise JobFileError("grace", "must be between 0 and 1 day")
     if spec.queue and queue_name_problem(spec.queue):
         raise JobFileError("queue", queue_name_problem(spec.queue))
 

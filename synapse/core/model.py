@@ -115,6 +115,7 @@ class JobSpec:
     time_limit: float = 0.0  #: seconds; 0 means none
     image: str = ""
     queue: str = ""  #: the queue it is admitted through; "" is the default queue
+    grace: float = 0.0  #: seconds from SIGTERM to SIGKILL when preempted (capped by the queue); 0: default
 
     @property
     def total(self) -> Resources:
@@ -203,10 +204,15 @@ class Job:
     #: attempt -> node of each task index, for every attempt that was placed (logs of old attempts)
     placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
     user: str = ""  #: who submitted it: the authenticated caller, never a name the client claims
+    preemptions: int = 0  #: attempts ended by preemption; they do not use up max_restarts
+    stop_grace: float = 0.0  #: seconds from SIGTERM to SIGKILL for the stopping attempt (0: the worker's)
     cancelled_by: str = ""  #: who asked to cancel it, if anyone did
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts
+
+    def restarts_used(self) -> int:
+        return self.attempt - 1 - self.preemptions
 
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""
@@ -235,6 +241,22 @@ class Queue:
     preemption_rules: tuple[str, ...] = ()  #: of reclaim, priority, fair_share
     min_runtime: float = 0.0  #: seconds a gang runs before it may be preempted
     max_grace: float = 0.0  #: cap, in seconds, on a job's grace when preempted; 0: no cap
+
+
+#: A preempted gang's grace when its job file gives none.
+DEFAULT_GRACE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Nodes kept for one preemptor alone while its victims stop (a committed preemption plan)."""
+
+    job_id: str
+    attempt: int
+    nodes: tuple[str, ...]
+    victims: tuple[str, ...]
+    rule: str
+    at: float
 
 
 class Role(enum.StrEnum):
@@ -317,6 +339,7 @@ class Assignment:
     env: tuple[tuple[str, str], ...]
     image: str = ""
     stop: bool = False  #: no longer wanted: stop it and report its exit
+    grace: float = 0.0  #: with stop: seconds from SIGTERM to SIGKILL; 0 means the worker's default
 
     @property
     def key(self) -> tuple[str, int, int]:

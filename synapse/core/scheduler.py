@@ -24,8 +24,9 @@ import math
 from dataclasses import dataclass, field
 
 from synapse.core.fsm import ClusterState
-from synapse.core.model import Job, JobSpec, PackMode, Plan, Shortfall, topology_path
+from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, topology_path
 from synapse.core.placement import ClusterView, pack_depth, place
+from synapse.core.preemption import max_block
 from synapse.core.topology import Domain
 
 
@@ -90,7 +91,8 @@ class RoundResult:
 
 
 def _shape(spec: JobSpec, may_use_reservation: bool) -> tuple:
-    """Jobs of the same shape fit or fail alike within one round (claims only grow)."""
+    """Jobs of the same shape fit or fail alike within one round (claims only grow). A job that
+    holds nodes from a preemption is a shape of its own (see schedule_round)."""
     r, t = spec.resources, spec.topology
     return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use_reservation)
 
@@ -108,20 +110,39 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
     if memo is not None and memo.valid_for(state):
         failed, reservation, start = dict(memo.failed), memo.reservation, memo.seen
         result.waiting = dict(memo.waiting)
-    for job in state.pending_jobs(start):
+    held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
+    claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
+    # Gangs that preempted others go first: the nodes held for them are theirs alone, and the head
+    # reservation must not fall on them for another job.
+    holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
+    for job in [*holders, *(j for j in state.pending_jobs(start) if j.id not in state.holds)]:
         may_use_reservation = reservation is None or (
             bool(job.spec.time_limit) and not math.isinf(reservation.starts_at)
             and now + job.spec.time_limit <= reservation.starts_at)
-        shape = _shape(job.spec, may_use_reservation)
+        beyond_max = max_block(state, job, claimed) if state.queues else ""
+        if beyond_max:
+            result.waiting[job.id] = WaitReason((), beyond_max)
+            continue
+        hold = state.holds.get(job.id)
+        shape = (job.id,) if hold else _shape(job.spec, may_use_reservation)
         if shape in failed:
             result.waiting[job.id] = failed[shape]
             continue
-        if reservation is not None:
-            view.set_blocked(frozenset() if may_use_reservation else reservation.nodes)
+        blocked = held - frozenset(hold.nodes) if hold else held
+        if reservation is not None and not may_use_reservation:
+            blocked = blocked | reservation.nodes
+        view.set_blocked(blocked)
         placed = place(view, job.id, job.attempt, job.spec)
         if placed.plan is not None:
             result.plans.append(placed.plan)
             view.claim(placed.plan, job.spec.resources)
+            name = state.queue_of(job)
+            claimed[name] = claimed.get(name, Resources()) + job.spec.total
+            continue
+        if hold is not None:
+            result.waiting[job.id] = failed[shape] = WaitReason(
+                placed.shortfalls, f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
+                                   f"{', '.join(hold.nodes)} held for it")
             continue
         if reservation is None:
             reservation = _reserve(state, view, job, now, previous)

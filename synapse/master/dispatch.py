@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 
 from synapse.core.fsm import ClusterState
-from synapse.core.model import Assignment, Job
+from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job
 
 #: torchrun's default rendezvous port is 29500; each attempt gets its own port above it so two
 #: gangs whose rank 0 share a node are unlikely to collide.
@@ -50,4 +50,7 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
         master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
-        gpus=task.gpus, command=job.spec.command, env=job.spec.env, image=job.spec.image, stop=stop)
+        gpus=task.gpus, command=job.spec.command, image=job.spec.image, stop=stop,
+        grace=job.stop_grace if stop else 0.0,
+        # The task learns its grace at start: after a SIGTERM for preemption it has this long.
+        env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}")))))

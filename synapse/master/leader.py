@@ -11,12 +11,15 @@ command committed by earlier leaders, so its first plan is computed from current
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
 
 from synapse.core import commands as c
+from synapse.core import preemption
 from synapse.core.model import JobStatus, NodeStatus
+from synapse.core.preemption import max_block
 from synapse.core.scheduler import Reservation, RoundMemo, WaitReason, schedule_round
 from synapse.master.raft import ProposeError
 
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 SCHEDULE_TICK_S = 1.0
 #: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
 SCHEDULE_MIN_INTERVAL_S = 0.02
+#: Waiting gangs a round may try to plan a preemption for.
+PREEMPT_TRIES = 20
 #: How often finished jobs past their retention are forgotten, and how many per command.
 RETENTION_SWEEP_S = 10.0
 FORGET_CHUNK = 500
@@ -47,6 +52,8 @@ class LeaderLoops:
         self._tasks: list[asyncio.Task] = []
         self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
         self._last_sweep = 0.0  #: monotonic time of the last retention sweep
+        #: (job, attempt, state.other_changes) found to have no preemption plan, and why
+        self._no_plan: dict[tuple[str, int, int], str] = {}
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._run()))
@@ -103,6 +110,7 @@ class LeaderLoops:
             result = schedule_round(self.master.state, now, self.reservation, None if full else self.memo)
         self.reservation, self.waiting, self.memo = result.reservation, result.waiting, result.memo
         if not result.plans:
+            await self.preempt_once(now)
             return
         outcomes = await asyncio.gather(*(self.propose(c.CommitPlan(
             at=now, term=self.term, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
@@ -113,6 +121,45 @@ class LeaderLoops:
                          len(plan.placements), len({p.node_id for p in plan.placements}))
             else:
                 self.master.scheduler_dirty.set()  # the state moved under the plan: plan again
+
+    async def preempt_once(self, now: float) -> None:
+        """Plan one preemption for the first waiting gang, in queue order, that a rule allows.
+
+        Only jobs of queues an admin defined preempt (the implicit default queue never does, so a
+        cluster without queues schedules as before). A job found to have no plan is not planned
+        again until the state changes otherwise than by submissions."""
+        proposal = None
+        with self.master.lock:
+            state = self.master.state
+            if not state.queues:
+                return
+            tried = 0
+            for job in state.pending_jobs():
+                if tried >= PREEMPT_TRIES or job.id not in self.waiting or job.id in state.holds:
+                    continue
+                if state.queue_of(job) not in state.queues or max_block(state, job):
+                    continue
+                key = (job.id, job.attempt, state.other_changes)
+                if key in self._no_plan:
+                    continue
+                tried += 1
+                found = preemption.plan(state, job, now)
+                if isinstance(found, str):
+                    self._no_plan[key] = found
+                    reason = self.waiting[job.id]
+                    self.waiting[job.id] = WaitReason(reason.shortfalls, f"{reason.message}; no preemption: {found}")
+                    continue
+                proposal = dataclasses.replace(found.command, term=self.term)
+                break
+        if len(self._no_plan) > 10_000:
+            self._no_plan.clear()
+        if proposal is None:
+            return
+        result = await self.propose(proposal)
+        if result is not None and result.ok:
+            log.info("preemption committed job=%s rule=%s victims=%s nodes=%s", proposal.job_id, proposal.rule,
+                     ",".join(v.job_id for v in proposal.victims), ",".join(proposal.nodes))
+        self.master.scheduler_dirty.set()
 
     # ---- heartbeats and time limits ---------------------------------------------------------------
 

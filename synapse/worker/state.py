@@ -94,6 +94,7 @@ class LocalTask:
     phase: str = "starting"  #: starting -> running -> (stopping ->) exited
     handle: Handle | None = None
     stop_requested_at: float | None = None
+    grace: float | None = None  #: this stop's seconds from SIGTERM to SIGKILL, if the master set one
     killed: bool = False  #: SIGKILL sent
     exit_code: int | None = None
 
@@ -143,6 +144,7 @@ class WorkerState:
             return []
         self.known = (event.term, event.version)
         wanted = {a.key: a for a in event.assignments if not a.stop}
+        graces = {a.key: a.grace for a in event.assignments if a.stop and a.grace > 0}
         listed = {a.key for a in event.assignments}
         out: list[Start | Signal] = []
         for key, a in sorted(wanted.items()):
@@ -151,7 +153,7 @@ class WorkerState:
                 out.append(Start(a))
         for key, task in sorted(self.tasks.items()):
             if key not in wanted and task.phase in ("starting", "running"):
-                task.phase, task.stop_requested_at = "stopping", now
+                task.phase, task.stop_requested_at, task.grace = "stopping", now, graces.get(key)
                 if task.handle is not None:
                     out.append(Signal(key, task.handle, signal.SIGTERM))
         # Tombstones the master no longer lists can go: a new attempt has a new key anyway.
@@ -169,7 +171,8 @@ class WorkerState:
         out: list[Start | Signal] = []
         for key, task in sorted(self.tasks.items()):
             if (task.phase == "stopping" and not task.killed and task.handle is not None
-                    and task.stop_requested_at is not None and now - task.stop_requested_at >= self.stop_grace):
+                    and task.stop_requested_at is not None
+                    and now - task.stop_requested_at >= (task.grace if task.grace is not None else self.stop_grace)):
                 task.killed = True
                 out.append(Signal(key, task.handle, signal.SIGKILL))
         return out

@@ -1,0 +1,260 @@
+"""Queue limits and preemption planning. Pure: reads a state, returns a plan or why there is none.
+
+Rules (a queue lists those its jobs may use; by default `reclaim` and `priority`):
+
+* **reclaim** — a job whose queue stays within its guarantee once the job runs may take back
+  what other queues borrowed: victims come only from queues above their guarantee. It cannot loop:
+  the preemptor's queue is then within its guarantee, so it is never a reclaim victim itself.
+* **priority** — inside one queue, a job may evict gangs of lower priority.
+* **fair_share** is not planned yet (see the README).
+
+Victims are whole gangs that have run at least their queue's `min_runtime`. Planning looks at one
+topology domain at a time (the job's `pack` level, or the whole cluster), and never proposes a set
+after which the preemptor's whole gang would not fit in that domain. Among feasible domains it takes
+the cheapest set, by (highest victim priority, GPUs pushed below a queue's guarantee, GPU-seconds
+of work lost, number of gangs, ids), then drops any victim not needed. The nodes the gang will use
+are held for it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState
+from synapse.core.model import (
+    DEFAULT_GRACE_S,
+    UNLIMITED,
+    Job,
+    JobStatus,
+    NodeStatus,
+    Queue,
+    Resources,
+    topology_path,
+)
+from synapse.core.placement import pack_depth
+
+DEFAULT_RULES = ("reclaim", "priority")
+_DIMENSIONS = ("gpu", "cpu", "memory")
+
+
+def queue_of(state: ClusterState, job: Job) -> Queue:
+    name = state.queue_of(job)
+    return state.queues.get(name) or Queue(name)
+
+
+def usage_of(state: ClusterState, name: str) -> Resources:
+    return state.queue_usage.get(name, Resources())
+
+
+def _above(amount: Resources, limit: Resources) -> list[str]:
+    """Dimensions in which `amount` exceeds a limit (UNLIMITED dimensions never do)."""
+    return [d for d in _DIMENSIONS if getattr(limit, d) != UNLIMITED and getattr(amount, d) > getattr(limit, d)]
+
+
+def beyond_guarantee(amount: Resources, guaranteed: Resources) -> list[str]:
+    """Dimensions in which `amount` is more than guaranteed. Only the dimensions a queue declares
+    a guarantee in count; a queue with no guarantee at all borrows all it uses."""
+    declared = [d for d in _DIMENSIONS if getattr(guaranteed, d) > 0]
+    return [d for d in declared or _DIMENSIONS if getattr(amount, d) > getattr(guaranteed, d)]
+
+
+def max_block(state: ClusterState, job: Job, extra: dict[str, Resources] | None = None) -> str:
+    """Why the job's queue (or its parent) may not take the job now, by its `max`; or ''.
+    `extra`: usage claimed earlier in the same scheduling round, by queue."""
+    extra = extra or {}
+    queue = queue_of(state, job)
+    need = job.spec.total
+    chain = [queue] + ([state.queues[queue.parent]] if queue.parent in state.queues else [])
+    for q in chain:
+        members = [q.name] + ([n for n, child in state.queues.items() if child.parent == q.name] if q is not queue
+                              else [])
+        used = Resources()
+        for name in members:
+            used = used + usage_of(state, name) + extra.get(name, Resources())
+        over = _above(used + need, q.max)
+        if over:
+            d = over[0]
+            return (f"queue {q.name} is at its max: {d} {getattr(used, d)} in use of {getattr(q.max, d)}, "
+                    f"the job needs {getattr(need, d)}")
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    command: c.Preempt
+    lost_gpu_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    job: Job
+    queue: Queue
+    rule: str
+    lost: float  #: GPU-seconds of work the gang would lose
+    below: int  #: GPUs its going alone would push its queue below its guarantee
+
+    def cost(self) -> tuple:
+        return (self.job.spec.priority, self.below, self.lost, self.job.id)
+
+
+def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
+    """A preemption plan that lets `job` start, or why there is none."""
+    queue = queue_of(state, job)
+    rules = queue.preemption_rules or DEFAULT_RULES
+    need = job.spec.total
+    within_guarantee = not beyond_guarantee(usage_of(state, queue.name) + need, queue.guaranteed)
+    candidates: list[_Candidate] = []
+    protected: list[tuple[float, str]] = []
+    for other in state.jobs.values():
+        if other.id == job.id or other.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            continue
+        other_queue = queue_of(state, other)
+        if "reclaim" in rules and within_guarantee and other_queue.name != queue.name \
+                and beyond_guarantee(usage_of(state, other_queue.name), other_queue.guaranteed):
+            rule = "reclaim"
+        elif "priority" in rules and other_queue.name == queue.name and other.spec.priority < job.spec.priority:
+            rule = "priority"
+        else:
+            continue
+        since = other.started_at or _placed_at(other)
+        if now - since < other_queue.min_runtime:
+            protected.append((since + other_queue.min_runtime, other.id))
+            continue
+        gpus = sum(t.resources.gpu for t in other.tasks)
+        left = usage_of(state, other_queue.name).gpu - gpus
+        below = max(0, min(gpus, other_queue.guaranteed.gpu - left))
+        candidates.append(_Candidate(other, other_queue, rule, gpus * max(0.0, now - since), below))
+    if not candidates:
+        if protected:
+            until, who = min(protected)
+            return f"the gangs it could preempt are protected by min_runtime (the first, {who}, until {until:.0f})"
+        return (f"no rule lets queue {queue.name} preempt for it (rules: {', '.join(rules)}; "
+                f"{'within' if within_guarantee else 'beyond'} its guarantee)")
+
+    depths = _depths(state, job)
+    best: tuple[tuple, tuple[_Candidate, ...], tuple[str, ...], tuple] | None = None
+    considered = 0
+    for depth in depths:
+        for domain, node_ids in _domains(state, depth).items():
+            found = _victims_in(state, job, node_ids, candidates)
+            if found is None:
+                continue
+            considered += 1
+            victims, held = found
+            cost = (max(v.job.spec.priority for v in victims), _pushed_below(state, victims),
+                    sum(v.lost for v in victims), len(victims), tuple(sorted(v.job.id for v in victims)))
+            if best is None or cost < best[0]:
+                best = (cost, victims, held, domain)
+        if best is not None:
+            break
+    if best is None:
+        return "evicting every gang it may preempt would still not make room for the whole gang in one domain"
+    cost, victims, held, domain = best
+    q_usage = usage_of(state, queue.name)
+    facts = [f"queue {queue.name} uses gpu {q_usage.gpu} of guaranteed {queue.guaranteed.gpu}, needs {need.gpu}"]
+    for name in sorted({v.queue.name for v in victims}):
+        vq = next(v.queue for v in victims if v.queue.name == name)
+        facts.append(f"queue {name} uses gpu {usage_of(state, name).gpu} of guaranteed {vq.guaranteed.gpu}")
+    facts.append(f"domain {topology_path(domain) or 'cluster'} chosen of {considered} feasible; "
+                 f"work lost {cost[2]:.0f} GPU-s" + (f"; pushes gpu {cost[1]} below guarantees" if cost[1] else ""))
+    rule = victims[0].rule if all(v.rule == victims[0].rule for v in victims) else "+".join(
+        sorted({v.rule for v in victims}))
+    command = c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=rule, nodes=held, explanation="; ".join(facts),
+                        victims=tuple(c.Victim(v.job.id, v.job.attempt, _grace(v)) for v in victims))
+    return PreemptionPlan(command, cost[2])
+
+
+def _pushed_below(state: ClusterState, victims: tuple[_Candidate, ...]) -> int:
+    """GPUs by which taking these victims leaves their queues below their guarantees."""
+    taken: dict[str, int] = {}
+    for v in victims:
+        taken[v.queue.name] = taken.get(v.queue.name, 0) + sum(t.resources.gpu for t in v.job.tasks)
+    total = 0
+    for name, gpus in taken.items():
+        queue = next(v.queue for v in victims if v.queue.name == name)
+        used = usage_of(state, name).gpu
+        total += max(0, min(gpus, queue.guaranteed.gpu - (used - gpus)))
+    return total
+
+
+def _grace(victim: _Candidate) -> float:
+    grace = victim.job.spec.grace or DEFAULT_GRACE_S
+    return min(grace, victim.queue.max_grace) if victim.queue.max_grace else grace
+
+
+def _placed_at(job: Job) -> float:
+    for event in reversed(job.events):
+        if event.kind == "Scheduled":
+            return event.at
+    return job.submitted_at
+
+
+def _depths(state: ClusterState, job: Job) -> list[int]:
+    pack = job.spec.topology.pack
+    if not pack:
+        return [0]
+    depth = min(pack_depth(state.levels, pack), len(state.levels))
+    return [depth] if job.spec.topology.mode.value == "required" else [depth, 0]
+
+
+def _domains(state: ClusterState, depth: int) -> dict[tuple, list[str]]:
+    out: dict[tuple, list[str]] = {}
+    for node_id in sorted(state.nodes):
+        node = state.nodes[node_id]
+        if node.status is NodeStatus.READY and node.schedulable:
+            out.setdefault(tuple(node.topology[:depth]), []).append(node_id)
+    return out
+
+
+def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
+                candidates: list[_Candidate]) -> tuple[tuple[_Candidate, ...], tuple[str, ...]] | None:
+    """The cheapest victims whose going lets the whole gang fit on these nodes, and the nodes to
+    hold for it; None if no eligible set does."""
+    per_task = job.spec.resources
+    node_ids = [n for n in node_ids if state.held_nodes.get(n, job.id) == job.id]  # not others' holds
+    in_domain = set(node_ids)
+    free = {n: state.nodes[n].capacity - state.nodes[n].used for n in node_ids}
+
+    def fits() -> int:
+        return sum(max(0, per_task.count_in(f)) if per_task.count_in(f) >= 0 else job.spec.tasks
+                   for f in free.values())
+
+    if fits() >= job.spec.tasks:
+        return None  # it fits without anyone leaving: the scheduler will place it
+    local = sorted((v for v in candidates if any(t.node_id in in_domain for t in v.job.tasks)),
+                   key=_Candidate.cost)
+    chosen: list[_Candidate] = []
+    for victim in local:
+        chosen.append(victim)
+        _give_back(state, free, victim, +1)
+        if fits() >= job.spec.tasks:
+            break
+    else:
+        return None
+    for victim in sorted(chosen, key=_Candidate.cost, reverse=True):  # drop the ones not needed
+        _give_back(state, free, victim, -1)
+        if fits() >= job.spec.tasks:
+            chosen.remove(victim)
+        else:
+            _give_back(state, free, victim, +1)
+    victim_nodes = {t.node_id for v in chosen for t in v.job.tasks if t.node_id in in_domain}
+    order = sorted(node_ids, key=lambda n: (n not in victim_nodes, -max(0, per_task.count_in(free[n])), n))
+    held, room = [], 0
+    for node_id in order:
+        count = per_task.count_in(free[node_id])
+        if count == 0:
+            continue
+        held.append(node_id)
+        room += count if count > 0 else job.spec.tasks
+        if room >= job.spec.tasks:
+            break
+    return tuple(sorted(chosen, key=lambda v: v.job.id)), tuple(sorted(held))
+
+
+def _give_back(state: ClusterState, free: dict[str, Resources], victim: _Candidate, sign: int) -> None:
+    for task in victim.job.tasks:
+        if task.node_id in free and task.state.live:
+            delta = task.resources if sign > 0 else Resources() - task.resources
+            free[task.node_id] = free[task.node_id] + delta
+

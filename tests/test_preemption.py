@@ -1,0 +1,143 @@
+"""The preemption planner and the Preempt command, on the pure core (TENANCY.md's scenarios)."""
+
+from __future__ import annotations
+
+import pytest
+
+from synapse.core import commands as c
+from synapse.core import preemption
+from synapse.core.fsm import ClusterState
+from synapse.core.model import JobStatus, Placement, Queue, Resources
+from synapse.core.sim import uniform_cluster
+from tests.helpers import checked, spec
+
+UNL = Resources(-1, -1, -1)
+
+
+def gpu(n: int) -> Resources:
+    return Resources(0, 0, n)
+
+
+def state_with(queues, racks=2, nodes_per_rack=8) -> ClusterState:
+    state = ClusterState()
+    for cmd in uniform_cluster(racks_per_block=racks, nodes_per_rack=nodes_per_rack):
+        checked(state, cmd)
+    checked(state, c.ApplyQueues(at=0, queues=tuple(queues)))
+    return state
+
+
+def run(state, job_id, queue, nodes, started, gpus_per_task=8, priority=0, grace=0.0):
+    """A running gang of len(nodes) tasks, one per node, started at `started`."""
+    checked(state, c.SubmitJob(at=started - 1, job_id=job_id, request_id=job_id, spec=spec(
+        tasks=len(nodes), gpu=gpus_per_task, queue=queue, priority=priority, name=job_id)))
+    free = {n: sorted(set(range(8)) - state.nodes[n].gpus_in_use) for n in nodes}
+    checked(state, c.CommitPlan(at=started, job_id=job_id, attempt=1, placements=tuple(
+        Placement(i, n, tuple(free[n][:gpus_per_task]), i) for i, n in enumerate(nodes))))
+    for t in state.jobs[job_id].tasks:
+        checked(state, c.TaskStarted(at=started, job_id=job_id, attempt=1, index=t.index, node_id=t.node_id))
+
+
+def pend(state, job_id, queue, tasks, gpus_per_task=8, pack="rack", priority=0):
+    checked(state, c.SubmitJob(at=5000, job_id=job_id, request_id=job_id, spec=spec(
+        tasks=tasks, gpu=gpus_per_task, queue=queue, pack=pack, required=bool(pack), priority=priority)))
+    return state.jobs[job_id]
+
+
+def r(rack, *ns):
+    return [f"r{rack}-n{n}" for n in ns]
+
+
+def test_least_lost_work_decides_the_rack():
+    state = state_with([Queue("a", guaranteed=gpu(64)), Queue("b", guaranteed=gpu(64), max=Resources(-1, -1, 128))])
+    now = 6000
+    run(state, "b1", "b", r(0, *range(8)), started=now - 3000)  # 64 GPUs, 50 min
+    run(state, "b2", "b", r(1, 0, 1, 2, 3), started=now - 600)  # 32 GPUs, 10 min
+    run(state, "b3", "b", r(1, 4, 5, 6, 7), started=now - 1800)  # 32 GPUs, 30 min
+    found = preemption.plan(state, pend(state, "a1", "a", 8), now)
+    assert {v.job_id for v in found.command.victims} == {"b2", "b3"}
+    assert found.command.rule == "reclaim" and set(found.command.nodes) == set(r(1, *range(8)))
+
+    # Variant: b1 has only just started, so it costs least.
+    state = state_with([Queue("a", guaranteed=gpu(64)), Queue("b", guaranteed=gpu(64), max=Resources(-1, -1, 128))])
+    run(state, "b1", "b", r(0, *range(8)), started=now - 300)
+    run(state, "b2", "b", r(1, 0, 1, 2, 3), started=now - 600)
+    run(state, "b3", "b", r(1, 4, 5, 6, 7), started=now - 1800)
+    found = preemption.plan(state, pend(state, "a1", "a", 8), now)
+    assert [v.job_id for v in found.command.victims] == ["b1"]
+
+
+def test_a_spanning_gang_is_never_cut_and_guarantees_come_first():
+    state = state_with([Queue("a", guaranteed=gpu(64)), Queue("b", guaranteed=gpu(64), max=Resources(-1, -1, 128))])
+    run(state, "b5", "b", r(0, *range(8)) + r(1, 0, 1, 2, 3), started=1000)  # 96 GPUs over both racks
+    run(state, "b6", "b", r(1, 4, 5), started=5900)
+    run(state, "b7", "b", r(1, 6, 7), started=5900)
+    found = preemption.plan(state, pend(state, "a1", "a", 4), 6000)
+    assert {v.job_id for v in found.command.victims} == {"b6", "b7"}
+
+
+def test_no_ping_pong_between_two_queues():
+    state = state_with([Queue("a", guaranteed=gpu(8), max=gpu(16)), Queue("b", guaranteed=gpu(8))],
+                       racks=1, nodes_per_rack=2)
+    run(state, "a1", "a", r(0, 0, 1), started=100)
+    found = preemption.plan(state, pend(state, "b1", "b", 1, pack=""), 1000)
+    assert [v.job_id for v in found.command.victims] == ["a1"]
+    checked(state, c.Preempt(at=1000, job_id="b1", attempt=1, rule=found.command.rule, victims=found.command.victims,
+                             nodes=found.command.nodes))
+    for t in state.jobs["a1"].tasks:
+        checked(state, c.TaskExited(at=1001, job_id="a1", attempt=1, index=t.index, node_id=t.node_id, exit_code=143))
+    a1 = state.jobs["a1"]
+    assert a1.status is JobStatus.PENDING and a1.attempt == 2 and a1.preemptions == 1
+    assert a1.restarts_used() == 0  # a preemption is not a failure
+    checked(state, c.CommitPlan(at=1002, job_id="b1", attempt=1, placements=(Placement(0, found.command.nodes[0],
+                                                                                        tuple(range(8)), 0),)))
+    assert state.holds == {} and state.held_nodes == {}
+    again = preemption.plan(state, a1, 1100)
+    assert isinstance(again, str) and "no rule" in again  # a1 is beyond a's guarantee; b1 is within b's
+
+
+def test_an_infeasible_preemption_proposes_nothing():
+    state = state_with([Queue("a", guaranteed=gpu(8))], racks=1, nodes_per_rack=2)
+    for n in r(0, 0, 1):
+        for k in range(5):
+            run(state, f"hi-{n}-{k}", "a", [n], started=10, gpus_per_task=1, priority=100)
+        for k in range(2):
+            run(state, f"lo-{n}-{k}", "a", [n], started=10, gpus_per_task=1, priority=10)
+    found = preemption.plan(state, pend(state, "big", "a", 1, pack="", priority=100), 1000)
+    assert isinstance(found, str) and "would still not make room" in found
+
+
+def test_min_runtime_protects_young_gangs_and_says_until_when():
+    state = state_with([Queue("a", guaranteed=gpu(8)), Queue("b", preemption_rules=("reclaim",), min_runtime=600)],
+                       racks=1, nodes_per_rack=1)
+    run(state, "b1", "b", r(0, 0), started=900)
+    found = preemption.plan(state, pend(state, "a1", "a", 1, pack=""), 1000)
+    assert isinstance(found, str) and "protected by min_runtime" in found and "b1" in found and "1500" in found
+    assert not isinstance(preemption.plan(state, state.jobs["a1"], 1600), str)
+
+
+def test_held_nodes_go_to_the_preemptor_alone():
+    state = state_with([Queue("a", guaranteed=gpu(8)), Queue("b")], racks=1, nodes_per_rack=1)
+    run(state, "b1", "b", r(0, 0), started=10)
+    found = preemption.plan(state, pend(state, "a1", "a", 1, pack=""), 1000)
+    checked(state, found.command)
+    checked(state, c.TaskExited(at=1001, job_id="b1", attempt=1, index=0, node_id="r0-n0", exit_code=0))
+    pend(state, "other", "b", 1, pack="")
+    stolen = state.apply(c.CommitPlan(at=1002, job_id="other", attempt=1,
+                                      placements=(Placement(0, "r0-n0", tuple(range(8)), 0),)))
+    assert not stolen.ok and "held for job a1" in stolen.error
+    # The scheduler sees it too: only a1 is placed.
+    from synapse.core.scheduler import schedule_round
+    assert [p.job_id for p in schedule_round(state, 1003).plans] == ["a1"]
+
+
+@pytest.mark.parametrize("mutate, error", [
+    (lambda s: checked(s, c.CancelJob(at=1, job_id="a1")), "not pending"),
+    (lambda s: checked(s, c.NodeDown(at=1, node_id="r0-n0")), "not READY"),
+])
+def test_a_preempt_command_rechecks_the_state(mutate, error):
+    state = state_with([Queue("a", guaranteed=gpu(8)), Queue("b")], racks=1, nodes_per_rack=1)
+    run(state, "b1", "b", r(0, 0), started=10)
+    found = preemption.plan(state, pend(state, "a1", "a", 1, pack=""), 1000)
+    mutate(state)
+    result = state.apply(found.command)
+    assert not result.ok and error in result.error
