@@ -213,3 +213,54 @@ def test_a_queue_below_its_guarantee_reclaims_one_rack_from_a_borrower(make_clus
         assert not any(e.kind == "Preempted" and a_job not in e.message for e in info.events)
     for j in untouched:
         assert cl.client.get_job(j).attempt == 1
+
+
+@pytest.mark.slow
+def test_a_plan_survives_a_leader_failover_and_a_victim_that_ignores_sigterm_is_killed_at_its_deadline(
+        make_cluster, tmp_path):
+    """TENANCY scenarios 4 and 9: the victim ignores SIGTERM and is killed when its grace ends; the
+    leader dies right after the plan commits; the new leader keeps the same plan (no second one),
+    and the preemptor starts once the victim is gone, on the node held for it."""
+    import time
+
+    from tests.test_master_ha import wait_status
+
+    cl = make_cluster(workers=2, racks=1)
+    path = tmp_path / "queues.yaml"
+    path.write_text("queues:\n  - {name: a, guaranteed: {gpu: 8}}\n  - {name: b}\n")
+    assert synctl(cl, cl.token, "apply", str(path)).exit_code == 0
+    b_file = tmp_path / "b.yaml"
+    b_file.write_text("name: b\ntasks: 1\nqueue: b\ngrace: 4s\nresources: {cpu: 1, memory: 1Gi, gpu: 8}\n"
+                      "command: [sh, -c, \"trap '' TERM; echo grace $SYNAPSE_GRACE_S; sleep 300\"]\n")
+    b_jobs = [synctl(cl, cl.token, "submit", str(b_file), "--request-id", f"b{i}").output.strip() for i in range(2)]
+    for job_id in b_jobs:
+        wait_status(cl.client, job_id, {"RUNNING"})
+    out = synctl(cl, cl.token, "submit", "--queue", "a", "--name", "a", "--gpu", "8", "--cpu", "1", "--mem", "1Gi",
+                 "--", "sleep", "300")
+    a_job = out.output.strip()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        events = {j: [e for e in cl.client.get_job(j).events if e.kind == "Preempted"] for j in b_jobs}
+        if any(events.values()):
+            break
+        time.sleep(0.05)
+    preempted_at = time.monotonic()
+    victims = [j for j, e in events.items() if e]
+    assert len(victims) == 1
+    old = cl.wait_leader()
+    cl.kill_master(old)
+    try:
+        info = wait_status(cl.client, a_job, {"RUNNING"}, timeout=30)
+        waited = time.monotonic() - preempted_at
+        assert waited >= 3.0, f"the preemptor ran {waited:.1f}s after the plan: the victim's grace was not kept"
+        assert waited < 9.0, f"{waited:.1f}s: the victim was killed at the worker's default grace, not its own 4 s"
+        victim = cl.client.get_job(victims[0])
+        assert sum(1 for e in victim.events if e.kind == "Preempted") == 1  # no second plan
+        assert victim.attempts[0].nodes[0] == info.tasks[0].node_id  # the held node went to the preemptor
+        killed = [t for t in cl.client.get_job(victims[0]).events if t.kind == "Requeued"]
+        assert killed and victim.status == "PENDING" and victim.attempt == 2
+        other = next(j for j in b_jobs if j not in victims)
+        assert cl.client.get_job(other).status == "RUNNING" and cl.client.get_job(other).attempt == 1
+    finally:
+        cl.restart_master(old)
+        cl.wait_leader()

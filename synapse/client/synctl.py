@@ -530,6 +530,23 @@ def describe_queue(obj: Context, name: str, output: str) -> None:
     emit(queue, output, lambda q: yaml.safe_dump(q, sort_keys=False).rstrip())
 
 
+@main.command()
+@click.argument("job_id")
+@click.option("--what-if", "what_if", is_flag=True, required=True,
+              help="show the plan without committing it (the only mode: the leader preempts on its own)")
+@OUTPUT
+@click.pass_obj
+def preempt(obj: Context, job_id: str, what_if: bool, output: str) -> None:
+    """Which gangs the leader would preempt for pending job JOB_ID now, and why."""
+    reply = run(lambda: obj.client.call("PreemptWhatIf", api_pb2.PreemptWhatIfRequest(job_id=job_id)))
+    data = {"job": job_id, "possible": reply.possible, "rule": reply.rule or None, "victims": list(reply.victims),
+            "nodes": list(reply.nodes), "explanation": reply.explanation,
+            "lost_gpu_seconds": reply.lost_gpu_seconds if reply.possible else None}
+    emit(data, output, lambda d: (
+        f"would preempt {', '.join(d['victims'])} (rule {d['rule']}) and hold {', '.join(d['nodes'])}\n"
+        f"{d['explanation']}" if d["possible"] else f"no preemption for {job_id}: {d['explanation']}"))
+
+
 @main.group()
 def delete() -> None:
     """Delete a queue."""

@@ -6,7 +6,8 @@ Rules (a queue lists those its jobs may use; by default `reclaim` and `priority`
   what other queues borrowed: victims come only from queues above their guarantee. It cannot loop:
   the preemptor's queue is then within its guarantee, so it is never a reclaim victim itself.
 * **priority** — inside one queue, a job may evict gangs of lower priority.
-* **fair_share** is not planned yet (see the README).
+* **fair_share** — across queues, only when the preemptor's queue's share once the job runs is no
+  higher than the victim's queue's share without the victim (Kueue's rule: it cannot cycle).
 
 Victims are whole gangs that have run at least their queue's `min_runtime`. Planning looks at one
 topology domain at a time (the job's `pack` level, or the whole cluster), and never proposes a set
@@ -59,6 +60,39 @@ def beyond_guarantee(amount: Resources, guaranteed: Resources) -> list[str]:
     return [d for d in declared or _DIMENSIONS if getattr(amount, d) > getattr(guaranteed, d)]
 
 
+def pool_of(state: ClusterState) -> Resources:
+    """What the READY nodes hold in all: the pool that shares are fractions of."""
+    total = Resources()
+    for node in state.nodes.values():
+        if node.status is NodeStatus.READY:
+            total = total + node.capacity
+    return total
+
+
+def share(queue: Queue, usage: Resources, pool: Resources) -> float:
+    """Kueue's weighted dominant share: the largest fraction of the pool the queue uses beyond its
+    guarantee, over its weight."""
+    worst = 0.0
+    for d in _DIMENSIONS:
+        total = getattr(pool, d)
+        if total > 0:
+            worst = max(worst, max(0, getattr(usage, d) - getattr(queue.guaranteed, d)) / total)
+    return worst / queue.weight
+
+
+def admission_key(state: ClusterState, job: Job, pool: Resources) -> tuple:
+    """Order across queues: gangs that stay within their queue's guarantee first, then the lowest
+    share after admission; within a queue, priority then submission time (the job's queue key)."""
+    queue = queue_of(state, job)
+    after = usage_of(state, queue.name) + job.spec.total
+    return (bool(beyond_guarantee(after, queue.guaranteed)) if _declares(queue) else True,
+            share(queue, after, pool), job.queue_key())
+
+
+def _declares(queue: Queue) -> bool:
+    return any(getattr(queue.guaranteed, d) > 0 for d in _DIMENSIONS)
+
+
 def max_block(state: ClusterState, job: Job, extra: dict[str, Resources] | None = None) -> str:
     """Why the job's queue (or its parent) may not take the job now, by its `max`; or ''.
     `extra`: usage claimed earlier in the same scheduling round, by queue."""
@@ -93,6 +127,7 @@ class _Candidate:
     rule: str
     lost: float  #: GPU-seconds of work the gang would lose
     below: int  #: GPUs its going alone would push its queue below its guarantee
+    gpus: int  #: GPUs the gang holds
 
     def cost(self) -> tuple:
         return (self.job.spec.priority, self.below, self.lost, self.job.id)
@@ -104,27 +139,40 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     rules = queue.preemption_rules or DEFAULT_RULES
     need = job.spec.total
     within_guarantee = not beyond_guarantee(usage_of(state, queue.name) + need, queue.guaranteed)
+    fair = "fair_share" in rules
+    pool = pool_of(state) if fair else Resources()
+    share_after = share(queue, usage_of(state, queue.name) + need, pool) if fair else 0.0
     candidates: list[_Candidate] = []
     protected: list[tuple[float, str]] = []
+    facts: dict[str, tuple[Queue, Resources, bool, float]] = {}  # per queue: computed once
     for other in state.jobs.values():
         if other.id == job.id or other.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
             continue
-        other_queue = queue_of(state, other)
-        if "reclaim" in rules and within_guarantee and other_queue.name != queue.name \
-                and beyond_guarantee(usage_of(state, other_queue.name), other_queue.guaranteed):
+        name = state.queue_of(other)
+        if name not in facts:
+            other_queue = state.queues.get(name) or Queue(name)
+            used = usage_of(state, name)
+            facts[name] = (other_queue, used, bool(beyond_guarantee(used, other_queue.guaranteed)),
+                           share(other_queue, used, pool) if fair else 0.0)
+        other_queue, used, borrowing, current_share = facts[name]
+        if "reclaim" in rules and within_guarantee and name != queue.name and borrowing:
             rule = "reclaim"
-        elif "priority" in rules and other_queue.name == queue.name and other.spec.priority < job.spec.priority:
+        elif "priority" in rules and name == queue.name and other.spec.priority < job.spec.priority:
             rule = "priority"
+        elif fair and name != queue.name and current_share > 0 and share_after <= share(
+                other_queue, used - other.spec.total, pool):
+            # Kueue's rule: the preemptor's share once admitted is no higher than the victim
+            # queue's share without the victim, so the victim's queue can never take it back.
+            rule = "fair_share"
         else:
             continue
         since = other.started_at or _placed_at(other)
         if now - since < other_queue.min_runtime:
             protected.append((since + other_queue.min_runtime, other.id))
             continue
-        gpus = sum(t.resources.gpu for t in other.tasks)
-        left = usage_of(state, other_queue.name).gpu - gpus
-        below = max(0, min(gpus, other_queue.guaranteed.gpu - left))
-        candidates.append(_Candidate(other, other_queue, rule, gpus * max(0.0, now - since), below))
+        gpus = len(other.tasks) * other.spec.resources.gpu
+        below = max(0, min(gpus, other_queue.guaranteed.gpu - (used.gpu - gpus)))
+        candidates.append(_Candidate(other, other_queue, rule, gpus * max(0.0, now - since), below, gpus))
     if not candidates:
         if protected:
             until, who = min(protected)
@@ -136,8 +184,29 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     best: tuple[tuple, tuple[_Candidate, ...], tuple[str, ...], tuple] | None = None
     considered = 0
     for depth in depths:
-        for domain, node_ids in _domains(state, depth).items():
-            found = _victims_in(state, job, node_ids, candidates)
+        domains = _domains(state, depth)
+        key_of = {node_id: key for key, node_ids in domains.items() for node_id in node_ids}
+        by_domain: dict[tuple, list[_Candidate]] = {}  # each candidate under every domain it touches
+        gpus_in: dict[tuple, list[tuple[float, int]]] = {}  # domain -> (lost per GPU, GPUs there)
+        for candidate in candidates:
+            here: dict[tuple, int] = {}
+            for t in candidate.job.tasks:
+                key = key_of.get(t.node_id)  # live tasks only: a victim runs (SCHEDULED or RUNNING)
+                if key is not None:
+                    here[key] = here.get(key, 0) + t.resources.gpu
+            rate = candidate.lost / candidate.gpus if candidate.gpus else 0.0
+            for key, gpus in here.items():
+                by_domain.setdefault(key, []).append(candidate)
+                gpus_in.setdefault(key, []).append((rate, gpus))
+        # Cheapest-looking domains first; a domain whose lower bound already costs more than the
+        # best plan found is skipped without the full search (most of them, on a large cluster).
+        bounds = sorted((_lower_bound(state, job, domains[d], by_domain[d], gpus_in[d]), d)
+                        for d in by_domain if d in domains)
+        for bound, domain in bounds:
+            if bound[2] == float("inf") or (best is not None and bound > best[0]):
+                break
+            node_ids = domains[domain]
+            found = _victims_in(state, job, node_ids, by_domain[domain])
             if found is None:
                 continue
             considered += 1
@@ -207,54 +276,86 @@ def _domains(state: ClusterState, depth: int) -> dict[tuple, list[str]]:
     return out
 
 
+def _lower_bound(state: ClusterState, job: Job, node_ids: list[str], candidates: list[_Candidate],
+                 gpus_in: list[tuple[float, int]]) -> tuple:
+    """A bound no victim set in this domain can beat, compared like a plan's cost: the lowest
+    candidate priority, no GPUs below a guarantee, and the least GPU-time lost to free the GPUs
+    the gang lacks here (a fractional knapsack over the candidates' GPUs in the domain; a gang is
+    charged whole, so its real cost is never lower)."""
+    nodes = state.nodes
+    free = sum(nodes[n].capacity.gpu - nodes[n].used.gpu for n in node_ids
+               if state.held_nodes.get(n, job.id) == job.id)
+    lacking = job.spec.tasks * job.spec.resources.gpu - free
+    lowest = min(v.job.spec.priority for v in candidates)
+    if lacking <= 0:
+        return (lowest, 0, 0.0)
+    lost = 0.0
+    for rate, here in sorted(gpus_in):
+        take = min(here, lacking)
+        lost += rate * take
+        lacking -= take
+        if lacking <= 0:
+            return (lowest, 0, lost)
+    return (lowest, 0, float("inf"))  # even all of them free too few GPUs here
+
+
+class _Room:
+    """Free resources per node of one domain and how many of the gang's tasks they hold, kept
+    up to date as victims are taken out or put back (each change touches only the victim's nodes)."""
+
+    def __init__(self, state: ClusterState, job: Job, node_ids: list[str]) -> None:
+        self.per_task, self.tasks = job.spec.resources, job.spec.tasks
+        self.free = {n: state.nodes[n].capacity - state.nodes[n].used for n in node_ids}
+        self.count = {n: self._count(f) for n, f in self.free.items()}
+        self.total = sum(self.count.values())
+
+    def _count(self, free: Resources) -> int:
+        k = self.per_task.count_in(free)
+        return self.tasks if k < 0 else max(0, k)
+
+    def fits(self) -> bool:
+        return self.total >= self.tasks
+
+    def give_back(self, victim: _Candidate, sign: int) -> None:
+        for task in victim.job.tasks:
+            if task.node_id in self.free and task.state.live:
+                delta = task.resources if sign > 0 else Resources() - task.resources
+                free = self.free[task.node_id] = self.free[task.node_id] + delta
+                new = self._count(free)
+                self.total += new - self.count[task.node_id]
+                self.count[task.node_id] = new
+
+
 def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
                 candidates: list[_Candidate]) -> tuple[tuple[_Candidate, ...], tuple[str, ...]] | None:
     """The cheapest victims whose going lets the whole gang fit on these nodes, and the nodes to
     hold for it; None if no eligible set does."""
-    per_task = job.spec.resources
     node_ids = [n for n in node_ids if state.held_nodes.get(n, job.id) == job.id]  # not others' holds
-    in_domain = set(node_ids)
-    free = {n: state.nodes[n].capacity - state.nodes[n].used for n in node_ids}
-
-    def fits() -> int:
-        return sum(max(0, per_task.count_in(f)) if per_task.count_in(f) >= 0 else job.spec.tasks
-                   for f in free.values())
-
-    if fits() >= job.spec.tasks:
+    room = _Room(state, job, node_ids)
+    if room.fits():
         return None  # it fits without anyone leaving: the scheduler will place it
-    local = sorted((v for v in candidates if any(t.node_id in in_domain for t in v.job.tasks)),
-                   key=_Candidate.cost)
     chosen: list[_Candidate] = []
-    for victim in local:
+    for victim in sorted(candidates, key=_Candidate.cost):
         chosen.append(victim)
-        _give_back(state, free, victim, +1)
-        if fits() >= job.spec.tasks:
+        room.give_back(victim, +1)
+        if room.fits():
             break
     else:
         return None
     for victim in sorted(chosen, key=_Candidate.cost, reverse=True):  # drop the ones not needed
-        _give_back(state, free, victim, -1)
-        if fits() >= job.spec.tasks:
+        room.give_back(victim, -1)
+        if room.fits():
             chosen.remove(victim)
         else:
-            _give_back(state, free, victim, +1)
-    victim_nodes = {t.node_id for v in chosen for t in v.job.tasks if t.node_id in in_domain}
-    order = sorted(node_ids, key=lambda n: (n not in victim_nodes, -max(0, per_task.count_in(free[n])), n))
-    held, room = [], 0
+            room.give_back(victim, +1)
+    victim_nodes = {t.node_id for v in chosen for t in v.job.tasks if t.node_id in room.free}
+    order = sorted(node_ids, key=lambda n: (n not in victim_nodes, -room.count[n], n))
+    held, covered = [], 0
     for node_id in order:
-        count = per_task.count_in(free[node_id])
-        if count == 0:
+        if room.count[node_id] == 0:
             continue
         held.append(node_id)
-        room += count if count > 0 else job.spec.tasks
-        if room >= job.spec.tasks:
+        covered += room.count[node_id]
+        if covered >= job.spec.tasks:
             break
     return tuple(sorted(chosen, key=lambda v: v.job.id)), tuple(sorted(held))
-
-
-def _give_back(state: ClusterState, free: dict[str, Resources], victim: _Candidate, sign: int) -> None:
-    for task in victim.job.tasks:
-        if task.node_id in free and task.state.live:
-            delta = task.resources if sign > 0 else Resources() - task.resources
-            free[task.node_id] = free[task.node_id] + delta
-

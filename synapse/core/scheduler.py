@@ -5,7 +5,9 @@ plans to propose (in order), the reservation of the head blocked gang, and why e
 waiting is waiting. The leader turns the plans into CommitPlan commands; the simulator applies them
 directly. Both pass back the reservation of the previous round.
 
-The policy, in queue order (priority, then submission time):
+The policy, in queue order (priority, then submission time; once an admin has defined queues, gangs
+within their queue's guarantee first, then by the weighted dominant share of their queue once
+admitted, see synapse.core.preemption):
 
 * A gang that fits is planned at once, and its resources count as used for the rest of the round.
   A gang that does not fit holds nothing.
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, topology_path
 from synapse.core.placement import ClusterView, pack_depth, place
-from synapse.core.preemption import max_block
+from synapse.core.preemption import admission_key, max_block, pool_of
 from synapse.core.topology import Domain
 
 
@@ -112,10 +114,15 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
         result.waiting = dict(memo.waiting)
     held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
     claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
+    queue_order = _queue_order(state) if state.queues else None
+    if queue_order is not None and start:
+        start = 0  # the order depends on usage: no memo (it assumes the plain queue order)
+        failed, reservation, result.waiting = {}, None, {}
     # Gangs that preempted others go first: the nodes held for them are theirs alone, and the head
     # reservation must not fall on them for another job.
     holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
-    for job in [*holders, *(j for j in state.pending_jobs(start) if j.id not in state.holds)]:
+    for job in [*holders, *(j for j in (queue_order if queue_order is not None else state.pending_jobs(start))
+                            if j.id not in state.holds)]:
         may_use_reservation = reservation is None or (
             bool(job.spec.time_limit) and not math.isinf(reservation.starts_at)
             and now + job.spec.time_limit <= reservation.starts_at)
@@ -152,11 +159,17 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
             message = f"does not fit outside the reservation ({reservation.describe()})"
         result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, message)
     result.reservation = reservation
-    if not result.plans:
+    if not result.plans and queue_order is None:
         seen = len(state.pending)
         result.memo = RoundMemo(state, state.other_changes, seen, state.pending[seen - 1] if seen else None,
                                 failed, reservation, result.waiting)
     return result
+
+
+def _queue_order(state: ClusterState) -> list[Job]:
+    """With queues defined: gangs within their queue's guarantee first, then by fair share."""
+    pool = pool_of(state)
+    return sorted(state.pending_jobs(), key=lambda job: admission_key(state, job, pool))
 
 
 def _reserve(state: ClusterState, view: ClusterView, job: Job, now: float,

@@ -21,7 +21,7 @@ import grpc
 from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
-from synapse.core import codec
+from synapse.core import codec, preemption
 from synapse.core import commands as c
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
@@ -561,6 +561,29 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                      implicit=implicit and name == DEFAULT_QUEUE)
 
         return api_pb2.ListQueuesReply(queues=[info(n, q) for n, q in sorted(queues.items())])
+
+    async def PreemptWhatIf(self, request, context):
+        """What preemption would do for a pending job now; commits nothing."""
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            if job.status is not JobStatus.PENDING:
+                return api_pb2.PreemptWhatIfReply(explanation=f"job {job.id} is {job.status.value}, not PENDING")
+            hold = self.m.state.holds.get(job.id)
+            if hold is not None:
+                return api_pb2.PreemptWhatIfReply(
+                    explanation=f"job {job.id} already preempted {', '.join(hold.victims)} (rule {hold.rule}) and "
+                                f"holds {', '.join(hold.nodes)}")
+            found = preemption.plan(self.m.state, job, time.time())
+        if isinstance(found, str):
+            return api_pb2.PreemptWhatIfReply(explanation=found)
+        cmd = found.command
+        return api_pb2.PreemptWhatIfReply(possible=True, rule=cmd.rule, victims=[v.job_id for v in cmd.victims],
+                                          nodes=list(cmd.nodes), explanation=cmd.explanation,
+                                          lost_gpu_seconds=found.lost_gpu_seconds)
 
     # ---- workers -------------------------------------------------------------------------------
 

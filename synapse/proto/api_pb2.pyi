@@ -1456,3 +1456,59 @@ class ListQueuesReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListQueuesReply: _TypeAlias = ListQueuesReply  # noqa: Y015
+
+@_typing.final
+class PreemptWhatIfRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptWhatIfRequest: _TypeAlias = PreemptWhatIfRequest  # noqa: Y015
+
+@_typing.final
+class PreemptWhatIfReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSSIBLE_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    VICTIMS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    EXPLANATION_FIELD_NUMBER: _builtins.int
+    LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    possible: _builtins.bool
+    rule: _builtins.str
+    explanation: _builtins.str
+    """the numbers behind the plan, or why there is none"""
+    lost_gpu_seconds: _builtins.float
+    @_builtins.property
+    def victims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        possible: _builtins.bool = ...,
+        rule: _builtins.str = ...,
+        victims: _abc.Iterable[_builtins.str] | None = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        explanation: _builtins.str = ...,
+        lost_gpu_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "lost_gpu_seconds", b"lost_gpu_seconds", "nodes", b"nodes", "possible", b"possible", "rule", b"rule", "victims", b"victims"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptWhatIfReply: _TypeAlias = PreemptWhatIfReply  # noqa: Y015

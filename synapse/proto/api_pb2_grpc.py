@@ -124,6 +124,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.ListQueuesRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.ListQueuesReply.FromString,
                 _registered_method=True)
+        self.PreemptWhatIf = channel.unary_unary(
+                '/synapse.v1.Master/PreemptWhatIf',
+                request_serializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfReply.FromString,
+                _registered_method=True)
         self.LogAccess = channel.unary_unary(
                 '/synapse.v1.Master/LogAccess',
                 request_serializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
@@ -266,6 +271,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreemptWhatIf(self, request, context):
+        """The preemption plan the leader would make for a pending job now, without committing it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LogAccess(self, request, context):
         """Tickets that let the caller read a job's task logs from the workers that ran them.
         """
@@ -390,6 +402,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListQueues,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.ListQueuesRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.ListQueuesReply.SerializeToString,
+            ),
+            'PreemptWhatIf': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreemptWhatIf,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfReply.SerializeToString,
             ),
             'LogAccess': grpc.unary_unary_rpc_method_handler(
                     servicer.LogAccess,
@@ -903,6 +920,33 @@ class Master:
             '/synapse.v1.Master/ListQueues',
             synapse_dot_proto_dot_api__pb2.ListQueuesRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.ListQueuesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreemptWhatIf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/PreemptWhatIf',
+            synapse_dot_proto_dot_api__pb2.PreemptWhatIfRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.PreemptWhatIfReply.FromString,
             options,
             channel_credentials,
             insecure,
