@@ -4,13 +4,13 @@
     python chaos/run.py --masters 5 --workers 6 --duration 600 --seed 7 --json
 
 Starts a local cluster of real processes (heartbeat 0.5 s, DOWN after 3 s), runs several clients
-submitting gangs of mixed sizes (some needing a whole rack), reading and cancelling them, with
-short real tasks. It injects faults on a schedule derived from the seed, so a failing run can be
-replayed: master faults in one lane and machine faults (workers) in another, concurrently. Then
-it heals the cluster, waits for the replicas to converge, stops it, and checks the history (see
-chaos/history.py for the format, kept in --out): no lost acknowledged job, no over-allocation in
-any replica's committed log, no partial gang, no duplicate live task, converged replicas,
-linearizable client operations.
+submitting gangs of mixed sizes (some needing a whole rack) into two queues that preempt each
+other's borrowed share, reading and cancelling them, with short real tasks. It injects faults on a
+schedule derived from the seed, so a failing run can be replayed: master faults in one lane and
+machine faults (workers) in another, concurrently. Then it heals the cluster, waits for the
+replicas to converge, stops it, and checks the history (see chaos/history.py for the format, kept
+in --out): no lost acknowledged job, no over-allocation in any replica's committed log, no partial
+gang, no duplicate live task, converged replicas, linearizable client operations.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from chaos.history import History, read  # noqa: E402
 from chaos.nemesis import MACHINE_FAULTS, NEEDS_NETNS, NEMESES, Target, unavailable  # noqa: E402
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.core import codec
-from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec  # noqa: E402
+from synapse.core.model import JobSpec, PackMode, Queue, Resources, TopologySpec  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.local.netns import MasterNet  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
@@ -40,6 +40,9 @@ from synapse.proto import api_pb2  # noqa: E402
 HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
 STOP_GRACE = 3.0  # synapse-local's workers
 GPUS = 8
+#: Two queues share the cluster, each guaranteed half of it: they borrow from each other and take it
+#: back by preemption (reclaim), and higher priority evicts lower inside a queue.
+QUEUES = ("a", "b")
 
 
 def workload(client_id: int, addresses: list[str], token: str, history: History, stop: threading.Event,
@@ -56,7 +59,7 @@ def workload(client_id: int, addresses: list[str], token: str, history: History,
             spec = JobSpec(name=f"chaos{client_id}", tasks=tasks, command=("sleep", f"{rng.uniform(0.3, 2.0):.2f}"),
                            resources=Resources(500, 64 << 20, GPUS if whole_rack else rng.choice([1, 2, 4, 8])),
                            topology=TopologySpec("rack", PackMode.REQUIRED if whole_rack else PackMode.PREFERRED),
-                           max_restarts=2)
+                           max_restarts=2, queue=rng.choice(QUEUES), priority=rng.randint(0, 2), grace=1.0)
             try:
                 job_id = client.submit(codec.job_spec_to_proto(spec), request_id=request_id)
                 history.write("op", id=op_id, client=client_id, f="submit", key=request_id, input=None,
@@ -202,6 +205,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
                      job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)))
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20))
+    half = Resources(0, 0, workers * GPUS // 2)
+    target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
+        codec.queue_to_proto(Queue(name, guaranteed=half, preemption_rules=("reclaim", "priority")))
+        for name in QUEUES]))
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
     threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], history, stop, seed, submitted,
                                                        lock)) for i in range(clients)]
@@ -265,6 +272,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # The longest stretch, while the workload ran, with no client operation succeeding.
         "max_unavailable_s": round(max((b - a for a, b in zip([started, *ok_times], [*ok_times, workload_ended],
                                                                strict=True) if a <= workload_ended), default=0.0), 3),
+        # Gangs stopped by a preemption plan, and plans committed (a gang may be preempted twice).
+        "preemptions": sum(1 for j in final.values() for e in j.events if e.kind == "Preempted"),
         "failover_s": failover, "seconds": round(ended - started, 1), "history": str(out / "history.jsonl"),
         "overcommit_details": overcommits[:10],
     }
@@ -304,9 +313,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(report))
     else:
-        for key in ("faults", "fault_kinds", "ops", "acked", "lost", "overcommits", "partial_gangs", "duplicate_tasks",
-                    "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s", "failover_s",
-                    "seconds", "history"):
+        for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
+                    "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
+                    "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

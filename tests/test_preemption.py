@@ -202,3 +202,83 @@ def test_with_queues_gangs_within_their_guarantee_are_admitted_first():
     checked(state, c.SubmitJob(at=3, job_id="b-in", request_id="3", spec=spec(queue="b", gpu=4)))
     # a already uses 4 of its 8: a-over would take it to 12, beyond; b-in stays within b's guarantee.
     assert [p.job_id for p in schedule_round(state, 10).plans] == ["b-in"]
+
+
+def test_a_gang_preempted_three_times_in_a_day_is_exempt_from_the_priority_rule():
+    state = state_with([Queue("a", guaranteed=gpu(8))], racks=1, nodes_per_rack=1)
+    run(state, "low", "a", r(0, 0), started=10, priority=1)
+    state.jobs["low"].preempted_at = (100.0, 200.0, 300.0)
+    found = preemption.plan(state, pend(state, "high", "a", 1, pack="", priority=9), 1000)
+    assert isinstance(found, str) and "preemption budget" in found and "low" in found
+    assert not isinstance(preemption.plan(state, state.jobs["high"], 300 + 86400), str)  # the day is over
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_workloads_keep_every_promise(seed):
+    """Random queues and gangs: every step keeps the invariants (no overcommit, no partial gang);
+    every plan's preemptor is placed in the round after its victims leave (no signal without a
+    feasible plan, nothing stolen from the hold); and with no new work, preemption stops."""
+    import random
+
+    from synapse.core.invariants import violations
+    from synapse.core.scheduler import schedule_round
+
+    rng = random.Random(seed)
+    names = ["q0", "q1", "q2"]
+    queues = [Queue(n, guaranteed=gpu(rng.choice([0, 16, 32, 48])), weight=rng.choice([1, 2, 3]),
+                    preemption_rules=tuple(rng.sample(["reclaim", "priority", "fair_share"], rng.randint(1, 3))))
+              for n in names]
+    state = state_with(queues, racks=2, nodes_per_rack=4)
+    now, preemptions = 1000.0, 0
+    for i in range(40):
+        tasks = rng.choice([1, 1, 2, 4])
+        checked(state, c.SubmitJob(at=now + i, job_id=f"j{i:02}", request_id=f"j{i}", spec=spec(
+            tasks=tasks, gpu=rng.choice([2, 4, 8]), queue=rng.choice(names), priority=rng.randint(0, 3),
+            pack=rng.choice(["", "rack"]), required=rng.random() < 0.5)))
+    for _round in range(400):
+        now += 10
+        result = schedule_round(state, now)
+        for p in result.plans:
+            checked(state, c.CommitPlan(at=now, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
+            for t in state.jobs[p.job_id].tasks:
+                checked(state, c.TaskStarted(at=now, job_id=p.job_id, attempt=p.attempt, index=t.index,
+                                             node_id=t.node_id))
+        assert violations(state) == [], violations(state)
+        if result.plans:
+            continue
+        planned = None
+        for job in state.pending_jobs():
+            if job.id in result.waiting and job.id not in state.holds and not preemption.max_block(state, job):
+                found = preemption.plan(state, job, now)
+                if not isinstance(found, str):
+                    planned = found.command
+                    break
+        if planned is None:
+            break  # quiet: nothing to place, nobody to preempt
+        checked(state, planned)
+        preemptions += 1
+        for v in planned.victims:
+            for t in state.jobs[v.job_id].tasks:
+                if t.state.live:
+                    checked(state, c.TaskExited(at=now, job_id=v.job_id, attempt=v.attempt, index=t.index,
+                                                node_id=t.node_id, exit_code=143))
+        after = schedule_round(state, now + 1)
+        assert planned.job_id in [p.job_id for p in after.plans], "the victims left and the preemptor did not fit"
+        first = next(p for p in after.plans if p.job_id == planned.job_id)
+        for p in after.plans:
+            if p.job_id != planned.job_id:
+                assert not {pl.node_id for pl in p.placements} & set(planned.nodes), "a held node went elsewhere"
+        assert {pl.node_id for pl in first.placements} <= set(state.nodes)
+    else:
+        raise AssertionError(f"still preempting after 400 rounds ({preemptions} preemptions): a cycle")
+    PREEMPTIONS_SEEN[seed] = preemptions
+
+
+PREEMPTIONS_SEEN: dict[int, int] = {}
+
+
+def test_the_random_workloads_do_preempt():
+    """The test above must exercise preemption, not only quiet clusters."""
+    if len(PREEMPTIONS_SEEN) < 12:
+        pytest.skip("run with the random workload test")
+    assert sum(1 for n in PREEMPTIONS_SEEN.values() if n) >= 6, PREEMPTIONS_SEEN

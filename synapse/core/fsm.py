@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 #: Events kept per job; older ones are dropped (the first, "submitted", is always kept).
 MAX_EVENTS_PER_JOB = 200
 SNAPSHOT_VERSION = 1
+#: A gang preempted this many times within PREEMPTION_WINDOW_S is exempt from the priority and
+#: fair-share rules for the rest of that window (reclaim still applies): no gang thrashes.
+PREEMPTION_BUDGET = 3
+PREEMPTION_WINDOW_S = 86400.0
 
 
 class ClusterState:
@@ -488,6 +492,7 @@ class ClusterState:
             victims.append((victim, v))
         for victim, v in victims:
             victim.stop_grace = v.grace
+            victim.preempted_at = (*victim.preempted_at, cmd.at)[-PREEMPTION_BUDGET:]
             reason = f"preempted by job {cmd.job_id} (rule {cmd.rule})"
             self._stop_attempt(victim, reason, cmd.at)
             self._event(victim, cmd.at, "Preempted",
@@ -740,6 +745,7 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
             "events": [[e.at, e.kind, e.message] for e in j.events],
             "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
+            "preempted_at": list(j.preempted_at),
             "stop_grace": j.stop_grace}
 
 
@@ -751,7 +757,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]],
               placements={a: tuple(nodes) for a, nodes in d["placements"]},
               user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
-              preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0))
+              preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
+              preempted_at=tuple(d.get("preempted_at", ())))
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],

@@ -205,6 +205,7 @@ class Job:
     placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
     user: str = ""  #: who submitted it: the authenticated caller, never a name the client claims
     preemptions: int = 0  #: attempts ended by preemption; they do not use up max_restarts
+    preempted_at: tuple[float, ...] = ()  #: when its last few preemptions were planned (the budget)
     stop_grace: float = 0.0  #: seconds from SIGTERM to SIGKILL for the stopping attempt (0: the worker's)
     cancelled_by: str = ""  #: who asked to cancel it, if anyone did
 

@@ -9,7 +9,9 @@ Rules (a queue lists those its jobs may use; by default `reclaim` and `priority`
 * **fair_share** — across queues, only when the preemptor's queue's share once the job runs is no
   higher than the victim's queue's share without the victim (Kueue's rule: it cannot cycle).
 
-Victims are whole gangs that have run at least their queue's `min_runtime`. Planning looks at one
+Victims are whole gangs that have run at least their queue's `min_runtime`; a gang preempted
+PREEMPTION_BUDGET times within a day is exempt from the priority and fair-share rules for the rest
+of it. Planning looks at one
 topology domain at a time (the job's `pack` level, or the whole cluster), and never proposes a set
 after which the preemptor's whole gang would not fit in that domain. Among feasible domains it takes
 the cheapest set, by (highest victim priority, GPUs pushed below a queue's guarantee, GPU-seconds
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
+from synapse.core.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     UNLIMITED,
@@ -144,6 +146,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     share_after = share(queue, usage_of(state, queue.name) + need, pool) if fair else 0.0
     candidates: list[_Candidate] = []
     protected: list[tuple[float, str]] = []
+    exempt: list[str] = []
     facts: dict[str, tuple[Queue, Resources, bool, float]] = {}  # per queue: computed once
     for other in state.jobs.values():
         if other.id == job.id or other.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
@@ -157,6 +160,9 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         other_queue, used, borrowing, current_share = facts[name]
         if "reclaim" in rules and within_guarantee and name != queue.name and borrowing:
             rule = "reclaim"
+        elif exhausted(other, now):
+            exempt.append(other.id)  # preempted often enough lately: only reclaim may take it
+            continue
         elif "priority" in rules and name == queue.name and other.spec.priority < job.spec.priority:
             rule = "priority"
         elif fair and name != queue.name and current_share > 0 and share_after <= share(
@@ -177,6 +183,9 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         if protected:
             until, who = min(protected)
             return f"the gangs it could preempt are protected by min_runtime (the first, {who}, until {until:.0f})"
+        if exempt:
+            return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
+                    f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")
         return (f"no rule lets queue {queue.name} preempt for it (rules: {', '.join(rules)}; "
                 f"{'within' if within_guarantee else 'beyond'} its guarantee)")
 
@@ -245,6 +254,12 @@ def _pushed_below(state: ClusterState, victims: tuple[_Candidate, ...]) -> int:
         used = usage_of(state, name).gpu
         total += max(0, min(gpus, queue.guaranteed.gpu - (used - gpus)))
     return total
+
+
+def exhausted(job: Job, now: float) -> bool:
+    """True when the gang has used its preemption budget within the window."""
+    recent = [t for t in job.preempted_at if now - t < PREEMPTION_WINDOW_S]
+    return len(recent) >= PREEMPTION_BUDGET
 
 
 def _grace(victim: _Candidate) -> float:
