@@ -147,17 +147,17 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     candidates: list[_Candidate] = []
     protected: list[tuple[float, str]] = []
     exempt: list[str] = []
-    facts: dict[str, tuple[Queue, Resources, bool, float]] = {}  # per queue: computed once
+    per_queue: dict[str, tuple[Queue, Resources, bool, float]] = {}  # computed once per queue
     for other in state.jobs.values():
         if other.id == job.id or other.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
             continue
         name = state.queue_of(other)
-        if name not in facts:
+        if name not in per_queue:
             other_queue = state.queues.get(name) or Queue(name)
             used = usage_of(state, name)
-            facts[name] = (other_queue, used, bool(beyond_guarantee(used, other_queue.guaranteed)),
+            per_queue[name] = (other_queue, used, bool(beyond_guarantee(used, other_queue.guaranteed)),
                            share(other_queue, used, pool) if fair else 0.0)
-        other_queue, used, borrowing, current_share = facts[name]
+        other_queue, used, borrowing, current_share = per_queue[name]
         if "reclaim" in rules and within_guarantee and name != queue.name and borrowing:
             rule = "reclaim"
         elif exhausted(other, now):
@@ -192,6 +192,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     depths = _depths(state, job)
     best: tuple[tuple, tuple[_Candidate, ...], tuple[str, ...], tuple] | None = None
     considered = 0
+    alternatives: list[tuple[float, str]] = []  # (GPU-seconds lost, description) of the other domains
     for depth in depths:
         domains = _domains(state, depth)
         key_of = {node_id: key for key, node_ids in domains.items() for node_id in node_ids}
@@ -211,8 +212,10 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         # best plan found is skipped without the full search (most of them, on a large cluster).
         bounds = sorted((_lower_bound(state, job, domains[d], by_domain[d], gpus_in[d]), d)
                         for d in by_domain if d in domains)
-        for bound, domain in bounds:
+        for n, (bound, domain) in enumerate(bounds):
             if bound[2] == float("inf") or (best is not None and bound > best[0]):
+                alternatives += [(b[2], f"{topology_path(d)} at least {b[2]:.0f} GPU-s")
+                                 for b, d in bounds[n:n + 3] if b[2] != float("inf")]
                 break
             node_ids = domains[domain]
             found = _victims_in(state, job, node_ids, by_domain[domain])
@@ -222,6 +225,9 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
             victims, held = found
             cost = (max(v.job.spec.priority for v in victims), _pushed_below(state, victims),
                     sum(v.lost for v in victims), len(victims), tuple(sorted(v.job.id for v in victims)))
+            below = f", gpu {cost[1]} below guarantees" if cost[1] else ""
+            alternatives.append((cost[2], f"{topology_path(domain) or 'cluster'} {cost[2]:.0f} GPU-s in "
+                                          f"{cost[3]} gang(s){below}"))
             if best is None or cost < best[0]:
                 best = (cost, victims, held, domain)
         if best is not None:
@@ -234,8 +240,15 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     for name in sorted({v.queue.name for v in victims}):
         vq = next(v.queue for v in victims if v.queue.name == name)
         facts.append(f"queue {name} uses gpu {usage_of(state, name).gpu} of guaranteed {vq.guaranteed.gpu}")
-    facts.append(f"domain {topology_path(domain) or 'cluster'} chosen of {considered} feasible; "
-                 f"work lost {cost[2]:.0f} GPU-s" + (f"; pushes gpu {cost[1]} below guarantees" if cost[1] else ""))
+    if any(v.rule == "fair_share" for v in victims):
+        pool = pool_of(state)
+        facts.append(f"share of queue {queue.name} once admitted {share(queue, q_usage + need, pool):.3f}")
+    chosen = topology_path(domain) or "cluster"
+    facts.append(f"domain {chosen} chosen of {considered} searched; work lost {cost[2]:.0f} GPU-s"
+                 + (f"; pushes gpu {cost[1]} below guarantees" if cost[1] else ""))
+    others = [text for _, text in sorted(alternatives) if not text.startswith(chosen + " ")][:3]
+    if others:
+        facts.append("alternatives: " + ", ".join(others))
     rule = victims[0].rule if all(v.rule == victims[0].rule for v in victims) else "+".join(
         sorted({v.rule for v in victims}))
     command = c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=rule, nodes=held, explanation="; ".join(facts),
