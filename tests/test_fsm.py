@@ -348,3 +348,32 @@ def test_a_snapshot_from_before_users_still_loads():
         del job["user"], job["cancelled_by"]
     restored = ClusterState.from_snapshot(old)
     assert restored.users == {} and restored.jobs["j1"].user == ""
+
+
+def test_cluster_events_are_typed_ordered_and_survive_a_snapshot():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SubmitJob(at=10, by="alice", job_id="j1", request_id="r1", spec=spec(tasks=1)))
+    commit(state, "j1", whole_nodes("r0-n0"))
+    start_all(state, "j1")
+    exit_task(state, "j1", 0, code=0)
+    checked(state, c.NodeDown(at=50, node_id="r0-n1", reason="silent"))
+    reasons = [(e.reason, e.object_id) for e in state.events_after(0)]
+    assert reasons == [("JobSubmitted", "j1"), ("GangPlaced", "j1"), ("TaskStarted", "j1"), ("GangRunning", "j1"),
+                       ("TaskExited", "j1"), ("JobSucceeded", "j1"), ("NodeDown", "r0-n1")]
+    assert [e.seq for e in state.events_after(0)] == list(range(1, 8))
+    assert [e.reason for e in state.events_after(5)] == ["JobSucceeded", "NodeDown"]
+    assert state.events_after(7) == []
+    assert state.events_after(0)[-1].type == "Warning"
+    restored = ClusterState.from_snapshot(state.to_snapshot())
+    assert restored.events_after(3) == state.events_after(3) and restored.digest() == state.digest()
+
+
+def test_a_cursor_older_than_the_events_kept_is_refused():
+    from synapse.core import fsm
+
+    state = cluster(racks=1, nodes_per_rack=1)
+    for i in range(fsm.MAX_CLUSTER_EVENTS + 10):
+        state.emit(i, "Normal", "job", "JobSubmitted", f"j{i}", "")
+    assert state.events_after(5) is None  # dropped: an explicit error, never a silent gap
+    kept = state.events_after(10)
+    assert kept[0].seq == 11 and len(kept) == fsm.MAX_CLUSTER_EVENTS

@@ -30,6 +30,7 @@ from synapse.client.master_client import (
     PermissionDenied,
     TLSError,
     new_request_id,
+    parse_addresses,
 )
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
@@ -505,6 +506,66 @@ def _queues(obj: Context) -> list[dict[str, Any]]:
 
 def _gpus(amounts: dict[str, Any]) -> str:
     return str(amounts["gpu"]) if "gpu" in amounts else "-"
+
+
+def event_dict(e: api_pb2.ClusterEventInfo) -> dict[str, Any]:
+    return {"seq": e.seq, "at": e.at, "type": e.type, "topic": e.topic, "reason": e.reason,
+            "object": e.object_id, "message": e.message}
+
+
+@get.command("events")
+@click.option("--for", "subject", default="", help="job/ID or node/ID: only that object's events")
+@click.option("--after", type=int, default=0, help="only events after this cursor (seq)")
+@click.option("-w", "--watch", is_flag=True, help="keep printing new events (JSON lines with -o json)")
+@OUTPUT
+@click.pass_obj
+def get_events(obj: Context, subject: str, after: int, watch: bool, output: str) -> None:
+    """The cluster's events, oldest first; any master serves them. With --watch, a dropped
+    connection is resumed from the last event printed, on any master: no gap, no repeat."""
+    kind, _, ident = subject.partition("/")
+    if subject and (kind not in ("job", "node") or not ident):
+        fail("--for: job/ID or node/ID", 2)
+    request = api_pb2.WatchEventsRequest(after=after, follow=watch, job_id=ident if kind == "job" else "",
+                                         node_id=ident if kind == "node" else "")
+    if not watch:
+        _, stream = obj.client.stream("WatchEvents", request, timeout=obj.timeout)
+        events = run(lambda: [event_dict(e) for e in _events(stream)])
+        emit(events, output, lambda rows: render_table(
+            ["SEQ", "TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+            [[e["seq"], when(e["at"]), e["type"], e["reason"], f"{e['topic']}/{e['object']}", e["message"]]
+             for e in rows]))
+        return
+    addresses, tried = parse_addresses(obj.masters), 0
+    while True:
+        address = addresses[tried % len(addresses)]
+        try:
+            stub = obj.client.stub(address)
+            for e in stub.WatchEvents(request, metadata=obj.client.metadata):
+                request.after = e.seq
+                line = event_dict(e)
+                if output == "json":
+                    click.echo(json.dumps(line), nl=True)
+                else:
+                    click.echo(f"{e.seq:<7} {when(e.at)}  {e.type:<8} {e.reason:<16} {e.topic}/{e.object_id}  "
+                               f"{e.message}")
+                sys.stdout.flush()
+                tried = 0
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                              grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_ARGUMENT):
+                fail(f"{exc.code().name.lower()}: {exc.details()}", 4 if exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                     else 2)
+            tried += 1
+            if tried > 3 * len(addresses):
+                fail(f"cluster unreachable: {exc.details()}", 3)
+            time.sleep(min(2.0, 0.1 * tried))
+
+
+def _events(stream) -> list:
+    try:
+        return list(stream)
+    except grpc.RpcError as exc:
+        raise ClientError(exc.code(), exc.details() or exc.code().name) from None
 
 
 @get.command("queues")

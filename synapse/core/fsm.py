@@ -14,8 +14,10 @@ cancellation) only moves the job to STOPPING; its tasks keep their resources unt
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ from synapse.core.model import (
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
+    ClusterEvent,
     Event,
     Hold,
     Job,
@@ -53,6 +56,16 @@ log = logging.getLogger(__name__)
 #: Events kept per job; older ones are dropped (the first, "submitted", is always kept).
 MAX_EVENTS_PER_JOB = 200
 SNAPSHOT_VERSION = 1
+#: Cluster events kept for `get events` and watchers; an older cursor is refused, never skipped.
+MAX_CLUSTER_EVENTS = 5000
+#: A job event's kind -> the stable reason of the cluster event it also makes, and its type.
+_JOB_REASONS = {
+    "Submitted": ("JobSubmitted", "Normal"), "Scheduled": ("GangPlaced", "Normal"),
+    "Running": ("GangRunning", "Normal"), "Stopping": ("GangStopping", "Warning"),
+    "Requeued": ("GangRestarting", "Warning"), "Succeeded": ("JobSucceeded", "Normal"),
+    "Failed": ("JobFailed", "Warning"), "Cancelled": ("JobCancelled", "Normal"),
+    "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
+}
 #: A gang preempted this many times within PREEMPTION_WINDOW_S is exempt from the priority and
 #: fair-share rules for the rest of that window (reclaim still applies): no gang thrashes.
 PREEMPTION_BUDGET = 3
@@ -86,6 +99,9 @@ class ClusterState:
         #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
+        #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
+        self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
+        self.event_seq = 0  #: the cursor of the newest event; apply only
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -191,6 +207,7 @@ class ClusterState:
             return Result(True, value="already down")
         node.status, node.status_changed_at = NodeStatus.DOWN, cmd.at
         reason = f"node {node.id} down" + (f": {cmd.reason}" if cmd.reason else "")
+        self.emit(cmd.at, "Warning", "node", "NodeDown", node.id, reason)
         for job_id, _attempt, index in sorted(self.live_tasks[node.id]):
             job = self.jobs[job_id]
             self._end_task(job.tasks[index], TaskState.LOST, None, cmd.at)
@@ -213,6 +230,9 @@ class ClusterState:
         node = self.nodes.get(cmd.node_id)
         if node is None:
             return Result.rejected(f"unknown node {cmd.node_id}")
+        if node.schedulable != cmd.schedulable:
+            self.emit(cmd.at, "Normal", "node", "NodeUncordoned" if cmd.schedulable else "NodeCordoned", node.id,
+                      ("uncordoned" if cmd.schedulable else "cordoned") + (f" by {cmd.by}" if cmd.by else ""))
         node.schedulable = cmd.schedulable
         self.index.update(node)
         return Result(True)
@@ -363,6 +383,8 @@ class ClusterState:
         if task.state is not TaskState.ASSIGNED:
             return Result(True, value=f"task already {task.state.value}")
         task.state, task.started_at = TaskState.RUNNING, cmd.at
+        self.emit(cmd.at, "Normal", "job", "TaskStarted", job.id, f"task {task.index} (rank {task.rank}) of "
+                  f"attempt {job.attempt} started on {task.node_id}")
         if job.status is JobStatus.SCHEDULED and all(t.started_at for t in job.tasks):
             job.status, job.started_at = JobStatus.RUNNING, cmd.at
             self._event(job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
@@ -378,6 +400,9 @@ class ClusterState:
         if not task.started_at:
             task.started_at = cmd.at
         self._end_task(task, TaskState.EXITED, cmd.exit_code, cmd.at)
+        self.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
+                  f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}"
+                  + (f" ({cmd.reason})" if cmd.reason else ""))
         if cmd.exit_code != 0:
             why = f"failed: task {task.index} exited with code {cmd.exit_code}"
             self._stop_attempt(job, why + (f" ({cmd.reason})" if cmd.reason else ""), cmd.at)
@@ -609,11 +634,26 @@ class ClusterState:
         job.status, job.finished_at = status, at
         self._event(job, at, status.value.capitalize(), reason)
 
-    @staticmethod
-    def _event(job: Job, at: float, kind: str, message: str) -> None:
+    def _event(self, job: Job, at: float, kind: str, message: str) -> None:
         job.events.append(Event(at, kind, message))
         if len(job.events) > MAX_EVENTS_PER_JOB:
             del job.events[1]
+        reason, severity = _JOB_REASONS.get(kind, (kind, "Normal"))
+        self.emit(at, severity, "job", reason, job.id, message)
+
+    def emit(self, at: float, severity: str, topic: str, reason: str, object_id: str, message: str) -> None:
+        """Record a cluster event (deterministic: called by apply only)."""
+        self.event_seq += 1
+        self.cluster_events.append(ClusterEvent(self.event_seq, at, severity, topic, reason, object_id, message))
+
+    def events_after(self, cursor: int) -> list[ClusterEvent] | None:
+        """Events after `cursor`, oldest first; None when some of them were already dropped."""
+        if not self.cluster_events or cursor >= self.event_seq:
+            return []
+        first = self.cluster_events[0].seq
+        if cursor < first - 1:
+            return None
+        return list(itertools.islice(self.cluster_events, cursor - first + 1, None))
 
     # ---- reads ----------------------------------------------------------------------------------
 
@@ -641,6 +681,8 @@ class ClusterState:
             "replicas": {k: list(v) for k, v in sorted(self.replicas.items())},
             "users": [_user_to_dict(u) for _, u in sorted(self.users.items())],
             "queues": [_queue_to_dict(q) for _, q in sorted(self.queues.items())],
+            "event_seq": self.event_seq,
+            "cluster_events": [list(e) for e in self.cluster_events],
             "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
                       for _, h in sorted(self.holds.items())],
             "nodes": [_node_to_dict(n) for n in sorted(self.nodes.values(), key=lambda n: n.id)],
@@ -657,6 +699,8 @@ class ClusterState:
         for qd in data.get("queues", []):
             queue = _queue_from_dict(qd)
             state.queues[queue.name] = queue
+        state.event_seq = data.get("event_seq", 0)
+        state.cluster_events.extend(ClusterEvent(*e) for e in data.get("cluster_events", []))
         for job_id, attempt, nodes, victims, rule, at in data.get("holds", []):
             state.holds[job_id] = Hold(job_id, attempt, tuple(nodes), tuple(victims), rule, at)
             for node_id in nodes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 #: Topology levels from the widest to the narrowest. A node's topology path has one label per level.
 DEFAULT_LEVELS: tuple[str, ...] = ("zone", "block", "rack")
@@ -180,6 +181,18 @@ class Event:
 
     at: float
     kind: str
+    message: str
+
+
+class ClusterEvent(NamedTuple):
+    """One typed event of the cluster, derived in apply (so every replica has the same ones)."""
+
+    seq: int  #: the cursor: 1, 2, 3… across the cluster's life
+    at: float
+    type: str  #: Normal | Warning
+    topic: str  #: job | node
+    reason: str  #: stable: JobSubmitted, GangPlaced, TaskStarted, TaskExited, NodeDown, Preempted…
+    object_id: str  #: the job or node id
     message: str
 
 

@@ -30,12 +30,12 @@ READY_TIMEOUT_S = 60.0
 
 
 def free_base_port(masters: int, low: int = 20000, high: int = 40000) -> int:
-    """A base port whose API (base+i) and Raft (base+100+i) ports are all free now."""
+    """A base port whose API (base+i), Raft (base+100+i) and HTTP (base+200+i) ports are all free now."""
     import random
 
     for _ in range(500):
         base = random.randrange(low, high, 10)
-        if all(_port_free(p) for p in [base + i for i in range(masters)] + [base + 100 + i for i in range(masters)]):
+        if all(_port_free(base + off + i) for off in (0, 100, 200) for i in range(masters)):
             return base
     raise RuntimeError("no free port range found")
 
@@ -115,7 +115,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
                                        "run `synapse-local down` first")
     if masters not in (1, 3, 5):
         raise click.ClickException("--masters must be 1, 3 or 5")
-    ports = [base_port + i for i in range(masters)] + [base_port + 100 + i for i in range(masters)]
+    ports = [base_port + off + i for off in (0, 100, 200) for i in range(masters)]
     busy = [] if netns else [p for p in ports if not _port_free(p)]  # namespaces have their own ports
     if busy:
         raise click.ClickException(f"ports {busy} are in use; choose another --base-port")
@@ -133,7 +133,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     except Unavailable as exc:
         raise click.ClickException(f"--netns: {exc}") from None
     hosts = [net.address(i) for i in ids] if net else ["127.0.0.1"] * masters
-    replicas = [{"id": rid, "raft": f"{host}:{base_port + 100 + i}", "api": f"{host}:{base_port + i}"}
+    replicas = [{"id": rid, "raft": f"{host}:{base_port + 100 + i}", "api": f"{host}:{base_port + i}",
+                 "http": f"{host}:{base_port + 200 + i}"}
                 for i, (rid, host) in enumerate(zip(ids, hosts, strict=True))]
     config_path = data_dir / "cluster.yaml"
     doc: dict[str, Any] = {
@@ -162,7 +163,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     for r in replicas:
         argv = master_argv(config_path, r["id"])
         pid = _spawn(net.command(r["id"], argv) if net else argv, data_dir / "logs" / f"{r['id']}.log")
-        state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"], "pid": pid,
+        state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"],
+                                 "http_address": r["http"], "pid": pid,
                                  "data_dir": str(data_dir / "masters" / r["id"])})
     (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
     addresses = ",".join(r["api"] for r in replicas)

@@ -18,7 +18,7 @@
       require_worker_certs: true              # every caller needs a cert; a worker's CN is its node id
       user_certs: true                        # a client cert's CN names the user when no token is given
     replicas:
-      - {id: m1, raft: 10.0.0.1:7100, api: 10.0.0.1:7000}
+      - {id: m1, raft: 10.0.0.1:7100, api: 10.0.0.1:7000, http: 10.0.0.1:7200}   # http: metrics, health
       - {id: m2, raft: 10.0.0.2:7100, api: 10.0.0.2:7000}
       - {id: m3, raft: 10.0.0.3:7100, api: 10.0.0.3:7000}
 
@@ -50,6 +50,7 @@ class Replica:
     id: str
     raft: str  #: host:port of the Raft port
     api: str  #: host:port of the gRPC API
+    http: str = ""  #: host:port of /metrics, /livez, /readyz; "" serves none
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +135,15 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     for i, r in enumerate(replicas_doc):
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r.get(k) for k in ("id", "raft", "api")):
             raise ConfigError(f"replicas[{i}]: needs id, raft (host:port) and api (host:port)")
-        for k in ("raft", "api"):
-            host, _, port = r[k].rpartition(":")
+        if set(r) - {"id", "raft", "api", "http"}:
+            raise ConfigError(f"replicas[{i}]: unknown field {sorted(set(r) - {'id', 'raft', 'api', 'http'})[0]}")
+        for k in ("raft", "api", "http"):
+            if k == "http" and not r.get(k):
+                continue
+            host, _, port = str(r[k]).rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError(f"replicas[{i}].{k}: must be host:port, not {r[k]!r}")
-        replicas.append(Replica(r["id"], r["raft"], r["api"]))
+        replicas.append(Replica(r["id"], r["raft"], r["api"], str(r.get("http") or "")))
     for attr in ("id", "raft", "api"):
         values = [getattr(r, attr) for r in replicas]
         if len(set(values)) != len(values):

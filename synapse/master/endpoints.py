@@ -29,6 +29,7 @@ from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role
 from synapse.core.queues import batch_problem
 from synapse.master.access import ACCESS, BOOTSTRAP, CALLER, OPEN, Identity, denial, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
+from synapse.master.metrics import Metrics
 from synapse.master.raft import ProposeError
 from synapse.master.replica import LEADER_WAIT_S, Master
 from synapse.proto import api_pb2, api_pb2_grpc
@@ -52,9 +53,21 @@ MAX_ID_CHARS = 256
 
 
 class MasterServicer(api_pb2_grpc.MasterServicer):
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: Master, metrics: Metrics | None = None) -> None:
         self.m = master
+        self.metrics = metrics
         self._token_key = token_key(master.config.raft_password)
+
+    def count(self, method: str, context: grpc.aio.ServicerContext, failed: bool) -> None:
+        """Count a finished call by method and status code; a redirect to the leader apart."""
+        if self.metrics is None:
+            return
+        code = context.code() if failed else grpc.StatusCode.OK
+        name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+        self.metrics.requests.labels(method, name).inc()
+        if code == grpc.StatusCode.FAILED_PRECONDITION and any(
+                k == LEADER_METADATA_KEY for k, _ in (context.trailing_metadata() or ())):
+            self.metrics.redirects.labels(method).inc()
 
     # ---- identities ----------------------------------------------------------------------------
 
@@ -562,6 +575,38 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 
         return api_pb2.ListQueuesReply(queues=[info(n, q) for n, q in sorted(queues.items())])
 
+    async def WatchEvents(self, request, context):
+        """The cluster's events after a cursor, from this replica's applied state (any replica)."""
+        for field, value in (("job_id", request.job_id), ("node_id", request.node_id)):
+            if len(value) > MAX_ID_CHARS:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: at most {MAX_ID_CHARS} characters")
+        cursor = request.after
+        if cursor <= 0:  # from the oldest event kept
+            with self.m.lock:
+                cursor = self.m.state.cluster_events[0].seq - 1 if self.m.state.cluster_events else 0
+        while True:
+            changed = self.m.state_changed()
+            with self.m.lock:
+                events = self.m.state.events_after(cursor)
+                oldest = self.m.state.cluster_events[0].seq if self.m.state.cluster_events else 0
+            if events is None:
+                await context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                    f"cursor {cursor} is too old: the oldest event kept is {oldest}; "
+                                    "start again from 0 (and re-read the state)")
+            for e in events:
+                cursor = e.seq
+                if (request.job_id and (e.topic != "job" or e.object_id != request.job_id)) or \
+                        (request.node_id and (e.topic != "node" or e.object_id != request.node_id)):
+                    continue
+                yield api_pb2.ClusterEventInfo(seq=e.seq, at=e.at, type=e.type, topic=e.topic, reason=e.reason,
+                                               object_id=e.object_id, message=e.message)
+            if not request.follow:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), WATCH_REFRESH_S)
+            except TimeoutError:
+                pass
+
     async def PreemptWhatIf(self, request, context):
         """What preemption would do for a pending job now; commits nothing."""
         await self._check_id(request.job_id, "job_id", context)
@@ -697,20 +742,31 @@ def _lenient(parse):
 
 def _unary(servicer: MasterServicer, name: str, impl):
     async def handle(request, context):
-        CALLER.set(await servicer.authenticate(name, context))
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
-        return await impl(request, context)
+        try:
+            CALLER.set(await servicer.authenticate(name, context))
+            if isinstance(request, Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+            reply = await impl(request, context)
+        except BaseException:
+            servicer.count(name, context, failed=True)
+            raise
+        servicer.count(name, context, failed=False)
+        return reply
     return handle
 
 
 def _stream(servicer: MasterServicer, name: str, impl):
     async def handle(request, context):
-        CALLER.set(await servicer.authenticate(name, context))
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
-        async for reply in impl(request, context):
-            yield reply
+        try:
+            CALLER.set(await servicer.authenticate(name, context))
+            if isinstance(request, Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+            async for reply in impl(request, context):
+                yield reply
+        except BaseException:
+            servicer.count(name, context, failed=True)
+            raise
+        servicer.count(name, context, failed=False)
     return handle
 
 

@@ -27,7 +27,9 @@ from synapse.common.tls import generate, server_credentials
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
 from synapse.master.endpoints import MasterServicer, add_to_server
+from synapse.master.http import HTTPService
 from synapse.master.leader import LeaderLoops
+from synapse.master.metrics import Metrics
 from synapse.master.raft import RaftNode, RaftTimeouts, raft_config
 from synapse.master.replica import Master
 
@@ -61,15 +63,19 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0)])
-    add_to_server(MasterServicer(master), server)
+    metrics = Metrics(master)
+    add_to_server(MasterServicer(master, metrics), server)
+    http = HTTPService(replica.http, master, metrics) if replica.http else None
     if config.tls.enabled:
         server.add_secure_port(replica.api, server_credentials(config.tls_of(replica_id),
                                                                 config.require_worker_certs))
     else:
         server.add_insecure_port(replica.api)
     await server.start()
-    log.info("master serving replica=%s api=%s raft=%s partners=%s", replica_id, replica.api, replica.raft,
-             ",".join(partners))
+    if http is not None:
+        http.start()
+    log.info("master serving replica=%s api=%s raft=%s http=%s partners=%s", replica_id, replica.api, replica.raft,
+             replica.http or "-", ",".join(partners))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -83,6 +89,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     if master.leader_loops is not None:
         master.leader_loops.stop()
     await server.stop(grace=1.0)
+    if http is not None:
+        http.stop()
     raft.replicated.listener = None
     raft.destroy()
     if master.fatal:

@@ -63,6 +63,9 @@ class Master:
         self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
         self.data_dir = config.data_dir_of(replica_id)
         self.fatal = ""  #: why the replica stopped itself (corruption, full disk), if it did
+        self.leader_changes = 0  #: times this replica saw the leader change (a metric)
+        self._applied = asyncio.Event()  #: set (and replaced) whenever commands changed the state
+        self._last_leader: str | None = None
 
     # ---- proposing and reading -----------------------------------------------------------------
 
@@ -124,6 +127,8 @@ class Master:
 
     def _changed_all(self, cmds: list[c.Command]) -> None:
         self.scheduler_dirty.set()
+        self._applied.set()
+        self._applied = asyncio.Event()
         for cmd in cmds:
             self._changed(cmd)
 
@@ -173,6 +178,10 @@ class Master:
                 return
             await asyncio.sleep(WATCHDOG_S)
 
+    def state_changed(self) -> asyncio.Event:
+        """An event set the next time applied commands change the state (on any replica)."""
+        return self._applied
+
     def leadership_lost(self) -> asyncio.Event:
         return self._leadership_lost
 
@@ -183,6 +192,11 @@ class Master:
         while True:
             leading = self.raft.is_leader()
             term = self.raft.term()
+            leader = self.raft.leader()
+            if leader and leader != self._last_leader:
+                if self._last_leader is not None:
+                    self.leader_changes += 1
+                self._last_leader = leader
             loops = self.leader_loops
             if loops is not None and (not leading or term != loops.term):
                 abandoned = self.raft.abandon()

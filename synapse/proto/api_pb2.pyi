@@ -1512,3 +1512,77 @@ class PreemptWhatIfReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PreemptWhatIfReply: _TypeAlias = PreemptWhatIfReply  # noqa: Y015
+
+@_typing.final
+class WatchEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    after: _builtins.int
+    """the cursor: events with a higher seq; 0 = from the oldest kept"""
+    job_id: _builtins.str
+    """only this job's events"""
+    node_id: _builtins.str
+    """only this node's events"""
+    follow: _builtins.bool
+    """keep the stream open and send new events as they apply"""
+    def __init__(
+        self,
+        *,
+        after: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "follow", b"follow", "job_id", b"job_id", "node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchEventsRequest: _TypeAlias = WatchEventsRequest  # noqa: Y015
+
+@_typing.final
+class ClusterEventInfo(_message.Message):
+    """A cursor older than the oldest event kept is refused with OUT_OF_RANGE, never skipped silently."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OBJECT_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    at: _builtins.float
+    type: _builtins.str
+    """Normal | Warning"""
+    topic: _builtins.str
+    """job | node"""
+    reason: _builtins.str
+    """stable: JobSubmitted, GangPlaced, TaskStarted, TaskExited, NodeDown, …"""
+    object_id: _builtins.str
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        at: _builtins.float = ...,
+        type: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        object_id: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "message", b"message", "object_id", b"object_id", "reason", b"reason", "seq", b"seq", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterEventInfo: _TypeAlias = ClusterEventInfo  # noqa: Y015

@@ -129,6 +129,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfReply.FromString,
                 _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/synapse.v1.Master/WatchEvents',
+                request_serializer=synapse_dot_proto_dot_api__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ClusterEventInfo.FromString,
+                _registered_method=True)
         self.LogAccess = channel.unary_unary(
                 '/synapse.v1.Master/LogAccess',
                 request_serializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
@@ -278,6 +283,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEvents(self, request, context):
+        """The cluster's typed events from a cursor; any replica serves them (from its applied state).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LogAccess(self, request, context):
         """Tickets that let the caller read a job's task logs from the workers that ran them.
         """
@@ -407,6 +419,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.PreemptWhatIf,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.PreemptWhatIfReply.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.WatchEventsRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ClusterEventInfo.SerializeToString,
             ),
             'LogAccess': grpc.unary_unary_rpc_method_handler(
                     servicer.LogAccess,
@@ -947,6 +964,33 @@ class Master:
             '/synapse.v1.Master/PreemptWhatIf',
             synapse_dot_proto_dot_api__pb2.PreemptWhatIfRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.PreemptWhatIfReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/synapse.v1.Master/WatchEvents',
+            synapse_dot_proto_dot_api__pb2.WatchEventsRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ClusterEventInfo.FromString,
             options,
             channel_credentials,
             insecure,

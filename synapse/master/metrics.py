@@ -1,0 +1,125 @@
+"""Prometheus metrics of a master replica.
+
+State gauges (jobs, GPUs, nodes, queues) are computed from the replicated state when scraped, so
+every replica that has caught up reports the same values, and nothing can drift from the truth.
+Raft gauges describe this replica. Counters (API calls) live in the process. No label carries a
+job, task, user or node id: cardinality stays bounded by the cluster's shape (states, queues,
+racks, methods, codes). `cluster-configs/prometheus/metrics.yaml` is the contract a test holds
+this module to.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
+
+if TYPE_CHECKING:
+    from synapse.master.replica import Master
+
+
+class StateCollector(Collector):
+    """Reads the replica's state and Raft status at scrape time."""
+
+    def __init__(self, master: Master) -> None:
+        self.m = master
+
+    def collect(self):
+        yield from self._raft()
+        yield from self._state()
+
+    def _raft(self):
+        raft = self.m.raft
+        status = raft.status()
+        leader = raft.leader_if_connected()
+        yield _gauge("synapse_raft_has_leader", "1 if this replica knows a leader it is connected to",
+                     1 if leader or raft.is_leader() else 0)
+        yield _gauge("synapse_raft_is_leader", "1 if this replica leads", 1 if raft.is_leader() else 0)
+        yield _gauge("synapse_raft_term", "the Raft term this replica is in", status.get("raft_term", 0))
+        yield _gauge("synapse_raft_commit_index", "the highest log index known committed", status.get("commit_idx", 0))
+        yield _gauge("synapse_raft_applied_index", "the highest log index applied here", status.get("last_applied", 0))
+        yield _counter("synapse_raft_leader_changes_seen_total", "times this replica saw the leader change",
+                       self.m.leader_changes)
+        yield _counter("synapse_raft_entries_proposed_total", "log entries this replica proposed as leader",
+                       raft.entries_proposed)
+
+    def _state(self):
+        now = time.time()
+        jobs = GaugeMetricFamily("synapse_jobs", "jobs by state and queue", labels=["state", "queue"])
+        gpus = GaugeMetricFamily("synapse_gpus", "GPUs by state: used, free, unavailable (down or cordoned)",
+                                 labels=["state"])
+        rack_gpus = GaugeMetricFamily("synapse_rack_gpus", "GPUs per rack by state", labels=["rack", "state"])
+        nodes = GaugeMetricFamily("synapse_nodes", "nodes by status and schedulability",
+                                  labels=["status", "schedulable"])
+        queue_used = GaugeMetricFamily("synapse_queue_gpus_used", "GPUs a queue's gangs hold now", labels=["queue"])
+        queue_guaranteed = GaugeMetricFamily("synapse_queue_gpus_guaranteed", "a queue's guaranteed GPUs",
+                                             labels=["queue"])
+        with self.m.lock:
+            state = self.m.state
+            counts: dict[tuple[str, str], int] = {(s.value, DEFAULT_QUEUE): 0 for s in JobStatus}
+            oldest = 0.0
+            for job in state.jobs.values():
+                key = (job.status.value, state.queue_of(job))
+                counts[key] = counts.get(key, 0) + 1
+                if job.status is JobStatus.PENDING:
+                    oldest = max(oldest, now - job.submitted_at)
+            by_state = {"used": 0, "free": 0, "unavailable": 0}
+            by_rack: dict[tuple[str, str], int] = {}
+            node_counts: dict[tuple[str, str], int] = {}
+            for node in state.nodes.values():
+                rack = topology_path(node.topology)
+                available = node.status is NodeStatus.READY and node.schedulable
+                used = node.used.gpu
+                free = node.capacity.gpu - used
+                by_state["used"] += used
+                by_state["free" if available else "unavailable"] += free
+                for st, amount in (("used", used), ("free" if available else "unavailable", free)):
+                    by_rack[(rack, st)] = by_rack.get((rack, st), 0) + amount
+                nk = (node.status.value, "true" if node.schedulable else "false")
+                node_counts[nk] = node_counts.get(nk, 0) + 1
+            queues = {DEFAULT_QUEUE: 0, **{name: q.guaranteed.gpu for name, q in state.queues.items()}}
+            usage = {name: state.queue_usage.get(name) for name in queues}
+            pending = len(state.pending)
+        for (st, queue), n in sorted(counts.items()):
+            jobs.add_metric([st, queue], n)
+        for st, n in by_state.items():
+            gpus.add_metric([st], n)
+        for (rack, st), n in sorted(by_rack.items()):
+            rack_gpus.add_metric([rack, st], n)
+        for (st, sched), n in sorted(node_counts.items()):
+            nodes.add_metric([st, sched], n)
+        for name, guaranteed in sorted(queues.items()):
+            queue_used.add_metric([name], usage[name].gpu if usage[name] else 0)
+            queue_guaranteed.add_metric([name], guaranteed)
+        yield from (jobs, gpus, rack_gpus, nodes, queue_used, queue_guaranteed)
+        yield _gauge("synapse_jobs_pending", "jobs waiting to be placed", pending)
+        yield _gauge("synapse_oldest_pending_seconds", "how long the oldest pending job has waited", oldest)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name.removesuffix("_total"), doc)
+    family.add_metric([], value)
+    return family
+
+
+class Metrics:
+    """The registry a replica serves, and the counters its API increments."""
+
+    def __init__(self, master: Master) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(StateCollector(master))
+        self.requests = Counter("synapse_api_requests", "API calls by method and status code",
+                                ["method", "code"], registry=self.registry)
+        self.redirects = Counter("synapse_api_redirects", "API calls a follower sent to the leader",
+                                 ["method"], registry=self.registry)

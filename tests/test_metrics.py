@@ -1,0 +1,106 @@
+"""/metrics and health on a real 3-master cluster, held to cluster-configs/prometheus/metrics.yaml."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from synapse.core import codec
+from tests.helpers import spec
+from tests.test_master_ha import wait_status
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = yaml.safe_load((ROOT / "cluster-configs" / "prometheus" / "metrics.yaml").read_text())["metrics"]
+ALERTS = yaml.safe_load((ROOT / "cluster-configs" / "prometheus" / "alerts.yaml").read_text())
+
+
+def get(address: str, path: str, method: str = "GET") -> tuple[int, str]:
+    request = urllib.request.Request(f"http://{address}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(address: str) -> dict:
+    status, text = get(address, "/metrics")
+    assert status == 200
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(families: dict, name: str, **labels) -> float:
+    family = families[name]
+    return sum(s.value for s in family.samples
+               if s.name in (name, f"{name}_total") and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_alert_rules_use_only_metrics_of_the_contract():
+    names = {m["name"] for m in CONTRACT} | {f"{m['name']}_total" for m in CONTRACT if m["type"] == "counter"}
+    rules = [r for g in ALERTS["groups"] for r in g["rules"]]
+    assert rules
+    for rule in rules:
+        used = set(re.findall(r"\bsynapse_[a-z_]+", rule["expr"]))
+        assert used <= names, (rule["alert"], used - names)
+        assert rule["annotations"]["summary"] and rule["labels"]["severity"] in ("critical", "warning", "info")
+
+
+@pytest.mark.slow
+def test_every_master_serves_metrics_and_health(make_cluster):
+    cluster = make_cluster(workers=2)
+    cluster.wait_leader()
+    http = {m["id"]: m["http_address"] for m in cluster.state["masters"]}
+    job = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=2)))
+    wait_status(cluster.client, job, {"RUNNING", "SUCCEEDED"})
+    cluster.converged_digest()
+    scraped = {rid: scrape(address) for rid, address in http.items()}
+    for rid, families in scraped.items():
+        for metric in CONTRACT:
+            family = families.get(metric["name"])
+            assert family is not None, (rid, metric["name"])
+            assert family.type == metric["type"], (rid, metric["name"], family.type)
+            for sample in family.samples:
+                assert set(sample.labels) == set(metric["labels"]), (rid, metric["name"], sample.labels)
+    assert sorted(value(f, "synapse_raft_is_leader") for f in scraped.values()) == [0, 0, 1]
+    assert all(value(f, "synapse_raft_has_leader") == 1 for f in scraped.values())
+    # State gauges come from the replicated state: every caught-up replica says the same.
+    for name in ("synapse_gpus", "synapse_jobs", "synapse_nodes"):
+        views = [sorted((tuple(sorted(s.labels.items())), s.value) for s in f[name].samples) for f in scraped.values()]
+        assert views[0] == views[1] == views[2], name
+    assert value(scraped["m1"], "synapse_gpus") == 16
+    leader = cluster.wait_leader()
+    assert value(scraped[leader], "synapse_api_requests", method="SubmitJob", code="OK") >= 1
+
+    for rid, address in http.items():
+        assert get(address, "/livez") == (200, "ok\n")
+        status, body = get(address, "/readyz?verbose")
+        assert status == 200 and "[+]raft-leader-known ok" in body and "[+]storage ok" in body
+        assert get(address, "/readyz/leader")[0] == (200 if rid == leader else 503)
+        assert get(address, "/metrics", method="POST")[0] == 405
+        assert get(address, "/nowhere")[0] == 404
+
+    before = scrape(http[leader])
+    cluster.client.list_nodes()
+    after = scrape(http[leader])
+    for name in ("synapse_api_requests",):  # counters only grow
+        for sample in before[name].samples:
+            assert value(after, name, **sample.labels) >= sample.value
+
+    cluster.kill_master(leader)
+    try:
+        new = cluster.wait_leader(exclude=leader)
+        deadline = time.monotonic() + 10
+        while get(http[new], "/readyz/leader")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ready = [rid for rid, address in http.items() if rid != leader and get(address, "/readyz/leader")[0] == 200]
+        assert ready == [new]
+        assert value(scrape(http[new]), "synapse_raft_leader_changes_seen") >= 1
+    finally:
+        cluster.restart_master(leader)
