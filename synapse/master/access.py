@@ -24,9 +24,13 @@ import hmac
 import secrets
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from synapse.core.identity import ANONYMOUS, BOOTSTRAP_ADMIN
 from synapse.core.model import Role
+
+if TYPE_CHECKING:
+    from synapse.master.replica import Master
 
 #: What each RPC needs. `USER` lets any authenticated caller in; `ADMIN` only admins.
 ACCESS: dict[str, Role] = {
@@ -92,6 +96,27 @@ def token_hash(key: bytes, token: str) -> str:
 def new_token() -> str:
     """A fresh user token: 256 random bits."""
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def identify(master: Master, key: bytes, token: str, common_name: str = "") -> Identity | None:
+    """The identity these credentials name in this replica's state, if any (see the module doc)."""
+    config = master.config
+    if token:
+        if config.token and hmac.compare_digest(token.encode(), config.token.encode()):
+            return BOOTSTRAP
+        hashed = token_hash(key, token)
+        with master.lock:
+            name = master.state.user_by_token.get(hashed)
+            user = master.state.users.get(name) if name else None
+        return Identity(user.name, user.role, user.groups) if user else None
+    if config.user_certs and common_name:
+        with master.lock:
+            user = master.state.users.get(common_name)
+        if user is not None:
+            return Identity(user.name, user.role, user.groups)
+    if not config.token:
+        return OPEN
+    return None
 
 
 def denial(method: str, caller: Identity) -> str:

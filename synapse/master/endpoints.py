@@ -27,7 +27,7 @@ from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role
 from synapse.core.queues import batch_problem
-from synapse.master.access import ACCESS, BOOTSTRAP, CALLER, OPEN, Identity, denial, new_token, token_hash, token_key
+from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.metrics import Metrics
 from synapse.master.raft import ProposeError
@@ -72,24 +72,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     # ---- identities ----------------------------------------------------------------------------
 
     def _known(self, token: str, common_name: str) -> Identity | None:
-        """The identity these credentials name in this replica's state, if any."""
-        config = self.m.config
-        if token:
-            if config.token and hmac.compare_digest(token.encode(), config.token.encode()):
-                return BOOTSTRAP
-            hashed = token_hash(self._token_key, token)
-            with self.m.lock:
-                name = self.m.state.user_by_token.get(hashed)
-                user = self.m.state.users.get(name) if name else None
-            return Identity(user.name, user.role, user.groups) if user else None
-        if config.user_certs and common_name:
-            with self.m.lock:
-                user = self.m.state.users.get(common_name)
-            if user is not None:
-                return Identity(user.name, user.role, user.groups)
-        if not config.token:
-            return OPEN
-        return None
+        return identify(self.m, self._token_key, token, common_name)
 
     async def authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Identity:
         """The caller, or abort: UNAUTHENTICATED for unknown credentials, PERMISSION_DENIED when

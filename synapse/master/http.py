@@ -4,21 +4,34 @@
     GET /livez            200 while the process serves (not stopping for corrupt data or a full disk)
     GET /readyz           200 when every check passes, else 503; ?verbose lists each check
     GET /readyz/leader    200 only on the leader, with its loops ready and a majority in contact
+    GET / … (dashboard)   synapse.master.dashboard, for a token (Authorization: Bearer, or the
+                          HttpOnly cookie POST /login sets); 401 with a sign-in form otherwise
 
 It runs on its own threads (the standard library's ThreadingHTTPServer): a scrape reads the state
 under the same lock as gRPC reads, and never waits on the asyncio loop, so it still answers while
-the loop is busy. GET only; anything else is 405.
+the loop is busy. GET only (and POST /login); anything else is 405. Pages carry a strict
+Content-Security-Policy: no script, styles from this server only.
 """
 
 from __future__ import annotations
 
 import threading
 from http import HTTPStatus
+from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from synapse.master.access import identify, token_key
+from synapse.master.dashboard import STYLE, Dashboard, login_page
+
+#: The dashboard's pages run no script and load nothing from elsewhere.
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+       "base-uri 'none'")
+#: The cookie the sign-in form sets (HttpOnly: no script could read it, and the pages have none).
+COOKIE = "synapse_token"
 
 if TYPE_CHECKING:
     from synapse.master.metrics import Metrics
@@ -64,6 +77,42 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _html(self, code: int, html: str, extra: tuple[tuple[str, str], ...] = ()) -> None:
+        body = html.encode()
+        self.send_response(code)
+        for name, value in (("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body))),
+                            ("Cache-Control", "no-store"), ("Content-Security-Policy", CSP),
+                            ("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"), *extra):
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _token(self) -> str:
+        header = self.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            return header[7:].strip()
+        cookie = SimpleCookie(self.headers.get("Cookie", ""))
+        return cookie[COOKIE].value if COOKIE in cookie else ""
+
+    def _dashboard(self, url) -> None:
+        if url.path == "/static/style.css":
+            self._send(200, STYLE.encode(), "text/css; charset=utf-8")
+            return
+        if url.path == "/favicon.ico":  # browsers ask for it; there is none
+            self.send_response(HTTPStatus.NO_CONTENT)
+            self.end_headers()
+            return
+        if url.path == "/login":
+            self._html(200, login_page())
+            return
+        if identify(self.server.master, self.server.token_key, self._token()) is None:
+            self._html(401, login_page("A token is needed to see this cluster."),
+                       (("WWW-Authenticate", 'Bearer realm="synapse"'),))
+            return
+        code, html = self.server.dashboard.render(url.path, url.query)
+        self._html(code, html)
+
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
         master, url = self.server.master, urlsplit(self.path)
         if url.path == "/metrics":
@@ -80,9 +129,25 @@ class _Handler(BaseHTTPRequestHandler):
             why = leader_ready(master)
             self._send(503, f"{why}\n".encode()) if why else self._send(200, b"ok\n")
         else:
-            self._send(404, b"not found\n")
+            self._dashboard(url)
 
     do_HEAD = do_GET
+
+    def do_POST(self) -> None:  # noqa: N802 - the base class's name
+        """Only the sign-in form posts: it turns a token into an HttpOnly, SameSite cookie."""
+        if urlsplit(self.path).path != "/login":
+            self._refuse()
+            return
+        length = min(int(self.headers.get("Content-Length") or 0), 4096)
+        token = parse_qs(self.rfile.read(length).decode(errors="replace")).get("token", [""])[-1].strip()
+        if identify(self.server.master, self.server.token_key, token) is None or not token:
+            self._html(401, login_page("That token is not valid here."))
+            return
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", "/")
+        self.send_header("Set-Cookie", f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _refuse(self) -> None:
         self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
@@ -90,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
 
 
 class _Server(ThreadingHTTPServer):
@@ -99,6 +164,8 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], master: Master, metrics: Metrics) -> None:
         super().__init__(address, _Handler)
         self.master, self.metrics = master, metrics
+        self.dashboard = Dashboard(master)
+        self.token_key = token_key(master.config.raft_password)
 
 
 class HTTPService:

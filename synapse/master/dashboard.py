@@ -1,0 +1,277 @@
+"""The read-only web dashboard every master serves: server-rendered HTML, no JavaScript at all.
+
+Pages: `/` overview, `/nodes` (a rack x node x GPU heatmap), `/nodes/ID` (a node's timeline),
+`/queues`, `/jobs` (filter, sort, paginate), `/jobs/ID` (gang map, events, why it waits),
+`/masters` (this replica's Raft view). Every page is rendered from this replica's applied state,
+read under the state lock into plain values first. Everything shown is escaped; job environment
+values are never shown. `synapse.master.http` serves it behind the token (or the login cookie).
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, quote, urlencode
+
+from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
+
+if TYPE_CHECKING:
+    from synapse.master.replica import Master
+
+PAGE_SIZE = 50
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
+header{background:#1b1f24;padding:8px 16px}header a{color:#e6edf3;margin-right:16px;text-decoration:none}
+main{padding:16px}table{border-collapse:collapse;background:#fff;margin:8px 0}
+td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}th a{color:inherit}
+.gpu{width:14px;height:14px;padding:0}.used{background:#1f883d}.free{background:#d0d7de}
+.down{background:#cf222e}.cordoned{background:#bf8700}.rack{display:inline-block;vertical-align:top;margin-right:16px}
+.muted{color:#656d76}.Warning{color:#cf222e}form.inline{display:inline}
+"""
+SORTS = {"submitted": lambda j: j["submitted_at"], "name": lambda j: j["name"], "state": lambda j: j["state"],
+         "queue": lambda j: j["queue"], "user": lambda j: j["user"], "gpus": lambda j: j["gpus"]}
+
+
+def _page(title: str, body: str) -> str:
+    nav = "".join(f'<a href="{href}">{name}</a>' for href, name in (
+        ("/", "Overview"), ("/nodes", "Nodes"), ("/queues", "Queues"), ("/jobs", "Jobs"), ("/masters", "Masters")))
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)} · Synapse</title>'
+            f'<link rel="stylesheet" href="/static/style.css"></head><body><header>{nav}</header>'
+            f"<main><h1>{escape(title)}</h1>{body}</main></body></html>")
+
+
+def _facts(rows: list[list[str]]) -> str:
+    """A two-column table of labelled values."""
+    return "<table>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + " UTC" if ts else "-"
+
+
+def _job_link(job_id: str) -> str:
+    return f'<a href="/jobs/{quote(job_id)}">{escape(job_id)}</a>'
+
+
+def _node_link(node_id: str) -> str:
+    return f'<a href="/nodes/{quote(node_id)}">{escape(node_id)}</a>'
+
+
+def login_page(message: str = "") -> str:
+    note = f'<p class="Warning">{escape(message)}</p>' if message else ""
+    return _page("Sign in", f'{note}<form method="post" action="/login"><label>Token '
+                            '<input type="password" name="token" autocomplete="current-password"></label> '
+                            '<button type="submit">Sign in</button></form>'
+                            '<p class="muted">Or send <code>Authorization: Bearer TOKEN</code>.</p>')
+
+
+class Dashboard:
+    """Renders the pages of one replica."""
+
+    def __init__(self, master: Master) -> None:
+        self.m = master
+
+    def render(self, path: str, query: str) -> tuple[int, str]:
+        """(status, HTML) for a GET of `path`."""
+        args = {k: v[-1] for k, v in parse_qs(query).items()}
+        parts = [p for p in path.split("/") if p]
+        if not parts:
+            return 200, self.overview()
+        if parts == ["nodes"]:
+            return 200, self.nodes()
+        if len(parts) == 2 and parts[0] == "nodes":
+            return self.node(parts[1])
+        if parts == ["queues"]:
+            return 200, self.queues()
+        if parts == ["jobs"]:
+            return 200, self.jobs(args)
+        if len(parts) == 2 and parts[0] == "jobs":
+            return self.job(parts[1])
+        if parts == ["masters"]:
+            return 200, self.masters()
+        return 404, _page("Not found", f"<p>No page at {escape(path)}.</p>")
+
+    # ---- reads (under the lock, into plain values) ---------------------------------------------
+
+    def _jobs(self) -> list[dict]:
+        with self.m.lock:
+            state = self.m.state
+            return [{"id": j.id, "name": j.spec.name, "state": j.status.value, "queue": state.queue_of(j),
+                     "user": j.user or "-", "gpus": j.spec.total.gpu, "tasks": j.spec.tasks, "attempt": j.attempt,
+                     "submitted_at": j.submitted_at} for j in state.jobs.values()]
+
+    def _nodes(self) -> list[dict]:
+        with self.m.lock:
+            state = self.m.state
+            out = []
+            for node in sorted(state.nodes.values(), key=lambda n: (n.topology, n.id)):
+                owner = {}
+                for task, _ in state.tasks_on_node(node.id):
+                    for gpu in task.gpus:
+                        owner[gpu] = task.job_id
+                out.append({"id": node.id, "rack": topology_path(node.topology), "status": node.status.value,
+                            "schedulable": node.schedulable, "gpus": node.capacity.gpu, "used": node.used.gpu,
+                            "owner": owner, "address": node.address})
+            return out
+
+    # ---- pages ---------------------------------------------------------------------------------
+
+    def overview(self) -> str:
+        jobs, nodes = self._jobs(), self._nodes()
+        by_state: dict[str, int] = {}
+        for j in jobs:
+            by_state[j["state"]] = by_state.get(j["state"], 0) + 1
+        total, used = sum(n["gpus"] for n in nodes), sum(n["used"] for n in nodes)
+        raft = self.m.raft
+        summary = _facts([
+            ["Replica", f"{escape(self.m.replica.id)} ({'leader' if raft.is_leader() else 'follower'}, term "
+                        f"{raft.term()})"],
+            ["GPUs", f"{used} used of {total}"],
+            ["Nodes", f"{len(nodes)} ({sum(1 for n in nodes if n['status'] == 'READY')} ready)"],
+            ["Jobs", ", ".join(f"{n} {escape(s)}" for s, n in sorted(by_state.items())) or "none"]])
+        node_rows = [[_node_link(n["id"]), escape(n["rack"]), n["status"] + ("" if n["schedulable"] else " (cordoned)"),
+                      f"{n['used']}/{n['gpus']}"] for n in nodes]
+        running = [j for j in jobs if j["state"] in ("SCHEDULED", "RUNNING", "STOPPING")]
+        job_rows = [[_job_link(j["id"]), escape(j["name"]), j["state"], escape(j["queue"]), escape(j["user"]),
+                     str(j["gpus"])] for j in running]
+        return _page("Overview", summary + "<h2>Nodes</h2>" + _table(["Node", "Rack", "Status", "GPUs"], node_rows)
+                     + "<h2>Running jobs</h2>" + _table(["Job", "Name", "State", "Queue", "User", "GPUs"], job_rows))
+
+    def nodes(self) -> str:
+        racks: dict[str, list[dict]] = {}
+        for n in self._nodes():
+            racks.setdefault(n["rack"], []).append(n)
+        blocks = []
+        for rack, members in sorted(racks.items()):
+            rows = []
+            for n in members:
+                klass = "down" if n["status"] != NodeStatus.READY.value else ("cordoned" if not n["schedulable"]
+                                                                              else "")
+                cells = "".join(
+                    f'<td class="gpu {"used" if g in n["owner"] else (klass or "free")}" data-node="{escape(n["id"])}"'
+                    f' data-gpu="{g}" title="{escape(n["id"])} GPU {g}: '
+                    f'{escape(n["owner"].get(g, klass or "free"))}"></td>' for g in range(n["gpus"]))
+                rows.append(f"<tr><th>{_node_link(n['id'])}</th>{cells}</tr>")
+            blocks.append(f'<div class="rack"><h2>{escape(rack)}</h2><table class="heatmap">{"".join(rows)}</table>'
+                          "</div>")
+        legend = ('<p><span class="gpu used">&nbsp;&nbsp;</span> used <span class="gpu free">&nbsp;&nbsp;</span> free '
+                  '<span class="gpu cordoned">&nbsp;&nbsp;</span> cordoned <span class="gpu down">&nbsp;&nbsp;</span> '
+                  "down</p>")
+        return _page("Nodes", legend + "".join(blocks))
+
+    def node(self, node_id: str) -> tuple[int, str]:
+        node = next((n for n in self._nodes() if n["id"] == node_id), None)
+        if node is None:
+            return 404, _page("Not found", f"<p>No node {escape(node_id)}.</p>")
+        with self.m.lock:
+            events = [e for e in self.m.state.cluster_events
+                      if (e.topic == "node" and e.object_id == node_id) or f" on {node_id}" in e.message][-200:]
+        jobs = sorted(set(node["owner"].values()))
+        rows = [[_when(e.at), f'<span class="{e.type}">{escape(e.reason)}</span>',
+                 _job_link(e.object_id) if e.topic == "job" else escape(e.object_id), escape(e.message)]
+                for e in reversed(events)]
+        return 200, _page(f"Node {node_id}", _facts([
+            ["Rack", escape(node["rack"])], ["Status", node["status"] + ("" if node["schedulable"] else " (cordoned)")],
+            ["GPUs", f"{node['used']}/{node['gpus']}"], ["Jobs now", ", ".join(map(_job_link, jobs)) or "none"]])
+            + "<h2>Timeline</h2>" + _table(["Time", "Reason", "Object", "Message"], rows))
+
+    def queues(self) -> str:
+        with self.m.lock:
+            state = self.m.state
+            names = sorted({DEFAULT_QUEUE, *state.queues})
+            rows = []
+            for name in names:
+                q = state.queues.get(name)
+                usage = state.queue_usage.get(name)
+                pending = sum(1 for j in state.jobs.values() if j.status is JobStatus.PENDING
+                              and state.queue_of(j) == name)
+                rows.append([escape(name), escape(q.parent) if q and q.parent else "-", f"{q.weight:g}" if q else "1",
+                             str(usage.gpu if usage else 0), str(q.guaranteed.gpu) if q else "0",
+                             str(q.max.gpu) if q and q.max.gpu >= 0 else "-", str(pending)])
+        return _page("Queues", _table(["Queue", "Parent", "Weight", "GPUs used", "Guaranteed", "Max", "Pending"], rows))
+
+    def jobs(self, args: dict[str, str]) -> str:
+        jobs = self._jobs()
+        for field in ("state", "queue", "user"):
+            if args.get(field):
+                jobs = [j for j in jobs if j[field] == args[field]]
+        sort = args.get("sort", "submitted")
+        jobs.sort(key=SORTS.get(sort, SORTS["submitted"]), reverse=args.get("order") == "desc")
+        try:
+            page = max(1, int(args.get("page", "1")))
+        except ValueError:
+            page = 1
+        shown = jobs[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
+
+        def link(**changes: str) -> str:
+            return "/jobs?" + urlencode({**args, **changes})
+
+        def flip(key: str) -> str:
+            return "desc" if sort == key and args.get("order") != "desc" else "asc"
+
+        headers = [f'<a href="{escape(link(sort=key, order=flip(key)))}">{label}</a>'
+                   for key, label in (("name", "Name"), ("state", "State"), ("queue", "Queue"), ("user", "User"),
+                                      ("gpus", "GPUs"), ("submitted", "Submitted"))]
+        rows = [[_job_link(j["id"]) + f" {escape(j['name'])}", j["state"], escape(j["queue"]), escape(j["user"]),
+                 str(j["gpus"]), _when(j["submitted_at"])] for j in shown]
+        options = "".join(f'<option value="{s.value}"{" selected" if args.get("state") == s.value else ""}>'
+                          f"{s.value}</option>" for s in JobStatus)
+        form = (f'<form method="get" action="/jobs">State <select name="state"><option value="">any</option>{options}'
+                f'</select> Queue <input name="queue" value="{escape(args.get("queue", ""))}"> User '
+                f'<input name="user" value="{escape(args.get("user", ""))}"> '
+                '<button type="submit">Filter</button></form>')
+        pages = max(1, -(-len(jobs) // PAGE_SIZE))
+        nav = (f'<p>{len(jobs)} job(s), page {page} of {pages} '
+               + (f'<a href="{escape(link(page=str(page - 1)))}">previous</a> ' if page > 1 else "")
+               + (f'<a href="{escape(link(page=str(page + 1)))}">next</a>' if page < pages else "") + "</p>")
+        return _page("Jobs", form + nav + _table(headers, rows))
+
+    def job(self, job_id: str) -> tuple[int, str]:
+        with self.m.lock:
+            state = self.m.state
+            job = state.jobs.get(job_id)
+            if job is None:
+                return 404, _page("Not found", f"<p>No job {escape(job_id)}.</p>")
+            spec = job.spec
+            gang = [(t.rank, t.index, t.node_id, topology_path(state.nodes[t.node_id].topology)
+                     if t.node_id in state.nodes else "-", t.gpus, t.state.value) for t in job.tasks]
+            events = list(job.events)
+            queue, user, status, attempt = state.queue_of(job), job.user or "-", job.status.value, job.attempt
+            loops = self.m.leader_loops
+            waiting = loops.waiting.get(job.id) if loops is not None and job.status is JobStatus.PENDING else None
+            hold = state.holds.get(job.id)
+        facts = [["Name", escape(spec.name)], ["State", status], ["Attempt", str(attempt)], ["Queue", escape(queue)],
+                 ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
+                 ["Command", escape(" ".join(spec.command))],
+                 ["Environment", escape(", ".join(f"{k}=***" for k, _ in spec.env)) or "-"]]
+        if waiting is not None:
+            facts.append(["Waiting", escape(str(waiting))])
+        elif status == "PENDING" and not self.m.raft.is_leader():
+            facts.append(["Waiting", "the leader knows why: open this page on the leader"])
+        if hold is not None:
+            facts.append(["Holds", escape(", ".join(hold.nodes)) + f" (preempted {escape(', '.join(hold.victims))})"])
+        gang_rows = [[str(r), str(i), _node_link(n), escape(rack), ",".join(map(str, gpus)) or "-", st]
+                     for r, i, n, rack, gpus, st in sorted(gang)]
+        event_rows = [[_when(e.at), escape(e.kind), escape(e.message)] for e in events]
+        return 200, _page(f"Job {job_id}", _facts(facts) + "<h2>Gang</h2>"
+                          + _table(["Rank", "Task", "Node", "Rack", "GPUs", "State"], gang_rows)
+                          + "<h2>Events</h2>" + _table(["Time", "Kind", "Message"], event_rows))
+
+    def masters(self) -> str:
+        raft = self.m.raft
+        status = raft.status()
+        rows = [[escape(self.m.replica.id) + " (this one)", "leader" if raft.is_leader() else "follower",
+                 escape(self.m.replica.raft), str(status.get("raft_term", 0)), str(status.get("commit_idx", 0)),
+                 str(status.get("last_applied", 0)), "-"]]
+        for partner in raft.partners():
+            connected = status.get(f"partner_node_status_server_{partner}") == 2
+            rows.append([escape(self.m.api_of_raft(partner) or partner), "leader" if partner == raft.leader() else
+                         "follower", escape(partner), "-", "-", "-", "connected" if connected else "not connected"])
+        return _page("Masters", _table(["Replica", "Role", "Raft", "Term", "Commit", "Applied", "Link"], rows))

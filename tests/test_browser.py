@@ -1,0 +1,136 @@
+"""Every dashboard page in a real headless Chromium (Debian's, installed by
+scripts/install-chromium.sh): no console error, no CSP violation, and a screenshot of each.
+
+Chromium is driven through the DevTools protocol (websocket-client): the token goes in an
+Authorization header set for every request, as a reverse proxy or a script would send it.
+Screenshots go to $SYNAPSE_SCREENSHOTS if set, else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from synapse.core import codec
+from synapse.core.model import JobSpec, Resources
+from tests.test_master_ha import wait_status
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over one page target."""
+
+    def __init__(self, url: str) -> None:
+        import websocket  # websocket-client, a dev dependency
+
+        self.ws = websocket.create_connection(url, timeout=20, suppress_origin=True)
+        self.ids = itertools.count(1)
+        self.events: list[dict] = []
+
+    def call(self, method: str, **params) -> dict:
+        call_id = next(self.ids)
+        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv())
+            if message.get("id") == call_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+            self.events.append(message)
+
+    def wait_for(self, method: str, timeout: float = 20.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, event in enumerate(self.events):
+                if event.get("method") == method:
+                    return self.events.pop(i)
+            self.events.append(json.loads(self.ws.recv()))
+        raise AssertionError(f"no {method} within {timeout}s")
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def problems(events: list[dict]) -> list[str]:
+    """Console errors, uncaught exceptions and browser log errors (CSP violations among them)."""
+    out = []
+    for e in events:
+        params = e.get("params", {})
+        if e.get("method") == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            out.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+        elif e.get("method") == "Runtime.exceptionThrown":
+            out.append(params.get("exceptionDetails", {}).get("text", "exception"))
+        elif e.get("method") == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+            out.append(params["entry"].get("text", ""))
+    return out
+
+
+@pytest.fixture
+def chromium(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("no chromium: scripts/install-chromium.sh installs Debian's package (needs root and apt)")
+    profile = tmp_path / "profile"
+    proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                             "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_file.exists(), "chromium did not open its DevTools port"
+        port = int(port_file.read_text().split()[0])
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/json/new?about:blank", method="PUT")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            target = json.loads(reply.read())
+        tools = DevTools(target["webSocketDebuggerUrl"])
+        yield tools
+        tools.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_every_page_renders_in_chromium_without_errors(make_cluster, chromium, tmp_path):
+    cluster = make_cluster(workers=4, racks=2)
+    job = cluster.client.submit(codec.job_spec_to_proto(JobSpec(
+        name="train", tasks=2, resources=Resources(1000, 1 << 30, 8), command=("sleep", "60"))))
+    wait_status(cluster.client, job, {"RUNNING"})
+    address = cluster.state["masters"][0]["http_address"]
+    shots = Path(os.environ.get("SYNAPSE_SCREENSHOTS") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+
+    for domain in ("Page", "Runtime", "Log", "Network"):
+        chromium.call(f"{domain}.enable")
+    chromium.call("Network.setExtraHTTPHeaders", headers={"Authorization": f"Bearer {cluster.token}"})
+    chromium.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+    pages = {"overview": "/", "nodes": "/nodes", "node": "/nodes/w1", "queues": "/queues", "jobs": "/jobs",
+             "job": f"/jobs/{job}", "masters": "/masters"}
+    for name, path in pages.items():
+        chromium.events.clear()
+        chromium.call("Page.navigate", url=f"http://{address}{path}")
+        chromium.wait_for("Page.loadEventFired")
+        time.sleep(0.2)  # late console messages
+        title = chromium.call("Runtime.evaluate", expression="document.title")["result"]["value"]
+        assert "Synapse" in title, (path, title)
+        shot = chromium.call("Page.captureScreenshot", format="png")
+        (shots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
+        assert problems(chromium.events) == [], (path, problems(chromium.events))
+    cells = chromium.call("Runtime.evaluate", expression="document.location.pathname")  # still alive
+    assert cells["result"]["value"] == "/masters"
+    cluster.client.cancel(job)
