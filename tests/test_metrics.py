@@ -67,7 +67,8 @@ def test_every_master_serves_metrics_and_health(make_cluster):
             assert family is not None, (rid, metric["name"])
             assert family.type == metric["type"], (rid, metric["name"], family.type)
             for sample in family.samples:
-                assert set(sample.labels) == set(metric["labels"]), (rid, metric["name"], sample.labels)
+                labels = set(sample.labels) - ({"le"} if metric["type"] == "histogram" else set())
+                assert labels == set(metric["labels"]), (rid, metric["name"], sample.labels)
     assert sorted(value(f, "synapse_raft_is_leader") for f in scraped.values()) == [0, 0, 1]
     assert all(value(f, "synapse_raft_has_leader") == 1 for f in scraped.values())
     # State gauges come from the replicated state: every caught-up replica says the same.
@@ -77,6 +78,21 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     assert value(scraped["m1"], "synapse_gpus") == 16
     leader = cluster.wait_leader()
     assert value(scraped[leader], "synapse_api_requests", method="SubmitJob", code="OK") >= 1
+    for families in scraped.values():  # every replica saw the gang placed and started
+        assert {s.name: s.value for s in families["synapse_queue_wait_seconds"].samples}[
+            "synapse_queue_wait_seconds_count"] >= 1
+        counts = {s.name: s.value for s in families["synapse_gang_start_seconds"].samples}
+        assert counts["synapse_gang_start_seconds_count"] >= 1
+        assert {s.name: s.value for s in families["synapse_gang_racks_spanned"].samples}[
+            "synapse_gang_racks_spanned_count"] >= 1
+    leader_families = scraped[leader]
+    assert {s.name: s.value for s in leader_families["synapse_raft_commit_seconds"].samples}[
+        "synapse_raft_commit_seconds_count"] >= 1
+    assert value(leader_families, "synapse_raft_proposals", result="applied") >= 1
+    assert {s.name: s.value for s in leader_families["synapse_scheduling_round_seconds"].samples}[
+        "synapse_scheduling_round_seconds_count"] >= 1
+    assert {s.name: s.value for s in leader_families["synapse_journal_fsync_seconds"].samples}[
+        "synapse_journal_fsync_seconds_count"] >= 1
 
     for rid, address in http.items():
         assert get(address, "/livez") == (200, "ok\n")
@@ -104,3 +120,66 @@ def test_every_master_serves_metrics_and_health(make_cluster):
         assert value(scrape(http[new]), "synapse_raft_leader_changes_seen") >= 1
     finally:
         cluster.restart_master(leader)
+
+
+@pytest.mark.slow
+def test_grpc_health_names_exactly_one_serving_leader(make_cluster):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from synapse.master.main import LEADER_SERVICE
+
+    cluster = make_cluster()
+    leader = cluster.wait_leader()
+
+    def statuses() -> dict[str, int]:
+        out = {}
+        for m in cluster.state["masters"]:
+            with grpc.insecure_channel(m["api_address"]) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                assert stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status == 1
+                out[m["id"]] = stub.Check(health_pb2.HealthCheckRequest(service=LEADER_SERVICE), timeout=5).status
+        return out
+
+    deadline = time.monotonic() + 10
+    while statuses() != {m["id"]: 1 if m["id"] == leader else 2 for m in cluster.state["masters"]}:
+        assert time.monotonic() < deadline, statuses()
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_master_tells_systemd_it_is_ready_and_pings_its_watchdog(tmp_path):
+    """A one-replica cluster's master, started as systemd would start it (NOTIFY_SOCKET and
+    WATCHDOG_USEC set), sends READY=1 and then WATCHDOG=1 pings; STOPPING=1 on SIGTERM."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from synapse.local import cluster as local
+
+    state = local.up(tmp_path / "c", 1, 0, 1, 8, local.free_base_port(1))
+    local.down(tmp_path / "c")
+    sock_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(sock_path))
+    listener.settimeout(20)
+    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "1000000"}
+    proc = subprocess.Popen([sys.executable, "-m", "synapse.master", "--config", str(tmp_path / "c" / "cluster.yaml"),
+                             "--id", state["masters"][0]["id"]], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        got = []
+        while got.count("WATCHDOG=1") < 2:
+            got.append(listener.recv(256).decode())
+        assert got[0] == "READY=1" and got.count("WATCHDOG=1") >= 2
+        proc.send_signal(signal.SIGTERM)
+        while "STOPPING=1" not in got:
+            got.append(listener.recv(256).decode())
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listener.close()

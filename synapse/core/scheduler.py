@@ -48,12 +48,17 @@ class Reservation:
                 f"{topology_path(self.domain)} (expected free at {start})")
 
 
+#: Why a gang waits, a closed set ranked from the most to the least lasting (metrics count by it).
+PENDING_REASONS = ("Unschedulable", "QueueAtMax", "BehindReservation", "Resources", "Preempting")
+
+
 @dataclass(frozen=True, slots=True)
 class WaitReason:
     """Why a pending job was not placed this round."""
 
     shortfalls: tuple[Shortfall, ...]
     message: str
+    code: str = "Resources"  #: one of PENDING_REASONS
 
     def __str__(self) -> str:
         return "; ".join([self.message, *map(str, self.shortfalls)])
@@ -128,7 +133,7 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
             and now + job.spec.time_limit <= reservation.starts_at)
         beyond_max = max_block(state, job, claimed) if state.queues else ""
         if beyond_max:
-            result.waiting[job.id] = WaitReason((), beyond_max)
+            result.waiting[job.id] = WaitReason((), beyond_max, "QueueAtMax")
             continue
         hold = state.holds.get(job.id)
         shape = (job.id,) if hold else _shape(job.spec, may_use_reservation)
@@ -149,15 +154,17 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
         if hold is not None:
             result.waiting[job.id] = failed[shape] = WaitReason(
                 placed.shortfalls, f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
-                                   f"{', '.join(hold.nodes)} held for it")
+                                   f"{', '.join(hold.nodes)} held for it", "Preempting")
             continue
         if reservation is None:
             reservation = _reserve(state, view, job, now, previous)
             message = ("does not fit now; " + reservation.describe() if reservation else
                        "can never fit: no domain it may use is large enough even when idle")
+            code = "Resources" if reservation else "Unschedulable"
         else:
             message = f"does not fit outside the reservation ({reservation.describe()})"
-        result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, message)
+            code = "BehindReservation"
+        result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, message, code)
     result.reservation = reservation
     if not result.plans and queue_order is None:
         seen = len(state.pending)

@@ -106,8 +106,11 @@ class LeaderLoops:
 
     async def schedule_once(self, full: bool = True) -> None:
         now = time.time()
+        started = time.perf_counter()
         with self.master.lock:
             result = schedule_round(self.master.state, now, self.reservation, None if full else self.memo)
+        if self.master.metrics is not None:
+            self.master.metrics.round_seconds.observe(time.perf_counter() - started)
         self.reservation, self.waiting, self.memo = result.reservation, result.waiting, result.memo
         if not result.plans:
             await self.preempt_once(now)
@@ -147,7 +150,8 @@ class LeaderLoops:
                 if isinstance(found, str):
                     self._no_plan[key] = found
                     reason = self.waiting[job.id]
-                    self.waiting[job.id] = WaitReason(reason.shortfalls, f"{reason.message}; no preemption: {found}")
+                    self.waiting[job.id] = WaitReason(reason.shortfalls, f"{reason.message}; no preemption: {found}",
+                                                      reason.code)
                     continue
                 proposal = dataclasses.replace(found.command, term=self.term)
                 break

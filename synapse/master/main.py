@@ -20,20 +20,26 @@ from pathlib import Path
 
 import click
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
+from synapse.common import systemd
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.logs import configure
 from synapse.common.tls import generate, server_credentials
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
 from synapse.master.endpoints import MasterServicer, add_to_server
-from synapse.master.http import HTTPService
+from synapse.master.http import HTTPService, leader_ready
 from synapse.master.leader import LeaderLoops
 from synapse.master.metrics import Metrics
 from synapse.master.raft import RaftNode, RaftTimeouts, raft_config
 from synapse.master.replica import Master
 
 log = logging.getLogger(__name__)
+
+#: The gRPC health service name that is SERVING only on the ready leader with a majority in contact.
+LEADER_SERVICE = "synapse.v1.Master/leader"
 
 #: Exit status of a replica that stopped because its data is corrupt or its disk is full.
 EXIT_STORAGE = 3
@@ -63,7 +69,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0)])
-    metrics = Metrics(master)
+    metrics = master.metrics = Metrics(master)
     add_to_server(MasterServicer(master, metrics), server)
     http = HTTPService(replica.http, master, metrics) if replica.http else None
     if config.tls.enabled:
@@ -71,6 +77,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
                                                                 config.require_worker_certs))
     else:
         server.add_insecure_port(replica.api)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await server.start()
     if http is not None:
         http.start()
@@ -82,7 +90,12 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(master.watch_leadership(LeaderLoops))
     guard = asyncio.create_task(master.watchdog(stop))
+    pulse = asyncio.create_task(_report_health(master, health))
+    systemd.notify("READY=1")
     await stop.wait()
+    systemd.notify("STOPPING=1")
+    pulse.cancel()
+    await health.enter_graceful_shutdown()
     guard.cancel()
     log.info("master stopping replica=%s", replica_id)
     watcher.cancel()
@@ -95,6 +108,25 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     raft.destroy()
     if master.fatal:
         raise StorageError(master.fatal)
+
+
+async def _report_health(master: Master, health: health_aio.HealthServicer) -> None:
+    """Keep the gRPC health service current ("" while serving; LEADER_SERVICE only on a ready leader
+    with a majority in contact) and ping systemd's watchdog from the event loop, so a loop that
+    hangs stops the pings and systemd restarts the replica."""
+    interval = systemd.watchdog_interval()
+    last_ping, leading = 0.0, None
+    while True:
+        now = time.monotonic()
+        ready = not leader_ready(master)
+        if ready != leading:
+            leading = ready
+            await health.set(LEADER_SERVICE, health_pb2.HealthCheckResponse.SERVING if ready
+                             else health_pb2.HealthCheckResponse.NOT_SERVING)
+        if interval and now - last_ping >= interval and not master.fatal:
+            systemd.notify("WATCHDOG=1")
+            last_ping = now
+        await asyncio.sleep(0.1)
 
 
 class StorageError(RuntimeError):

@@ -13,11 +13,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from synapse.core import commands as c
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
+from synapse.core.scheduler import PENDING_REASONS
+from synapse.master.durability import FSYNC_SECONDS
+
+#: Histogram buckets, seconds: for work on the scale of milliseconds, and of a queue's wait.
+FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SLOW = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 
 if TYPE_CHECKING:
     from synapse.master.replica import Master
@@ -98,6 +105,15 @@ class StateCollector(Collector):
             queue_guaranteed.add_metric([name], guaranteed)
         yield from (jobs, gpus, rack_gpus, nodes, queue_used, queue_guaranteed)
         yield _gauge("synapse_jobs_pending", "jobs waiting to be placed", pending)
+        yield _gauge("synapse_free_gpus_largest_rack", "the most free GPUs in one rack: the largest rack-packed "
+                     "gang that could start now", max((n for (_, st), n in by_rack.items() if st == "free"), default=0))
+        reasons = GaugeMetricFamily("synapse_jobs_pending_reason", "pending jobs by why they wait (leader only)",
+                                    labels=["reason"])
+        loops = self.m.leader_loops
+        waiting = dict(loops.waiting) if loops is not None else {}
+        for code in PENDING_REASONS:
+            reasons.add_metric([code], sum(1 for w in waiting.values() if w.code == code))
+        yield reasons
         yield _gauge("synapse_oldest_pending_seconds", "how long the oldest pending job has waited", oldest)
 
 
@@ -114,12 +130,50 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 
 
 class Metrics:
-    """The registry a replica serves, and the counters its API increments."""
+    """The registry a replica serves, and the counters and histograms the process updates."""
 
     def __init__(self, master: Master) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(StateCollector(master))
+        self.registry.register(FSYNC_SECONDS)
+        self.proposals = Counter("synapse_raft_proposals", "commands this replica proposed, by outcome",
+                                 ["result"], registry=self.registry)
+        self.commit_seconds = Histogram("synapse_raft_commit_seconds", "proposal to applied here, on success",
+                                        buckets=FAST, registry=self.registry)
+        self.round_seconds = Histogram("synapse_scheduling_round_seconds", "one scheduling round (leader)",
+                                       buckets=FAST, registry=self.registry)
+        self.queue_wait = Histogram("synapse_queue_wait_seconds", "submission (or requeue) to gang placed",
+                                    buckets=SLOW, registry=self.registry)
+        self.gang_start = Histogram("synapse_gang_start_seconds", "gang placed to all its tasks running",
+                                    buckets=SLOW, registry=self.registry)
+        self.racks_spanned = Histogram("synapse_gang_racks_spanned", "racks a placed gang spans",
+                                       buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64), registry=self.registry)
         self.requests = Counter("synapse_api_requests", "API calls by method and status code",
                                 ["method", "code"], registry=self.registry)
         self.redirects = Counter("synapse_api_redirects", "API calls a follower sent to the leader",
                                  ["method"], registry=self.registry)
+        self._placed_at: dict[tuple[str, int], float] = {}  #: (job, attempt) -> when placed, until running
+
+    def applied(self, master: Master, cmds: list) -> None:
+        """Observe what applied commands say about gangs (on the loop; every replica alike)."""
+        with master.lock:
+            state = master.state
+            for cmd in cmds:
+                if isinstance(cmd, c.CommitPlan):
+                    job = state.jobs.get(cmd.job_id)
+                    if job is None:
+                        continue
+                    queued = job.events[-2].at if len(job.events) > 1 and job.events[-2].kind == "Requeued" \
+                        else job.submitted_at
+                    self.queue_wait.observe(max(0.0, cmd.at - queued))
+                    racks = {state.nodes[p.node_id].topology for p in cmd.placements if p.node_id in state.nodes}
+                    self.racks_spanned.observe(len(racks))
+                    self._placed_at[(job.id, cmd.attempt)] = cmd.at
+                elif isinstance(cmd, c.TaskStarted):
+                    job = state.jobs.get(cmd.job_id)
+                    placed = self._placed_at.get((cmd.job_id, cmd.attempt))
+                    if job is not None and placed is not None and job.status is JobStatus.RUNNING:
+                        self.gang_start.observe(max(0.0, job.started_at - placed))
+                        del self._placed_at[(cmd.job_id, cmd.attempt)]
+            if len(self._placed_at) > 100_000:
+                self._placed_at.clear()

@@ -24,7 +24,7 @@ from synapse.core import commands as c
 from synapse.master.config import ClusterConfig
 from synapse.master.durability import free_bytes
 from synapse.master.heartbeat import HeartbeatTracker
-from synapse.master.raft import RaftNode
+from synapse.master.raft import ProposeError, RaftNode
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class Master:
         self.fatal = ""  #: why the replica stopped itself (corruption, full disk), if it did
         self.leader_changes = 0  #: times this replica saw the leader change (a metric)
         self._applied = asyncio.Event()  #: set (and replaced) whenever commands changed the state
+        #: the process's synapse.master.metrics.Metrics once main has made them (not imported here:
+        #: metrics reads this object, so the dependency points one way only)
+        self.metrics = None
         self._last_leader: str | None = None
 
     # ---- proposing and reading -----------------------------------------------------------------
@@ -78,7 +81,17 @@ class Master:
         return self.raft.replicated.lock
 
     async def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
-        return await self.raft.propose_async(cmd, timeout)
+        started = time.perf_counter()
+        try:
+            result = await self.raft.propose_async(cmd, timeout)
+        except ProposeError as exc:
+            if self.metrics is not None:
+                self.metrics.proposals.labels(exc.kind.lower()).inc()
+            raise
+        if self.metrics is not None:
+            self.metrics.proposals.labels("applied" if result.ok else "rejected").inc()
+            self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        return result
 
     def now(self) -> float:
         return time.time()
@@ -126,6 +139,8 @@ class Master:
             inbox.post(self._changed_all, changes)
 
     def _changed_all(self, cmds: list[c.Command]) -> None:
+        if self.metrics is not None:
+            self.metrics.applied(self, cmds)
         self.scheduler_dirty.set()
         self._applied.set()
         self._applied = asyncio.Event()
