@@ -17,7 +17,8 @@ from tests.helpers import spec
 from tests.test_master_ha import wait_status
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTRACT = yaml.safe_load((ROOT / "cluster-configs" / "prometheus" / "metrics.yaml").read_text())["metrics"]
+CONTRACTS = yaml.safe_load((ROOT / "cluster-configs" / "prometheus" / "metrics.yaml").read_text())
+CONTRACT, WORKER_CONTRACT = CONTRACTS["metrics"], CONTRACTS["worker_metrics"]
 ALERTS = yaml.safe_load((ROOT / "cluster-configs" / "prometheus" / "alerts.yaml").read_text())
 
 
@@ -34,6 +35,17 @@ def scrape(address: str) -> dict:
     status, text = get(address, "/metrics")
     assert status == 200
     return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def holds_to(contract: list[dict], families: dict, who: str) -> None:
+    """Every metric of the contract is there, with its type and exactly its label names."""
+    for metric in contract:
+        family = families.get(metric["name"])
+        assert family is not None, (who, metric["name"])
+        assert family.type == metric["type"], (who, metric["name"], family.type)
+        for sample in family.samples:
+            labels = set(sample.labels) - ({"le"} if metric["type"] == "histogram" else set())
+            assert labels == set(metric["labels"]), (who, metric["name"], sample.labels)
 
 
 def value(families: dict, name: str, **labels) -> float:
@@ -62,13 +74,7 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     cluster.converged_digest()
     scraped = {rid: scrape(address) for rid, address in http.items()}
     for rid, families in scraped.items():
-        for metric in CONTRACT:
-            family = families.get(metric["name"])
-            assert family is not None, (rid, metric["name"])
-            assert family.type == metric["type"], (rid, metric["name"], family.type)
-            for sample in family.samples:
-                labels = set(sample.labels) - ({"le"} if metric["type"] == "histogram" else set())
-                assert labels == set(metric["labels"]), (rid, metric["name"], sample.labels)
+        holds_to(CONTRACT, families, rid)
     assert sorted(value(f, "synapse_raft_is_leader") for f in scraped.values()) == [0, 0, 1]
     assert all(value(f, "synapse_raft_has_leader") == 1 for f in scraped.values())
     # State gauges come from the replicated state: every caught-up replica says the same.
@@ -183,3 +189,27 @@ def test_a_master_tells_systemd_it_is_ready_and_pings_its_watchdog(tmp_path):
             proc.kill()
             proc.wait()
         listener.close()
+
+
+@pytest.mark.slow
+def test_a_worker_serves_its_own_metrics(make_cluster):
+    cluster = make_cluster(workers=1, racks=1)
+    job = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=1)))
+    wait_status(cluster.client, job, {"SUCCEEDED"})
+    address = (cluster.worker_dir("w1") / "http-address").read_text().strip()
+    deadline = time.monotonic() + 10
+    while True:
+        families = scrape(address)
+        beats = {s.name: s.value for s in families["synapse_worker_heartbeat_seconds"].samples}
+        if beats["synapse_worker_heartbeat_seconds_count"] >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert beats["synapse_worker_heartbeat_seconds_count"] >= 1
+    holds_to(WORKER_CONTRACT, families, "w1")
+    assert value(families, "synapse_worker_master_connected") == 1
+    assert value(families, "synapse_worker_task_exits", outcome="succeeded") == 1
+    starts = {s.name: s.value for s in families["synapse_worker_task_start_seconds"].samples}
+    assert starts["synapse_worker_task_start_seconds_count"] == 1
+    assert {s.labels["phase"] for s in families["synapse_worker_tasks"].samples} == {"starting", "running", "stopping"}
+    assert get(address, "/livez") == (200, "ok\n")
+    assert get(address, "/metrics", method="POST")[0] == 405

@@ -80,7 +80,7 @@ def worker_argv(data_dir: Path, masters: str, token_file: Path, worker_id: str, 
             "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
             "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
             "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat), "--stop-grace", "3",
-            "--stop-tasks-on-exit"]
+            "--http", "127.0.0.1:0", "--stop-tasks-on-exit"]
     tls_dir = data_dir / "tls"
     if (tls_dir / "ca.pem").exists():  # a --tls cluster: the worker's own certificate (CN = its id)
         argv += ["--ca", str(tls_dir / "ca.pem"), "--cert", str(tls_dir / f"worker-{worker_id}.pem"),

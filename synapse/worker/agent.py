@@ -32,7 +32,9 @@ from synapse.common.tls import TLSFiles
 from synapse.core import codec
 from synapse.core.model import Assignment, Resources
 from synapse.proto import api_pb2, api_pb2_grpc
+from synapse.worker import observe
 from synapse.worker import state as ws
+from synapse.worker.observe import WorkerMetrics
 from synapse.worker.runtime import Handle, ProcessRuntime, alive, exit_code
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ class WorkerAgent:
     def __init__(self, *, node_id: str, address: str, topology: tuple[str, ...], capacity: Resources,
                  masters: list[str], token: str, data_dir: Path, heartbeat_interval: float = 5.0,
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
-                 tls: TLSFiles | None = None) -> None:
+                 tls: TLSFiles | None = None, http: str = "") -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
@@ -63,6 +65,14 @@ class WorkerAgent:
         #: what RegisterNode returned: it proves calls come from this node, and checks log tickets
         self.node_credential = ""
         self.log_server, self.log_port = self._serve_logs(address, log_port, tls)
+        self.metrics = WorkerMetrics(self)
+        self.heartbeat_ok = False  #: the last heartbeat was answered (a metric)
+        #: the HTTP server (metrics, liveness) and where it listens, if `http` asked for one; the
+        #: address is also written to DATA_DIR/http-address
+        self.http_server, self.http_address = (None, "")
+        if http:
+            self.http_server, self.http_address = observe.serve(http, self.metrics)
+            (data_dir / "http-address").write_text(self.http_address + "\n")
         host = address.rpartition(":")[0] if ":" in address else address
         self.address = f"{host}:{self.log_port}"  #: registered: its host is MASTER_ADDR for rank 0
 
@@ -80,6 +90,8 @@ class WorkerAgent:
             self._main_loop()
         finally:
             self.log_server.stop(grace=0.5)
+            if self.http_server is not None:
+                self.http_server.shutdown()
             self._save_state()
 
     def stop(self) -> None:
@@ -138,13 +150,16 @@ class WorkerAgent:
     def _start(self, a: Assignment) -> None:
         # Record the intent first: a crash between the fork and the next save must not leave a
         # task this worker forgets and would start a second time (see _load_state).
+        seen = time.monotonic()
         self._save_state()
         try:
             handle = self.runtime.start(a)
         except OSError as exc:
+            self.metrics.exits.labels("start_failed").inc()
             log.warning("task start failed task=%s error=%s", a.key, exc)
             self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, str(exc)), time.monotonic()))
             return
+        self.metrics.task_start.observe(time.monotonic() - seen)
         log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d", a.job_id, a.attempt, a.index,
                  a.rank, handle.pid)
         self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
@@ -160,6 +175,9 @@ class WorkerAgent:
                 reason = "" if code is not None else "killed (no exit status recorded)"
                 a = task.assignment
                 log.info("task exited job=%s attempt=%d index=%d code=%s", a.job_id, a.attempt, a.index, code)
+                outcome = ("succeeded" if code == 0 else "killed" if code is None or task.phase == "stopping"
+                           else "failed")
+                self.metrics.exits.labels(outcome).inc()
                 self._carry_out(self.state.handle(ws.TaskExited(a.key, code if code is not None else -9, reason),
                                                   time.monotonic()))
                 changed = True
@@ -204,11 +222,15 @@ class WorkerAgent:
     def _heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.heartbeat_interval):
             try:
+                sent = time.monotonic()
                 reply = self.client.call("Heartbeat", api_pb2.HeartbeatRequest(node_id=self.node_id),
                                          deadline=self.heartbeat_interval)
+                self.metrics.heartbeat.observe(time.monotonic() - sent)
+                self.heartbeat_ok = True
                 if reply.node_status == "UNKNOWN":
                     self._register()
             except (ClientError, ClusterUnavailable) as exc:
+                self.heartbeat_ok = False
                 log.warning("heartbeat failed node=%s error=%s", self.node_id, exc)
 
     def _report_loop(self) -> None:

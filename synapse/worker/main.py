@@ -104,12 +104,14 @@ def node_id_for(data_dir: Path, given: str) -> str:
 @click.option("--ca", envvar="SYNAPSE_CA", default="", help="CA of the masters' TLS certificates [env: SYNAPSE_CA]")
 @click.option("--cert", default="", help="this worker's client certificate (mTLS; CN = node id)")
 @click.option("--key", default="", help="its private key")
+@click.option("--http", envvar="SYNAPSE_WORKER_HTTP", default="",
+              help="host:port for /metrics and /livez (port 0: any free one, written to DATA_DIR/http-address)")
 @click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
 def main(masters: str, token: str, token_file: str | None, node_id: str, rack: str | None, topology: str | None,
          cpus: str | None, memory: str | None, gpus: int | None, data_dir: str, address: str, port: int,
          heartbeat_interval: float, stop_grace: float, runtime: str, ca: str, cert: str, key: str,
-         stop_tasks_on_exit: bool, log_level: str) -> None:
+         http: str, stop_tasks_on_exit: bool, log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
     if rack and topology:
         fail("synapse-worker", "give --rack or --topology, not both")
@@ -132,7 +134,7 @@ def main(masters: str, token: str, token_file: str | None, node_id: str, rack: s
     agent = WorkerAgent(node_id=node_id, address=address, topology=path, capacity=capacity,
                         masters=addresses, token=token, data_dir=root,
                         heartbeat_interval=heartbeat_interval, stop_grace=stop_grace,
-                        runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key))
+                        runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key), http=http)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))
