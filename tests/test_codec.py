@@ -32,6 +32,9 @@ ALL_COMMANDS = [
                                  max=Resources(-1, -1, 32), users=("alice",), groups=("team-a",),
                                  preemption_rules=("reclaim",), min_runtime=600, max_grace=30))),
     c.DeleteQueue(at=15, by="admin", name="a"),
+    c.PendingReasons(at=17, term=3, entries=(c.PendingReason("j1", 2, "QueueAtMax", "queue a is at its max"),)),
+    c.Preempt(at=18, term=3, job_id="j1", attempt=1, rule="reclaim", nodes=("n1",), explanation="why",
+              victims=(c.Victim("j2", 1, 30.0),)),
     c.SubmitJob(at=16, job_id="j2", request_id="r2", spec=spec(queue="a")),
 ]
 

@@ -68,3 +68,20 @@ def test_every_replica_serves_the_same_events_and_a_cursor_resumes_without_gap(m
     assert [e["seq"] for e in rest] == [e["seq"] for e in first if e["seq"] > middle]  # no gap, no repeat
     mine = json.loads(synctl(cluster, "get", "events", "--for", f"job/{job_id}", "-o", "json").output)
     assert {e["object"] for e in mine} == {job_id} and [e["reason"] for e in mine] == reasons
+
+
+def test_why_a_gang_waits_is_recorded_once_in_its_events(make_cluster):
+    cluster = make_cluster(workers=1, racks=1)
+    job_id = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=3, gpu=8)))  # 3 nodes' worth on 1 node
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        events = json.loads(synctl(cluster, "get", "events", "--for", f"job/{job_id}", "-o", "json").output)
+        if any(e["reason"] == "JobPending" for e in events):
+            break
+        time.sleep(0.2)
+    time.sleep(2.5)  # more rounds: the unchanged reason is not recorded again
+    events = json.loads(synctl(cluster, "get", "events", "--for", f"job/{job_id}", "-o", "json").output)
+    pending = [e for e in events if e["reason"] == "JobPending"]
+    assert len(pending) == 1 and pending[0]["message"].startswith("Unschedulable"), events
+    described = json.loads(synctl(cluster, "describe", "job", job_id, "-o", "json").output)
+    assert any(e["reason"] == "Waiting" for e in described["events"])

@@ -377,3 +377,17 @@ def test_a_cursor_older_than_the_events_kept_is_refused():
     assert state.events_after(5) is None  # dropped: an explicit error, never a silent gap
     kept = state.events_after(10)
     assert kept[0].seq == 11 and len(kept) == fsm.MAX_CLUSTER_EVENTS
+
+
+def test_pending_reasons_are_recorded_once_per_change():
+    state = cluster(racks=1, nodes_per_rack=1)
+    submit(state, "j1", tasks=4)
+    record = c.PendingReasons(at=20, term=1, entries=(c.PendingReason("j1", 1, "Resources", "0/4 tasks fit"),))
+    assert state.apply(record).value == "1"
+    assert state.apply(dataclasses.replace(record, at=21)).value == "0"  # unchanged: nothing recorded
+    changed = c.PendingReasons(at=22, term=1, entries=(c.PendingReason("j1", 1, "QueueAtMax", "at max"),
+                                                         c.PendingReason("gone", 1, "Resources", "")))
+    assert state.apply(changed).value == "1"
+    job = state.jobs["j1"]
+    assert job.pending_reason == "QueueAtMax" and [e.kind for e in job.events].count("Waiting") == 2
+    assert [e.reason for e in state.events_after(0)].count("JobPending") == 2

@@ -137,6 +137,10 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
             env.apply_queues.CopyFrom(commands_pb2.ApplyQueues(queues=[queue_to_proto(q) for q in cmd.queues]))
         case c.DeleteQueue():
             env.delete_queue.CopyFrom(commands_pb2.DeleteQueue(name=cmd.name))
+        case c.PendingReasons():
+            env.pending_reasons.CopyFrom(commands_pb2.PendingReasons(entries=[
+                commands_pb2.PendingReason(job_id=e.job_id, attempt=e.attempt, code=e.code, message=e.message)
+                for e in cmd.entries]))
         case c.Preempt():
             env.preempt.CopyFrom(commands_pb2.Preempt(
                 job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes),
@@ -211,6 +215,9 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.ApplyQueues(queues=tuple(queue_from_proto(q) for q in env.apply_queues.queues), **base)
         case "delete_queue":
             return c.DeleteQueue(name=env.delete_queue.name, **base)
+        case "pending_reasons":
+            return c.PendingReasons(entries=tuple(c.PendingReason(e.job_id, e.attempt, e.code, e.message)
+                                                  for e in env.pending_reasons.entries), **base)
         case "preempt":
             b = env.preempt
             return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes),

@@ -171,6 +171,21 @@ class Preempt(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class PendingReason:
+    job_id: str
+    attempt: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingReasons(Command):
+    """Why pending gangs wait, recorded by the leader when a gang's reason changes."""
+
+    entries: tuple[PendingReason, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""
 

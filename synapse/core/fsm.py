@@ -114,7 +114,7 @@ class ClusterState:
             c.ForgetJobs: self._forget_jobs, c.AddUser: self._add_user,
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
-            c.Preempt: self._preempt,
+            c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -144,7 +144,7 @@ class ClusterState:
     def apply(self, cmd: c.Command) -> Result:
         """Apply one command. Deterministic; never raises; a rejection changes nothing."""
         self.applied += 1
-        if not isinstance(cmd, (c.SubmitJob, c.Barrier)):
+        if not isinstance(cmd, (c.SubmitJob, c.Barrier, c.PendingReasons)):  # none changes capacity
             self.other_changes += 1
         try:
             if cmd.term:
@@ -315,6 +315,7 @@ class ClusterState:
             self.index.update(self.nodes[node_id])
         self._use(job, per_task.scaled(len(job.tasks)))
         self._release_hold(job.id)
+        job.pending_reason = ""
         self.pending.remove((job.queue_key(), job.id))
         job.status = JobStatus.SCHEDULED
         job.placements[job.attempt] = tuple(t.node_id for t in job.tasks)
@@ -531,6 +532,22 @@ class ClusterState:
                     f"rule {cmd.rule}: stopping {', '.join(v.job_id for v in cmd.victims)}; holding "
                     f"{', '.join(cmd.nodes)}" + (f"; {cmd.explanation}" if cmd.explanation else ""))
         return Result(True)
+
+    def _pending_reasons(self, cmd: c.PendingReasons) -> Result:
+        """Record why gangs wait; an entry for a job no longer pending at that attempt is ignored."""
+        recorded = 0
+        for e in cmd.entries:
+            job = self.jobs.get(e.job_id)
+            if job is None or job.status is not JobStatus.PENDING or job.attempt != e.attempt \
+                    or job.pending_reason == e.code:
+                continue
+            job.pending_reason = e.code
+            job.events.append(Event(cmd.at, "Waiting", f"{e.code}: {e.message[:300]}"))
+            if len(job.events) > MAX_EVENTS_PER_JOB:
+                del job.events[1]
+            self.emit(cmd.at, "Normal", "job", "JobPending", job.id, f"{e.code}: {e.message[:300]}")
+            recorded += 1
+        return Result(True, value=str(recorded))
 
     def _release_hold(self, job_id: str) -> None:
         hold = self.holds.pop(job_id, None)
@@ -789,7 +806,7 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
             "events": [[e.at, e.kind, e.message] for e in j.events],
             "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
-            "preempted_at": list(j.preempted_at),
+            "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
             "stop_grace": j.stop_grace}
 
 
@@ -802,7 +819,7 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               placements={a: tuple(nodes) for a, nodes in d["placements"]},
               user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
               preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
-              preempted_at=tuple(d.get("preempted_at", ())))
+              preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""))
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],

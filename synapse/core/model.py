@@ -220,6 +220,7 @@ class Job:
     preemptions: int = 0  #: attempts ended by preemption; they do not use up max_restarts
     preempted_at: tuple[float, ...] = ()  #: when its last few preemptions were planned (the budget)
     stop_grace: float = 0.0  #: seconds from SIGTERM to SIGKILL for the stopping attempt (0: the worker's)
+    pending_reason: str = ""  #: why it waits, as the leader last recorded it (a PENDING_REASONS code)
     cancelled_by: str = ""  #: who asked to cancel it, if anyone did
 
     def restarts_allowed(self) -> int:

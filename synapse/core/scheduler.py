@@ -95,6 +95,9 @@ class RoundResult:
     reservation: Reservation | None = None
     waiting: dict[str, WaitReason] = field(default_factory=dict)
     memo: RoundMemo | None = None  #: set when the round placed nothing
+    #: the jobs this round looked at and left waiting (a round after submissions alone looks only
+    #: at the new ones): whoever records reasons need not walk the whole queue
+    examined: list[str] = field(default_factory=list)
 
 
 def _shape(spec: JobSpec, may_use_reservation: bool) -> tuple:
@@ -134,11 +137,13 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
         beyond_max = max_block(state, job, claimed) if state.queues else ""
         if beyond_max:
             result.waiting[job.id] = WaitReason((), beyond_max, "QueueAtMax")
+            result.examined.append(job.id)
             continue
         hold = state.holds.get(job.id)
         shape = (job.id,) if hold else _shape(job.spec, may_use_reservation)
         if shape in failed:
             result.waiting[job.id] = failed[shape]
+            result.examined.append(job.id)
             continue
         blocked = held - frozenset(hold.nodes) if hold else held
         if reservation is not None and not may_use_reservation:
@@ -152,6 +157,7 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
             claimed[name] = claimed.get(name, Resources()) + job.spec.total
             continue
         if hold is not None:
+            result.examined.append(job.id)
             result.waiting[job.id] = failed[shape] = WaitReason(
                 placed.shortfalls, f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
                                    f"{', '.join(hold.nodes)} held for it", "Preempting")
@@ -165,6 +171,7 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
             message = f"does not fit outside the reservation ({reservation.describe()})"
             code = "BehindReservation"
         result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, message, code)
+        result.examined.append(job.id)
     result.reservation = reservation
     if not result.plans and queue_order is None:
         seen = len(state.pending)

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 SCHEDULE_TICK_S = 1.0
 #: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
 SCHEDULE_MIN_INTERVAL_S = 0.02
+#: Pending reasons recorded per round, at most.
+PENDING_BATCH = 100
 #: Waiting gangs a round may try to plan a preemption for.
 PREEMPT_TRIES = 20
 #: How often finished jobs past their retention are forgotten, and how many per command.
@@ -114,6 +116,7 @@ class LeaderLoops:
         self.reservation, self.waiting, self.memo = result.reservation, result.waiting, result.memo
         if not result.plans:
             await self.preempt_once(now)
+            await self.record_pending(now, result.examined)
             return
         outcomes = await asyncio.gather(*(self.propose(c.CommitPlan(
             at=now, term=self.term, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
@@ -124,6 +127,23 @@ class LeaderLoops:
                          len(plan.placements), len({p.node_id for p in plan.placements}))
             else:
                 self.master.scheduler_dirty.set()  # the state moved under the plan: plan again
+
+    async def record_pending(self, now: float, examined: list[str]) -> None:
+        """Put into the log why gangs wait, for those whose reason changed since it was recorded
+        (at most PENDING_BATCH a round): `describe job` and the event stream then show it on any
+        replica, and the log grows with changes, not with rounds."""
+        with self.master.lock:
+            jobs = self.master.state.jobs
+            entries = []
+            for job_id in examined:
+                reason, job = self.waiting.get(job_id), jobs.get(job_id)
+                if reason is not None and job is not None and job.status is JobStatus.PENDING \
+                        and job.pending_reason != reason.code:
+                    entries.append(c.PendingReason(job_id, job.attempt, reason.code, reason.message))
+                    if len(entries) == PENDING_BATCH:
+                        break
+        if entries:
+            await self.propose(c.PendingReasons(at=now, term=self.term, entries=tuple(entries)))
 
     async def preempt_once(self, now: float) -> None:
         """Plan one preemption for the first waiting gang, in queue order, that a rule allows.

@@ -50,6 +50,7 @@ class Command(_message.Message):
     APPLY_QUEUES_FIELD_NUMBER: _builtins.int
     DELETE_QUEUE_FIELD_NUMBER: _builtins.int
     PREEMPT_FIELD_NUMBER: _builtins.int
+    PENDING_REASONS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -98,6 +99,8 @@ class Command(_message.Message):
     def delete_queue(self) -> Global___DeleteQueue: ...
     @_builtins.property
     def preempt(self) -> Global___Preempt: ...
+    @_builtins.property
+    def pending_reasons(self) -> Global___PendingReasons: ...
     def __init__(
         self,
         *,
@@ -125,12 +128,13 @@ class Command(_message.Message):
         apply_queues: Global___ApplyQueues | None = ...,
         delete_queue: Global___DeleteQueue | None = ...,
         preempt: Global___Preempt | None = ...,
+        pending_reasons: Global___PendingReasons | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -694,3 +698,55 @@ class Victim(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Victim: _TypeAlias = Victim  # noqa: Y015
+
+@_typing.final
+class PendingReasons(_message.Message):
+    """The leader records why pending gangs wait, only when a gang's reason changes (so the log grows
+    with changes, not with scheduling rounds). `code` is one of a closed set (see scheduler.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___PendingReason]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___PendingReason] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PendingReasons: _TypeAlias = PendingReasons  # noqa: Y015
+
+@_typing.final
+class PendingReason(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    code: _builtins.str
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "code", b"code", "job_id", b"job_id", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PendingReason: _TypeAlias = PendingReason  # noqa: Y015
