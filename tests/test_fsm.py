@@ -358,11 +358,12 @@ def test_cluster_events_are_typed_ordered_and_survive_a_snapshot():
     exit_task(state, "j1", 0, code=0)
     checked(state, c.NodeDown(at=50, node_id="r0-n1", reason="silent"))
     reasons = [(e.reason, e.object_id) for e in state.events_after(0)]
-    assert reasons == [("JobSubmitted", "j1"), ("GangPlaced", "j1"), ("TaskStarted", "j1"), ("GangRunning", "j1"),
+    assert reasons == [("NodeRegistered", "r0-n0"), ("NodeRegistered", "r0-n1"),
+                       ("JobSubmitted", "j1"), ("GangPlaced", "j1"), ("TaskStarted", "j1"), ("GangRunning", "j1"),
                        ("TaskExited", "j1"), ("JobSucceeded", "j1"), ("NodeDown", "r0-n1")]
-    assert [e.seq for e in state.events_after(0)] == list(range(1, 8))
-    assert [e.reason for e in state.events_after(5)] == ["JobSucceeded", "NodeDown"]
-    assert state.events_after(7) == []
+    assert [e.seq for e in state.events_after(0)] == list(range(1, 10))
+    assert [e.reason for e in state.events_after(7)] == ["JobSucceeded", "NodeDown"]
+    assert state.events_after(9) == []
     assert state.events_after(0)[-1].type == "Warning"
     restored = ClusterState.from_snapshot(state.to_snapshot())
     assert restored.events_after(3) == state.events_after(3) and restored.digest() == state.digest()
@@ -374,9 +375,10 @@ def test_a_cursor_older_than_the_events_kept_is_refused():
     state = cluster(racks=1, nodes_per_rack=1)
     for i in range(fsm.MAX_CLUSTER_EVENTS + 10):
         state.emit(i, "Normal", "job", "JobSubmitted", f"j{i}", "")
-    assert state.events_after(5) is None  # dropped: an explicit error, never a silent gap
-    kept = state.events_after(10)
-    assert kept[0].seq == 11 and len(kept) == fsm.MAX_CLUSTER_EVENTS
+    first = state.cluster_events[0].seq
+    assert first > 10 and state.events_after(first - 2) is None  # dropped: an explicit error, not a gap
+    kept = state.events_after(first - 1)
+    assert kept[0].seq == first and len(kept) == fsm.MAX_CLUSTER_EVENTS
 
 
 def test_pending_reasons_are_recorded_once_per_change():

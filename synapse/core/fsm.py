@@ -181,6 +181,8 @@ class ClusterState:
             self.live_tasks[node.id] = set()
             self.index.update(node)
             self._note_capacity(node.capacity)
+            self.emit(cmd.at, "Normal", "node", "NodeRegistered", node.id,
+                      f"{node.capacity.gpu} GPU(s) in {'/'.join(topology)}")
             return Result(True, value="registered")
         if not node.used.fits_in(cmd.capacity) or any(g >= cmd.capacity.gpu for g in node.gpus_in_use):
             return Result.rejected(f"node {node.id}: new capacity is below what its live tasks use")
@@ -188,6 +190,7 @@ class ClusterState:
         self._note_capacity(node.capacity)
         if node.status is NodeStatus.DOWN:
             node.status, node.status_changed_at = NodeStatus.READY, cmd.at
+            self.emit(cmd.at, "Normal", "node", "NodeUp", node.id, "registered again")
         self.index.update(node)
         return Result(True, value="re-registered")
 
@@ -223,6 +226,7 @@ class ClusterState:
         if node.status is NodeStatus.READY:
             return Result(True, value="already ready")
         node.status, node.status_changed_at = NodeStatus.READY, cmd.at
+        self.emit(cmd.at, "Normal", "node", "NodeUp", node.id, "heard from again")
         self.index.update(node)
         return Result(True)
 
