@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 SCHEDULE_TICK_S = 1.0
 #: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
 SCHEDULE_MIN_INTERVAL_S = 0.02
-#: Pending reasons recorded per round, at most.
-PENDING_BATCH = 100
+#: Pending reasons recorded per round, at most (about 100 bytes each in the log entry).
+PENDING_BATCH = 1000
 #: Waiting gangs a round may try to plan a preemption for.
 PREEMPT_TRIES = 20
 #: How often finished jobs past their retention are forgotten, and how many per command.
@@ -144,6 +144,9 @@ class LeaderLoops:
                         break
         if entries:
             await self.propose(c.PendingReasons(at=now, term=self.term, entries=tuple(entries)))
+        if len(entries) == PENDING_BATCH:  # more to record: the next round looks at every job again
+            self.memo = None
+            self.master.scheduler_dirty.set()
 
     async def preempt_once(self, now: float) -> None:
         """Plan one preemption for the first waiting gang, in queue order, that a rule allows.
