@@ -147,38 +147,48 @@ def test_a_preempt_command_rechecks_the_state(mutate, error):
     assert not result.ok and error in result.error
 
 
+def drive_round(state: ClusterState, now: float):
+    """One round as the leader and the workers would play it: place and start what fits; if
+    nothing did, commit one preemption plan (the first waiting gang's) and let its victims exit at
+    once. Returns (the round's plans, the Preempt committed or None)."""
+    from synapse.core.scheduler import schedule_round
+
+    result = schedule_round(state, now)
+    for p in result.plans:
+        checked(state, c.CommitPlan(at=now, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
+        for t in state.jobs[p.job_id].tasks:
+            checked(state, c.TaskStarted(at=now, job_id=p.job_id, attempt=p.attempt, index=t.index,
+                                         node_id=t.node_id))
+    if result.plans:
+        return result.plans, None
+    for job in state.pending_jobs():
+        if job.id in result.waiting and job.id not in state.holds and not preemption.max_block(state, job):
+            found = preemption.plan(state, job, now)
+            if not isinstance(found, str):
+                break
+    else:
+        return [], None
+    checked(state, found.command)
+    for v in found.command.victims:
+        for t in state.jobs[v.job_id].tasks:
+            if t.state.live:
+                checked(state, c.TaskExited(at=now, job_id=v.job_id, attempt=v.attempt, index=t.index,
+                                            node_id=t.node_id, exit_code=143))
+    return [], found.command
+
+
 def settle(state: ClusterState, now: float, rounds: int = 300) -> int:
     """Drive the state as the leader and the workers would: schedule, start, preempt one gang per
     quiet round, let victims exit at once. Returns the number of preemptions."""
-    from synapse.core.scheduler import schedule_round
-
     preemptions = 0
     for _ in range(rounds):
         now += 1
-        result = schedule_round(state, now)
-        for p in result.plans:
-            checked(state, c.CommitPlan(at=now, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
-            for t in state.jobs[p.job_id].tasks:
-                checked(state, c.TaskStarted(at=now, job_id=p.job_id, attempt=p.attempt, index=t.index,
-                                             node_id=t.node_id))
-        if result.plans:
+        placed, planned = drive_round(state, now)
+        if placed:
             continue
-        planned = None
-        for job in state.pending_jobs():
-            if job.id in result.waiting and job.id not in state.holds and not preemption.max_block(state, job):
-                found = preemption.plan(state, job, now)
-                if not isinstance(found, str):
-                    planned = found.command
-                    break
         if planned is None:
             return preemptions
-        checked(state, planned)
         preemptions += 1
-        for v in planned.victims:
-            for t in state.jobs[v.job_id].tasks:
-                if t.state.live:
-                    checked(state, c.TaskExited(at=now, job_id=v.job_id, attempt=v.attempt, index=t.index,
-                                                node_id=t.node_id, exit_code=143))
     raise AssertionError("did not settle")
 
 
@@ -241,31 +251,13 @@ def test_random_workloads_keep_every_promise(seed):
             pack=rng.choice(["", "rack"]), required=rng.random() < 0.5)))
     for _round in range(400):
         now += 10
-        result = schedule_round(state, now)
-        for p in result.plans:
-            checked(state, c.CommitPlan(at=now, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
-            for t in state.jobs[p.job_id].tasks:
-                checked(state, c.TaskStarted(at=now, job_id=p.job_id, attempt=p.attempt, index=t.index,
-                                             node_id=t.node_id))
+        placed, planned = drive_round(state, now)
         assert violations(state) == [], violations(state)
-        if result.plans:
+        if placed:
             continue
-        planned = None
-        for job in state.pending_jobs():
-            if job.id in result.waiting and job.id not in state.holds and not preemption.max_block(state, job):
-                found = preemption.plan(state, job, now)
-                if not isinstance(found, str):
-                    planned = found.command
-                    break
         if planned is None:
             break  # quiet: nothing to place, nobody to preempt
-        checked(state, planned)
         preemptions += 1
-        for v in planned.victims:
-            for t in state.jobs[v.job_id].tasks:
-                if t.state.live:
-                    checked(state, c.TaskExited(at=now, job_id=v.job_id, attempt=v.attempt, index=t.index,
-                                                node_id=t.node_id, exit_code=143))
         after = schedule_round(state, now + 1)
         assert planned.job_id in [p.job_id for p in after.plans], "the victims left and the preemptor did not fit"
         first = next(p for p in after.plans if p.job_id == planned.job_id)
