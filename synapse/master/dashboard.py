@@ -186,12 +186,14 @@ class Dashboard:
         with self.m.lock:
             state = self.m.state
             names = sorted({DEFAULT_QUEUE, *state.queues})
+            waiting: dict[str, int] = {}
+            for j in state.pending_jobs():
+                waiting[state.queue_of(j)] = waiting.get(state.queue_of(j), 0) + 1
             rows = []
             for name in names:
                 q = state.queues.get(name)
                 usage = state.queue_usage.get(name)
-                pending = sum(1 for j in state.jobs.values() if j.status is JobStatus.PENDING
-                              and state.queue_of(j) == name)
+                pending = waiting.get(name, 0)
                 rows.append([escape(name), escape(q.parent) if q and q.parent else "-", f"{q.weight:g}" if q else "1",
                              str(usage.gpu if usage else 0), str(q.guaranteed.gpu) if q else "0",
                              str(q.max.gpu) if q and q.max.gpu >= 0 else "-", str(pending)])

@@ -534,17 +534,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._current_read(context)
         with self.m.lock:
             state = self.m.state
-            usage: dict[str, Resources] = {}
+            usage = dict(state.queue_usage)  # kept by apply: what each queue's live tasks hold
             counts: dict[str, list[int]] = {}
             for job in state.jobs.values():
-                if job.status.terminal:
-                    continue
-                name = state.queue_of(job)
-                count = counts.setdefault(name, [0, 0])
-                count[0 if job.status is JobStatus.PENDING else 1] += 1
-                for task in job.tasks:
-                    if task.state.live:
-                        usage[name] = usage.get(name, Resources()) + task.resources
+                if not job.status.terminal:
+                    counts.setdefault(state.queue_of(job), [0, 0])[0 if job.status is JobStatus.PENDING else 1] += 1
             queues = dict(state.queues)
         implicit = DEFAULT_QUEUE not in queues
         if implicit:
