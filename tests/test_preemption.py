@@ -227,6 +227,48 @@ def test_a_gang_preempted_three_times_in_a_day_is_exempt_from_the_priority_rule(
     assert not isinstance(preemption.plan(state, state.jobs["high"], 300 + 86400), str)  # the day is over
 
 
+def test_gangs_backfilled_past_a_waiting_big_gang_are_its_first_victims():
+    """Scenario 6: in one queue, the small gangs placed while a 48-GPU gang waited (behind it in
+    the queue) make room for it; the gangs that ran before it are never touched."""
+    state = state_with([Queue("q", guaranteed=gpu(128))])  # default rules: reclaim, priority, backfill
+    for i in range(6):
+        run(state, f"old-r0-{i}", "q", r(0, i), started=100)
+    for i in range(2):
+        run(state, f"old-r1-{i}", "q", r(1, i), started=4900)  # younger than the backfilled ones: cheaper
+    big = pend(state, "big", "q", 6)  # 48 GPUs, one rack, queued at 5000
+    for i in (6, 7):
+        run(state, f"bf-r0-{i}", "q", r(0, i), started=5900)  # cheap, but freeing r0 is not enough
+    for i in range(2, 8):
+        run(state, f"bf-r1-{i}", "q", r(1, i), started=5100)
+    found = preemption.plan(state, big, 6000)
+    assert found.command.rule == "backfill"
+    assert {v.job_id for v in found.command.victims} == {f"bf-r1-{i}" for i in range(2, 8)}
+    assert set(found.command.nodes) == set(r(1, *range(2, 8)))
+
+    # Through the scheduler: one preemption, the big gang runs, nothing that ran before it stopped,
+    # and the requeued victims (behind it in the queue) cannot take anything back.
+    assert settle(state, 6000) == 1
+    assert state.jobs["big"].status is JobStatus.RUNNING
+    for job_id in [f"old-r0-{i}" for i in range(6)] + ["old-r1-0", "old-r1-1", "bf-r0-6", "bf-r0-7"]:
+        assert state.jobs[job_id].status is JobStatus.RUNNING and state.jobs[job_id].attempt == 1
+
+
+def test_only_the_head_of_a_queue_evicts_what_was_backfilled_past_it():
+    state = state_with([Queue("q", guaranteed=gpu(128))], racks=1, nodes_per_rack=2)
+    pend(state, "head", "q", 4, pack="", priority=5)  # can never fit two nodes: it blocks nobody's plan
+    big = pend(state, "big", "q", 2, pack="")
+    run(state, "bf", "q", r(0, 0, 1), started=5100)
+    found = preemption.plan(state, big, 6000)
+    assert isinstance(found, str) and "no rule" in found
+    # A gang placed after the big one queued but ahead of it in the queue (higher priority) stays.
+    state = state_with([Queue("q", guaranteed=gpu(128))], racks=1, nodes_per_rack=2)
+    big = pend(state, "big", "q", 2, pack="")
+    run(state, "urgent", "q", r(0, 0), started=5100, priority=9)
+    run(state, "bf", "q", r(0, 1), started=5100)
+    found = preemption.plan(state, big, 6000)
+    assert isinstance(found, str) and "would still not make room" in found
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_random_workloads_keep_every_promise(seed):
     """Random queues and gangs: every step keeps the invariants (no overcommit, no partial gang);
@@ -239,8 +281,9 @@ def test_random_workloads_keep_every_promise(seed):
 
     rng = random.Random(seed)
     names = ["q0", "q1", "q2"]
+    rules = ["reclaim", "priority", "backfill", "fair_share"]
     queues = [Queue(n, guaranteed=gpu(rng.choice([0, 16, 32, 48])), weight=rng.choice([1, 2, 3]),
-                    preemption_rules=tuple(rng.sample(["reclaim", "priority", "fair_share"], rng.randint(1, 3))))
+                    preemption_rules=tuple(rng.sample(rules, rng.randint(1, 4))))
               for n in names]
     state = state_with(queues, racks=2, nodes_per_rack=4)
     now, preemptions = 1000.0, 0

@@ -1,11 +1,15 @@
 """Queue limits and preemption planning. Pure: reads a state, returns a plan or why there is none.
 
-Rules (a queue lists those its jobs may use; by default `reclaim` and `priority`):
+Rules (a queue lists those its jobs may use; by default `reclaim`, `priority` and `backfill`):
 
 * **reclaim** — a job whose queue stays within its guarantee once the job runs may take back
   what other queues borrowed: victims come only from queues above their guarantee. It cannot loop:
   the preemptor's queue is then within its guarantee, so it is never a reclaim victim itself.
 * **priority** — inside one queue, a job may evict gangs of lower priority.
+* **backfill** — the gang at the head of its queue may evict gangs of its own queue that were
+  placed while it waited and queue behind it (backfilled past it): a big gang is never starved by
+  the small ones that filled the room it needs, and the gangs that ran before it are never touched.
+  It cannot loop: a victim queues behind its preemptor and keeps its submission time on requeue.
 * **fair_share** — across queues, only when the preemptor's queue's share once the job runs is no
   higher than the victim's queue's share without the victim (Kueue's rule: it cannot cycle).
 
@@ -37,7 +41,8 @@ from synapse.core.model import (
 )
 from synapse.core.placement import pack_depth
 
-DEFAULT_RULES = ("reclaim", "priority")
+DEFAULT_RULES = ("reclaim", "priority", "backfill")
+_LIVE = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING})
 _DIMENSIONS = ("gpu", "cpu", "memory")
 
 
@@ -122,7 +127,7 @@ class PreemptionPlan:
     lost_gpu_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for thousands of gangs per plan, and frozen init is slow
 class _Candidate:
     job: Job
     queue: Queue
@@ -144,29 +149,38 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     fair = "fair_share" in rules
     pool = pool_of(state) if fair else Resources()
     share_after = share(queue, usage_of(state, queue.name) + need, pool) if fair else 0.0
+    backfill = "backfill" in rules and _heads_queue(state, job)
+    waited_from = _waiting_since(job) if backfill else 0.0
     candidates: list[_Candidate] = []
     protected: list[tuple[float, str]] = []
     exempt: list[str] = []
     per_queue: dict[str, tuple[Queue, Resources, bool, float]] = {}  # computed once per queue
+    reclaim = "reclaim" in rules and within_guarantee
+    by_priority = "priority" in rules
+    mine, priority, key = queue.name, job.spec.priority, job.queue_key()
     for other in state.jobs.values():
-        if other.id == job.id or other.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+        if other.status not in _LIVE or other.id == job.id:
             continue
         name = state.queue_of(other)
         if name not in per_queue:
             other_queue = state.queues.get(name) or Queue(name)
             used = usage_of(state, name)
             per_queue[name] = (other_queue, used, bool(beyond_guarantee(used, other_queue.guaranteed)),
-                           share(other_queue, used, pool) if fair else 0.0)
+                               share(other_queue, used, pool) if fair else 0.0)
         other_queue, used, borrowing, current_share = per_queue[name]
-        if "reclaim" in rules and within_guarantee and name != queue.name and borrowing:
+        if reclaim and borrowing and name != mine:
             rule = "reclaim"
-        elif exhausted(other, now):
+        elif other.preempted_at and exhausted(other, now):
             exempt.append(other.id)  # preempted often enough lately: only reclaim may take it
             continue
-        elif "priority" in rules and name == queue.name and other.spec.priority < job.spec.priority:
-            rule = "priority"
-        elif fair and name != queue.name and current_share > 0 and share_after <= share(
-                other_queue, used - other.spec.total, pool):
+        elif name == mine:
+            if by_priority and other.spec.priority < priority:
+                rule = "priority"
+            elif backfill and other.queue_key() > key and _placed_at(other) > waited_from:
+                rule = "backfill"
+            else:
+                continue
+        elif fair and current_share > 0 and share_after <= share(other_queue, used - other.spec.total, pool):
             # Kueue's rule: the preemptor's share once admitted is no higher than the victim
             # queue's share without the victim, so the victim's queue can never take it back.
             rule = "fair_share"
@@ -193,16 +207,15 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     best: tuple[tuple, tuple[_Candidate, ...], tuple[str, ...], tuple] | None = None
     considered = 0
     alternatives: list[tuple[float, str]] = []  # (GPU-seconds lost, description) of the other domains
+    index, nodes = state.index, state.nodes
     for depth in depths:
-        domains = _domains(state, depth)
-        key_of = {node_id: key for key, node_ids in domains.items() for node_id in node_ids}
         by_domain: dict[tuple, list[_Candidate]] = {}  # each candidate under every domain it touches
         gpus_in: dict[tuple, list[tuple[float, int]]] = {}  # domain -> (lost per GPU, GPUs there)
         for candidate in candidates:
             here: dict[tuple, int] = {}
             for t in candidate.job.tasks:
-                key = key_of.get(t.node_id)  # live tasks only: a victim runs (SCHEDULED or RUNNING)
-                if key is not None:
+                if index.contains(t.node_id):  # the node accepts work (a victim's tasks are live)
+                    key = nodes[t.node_id].topology[:depth]
                     here[key] = here.get(key, 0) + t.resources.gpu
             rate = candidate.lost / candidate.gpus if candidate.gpus else 0.0
             for key, gpus in here.items():
@@ -210,14 +223,15 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
                 gpus_in.setdefault(key, []).append((rate, gpus))
         # Cheapest-looking domains first; a domain whose lower bound already costs more than the
         # best plan found is skipped without the full search (most of them, on a large cluster).
-        bounds = sorted((_lower_bound(state, job, domains[d], by_domain[d], gpus_in[d]), d)
-                        for d in by_domain if d in domains)
+        held = _held_for_others(state, job, depth)
+        bounds = sorted((_lower_bound(job, index.domains[d].free_gpu - held.get(d, 0), by_domain[d], gpus_in[d]), d)
+                        for d in by_domain)
         for n, (bound, domain) in enumerate(bounds):
             if bound[2] == float("inf") or (best is not None and bound > best[0]):
                 alternatives += [(b[2], f"{topology_path(d)} at least {b[2]:.0f} GPU-s")
                                  for b, d in bounds[n:n + 3] if b[2] != float("inf")]
                 break
-            node_ids = domains[domain]
+            node_ids = _nodes_of(state, domain)
             found = _victims_in(state, job, node_ids, by_domain[domain])
             if found is None:
                 continue
@@ -287,6 +301,23 @@ def _placed_at(job: Job) -> float:
     return job.submitted_at
 
 
+def _waiting_since(job: Job) -> float:
+    """When the job last became pending (submitted, or requeued after its last attempt)."""
+    for event in reversed(job.events):
+        if event.kind in ("Submitted", "Requeued"):
+            return event.at
+    return job.submitted_at
+
+
+def _heads_queue(state: ClusterState, job: Job) -> bool:
+    """True when no pending job of the job's queue is ahead of it in queue order."""
+    name = state.queue_of(job)
+    for pending in state.pending_jobs():
+        if state.queue_of(pending) == name:
+            return pending.id == job.id
+    return False
+
+
 def _depths(state: ClusterState, job: Job) -> list[int]:
     pack = job.spec.topology.pack
     if not pack:
@@ -295,24 +326,30 @@ def _depths(state: ClusterState, job: Job) -> list[int]:
     return [depth] if job.spec.topology.mode.value == "required" else [depth, 0]
 
 
-def _domains(state: ClusterState, depth: int) -> dict[tuple, list[str]]:
-    out: dict[tuple, list[str]] = {}
-    for node_id in sorted(state.nodes):
-        node = state.nodes[node_id]
-        if node.status is NodeStatus.READY and node.schedulable:
-            out.setdefault(tuple(node.topology[:depth]), []).append(node_id)
+def _nodes_of(state: ClusterState, domain: tuple) -> list[str]:
+    """The nodes of a domain that accept work, from the capacity index."""
+    stats = state.index.domains[domain]
+    if stats.entries is not None:
+        return sorted(entry[3] for entry in stats.entries)
+    return sorted(n for child in stats.children for n in _nodes_of(state, child))
+
+
+def _held_for_others(state: ClusterState, job: Job, depth: int) -> dict[tuple, int]:
+    """Free GPUs per domain on nodes held for other preemptors (out of reach for this job)."""
+    out: dict[tuple, int] = {}
+    for node_id, holder in state.held_nodes.items():
+        if holder != job.id and state.index.contains(node_id):
+            node = state.nodes[node_id]
+            key = node.topology[:depth]
+            out[key] = out.get(key, 0) + node.free.gpu
     return out
 
 
-def _lower_bound(state: ClusterState, job: Job, node_ids: list[str], candidates: list[_Candidate],
-                 gpus_in: list[tuple[float, int]]) -> tuple:
+def _lower_bound(job: Job, free: int, candidates: list[_Candidate], gpus_in: list[tuple[float, int]]) -> tuple:
     """A bound no victim set in this domain can beat, compared like a plan's cost: the lowest
     candidate priority, no GPUs below a guarantee, and the least GPU-time lost to free the GPUs
     the gang lacks here (a fractional knapsack over the candidates' GPUs in the domain; a gang is
-    charged whole, so its real cost is never lower)."""
-    nodes = state.nodes
-    free = sum(nodes[n].capacity.gpu - nodes[n].used.gpu for n in node_ids
-               if state.held_nodes.get(n, job.id) == job.id)
+    charged whole, so its real cost is never lower). `free`: GPUs free there and within reach."""
     lacking = job.spec.tasks * job.spec.resources.gpu - free
     lowest = min(v.job.spec.priority for v in candidates)
     if lacking <= 0:

@@ -11,7 +11,7 @@
         lending_limit: {gpu: 8}        # how much of its guarantee others may borrow
         users: [alice]                 # who may submit (with groups); both empty: everyone
         groups: [team-vision]
-        preemption: {rules: [reclaim, priority, fair_share], min_runtime: 10m, max_grace: 5m}
+        preemption: {rules: [reclaim, priority, backfill, fair_share], min_runtime: 10m, max_grace: 5m}
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from synapse.core.identity import groups_problem
 from synapse.core.model import UNLIMITED, Queue, Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 
-PREEMPTION_RULES = ("reclaim", "priority", "fair_share")
+PREEMPTION_RULES = ("reclaim", "priority", "backfill", "fair_share")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _FIELDS = {"name", "parent", "weight", "guaranteed", "max", "lending_limit", "users", "groups", "preemption"}
 _RESOURCES = {"gpu", "cpu", "memory"}

@@ -25,6 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from synapse.common import systemd
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
+from synapse.common.collector import tune_for_large_state
 from synapse.common.logs import configure
 from synapse.common.tls import generate, server_credentials
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
@@ -154,6 +155,7 @@ def main(ctx: click.Context, config_path: str | None, replica_id: str | None, lo
     if not config_path or not replica_id:
         fail("synapse-master", "--config and --id are required to run a replica (see --help)")
     configure("synapse-master", replica_id, log_level)
+    tune_for_large_state()
     try:
         config = load_cluster_config(config_path)
         config.replica(replica_id)
