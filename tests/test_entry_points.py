@@ -22,8 +22,8 @@ def command_of(target: str) -> click.Command:
     return getattr(importlib.import_module(module), attr)
 
 
-def test_the_four_entry_points_keep_their_names():
-    assert set(SCRIPTS) == {"synapse-master", "synapse-worker", "synctl", "synapse-local"}
+def test_the_entry_points_keep_their_names():
+    assert set(SCRIPTS) == {"synapse-master", "synapse-worker", "synctl", "synapse-local", "synapse-sim"}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

@@ -27,6 +27,7 @@ ALLOWED = {
     "master": {"core", "common", "proto"},
     "worker": {"core", "common", "client", "proto"},
     "local": {"core", "common", "client", "proto"},
+    "sim": {"core", "common"},  # the evaluation: the pure core on a simulated clock, never master/worker/gRPC
     "proto": set(),
 }
 

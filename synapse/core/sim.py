@@ -1,8 +1,12 @@
 """A discrete-event simulator: the real state machine and queue policy on a simulated clock.
 
 Nothing here is a copy of scheduling logic: the simulator feeds `ClusterState.apply` the same
-commands the leader and workers would, runs `schedule_round` exactly as the leader does, and
-plays the workers' part by ending each task after the duration its job was given.
+commands the leader and workers would, runs `schedule_round` exactly as the leader does (with the
+memo of the round before, which lapses on any change but a submission), and plays the workers'
+part by ending each task after the duration its job was given.
+
+The queue policy is a parameter so that a trace replay (synapse.sim) can run baselines through
+the same state machine and placement code; by default it is the real one, `schedule_round`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from dataclasses import dataclass
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
-from synapse.core.scheduler import Reservation, RoundResult, schedule_round
+from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, schedule_round
+
+#: A queue policy: (state, now, previous reservation, memo) -> the round's plans, as schedule_round.
+QueuePolicy = Callable[[ClusterState, float, Reservation | None, RoundMemo | None], RoundResult]
 
 #: A typical 8-GPU training node: 64 cores, 512 GiB.
 GPU_NODE = Resources(64_000, 512 << 30, 8)
@@ -49,10 +56,12 @@ class _TaskEnd:
 class Simulator:
     """Drives a ClusterState through scheduling rounds and task lifetimes on a simulated clock."""
 
-    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS, policy: QueuePolicy = schedule_round) -> None:
         self.state = ClusterState(levels)
+        self.policy = policy  #: fixed for the simulator's life
         self.now = 0.0  #: simulated seconds
         self.reservation: Reservation | None = None  #: carried between rounds, as the leader does
+        self.memo: RoundMemo | None = None  #: carried between rounds, as the leader does
         self.rounds = 0
         self._ends: list[_TaskEnd] = []
         self._runtime: dict[str, tuple[float, int]] = {}  #: job id -> (task duration, exit code)
@@ -61,23 +70,31 @@ class Simulator:
     def apply(self, cmd: c.Command) -> c.Result:
         return self.state.apply(cmd)
 
-    def submit(self, spec: JobSpec, duration: float, exit_code: int = 0) -> str:
+    def submit(self, spec: JobSpec, duration: float, exit_code: int = 0, job_id: str = "") -> str:
         """Submit a job whose tasks each run `duration` simulated seconds once started."""
-        job_id = f"job-{next(self._ids)}"
+        job_id = job_id or f"job-{next(self._ids)}"
         result = self.apply(c.SubmitJob(at=self.now, job_id=job_id, request_id=job_id, spec=spec))
         if not result.ok:
             raise ValueError(result.error)
         self._runtime[job_id] = (duration, exit_code)
         return job_id
 
-    def schedule(self) -> RoundResult:
-        """One scheduling round: plan, commit each plan, start its tasks."""
+    def schedule(self, *, full: bool = True) -> RoundResult:
+        """One scheduling round: plan, commit each plan, start its tasks.
+
+        `full=False` passes the memo of the previous round, as the leader's event-driven rounds
+        do; a full round (the leader's periodic one) looks at every pending job again."""
         self.rounds += 1
-        result = schedule_round(self.state, self.now, self.reservation)
-        self.reservation = result.reservation
+        result = self.policy(self.state, self.now, self.reservation, None if full else self.memo)
+        self.reservation, self.memo = result.reservation, result.memo
         for plan in result.plans:
             self.commit(plan)
         return result
+
+    def lifetime(self, plan: Plan) -> tuple[float, int]:
+        """How long the tasks of a committed plan run, and their exit code (a subclass may make
+        this depend on where the plan put them)."""
+        return self._runtime[plan.job_id]
 
     def commit(self, plan: Plan) -> None:
         """Commit a plan and start its tasks, as the leader and the workers would."""
@@ -85,7 +102,7 @@ class Simulator:
                                             placements=plan.placements))
         if not committed.ok:
             raise AssertionError(f"plan rejected: {committed.error}")
-        duration, exit_code = self._runtime[plan.job_id]
+        duration, exit_code = self.lifetime(plan)
         for p in plan.placements:
             self.apply(c.TaskStarted(at=self.now, job_id=plan.job_id, attempt=plan.attempt,
                                      index=p.index, node_id=p.node_id))

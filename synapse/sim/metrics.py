@@ -1,0 +1,177 @@
+"""What a replay is judged by: completion and waiting times, big gangs, utilisation, locality.
+
+Definitions (the README's "Evaluation" section repeats them):
+
+* wait = start - submit; JCT = end - submit, over every job of the trace (failed ones too: the
+  time they held GPUs is real). Percentiles interpolate linearly between ranks.
+* big gangs: 64 GPUs or more (`BIG_GANG_GPUS`); size classes 1, 2-8, 16-32, 64-128, 256+ GPUs.
+* bounded slowdown: max(1, JCT / max(run, 10 s)), run = end - start.
+* utilisation: GPU-seconds allocated between the first and the last submission over the GPUs of
+  the cluster in that time (the window in which load is offered; draining the backlog afterwards
+  does not count). `useful_utilisation` counts a gang split across racks at the spread factor.
+* single_rack_share: of the multi-node gangs that fit in one rack, the share placed in one (a
+  single-node job cannot be split, so counting it would only dilute the figure);
+  mean_racks_spanned: over every multi-node gang.
+* sched_p99_ms: the policy's own decision time per round, wall clock, 99th percentile.
+* per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
+  p99 wait; `jain_fairness` of the queues' used share over their weight (1: exactly fair).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from synapse.sim.replay import JobRecord, RunResult
+
+BIG_GANG_GPUS = 64
+SIZE_CLASSES = (("1", 1, 1), ("2-8", 2, 8), ("16-32", 9, 32), ("64-128", 33, 128), ("256+", 129, 1 << 30))
+SLOWDOWN_FLOOR_S = 10.0
+#: Two-sided 95 % Student t quantiles by degrees of freedom (beyond the table: 1.96).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1), linear between ranks; nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def size_class(gpus: int) -> str:
+    return next(name for name, lo, hi in SIZE_CLASSES if lo <= gpus <= hi)
+
+
+def allocated_gpu_seconds(records: Sequence[JobRecord], start: float, end: float, spread_factor: float = 1.0,
+                          ) -> tuple[float, float]:
+    """(allocated, useful) GPU-seconds inside [start, end)."""
+    allocated = useful = 0.0
+    for r in records:
+        if math.isnan(r.start):
+            continue
+        stop = r.end if not math.isnan(r.end) else end
+        overlap = max(0.0, min(stop, end) - max(r.start, start)) * r.gpus
+        allocated += overlap
+        useful += overlap * (spread_factor if r.racks > 1 else 1.0)
+    return allocated, useful
+
+
+def utilisation_series(run: RunResult, step: float = 3600.0) -> list[tuple[float, float]]:
+    """(bin start, allocated share of the GPUs) per `step` seconds, until the last job ends."""
+    ends = [r.end for r in run.records if not math.isnan(r.end)]
+    last = max(ends, default=run.horizon)
+    bins = [0.0] * (int(last // step) + 1)
+    for r in run.records:
+        if math.isnan(r.start) or math.isnan(r.end):
+            continue
+        t = r.start
+        while t < r.end:
+            b = int(t // step)
+            upto = min(r.end, (b + 1) * step)
+            bins[b] += (upto - t) * r.gpus
+            t = upto
+    return [(i * step, v / (step * run.shape.gpus)) for i, v in enumerate(bins)]
+
+
+def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
+    """The metrics of one replay, over the jobs submitted after `warmup` seconds."""
+    records = [r for r in run.records if r.submit >= warmup]
+    started = [r for r in records if not math.isnan(r.start)]
+    ended = [r for r in records if not math.isnan(r.end)]
+    waits = [r.start - r.submit for r in started]
+    jcts = [r.end - r.submit for r in ended]
+    big = [r.start - r.submit for r in started if r.gpus >= BIG_GANG_GPUS]
+    rack_gpus = run.shape.rack_gpus
+    gangs = [r for r in started if r.tasks > 1]
+    rack_sized = [r for r in gangs if r.gpus <= rack_gpus]
+    window_start = warmup if warmup else (run.records[0].submit if run.records else 0.0)
+    window = max(run.horizon - window_start, 1e-9)
+    allocated, useful = allocated_gpu_seconds(run.records, window_start, run.horizon, run.spread_factor)
+    out = {
+        "jobs": len(records),
+        "finished": len(ended),
+        "failed": sum(1 for r in ended if r.status != "SUCCEEDED"),
+        "mean_jct_s": _mean(jcts),
+        "p50_jct_s": quantile(jcts, 0.5),
+        "p99_jct_s": quantile(jcts, 0.99),
+        "mean_wait_s": _mean(waits),
+        "p50_wait_s": quantile(waits, 0.5),
+        "p99_wait_s": quantile(waits, 0.99),
+        "big_gang_jobs": len(big),
+        "big_gang_p99_wait_s": quantile(big, 0.99),
+        "big_gang_max_wait_s": max(big, default=math.nan),
+        "mean_bounded_slowdown": _mean([max(1.0, (r.end - r.submit) / max(r.end - r.start, SLOWDOWN_FLOOR_S))
+                                        for r in ended]),
+        "utilisation": allocated / (window * run.shape.gpus),
+        "useful_utilisation": useful / (window * run.shape.gpus),
+        "single_rack_share": (sum(1 for r in rack_sized if r.racks == 1) / len(rack_sized)) if rack_sized else math.nan,
+        "mean_racks_spanned": _mean([r.racks for r in gangs]),
+        "sched_p99_ms": quantile(run.round_seconds, 0.99) * 1000,
+        "sched_mean_ms": _mean(run.round_seconds) * 1000,
+        "rounds": len(run.round_seconds),
+        "wall_s": run.wall_seconds,
+        "by_size": _by_size(started),
+    }
+    if run.queues or len({r.queue for r in records}) > 1:
+        out["queues"], out["jain_fairness"] = _by_queue(run, records)
+    return out
+
+
+def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:
+    out = {}
+    for name, lo, hi in SIZE_CLASSES:
+        waits = [r.start - r.submit for r in started if lo <= r.gpus <= hi]
+        if waits:
+            out[name] = {"jobs": len(waits), "mean_wait_s": _mean(waits), "p50_wait_s": quantile(waits, 0.5),
+                         "p99_wait_s": quantile(waits, 0.99), "max_wait_s": max(waits)}
+    return out
+
+
+def _by_queue(run: RunResult, records: Sequence[JobRecord]) -> tuple[dict[str, dict], float]:
+    weights = {q.name: q.weight for q in run.queues}
+    used: dict[str, float] = {}
+    out: dict[str, dict] = {}
+    for name in sorted({r.queue for r in records}):
+        mine = [r for r in records if r.queue == name]
+        used[name] = allocated_gpu_seconds(mine, 0.0, math.inf)[0]
+        waits = [r.start - r.submit for r in mine if not math.isnan(r.start)]
+        out[name] = {"jobs": len(mine), "gpu_hours": used[name] / 3600, "mean_wait_s": _mean(waits),
+                     "p99_wait_s": quantile(waits, 0.99), "weight": weights.get(name, 1.0)}
+    total = sum(used.values()) or 1.0
+    for name, q in out.items():
+        q["share"] = used[name] / total
+    normalised = [q["share"] / q["weight"] for q in out.values()]
+    jain = sum(normalised) ** 2 / (len(normalised) * sum(x * x for x in normalised)) if any(normalised) else math.nan
+    return out, jain
+
+
+def confidence(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95 % confidence interval) over seeds; the half-width is nan for one value."""
+    clean = [v for v in values if not math.isnan(v)]
+    if not clean:
+        return math.nan, math.nan
+    if len(clean) == 1:
+        return clean[0], math.nan
+    df = len(clean) - 1
+    t = _T95.get(df) or next((v for k, v in sorted(_T95.items()) if k >= df), 1.96)
+    return statistics.fmean(clean), t * statistics.stdev(clean) / math.sqrt(len(clean))
+
+
+def ratio_claim(a: Sequence[float], b: Sequence[float]) -> str:
+    """'a/b = r' when the two 95 % intervals do not overlap, else why no ratio is claimed."""
+    (ma, ha), (mb, hb) = confidence(a), confidence(b)
+    if math.isnan(ha) or math.isnan(hb):
+        return "one seed: no interval, no claim"
+    if ma + ha < mb - hb or mb + hb < ma - ha:
+        return f"{ma / mb:.2f}x" if mb else "inf"
+    return "intervals overlap: no claim"

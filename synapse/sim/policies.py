@@ -1,0 +1,162 @@
+"""The queue policies a trace is replayed through, all over the same placement code.
+
+`synapse` is the real queue policy (synapse.core.scheduler.schedule_round), unchanged. The
+baselines are what people run instead, written here as other queue policies with the same
+signature, so every policy goes through the same state machine and `placement.place`:
+
+* `fifo` — strict first come, first served: the head job blocks everything behind it (YARN-CS).
+* `greedy` — anything that fits starts, no reservation: the best packing, and big gangs starve.
+* `easy` — EASY backfilling, Slurm's default behaviour roughly: the head job gets one reservation
+  on the nodes that free up first by the running jobs' time limits; a job behind it may start
+  on those nodes only if its own time limit ends before the reservation starts.
+* `synapse-flat` — the ablation: the real policy on a cluster whose topology it cannot see (every
+  node registered in one rack, in an order that says nothing about the real racks).
+* `synapse-strict` — the other ablation: every gang that fits in a rack requires one rack
+  (`topology: {pack: rack, mode: required}`) and waits for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from synapse.core.fsm import ClusterState
+from synapse.core.model import Job, JobSpec
+from synapse.core.placement import ClusterView, place
+from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, schedule_round
+from synapse.core.sim import QueuePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    round: QueuePolicy
+    summary: str
+    topology_visible: bool = True  #: False: nodes are registered without their racks
+    strict_racks: bool = False  #: gangs that fit in a rack require one
+
+
+def _shape(spec: JobSpec) -> tuple:
+    r = spec.resources
+    return (spec.tasks, r.cpu, r.memory, r.gpu, spec.topology.pack, spec.topology.mode)
+
+
+def _start(result: RoundResult, view: ClusterView, job: Job, blocked: frozenset[str] = frozenset()) -> bool:
+    """Place `job` avoiding `blocked`; on success count its plan as used for the rest of the round."""
+    view.set_blocked(blocked)
+    placed = place(view, job.id, job.attempt, job.spec)
+    if placed.plan is None:
+        return False
+    result.plans.append(placed.plan)
+    view.claim(placed.plan, job.spec.resources)
+    return True
+
+
+def fifo(state: ClusterState, now: float, previous: Reservation | None = None,
+         memo: RoundMemo | None = None) -> RoundResult:
+    """Start jobs in queue order until the first that does not fit."""
+    view = ClusterView(state.nodes, state.index, state.levels)
+    result = RoundResult()
+    for job in state.pending_jobs():
+        if not _start(result, view, job):
+            break
+    return result
+
+
+def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
+           memo: RoundMemo | None = None) -> RoundResult:
+    """Start every job that fits, in queue order, holding nothing back for anyone."""
+    view = ClusterView(state.nodes, state.index, state.levels)
+    result = RoundResult()
+    failed: set[tuple] = set()  # a shape that failed fails again this round: claims only grow
+    for job in state.pending_jobs():
+        shape = _shape(job.spec)
+        if shape in failed:
+            continue
+        if not _start(result, view, job):
+            failed.add(shape)
+            if view.free_total(()).gpu == 0:
+                break
+    return result
+
+
+def easy(state: ClusterState, now: float, previous: Reservation | None = None,
+         memo: RoundMemo | None = None) -> RoundResult:
+    """EASY backfilling: one reservation for the head blocked job, backfill what ends before it."""
+    view = ClusterView(state.nodes, state.index, state.levels)
+    result = RoundResult()
+    reserved: frozenset[str] | None = None
+    shadow = math.inf  #: when the reserved nodes are expected to hold the head job
+    failed: set[tuple] = set()
+    for job in state.pending_jobs():
+        if reserved is None:
+            if not _start(result, view, job):
+                shadow, reserved = _easy_reservation(state, view, job, now, result)
+            continue
+        ends_first = bool(job.spec.time_limit) and now + job.spec.time_limit <= shadow
+        shape = (*_shape(job.spec), ends_first)
+        if shape in failed:
+            continue
+        if not _start(result, view, job, frozenset() if ends_first else reserved):
+            failed.add(shape)
+    return result
+
+
+def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: float,
+                      result: RoundResult) -> tuple[float, frozenset[str]]:
+    """When the head job can start if jobs run to their time limits, and the nodes it will use.
+
+    Counted in GPUs per node, as a topology-unaware backfill scheduler does: replay the running
+    jobs' ends (start + time limit; none: never) onto each node's free GPUs until enough nodes hold
+    a task each."""
+    per_task = job.spec.resources.gpu or 1
+    free = {n: view.free(n).gpu for n in state.nodes if state.index.contains(n)}
+    ends: list[tuple[float, str, int]] = []
+    for node_id in free:
+        for task, _ in state.tasks_on_node(node_id):
+            limit = state.jobs[task.job_id].spec.time_limit
+            ends.append(((task.started_at or now) + limit if limit else math.inf, node_id, task.resources.gpu))
+    for plan in result.plans:  # started this round: not in the state yet
+        planned = state.jobs[plan.job_id].spec
+        at = now + planned.time_limit if planned.time_limit else math.inf
+        ends += [(at, p.node_id, planned.resources.gpu) for p in plan.placements]
+    ends.sort()
+    fit = sum(g // per_task for g in free.values())
+    shadow = now
+    for at, node_id, gpus in ends:
+        if fit >= job.spec.tasks:
+            break
+        fit += (free[node_id] + gpus) // per_task - free[node_id] // per_task
+        free[node_id] += gpus
+        shadow = at
+    held, room = [], 0
+    for node_id in sorted(free, key=lambda n: (-free[n], n)):
+        if room >= job.spec.tasks:
+            break
+        held.append(node_id)
+        room += free[node_id] // per_task
+    return shadow, frozenset(held)
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("fifo", fifo, "strict first come, first served: the head job blocks the queue"),
+    Policy("greedy", greedy, "anything that fits starts, no reservation"),
+    Policy("easy", easy, "EASY backfill: one reservation for the head job, backfill what ends before it"),
+    Policy("synapse", schedule_round, "Synapse's queue policy: rack-aware reservation, backfill by time limit"),
+    Policy("synapse-flat", schedule_round, "ablation: Synapse's policy, blind to racks", topology_visible=False),
+    Policy("synapse-strict", schedule_round, "ablation: Synapse's policy, gangs that fit in a rack require one",
+           strict_racks=True),
+)}
+DEFAULT_POLICIES = ("fifo", "greedy", "easy", "synapse", "synapse-flat")
+
+
+def parse_policies(text: str | Iterable[str]) -> list[Policy]:
+    """Policies from `fifo,easy,...`; ValueError naming an unknown one."""
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    if not names:
+        raise ValueError("no policy given")
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
+    return [POLICIES[n] for n in dict.fromkeys(names)]
