@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -107,6 +108,31 @@ def _queue_mix(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+@main.command("import-sacct", context_settings=CONTEXT_SETTINGS)
+@click.argument("export", metavar="SACCT_EXPORT")
+@_shape_options
+@click.option("-o", "--output", default="-", show_default=True, help="Where to write the trace CSV.")
+def import_sacct(export, nodes, gpus_per_node, racks, output):
+    """Turn a Slurm accounting export (sacct --parsable2) into a trace.
+
+    Export with: sacct --allusers --parsable2 --starttime ... --endtime ...
+    --format JobID,Submit,Start,End,State,AllocTRES,ReqTRES,NNodes,Timelimit,User
+
+    Give the cluster's shape (--nodes, --gpus-per-node, --racks) to record it in the trace; a job
+    the shape cannot hold is an error here rather than at replay."""
+    from synapse.sim.sacct import read as read_sacct
+
+    try:
+        trace, skipped = read_sacct(export)
+        if nodes or gpus_per_node or racks:
+            trace.shape = _shape(nodes, gpus_per_node, racks)
+            trace.check(trace.shape)
+    except TraceError as exc:
+        fail(PROG, str(exc))
+    click.echo(f"{len(trace.jobs)} jobs; skipped " + ", ".join(f"{v} {k}" for k, v in skipped.items()), err=True)
+    _write(tracefile.dumps(trace), output)
+
+
 def load_trace(path: str, nodes, gpus_per_node, racks) -> tuple[Trace, ClusterShape]:
     trace = tracefile.read(path)
     if not trace.jobs:
@@ -160,19 +186,38 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
         fail(PROG, str(exc))
     runs = [replay(trace, shape, p, spread_factor=spread_factor, queues=queues) for p in chosen]
     summaries = {r.policy: summarize(r, warmup=warmup_hours * 3600) for r in runs}
+    text = table(summaries, f"{len(trace.jobs)} jobs, {shape.describe()}, spread factor {spread_factor:g}")
     if report_dir:
-        from synapse.sim.report import write_report
-
-        try:
-            page = write_report(report_dir, runs, summaries, title=f"{Path(trace_path).name} on {shape.describe()}")
-        except OSError as exc:
-            fail(PROG, f"cannot write the report: {exc}", 1)
-        click.echo(f"report: {page}", err=True)
+        _report(report_dir, runs, summaries, f"{Path(trace_path).name} on {shape.describe()}", text)
     if as_json:
         click.echo(json.dumps({"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
                                "policies": _json_safe(summaries)}, indent=2))
     else:
-        click.echo(table(summaries, f"{len(trace.jobs)} jobs, {shape.describe()}, spread factor {spread_factor:g}"))
+        click.echo(text + queue_table(summaries))
+
+
+def _report(directory, runs, summaries, title, text, sweep=None) -> None:
+    from synapse.sim.report import ReportError, write_report
+
+    try:
+        page = write_report(directory, runs, summaries, title=title, sweep=sweep, table_text=text)
+    except OSError as exc:
+        fail(PROG, f"cannot write the report: {exc}", 1)
+    except ReportError as exc:
+        fail(PROG, str(exc), 1)
+    click.echo(f"report: {page}", err=True)
+
+
+def queue_table(summaries: dict[str, dict]) -> str:
+    """Per policy and queue: share of the GPU-hours against weight, waits; and Jain's index."""
+    lines = []
+    for name, s in summaries.items():
+        if "queues" not in s:
+            continue
+        parts = [f"{q}: {v['share']:.0%} of GPU-h (weight {v['weight']:g}), mean wait {v['mean_wait_s'] / 3600:.2f} h"
+                 for q, v in s["queues"].items()]
+        lines.append(f"{name}: jain {s['jain_fairness']:.3f}; " + "; ".join(parts))
+    return ("queues (fair share)\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def _json_safe(value):
@@ -204,3 +249,75 @@ def table(summaries: dict[str, dict], caption: str) -> str:
                                                                                                   strict=True)))
              for r in rows]
     return "\n".join([caption, *lines]) + "\n"
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise TraceError(f"{what}: {text!r} is not a comma-separated list of numbers") from None
+    if not values:
+        raise TraceError(f"{what}: empty")
+    return values
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--loads", default="0.7,0.9,1.1", show_default=True, help="Offered loads, comma-separated.")
+@click.option("--seeds", default="1,2,3", show_default=True, help="Seeds: one trace per load and seed.")
+@click.option("--mix", type=click.Choice(sorted(MIXES)), default="gang-heavy", show_default=True)
+@click.option("--days", type=float, default=7.0, show_default=True)
+@click.option("--failures", type=float, default=0.0, show_default=True)
+@click.option("--policies", default="fifo,greedy,easy,synapse", show_default=True,
+              help=f"Comma-separated, of: {', '.join(POLICIES)}.")
+@click.option("--spread-factor", type=click.FloatRange(0.05, 1.0), default=SPREAD_FACTOR, show_default=True)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Replays run in this many processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print every sample, the intervals and the claims.")
+@click.option("--report", "report_dir", help="Write an HTML report with the sweep curves into this directory.")
+@_shape_options
+def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, as_json, report_dir, nodes,
+          gpus_per_node, racks):
+    """Replay generated traces at several loads and seeds; means with 95 % confidence intervals.
+
+    A ratio of synapse to another policy is claimed only where the two intervals do not overlap."""
+    from synapse.sim.sweep import sweep as run_sweep
+
+    try:
+        chosen = [p.name for p in parse_policies(policies)]
+        load_list = _floats(loads, "--loads")
+        seed_list = [int(s) for s in _floats(seeds, "--seeds")]
+        base = Recipe(shape=_shape(nodes, gpus_per_node, racks), mix=mix, days=days, failures=failures)
+        for load in load_list:
+            problem = dataclasses.replace(base, load=load).problem()
+            if problem:
+                raise TraceError(problem)
+    except (TraceError, ValueError) as exc:
+        fail(PROG, str(exc))
+    keep = min(load_list, key=lambda x: abs(x - 0.9))
+    result, kept = run_sweep(base, load_list, seed_list, chosen, spread_factor=spread_factor, workers=workers,
+                             keep=keep)
+    text = sweep_table(result)
+    if report_dir:
+        summaries = {r.policy: summarize(r) for r in kept}
+        _report(report_dir, kept, summaries, f"{mix}, {days:g} days, {base.shape.describe()}: load sweep over "
+                f"seeds {seeds}; per-run plots at load {keep:g}, seed {seed_list[0]}", text, sweep=result)
+    click.echo(json.dumps(_json_safe(result), indent=2) if as_json else text)
+
+
+def sweep_table(result: dict) -> str:
+    metrics = (("mean JCT h", "mean_jct_s", 3600), ("big p99 wait h", "big_gang_p99_wait_s", 3600),
+               ("util", "utilisation", 1), ("1-rack", "single_rack_share", 1))
+    n = len(result["seeds"])
+    lines = [f"mean ± 95% CI half-width over {n} seed(s)"]
+    for li, load in enumerate(result["loads"]):
+        lines.append(f"load {load:g}")
+        for policy, curves in result["policies"].items():
+            cells = []
+            for label, key, scale in metrics:
+                mean, half = curves[key][li]
+                cells.append(f"{label} {mean / scale:.2f}" + ("" if math.isnan(half) else f"±{half / scale:.2f}"))
+            lines.append(f"  {policy:<15}" + "  ".join(cells))
+        for other, by_metric in result["claims_synapse_over"].items():
+            lines.append(f"  synapse/{other}: mean JCT {by_metric['mean_jct_s'][li]}; "
+                         f"big p99 wait {by_metric['big_gang_p99_wait_s'][li]}")
+    return "\n".join(lines) + "\n"
