@@ -111,7 +111,9 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "submitted_at": info.submitted_at, "started_at": info.started_at or None,
         "finished_at": info.finished_at or None,
         "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
-                   "exit_code": t.exit_code if t.has_exit_code else None} for t in info.tasks],
+                   "exit_code": t.exit_code if t.has_exit_code else None, "reason": t.reason or None,
+                   "reason_message": t.reason_message or None} for t in info.tasks],
+        "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
         "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
     }
@@ -120,10 +122,16 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
 def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
     capacity, used = codec.resources_from_proto(n.capacity), codec.resources_from_proto(n.used)
     return {"id": n.id, "address": n.address, "topology": "/".join(n.topology), "status": n.status,
-            "schedulable": n.schedulable, "gpus": capacity.gpu, "gpus_used": used.gpu,
+            "schedulable": n.schedulable, "cordon_reason": n.cordon_reason or None, "health": n.health or None,
+            "labels": dict(sorted(n.labels.items())), "isolation": n.isolation or None,
+            "gpus": capacity.gpu, "gpus_used": used.gpu,
             "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
             "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
             "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
+
+
+def _labels(n: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in n["labels"].items() if k == "gpu_model") or "-"
 
 
 def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
@@ -271,10 +279,11 @@ def get_nodes(obj: Context, output: str) -> None:
     """List nodes with their capacity and use."""
     nodes = [node_dict(n) for n in run(obj.client.list_nodes)]
     emit(nodes, output, lambda rows: render_table(
-        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "CPU", "MEMORY", "TASKS", "ADDRESS"],
+        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"],
         [[n["id"], n["status"], "yes" if n["schedulable"] else "no", n["topology"],
-          f"{n['gpus_used']}/{n['gpus']}", f"{n['cpu_used']}/{n['cpu']}", f"{n['memory_used']}/{n['memory']}",
-          n["live_tasks"], n["address"]] for n in rows]))
+          f"{n['gpus_used']}/{n['gpus']}", _labels(n), f"{n['cpu_used']}/{n['cpu']}",
+          f"{n['memory_used']}/{n['memory']}", n["live_tasks"], n["address"],
+          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")] for n in rows]))
 
 
 @main.group()
@@ -308,11 +317,41 @@ def _describe_table(j: dict[str, Any]) -> str:
         lines += [f"  - {s}" for s in j["shortfalls"]]
     if j["reservation"]:
         lines.append(f"Reserved:   {j['reservation']}")
+    if j["failure"]:
+        lines.append(f"Failed:     {j['failure']}")
     if j["tasks"]:
-        lines += ["Tasks:", "  " + render_table(["INDEX", "RANK", "NODE", "GPUS", "STATE", "EXIT"], [
+        lines += ["Tasks:", "  " + render_table(["INDEX", "RANK", "NODE", "GPUS", "STATE", "EXIT", "REASON"], [
             [t["index"], t["rank"], t["node"], ",".join(map(str, t["gpus"])) or "-", t["state"],
-             "-" if t["exit_code"] is None else t["exit_code"]] for t in j["tasks"]]).replace("\n", "\n  ")]
+             "-" if t["exit_code"] is None else t["exit_code"],
+             (t["reason"] or "-") + (f" ({t['reason_message']})" if t["reason_message"] else "")]
+            for t in j["tasks"]]).replace("\n", "\n  ")]
     lines += ["Events:"] + [f"  {when(e['at'])}  {e['kind']:<10} {e['message']}" for e in j["events"]]
+    return "\n".join(lines)
+
+
+@describe.command("node")
+@click.argument("node_id")
+@OUTPUT
+@click.pass_obj
+def describe_node(obj: Context, node_id: str, output: str) -> None:
+    """A node's status, why it is cordoned, its health, labels, how it confines tasks, and its use."""
+    found = [node_dict(n) for n in run(obj.client.list_nodes) if n.id == node_id]
+    if not found:
+        fail(f"not found: unknown node {node_id}")
+    emit(found[0], output, _describe_node_table)
+
+
+def _describe_node_table(n: dict[str, Any]) -> str:
+    lines = [f"Node:         {n['id']}   Address: {n['address']}", f"Status:       {n['status']}",
+             f"Schedulable:  {'yes' if n['schedulable'] else 'no: ' + (n['cordon_reason'] or 'cordoned')}",
+             f"Health:       {'failing: ' + n['health'] if n['health'] else 'passing (or no health check)'}",
+             f"Topology:     {n['topology']}",
+             f"Labels:       {', '.join(f'{k}={v}' for k, v in n['labels'].items()) or '-'}",
+             f"Isolation:    {n['isolation'] or 'unknown (the worker did not say)'}",
+             f"GPUs:         {n['gpus_used']}/{n['gpus']} in use"
+             + (f" (indices {','.join(map(str, n['gpus_in_use']))})" if n["gpus_in_use"] else ""),
+             f"CPU:          {n['cpu_used']}/{n['cpu']}", f"Memory:       {n['memory_used']}/{n['memory']}",
+             f"Tasks:        {n['live_tasks']}"]
     return "\n".join(lines)
 
 
@@ -366,17 +405,18 @@ def cancel(obj: Context, job_id: str, reason: str) -> None:
     click.echo(f"{job_id}: {run(lambda: obj.client.cancel(job_id, reason))}")
 
 
-def _schedulable(obj: Context, node_id: str, schedulable: bool) -> None:
-    run(lambda: obj.client.call("SetSchedulable", api_pb2.SetSchedulableRequest(node_id=node_id,
-                                                                               schedulable=schedulable)))
+def _schedulable(obj: Context, node_id: str, schedulable: bool, reason: str = "") -> None:
+    run(lambda: obj.client.call("SetSchedulable", api_pb2.SetSchedulableRequest(
+        node_id=node_id, schedulable=schedulable, reason=reason)))
 
 
 @main.command()
 @click.argument("node_id")
+@click.option("--reason", default="", help="why, shown with the node (get nodes, describe node)")
 @click.pass_obj
-def cordon(obj: Context, node_id: str) -> None:
-    """Stop placing new tasks on a node (running ones stay)."""
-    _schedulable(obj, node_id, False)
+def cordon(obj: Context, node_id: str, reason: str) -> None:
+    """Stop placing new tasks on a node (running ones stay). A health check never lifts it."""
+    _schedulable(obj, node_id, False, reason)
     click.echo(f"{node_id}: cordoned")
 
 

@@ -47,7 +47,7 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         command=list(spec.command), env=dict(spec.env),
         topology=types_pb2.TopologySpec(pack=spec.topology.pack, mode=spec.topology.mode.value),
         priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
-        image=spec.image, queue=spec.queue, grace_s=spec.grace)
+        image=spec.image, queue=spec.queue, grace_s=spec.grace, gpu_model=spec.gpu_model)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -59,7 +59,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
         command=tuple(p.command), env=tuple(sorted(p.env.items())),
         topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
-        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s)
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s,
+        gpu_model=p.gpu_model)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -92,14 +93,17 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
         case c.RegisterNode():
             env.register_node.CopyFrom(commands_pb2.RegisterNode(
                 node_id=cmd.node_id, address=cmd.address, topology=list(cmd.topology),
-                capacity=resources_to_proto(cmd.capacity)))
+                capacity=resources_to_proto(cmd.capacity), labels=dict(cmd.labels), isolation=cmd.isolation))
         case c.NodeDown():
             env.node_down.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
         case c.NodeUp():
             env.node_up.CopyFrom(commands_pb2.NodeUp(node_id=cmd.node_id))
         case c.SetSchedulable():
             env.set_schedulable.CopyFrom(commands_pb2.SetSchedulable(
-                node_id=cmd.node_id, schedulable=cmd.schedulable))
+                node_id=cmd.node_id, schedulable=cmd.schedulable, reason=cmd.reason))
+        case c.SetNodeHealth():
+            env.set_node_health.CopyFrom(commands_pb2.SetNodeHealth(
+                node_id=cmd.node_id, healthy=cmd.healthy, message=cmd.message, drain=cmd.drain))
         case c.SubmitJob():
             env.submit_job.CopyFrom(commands_pb2.SubmitJob(
                 job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
@@ -113,12 +117,12 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
         case c.TaskExited():
             env.task_exited.CopyFrom(commands_pb2.TaskExited(
                 job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id,
-                exit_code=cmd.exit_code, reason=cmd.reason))
+                exit_code=cmd.exit_code, reason=cmd.reason, cause=cmd.cause))
         case c.CancelJob():
             env.cancel_job.CopyFrom(commands_pb2.CancelJob(job_id=cmd.job_id, reason=cmd.reason))
         case c.FailAttempt():
             env.fail_attempt.CopyFrom(commands_pb2.FailAttempt(
-                job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final))
+                job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final, cause=cmd.cause))
         case c.Barrier():
             env.barrier.CopyFrom(commands_pb2.Barrier(reason=cmd.reason))
         case c.ForgetJobs():
@@ -162,14 +166,18 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
         case "register_node":
             b = env.register_node
             return c.RegisterNode(node_id=b.node_id, address=b.address, topology=tuple(b.topology),
-                                  capacity=resources_from_proto(b.capacity), **base)
+                                  capacity=resources_from_proto(b.capacity), labels=tuple(sorted(b.labels.items())),
+                                  isolation=b.isolation, **base)
         case "node_down":
             return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
         case "node_up":
             return c.NodeUp(node_id=env.node_up.node_id, **base)
         case "set_schedulable":
             b = env.set_schedulable
-            return c.SetSchedulable(node_id=b.node_id, schedulable=b.schedulable, **base)
+            return c.SetSchedulable(node_id=b.node_id, schedulable=b.schedulable, reason=b.reason, **base)
+        case "set_node_health":
+            b = env.set_node_health
+            return c.SetNodeHealth(node_id=b.node_id, healthy=b.healthy, message=b.message, drain=b.drain, **base)
         case "submit_job":
             b = env.submit_job
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id,
@@ -185,13 +193,13 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
         case "task_exited":
             b = env.task_exited
             return c.TaskExited(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id,
-                                exit_code=b.exit_code, reason=b.reason, **base)
+                                exit_code=b.exit_code, reason=b.reason, cause=b.cause, **base)
         case "cancel_job":
             return c.CancelJob(job_id=env.cancel_job.job_id, reason=env.cancel_job.reason, **base)
         case "fail_attempt":
             b = env.fail_attempt
             return c.FailAttempt(job_id=b.job_id, attempt=b.attempt, reason=b.reason,
-                                 final=b.final, **base)
+                                 final=b.final, cause=b.cause, **base)
         case "barrier":
             return c.Barrier(reason=env.barrier.reason, **base)
         case "forget_jobs":
@@ -283,11 +291,12 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         finished_at=job.finished_at, waiting=waiting, shortfalls=list(shortfalls), reservation=reservation,
         tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),
                                 state=t.state.value, exit_code=t.exit_code or 0,
-                                has_exit_code=t.exit_code is not None, attempt=t.attempt) for t in job.tasks],
+                                has_exit_code=t.exit_code is not None, attempt=t.attempt, reason=t.reason,
+                                reason_message=t.reason_message) for t in job.tasks],
         events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
         attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
                   for a, nodes in sorted(job.placements.items())],
-        user=job.user, cancelled_by=job.cancelled_by)
+        user=job.user, cancelled_by=job.cancelled_by, failure=job.failure)
 
 
 def user_to_info(user: User) -> api_pb2.UserInfo:
@@ -300,7 +309,8 @@ def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:
         id=node.id, address=node.address, topology=list(node.topology),
         capacity=resources_to_proto(node.capacity), used=resources_to_proto(node.used),
         gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,
-        live_tasks=live_tasks)
+        live_tasks=live_tasks, labels=dict(node.labels), isolation=node.isolation, cordon_reason=node.cordon_reason,
+        health=node.health)
 
 
 def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
@@ -308,7 +318,7 @@ def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
         job_id=a.job_id, attempt=a.attempt, index=a.index, rank=a.rank, world_size=a.world_size,
         local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
         master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
-        env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace)
+        env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace, resources=resources_to_proto(a.resources))
 
 
 def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
@@ -316,4 +326,5 @@ def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
         job_id=p.job_id, attempt=p.attempt, index=p.index, rank=p.rank, world_size=p.world_size,
         local_rank=p.local_rank, local_world_size=p.local_world_size, node_rank=p.node_rank,
         master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
-        env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop, grace=p.grace_s)
+        env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop, grace=p.grace_s,
+        resources=resources_from_proto(p.resources))

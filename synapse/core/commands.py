@@ -25,6 +25,8 @@ class RegisterNode(Command):
     address: str
     topology: tuple[str, ...]
     capacity: Resources
+    labels: tuple[tuple[str, str], ...] = ()  #: sorted (name, value) pairs the worker discovered
+    isolation: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,8 +42,21 @@ class NodeUp(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetSchedulable(Command):
+    """An admin's cordon or uncordon."""
+
     node_id: str
     schedulable: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetNodeHealth(Command):
+    """A node's health check turned: cordon (or drain) it, or lift the cordon its health check set."""
+
+    node_id: str
+    healthy: bool
+    message: str = ""
+    drain: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,7 +88,8 @@ class TaskExited(Command):
     index: int
     node_id: str
     exit_code: int
-    reason: str = ""
+    reason: str = ""  #: the worker's detail
+    cause: str = ""  #: the worker's EndReason: Completed, Error, Signal or OOMKilled ("" from older workers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +104,7 @@ class FailAttempt(Command):
     attempt: int
     reason: str
     final: bool = False
+    cause: str = ""  #: the EndReason of the tasks it stops (e.g. TimeLimit); "" = a failure
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,7 +31,9 @@ from synapse.core.model import (
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
+    WORKER_REASONS,
     ClusterEvent,
+    EndReason,
     Event,
     Hold,
     Job,
@@ -115,6 +117,7 @@ class ClusterState:
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
+            c.SetNodeHealth: self._set_node_health,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -173,10 +176,12 @@ class ClusterState:
         if any(not label or "/" in label for label in cmd.topology):
             return Result.rejected(f"node {cmd.node_id}: topology labels must be non-empty, without '/'")
         topology = (DEFAULT_LABEL,) * (len(self.levels) - len(cmd.topology)) + tuple(cmd.topology)
+        labels = tuple(sorted(cmd.labels))
         node = self.nodes.get(cmd.node_id)
         if node is None:
             node = Node(id=cmd.node_id, address=cmd.address, topology=topology,
-                        capacity=cmd.capacity, registered_at=cmd.at, status_changed_at=cmd.at)
+                        capacity=cmd.capacity, registered_at=cmd.at, status_changed_at=cmd.at,
+                        labels=labels, isolation=cmd.isolation)
             self.nodes[node.id] = node
             self.live_tasks[node.id] = set()
             self.index.update(node)
@@ -187,6 +192,7 @@ class ClusterState:
         if not node.used.fits_in(cmd.capacity) or any(g >= cmd.capacity.gpu for g in node.gpus_in_use):
             return Result.rejected(f"node {node.id}: new capacity is below what its live tasks use")
         node.address, node.topology, node.capacity = cmd.address, topology, cmd.capacity
+        node.labels, node.isolation = labels, cmd.isolation
         self._note_capacity(node.capacity)
         if node.status is NodeStatus.DOWN:
             node.status, node.status_changed_at = NodeStatus.READY, cmd.at
@@ -213,8 +219,10 @@ class ClusterState:
         self.emit(cmd.at, "Warning", "node", "NodeDown", node.id, reason)
         for job_id, _attempt, index in sorted(self.live_tasks[node.id]):
             job = self.jobs[job_id]
-            self._end_task(job.tasks[index], TaskState.LOST, None, cmd.at)
-            self._stop_attempt(job, f"failed: task {index} lost ({reason})", cmd.at)
+            task = job.tasks[index]
+            self._end_task(task, TaskState.LOST, None, cmd.at, EndReason.NODE_LOST, reason)
+            self._stop_attempt(job, f"failed: task {index} lost ({reason})", cmd.at,
+                               failure=f"task {index} (rank {task.rank}) on {node.id}: NodeLost: {reason}")
             self._maybe_end_attempt(job, cmd.at)
         self.index.update(node)
         return Result(True)
@@ -231,14 +239,50 @@ class ClusterState:
         return Result(True)
 
     def _set_schedulable(self, cmd: c.SetSchedulable) -> Result:
+        """An admin's cordon or uncordon. An admin's cordon replaces a health cordon, so the health
+        check passing again never lifts it."""
         node = self.nodes.get(cmd.node_id)
         if node is None:
             return Result.rejected(f"unknown node {cmd.node_id}")
-        if node.schedulable != cmd.schedulable:
+        reason = "" if cmd.schedulable else (cmd.reason or "cordoned") + (f" (by {cmd.by})" if cmd.by else "")
+        if node.schedulable != cmd.schedulable or node.health_cordon:
             self.emit(cmd.at, "Normal", "node", "NodeUncordoned" if cmd.schedulable else "NodeCordoned", node.id,
-                      ("uncordoned" if cmd.schedulable else "cordoned") + (f" by {cmd.by}" if cmd.by else ""))
-        node.schedulable = cmd.schedulable
+                      ("uncordoned" + (f" by {cmd.by}" if cmd.by else "")) if cmd.schedulable else reason)
+        node.schedulable, node.cordon_reason, node.health_cordon = cmd.schedulable, reason, False
         self.index.update(node)
+        return Result(True)
+
+    def _set_node_health(self, cmd: c.SetNodeHealth) -> Result:
+        """Cordon a failing node (and with `drain` stop its gangs); uncordon a passing one only if
+        its health check was what cordoned it."""
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return Result.rejected(f"unknown node {cmd.node_id}")
+        if cmd.healthy:
+            if not node.health and not node.health_cordon:
+                return Result(True, value="already healthy")
+            node.health = ""
+            self.emit(cmd.at, "Normal", "node", "NodeHealthy", node.id, "health check passes again")
+            if node.health_cordon:
+                node.schedulable, node.cordon_reason, node.health_cordon = True, "", False
+                self.emit(cmd.at, "Normal", "node", "NodeUncordoned", node.id, "uncordoned: health check passes")
+                self.index.update(node)
+            return Result(True)
+        message = cmd.message or "health check failed"
+        if node.health != message:
+            self.emit(cmd.at, "Warning", "node", "NodeUnhealthy", node.id, f"health check failed: {message}")
+        node.health = message
+        if node.schedulable or node.health_cordon:
+            node.schedulable, node.health_cordon = False, True
+            node.cordon_reason = f"health check failed: {message}"
+            self.emit(cmd.at, "Warning", "node", "NodeCordoned", node.id, node.cordon_reason)
+            self.index.update(node)
+        if cmd.drain:
+            for task, wanted in self.tasks_on_node(node.id):
+                job = self.jobs[task.job_id]
+                if wanted:
+                    self._stop_attempt(job, f"failed: node {node.id} unhealthy ({message})", cmd.at,
+                                       failure=f"node {node.id} of task {task.index} unhealthy: {message}")
         return Result(True)
 
     def _set_replica(self, cmd: c.SetReplica) -> Result:
@@ -357,6 +401,8 @@ class ClusterState:
                 return f"node {node.id} is {node.status.value}"
             if not node.schedulable:
                 return f"node {node.id} is cordoned"
+            if job.spec.gpu_model and node.label("gpu_model").lower() != job.spec.gpu_model.lower():
+                return f"node {node.id} has GPU model {node.label('gpu_model') or 'none'}, not {job.spec.gpu_model}"
             if len(p.gpus) != per_task.gpu or len(set(p.gpus)) != len(p.gpus):
                 return f"task {p.index} must get {per_task.gpu} distinct GPU index(es)"
             taken = gpus.setdefault(node.id, set())
@@ -404,13 +450,16 @@ class ClusterState:
             return Result(True, value=f"task already {task.state.value}")
         if not task.started_at:
             task.started_at = cmd.at
-        self._end_task(task, TaskState.EXITED, cmd.exit_code, cmd.at)
+        reason, message = end_reason(job, cmd)
+        self._end_task(task, TaskState.EXITED, cmd.exit_code, cmd.at, reason, message)
         self.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
-                  f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}"
-                  + (f" ({cmd.reason})" if cmd.reason else ""))
+                  f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}: "
+                  f"{reason}" + (f" ({message})" if message else ""))
         if cmd.exit_code != 0:
-            why = f"failed: task {task.index} exited with code {cmd.exit_code}"
-            self._stop_attempt(job, why + (f" ({cmd.reason})" if cmd.reason else ""), cmd.at)
+            why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
+            self._stop_attempt(job, f"failed: {why}", cmd.at,
+                               failure=f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}"
+                               + (f": {message}" if message else ""))
         self._maybe_end_attempt(job, cmd.at)
         return Result(True)
 
@@ -426,7 +475,7 @@ class ClusterState:
         if job.status is JobStatus.PENDING:
             self._finish(job, JobStatus.CANCELLED, reason, cmd.at)
             return Result(True)
-        self._stop_attempt(job, reason, cmd.at)
+        self._stop_attempt(job, reason, cmd.at, cause=EndReason.CANCELLED)
         self._maybe_end_attempt(job, cmd.at)
         return Result(True)
 
@@ -444,7 +493,8 @@ class ClusterState:
             return Result(True)
         if cmd.final:
             job.final_failure = True
-        self._stop_attempt(job, f"failed: {cmd.reason}", cmd.at)
+        self._stop_attempt(job, f"failed: {cmd.reason}", cmd.at, cause=cmd.cause,
+                           failure=(f"{cmd.cause}: " if cmd.cause else "") + cmd.reason)
         self._maybe_end_attempt(job, cmd.at)
         return Result(True)
 
@@ -524,7 +574,7 @@ class ClusterState:
             victim.stop_grace = v.grace
             victim.preempted_at = (*victim.preempted_at, cmd.at)[-PREEMPTION_BUDGET:]
             reason = f"preempted by job {cmd.job_id} (rule {cmd.rule})"
-            self._stop_attempt(victim, reason, cmd.at)
+            self._stop_attempt(victim, reason, cmd.at, cause=EndReason.PREEMPTED)
             self._event(victim, cmd.at, "Preempted",
                         f"by job {cmd.job_id} of queue {self.queue_of(job)} (user {job.user or '-'}), rule "
                         f"{cmd.rule}; grace {v.grace:g}s" + (f"; {cmd.explanation}" if cmd.explanation else ""))
@@ -604,8 +654,9 @@ class ClusterState:
             return job, task, f"task {index} of job {job_id} runs on {task.node_id}, not {node_id}"
         return job, task, ""
 
-    def _end_task(self, task: Task, state: TaskState, exit_code: int | None, at: float) -> None:
-        """The task is gone: give its resources back."""
+    def _end_task(self, task: Task, state: TaskState, exit_code: int | None, at: float, reason: str,
+                  message: str) -> None:
+        """The task is gone: give its resources back, and record why it ended."""
         job = self.jobs.get(task.job_id)
         if job is not None:
             self._use(job, Resources() - task.resources)
@@ -614,12 +665,17 @@ class ClusterState:
         node.gpus_in_use.difference_update(task.gpus)
         self.live_tasks[node.id].discard(task.key)
         task.state, task.exit_code, task.ended_at = state, exit_code, at
+        task.reason, task.reason_message = str(reason), message
         self.index.update(node)
 
-    def _stop_attempt(self, job: Job, reason: str, at: float) -> None:
-        """Ask every task of the attempt to stop; they keep their resources until gone."""
+    def _stop_attempt(self, job: Job, reason: str, at: float, cause: str = "", failure: str = "") -> None:
+        """Ask every task of the attempt to stop; they keep their resources until gone. `cause` is
+        the EndReason of the tasks stopped (Preempted, Cancelled, TimeLimit; "" when a failure stops
+        them); `failure`, the first failure of the attempt, which the job keeps."""
         if job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING):
-            job.status, job.stop_reason = JobStatus.STOPPING, reason
+            job.status, job.stop_reason, job.stop_cause = JobStatus.STOPPING, reason, str(cause)
+            if failure:
+                job.failure = failure
             self._event(job, at, "Stopping", f"attempt {job.attempt} {reason}")
 
     def _maybe_end_attempt(self, job: Job, at: float) -> None:
@@ -636,7 +692,7 @@ class ClusterState:
             job.preemptions += 1
             job.attempt += 1
             job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_grace = 0.0
+            job.stop_grace, job.stop_cause = 0.0, ""
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} after preemption {job.preemptions}")
         elif job.restarts_used() >= job.restarts_allowed():
@@ -645,6 +701,7 @@ class ClusterState:
         else:
             job.attempt += 1
             job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
+            job.stop_cause = ""
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
 
@@ -754,6 +811,26 @@ class ClusterState:
         return snapshot_digest(self.to_snapshot())
 
 
+def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
+    """Why a reported task ended, and the detail. An OOM kill is a fact and always wins; a task the
+    cluster stopped (preemption, cancellation, time limit) ends for that reason; otherwise the
+    worker's reading stands (derived from the exit code when an older worker sent none)."""
+    code = cmd.exit_code
+    if cmd.cause == EndReason.OOM_KILLED:
+        return EndReason.OOM_KILLED, cmd.reason
+    if job.status is JobStatus.STOPPING and job.stop_cause:
+        return job.stop_cause, job.stop_reason
+    if cmd.cause in WORKER_REASONS:
+        cause = cmd.cause
+    else:
+        cause = EndReason.COMPLETED if code == 0 else EndReason.SIGNAL if 128 < code <= 192 else EndReason.ERROR
+    if cause == EndReason.SIGNAL:
+        detail = f"signal {code - 128}" if 128 < code <= 192 else "killed"
+    else:
+        detail = f"exit code {code}"
+    return cause, detail + (f"; {cmd.reason}" if cmd.reason else "")
+
+
 def snapshot_digest(snapshot: dict[str, Any]) -> str:
     """The digest of a state's snapshot (hash it outside any lock: it is a pass over everything)."""
     blob = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
@@ -768,7 +845,9 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
     return {"id": n.id, "address": n.address, "topology": list(n.topology),
             "capacity": _res(n.capacity), "used": _res(n.used), "gpus_in_use": sorted(n.gpus_in_use),
             "status": n.status.value, "schedulable": n.schedulable,
-            "registered_at": n.registered_at, "status_changed_at": n.status_changed_at}
+            "registered_at": n.registered_at, "status_changed_at": n.status_changed_at,
+            "labels": [list(kv) for kv in n.labels], "isolation": n.isolation, "cordon_reason": n.cordon_reason,
+            "health_cordon": n.health_cordon, "health": n.health}
 
 
 def _node_from_dict(d: dict[str, Any]) -> Node:
@@ -776,7 +855,9 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
                 capacity=Resources(*d["capacity"]), used=Resources(*d["used"]),
                 gpus_in_use=set(d["gpus_in_use"]), status=NodeStatus(d["status"]),
                 schedulable=d["schedulable"], registered_at=d["registered_at"],
-                status_changed_at=d["status_changed_at"])
+                status_changed_at=d["status_changed_at"], labels=tuple((k, v) for k, v in d.get("labels", ())),
+                isolation=d.get("isolation", ""), cordon_reason=d.get("cordon_reason", ""),
+                health_cordon=d.get("health_cordon", False), health=d.get("health", ""))
 
 
 def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
@@ -784,7 +865,7 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "command": list(s.command), "env": [list(kv) for kv in s.env],
             "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
             "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue,
-            "grace": s.grace}
+            "grace": s.grace, "gpu_model": s.gpu_model}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -792,13 +873,14 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    command=tuple(d["command"]), env=tuple((k, v) for k, v in d["env"]),
                    topology=TopologySpec(d["pack"], PackMode(d["mode"])), priority=d["priority"],
                    max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"],
-                   queue=d.get("queue", ""), grace=d.get("grace", 0.0))
+                   queue=d.get("queue", ""), grace=d.get("grace", 0.0), gpu_model=d.get("gpu_model", ""))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
     return {"index": t.index, "node_id": t.node_id, "resources": _res(t.resources),
             "gpus": list(t.gpus), "rank": t.rank, "state": t.state.value, "exit_code": t.exit_code,
-            "started_at": t.started_at, "ended_at": t.ended_at}
+            "started_at": t.started_at, "ended_at": t.ended_at, "reason": t.reason,
+            "reason_message": t.reason_message}
 
 
 def _job_to_dict(j: Job) -> dict[str, Any]:
@@ -811,7 +893,7 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "events": [[e.at, e.kind, e.message] for e in j.events],
             "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
             "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
-            "stop_grace": j.stop_grace}
+            "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure}
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -823,11 +905,13 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               placements={a: tuple(nodes) for a, nodes in d["placements"]},
               user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
               preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
-              preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""))
+              preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
+              stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""))
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],
-                      started_at=t["started_at"], ended_at=t["ended_at"]) for t in d["tasks"]]
+                      started_at=t["started_at"], ended_at=t["ended_at"], reason=t.get("reason", ""),
+                      reason_message=t.get("reason_message", "")) for t in d["tasks"]]
     return job
 
 

@@ -26,10 +26,15 @@ MAX_ENV_CHARS = 8192
 MAX_RESTARTS = 1000
 MAX_PRIORITY = 1_000_000
 MAX_IMAGE_CHARS = 1024
+#: The least memory a task may ask for: a worker confines each task to what it asked, and below this
+#: even the task's shim and a small process are OOM-killed at once (Docker's floor is 6 MB).
+MIN_TASK_MEMORY = 8 << 20
+MAX_GPU_MODEL_CHARS = 63
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
-           "time_limit", "image", "queue", "grace"}
+           "time_limit", "image", "queue", "grace", "gpu_model"}
 
 
 class JobFileError(ValueError):
@@ -110,6 +115,9 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     queue = doc.get("queue", "") or ""
     if not isinstance(queue, str):
         raise JobFileError("queue", "must be a queue name")
+    gpu_model = doc.get("gpu_model", "") or ""
+    if not isinstance(gpu_model, str | int):
+        raise JobFileError("gpu_model", "must be a GPU model such as H100")
     spec = JobSpec(
         name=name, tasks=tasks, resources=Resources(cpu, memory, gpu),
         command=tuple(str(a) for a in command),
@@ -117,7 +125,7 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         topology=TopologySpec(str(topology.get("pack", "") or ""), mode),
         priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
-        time_limit=time_limit, image=image, queue=queue, grace=grace)
+        time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model))
     check_spec(spec, levels)
     return spec
 
@@ -136,6 +144,9 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
         raise JobFileError("resources.gpu", f"must be at most {MAX_GPUS_PER_TASK}")
     if r == Resources():
         raise JobFileError("resources", "a task must ask for some cpu, memory or gpu")
+    if 0 < r.memory < MIN_TASK_MEMORY:
+        raise JobFileError("resources.memory", f"{r.memory} bytes is below {MIN_TASK_MEMORY >> 20}Mi, the least a "
+                                               "worker can confine a task to")
     if not spec.command or len(spec.command) > MAX_COMMAND_ARGS:
         raise JobFileError("command", f"must have 1 to {MAX_COMMAND_ARGS} arguments")
     if any(len(a) > MAX_ARG_CHARS for a in spec.command):
@@ -160,6 +171,9 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
         raise JobFileError("image", f"is longer than {MAX_IMAGE_CHARS} characters")
     if not 0 <= spec.grace <= 86400 or spec.grace != spec.grace:
         raise JobFileError("grace", "must be between 0 and 1 day")
+    if spec.gpu_model and (len(spec.gpu_model) > MAX_GPU_MODEL_CHARS or not _MODEL_RE.match(spec.gpu_model)):
+        raise JobFileError("gpu_model", f"must be a GPU model such as H100 (letters, digits, '.', '_' or '-', up to "
+                                        f"{MAX_GPU_MODEL_CHARS}), not {spec.gpu_model!r}")
     if spec.queue and queue_name_problem(spec.queue):
         raise JobFileError("queue", queue_name_problem(spec.queue))
 

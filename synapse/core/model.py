@@ -75,6 +75,15 @@ class Node:
     schedulable: bool = True  #: False when cordoned or draining
     registered_at: float = 0.0
     status_changed_at: float = 0.0
+    #: what its worker discovered, e.g. (("gpu_model", "H100"),), sorted; set by RegisterNode
+    labels: tuple[tuple[str, str], ...] = ()
+    isolation: str = ""  #: how its worker confines tasks, as the worker said when it registered
+    cordon_reason: str = ""  #: why it is not schedulable; "" while schedulable
+    health_cordon: bool = False  #: cordoned by its failing health check (not by an admin)
+    health: str = ""  #: its health check's failure ("" while it passes, or the node has none)
+
+    def label(self, name: str) -> str:
+        return dict(self.labels).get(name, "")
 
     @property
     def free(self) -> Resources:
@@ -117,6 +126,7 @@ class JobSpec:
     image: str = ""
     queue: str = ""  #: the queue it is admitted through; "" is the default queue
     grace: float = 0.0  #: seconds from SIGTERM to SIGKILL when preempted (capped by the queue); 0: default
+    gpu_model: str = ""  #: only nodes whose `gpu_model` label matches (case-insensitive); "" = any
 
     @property
     def total(self) -> Resources:
@@ -140,6 +150,23 @@ class JobStatus(enum.StrEnum):
     def has_gang(self) -> bool:
         """True when an attempt's tasks exist and may hold resources."""
         return self in (JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.STOPPING)
+
+
+class EndReason(enum.StrEnum):
+    """Why a task ended (the worker's reading of its exit, or the cluster's reason to stop it)."""
+
+    COMPLETED = "Completed"  #: exited 0 on its own
+    ERROR = "Error"  #: exited non-zero
+    SIGNAL = "Signal"  #: killed by a signal not of the cluster's making (or it left no exit status)
+    OOM_KILLED = "OOMKilled"  #: the kernel's OOM killer acted inside the task's memory limit
+    TIME_LIMIT = "TimeLimit"  #: stopped because its job's time_limit passed
+    NODE_LOST = "NodeLost"  #: its node was declared DOWN
+    PREEMPTED = "Preempted"  #: stopped to make room for another gang
+    CANCELLED = "Cancelled"  #: stopped because its job was cancelled
+
+
+#: The reasons a worker may report; the others come from the cluster's own decisions.
+WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED})
 
 
 class TaskState(enum.StrEnum):
@@ -169,6 +196,8 @@ class Task:
     exit_code: int | None = None
     started_at: float = 0.0
     ended_at: float = 0.0
+    reason: str = ""  #: an EndReason once ended
+    reason_message: str = ""  #: the detail: exit code, signal, memory limit, who cancelled…
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -222,6 +251,10 @@ class Job:
     stop_grace: float = 0.0  #: seconds from SIGTERM to SIGKILL for the stopping attempt (0: the worker's)
     pending_reason: str = ""  #: why it waits, as the leader last recorded it (a PENDING_REASONS code)
     cancelled_by: str = ""  #: who asked to cancel it, if anyone did
+    #: the EndReason the stopping attempt gives the tasks it stops (Preempted, Cancelled, TimeLimit),
+    #: or "" when they are stopped because a task failed; apply only
+    stop_cause: str = ""
+    failure: str = ""  #: the task that failed first in the latest failed attempt, and why; apply only
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts
@@ -355,6 +388,7 @@ class Assignment:
     image: str = ""
     stop: bool = False  #: no longer wanted: stop it and report its exit
     grace: float = 0.0  #: with stop: seconds from SIGTERM to SIGKILL; 0 means the worker's default
+    resources: Resources = Resources()  #: the task's own; the worker confines it to them
 
     @property
     def key(self) -> tuple[str, int, int]:

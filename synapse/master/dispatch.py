@@ -51,6 +51,6 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
         master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
         gpus=task.gpus, command=job.spec.command, image=job.spec.image, stop=stop,
-        grace=job.stop_grace if stop else 0.0,
+        grace=job.stop_grace if stop else 0.0, resources=task.resources,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
         env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}")))))

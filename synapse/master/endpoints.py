@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import hmac
 import logging
+import re
 import time
 
 import grpc
@@ -43,6 +44,10 @@ DEPOSED_S = 3.0
 MAX_TOPOLOGY_LABELS = 8
 MAX_LABEL_CHARS = 63
 MAX_NODE_GPUS = 1024
+#: Node labels a worker may register (gpu_model, gpu_product, gpu_memory today), and how they look.
+MAX_NODE_LABELS = 16
+_LABEL_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+MAX_ISOLATION_CHARS = 512
 #: ListJobs page sizes: a page of full JobInfos stays well inside the 4 MiB message cap.
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
@@ -314,7 +319,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._check_id(request.node_id, "node_id", context)
         await self._leader(context)
         result = await self._propose(c.SetSchedulable(at=time.time(), by=self.caller().name, node_id=request.node_id,
-                                                      schedulable=request.schedulable), context)
+                                                      schedulable=request.schedulable, reason=request.reason[:512]),
+                                     context)
         await self._ok_or_abort(result, context)
         return api_pb2.SetSchedulableReply()
 
@@ -621,7 +627,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._leader(context)
         result = await self._propose(c.RegisterNode(at=time.time(), by=self.caller().name, node_id=request.node_id,
                                                     address=request.address[:MAX_ID_CHARS],
-                                                    topology=tuple(request.topology), capacity=capacity), context)
+                                                    topology=tuple(request.topology), capacity=capacity,
+                                                    labels=tuple(sorted(request.labels.items())),
+                                                    isolation=request.isolation[:MAX_ISOLATION_CHARS]), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         loops = self.m.leader_loops
         if loops is not None:
@@ -639,6 +647,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             status = node.status.value if node else "UNKNOWN"
         if node is not None and self.m.leader_loops is not None:
             self.m.leader_loops.node_heard(request.node_id)
+            self.m.leader_loops.node_health(request.node_id, request.unhealthy, request.health_message,
+                                            request.drain_on_failure)
         return api_pb2.HeartbeatReply(node_status=status, term=term)
 
     async def WatchAssignments(self, request, context):
@@ -676,7 +686,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else
                 c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
-                             exit_code=e.exit_code, reason=e.reason[:512])
+                             exit_code=e.exit_code, reason=e.reason[:512], cause=e.cause[:32])
                 for e in request.events]
         results = await self._propose_all(cmds, context)
         return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))
@@ -698,6 +708,10 @@ def _capacity_problem(capacity, request) -> str:
         return (f"topology: at most {MAX_TOPOLOGY_LABELS} labels of 1-{MAX_LABEL_CHARS} characters, without '/'")
     if not _host_port(request.address):
         return f"address: must be host:port, not {request.address[:80]!r}"
+    if len(request.labels) > MAX_NODE_LABELS or any(
+            not _LABEL_KEY_RE.match(k) or len(v) > MAX_LABEL_CHARS for k, v in request.labels.items()):
+        return (f"labels: at most {MAX_NODE_LABELS}, named with lowercase letters, digits, '_', '.' or '-', values of "
+                f"up to {MAX_LABEL_CHARS} characters")
     return ""
 
 

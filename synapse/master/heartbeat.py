@@ -3,11 +3,21 @@
 Only transitions are proposed (a node silent for longer than the timeout goes DOWN). A new
 leader knows nothing of the old one's clock, so it gives every node a full grace period first.
 The clock is passed in, so the tracker is tested without sleeping.
+
+Heartbeats also carry the worker's health check result; `health_change` turns a report that
+differs from the replicated state into the one command that records it (cordoning the node, or
+lifting the cordon its health check set).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from synapse.core import commands as c
+from synapse.core.model import Node
+
+#: Longest health message recorded (the worker sends its check's first line of output).
+MAX_HEALTH_MESSAGE = 200
 
 
 class HeartbeatTracker:
@@ -40,3 +50,21 @@ class HeartbeatTracker:
 
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)
+
+
+def health_change(node: Node | None, unhealthy: bool, message: str, drain: bool, at: float,
+                  term: int) -> c.SetNodeHealth | None:
+    """The command a heartbeat's health report calls for, or None when the state already says so.
+
+    A failing report for a node the state holds healthy (or with another message) records the
+    failure, which cordons it; a passing report for a node the state holds failing, or that its
+    health check cordoned, lifts that (an admin's cordon is never lifted by a health check).
+    """
+    if node is None:
+        return None
+    message = (message or "health check failed")[:MAX_HEALTH_MESSAGE] if unhealthy else ""
+    if unhealthy and (node.health != message or (node.schedulable and not node.health_cordon)):
+        return c.SetNodeHealth(at=at, term=term, node_id=node.id, healthy=False, message=message, drain=drain)
+    if not unhealthy and (node.health or node.health_cordon):
+        return c.SetNodeHealth(at=at, term=term, node_id=node.id, healthy=True)
+    return None

@@ -21,6 +21,7 @@ from synapse.core import preemption
 from synapse.core.model import JobStatus, NodeStatus
 from synapse.core.preemption import max_block
 from synapse.core.scheduler import Reservation, RoundMemo, WaitReason, schedule_round
+from synapse.master.heartbeat import health_change
 from synapse.master.raft import ProposeError
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class LeaderLoops:
         self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen
         self._tasks: list[asyncio.Task] = []
         self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
+        self._proposed_health: set[str] = set()  #: nodes a SetNodeHealth is already on its way for
         self._last_sweep = 0.0  #: monotonic time of the last retention sweep
         #: (job, attempt, state.other_changes) found to have no preemption plan, and why
         self._no_plan: dict[tuple[str, int, int], str] = {}
@@ -211,7 +213,8 @@ class LeaderLoops:
         for job_id, attempt, limit in overdue:
             log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job_id, attempt, limit)
             await self.propose(c.FailAttempt(at=now, term=self.term, job_id=job_id, attempt=attempt,
-                                             reason=f"time limit of {limit:.0f}s exceeded", final=True))
+                                             reason=f"time limit of {limit:.0f}s exceeded", final=True,
+                                             cause="TimeLimit"))
         await self.forget_expired(now, mono)
 
     async def forget_expired(self, now: float, mono: float) -> None:
@@ -246,3 +249,23 @@ class LeaderLoops:
                     self._proposed_up.discard(node_id)
 
             self._tasks.append(asyncio.create_task(bring_up()))
+
+    def node_health(self, node_id: str, unhealthy: bool, message: str, drain: bool) -> None:
+        """A heartbeat's health report: record a change in the state (one proposal at a time per node)."""
+        with self.master.lock:
+            cmd = health_change(self.master.state.nodes.get(node_id), unhealthy, message, drain, time.time(),
+                                self.term)
+        if cmd is None or node_id in self._proposed_health:
+            return
+        self._proposed_health.add(node_id)
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+        async def record() -> None:
+            try:
+                result = await self.propose(cmd)
+                if result is not None and result.ok:
+                    log.info("node health recorded node=%s healthy=%s message=%s", node_id, cmd.healthy, cmd.message)
+            finally:
+                self._proposed_health.discard(node_id)
+
+        self._tasks.append(asyncio.create_task(record()))

@@ -216,6 +216,8 @@ class TaskInfo(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     HAS_EXIT_CODE_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REASON_MESSAGE_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     rank: _builtins.int
     node_id: _builtins.str
@@ -223,6 +225,11 @@ class TaskInfo(_message.Message):
     exit_code: _builtins.int
     has_exit_code: _builtins.bool
     attempt: _builtins.int
+    reason: _builtins.str
+    """Why an ended task ended: Completed, Error, Signal, OOMKilled, TimeLimit, NodeLost, Preempted,
+    Cancelled; empty while it runs. The message says more (exit code, signal, memory limit).
+    """
+    reason_message: _builtins.str
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -236,10 +243,12 @@ class TaskInfo(_message.Message):
         exit_code: _builtins.int = ...,
         has_exit_code: _builtins.bool = ...,
         attempt: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        reason_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "index", b"index", "node_id", b"node_id", "rank", b"rank", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "index", b"index", "node_id", b"node_id", "rank", b"rank", "reason", b"reason", "reason_message", b"reason_message", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -290,6 +299,7 @@ class JobInfo(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     CANCELLED_BY_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -305,6 +315,8 @@ class JobInfo(_message.Message):
     """who submitted it (its owner)"""
     cancelled_by: _builtins.str
     """who cancelled it, if anyone did"""
+    failure: _builtins.str
+    """the task that failed first in its latest failed attempt, and why"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
@@ -336,10 +348,11 @@ class JobInfo(_message.Message):
         attempts: _abc.Iterable[Global___AttemptPlacement] | None = ...,
         user: _builtins.str = ...,
         cancelled_by: _builtins.str = ...,
+        failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "events", b"events", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "events", b"events", "failure", b"failure", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -372,6 +385,26 @@ Global___AttemptPlacement: _TypeAlias = AttemptPlacement  # noqa: Y015
 class NodeInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_FIELD_NUMBER: _builtins.int
@@ -381,11 +414,21 @@ class NodeInfo(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     SCHEDULABLE_FIELD_NUMBER: _builtins.int
     LIVE_TASKS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
+    CORDON_REASON_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     address: _builtins.str
     status: _builtins.str
     schedulable: _builtins.bool
     live_tasks: _builtins.int
+    isolation: _builtins.str
+    """how the worker confines tasks"""
+    cordon_reason: _builtins.str
+    """why it is not schedulable (an admin, or its health check)"""
+    health: _builtins.str
+    """empty when its health check passes (or it has none); else the failure"""
     @_builtins.property
     def topology(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -394,6 +437,10 @@ class NodeInfo(_message.Message):
     def used(self) -> _types_pb2.Resources: ...
     @_builtins.property
     def gpus_in_use(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """discovered by the worker, e.g. gpu_model: H100"""
+
     def __init__(
         self,
         *,
@@ -406,10 +453,14 @@ class NodeInfo(_message.Message):
         status: _builtins.str = ...,
         schedulable: _builtins.bool = ...,
         live_tasks: _builtins.int = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        isolation: _builtins.str = ...,
+        cordon_reason: _builtins.str = ...,
+        health: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "used", b"used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "gpus_in_use", b"gpus_in_use", "id", b"id", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -497,17 +548,20 @@ class SetSchedulableRequest(_message.Message):
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     SCHEDULABLE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     schedulable: _builtins.bool
+    reason: _builtins.str
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         schedulable: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "schedulable", b"schedulable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reason", b"reason", "schedulable", b"schedulable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -706,16 +760,41 @@ Global___MembershipReply: _TypeAlias = MembershipReply  # noqa: Y015
 class RegisterNodeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_FIELD_NUMBER: _builtins.int
     CAPACITY_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
+    isolation: _builtins.str
     @_builtins.property
     def topology(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def capacity(self) -> _types_pb2.Resources: ...
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
         self,
         *,
@@ -723,10 +802,12 @@ class RegisterNodeRequest(_message.Message):
         address: _builtins.str = ...,
         topology: _abc.Iterable[_builtins.str] | None = ...,
         capacity: _types_pb2.Resources | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        isolation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "node_id", b"node_id", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "isolation", b"isolation", "labels", b"labels", "node_id", b"node_id", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -765,15 +846,27 @@ class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
+    UNHEALTHY_FIELD_NUMBER: _builtins.int
+    HEALTH_MESSAGE_FIELD_NUMBER: _builtins.int
+    DRAIN_ON_FAILURE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
+    unhealthy: _builtins.bool
+    """the worker's health check fails (see --health-check)"""
+    health_message: _builtins.str
+    """its first line of output, or why it gave none"""
+    drain_on_failure: _builtins.bool
+    """the operator chose --health-on-failure drain"""
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
+        unhealthy: _builtins.bool = ...,
+        health_message: _builtins.str = ...,
+        drain_on_failure: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_on_failure", b"drain_on_failure", "health_message", b"health_message", "node_id", b"node_id", "unhealthy", b"unhealthy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -902,6 +995,7 @@ class Assignment(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -923,6 +1017,10 @@ class Assignment(_message.Message):
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def resources(self) -> _types_pb2.Resources:
+        """the task's own: the worker confines it to them (memory, cpu quota)"""
+
     def __init__(
         self,
         *,
@@ -942,10 +1040,11 @@ class Assignment(_message.Message):
         image: _builtins.str = ...,
         stop: _builtins.bool = ...,
         grace_s: _builtins.float = ...,
+        resources: _types_pb2.Resources | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "rank", b"rank", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -961,6 +1060,7 @@ class TaskEvent(_message.Message):
     STARTED_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -968,6 +1068,8 @@ class TaskEvent(_message.Message):
     """true: started; false: exited with exit_code"""
     exit_code: _builtins.int
     reason: _builtins.str
+    cause: _builtins.str
+    """Completed, Error, Signal or OOMKilled (from the task's cgroup)"""
     def __init__(
         self,
         *,
@@ -977,10 +1079,11 @@ class TaskEvent(_message.Message):
         started: _builtins.bool = ...,
         exit_code: _builtins.int = ...,
         reason: _builtins.str = ...,
+        cause: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "reason", b"reason", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "reason", b"reason", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

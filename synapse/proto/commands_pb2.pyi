@@ -51,6 +51,7 @@ class Command(_message.Message):
     DELETE_QUEUE_FIELD_NUMBER: _builtins.int
     PREEMPT_FIELD_NUMBER: _builtins.int
     PENDING_REASONS_FIELD_NUMBER: _builtins.int
+    SET_NODE_HEALTH_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -101,6 +102,8 @@ class Command(_message.Message):
     def preempt(self) -> Global___Preempt: ...
     @_builtins.property
     def pending_reasons(self) -> Global___PendingReasons: ...
+    @_builtins.property
+    def set_node_health(self) -> Global___SetNodeHealth: ...
     def __init__(
         self,
         *,
@@ -129,12 +132,13 @@ class Command(_message.Message):
         delete_queue: Global___DeleteQueue | None = ...,
         preempt: Global___Preempt | None = ...,
         pending_reasons: Global___PendingReasons | None = ...,
+        set_node_health: Global___SetNodeHealth | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -247,18 +251,46 @@ Global___Barrier: _TypeAlias = Barrier  # noqa: Y015
 class RegisterNode(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_FIELD_NUMBER: _builtins.int
     CAPACITY_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
+    isolation: _builtins.str
+    """how it confines tasks, e.g. "cgroup v2 (memory, cpu, pids)" or "none: …" """
     @_builtins.property
     def topology(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """one label per level, widest first"""
 
     @_builtins.property
     def capacity(self) -> _types_pb2.Resources: ...
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """what the worker discovered, e.g. gpu_model: H100"""
+
     def __init__(
         self,
         *,
@@ -266,10 +298,12 @@ class RegisterNode(_message.Message):
         address: _builtins.str = ...,
         topology: _abc.Iterable[_builtins.str] | None = ...,
         capacity: _types_pb2.Resources | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        isolation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "node_id", b"node_id", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "isolation", b"isolation", "labels", b"labels", "node_id", b"node_id", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -322,21 +356,60 @@ class SetSchedulable(_message.Message):
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     SCHEDULABLE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     schedulable: _builtins.bool
+    reason: _builtins.str
+    """why an admin cordoned it, shown with the node"""
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         schedulable: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "schedulable", b"schedulable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reason", b"reason", "schedulable", b"schedulable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetSchedulable: _TypeAlias = SetSchedulable  # noqa: Y015
+
+@_typing.final
+class SetNodeHealth(_message.Message):
+    """The leader records a node's health check turning (the worker reports it in its heartbeats). A
+    failing node that is schedulable is cordoned with the check's message; a passing node is
+    uncordoned only if its health check cordoned it (never a node an admin cordoned). With `drain`
+    (the worker's --health-on-failure drain), the gangs running there are stopped and requeued too.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    HEALTHY_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    healthy: _builtins.bool
+    message: _builtins.str
+    """the failing check's first line of output"""
+    drain: _builtins.bool
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        healthy: _builtins.bool = ...,
+        message: _builtins.str = ...,
+        drain: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain", "healthy", b"healthy", "message", b"message", "node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetNodeHealth: _TypeAlias = SetNodeHealth  # noqa: Y015
 
 @_typing.final
 class SubmitJob(_message.Message):
@@ -432,12 +505,16 @@ class TaskExited(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
     node_id: _builtins.str
     exit_code: _builtins.int
     reason: _builtins.str
+    """the worker's detail, free text"""
+    cause: _builtins.str
+    """the worker's reading: Completed, Error, Signal or OOMKilled"""
     def __init__(
         self,
         *,
@@ -447,10 +524,11 @@ class TaskExited(_message.Message):
         node_id: _builtins.str = ...,
         exit_code: _builtins.int = ...,
         reason: _builtins.str = ...,
+        cause: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "node_id", b"node_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "node_id", b"node_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -490,10 +568,13 @@ class FailAttempt(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     reason: _builtins.str
     final: _builtins.bool
+    cause: _builtins.str
+    """the end reason of the tasks it stops, e.g. TimeLimit; empty = none in particular"""
     def __init__(
         self,
         *,
@@ -501,10 +582,11 @@ class FailAttempt(_message.Message):
         attempt: _builtins.int = ...,
         reason: _builtins.str = ...,
         final: _builtins.bool = ...,
+        cause: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final", b"final", "job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "final", b"final", "job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

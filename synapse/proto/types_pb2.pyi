@@ -107,6 +107,7 @@ class JobSpec(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -118,6 +119,8 @@ class JobSpec(_message.Message):
     """empty = the default queue"""
     grace_s: _builtins.float
     """when preempted: seconds from SIGTERM to SIGKILL (capped by the queue)"""
+    gpu_model: _builtins.str
+    """only nodes whose gpu_model label is this (case-insensitive); empty = any"""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -143,10 +146,11 @@ class JobSpec(_message.Message):
         image: _builtins.str = ...,
         queue: _builtins.str = ...,
         grace_s: _builtins.float = ...,
+        gpu_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "priority", b"priority", "queue", b"queue", "resources", b"resources", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "priority", b"priority", "queue", b"queue", "resources", b"resources", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,6 +6,8 @@ Threads, each feeding events into one queue that the main loop drains in order:
   by itself, so a leader change never stops the worker or its tasks;
 * heartbeat: one RPC per interval; re-registers when the leader does not know the node;
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
+* health (with --health-check): runs the check every interval and, when its result changes,
+  wakes the heartbeat thread so the leader hears of it at once;
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
 """
@@ -34,8 +36,10 @@ from synapse.core.model import Assignment, Resources
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
 from synapse.worker import state as ws
+from synapse.worker.health import HealthCheck
+from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
-from synapse.worker.runtime import Handle, ProcessRuntime, alive, exit_code
+from synapse.worker.runtime import Handle, ProcessRuntime, alive
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +51,24 @@ class WorkerAgent:
     def __init__(self, *, node_id: str, address: str, topology: tuple[str, ...], capacity: Resources,
                  masters: list[str], token: str, data_dir: Path, heartbeat_interval: float = 5.0,
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
-                 tls: TLSFiles | None = None, http: str = "") -> None:
+                 tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
+                 isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
+                 health: HealthCheck | None = None, drain_on_failure: bool = False) -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
         self.token = token
         self.data_dir = data_dir
         self.heartbeat_interval = heartbeat_interval
-        self.runtime = ProcessRuntime(data_dir, runtime_template)
+        self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max)
+        self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
+        self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
+        self.health = health  #: the health check, if the operator gave one
+        self.drain_on_failure = drain_on_failure
+        #: the health check's last result: ("" = passing); written by the health thread only
+        self.health_message = ""
+        self.healthy = True
+        self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         self.events: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
@@ -81,9 +95,14 @@ class WorkerAgent:
     def run(self) -> None:
         """Run until `stop()`; tasks keep running after the agent stops (they are re-adopted)."""
         self._load_state()
+        stale = self.runtime.sweep({t.handle.cgroup for t in self.state.tasks.values() if t.handle})
+        if stale:
+            log.info("removed task cgroups of no known task count=%d names=%s", len(stale), ",".join(stale[:10]))
         self._register()
-        threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
-            (self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report"))]
+        loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report")]
+        if self.health is not None:
+            loops.append((self._health_loop, "health"))
+        threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in loops]
         for t in threads:
             t.start()
         try:
@@ -97,11 +116,13 @@ class WorkerAgent:
     def stop(self) -> None:
         self.stopping.set()
         self.reports_ready.set()
+        self.heartbeat_now.set()
 
     def _register(self) -> None:
         request = api_pb2.RegisterNodeRequest(node_id=self.node_id, address=self.address,
                                               topology=list(self.topology),
-                                              capacity=codec.resources_to_proto(self.capacity))
+                                              capacity=codec.resources_to_proto(self.capacity),
+                                              labels=self.labels, isolation=self.isolation)
         while not self.stopping.is_set():
             try:
                 reply = self.client.call("RegisterNode", request, deadline=10.0)
@@ -171,15 +192,18 @@ class WorkerAgent:
             assert task.handle is not None
             if not alive(task.handle):
                 self.runtime.reap()
-                code = exit_code(task.handle)
-                reason = "" if code is not None else "killed (no exit status recorded)"
                 a = task.assignment
-                log.info("task exited job=%s attempt=%d index=%d code=%s", a.job_id, a.attempt, a.index, code)
-                outcome = ("succeeded" if code == 0 else "killed" if code is None or task.phase == "stopping"
-                           else "failed")
+                end = self.runtime.outcome(task.handle, a.resources.memory)
+                code = end.exit_code
+                log.info("task exited job=%s attempt=%d index=%d code=%s reason=%s detail=%s", a.job_id, a.attempt,
+                         a.index, code, end.cause, end.detail or "-")
+                outcome = ("succeeded" if code == 0 else "oom_killed" if end.cause == "OOMKilled"
+                           else "killed" if code is None or task.phase == "stopping" else "failed")
                 self.metrics.exits.labels(outcome).inc()
-                self._carry_out(self.state.handle(ws.TaskExited(a.key, code if code is not None else -9, reason),
-                                                  time.monotonic()))
+                # The cgroup goes once its OOM count has been read: the task's end is now known.
+                self.runtime.release(task.handle.cgroup)
+                self._carry_out(self.state.handle(
+                    ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause), time.monotonic()))
                 changed = True
         return changed
 
@@ -220,11 +244,17 @@ class WorkerAgent:
             pause = min(pause * 2, 1.0)
 
     def _heartbeat_loop(self) -> None:
-        while not self.stopping.wait(self.heartbeat_interval):
+        while not self.stopping.is_set():
+            self.heartbeat_now.wait(self.heartbeat_interval)
+            self.heartbeat_now.clear()
+            if self.stopping.is_set():
+                return
             try:
                 sent = time.monotonic()
-                reply = self.client.call("Heartbeat", api_pb2.HeartbeatRequest(node_id=self.node_id),
-                                         deadline=self.heartbeat_interval)
+                request = api_pb2.HeartbeatRequest(node_id=self.node_id, unhealthy=not self.healthy,
+                                                   health_message=self.health_message,
+                                                   drain_on_failure=self.drain_on_failure)
+                reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0))
                 self.metrics.heartbeat.observe(time.monotonic() - sent)
                 self.heartbeat_ok = True
                 if reply.node_status == "UNKNOWN":
@@ -232,6 +262,21 @@ class WorkerAgent:
             except (ClientError, ClusterUnavailable) as exc:
                 self.heartbeat_ok = False
                 log.warning("heartbeat failed node=%s error=%s", self.node_id, exc)
+
+    def _health_loop(self) -> None:
+        """Run the health check every interval; a change of result is heartbeated at once."""
+        assert self.health is not None
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            result = self.health.run()
+            if (result.healthy, result.message) != (self.healthy, self.health_message):
+                if result.healthy:
+                    log.info("health check passes node=%s", self.node_id)
+                else:
+                    log.warning("health check fails node=%s message=%s", self.node_id, result.message)
+                self.healthy, self.health_message = result.healthy, result.message
+                self.heartbeat_now.set()
+            self.stopping.wait(max(0.0, self.health.interval - (time.monotonic() - started)))
 
     def _report_loop(self) -> None:
         while not self.stopping.is_set():
@@ -242,7 +287,7 @@ class WorkerAgent:
                 continue
             request = api_pb2.ReportTaskEventsRequest(node_id=self.node_id, events=[
                 api_pb2.TaskEvent(job_id=r.key[0], attempt=r.key[1], index=r.key[2], started=r.started,
-                                  exit_code=r.exit_code, reason=r.reason) for r in batch])
+                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause) for r in batch])
             try:
                 self.report_client.call("ReportTaskEvents", request, deadline=10.0)
                 self.events.put(ws.ReportsAcknowledged(batch))
@@ -270,12 +315,13 @@ class WorkerAgent:
         data = json.loads(path.read_text())
         self.state.known = tuple(data["known"])  # type: ignore[assignment]
         self.state.done = {tuple(k) for k in data["done"]}  # type: ignore[misc]
-        self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"])  # type: ignore[arg-type]
-                                 for r in data["unreported"]]
+        self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"],  # type: ignore[arg-type]
+                                           r.get("cause", "")) for r in data["unreported"]]
         for t in data["tasks"]:
             a = t["assignment"]
             assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
-                                       "env": tuple(tuple(kv) for kv in a["env"])})
+                                       "env": tuple(tuple(kv) for kv in a["env"]),
+                                       "resources": Resources(**a.get("resources", {}))})
             task = ws.LocalTask(assignment, phase=t["phase"])
             # A task recorded as starting may have been forked just before a crash: its shim's
             # pid file says so. Never started (no pid file): forget it; the master lists it again.
@@ -286,7 +332,8 @@ class WorkerAgent:
                 task.phase = "running"
                 self.state.unreported.append(ws.Report(assignment.key, started=True))
             self.state.tasks[assignment.key] = task
-            log.info("re-adopting task=%s pid=%d alive=%s", assignment.key, task.handle.pid, alive(task.handle))
+            log.info("re-adopting task=%s pid=%d alive=%s cgroup=%s", assignment.key, task.handle.pid,
+                     alive(task.handle), task.handle.cgroup or "-")
 
     # ---- log service ---------------------------------------------------------------------------
 

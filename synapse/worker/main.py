@@ -3,9 +3,14 @@
     synapse-worker --masters h1:7000,h2:7000,h3:7000 --token-file /etc/synapse/token \\
         --topology zone1/block2/rack7 --data-dir /var/lib/synapse-worker
 
-Capacity is detected (cpu count, memory from /proc/meminfo, GPUs from NVML or `nvidia-smi -L`)
-and any flag overrides it: tests and the local cluster announce 8 fake GPUs with `--gpus 8`.
-The node id is kept in the data dir, so a restarted worker is the same node.
+Capacity is detected (cpu count, memory from /proc/meminfo, GPUs with their model and memory from
+NVML or `nvidia-smi`: `--gpus auto`, the default) and any flag overrides it: tests and the local
+cluster announce 8 fake GPUs with `--gpus 8`. The node id is kept in the data dir, so a restarted
+worker is the same node.
+
+Tasks are confined in cgroups of their own (`--isolation`, see isolation.py); the choice is
+logged and registered, so `synctl describe node` shows it. `--health-check CMD` runs CMD every
+`--health-interval` seconds; a failing check cordons the node (see health.py).
 
 SIGTERM or SIGINT stops the agent and leaves its tasks running: a restarted agent re-adopts them,
 as slurmd and the Borglet do. With `--stop-tasks-on-exit` it stops every task first (a machine
@@ -16,10 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -31,30 +34,27 @@ from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
+from synapse.worker import gpus as gpu_discovery
+from synapse.worker import isolation
 from synapse.worker.agent import WorkerAgent
+from synapse.worker.health import HealthCheck, command_problem
 from synapse.worker.runtime import stop_all
 
 log = logging.getLogger(__name__)
 
 
-def detect_gpus() -> int:
-    try:
-        import pynvml  # nvidia-ml-py, optional
-
-        pynvml.nvmlInit()
+def gpu_capacity(flag: str | None) -> tuple[int, dict[str, str], str]:
+    """(GPU count, node labels, how they were found) for `--gpus N|auto` (absent: auto)."""
+    if flag not in (None, "auto"):
         try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - not installed, or no driver
-        pass
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return 0
+            count = int(flag)
+        except ValueError:
+            raise click.BadParameter(f"must be a whole number or auto, not {flag!r}", param_hint="--gpus") from None
+        if count < 0:
+            raise click.BadParameter("must not be negative", param_hint="--gpus")
+        return count, {}, "--gpus"
+    found, source = gpu_discovery.discover()
+    return len(found), gpu_discovery.labels_for(found), source
 
 
 def detect_memory() -> int:
@@ -91,7 +91,9 @@ def node_id_for(data_dir: Path, given: str) -> str:
 @click.option("--topology", help="topology path, widest first, e.g. zone1/block2/rack7")
 @click.option("--cpus", help="cpu cores to offer, e.g. 16 or 500m (default: all)")
 @click.option("--memory", help="memory to offer, e.g. 512Gi (default: all)")
-@click.option("--gpus", type=int, help="GPUs to offer (default: detected)")
+@click.option("--gpus", envvar="SYNAPSE_GPUS", default=None,
+              help="GPUs to offer: a count, or auto to ask NVML / nvidia-smi for them and their model "
+                   "(default: auto) [env: SYNAPSE_GPUS]")
 @click.option("--data-dir", default="/var/lib/synapse-worker", show_default=True, type=click.Path(file_okay=False),
               help="node id, state file, task logs")
 @click.option("--address", default=socket.gethostname, show_default="this host's name",
@@ -100,7 +102,25 @@ def node_id_for(data_dir: Path, given: str) -> str:
 @click.option("--heartbeat-interval", type=float, default=5.0, show_default=True, help="seconds between heartbeats")
 @click.option("--stop-grace", type=float, default=10.0, show_default=True,
               help="seconds from SIGTERM to SIGKILL for a task")
-@click.option("--runtime", default="", help="external runtime template, e.g. 'carapace run {task_id} {image}'")
+@click.option("--runtime", envvar="SYNAPSE_RUNTIME", default="",
+              help="external runtime template, e.g. 'carapace run {task_id} {image}' [env: SYNAPSE_RUNTIME]")
+@click.option("--isolation", "isolation_mode", envvar="SYNAPSE_ISOLATION",
+              type=click.Choice(["auto", "cgroup", "none"]), default="auto", show_default=True,
+              help="confine each task in a cgroup (memory, cpu quota, pids); auto: when this worker may create "
+                   "them [env: SYNAPSE_ISOLATION]")
+@click.option("--task-pids-max", type=int, default=isolation.DEFAULT_PIDS_MAX, show_default=True,
+              help="processes and threads a task may have (0: no cap)")
+@click.option("--health-check", envvar="SYNAPSE_HEALTH_CHECK", default="",
+              help="a command that exits 0 while this node is healthy [env: SYNAPSE_HEALTH_CHECK]")
+@click.option("--health-interval", envvar="SYNAPSE_HEALTH_INTERVAL", type=float, default=30.0, show_default=True,
+              help="seconds between health checks [env: SYNAPSE_HEALTH_INTERVAL]")
+@click.option("--health-timeout", envvar="SYNAPSE_HEALTH_TIMEOUT", type=float, default=None,
+              help="seconds a check may take before it counts as failed (default: the interval, at most 60) "
+                   "[env: SYNAPSE_HEALTH_TIMEOUT]")
+@click.option("--health-on-failure", envvar="SYNAPSE_HEALTH_ON_FAILURE", type=click.Choice(["cordon", "drain"]),
+              default="cordon", show_default=True,
+              help="cordon the failing node, or also stop (and requeue) the gangs running on it "
+                   "[env: SYNAPSE_HEALTH_ON_FAILURE]")
 @click.option("--ca", envvar="SYNAPSE_CA", default="", help="CA of the masters' TLS certificates [env: SYNAPSE_CA]")
 @click.option("--cert", default="", help="this worker's client certificate (mTLS; CN = node id)")
 @click.option("--key", default="", help="its private key")
@@ -109,32 +129,55 @@ def node_id_for(data_dir: Path, given: str) -> str:
 @click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
 def main(masters: str, token: str, token_file: str | None, node_id: str, rack: str | None, topology: str | None,
-         cpus: str | None, memory: str | None, gpus: int | None, data_dir: str, address: str, port: int,
-         heartbeat_interval: float, stop_grace: float, runtime: str, ca: str, cert: str, key: str,
-         http: str, stop_tasks_on_exit: bool, log_level: str) -> None:
+         cpus: str | None, memory: str | None, gpus: str | None, data_dir: str, address: str, port: int,
+         heartbeat_interval: float, stop_grace: float, runtime: str, isolation_mode: str, task_pids_max: int,
+         health_check: str, health_interval: float, health_timeout: float | None, health_on_failure: str,
+         ca: str, cert: str, key: str, http: str, stop_tasks_on_exit: bool, log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
     if rack and topology:
         fail("synapse-worker", "give --rack or --topology, not both")
     addresses = parse_addresses(masters)
     if not addresses:
         fail("synapse-worker", "--masters (or SYNAPSE_MASTERS) is required")
+    health = None
+    if health_check:
+        problem = command_problem(health_check)
+        if problem:
+            fail("synapse-worker", problem)
+        if health_interval <= 0 or (health_timeout is not None and health_timeout <= 0):
+            fail("synapse-worker", "--health-interval and --health-timeout must be above 0 seconds")
+        health = HealthCheck(health_check, health_interval,
+                             health_timeout if health_timeout is not None else min(health_interval, 60.0))
+    if task_pids_max < 0:
+        fail("synapse-worker", "--task-pids-max must not be negative")
+    gpu_count, labels, gpu_source = gpu_capacity(gpus)
     try:
         capacity = Resources(parse_cpu(cpus) if cpus else (os.cpu_count() or 1) * 1000,
-                             parse_memory(memory) if memory else detect_memory(),
-                             gpus if gpus is not None else detect_gpus())
+                             parse_memory(memory) if memory else detect_memory(), gpu_count)
     except QuantityError as exc:
         fail("synapse-worker", str(exc))
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     node_id = node_id_for(root, node_id)
     configure("synapse-worker", node_id, log_level)
+    try:
+        cgroups, isolated = isolation.choose(isolation_mode, isolation.group_name(node_id, root))
+    except isolation.IsolationError as exc:
+        fail("synapse-worker", f"--isolation cgroup: cannot confine tasks here: {exc}")
+    if cgroups is None and isolation_mode == "auto":
+        log.warning("tasks will run unconfined node=%s isolation=%s", node_id, isolated)
+    log.info("isolation node=%s isolation=%s", node_id, isolated)
+    log.info("gpus node=%s count=%d source=%s labels=%s", node_id, gpu_count, gpu_source,
+             ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-")
     if token_file:
         token = Path(token_file).read_text().strip()
     path = tuple(topology.split("/")) if topology else ((rack,) if rack else ())
     agent = WorkerAgent(node_id=node_id, address=address, topology=path, capacity=capacity,
                         masters=addresses, token=token, data_dir=root,
                         heartbeat_interval=heartbeat_interval, stop_grace=stop_grace,
-                        runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key), http=http)
+                        runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key), http=http,
+                        cgroups=cgroups, isolation=isolated, pids_max=task_pids_max, labels=labels, health=health,
+                        drain_on_failure=health_on_failure == "drain")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))

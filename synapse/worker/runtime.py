@@ -6,7 +6,11 @@ killed by signal N; 127 for a command that cannot be found. An external runtime 
 `carapace run {task_id} {image}` or any OCI runtime's CLI: the template's words, with
 `{task_id}`, `{image}`, `{job_id}`, `{attempt}`, `{index}` and `{log_dir}` filled in, come first,
 and the task's command is appended after them; the runtime process stays in the foreground for
-as long as the task runs and is supervised exactly like a plain command.
+as long as the task runs and is supervised exactly like a plain command, in the same cgroup.
+
+With cgroups (`isolation.py`) every task gets a cgroup of its own, made before the shim starts and
+joined by the shim before the command runs; the cgroup says whether the OOM killer ended the task,
+and is removed once the task's end has been read.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from synapse.core.model import Assignment
+from synapse.core.model import Assignment, EndReason
+from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
 
 #: The task shim (POSIX sh): records the task's pid and exit status; see the script's header.
 SHIM = Path(__file__).with_name("shim.sh")
@@ -51,6 +56,7 @@ class Handle:
     start_ticks: int  #: the process's start time in clock ticks since boot: guards against pid reuse
     exit_file: str
     log_file: str
+    cgroup: str = ""  #: the task's cgroup name ("" when unconfined)
 
 
 def process_start_ticks(pid: int) -> int:
@@ -80,12 +86,41 @@ def exit_code(handle: Handle) -> int | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a task ended, as this worker reads it."""
+
+    exit_code: int | None  #: None: it left no exit status (its shim was killed)
+    cause: str  #: an EndReason a worker may report: Completed, Error, Signal, OOMKilled
+    detail: str  #: free text for the master: the OOM kill, a cgroup the shim could not join…
+
+
+def read_outcome(code: int | None, oom_kills: int, memory: int, shim_error: str) -> Outcome:
+    """Classify a task's end from its exit status and its cgroup's OOM count (pure)."""
+    if shim_error:
+        return Outcome(code, EndReason.ERROR, shim_error)
+    if oom_kills:
+        limit = f"{memory >> 20}Mi" if memory else "its"
+        return Outcome(code, EndReason.OOM_KILLED, f"{limit} memory limit reached; the OOM killer killed "
+                                                   f"{oom_kills} process(es)")
+    if code is None:
+        return Outcome(None, EndReason.SIGNAL, "killed (no exit status recorded)")
+    if code == 0:
+        return Outcome(0, EndReason.COMPLETED, "")
+    if 128 < code <= 192:
+        return Outcome(code, EndReason.SIGNAL, "")
+    return Outcome(code, EndReason.ERROR, "")
+
+
 class ProcessRuntime:
     """Runs each task through the shim in its own process group; optional external runtime template."""
 
-    def __init__(self, work_dir: Path, template: str = "") -> None:
+    def __init__(self, work_dir: Path, template: str = "", cgroups: Cgroups | None = None,
+                 pids_max: int = DEFAULT_PIDS_MAX) -> None:
         self.work_dir = work_dir  #: per-task files live under work_dir/tasks and work_dir/logs
         self.template = shlex.split(template) if template else []
+        self.cgroups = cgroups  #: None: tasks run unconfined (--isolation none, or no cgroups here)
+        self.pids_max = pids_max
 
     def log_path(self, job_id: str, attempt: int, index: int) -> Path:
         return self.work_dir / "logs" / job_id / f"attempt-{attempt}" / f"task-{index}.log"
@@ -109,31 +144,72 @@ class ProcessRuntime:
             pid, ticks = (int(x) for x in pid_file.read_text().split())
         except (OSError, ValueError):
             return None
-        return Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)))
+        name = task_id(a) if self.cgroups is not None and self.cgroups.exists(task_id(a)) else ""
+        return Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
 
     def start(self, a: Assignment) -> Handle:
-        """Start the task; raises OSError if even the shim cannot start."""
+        """Start the task in its own cgroup (when confining); raises OSError if even the shim cannot
+        start, or if the task's cgroup cannot be made (it never runs unconfined instead)."""
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file, pid_file = self.task_files(a)
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
+        shim_error_file(exit_file).unlink(missing_ok=True)
         env = {**os.environ, **task_env(a)}
-        with open(log_file, "ab") as log:
-            proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *self.command(a)],
-                                    stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    cwd=str(log_file.parent))
-        return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file))
+        name = ""
+        if self.cgroups is not None:
+            name = task_id(a)
+            try:
+                procs = self.cgroups.create(name, Limits.of(a.resources, self.pids_max))
+            except IsolationError as exc:
+                raise OSError(f"cannot confine the task: {exc}") from None
+            env["SYNAPSE_SHIM_CGROUPS"] = ":".join(map(str, procs))
+        try:
+            with open(log_file, "ab") as log:
+                proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *self.command(a)],
+                                        stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                        cwd=str(log_file.parent))
+        except OSError:
+            if name:
+                self.release(name)
+            raise
+        return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file), name)
 
-    @staticmethod
-    def signal(handle: Handle, sig: int) -> None:
-        """Signal the task's whole process group, if it is still the same process."""
+    def outcome(self, handle: Handle, memory: int) -> Outcome:
+        """How an ended task ended: its exit status, and its cgroup's OOM count when it has one."""
+        oom = self.cgroups.oom_kills(handle.cgroup) if self.cgroups is not None and handle.cgroup else 0
+        try:
+            shim_error = shim_error_file(Path(handle.exit_file)).read_text().strip()
+        except OSError:
+            shim_error = ""
+        return read_outcome(exit_code(handle), oom, memory, shim_error)
+
+    def release(self, name: str) -> None:
+        """Remove an ended task's cgroup (killing whatever of it is left)."""
+        if self.cgroups is not None and name:
+            self.cgroups.remove(name)
+
+    def sweep(self, keep: set[str]) -> list[str]:
+        """Remove this worker's task cgroups that belong to no task it knows (left by a crash)."""
+        if self.cgroups is None:
+            return []
+        stale = sorted(self.cgroups.names() - keep)
+        for name in stale:
+            self.cgroups.remove(name)
+        return stale
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        """Signal the task's whole process group, if it is still the same process; a SIGKILL also
+        reaches whatever left the group but not the task's cgroup."""
         if alive(handle):
             try:
                 os.killpg(handle.pid, sig)
             except ProcessLookupError:
                 pass
+        if sig == signal.SIGKILL and self.cgroups is not None and handle.cgroup:
+            self.cgroups.kill(handle.cgroup)
 
     @staticmethod
     def reap() -> None:
@@ -145,6 +221,11 @@ class ProcessRuntime:
                 return
             if pid == 0:
                 return
+
+
+def shim_error_file(exit_file: Path) -> Path:
+    """Where the shim says why it refused to run a task (it could not join the task's cgroup)."""
+    return exit_file.with_name(exit_file.name + ".err")
 
 
 def stop_all(runtime: ProcessRuntime, handles: list[Handle], grace: float) -> None:
@@ -161,3 +242,5 @@ def stop_all(runtime: ProcessRuntime, handles: list[Handle], grace: float) -> No
     while any(alive(h) for h in handles) and time.monotonic() < deadline:
         runtime.reap()
         time.sleep(0.01)
+    for handle in handles:
+        runtime.release(handle.cgroup)

@@ -14,12 +14,33 @@
 # ignore, so the task itself still gets the default action) until the task has gone and its
 # status is written. SIGKILL to the group kills the shim too: the worker then reports the task
 # as killed (no exit file).
+#
+# With SYNAPSE_SHIM_CGROUPS set (cgroup.procs files, ':'-separated), the shim first moves itself
+# into those cgroups, so the task and everything it forks are confined from their first
+# instruction. If it cannot, it runs nothing: it writes why to EXIT_FILE.err, and 125 as the
+# status (a task never runs unconfined without anyone knowing).
 exit_file=$1
 pid_file=$2
 shift 2
 read -r _pid _comm _state _ppid _pgrp _sess _tty _tpgid _flags _minflt _cminflt _majflt _cmajflt \
     _utime _stime _cutime _cstime _prio _nice _threads _itreal start_ticks _rest < /proc/$$/stat
 printf '%s %s\n' "$$" "$start_ticks" > "$pid_file.tmp" && mv -f "$pid_file.tmp" "$pid_file"
+if [ -n "${SYNAPSE_SHIM_CGROUPS:-}" ]; then
+    cgroups=$SYNAPSE_SHIM_CGROUPS
+    unset SYNAPSE_SHIM_CGROUPS
+    saved_ifs=$IFS
+    IFS=:
+    for procs in $cgroups; do
+        if ! { printf '%s\n' "$$" > "$procs"; } 2>/dev/null; then
+            printf 'cannot join cgroup %s, so the task was not started\n' "${procs%/cgroup.procs}" \
+                > "$exit_file.err"
+            cat "$exit_file.err" >&2
+            printf '125\n' > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"
+            exit 125
+        fi
+    done
+    IFS=$saved_ifs
+fi
 trap 'true' TERM INT
 "$@"
 code=$?

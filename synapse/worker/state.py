@@ -52,6 +52,7 @@ class TaskExited:
     key: Key
     exit_code: int
     reason: str = ""
+    cause: str = ""  #: Completed, Error, Signal or OOMKilled (runtime.read_outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class Report:
     started: bool
     exit_code: int = 0
     reason: str = ""
+    cause: str = ""
 
 
 @dataclass(slots=True)
@@ -126,10 +128,10 @@ class WorkerState:
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return []
             case TaskStartFailed():
-                self._exited(event.key, 127, event.reason)
+                self._exited(event.key, 127, event.reason, "Error")
                 return []
             case TaskExited():
-                self._exited(event.key, event.exit_code, event.reason)
+                self._exited(event.key, event.exit_code, event.reason, event.cause)
                 return []
             case ReportsAcknowledged():
                 acked = set(event.reports)
@@ -160,12 +162,12 @@ class WorkerState:
         self.done &= listed | {r.key for r in self.unreported}
         return out
 
-    def _exited(self, key: Key, code: int, reason: str) -> None:
+    def _exited(self, key: Key, code: int, reason: str, cause: str) -> None:
         task = self.tasks.pop(key, None)
         if task is None:
             return
         self.done.add(key)
-        self.unreported.append(Report(key, started=False, exit_code=code, reason=reason))
+        self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause))
 
     def _escalate(self, now: float) -> list[Start | Signal]:
         out: list[Start | Signal] = []
