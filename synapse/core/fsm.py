@@ -222,7 +222,8 @@ class ClusterState:
             task = job.tasks[index]
             self._end_task(task, TaskState.LOST, None, cmd.at, EndReason.NODE_LOST, reason)
             self._stop_attempt(job, f"failed: task {index} lost ({reason})", cmd.at,
-                               failure=f"task {index} (rank {task.rank}) on {node.id}: NodeLost: {reason}")
+                               failure=f"task {index} (rank {task.rank}) on {node.id}: NodeLost: "
+                                       f"{cmd.reason or 'node declared down'}")
             self._maybe_end_attempt(job, cmd.at)
         self.index.update(node)
         return Result(True)
