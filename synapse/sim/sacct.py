@@ -15,7 +15,7 @@ Fields are `|`-separated with a header line; `JobID`, `Submit`, `Start`, `End`, 
   skipped: their run time is unknown.
 * GPUs: `gres/gpu=N` (or `gres/gpu:TYPE=N`) of AllocTRES, else of ReqTRES; CPU-only jobs are
   skipped. GPUs that do not divide evenly over the nodes are rounded up to a whole number a node.
-* Timelimit: `[D-]HH:MM:SS`, `MM:SS` or minutes; UNLIMITED or Partition_Limit mean none.
+* Timelimit: minutes, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM` or `D-HH:MM:SS`; UNLIMITED or Partition_Limit mean none.
 
 A row that cannot be read raises TraceError naming its line.
 """
@@ -58,15 +58,16 @@ def parse_timelimit(raw: str) -> float:
         parts = [int(p) for p in clock.split(":")]
         day_count = int(days) if days else 0
     except ValueError:
-        raise TraceError(f"Timelimit {raw[:30]!r} is not [D-]HH:MM:SS, MM:SS or minutes") from None
-    if len(parts) == 1:
-        seconds = parts[0] * 60  # minutes alone
-    elif len(parts) == 2:
-        seconds = (parts[0] * 60 + parts[1]) if not days else (parts[0] * 3600 + parts[1] * 60)
-    elif len(parts) == 3:
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    else:
-        raise TraceError(f"Timelimit {raw[:30]!r} is not [D-]HH:MM:SS, MM:SS or minutes")
+        raise TraceError(f"Timelimit {raw[:30]!r} is not a Slurm time (minutes, MM:SS, [D-]HH:MM:SS, D-HH)") from None
+    if len(parts) > 3:
+        raise TraceError(f"Timelimit {raw[:30]!r} is not a Slurm time (minutes, MM:SS, [D-]HH:MM:SS, D-HH)")
+    if days:  # days-hours, days-hours:minutes, days-hours:minutes:seconds
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    elif len(parts) == 3:  # hours:minutes:seconds
+        hours, minutes, seconds = parts
+    else:  # minutes, minutes:seconds
+        hours, minutes, seconds = 0, parts[0], (parts + [0])[1]
+    seconds = hours * 3600 + minutes * 60 + seconds
     return float(day_count * 86400 + seconds)
 
 
