@@ -1,0 +1,89 @@
+"""How fast a trace replays: wall time per policy, and time per simulated event against cluster size.
+
+    python bench/sim.py              # a week of gang-heavy on 64 x 8 GPUs, then 30 days on 256 nodes
+    python bench/sim.py --quick      # one day on 16 nodes, the same code path
+    python bench/sim.py --json
+
+Targets (issue 15): a week of the gang-heavy mix on 64 nodes x 8 GPUs (about 3,000 jobs) replays
+through every policy in under a minute; a month on 256 nodes in minutes. Each case also reports
+the time per simulated event (arrivals and task ends) and the mean pending queue length, so the
+growth with queue length and cluster size can be read off the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from synapse.sim.generate import Recipe, generate  # noqa: E402
+from synapse.sim.metrics import summarize  # noqa: E402
+from synapse.sim.policies import DEFAULT_POLICIES, POLICIES  # noqa: E402
+from synapse.sim.replay import Replay  # noqa: E402
+from synapse.sim.trace import ClusterShape  # noqa: E402
+
+
+class CountingReplay(Replay):
+    """Also samples the pending queue's length at every round."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.queue_lengths: list[int] = []
+
+    def schedule(self, *, full: bool = True):
+        self.queue_lengths.append(len(self.state.pending))
+        return super().schedule(full=full)
+
+
+def case(name: str, recipe: Recipe, policies: list[str]) -> dict:
+    trace = generate(recipe)
+    rows = []
+    for policy in policies:
+        sim = CountingReplay(trace, recipe.shape, POLICIES[policy])
+        started = time.perf_counter()
+        run = sim.replay()
+        wall = time.perf_counter() - started
+        m = summarize(run)
+        rows.append({"policy": policy, "wall_s": wall, "events": run.events, "rounds": len(run.round_seconds),
+                     "us_per_event": wall / max(run.events, 1) * 1e6,
+                     "policy_share": sum(run.round_seconds) / wall,
+                     "mean_queue": sum(sim.queue_lengths) / max(len(sim.queue_lengths), 1),
+                     "sched_p99_ms": m["sched_p99_ms"]})
+    return {"case": name, "jobs": len(trace.jobs), "nodes": recipe.shape.nodes, "days": recipe.days,
+            "load": recipe.load, "total_wall_s": sum(r["wall_s"] for r in rows), "policies": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one day on 16 nodes (a few seconds)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    parser.add_argument("--no-month", action="store_true", help="skip the 30-day, 256-node case")
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+    if args.quick:
+        cases = [("quick: 1 day philly, 16 nodes", Recipe(ClusterShape(16, 8, 2), "philly", 0.9, 1.0, 1))]
+    else:
+        cases = [("week: 7 days gang-heavy, 64 nodes", Recipe(ClusterShape(64, 8, 8), "gang-heavy", 0.9, 7.0, 1))]
+        if not args.no_month:
+            cases.append(("month: 30 days gang-heavy, 256 nodes",
+                          Recipe(ClusterShape(256, 8, 32), "gang-heavy", 0.9, 30.0, 1)))
+    results = [case(name, recipe, policies) for name, recipe in cases]
+    if args.json:
+        print(json.dumps({"cases": results}, indent=2))
+        return
+    for r in results:
+        print(f"{r['case']}: {r['jobs']} jobs, all policies {r['total_wall_s']:.1f} s")
+        print(f"  {'policy':<15}{'wall s':>8}{'events':>8}{'us/event':>10}{'policy %':>10}{'mean queue':>12}"
+              f"{'sched p99 ms':>14}")
+        for p in r["policies"]:
+            print(f"  {p['policy']:<15}{p['wall_s']:>8.1f}{p['events']:>8}{p['us_per_event']:>10.0f}"
+                  f"{p['policy_share']:>10.0%}{p['mean_queue']:>12.1f}{p['sched_p99_ms']:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()
