@@ -22,6 +22,7 @@ decision reads a few hundred domain summaries and only the nodes of the racks it
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,10 @@ class ClusterView:
             self._claimed[p.node_id] = self._claimed.get(p.node_id, _NOTHING) + per_task
             self._claimed_gpus.setdefault(p.node_id, set()).update(p.gpus)
             self._touch(p.node_id)
+
+    @property
+    def blocked(self) -> frozenset[str]:
+        return self._blocked
 
     def set_blocked(self, nodes: frozenset[str]) -> None:
         """Hold these nodes back from placement until changed again."""
@@ -162,6 +167,8 @@ def pack_depth(levels: tuple[str, ...], pack: str) -> int:
 
 def place(view: ClusterView, job_id: str, attempt: int, spec: JobSpec) -> PlacementResult:
     """A plan for the whole gang, or the reasons it does not fit. Pure: reads `view` only."""
+    if spec.gpu_model:
+        return _place_on_model(view, job_id, attempt, spec)
     n, per_task = spec.tasks, spec.resources
     leaf = len(view.levels)
     lowest_allowed = 0
@@ -175,6 +182,19 @@ def place(view: ClusterView, job_id: str, attempt: int, spec: JobSpec) -> Placem
                 name = "node" if depth == leaf + 1 else (view.levels[depth - 1] if depth else "cluster")
                 return PlacementResult(_plan(view, job_id, attempt, per_task, fill), level=name)
     return PlacementResult(None, shortfalls(view, spec, lowest_allowed or leaf))
+
+
+def _place_on_model(view: ClusterView, job_id: str, attempt: int, spec: JobSpec) -> PlacementResult:
+    """Place a gang that asks for a GPU model on nodes labelled with it alone: the other nodes are
+    blocked for this one call (a pass over the nodes; only such jobs pay it)."""
+    model = spec.gpu_model.lower()
+    others = frozenset(node_id for node_id, node in view.nodes.items() if node.label("gpu_model").lower() != model)
+    saved = view.blocked
+    view.set_blocked(saved | others)
+    try:
+        return place(view, job_id, attempt, dataclasses.replace(spec, gpu_model=""))
+    finally:
+        view.set_blocked(saved)
 
 
 def _fill_at_depth(view: ClusterView, depth: int, n: int, per_task: Resources) -> list[tuple[str, int]]:
