@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -215,6 +216,28 @@ def test_the_shim_refuses_to_run_a_task_it_cannot_confine(tmp_path, real_cgroups
     assert not marker.exists()
 
 
+#: The README's sandbox: bubblewrap (Debian's `bubblewrap`; scripts/install-bubblewrap.sh), the whole
+#: machine read-only, a private /tmp, its own pid namespace. It stays in the foreground, so the shim's
+#: cgroup holds it and the task inside it.
+BWRAP = "bwrap --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --unshare-pid --die-with-parent --"
+
+
+def test_an_external_sandbox_runs_the_task_confined_the_same_way(tmp_path, real_cgroups):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed (bash scripts/install-bubblewrap.sh)")
+    runtime = ProcessRuntime(tmp_path, template=BWRAP, cgroups=real_cgroups)
+    handle = runtime.start(assignment("sandboxed", ["sh", "-c", "echo pid=$$; touch /etc/synapse-x || echo ro"],
+                                      memory=64 * MI))
+    wait_exit(runtime, handle)
+    log = Path(handle.log_file).read_text()
+    assert "pid=2" in log and "ro" in log.split()  # its own pid namespace, a read-only root
+    assert runtime.outcome(handle, 64 * MI).cause == "Completed"
+    runtime.release(handle.cgroup)
+    handle = runtime.start(assignment("sandboxed-hog", ALLOCATE_400MB, memory=64 * MI))
+    wait_exit(runtime, handle)
+    assert runtime.outcome(handle, 64 * MI).cause == "OOMKilled", Path(handle.log_file).read_text()
+
+
 def fake_proc(tmp_path: Path, mount: Path, own: str) -> Path:
     proc = tmp_path / "proc"
     proc.mkdir()
@@ -278,3 +301,30 @@ def test_oom_killed_task_fails_its_job_and_spares_its_neighbour(make_cluster, tm
     table = CliRunner().invoke(synctl, ["--masters", ",".join(cluster.addresses), "--token", cluster.token,
                                         "describe", "job", hog]).output
     assert "OOMKilled" in table and "Failed:" in table
+
+    # A restarted agent re-adopts the live task with its cgroup; a cancel then ends it Cancelled and
+    # its cgroup goes.
+    cgroup = [t["handle"]["cgroup"] for t in state["tasks"] if t["assignment"]["job_id"] == neighbour][0]
+    assert cgroup and pid in cgroups_of(cgroup, tmp_path, cluster)
+    cluster.kill_worker("w1", with_tasks=False)
+    cluster.restart_worker("w1")
+    deadline = time.monotonic() + 20
+    log = cluster.data_dir / "logs" / "w1.log"
+    while f"re-adopting task=('{neighbour}', 1, 0) pid={pid} alive=True cgroup={cgroup}" not in log.read_text() \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"cgroup={cgroup}" in log.read_text()
+    cluster.client.cancel(neighbour, "done")
+    while cluster.client.get_job(neighbour).status != "CANCELLED" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    info = cluster.client.get_job(neighbour)
+    assert info.status == "CANCELLED" and info.tasks[0].reason == "Cancelled"
+    assert cgroups_of(cgroup, tmp_path, cluster) is None
+
+
+def cgroups_of(name: str, tmp_path: Path, cluster) -> list[int] | None:
+    """The pids in worker w1's task cgroup `name`, or None once it is gone."""
+    group = isolation.group_name("w1", cluster.worker_dir("w1"))
+    cgroups, _ = isolation.choose("auto", group)
+    assert cgroups is not None
+    return cgroups.pids(name) if cgroups.exists(name) else None
