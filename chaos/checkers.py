@@ -195,3 +195,37 @@ def converged(replicas: list[dict[str, Any]]) -> bool:
     top = max(r["applied"] for r in replicas)
     digests = {r["digest"] for r in replicas if r["applied"] == top}
     return len(digests) == 1 and all(r["applied"] == top for r in replicas)
+
+
+#: After a fault ends, how long its outage may still run (a restarted master's first commit).
+OUTAGE_TAIL_S = 10.0
+
+
+def outage(ok_times: list[float], start: float, end: float, workload_ended: float) -> float:
+    """The longest stretch without a successful client operation from a fault's start until the
+    first success after it ended (bounded by OUTAGE_TAIL_S and the end of the workload)."""
+    import bisect
+
+    limit = min(end + OUTAGE_TAIL_S, workload_ended)
+    previous, worst = start, 0.0
+    for t in ok_times[bisect.bisect_right(ok_times, start):]:
+        worst = max(worst, t - previous)
+        previous = t
+        if t >= end or t >= limit:
+            return round(worst, 3)
+    return round(max(worst, limit - previous), 3)
+
+
+def outages_by_kind(ok_times: list[float], faults: list[dict], workload_ended: float) -> dict[str, dict]:
+    """Per fault kind: how many, and the median, p99 and max of their outages (seconds)."""
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if "skipped" in f["detail"] or f["start"] >= workload_ended:
+            continue
+        by_kind[f["kind"]].append(outage(ok_times, f["start"], f["end"], workload_ended))
+    out = {}
+    for kind, values in sorted(by_kind.items()):
+        values.sort()
+        out[kind] = {"n": len(values), "median_s": values[len(values) // 2],
+                     "p99_s": values[min(len(values) - 1, int(0.99 * len(values)))], "max_s": values[-1]}
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -18,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from chaos.history import History
-from synapse.client.master_client import MasterClient
+from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.local import cluster as local
 from synapse.local.netns import MasterNet
 from synapse.local.netns import unavailable as netns_unavailable
+from synapse.proto import api_pb2
 
 
 @dataclass
@@ -87,6 +91,97 @@ class Target:
                 a = t["assignment"]
                 out.append(([a["job_id"], a["attempt"], a["index"]], t["handle"]["pid"]))
         return out
+
+    def master_by_id(self, replica_id: str) -> dict:
+        return next(m for m in self.state["masters"] if m["id"] == replica_id)
+
+    def term(self, m: dict) -> int:
+        try:
+            return self.client.replica_status(m["api_address"], timeout=1).term
+        except Exception:  # noqa: BLE001 - unreachable: no term to compare
+            return -1
+
+    # -- membership --
+
+    def spare_ids(self) -> list[str]:
+        """Ids of the masters the cluster may grow by (a namespace waits for each with netns)."""
+        current = {m["id"] for m in self.state["masters"]}
+        if self.state.get("netns"):
+            return [r for r in MasterNet.from_dict(self.state["netns"]).replicas if r not in current]
+        return [f"m{i}" for i in range(len(current) + 1, 6)]
+
+    def members(self) -> list[str]:
+        """The members as the leader knows them (itself and its partners), by Raft address."""
+        leader = self.wait_leader()
+        if leader is None:
+            return []
+        status = self.client.replica_status(leader["api_address"], timeout=2)
+        return sorted([status.raft_address, *status.partners])
+
+    def _membership(self, method: str, request: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.client.call(method, request)
+                return
+            except (ClientError, ClusterUnavailable) as exc:  # another change under way, or a failover
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{method} failed for {timeout:.0f} s: {exc}") from exc
+                time.sleep(0.2)
+
+    def _edit_config(self, edit: Callable[[list[dict]], list[dict]]) -> None:
+        path = self.data_dir / "cluster.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["replicas"] = edit(doc["replicas"])
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def add_master(self, replica_id: str, raft: str = "", api: str = "", http: str = "") -> None:
+        """Add a replica to the membership, list it in the cluster file, start it, and wait until it
+        has caught up with the leader (bounded)."""
+        if not raft:
+            slot = int(replica_id[1:]) - 1
+            base = int(self.state["masters"][0]["api_address"].rsplit(":", 1)[1])
+            host = (MasterNet.from_dict(self.state["netns"]).address(replica_id) if self.state.get("netns")
+                    else "127.0.0.1")
+            raft, api, http = f"{host}:{base + 100 + slot}", f"{host}:{base + slot}", f"{host}:{base + 200 + slot}"
+        self._membership("AddReplica", api_pb2.MembershipRequest(id=replica_id, raft_address=raft, api_address=api))
+        with self.restart_lock:
+            self._edit_config(lambda rs: [*rs, {"id": replica_id, "raft": raft, "api": api, "http": http}])
+            proc = {"id": replica_id, "api_address": api, "raft_address": raft, "http_address": http, "pid": 0,
+                    "data_dir": str(self.data_dir / "masters" / replica_id)}
+            self.state["masters"].append(proc)
+            local.restart(self.data_dir, self.state, proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            try:
+                mine = self.client.replica_status(api, timeout=1)
+                if leader is not None and mine.applied_index >= self.client.replica_status(
+                        leader["api_address"], timeout=1).commit_index - 50:
+                    return
+            except Exception:  # noqa: BLE001 - still starting
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"master {replica_id} did not catch up within 60 s")
+
+    def remove_master(self, replica_id: str, wipe: bool = False) -> None:
+        """Remove a replica from the membership, stop it, take it out of the cluster file (and
+        with `wipe`, delete its data, as a replaced machine would come back empty)."""
+        proc = self.master_by_id(replica_id)
+        leader = self.wait_leader()
+        if leader is not None and leader["id"] == replica_id:  # a leader cannot remove itself
+            with self.restart_lock:
+                self.kill(proc, signal.SIGTERM)
+            self.wait_leader(15)
+        self._membership("RemoveReplica", api_pb2.MembershipRequest(id=replica_id,
+                                                                    raft_address=proc["raft_address"]))
+        with self.restart_lock:
+            self.kill(proc, signal.SIGTERM)
+            self.state["masters"].remove(proc)
+            self._edit_config(lambda rs: [r for r in rs if r["id"] != replica_id])
+            (self.data_dir / "cluster.json").write_text(json.dumps(self.state, indent=2))
+        if wipe:
+            shutil.rmtree(proc["data_dir"], ignore_errors=True)
 
 
 
@@ -164,6 +259,65 @@ def partition_leader(t: Target, rng: random.Random, history: History) -> dict:
     return _record(history, "partition-leader", [leader["id"]], start, seconds=t.partition)
 
 
+def _leader_and_follower(t: Target, rng: random.Random) -> tuple[dict | None, dict | None, float]:
+    """The leader, a live follower chosen by `rng` (None if there is no leader or no follower),
+    and the fault's start time."""
+    leader = t.wait_leader()
+    followers = [m for m in t.state["masters"] if m is not leader and t.master_alive(m)]
+    start = time.time()
+    if leader is None or not followers:
+        return leader, None, start
+    return leader, rng.choice(followers), start
+
+
+def partition_follower(t: Target, rng: random.Random, history: History) -> dict:
+    """Cut a follower off from the other masters, heal it, and watch the leader for a while: with
+    PreVote the follower's term stayed put, so its return must change no leader (`leader_changed`)."""
+    net = MasterNet.from_dict(t.state["netns"])
+    leader, victim, start = _leader_and_follower(t, rng)
+    if victim is None:
+        return _record(history, "partition-follower", [], start, skipped="no leader or no follower")
+    term = t.term(leader)
+    net.isolate(victim["id"])
+    try:
+        time.sleep(t.partition)
+    finally:
+        net.heal(victim["id"])
+    time.sleep(HEAL_WATCH_S)
+    after = t.wait_leader(5)
+    changed = after is None or after["id"] != leader["id"] or t.term(after) != term
+    return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
+                   leader_changed=changed)
+
+
+def grow_and_shrink(t: Target, rng: random.Random, history: History) -> dict:
+    """Grow the masters by two, one at a time (each new one started, then caught up), while the
+    clients write, then remove the two again: the members at the end are the ones at the start."""
+    start = time.time()
+    spares = t.spare_ids()
+    if len(t.state["masters"]) + len(spares) < 5 or len(t.state["masters"]) != 3:
+        return _record(history, "grow-shrink", [], start, skipped="needs 3 masters and 2 spare slots")
+    for replica_id in spares:
+        t.add_master(replica_id)
+    grown = len(t.members())
+    time.sleep(t.downtime)
+    for replica_id in reversed(spares):
+        t.remove_master(replica_id)
+    return _record(history, "grow-shrink", spares, start, grown_to=grown, members=t.members())
+
+
+def replace_follower(t: Target, rng: random.Random, history: History) -> dict:
+    """Replace a follower as an operator replaces a failed disk: remove it from the membership,
+    stop it, wipe its data, add it back (same id and addresses) and start it empty."""
+    _, victim, start = _leader_and_follower(t, rng)
+    if victim is None:
+        return _record(history, "replace-follower", [], start, skipped="no leader or no follower")
+    t.remove_master(victim["id"], wipe=True)
+    t.add_master(victim["id"], raft=victim["raft_address"], api=victim["api_address"],
+                 http=victim.get("http_address", ""))
+    return _record(history, "replace-follower", [victim["id"]], start, members=t.members())
+
+
 def restart_masters(t: Target, rng: random.Random, history: History) -> dict:
     start = time.time()
     for m in t.state["masters"]:
@@ -206,12 +360,17 @@ NEMESES: dict[str, Nemesis] = {
     "kill-leader": kill_leader, "kill-follower": kill_follower, "kill-minority": kill_minority,
     "pause-leader": pause_leader, "partition-leader": partition_leader, "restart-masters": restart_masters,
     "kill-worker": kill_worker, "restart-worker": restart_worker,
+    "partition-follower": partition_follower, "grow-shrink": grow_and_shrink, "replace-follower": replace_follower,
 }
 #: Machine faults act on workers only, so they run in their own lane, concurrently with the master
 #: faults (machines and masters fail independently); every other kind is a master fault.
 MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker"})
 #: Faults that need the masters in network namespaces (see synapse.netns).
-NEEDS_NETNS = frozenset({"partition-leader"})
+NEEDS_NETNS = frozenset({"partition-leader", "partition-follower"})
+#: Faults that change the membership: the runner leaves room (spare namespaces) for two more masters.
+MEMBERSHIP_FAULTS = frozenset({"grow-shrink", "replace-follower"})
+#: How long after healing a partitioned follower the leader is watched for a change.
+HEAL_WATCH_S = 2.0
 
 
 def unavailable(kind: str) -> str:

@@ -6,7 +6,7 @@ import pytest
 from chaos.nemesis import NEMESES, unavailable
 from chaos.run import run
 
-#: partition-leader needs root and network namespaces; elsewhere it is left out (and said so).
+#: The partitions need root and network namespaces; elsewhere they are left out (and said so).
 KINDS = sorted(k for k in NEMESES if not unavailable(k))
 SKIPPED = {k: unavailable(k) for k in NEMESES if k not in KINDS}
 
@@ -22,6 +22,8 @@ def test_short_chaos_run_holds_every_invariant(tmp_path):
     assert report["lost"] == [] and report["overcommits"] == 0, report
     assert report["partial_gangs"] == [] and report["duplicate_tasks"] == [], report
     assert report["replicas_converged"] and report["linearizable"] == "ok", report
+    assert report["heal_leader_changes"] == 0 and report["members_ok"], report
+    assert report["ok"], report
 
 
 @pytest.mark.chaos_long

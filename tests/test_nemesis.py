@@ -29,6 +29,18 @@ def target(make_cluster, tmp_path):
     return t, History(tmp_path / "h.jsonl"), tmp_path / "h.jsonl"
 
 
+def converge(t: Target, timeout: float) -> None:
+    """Wait (bounded) until every master applied the same commands to the same state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        digests = {(r.commands_applied, r.digest) for r in
+                   (t.client.replica_status(m["api_address"], digest=True) for m in t.state["masters"])}
+        if len(digests) == 1:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"replicas did not converge: {digests}")
+
+
 def pids(t: Target, kind: str) -> dict[str, int]:
     return {p["id"]: p["pid"] for p in t.state[kind]}
 
@@ -152,14 +164,55 @@ def test_partition_leader_cuts_the_leader_off_from_its_peers_only(make_cluster, 
     assert pids(t, "masters")[old["id"]] == old_pid and local.is_alive(old_pid)  # not killed, only cut off
     assert not net.isolated(old["id"])
     job_id = t.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="after")))
-    deadline = time.monotonic() + 20  # healed: the old leader catches up with the new log
-    while time.monotonic() < deadline:
-        digests = {(r.commands_applied, r.digest) for r in
-                   (t.client.replica_status(m["api_address"], digest=True) for m in t.state["masters"])}
-        if len(digests) == 1:
-            break
-        time.sleep(0.2)
-    assert len(digests) == 1, digests
+    converge(t, 20)  # healed: the old leader catches up with the new log
+    assert t.client.get_job(job_id).id == job_id
+
+
+@pytest.mark.skipif(bool(NO_NETNS), reason=f"partition-follower cannot run here: {NO_NETNS}")
+def test_partition_follower_cuts_a_follower_off_and_its_return_keeps_the_leader(make_cluster, tmp_path):
+    cluster = make_cluster(netns=True)
+    t = Target(cluster.data_dir, cluster.state, cluster.client, partition=3.0)
+    leader = t.wait_leader()
+    term = t.term(leader)
+    net = netns.MasterNet.from_dict(t.state["netns"])
+    cut_off: list[str] = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            cut_off.extend(m["id"] for m in t.state["masters"] if net.isolated(m["id"]))
+            time.sleep(0.2)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        fault = NEMESES["partition-follower"](t, random.Random(9), History(tmp_path / "f.jsonl"))
+    finally:
+        stop.set()
+        w.join()
+    victim = fault["targets"][0]
+    assert victim != leader["id"] and set(cut_off) == {victim}  # a follower, and only it, was cut off
+    assert fault["detail"]["leader_changed"] is False
+    assert t.wait_leader()["id"] == leader["id"] and t.term(t.master_by_id(victim)) == term
+
+
+@pytest.mark.skipif(bool(NO_NETNS), reason=f"membership faults run on a netns cluster here: {NO_NETNS}")
+def test_membership_faults_grow_shrink_and_replace_and_end_with_the_same_members(make_cluster, tmp_path):
+    cluster = make_cluster(netns=True, spare_masters=2)
+    t = Target(cluster.data_dir, cluster.state, cluster.client, downtime=0.5)
+    t.wait_leader()
+    members = t.members()
+    history = History(tmp_path / "m.jsonl")
+    grow = NEMESES["grow-shrink"](t, random.Random(10), history)
+    assert grow["targets"] == ["m4", "m5"] and grow["detail"]["grown_to"] == 5
+    assert grow["detail"]["members"] == members and [m["id"] for m in t.state["masters"]] == ["m1", "m2", "m3"]
+    old = pids(t, "masters")
+    replace = NEMESES["replace-follower"](t, random.Random(11), history)
+    victim = replace["targets"][0]
+    assert replace["detail"]["members"] == members
+    assert not local.is_alive(old[victim]) and pids(t, "masters")[victim] != old[victim]
+    job_id = t.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="after")))
+    converge(t, 30)  # the replaced replica, started empty, catches up with the others
     assert t.client.get_job(job_id).id == job_id
 
 

@@ -7,7 +7,7 @@
     token: {env: SYNAPSE_TOKEN}              # or {file: PATH}; empty = no client authentication
     heartbeat_interval: 5s
     heartbeat_timeout: 10s
-    election_timeout: {min: 400ms, max: 1s}
+    election_timeout: {min: 500ms, max: 1s}
     job_retention: 1h                         # finished jobs are forgotten after this; 0 = keep forever
     durability: fsync                         # fsync (default) | none; see synapse/master/durability.py
     min_free_disk: 256Mi                      # refuse writes below this much free space
@@ -40,6 +40,9 @@ from synapse.common.tls import TLSFiles
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
 
+#: Raft's heartbeat (AppendEntries period), fixed; election timeouts are sized against it.
+RAFT_HEARTBEAT_S = 0.05
+
 
 class ConfigError(ValueError):
     """A cluster file that cannot be used; the message names the field."""
@@ -63,7 +66,7 @@ class ClusterConfig:
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     heartbeat_interval: float = 5.0
     heartbeat_timeout: float = 10.0
-    election_min: float = 0.4
+    election_min: float = 0.5
     election_max: float = 1.0
     job_retention: float = 3600.0  #: seconds a finished job stays in the state; 0 = forever
     durability: str = "fsync"  #: fsync | none
@@ -155,11 +158,14 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("topology_levels: must be a list of level names, widest first")
     election = doc.get("election_timeout", {}) or {}
     if not isinstance(election, dict):
-        raise ConfigError("election_timeout: must be {min: 400ms, max: 1s}")
-    election_min = _duration(election, "min", 0.4)
+        raise ConfigError("election_timeout: must be {min: 500ms, max: 1s}")
+    election_min = _duration(election, "min", 0.5)
     election_max = _duration(election, "max", 1.0)
     if not 0 < election_min < election_max:
         raise ConfigError("election_timeout: need 0 < min < max")
+    if election_min < 10 * RAFT_HEARTBEAT_S:
+        raise ConfigError(f"election_timeout: min must be at least 10 Raft heartbeats "
+                          f"({10 * RAFT_HEARTBEAT_S * 1000:.0f}ms), or a late heartbeat starts an election")
     durability = str(doc.get("durability", "fsync"))
     if durability not in ("fsync", "none"):
         raise ConfigError(f"durability: must be fsync or none, not {durability!r}")

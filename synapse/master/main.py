@@ -52,7 +52,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     """Run one replica until SIGTERM / SIGINT (or `stop` is set)."""
     replica = config.replica(replica_id)
     timeouts = RaftTimeouts(election_min=config.election_min, election_max=config.election_max,
-                            leader_fallback=min(0.35, config.election_min * 0.85))
+                            leader_fallback=config.election_min)
     conf = raft_config(bind_address=replica.raft, data_dir=config.data_dir_of(replica_id),
                        password=config.raft_password, timeouts=timeouts)
     partners = [r.raft for r in config.replicas if r.id != replica_id]

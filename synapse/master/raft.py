@@ -11,7 +11,10 @@ What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
 * Its port unpickles what arrives and binds 0.0.0.0 by default: `raft_config` refuses to build a
   configuration without a password and always sets the bind address.
 * Batching makes every synchronous write wait a tick (~100 ms): it is turned off. Elections are
-  tuned to one round, and a cut-off leader falls back before a new one can be elected.
+  tuned to one round, and a cut-off leader falls back about when a new one can be elected.
+* No PreVote: a replica cut off from the others raised its term at every election timeout and
+  deposed a healthy leader when it came back. `SafeSyncObj` asks before it campaigns, and a leader
+  whose own process stalled no longer steps down for it.
 * A follower truncated its log after every AppendEntries whose entries it already held, so a
   repeated or split append dropped committed (even applied) entries while the leader still
   counted them as replicated: a committed write could vanish and replicas diverge. `SafeSyncObj`
@@ -33,11 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
+from pysyncobj.monotonic import monotonic
+from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState, snapshot_digest
 from synapse.core.model import DEFAULT_LEVELS
+from synapse.master.config import RAFT_HEARTBEAT_S
 from synapse.master.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -45,13 +51,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RaftTimeouts:
-    """Timing of the Raft layer, in seconds (defaults measured for a one-round election)."""
+    """Timing of the Raft layer, in seconds.
 
-    election_min: float = 0.4
+    etcd's rule: an election timeout of at least ten heartbeats, so a late heartbeat or two never
+    starts an election, and a leader steps down only after a whole (minimum) election timeout
+    without hearing from a majority: a cut-off leader is gone about when the others' first
+    election can start, and a leader whose process was merely slow keeps its place (see
+    SafeSyncObj on pauses)."""
+
+    election_min: float = 0.5
     election_max: float = 1.0
-    heartbeat: float = 0.05  #: appendEntriesPeriod
+    heartbeat: float = RAFT_HEARTBEAT_S  #: appendEntriesPeriod
     connection: float = 5.0  #: larger than election_max, so an idle link does not eat a vote
-    leader_fallback: float = 0.35  #: below election_min: a cut-off leader steps down first
+    leader_fallback: float = 0.5  #: one minimum election timeout without a majority
     #: pysyncobj retries a failed link only this often (default 5 s): a replica restarted during a
     #: failover could not reach its peer's vote in time, and elections took 4 s instead of one round
     reconnect: float = 0.25
@@ -214,32 +226,129 @@ def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
 
 #: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
 _INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
-              "_SyncObj__sendNextNodeIdx")
+              "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
+              "_SyncObj__generateRaftTimeout", "_onTick")
 _missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
 if _missing:
     raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
 
 
 class SafeSyncObj(SyncObj):
-    """SyncObj whose followers handle AppendEntries by Raft's receiver rules (see module doc).
+    """SyncObj with Raft's receiver rules for AppendEntries, PreVote, and no step-down for a pause.
 
-    pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending, even entries equal to
-    the ones it receives. An append the leader repeats with fewer entries (after a reset, or split
-    by `appendEntriesBatchSizeBytes`) thus removes entries the follower has acknowledged, and that
-    the leader keeps counting through its match index: a crash in between loses committed entries.
-    Here the entries the log already holds are dropped from the message first; pysyncobj then
-    truncates only at a real conflict. A conflict at an index already applied means this replica's
-    state differs from the leader's: it records `diverged` and ignores the message, and the master
-    stops (a rebuild from the peers is the cure).
+    **AppendEntries.** pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending,
+    even entries equal to the ones it receives. An append the leader repeats with fewer entries
+    (after a reset, or split by `appendEntriesBatchSizeBytes`) thus removes entries the follower has
+    acknowledged, and that the leader keeps counting through its match index: a crash in between
+    loses committed entries. Here the entries the log already holds are dropped from the message
+    first; pysyncobj then truncates only at a real conflict. A conflict at an index already applied
+    means this replica's state differs from the leader's: it records `diverged` and ignores the
+    message, and the master stops (a rebuild from the peers is the cure).
+
+    **PreVote** (Raft thesis 9.6, as etcd runs it). pysyncobj starts an election, raising its term,
+    whenever its election timer fires. A replica cut off from the leader did so over and over, and
+    when it came back its higher term deposed a healthy leader. Here a replica whose timer fires
+    first asks its peers whether they would vote for it at the next term, without changing any
+    term; a peer says yes only if it has not heard from a leader for most of an election timeout
+    and the asker's log is at least as up to date as its own. Only with a majority of yeses does
+    the replica start the real election. A partitioned follower thus keeps its term, and healing
+    the partition changes no leader.
+
+    **Pauses.** A leader counts the followers that answered within `leaderFallbackTimeout` and
+    steps down without a majority. When its own process was starved of CPU (a loaded machine, a
+    long collection), the answers waited unread, or were never asked for: it stepped down with
+    nothing wrong with the cluster. After a tick arrives late, the replica first reads what is
+    waiting, and a leader does not count the time it was not running against its followers.
     """
 
     diverged = ""  #: why this replica can no longer be trusted, once it cannot
+    _prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
+    _prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
+    _campaign = False  #: a pre-vote round was won: the next election timeout starts an election
+    _leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
+    _last_tick = 0.0  #: when the previous tick ended
+    prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
+
+    #: A tick this much later than the previous one's end means this thread did not run meanwhile.
+    STALL_S = 0.1
+    PREVOTE = True  #: off only to show, in a test, what happens without it
+
+    def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
+        now = monotonic()
+        if self._last_tick and now - self._last_tick > self.STALL_S:
+            self._after_stall(now - self._last_tick)
+        self._maybe_prevote(monotonic())
+        SyncObj._onTick(self, timeToWait)
+        self._last_tick = monotonic()
+
+    def _after_stall(self, gap: float) -> None:
+        self._poller.poll(0)  # what arrived meanwhile: heartbeats, votes, answers
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            responded = self._SyncObj__lastResponseTime
+            for node, when in responded.items():
+                responded[node] = when + gap  # the time it did not run is not the followers' silence
+
+    def _maybe_prevote(self, now: float) -> None:
+        if not self.PREVOTE:
+            return
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER or self._SyncObj__selfNode is None:
+            self._prevote_term, self._campaign = 0, False
+            return
+        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
+            return
+        if self._campaign or self._SyncObj__transferInProgress:
+            self._campaign = False  # pysyncobj's tick starts the election now
+            return
+        if self._prevote_term:
+            self.prevotes_denied += 1
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._prevote_term = self.raftCurrentTerm + 1
+        self._prevotes = frozenset({self._SyncObj__selfNode})
+        if self._won_prevote():
+            return
+        message = {"type": "pre_vote", "term": self._prevote_term,
+                   "last_log_index": self._SyncObj__getCurrentLogIndex(),
+                   "last_log_term": self._SyncObj__getCurrentLogTerm()}
+        for node in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(node, message)
+
+    def _won_prevote(self) -> bool:
+        if len(self._prevotes) > (len(self._SyncObj__otherNodes) + 1) / 2:
+            self._prevote_term, self._campaign = 0, True
+            self._SyncObj__raftElectionDeadline = 0  # campaign at the next tick
+            return True
+        return False
+
+    def _answer_prevote(self, node, message: dict) -> None:
+        conf = self._SyncObj__conf
+        lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
+        mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+        granted = (isinstance(message.get("term"), int) and message["term"] > self.raftCurrentTerm
+                   and self._SyncObj__raftState != _RAFT_STATE.LEADER
+                   and monotonic() - self._leader_contact >= lease
+                   and (message.get("last_log_term", -1), message.get("last_log_index", -1)) >= mine)
+        self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
+                                             "granted": granted})
+
+    def _count_prevote(self, node, message: dict) -> None:
+        if message.get("granted") and self._prevote_term and message.get("term") == self._prevote_term \
+                and self._SyncObj__raftState != _RAFT_STATE.LEADER:
+            self._prevotes = self._prevotes | {node}
+            self._won_prevote()
 
     def _term_at(self, index: int) -> int | None:
         entries = self._SyncObj__getEntries(index, 1)
         return entries[0][2] if entries else None
 
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "pre_vote":
+            return self._answer_prevote(node, message)
+        if kind == "pre_vote_response":
+            return self._count_prevote(node, message)
+        if kind == "append_entries" and isinstance(message.get("term"), int) \
+                and message["term"] >= self.raftCurrentTerm:
+            self._leader_contact = monotonic()
         if (isinstance(message, dict) and message.get("type") == "append_entries"
                 and "prevLogIdx" in message and message.get("transmission") is None
                 and isinstance(message.get("term"), int) and message["term"] >= self.raftCurrentTerm):

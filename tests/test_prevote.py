@@ -1,0 +1,98 @@
+"""PreVote: a follower cut off from the others keeps its term, and healing it changes no leader.
+
+Three SafeSyncObj replicas in this process, ticked by hand on 127.0.0.1. The partition drops every
+message to and from one follower while its TCP connections stay up: the case where pysyncobj,
+without PreVote, raises its term at every election timeout and deposes the leader on return.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from synapse.local.cluster import free_base_port
+from synapse.master.raft import ReplicatedState, SafeSyncObj, raft_config
+
+pytestmark = pytest.mark.slow
+
+
+class Plain(SafeSyncObj):
+    PREVOTE = False
+
+
+def start(tmp_path, cls):
+    base = free_base_port(3)
+    addrs = [f"127.0.0.1:{base + i}" for i in range(3)]
+    nodes = [cls(a, [b for b in addrs if b != a], consumers=[ReplicatedState()],
+                 conf=raft_config(bind_address=a, data_dir=str(tmp_path / f"{cls.__name__}{i}"), password="pw",
+                                  autoTick=False))
+             for i, a in enumerate(addrs)]
+    return addrs, nodes
+
+
+def cut_off(nodes, addrs, victim: int, cut: set) -> None:
+    """Drop messages between `victim` and everyone while `cut` holds it (both ways, at the sender)."""
+    for i, node in enumerate(nodes):
+        transport = node._SyncObj__transport
+        send = transport.send
+
+        def filtered(peer, message, send=send, i=i):
+            if cut and (i in cut or peer.address in {addrs[v] for v in cut}):
+                return False
+            return send(peer, message)
+
+        transport.send = filtered
+
+
+def tick(nodes, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for node in nodes:
+            node._onTick(0.002)
+
+
+def leader_index(nodes) -> int | None:
+    leaders = [i for i, n in enumerate(nodes) if n._isLeader()]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def partition_a_follower_and_heal(tmp_path, cls):
+    addrs, nodes = start(tmp_path, cls)
+    try:
+        for _ in range(100):
+            tick(nodes, 0.1)
+            leader = leader_index(nodes)
+            if leader is not None and all(n._getLeader() is not None for n in nodes):
+                break
+        assert leader is not None, "no leader elected"
+        term = nodes[leader].raftCurrentTerm
+        follower = (leader + 1) % 3
+        cut: set = set()
+        cut_off(nodes, addrs, follower, cut)
+        cut.add(follower)
+        tick(nodes, 3.0)  # three or more election timeouts
+        follower_term = nodes[follower].raftCurrentTerm
+        assert leader_index(nodes) in (leader, None) or nodes[leader]._isLeader()
+        cut.clear()
+        tick(nodes, 2.0)
+        return (term, follower_term, leader, leader_index(nodes), nodes[leader].raftCurrentTerm,
+                nodes[follower])
+    finally:
+        for node in nodes:
+            node.destroy()
+
+
+def test_a_partitioned_follower_keeps_its_term_and_healing_changes_no_leader(tmp_path):
+    term, follower_term, leader, after, term_after, follower = partition_a_follower_and_heal(tmp_path, SafeSyncObj)
+    assert follower_term == term, "the cut-off follower raised its term"
+    assert follower.prevotes_denied >= 2  # it asked, unanswered, at every election timeout
+    assert after == leader and term_after == term, "healing the follower changed the leader"
+
+
+def test_without_prevote_the_same_partition_deposes_the_leader(tmp_path):
+    """The control: the test above can fail. pysyncobj's own elections raise the cut-off
+    follower's term, and its return forces a new election."""
+    term, follower_term, leader, after, term_after, _ = partition_a_follower_and_heal(tmp_path, Plain)
+    assert follower_term > term
+    assert term_after > term
