@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
+from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
@@ -131,14 +132,19 @@ def main() -> None:
             addresses = [m["api_address"] for m in state["masters"]]
             client = MasterClient(addresses, state["token"])
             client.list_nodes()
-            starts = gang_starts(client, args.trials)
-            unblock = unblocks(client, data_dir, unblock_trials)
+            elections = Elections(state)
+            with elections.phase("gang starts"):
+                starts = gang_starts(client, args.trials)
+            with elections.phase("unblocks"):
+                unblock = unblocks(client, data_dir, unblock_trials)
             leader = next(m for m in state["masters"] if m["api_address"] == client.leader)
             # The 1,000 simulated workers never run tasks; their nodes stay out of the way by being
             # heartbeat-only. The window starts after registration.
             before_cpu, before = cpu_seconds(leader["pid"]), time.monotonic()
-            beats = asyncio.run(simulated_workers(leader["api_address"], state["token"], args.sim_workers, 5.0,
-                                                  args.sim_seconds))
+            with elections.phase("simulated workers"):
+                beats = asyncio.run(simulated_workers(leader["api_address"], state["token"], args.sim_workers, 5.0,
+                                                      args.sim_seconds))
+            elections.close()
             share = (cpu_seconds(leader["pid"]) - before_cpu) / (time.monotonic() - before)
             down_nodes = sum(1 for n in client.list_nodes() if n.status == "DOWN" and n.id.startswith("sim-"))
             client.close()
@@ -148,16 +154,18 @@ def main() -> None:
               "gang_start_p99_s": round(percentile(starts, 0.99), 4),
               "unblock_p50_s": round(statistics.median(unblock), 4), "unblock_max_s": round(max(unblock), 4),
               "heartbeat_workers": args.sim_workers, "heartbeats": beats,
-              "leader_cpu_share": round(share, 3), "simulated_nodes_down": down_nodes}
+              "leader_cpu_share": round(share, 3), "simulated_nodes_down": down_nodes,
+              "fault_free_elections": elections.fault_free()}
     if args.json:
         print(json.dumps(report))
-        return
+        sys.exit(1 if report["fault_free_elections"] else 0)
     print(f"gang start (8 tasks x 8 GPUs, idle cluster, {len(starts)} runs): p50 {report['gang_start_p50_s']} s, "
           f"p99 {report['gang_start_p99_s']} s")
     print(f"unblock (blocker exits -> gang running, {len(unblock)} runs): p50 {report['unblock_p50_s']} s, "
           f"max {report['unblock_max_s']} s")
     print(f"{args.sim_workers} simulated workers at a 5 s heartbeat for {args.sim_seconds:.0f} s: {beats} heartbeats, "
           f"leader CPU {share:.2f} cores, {down_nodes} wrongly declared DOWN")
+    elections.report()
     ok = report["gang_start_p50_s"] <= 0.1 and report["gang_start_p99_s"] <= 0.3 and share < 0.5 and not down_nodes
     if args.quick:
         print("(--quick: sizes too small to judge the targets)")

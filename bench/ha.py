@@ -13,7 +13,8 @@ the same cores here), and runs the same load from one asyncio client straight to
 lighter load generator than 16 threads of the failover client. (b) Failover: kill -9 the leader
 and time until the next write is acknowledged through the client; the killed replica is
 restarted and the cluster is let settle between trials. Targets: >= 1,000 submissions/s with
-p99 <= 50 ms; failover p50 <= 1 s, max <= 3 s.
+p99 <= 50 ms; failover p50 <= 1 s, max <= 3 s. Every fault-free phase counts the elections it saw
+(bench/support/elections.py); one there fails the run (exit 1): a loaded leader must not be lost.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, machine_busy, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
@@ -122,8 +124,15 @@ def submit_load_asyncio(leader_address: str, token: str, total: int, concurrency
             async def worker(k: int) -> None:
                 for i in range(k, total, concurrency):
                     t0 = time.perf_counter()
-                    await stub.SubmitJob(api_pb2.SubmitJobRequest(request_id=f"aio-{i}", spec=proto),
-                                         metadata=metadata, timeout=30)
+                    for attempt in range(50):  # a leader lost meanwhile: retry (same request id)
+                        try:
+                            await stub.SubmitJob(api_pb2.SubmitJobRequest(request_id=f"aio-{i}", spec=proto),
+                                                 metadata=metadata, timeout=30)
+                            break
+                        except grpc.aio.AioRpcError:
+                            if attempt == 49:
+                                raise
+                            await asyncio.sleep(0.1)  # the elections counter tells what happened
                     latencies.append((time.perf_counter() - t0) * 1000)
 
             start = time.perf_counter()
@@ -216,21 +225,27 @@ def main() -> None:
         try:
             addresses = [m["api_address"] for m in state["masters"]]
             leader = leader_of(state)
-            with CpuMeter(state["masters"], leader) as meter:
+            elections = Elections(state)
+            with elections.phase("load"), CpuMeter(state["masters"], leader) as meter:
                 rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads)
             leader_address = next(m["api_address"] for m in state["masters"] if m["id"] == leader)
-            with CpuMeter(state["masters"], leader) as aio_meter:
+            with elections.phase("asyncio load"), CpuMeter(state["masters"], leader) as aio_meter:
                 aio_rate, aio_latencies = submit_load_asyncio(leader_address, state["token"], args.submits,
                                                               args.threads)
-            failovers = failover_trials(data_dir, state, args.trials)
+            elections.close()
+            failovers = failover_trials(data_dir, state, args.trials)  # elections expected: not counted
         finally:
             local.down(data_dir)
         # The same load with the journal left to the kernel's write-back (durability: none).
         loose_dir = workdir / "cluster-no-fsync"
         loose = local.up(loose_dir, 3, 0, 1, 8, local.free_base_port(3), durability="none")
         try:
-            loose_rate, loose_latencies = submit_load([m["api_address"] for m in loose["masters"]], loose["token"],
-                                                      args.submits, args.threads)
+            loose_elections = Elections(loose)
+            with loose_elections.phase("no-fsync load"):
+                loose_rate, loose_latencies = submit_load([m["api_address"] for m in loose["masters"]],
+                                                          loose["token"], args.submits, args.threads)
+            loose_elections.close()
+            elections.counts.update(loose_elections.counts)
         finally:
             local.down(loose_dir)
     report = {"submits_per_s": round(rate, 1), "submit_p50_ms": round(percentile(latencies, 0.5), 2),
@@ -244,10 +259,11 @@ def main() -> None:
               "asyncio_client_submits_per_s": round(aio_rate, 1),
               "asyncio_client_submit_p99_ms": round(percentile(aio_latencies, 0.99), 2),
               "asyncio_client_cpu_ms_per_submit": aio_meter.per_submit_ms(args.submits),
-              "asyncio_client_machine_busy": round(aio_meter.busy, 2)}
+              "asyncio_client_machine_busy": round(aio_meter.busy, 2),
+              "fault_free_elections": elections.fault_free()}
     if args.json:
         print(json.dumps(report))
-        return
+        sys.exit(1 if report["fault_free_elections"] else 0)
     print(f"submissions through gRPC: {report['submits_per_s']:,.0f}/s  p50 {report['submit_p50_ms']} ms  "
           f"p99 {report['submit_p99_ms']} ms  ({args.submits} submits, {args.threads} client threads)")
     print(f"same load without fsync (durability: none): {report['no_fsync_submits_per_s']:,.0f}/s  "
@@ -264,6 +280,7 @@ def main() -> None:
           f"(gRPC path = {rate / raw:.2f} x raw)")
     print(f"failover (kill -9 leader -> next write acked), {len(failovers)} trials: "
           f"p50 {report['failover_p50_s']} s, max {report['failover_max_s']} s; all: {report['failover_s']}")
+    elections.report()
     if args.quick:
         print("(--quick: sizes too small to judge the targets)")
         return
