@@ -1,4 +1,9 @@
-"""Fixtures that start real clusters (masters, workers) on 127.0.0.1 and always stop them."""
+"""Fixtures that start real clusters (masters, workers) on 127.0.0.1 and always stop them.
+
+"Always" includes an interrupted run: SIGTERM and SIGHUP (a closed terminal) become a
+KeyboardInterrupt like Ctrl-C, so pytest runs every fixture's finalizer, and a second signal does
+not cut those short (synapse.local.interrupts). After each test that had a tmp_path, whatever a
+cluster under it may have left is swept (synapse.local.reaper, the netns ledgers)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,33 @@ import pytest
 
 from synapse.client.master_client import MasterClient
 from synapse.local import cluster as local
+from synapse.local import interrupts, reaper
+from synapse.local.netns import MasterNet
+
+
+def pytest_configure(config):
+    config._synapse_restore_signals = interrupts.install("stopping the clusters the tests started")
+
+
+def pytest_unconfigure(config):
+    restore = getattr(config, "_synapse_restore_signals", None)
+    if restore is not None:
+        restore()
+
+
+@pytest.fixture(autouse=True)
+def _sweep_clusters(request):
+    """The last resort after each test: stop any process marked with a data dir under its tmp_path
+    and remove the networks of the ledgers there (a normal or interrupted stop leaves none)."""
+    # Asked for here, before the test, so tmp_path is torn down after this fixture, not before.
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is None:
+        return
+    with interrupts.deferred():
+        reaper.sweep(root, under=True)
+        for ledger in root.rglob(local.NETNS_LEDGER):
+            MasterNet.sweep(ledger)
 
 
 class LocalCluster:

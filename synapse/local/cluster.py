@@ -3,11 +3,16 @@
 `up` generates the Raft password and the cluster token, writes `DIR/cluster.yaml` (the same format
 an operator deploys) and `DIR/cluster.json` (what it started, with pids), and returns once a leader
 exists and every worker is registered. `down` stops exactly the processes listed in
-`cluster.json`, each only if its command line still names this data dir.
+`cluster.json`, each only if its command line still names this data dir, and then sweeps what an
+interrupted or killed run may have left: processes carrying this data dir's mark in their
+environment (synapse.local.reaper: tasks of a killed worker, a process started just before an
+interrupt) and the network namespaces, bridge and veths whose tags `DIR/netns-tags` lists. `up`
+sweeps the same before it starts, so the next run in a data dir cleans up after the last.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -16,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +30,18 @@ import yaml
 
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.common.tls import TLSFiles, generate
+from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet, Unavailable
 
 READY_TIMEOUT_S = 60.0
+#: The tags of every network `up --netns` made in a data dir, written before the network is built.
+NETNS_LEDGER = "netns-tags"
+#: Present from the start of `down` until the next `up`: `restart` refuses to start anything then.
+STOPPING = "stopping"
+
+
+class ClusterStopping(RuntimeError):
+    """`restart` was asked to start a process of a cluster that is being (or has been) stopped."""
 
 
 def free_base_port(masters: int, low: int = 20000, high: int = 40000) -> int:
@@ -62,12 +77,23 @@ def is_ours(pid: int, data_dir: Path) -> bool:
     return str(data_dir) in _cmdline(pid)
 
 
-def _spawn(argv: list[str], log_path: Path) -> int:
+def _spawn(argv: list[str], log_path: Path, data_dir: Path | None = None) -> int:
+    """Start a process of the cluster in `data_dir` (by default the log's: DIR/logs/ID.log) in its
+    own session, marked with the data dir in its environment (see synapse.local.reaper)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    mark = str((data_dir or log_path.parent.parent).resolve())
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, reaper.MARK: mark})
     return proc.pid
+
+
+@contextmanager
+def _locked(data_dir: Path):
+    """Exclusive use of the data dir's cluster.json between `restart` and `down` (threads too)."""
+    with open(data_dir / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def master_argv(config_path: Path, replica_id: str) -> list[str]:
@@ -103,17 +129,19 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
-       user_certs: tuple[str, ...] = (), spare_masters: int = 0) -> dict[str, Any]:
+       user_certs: tuple[str, ...] = ()) -> dict[str, Any]:
     """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
     its own network namespace with its own address (see synapse.netns; needs root). With
-    `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on.
-    `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into."""
+    `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
         running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
         if running:
             raise click.ClickException(f"a local cluster is already running in {data_dir}; "
                                        "run `synapse-local down` first")
+    if data_dir.is_dir():
+        _sweep(data_dir)  # whatever a killed run in this data dir left
+        (data_dir / STOPPING).unlink(missing_ok=True)
     if masters not in (1, 3, 5):
         raise click.ClickException("--masters must be 1, 3 or 5")
     ports = [base_port + off + i for off in (0, 100, 200) for i in range(masters)]
@@ -130,8 +158,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     token = token_file.read_text().strip()
     ids = [f"m{i + 1}" for i in range(masters)]
     try:
-        spares = [f"m{masters + i + 1}" for i in range(spare_masters)]
-        net = MasterNet.create(ids + spares) if netns else None
+        net = MasterNet.create(ids, ledger=data_dir / NETNS_LEDGER) if netns else None
     except Unavailable as exc:
         raise click.ClickException(f"--netns: {exc}") from None
     hosts = [net.address(i) for i in ids] if net else ["127.0.0.1"] * masters
@@ -216,18 +243,22 @@ def stop_process(data_dir: Path, pid: int, sig: int = signal.SIGKILL, wait: floa
 def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: int = 8,
             heartbeat: float = 0.5) -> None:
     """Start a master or worker of this cluster again and record its pid in cluster.json. A
-    previous incarnation that still runs is stopped first: two on one data dir corrupt it."""
-    if proc.get("pid") and is_ours(proc["pid"], data_dir) and is_alive(proc["pid"]):
-        stop_process(data_dir, proc["pid"])
-    if proc in state["masters"]:
-        argv = master_argv(data_dir / "cluster.yaml", proc["id"])
-        if state.get("netns"):
-            argv = MasterNet.from_dict(state["netns"]).command(proc["id"], argv)
-    else:
-        argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
-                           data_dir / "secrets" / "token", proc["id"], proc["rack"], gpus, heartbeat)
-    proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
-    (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+    previous incarnation that still runs is stopped first: two on one data dir corrupt it. Once
+    `down` has begun, raises ClusterStopping instead (a fault under way must not outlive it)."""
+    with _locked(data_dir):
+        if (data_dir / STOPPING).exists():
+            raise ClusterStopping(f"the local cluster in {data_dir} is being stopped; not restarting {proc['id']}")
+        if proc.get("pid") and is_ours(proc["pid"], data_dir) and is_alive(proc["pid"]):
+            stop_process(data_dir, proc["pid"])
+        if proc in state["masters"]:
+            argv = master_argv(data_dir / "cluster.yaml", proc["id"])
+            if state.get("netns"):
+                argv = MasterNet.from_dict(state["netns"]).command(proc["id"], argv)
+        else:
+            argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
+                               data_dir / "secrets" / "token", proc["id"], proc["rack"], gpus, heartbeat)
+        proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
+        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
 
 
 def _pids(state: dict[str, Any]) -> list[int]:
@@ -235,26 +266,42 @@ def _pids(state: dict[str, Any]) -> list[int]:
 
 
 def down(data_dir: Path, grace: float = 10.0) -> list[int]:
-    """Stop what `up` started in this data dir (workers first); returns the pids stopped."""
+    """Stop what `up` started in this data dir, then sweep what cluster.json does not name (see the
+    module's docstring); returns the pids cluster.json listed that were running. SIGINT, SIGTERM
+    and SIGHUP wait until it is done (synapse.local.interrupts): a half-done `down` leaks."""
     data_dir = data_dir.resolve()
-    state = load_state(data_dir)
-    pids = [p for p in _pids(state) if is_ours(p, data_dir)]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(is_ours(p, data_dir) and is_alive(p) for p in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        if is_ours(pid, data_dir) and is_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    for pid in pids:
-        _reap(pid)
-    if state.get("netns"):
-        MasterNet.from_dict(state["netns"]).destroy()
+    with interrupts.deferred():
+        if data_dir.is_dir():
+            with _locked(data_dir):
+                (data_dir / STOPPING).touch()
+        state = load_state(data_dir) if (data_dir / "cluster.json").exists() else {}
+        pids = [p for p in _pids(state) if is_ours(p, data_dir)]
+        for pid in pids:
+            for sig in (signal.SIGTERM, signal.SIGCONT):  # a process paused by SIGSTOP handles nothing
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(is_ours(p, data_dir) and is_alive(p) for p in pids):
+            time.sleep(0.05)
+        for pid in pids:
+            if is_ours(pid, data_dir) and is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            _reap(pid)
+        if state.get("netns"):
+            MasterNet.from_dict(state["netns"]).destroy()
+        swept = _sweep(data_dir)
+    if not state and not swept:
+        load_state(data_dir)  # nothing was ever here: say so
     return pids
+
+
+def _sweep(data_dir: Path) -> list:
+    """Stop the processes marked with this data dir and remove the networks its ledger names;
+    returns what it found."""
+    return reaper.sweep(data_dir) + MasterNet.sweep(data_dir / NETNS_LEDGER)
 
 
 def is_alive(pid: int) -> bool:

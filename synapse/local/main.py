@@ -9,13 +9,16 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
-from synapse.local.cluster import client_tls, down, is_alive, is_ours, load_state, up
+from synapse.local import interrupts
+from synapse.local.cluster import NETNS_LEDGER, client_tls, down, is_alive, is_ours, load_state, up
 from synapse.local.demo import demo
 from synapse.local.netns import MasterNet
 
@@ -45,13 +48,35 @@ def main() -> None:
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
            heartbeat: float, tls: bool, user_certs: tuple[str, ...], netns: bool) -> None:
     """Start the cluster in the background; returns once it is ready."""
-    state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns,
-               user_certs=user_certs)
+    with _stopped_on_interrupt(data_dir, "stopping what `up` started"):
+        state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns,
+                   user_certs=user_certs)
     addresses = ",".join(m["api_address"] for m in state["masters"])
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")
     ca = f" SYNAPSE_CA={state['ca']} SYNAPSE_CERT={state['cert']} SYNAPSE_KEY={state['key']}" if state["ca"] else ""
     click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}{ca}")
+
+
+@contextmanager
+def _stopped_on_interrupt(data_dir: Path, doing: str) -> Iterator[None]:
+    """SIGINT, SIGTERM or SIGHUP stops the cluster in `data_dir` and exits with 128 + the signal."""
+    with interrupts.handled(doing):
+        try:
+            yield
+        except interrupts.Interrupted as exc:
+            if (data_dir / "cluster.json").exists() or (data_dir / NETNS_LEDGER).exists():
+                down(data_dir)  # `up` stops what it started itself; this also sweeps the rest
+            _echo(f"interrupted by {exc}: stopped everything started in {data_dir.resolve()}", err=True)
+            sys.exit(exc.exit_code)
+
+
+def _echo(text: str, err: bool = False) -> None:
+    """click.echo that survives a terminal that has gone (SIGHUP): output must not stop a clean-up."""
+    try:
+        click.echo(text, err=err)
+    except OSError:
+        pass
 
 
 def _net(data_dir: Path) -> MasterNet:
@@ -84,7 +109,11 @@ def heal_cmd(data_dir: Path) -> None:
 @main.command("down")
 @DATA_DIR
 def down_cmd(data_dir: Path) -> None:
-    """Stop every process the cluster in this data dir started."""
+    """Stop every process the cluster in this data dir started, and sweep what a killed run left.
+
+    Besides the processes cluster.json lists, it stops any process marked with this data dir in
+    its environment (tasks of a killed worker, say) and removes the network namespaces, bridge and
+    veths the data dir's ledger names."""
     pids = down(data_dir)
     click.echo(f"stopped {len(pids)} process(es)")
 
@@ -121,10 +150,12 @@ def demo_cmd(data_dir: Path | None, base_port: int) -> None:
     import tempfile
 
     if data_dir is not None:
-        ok = demo(data_dir, base_port)
+        with _stopped_on_interrupt(data_dir, "stopping the demo's cluster"):
+            ok = demo(data_dir, base_port, say=_echo)
     else:
-        with tempfile.TemporaryDirectory(prefix="synapse-demo-") as tmp:
-            ok = demo(Path(tmp), base_port)
+        with tempfile.TemporaryDirectory(prefix="synapse-demo-") as tmp, \
+                _stopped_on_interrupt(Path(tmp), "stopping the demo's cluster"):
+            ok = demo(Path(tmp), base_port, say=_echo)
     sys.exit(0 if ok else 1)
 
 

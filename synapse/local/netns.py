@@ -12,6 +12,10 @@ Cutting a master off from its peers is a routing change inside its namespace: a 
 per peer address. Its packets to the peers vanish (and so do its replies to theirs), while
 clients and workers, which reach it from the bridge address, still do. Needs root and `ip`
 (iproute2); `unavailable()` says why not, so callers can skip with that message.
+
+Every name carries the network's random tag. A caller that passes a ledger file to `create` has
+the tag written there before anything is built, so `sweep(ledger)` can remove whatever a run that
+was killed part-way left (namespaces, the bridge, veth ends), even before cluster.json names it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 SUBNET_PREFIX = "10.211"
 
@@ -64,20 +69,25 @@ class MasterNet:
     replicas: list[str]
 
     @classmethod
-    def create(cls, replicas: list[str]) -> MasterNet:
-        """Build the bridge and the namespaces; raises Unavailable (and leaves nothing) if it cannot."""
+    def create(cls, replicas: list[str], ledger: Path | None = None) -> MasterNet:
+        """Build the bridge and the namespaces; raises Unavailable (and leaves nothing) if it cannot.
+        With `ledger`, the network's tag is appended to that file first (see `sweep`)."""
         if os.geteuid() != 0:
             raise Unavailable("network namespaces need root (run the partition nemesis as root)")
         if shutil.which("ip") is None:
             raise Unavailable("the `ip` command (iproute2) is not installed")
+        tag = secrets.token_hex(3)
+        if ledger is not None:
+            with open(ledger, "a") as f:
+                f.write(tag + "\n")
         try:
-            return cls._build(replicas)
+            return cls._build(tag, replicas)
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             raise Unavailable(f"cannot build a private network here: {exc}") from exc
 
     @classmethod
-    def _build(cls, replicas: list[str]) -> MasterNet:
-        net = cls(tag=secrets.token_hex(3), subnet=_free_subnet(), replicas=list(replicas))
+    def _build(cls, tag: str, replicas: list[str]) -> MasterNet:
+        net = cls(tag=tag, subnet=_free_subnet(), replicas=list(replicas))
         try:
             _ip("link", "add", net.bridge, "type", "bridge")
             _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
@@ -138,6 +148,34 @@ class MasterNet:
         for replica in self.replicas:
             _ip("netns", "del", self.namespace(replica), check=False)
         _ip("link", "del", self.bridge, check=False)
+
+    @staticmethod
+    def leftovers(tags: list[str]) -> list[str]:
+        """Namespaces, bridges and veth ends that exist now and carry one of `tags`."""
+        if not tags or shutil.which("ip") is None:
+            return []
+        names = [line.split()[0] for line in _ip("netns", "list", check=False).splitlines() if line.strip()]
+        names += [line.split(":")[1].strip().split("@")[0]
+                  for line in _ip("-o", "link", "show", check=False).splitlines() if line.count(":") >= 2]
+        prefixes = tuple(p for tag in tags for p in (f"syn{tag}", f"synbr{tag}", f"synv{tag}"))
+        return sorted({n for n in names if n.startswith(prefixes)})
+
+    @staticmethod
+    def sweep(ledger: Path) -> list[str]:
+        """Remove every namespace, bridge and veth of the networks a ledger names; returns what it
+        removed. Idempotent; stop the processes inside the namespaces first, or they keep them."""
+        try:
+            tags = [t for t in ledger.read_text().split() if re.fullmatch(r"[0-9a-f]{6}", t)]
+        except OSError:
+            return []
+        found = MasterNet.leftovers(tags)
+        namespaces = set(_ip("netns", "list", check=False).split())
+        for name in found:
+            if name in namespaces:
+                _ip("netns", "del", name, check=False)
+            else:
+                _ip("link", "del", name, check=False)
+        return found
 
     def to_dict(self) -> dict:
         return {"tag": self.tag, "subnet": self.subnet, "replicas": self.replicas}
