@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
-from chaos.nemesis import MACHINE_FAULTS, NEEDS_NETNS, NEMESES, Target, unavailable  # noqa: E402
+from chaos.nemesis import MACHINE_FAULTS, MEMBERSHIP_FAULTS, NEEDS_NETNS, NEMESES, Target, unavailable  # noqa: E402
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.core import codec
 from synapse.core.model import JobSpec, PackMode, Queue, Resources, TopologySpec  # noqa: E402
@@ -206,8 +206,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
                   heartbeat_timeout=HEARTBEAT_TIMEOUT, faults=kinds)
     data_dir = out / "cluster"
     # Jobs are never forgotten during a run: the checkers compare every acknowledged job with the end.
-    state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters), heartbeat=0.5,
-                     job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)))
+    spare = 2 if MEMBERSHIP_FAULTS & set(kinds) and masters == 3 else 0  # room to grow 3 -> 5
+    state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters + spare), heartbeat=0.5,
+                     job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)), spare_masters=spare)
+    members = sorted(m["raft_address"] for m in state["masters"])
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20))
     half = Resources(0, 0, workers * GPUS // 2)
@@ -234,6 +236,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         heal(target)
         settle(target.client, [w["id"] for w in state["workers"]], timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 60)
         replicas = replica_records(target)
+        final_members = target.members()
         for r in replicas:
             history.write("replica", **r)
     finally:
@@ -266,6 +269,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
             after = [t for t in ok_times if t > f["start"]]
             if after:
                 failover.append(round(after[0] - f["start"], 3))
+    done = [f for f in faults if "skipped" not in f["detail"]]
     report = {
         "faults": sum(counts.values()), "fault_kinds": counts, "ops": len(ops),
         "acked": sum(1 for r in ops if r["f"] == "submit" and r["status"] == "ok"),
@@ -283,11 +287,18 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # Gangs stopped by a preemption plan, and plans committed (a gang may be preempted twice).
         "preemptions": sum(1 for j in final.values() for e in j.events if e.kind == "Preempted"),
         "failover_s": failover, "seconds": round(ended - started, 1), "history": str(out / "history.jsonl"),
+        # Per fault kind, the longest stretch without a successful operation from its start.
+        "outage_by_kind": checkers.outages_by_kind(ok_times, faults, workload_ended),
+        # Leader changes caused by healing a partitioned follower (PreVote keeps this at 0).
+        "heal_leader_changes": sum(1 for f in done if f["detail"].get("leader_changed")),
+        # The Raft members at the end are the ones the run started with (membership faults undo
+        # themselves: grow and shrink back, replace with the same id).
+        "members_ok": final_members == members,
         "overcommit_details": overcommits[:10],
     }
     report["ok"] = (not report["lost"] and not overcommits and not report["partial_gangs"]
                     and not report["duplicate_tasks"] and report["replicas_converged"] and not report["log_conflicts"]
-                    and report["linearizable"] == "ok")
+                    and report["linearizable"] == "ok" and report["heal_leader_changes"] == 0 and report["members_ok"])
     return report
 
 
@@ -340,7 +351,7 @@ def _main() -> None:
     else:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
-                    "failover_s", "seconds", "history"):
+                    "heal_leader_changes", "members_ok", "outage_by_kind", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

@@ -129,10 +129,11 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
-       user_certs: tuple[str, ...] = ()) -> dict[str, Any]:
+       user_certs: tuple[str, ...] = (), spare_masters: int = 0) -> dict[str, Any]:
     """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
     its own network namespace with its own address (see synapse.netns; needs root). With
-    `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on."""
+    `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on.
+    `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
         running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
@@ -158,7 +159,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     token = token_file.read_text().strip()
     ids = [f"m{i + 1}" for i in range(masters)]
     try:
-        net = MasterNet.create(ids, ledger=data_dir / NETNS_LEDGER) if netns else None
+        spares = [f"m{masters + i + 1}" for i in range(spare_masters)]
+        net = MasterNet.create(ids + spares, ledger=data_dir / NETNS_LEDGER) if netns else None
     except Unavailable as exc:
         raise click.ClickException(f"--netns: {exc}") from None
     hosts = [net.address(i) for i in ids] if net else ["127.0.0.1"] * masters
