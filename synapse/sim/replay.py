@@ -119,7 +119,7 @@ class Replay(Simulator):
 
     def replay(self) -> RunResult:
         started = time.perf_counter()
-        jobs, i, events = self.trace.jobs, 0, 0
+        jobs, i, events = sorted(self.trace.jobs, key=lambda j: j.submit), 0, 0
         last_round = -math.inf
         while True:
             arrival = jobs[i].submit if i < len(jobs) else math.inf
