@@ -225,6 +225,14 @@ class Cgroups:
                 pass
         return out
 
+    def close(self) -> None:
+        """Remove this worker's directories if no task cgroup is left in them (the agent is leaving)."""
+        for parent in self.parents.values():
+            try:
+                parent.rmdir()
+            except OSError:
+                pass  # tasks still run (they outlive the agent), or it is already gone
+
     def _probe(self) -> None:
         name = f"probe-{os.getpid()}"
         self.create(name, Limits(64 << 20, 1000, 64))
@@ -354,6 +362,11 @@ def detect(group: str, proc_cgroup: str, mountinfo: str) -> Cgroups:
     raise IsolationError("; ".join(problems))
 
 
+def here(group: str, proc: Path = Path("/proc/self")) -> Cgroups:
+    """The cgroups `detect` finds for this process, without creating anything."""
+    return detect(group, (proc / "cgroup").read_text(), (proc / "mountinfo").read_text())
+
+
 def choose(mode: str, group: str, proc: Path = Path("/proc/self")) -> tuple[Cgroups | None, str]:
     """The isolation `--isolation MODE` yields here, and how to describe it.
 
@@ -362,7 +375,7 @@ def choose(mode: str, group: str, proc: Path = Path("/proc/self")) -> tuple[Cgro
     if mode == "none":
         return None, "none (--isolation none)"
     try:
-        cgroups = detect(group, (proc / "cgroup").read_text(), (proc / "mountinfo").read_text())
+        cgroups = here(group, proc)
         cgroups.prepare()
     except (IsolationError, OSError) as exc:
         if mode == "cgroup":

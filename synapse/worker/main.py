@@ -187,6 +187,8 @@ def main(masters: str, token: str, token_file: str | None, node_id: str, rack: s
         fail("synapse-worker", str(exc), 4)
     if stop_tasks_on_exit:
         stop_all(agent.runtime, [t.handle for t in agent.state.running() if t.handle], stop_grace)
+    if cgroups is not None:
+        cgroups.close()
     log.info("worker stopped node=%s", node_id)
 
 
