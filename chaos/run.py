@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -39,6 +40,8 @@ from synapse.proto import api_pb2  # noqa: E402
 
 HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
 STOP_GRACE = 3.0  # synapse-local's workers
+#: After an interrupt and `down`, how long the runner waits for its fault and client threads.
+INTERRUPTED_JOIN_S = 5.0
 GPUS = 8
 #: Two queues share the cluster, each guaranteed half of it: they borrow from each other and take it
 #: back by preemption (reclaim), and higher priority evicts lower inside a queue.
@@ -245,8 +248,13 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # `down` before waiting for the threads: once it has begun, a fault still under way can no
         # longer restart a process (local.restart refuses), so an interrupted run stops at once
         # instead of after the fault and the clients' deadlines. Normally the threads have ended.
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         local.down(data_dir)
-        _join(threads)
+        if interrupted:  # a fault under way may poll the stopped cluster until its own deadline
+            for t in threads:
+                t.join(timeout=INTERRUPTED_JOIN_S / len(threads))
+        else:
+            _join(threads)
     ended = time.time()
     for record in worker_task_records(data_dir, state["workers"]):
         history.write("task", **{k: v for k, v in record.items() if k != "type"})
@@ -345,7 +353,10 @@ def _main() -> None:
     except interrupts.Interrupted as exc:
         local.down(out / "cluster")  # also what an interrupt between `up` and run()'s try left
         _tell(f"chaos run interrupted by {exc}: its cluster is stopped; files in {out}")
-        sys.exit(exc.exit_code)
+        # Not sys.exit: a fault thread may still poll the stopped cluster until its own deadline
+        # (up to a minute), and the interpreter would wait for it. Nothing is left to clean up.
+        sys.stdout.flush()
+        os._exit(exc.exit_code)
     if args.json:
         print(json.dumps(report))
     else:
