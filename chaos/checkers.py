@@ -220,7 +220,7 @@ def outages_by_kind(ok_times: list[float], faults: list[dict], workload_ended: f
     """Per fault kind: how many, and the median, p99 and max of their outages (seconds)."""
     by_kind: dict[str, list[float]] = defaultdict(list)
     for f in faults:
-        if "skipped" in f["detail"] or f["start"] >= workload_ended:
+        if "skipped" in f["detail"] or "error" in f["detail"] or f["start"] >= workload_ended:
             continue
         by_kind[f["kind"]].append(outage(ok_times, f["start"], f["end"], workload_ended))
     out = {}

@@ -125,7 +125,7 @@ class Target:
                 self.client.call(method, request)
                 return
             except (ClientError, ClusterUnavailable) as exc:  # another change under way, or a failover
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or "cannot remove itself" in str(exc):
                     raise RuntimeError(f"{method} failed for {timeout:.0f} s: {exc}") from exc
                 time.sleep(0.2)
 
@@ -168,13 +168,20 @@ class Target:
         """Remove a replica from the membership, stop it, take it out of the cluster file (and
         with `wipe`, delete its data, as a replaced machine would come back empty)."""
         proc = self.master_by_id(replica_id)
-        leader = self.wait_leader()
-        if leader is not None and leader["id"] == replica_id:  # a leader cannot remove itself
-            with self.restart_lock:
-                self.kill(proc, signal.SIGTERM)
-            self.wait_leader(15)
-        self._membership("RemoveReplica", api_pb2.MembershipRequest(id=replica_id,
-                                                                    raft_address=proc["raft_address"]))
+        request = api_pb2.MembershipRequest(id=replica_id, raft_address=proc["raft_address"])
+        deadline = time.monotonic() + 60
+        while True:
+            leader = self.wait_leader()
+            if leader is not None and leader["id"] == replica_id:  # a leader cannot remove itself:
+                with self.restart_lock:  # stop it, so another leads (it is leaving anyway)
+                    self.kill(proc, signal.SIGTERM)
+                self.wait_leader(15)
+            try:
+                self._membership("RemoveReplica", request, timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except RuntimeError as exc:  # it became the leader between the check and the call
+                if "cannot remove itself" not in str(exc) or time.monotonic() > deadline:
+                    raise
         with self.restart_lock:
             self.kill(proc, signal.SIGTERM)
             self.state["masters"].remove(proc)
@@ -320,8 +327,11 @@ def replace_follower(t: Target, rng: random.Random, history: History) -> dict:
 
 def restart_masters(t: Target, rng: random.Random, history: History) -> dict:
     start = time.time()
+    for m in t.state["masters"]:  # all at once, as a power cut or a rolling-restart mistake would
+        if t.master_alive(m):
+            os.kill(m["pid"], signal.SIGTERM)
     for m in t.state["masters"]:
-        t.kill(m, signal.SIGTERM)
+        t.kill(m, signal.SIGTERM)  # waits (bounded) until it is gone
     for m in t.state["masters"]:
         t.restart_master(m)
     return _record(history, "restart-masters", [m["id"] for m in t.state["masters"]], start)

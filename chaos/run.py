@@ -109,10 +109,18 @@ def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threa
         kind = rng.choice(kinds)
         try:
             fault = NEMESES[kind](target, rng, history)
-        except Exception:
+        except Exception as exc:
             if stop.is_set():
                 return  # the run is being torn down under this fault (interrupted): its processes are gone
-            raise
+            # A fault that could not be carried out is a finding (the run fails), not a dead lane:
+            # record it, heal what it may have left, and go on injecting.
+            history.write("fault", kind=kind, targets=[], start=time.time(), end=time.time(),
+                          detail={"error": f"{type(exc).__name__}: {exc}"})
+            with target.restart_lock:
+                counts.setdefault("errors", 0)
+                counts["errors"] += 1
+            heal(target)
+            continue
         if "skipped" not in fault["detail"]:
             with target.restart_lock:
                 counts[kind] = counts.get(kind, 0) + 1
@@ -277,9 +285,12 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
             after = [t for t in ok_times if t > f["start"]]
             if after:
                 failover.append(round(after[0] - f["start"], 3))
-    done = [f for f in faults if "skipped" not in f["detail"]]
+    done = [f for f in faults if "skipped" not in f["detail"] and "error" not in f["detail"]]
+    errors = counts.pop("errors", 0)
     report = {
         "faults": sum(counts.values()), "fault_kinds": counts, "ops": len(ops),
+        # Faults that raised instead of completing (each also in the history with its error).
+        "nemesis_errors": errors,
         "acked": sum(1 for r in ops if r["f"] == "submit" and r["status"] == "ok"),
         "lost": checkers.lost_acknowledged(records, set(final)),
         "overcommits": len(overcommits),
@@ -306,7 +317,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     }
     report["ok"] = (not report["lost"] and not overcommits and not report["partial_gangs"]
                     and not report["duplicate_tasks"] and report["replicas_converged"] and not report["log_conflicts"]
-                    and report["linearizable"] == "ok" and report["heal_leader_changes"] == 0 and report["members_ok"])
+                    and report["linearizable"] == "ok" and report["heal_leader_changes"] == 0 and report["members_ok"]
+                    and not report["nemesis_errors"])
     return report
 
 
@@ -362,7 +374,8 @@ def _main() -> None:
     else:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
-                    "heal_leader_changes", "members_ok", "outage_by_kind", "failover_s", "seconds", "history"):
+                    "heal_leader_changes", "members_ok", "nemesis_errors", "outage_by_kind", "failover_s", "seconds",
+                    "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

@@ -26,6 +26,14 @@ from synapse.proto import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+#: gRPC backs off reconnecting to an address that refused (1 s, then 1.6 x up to 2 min by default),
+#: and fails calls at once meanwhile: after a restart of every master, clients kept failing for
+#: seconds against replicas that were serving again. Masters restart; retry the link quickly.
+RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+             ("grpc.max_reconnect_backoff_ms", 500))
+#: A try's budget for the listings, which carry a whole cluster's jobs or nodes.
+LISTING_TRY_S = 10.0
+
 #: Codes after which another replica (or the same one later) may succeed. RESOURCE_EXHAUSTED (a
 #: full disk or command queue) is the leader's own answer: every replica would send us back to it,
 #: so it goes to the caller.
@@ -84,7 +92,7 @@ class MasterClient:
     """A failover-aware client for a list of master API addresses."""
 
     def __init__(self, addresses: str | list[str], token: str = "", *, deadline: float = 30.0,
-                 try_timeout: float = 5.0, backoff: tuple[float, float] = (0.05, 1.0),
+                 try_timeout: float = 1.5, backoff: tuple[float, float] = (0.05, 0.25),
                  tls: TLSFiles | None = None) -> None:
         self.addresses = parse_addresses(addresses)
         if not self.addresses:
@@ -115,7 +123,7 @@ class MasterClient:
         """The (cached) channel to one address: TLS when configured."""
         channel = self._channels.get(address)
         if channel is None:
-            options = [("grpc.max_receive_message_length", 4 << 20), ("grpc.enable_retries", 0)]
+            options = [("grpc.max_receive_message_length", 4 << 20), ("grpc.enable_retries", 0), *RECONNECT]
             if self.tls is not None:
                 channel = grpc.secure_channel(address, channel_credentials(self.tls), options=options)
             else:
@@ -127,9 +135,13 @@ class MasterClient:
         ordered = ([self.leader] if self.leader else []) + [a for a in self.addresses if a != self.leader]
         return ordered
 
-    def call(self, method: str, request: Any, *, deadline: float | None = None, to: str | None = None) -> Any:
-        """Call `method` on the leader (or on `to` only, for per-replica reads), with failover."""
+    def call(self, method: str, request: Any, *, deadline: float | None = None, to: str | None = None,
+             try_timeout: float | None = None) -> Any:
+        """Call `method` on the leader (or on `to` only, for per-replica reads), with failover.
+        A try that gets no answer within `try_timeout` (a leader whose process stalls) moves on to
+        the next replica: the short default bounds an outage; large listings pass a longer one."""
         end = time.monotonic() + (deadline if deadline is not None else self.deadline)
+        per_try = try_timeout or self.try_timeout
         pause = self.backoff[0]
         last_error = "no replica tried"
         while True:
@@ -143,7 +155,7 @@ class MasterClient:
                     break
                 try:
                     reply = getattr(self.stub(address), method)(
-                        request, timeout=min(self.try_timeout, remaining), metadata=self.metadata)
+                        request, timeout=min(per_try, remaining), metadata=self.metadata)
                     if not to:
                         self.leader = address
                     return reply
@@ -201,14 +213,14 @@ class MasterClient:
         after = ""
         while True:
             reply = self.call("ListJobs", api_pb2.ListJobsRequest(status=statuses or [], limit=page, after=after,
-                                                                  user=user))
+                                                                  user=user), try_timeout=LISTING_TRY_S)
             out += reply.jobs
             if not reply.next:
                 return out
             after = reply.next
 
     def list_nodes(self) -> list[api_pb2.NodeInfo]:
-        return list(self.call("ListNodes", api_pb2.ListNodesRequest()).nodes)
+        return list(self.call("ListNodes", api_pb2.ListNodesRequest(), try_timeout=LISTING_TRY_S).nodes)
 
     def cancel(self, job_id: str, reason: str = "") -> str:
         return self.call("CancelJob", api_pb2.CancelJobRequest(job_id=job_id, reason=reason)).status
@@ -216,4 +228,4 @@ class MasterClient:
     def replica_status(self, address: str, timeout: float = 2.0, digest: bool = False) -> api_pb2.ReplicaStatusReply:
         """One replica's own view; `digest` adds the state digest (a pass over the whole state)."""
         return self.call("ReplicaStatus", api_pb2.ReplicaStatusRequest(with_digest=digest), deadline=timeout,
-                         to=address)
+                         to=address, try_timeout=timeout)

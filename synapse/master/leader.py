@@ -43,7 +43,12 @@ FORGET_CHUNK = 500
 
 
 class LeaderLoops:
-    """The loops one leadership term runs; `stop()` cancels them all."""
+    """The loops one leadership term runs; `stop()` cancels them all.
+
+    Every loop also checks `stopped`, and a stopped term proposes nothing: Python 3.11's
+    `asyncio.wait_for` can swallow a cancellation that races with its result, and a loop that
+    survived its term went on proposing with the old term (rejected as stale, but forever) and
+    kept the process from stopping."""
 
     def __init__(self, master: Master, term: int) -> None:
         self.master = master
@@ -53,6 +58,7 @@ class LeaderLoops:
         self.waiting: dict[str, WaitReason] = {}  #: why each pending job waits, from the last round
         self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen
         self._tasks: list[asyncio.Task] = []
+        self.stopped = False
         self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
         self._proposed_health: set[str] = set()  #: nodes a SetNodeHealth is already on its way for
         self._last_sweep = 0.0  #: monotonic time of the last retention sweep
@@ -63,17 +69,20 @@ class LeaderLoops:
         self._tasks.append(asyncio.create_task(self._run()))
 
     def stop(self) -> None:
+        self.stopped = True
         for task in self._tasks:
             task.cancel()
 
     async def _run(self) -> None:
-        while True:
+        while not self.stopped:
             try:
                 await self.master.propose(c.Barrier(at=time.time(), term=self.term, reason="leader start"))
                 break
             except ProposeError as exc:
                 log.info("leader barrier failed term=%d kind=%s; retrying", self.term, exc.kind)
                 await asyncio.sleep(0.05)
+        if self.stopped:
+            return
         with self.master.lock:
             nodes = list(self.master.state.nodes)
         self.master.heartbeats.grace(nodes, time.monotonic())
@@ -84,6 +93,8 @@ class LeaderLoops:
 
     async def propose(self, cmd: c.Command) -> c.Result | None:
         """Propose a leader-only command; None if it did not commit (the next round retries)."""
+        if self.stopped:
+            return None
         try:
             result = await self.master.propose(cmd)
         except ProposeError as exc:
@@ -97,7 +108,7 @@ class LeaderLoops:
 
     async def _schedule_loop(self) -> None:
         dirty = self.master.scheduler_dirty
-        while True:
+        while not self.stopped:
             full = False
             try:
                 await asyncio.wait_for(dirty.wait(), SCHEDULE_TICK_S)
@@ -194,7 +205,7 @@ class LeaderLoops:
 
     async def _monitor_loop(self) -> None:
         period = min(1.0, self.master.config.heartbeat_timeout / 4)
-        while True:
+        while not self.stopped:
             await asyncio.sleep(period)
             await self.check_once()
 

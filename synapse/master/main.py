@@ -13,8 +13,11 @@ need from here and never import it, so the master's modules import each other wi
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -48,8 +51,21 @@ EXIT_STORAGE = 3
 MAX_MESSAGE_BYTES = 4 << 20
 
 
-async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | None = None) -> None:
-    """Run one replica until SIGTERM / SIGINT (or `stop` is set)."""
+#: A replica asked to stop is gone within this long, clean or not: a restart (or a failover) must
+#: not wait on a call or a thread that hangs in the shutdown. Nothing is lost by cutting it short:
+#: every acknowledged write is in the fsynced journal, as after a kill -9.
+SHUTDOWN_DEADLINE_S = 2.0
+
+
+def _exit_if_still_running(replica_id: str) -> None:
+    log.warning("master did not stop within %.0f s; exiting now replica=%s", SHUTDOWN_DEADLINE_S, replica_id)
+    os._exit(0)
+
+
+async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | None = None,
+                hard_stop: bool = False) -> None:
+    """Run one replica until SIGTERM / SIGINT (or `stop` is set). With `hard_stop` (the
+    synapse-master process), the process exits SHUTDOWN_DEADLINE_S after the stop at the latest."""
     replica = config.replica(replica_id)
     timeouts = RaftTimeouts(election_min=config.election_min, election_max=config.election_max,
                             leader_fallback=config.election_min)
@@ -95,6 +111,11 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     systemd.notify("READY=1")
     await stop.wait()
     systemd.notify("STOPPING=1")
+    if hard_stop:
+        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_S - 0.5)  # where a slow stop hangs, in the log
+        timer = threading.Timer(SHUTDOWN_DEADLINE_S, _exit_if_still_running, args=(replica_id,))
+        timer.daemon = True
+        timer.start()
     pulse.cancel()
     await health.enter_graceful_shutdown()
     guard.cancel()
@@ -102,7 +123,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     watcher.cancel()
     if master.leader_loops is not None:
         master.leader_loops.stop()
-    await server.stop(grace=1.0)
+    await server.stop(grace=0.5)
     if http is not None:
         http.stop()
     raft.replicated.listener = None
@@ -162,7 +183,7 @@ def main(ctx: click.Context, config_path: str | None, replica_id: str | None, lo
     except ConfigError as exc:
         fail("synapse-master", str(exc))
     try:
-        asyncio.run(serve(config, replica_id))
+        asyncio.run(serve(config, replica_id, hard_stop=True))
     except StorageError as exc:
         fail("synapse-master", str(exc), EXIT_STORAGE)
 
