@@ -269,6 +269,20 @@ def test_only_the_head_of_a_queue_evicts_what_was_backfilled_past_it():
     assert isinstance(found, str) and "would still not make room" in found
 
 
+def test_a_gang_that_asks_for_a_gpu_model_takes_victims_only_on_nodes_of_that_model():
+    import dataclasses
+
+    state = state_with([Queue("a", guaranteed=gpu(16)), Queue("b")], racks=1, nodes_per_rack=2)
+    for node_id, model in (("r0-n0", "A100"), ("r0-n1", "H100")):
+        state.nodes[node_id] = dataclasses.replace(state.nodes[node_id], labels=(("gpu_model", model),))
+    run(state, "cheap-a100", "b", ["r0-n0"], started=5900)  # the cheaper victim, on the wrong model
+    run(state, "dear-h100", "b", ["r0-n1"], started=1000)
+    checked(state, c.SubmitJob(at=5000, job_id="h", request_id="h", spec=dataclasses.replace(
+        spec(tasks=1, gpu=8, queue="a"), gpu_model="h100")))
+    found = preemption.plan(state, state.jobs["h"], 6000)
+    assert [v.job_id for v in found.command.victims] == ["dear-h100"] and found.command.nodes == ("r0-n1",)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_random_workloads_keep_every_promise(seed):
     """Random queues and gangs: every step keeps the invariants (no overcommit, no partial gang);

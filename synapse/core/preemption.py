@@ -396,6 +396,9 @@ def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
     """The cheapest victims whose going lets the whole gang fit on these nodes, and the nodes to
     hold for it; None if no eligible set does."""
     node_ids = [n for n in node_ids if state.held_nodes.get(n, job.id) == job.id]  # not others' holds
+    if job.spec.gpu_model:  # only nodes of the GPU model it asks for
+        model = job.spec.gpu_model.lower()
+        node_ids = [n for n in node_ids if state.nodes[n].label("gpu_model").lower() == model]
     room = _Room(state, job, node_ids)
     if room.fits():
         return None  # it fits without anyone leaving: the scheduler will place it
