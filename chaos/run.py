@@ -103,10 +103,15 @@ def workload(client_id: int, addresses: list[str], token: str, history: History,
 
 def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threading.Event, seed: int,
                  interval: float, counts: dict[str, int], lane: str = "") -> None:
-    """Inject faults of `kinds`, one at a time, until `stop`; each lane has its own seeded schedule."""
+    """Inject faults of `kinds`, one at a time, until `stop`; each lane has its own seeded schedule.
+    Kinds come in seeded shuffled rounds (each kind once a round), so even a short run covers them all."""
     rng = random.Random(f"{seed}:{lane}" if lane else seed)
+    bag: list[str] = []
     while not stop.wait(rng.uniform(interval * 0.5, interval * 1.5)):
-        kind = rng.choice(kinds)
+        if not bag:
+            bag = list(kinds)
+            rng.shuffle(bag)
+        kind = bag.pop()
         try:
             fault = NEMESES[kind](target, rng, history)
         except Exception as exc:
