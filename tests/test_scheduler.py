@@ -1,10 +1,13 @@
 """Queue policy: order, reservation of the head blocked gang, backfill, and no starvation."""
 
+import dataclasses
+import math
 import random
 
+from synapse.core import commands as c
 from synapse.core.model import JobStatus, Placement, Plan
 from synapse.core.placement import ClusterView, place
-from synapse.core.scheduler import schedule_round
+from synapse.core.scheduler import TUNING, schedule_round
 from synapse.core.sim import Simulator, uniform_cluster
 from tests.helpers import spec
 
@@ -180,3 +183,106 @@ def test_the_memo_is_refused_after_any_other_command_or_a_job_queued_ahead():
     memo = schedule_round(s.state, s.now).memo
     s.advance()
     assert not memo.valid_for(s.state)  # a task ended: capacity changed
+
+
+def occupy_until(s, limits):
+    """Run a one-node, whole-node job with this time limit on each node (started now)."""
+    for node_id, limit in limits.items():
+        job_id = s.submit(spec(tasks=1, time_limit=limit), duration=limit)
+        s.commit(Plan(job_id, 1, (Placement(0, node_id, tuple(range(8)), 0),)))
+
+
+def end_tasks_on(s, node_ids):
+    for node_id in node_ids:
+        for job_id, attempt, index in sorted(s.state.live_tasks[node_id]):
+            assert s.apply(c.TaskExited(at=s.now, job_id=job_id, attempt=attempt, index=index, node_id=node_id,
+                                        exit_code=0)).ok
+
+
+def test_reservation_takes_the_nodes_expected_to_free_first():
+    """r0 has a free node now but its busy ones run to t=500; r1's all end by t=100: the gang is
+    expected to start earlier on r1, so r1 is held (most room now would have picked r0)."""
+    s = sim(racks=2, nodes_per_rack=4)
+    occupy_until(s, {"r0-n0": 500, "r0-n1": 500, "r0-n2": 500, "r1-n0": 100, "r1-n1": 50, "r1-n2": 100,
+                     "r1-n3": 80})
+    big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    res = s.schedule().reservation
+    assert res.job_id == big and res.domain == ("z0", "b0", "r1") and res.starts_at == 100
+    # Two of r1's nodes would do for a 2-node gang: the two that end first.
+    s2 = sim(racks=2, nodes_per_rack=4)
+    occupy_until(s2, {n: 100 + 10 * i for i, n in enumerate(sorted(s2.state.nodes))})
+    s2.submit(spec(tasks=2), duration=10)
+    res = s2.schedule().reservation
+    assert res.nodes == {"r0-n0", "r0-n1"} and res.starts_at == 110
+
+
+def test_a_kept_reservation_moves_only_for_a_clearly_earlier_start():
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 1000, "r0-n1": 1000, "r1-n0": 2000, "r1-n1": 2000})
+    big = s.submit(spec(tasks=2, pack="rack", required=True), duration=10)
+    first = s.schedule().reservation
+    assert first.domain == ("z0", "b0", "r0") and first.starts_at == 1000
+    # The jobs on r1 are cancelled and replaced by ones ending at 950 and 980: earlier, but not by
+    # the margin (max(600 s, 10 % of the 1000 s wait)): the reservation stays.
+    end_tasks_on(s, ["r1-n0", "r1-n1"])
+    occupy_until(s, {"r1-n0": 950, "r1-n1": 980})
+    kept = schedule_round(s.state, s.now, first).reservation
+    assert kept.nodes == first.nodes and kept.starts_at == 1000
+    # r1 now ends at 300: 700 s earlier, past the margin; the gang moves there, and stays.
+    end_tasks_on(s, ["r1-n0", "r1-n1"])
+    occupy_until(s, {"r1-n0": 300, "r1-n1": 300})
+    moved = schedule_round(s.state, s.now, kept).reservation
+    assert moved.job_id == big and moved.domain == ("z0", "b0", "r1") and moved.starts_at == 300
+    assert schedule_round(s.state, s.now, moved).reservation == moved
+
+
+def test_the_next_blocked_gangs_reserve_other_nodes_and_backfill_respects_each():
+    s = sim(racks=2, nodes_per_rack=4)
+    occupy_until(s, {n: 100 for n in sorted(s.state.nodes)})
+    first = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    second = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    third = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, reservations=2))
+    assert [r.job_id for r in result.reservations] == [first, second]
+    assert result.reservation == result.reservations[0]
+    assert not result.reservations[0].nodes & result.reservations[1].nodes
+    assert result.waiting[third].code == "BehindReservation"
+    # A one-node job ending at t=50 may backfill either reservation (both start at t=100); one
+    # ending at t=150 neither.
+    end_tasks_on(s, ["r0-n0"])
+    quick = s.submit(spec(tasks=1, time_limit=50), duration=10)
+    slow = s.submit(spec(tasks=1, time_limit=150), duration=10)
+    result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, reservations=2))
+    assert [p.job_id for p in result.plans] == [quick] and slow in result.waiting
+
+
+def test_a_preferred_gang_waits_a_bounded_time_for_one_rack():
+    """Delay scheduling: 2 free nodes, one in each rack. A 2-node gang that would fit one rack
+    waits for it; once its locality wait is over it takes the split placement. A gang larger than
+    any rack is split at once."""
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000_000, "r1-n0": 10_000_000})
+    gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
+    result = s.schedule()
+    assert result.plans == [] and "waiting for one rack" in str(result.waiting[gang])
+    wait = TUNING.locality_wait_s
+    assert 0 < wait < math.inf
+    s.advance(until=wait - 1)
+    assert schedule_round(s.state, s.now).plans == []
+    s.advance(until=wait)
+    plans = schedule_round(s.state, s.now).plans
+    assert [p.job_id for p in plans] == [gang]
+    assert {p.node_id for p in plans[0].placements} == {"r0-n1", "r1-n1"}
+
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000_000})
+    wide = s.submit(spec(tasks=3, time_limit=3600), duration=10)  # racks hold 2
+    assert [p.job_id for p in s.schedule().plans] == [wide]
+
+
+def test_a_preferred_gang_that_fits_one_rack_now_starts_at_once():
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 1000})
+    gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
+    plans = s.schedule().plans
+    assert [p.job_id for p in plans] == [gang] and {p.node_id for p in plans[0].placements} == {"r1-n0", "r1-n1"}

@@ -9,6 +9,7 @@ import pytest
 
 from synapse.core import commands as c
 from synapse.core.model import JobStatus
+from synapse.core.scheduler import TUNING
 from synapse.core.sim import Simulator, uniform_cluster
 from synapse.sim import trace as tracefile
 from synapse.sim.generate import DURATION_QUANTILES, MIXES, Recipe, generate, sample_duration
@@ -205,12 +206,19 @@ def test_the_flat_ablation_cannot_see_racks():
     assert any(r.racks > 1 for r in flat.values())
 
 
-def test_the_strict_ablation_waits_for_a_rack():
+def test_synapse_waits_a_bounded_time_for_a_rack_and_the_strict_ablation_for_ever():
     # 3 nodes busy in each rack, then a 2-node gang: 2 nodes are free, but in different racks.
     jobs = [job(f"f{i}", 0, 8, 100) for i in range(6)] + [job("gang", 1, 16, 10)]
-    assert run(jobs, "synapse")["gang"].racks == 2
+    for policy in ("synapse", "synapse-strict"):
+        gang = run(jobs, policy)["gang"]
+        assert gang.racks == 1 and gang.start == 100, policy
+    # The busy nodes stay busy past the locality wait: synapse then splits the gang, strict waits.
+    long = TUNING.locality_wait_s + 1000
+    jobs = [job(f"f{i}", 0, 8, long) for i in range(6)] + [job("gang", 1, 16, 10)]
+    gang = run(jobs, "synapse")["gang"]
+    assert gang.racks == 2 and gang.start == 1 + TUNING.locality_wait_s
     strict = run(jobs, "synapse-strict")["gang"]
-    assert strict.racks == 1 and strict.start == 100
+    assert strict.racks == 1 and strict.start == long
 
 
 def test_big_gangs_starve_under_greedy_but_not_under_fifo():

@@ -10,23 +10,34 @@ within their queue's guarantee first, then by the weighted dominant share of the
 admitted, see synapse.core.preemption):
 
 * A gang that fits is planned at once, and its resources count as used for the rest of the round.
-  A gang that does not fit holds nothing.
-* The first gang that does not fit (but would fit the idle cluster) gets a **reservation**: the
-  nodes of the topology domain closest to fitting it, enough to hold it once they are empty. The
-  reservation is sticky — kept for the same job and attempt while its nodes accept work — so its
-  nodes only ever drain: nothing new lands there, and the gang cannot be starved.
-* Jobs behind it are **backfilled** on nodes outside the reservation, or inside it when the job's
-  `time_limit` ends before the reservation is expected to start (known only when every task on
-  the reserved nodes has a time limit itself; otherwise the reserved nodes stay untouched).
+  A gang that does not fit holds nothing. "Fits" includes locality (delay scheduling, Zaharia et
+  al.): a multi-task gang with `preferred` packing that one domain of its pack level (a rack when
+  it names none) would hold when idle fits only inside one such domain for `Tuning.locality_wait_s`
+  after its submission; after that it takes a split placement, and a gang no such domain can hold
+  is split at once. Waiting is what keeps gangs in one rack: when a gang finally fits, it is
+  usually in the holes the others left, across racks. The wait is bounded, so no gang starves.
+* The first `Tuning.reservations` gangs that do not fit (but would fit the idle cluster) each get a
+  **reservation**, on nodes no earlier reservation holds: in the lowest-level domain that holds the
+  gang when idle, the nodes expected to be empty first by the time limits of their tasks (then
+  those with the most room now). So a gang waits for the jobs that end first, not for whatever
+  long job sits on the emptiest nodes. The head's reservation is carried to the next round and
+  kept while its nodes accept work, unless another choice is expected to start clearly earlier
+  (`Tuning.switch_margin`): reserved nodes only drain, so a kept reservation only gets closer,
+  and each move gains the margin — no flip-flop, and the head gang cannot be starved.
+* Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
+  job's `time_limit` ends before that reservation is expected to start (known only when every
+  task on its nodes has a time limit itself; otherwise those nodes stay untouched).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from synapse.core.fsm import ClusterState
-from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, topology_path
+from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
 from synapse.core.placement import ClusterView, pack_depth, place
 from synapse.core.preemption import admission_key, max_block, pool_of
 from synapse.core.topology import Domain
@@ -50,6 +61,26 @@ class Reservation:
 
 #: Why a gang waits, a closed set ranked from the most to the least lasting (metrics count by it).
 PENDING_REASONS = ("Unschedulable", "QueueAtMax", "BehindReservation", "Resources", "Preempting")
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """The queue policy's knobs; `TUNING` is what the leader runs (the simulator may ablate)."""
+
+    reservations: int = 2  #: blocked gangs, in queue order, that reserve nodes each round
+    #: a kept reservation moves only for a start expected this much earlier: a share of its own
+    #: remaining wait, and at least `switch_min_s`
+    switch_share: float = 0.1
+    switch_min_s: float = 600.0
+    #: delay scheduling: how long after its submission a preferred gang waits for one domain of
+    #: its pack level before it takes a split placement
+    locality_wait_s: float = 48 * 3600.0
+
+    def switch_margin(self, remaining: float) -> float:
+        return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
+
+
+TUNING = Tuning()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +110,7 @@ class RoundMemo:
     seen: int  #: how many pending jobs it went through
     last_key: tuple | None  #: the queue entry of the last one
     failed: dict[tuple, WaitReason]
-    reservation: Reservation | None
+    reservations: tuple[Reservation, ...]
     waiting: dict[str, WaitReason]
 
     def valid_for(self, state: ClusterState) -> bool:
@@ -92,7 +123,8 @@ class RoundMemo:
 @dataclass(slots=True)
 class RoundResult:
     plans: list[Plan] = field(default_factory=list)
-    reservation: Reservation | None = None
+    reservation: Reservation | None = None  #: the head blocked gang's (the leader passes it back)
+    reservations: tuple[Reservation, ...] = ()  #: every blocked gang's, in queue order, the head's first
     waiting: dict[str, WaitReason] = field(default_factory=dict)
     memo: RoundMemo | None = None  #: set when the round placed nothing
     #: the jobs this round looked at and left waiting (a round after submissions alone looks only
@@ -100,56 +132,58 @@ class RoundResult:
     examined: list[str] = field(default_factory=list)
 
 
-def _shape(spec: JobSpec, may_use_reservation: bool) -> tuple:
-    """Jobs of the same shape fit or fail alike within one round (claims only grow). A job that
-    holds nodes from a preemption is a shape of its own (see schedule_round)."""
+def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> tuple:
+    """Jobs of the same shape fit or fail alike within one round (claims and blocks only grow). A
+    job that holds nodes from a preemption is a shape of its own (see schedule_round)."""
     r, t = spec.resources, spec.topology
-    return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use_reservation)
+    return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use)
 
 
 def schedule_round(state: ClusterState, now: float, previous: Reservation | None = None,
-                   memo: RoundMemo | None = None) -> RoundResult:
-    """Plans for the pending gangs that can start now, and the head blocked gang's reservation.
+                   memo: RoundMemo | None = None, tuning: Tuning = TUNING) -> RoundResult:
+    """Plans for the pending gangs that can start now, and the blocked gangs' reservations.
 
     With a `memo` of the round before that still holds, only the jobs queued since are examined."""
     view = ClusterView(state.nodes, state.index, state.levels)
     result = RoundResult()
     failed: dict[tuple, WaitReason] = {}
-    reservation: Reservation | None = None
+    reservations: list[Reservation] = []
     start = 0
     if memo is not None and memo.valid_for(state):
-        failed, reservation, start = dict(memo.failed), memo.reservation, memo.seen
+        failed, reservations, start = dict(memo.failed), list(memo.reservations), memo.seen
         result.waiting = dict(memo.waiting)
     held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
     claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
     queue_order = _queue_order(state) if state.queues else None
     if queue_order is not None and start:
         start = 0  # the order depends on usage: no memo (it assumes the plain queue order)
-        failed, reservation, result.waiting = {}, None, {}
+        failed, reservations, result.waiting = {}, [], {}
+    clock = _DrainClock(state, now, result.plans)
+    rack_fit: dict[tuple, bool] = {}  #: (shape, depth) -> some domain of that depth holds it when idle
     # Gangs that preempted others go first: the nodes held for them are theirs alone, and the head
     # reservation must not fall on them for another job.
     holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
     for job in [*holders, *(j for j in (queue_order if queue_order is not None else state.pending_jobs(start))
                             if j.id not in state.holds)]:
-        may_use_reservation = reservation is None or (
-            bool(job.spec.time_limit) and not math.isinf(reservation.starts_at)
-            and now + job.spec.time_limit <= reservation.starts_at)
         beyond_max = max_block(state, job, claimed) if state.queues else ""
         if beyond_max:
             result.waiting[job.id] = WaitReason((), beyond_max, "QueueAtMax")
             result.examined.append(job.id)
             continue
         hold = state.holds.get(job.id)
-        shape = (job.id,) if hold else _shape(job.spec, may_use_reservation)
+        spec = job.spec if hold else _local_spec(view, job, now, tuning, rack_fit)
+        may_use = tuple(_ends_before(job.spec, r, now) for r in reservations)
+        shape = (job.id,) if hold else _shape(spec, may_use)
         if shape in failed:
             result.waiting[job.id] = failed[shape]
             result.examined.append(job.id)
             continue
         blocked = held - frozenset(hold.nodes) if hold else held
-        if reservation is not None and not may_use_reservation:
-            blocked = blocked | reservation.nodes
+        for r, may in zip(reservations, may_use, strict=True):
+            if not may:
+                blocked = blocked | r.nodes
         view.set_blocked(blocked)
-        placed = place(view, job.id, job.attempt, job.spec)
+        placed = place(view, job.id, job.attempt, spec)
         if placed.plan is not None:
             result.plans.append(placed.plan)
             view.claim(placed.plan, job.spec.resources)
@@ -162,22 +196,42 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
                 placed.shortfalls, f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
                                    f"{', '.join(hold.nodes)} held for it", "Preempting")
             continue
-        if reservation is None:
-            reservation = _reserve(state, view, job, now, previous)
-            message = ("does not fit now; " + reservation.describe() if reservation else
-                       "can never fit: no domain it may use is large enough even when idle")
-            code = "Resources" if reservation else "Unschedulable"
-        else:
-            message = f"does not fit outside the reservation ({reservation.describe()})"
-            code = "BehindReservation"
-        result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, message, code)
+        reason = _blocked_reason(state, view, job, spec, now, reservations, previous, clock, tuning)
+        result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, *reason)
         result.examined.append(job.id)
-    result.reservation = reservation
+    result.reservation = reservations[0] if reservations else None
+    result.reservations = tuple(reservations)
     if not result.plans and queue_order is None:
         seen = len(state.pending)
         result.memo = RoundMemo(state, state.other_changes, seen, state.pending[seen - 1] if seen else None,
-                                failed, reservation, result.waiting)
+                                failed, tuple(reservations), result.waiting)
     return result
+
+
+def _ends_before(spec: JobSpec, reservation: Reservation, now: float) -> bool:
+    """A job may use reserved nodes only if its time limit ends before the reservation starts."""
+    return (bool(spec.time_limit) and not math.isinf(reservation.starts_at)
+            and now + spec.time_limit <= reservation.starts_at)
+
+
+def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
+                    reservations: list[Reservation], previous: Reservation | None, clock: _DrainClock,
+                    tuning: Tuning) -> tuple[str, str]:
+    """Reserve nodes for a gang that does not fit, if it is among the first blocked ones; the
+    message and code of why it waits. The new reservation is appended to `reservations`."""
+    local = " (waiting for one " + spec.topology.pack + ")" if spec is not job.spec else ""
+    if len(reservations) >= tuning.reservations:
+        return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
+                f"and {len(reservations) - 1} more)", "BehindReservation")
+    taken = frozenset().union(*(r.nodes for r in reservations))
+    reservation = _reserve(state, view, job, spec, previous, taken, clock, tuning)
+    if reservation is None:
+        if _closest_depth(view, spec) is None:
+            return "can never fit: no domain it may use is large enough even when idle", "Unschedulable"
+        return (f"does not fit outside the reservations{local} ({reservations[0].describe()})",
+                "BehindReservation")
+    reservations.append(reservation)
+    return "does not fit now" + local + "; " + reservation.describe(), "Resources"
 
 
 def _queue_order(state: ClusterState) -> list[Job]:
@@ -186,60 +240,137 @@ def _queue_order(state: ClusterState) -> list[Job]:
     return sorted(state.pending_jobs(), key=lambda job: admission_key(state, job, pool))
 
 
-def _reserve(state: ClusterState, view: ClusterView, job: Job, now: float,
-             previous: Reservation | None) -> Reservation | None:
-    if (previous is not None and previous.job_id == job.id and previous.attempt == job.attempt
-            and all(state.index.contains(n) for n in previous.nodes)):
-        return Reservation(job.id, job.attempt, previous.domain, previous.nodes,
-                           _expected_free_at(state, previous.nodes, now))
-    domain = _closest_domain(view, job.spec)
-    if domain is None:
-        return None
-    nodes = _nodes_to_hold(state, view, domain, job.spec)
-    return Reservation(job.id, job.attempt, domain, nodes, _expected_free_at(state, nodes, now))
+def _local_spec(view: ClusterView, job: Job, now: float, tuning: Tuning, rack_fit: dict[tuple, bool]) -> JobSpec:
+    """Delay scheduling: the spec to place `job` with this round.
+
+    A multi-task gang with `preferred` packing that one domain of its pack level (a rack when it
+    names none) would hold when idle asks for that domain as if `required` for a while after its
+    submission (`Tuning.locality_wait_s`); then it takes a split placement. A gang no such domain
+    can hold is never delayed. Its own spec is not changed: only this round's view of it."""
+    spec = job.spec
+    topo = spec.topology
+    if topo.mode is not PackMode.PREFERRED or spec.tasks < 2 or topo.pack == "node":
+        return spec
+    pack = topo.pack or view.levels[-1]
+    if now - job.submitted_at >= tuning.locality_wait_s:
+        return spec
+    depth = pack_depth(view.levels, pack)
+    key = (spec.tasks, spec.resources, depth)
+    if key not in rack_fit:
+        rack_fit[key] = any(view.bound(k, spec.resources, when_empty=True) >= spec.tasks
+                            for k in view.index.by_depth[depth])
+    if not rack_fit[key]:
+        return spec
+    return dataclasses.replace(spec, topology=TopologySpec(pack, PackMode.REQUIRED))
 
 
-def _closest_domain(view: ClusterView, spec: JobSpec) -> Domain | None:
-    """The lowest-level domain able to hold the gang when idle with the most room now."""
-    n, per_task = spec.tasks, spec.resources
+class _DrainClock:
+    """When each node is expected to be empty: the latest time limit of the tasks on it (inf when
+    one has none), counting this round's plans as started now. Computed per node on demand."""
+
+    def __init__(self, state: ClusterState, now: float, plans: list[Plan]) -> None:
+        self.state, self.now, self.plans = state, now, plans
+        self._seen_plans = 0
+        self._planned: dict[str, float] = {}  #: node -> latest end of this round's plans on it
+        self._at: dict[str, float] = {}  #: node -> expected empty, from committed tasks alone
+
+    def empty_at(self, node_id: str) -> float:
+        for plan in self.plans[self._seen_plans:]:
+            limit = self.state.jobs[plan.job_id].spec.time_limit
+            end = self.now + limit if limit else math.inf
+            for p in plan.placements:
+                self._planned[p.node_id] = max(self._planned.get(p.node_id, self.now), end)
+        self._seen_plans = len(self.plans)
+        at = self._at.get(node_id)
+        if at is None:
+            at = self._at[node_id] = _expected_free_at(self.state, (node_id,), self.now)
+        return max(at, self._planned.get(node_id, self.now))
+
+    def nodes_empty_at(self, nodes: Iterable[str]) -> float:
+        return max((self.empty_at(n) for n in nodes), default=self.now)
+
+
+def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, previous: Reservation | None,
+             taken: frozenset[str], clock: _DrainClock, tuning: Tuning) -> Reservation | None:
+    """The nodes expected to hold the gang earliest, avoiding other reservations' nodes.
+
+    The previous round's reservation of the same job and attempt is kept unless another choice is
+    expected to start clearly earlier (Tuning.switch_margin): reserved nodes only drain, so a kept
+    reservation only gets closer, and a switch always gains at least the margin — no flip-flop."""
+    best = _earliest(state, view, spec, taken, clock)
+    if (previous is None or previous.job_id != job.id or previous.attempt != job.attempt
+            or not all(state.index.contains(n) and n not in taken for n in previous.nodes)):
+        return None if best is None else Reservation(job.id, job.attempt, *best)
+    kept_start = clock.nodes_empty_at(previous.nodes)
+    if best is not None and best[2] < kept_start - tuning.switch_margin(kept_start - clock.now):
+        return Reservation(job.id, job.attempt, *best)
+    return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start)
+
+
+def _closest_depth(view: ClusterView, spec: JobSpec) -> int | None:
+    """The lowest depth at which some domain the gang may use holds it when idle."""
     leaf = len(view.levels)
     lowest = 0
     if spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
         lowest = min(pack_depth(view.levels, spec.topology.pack), leaf)
     for depth in range(leaf, lowest - 1, -1):
-        able = [key for key in view.index.by_depth[depth]
-                if view.bound(key, per_task, when_empty=True) >= n]
-        if able:
-            return min(able, key=lambda k: (-view.bound(k, per_task), k))
+        if any(view.bound(key, spec.resources, when_empty=True) >= spec.tasks for key in view.index.by_depth[depth]):
+            return depth
     return None
 
 
-def _nodes_to_hold(state: ClusterState, view: ClusterView, domain: Domain, spec: JobSpec) -> frozenset[str]:
-    """Nodes of `domain` with the most room now, enough to hold the gang once empty."""
-    per_task = spec.resources
-    racks = [k for k in state.index.by_depth[len(state.levels)] if k[:len(domain)] == domain]
-    candidates = []
-    for rack in racks:
-        for _, _, _, node_id in state.index.domains[rack].entries:  # type: ignore[union-attr]
-            when_empty = per_task.count_in(state.nodes[node_id].capacity)
-            if when_empty > 0:
-                candidates.append((-view.tasks_fit(node_id, per_task), -when_empty, node_id))
-    held, room = [], 0
-    for _, neg_empty, node_id in sorted(candidates):
-        held.append(node_id)
-        room -= neg_empty
-        if room >= spec.tasks:
-            break
-    return frozenset(held)
+def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, taken: frozenset[str],
+              clock: _DrainClock) -> tuple[Domain, frozenset[str], float] | None:
+    """(domain, nodes, expected start) of the choice expected to hold the gang first.
+
+    From the lowest level where a domain holds the gang when idle upwards (a level up only when
+    other reservations leave no domain of that level enough nodes): in each domain, the nodes
+    expected to be empty first, then with the most room now; across domains, the earliest start,
+    then the most room now, then the domain's name (deterministic). With no time limits known,
+    every start is inf and this is "the domain closest to fitting, its emptiest nodes"."""
+    depth = _closest_depth(view, spec)
+    if depth is None:
+        return None
+    per_task, n = spec.resources, spec.tasks
+    lowest = 0
+    if spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
+        lowest = min(pack_depth(view.levels, spec.topology.pack), len(view.levels))
+    leaf = len(state.levels)
+    for d in range(depth, lowest - 1, -1):
+        options = []
+        for key in view.index.by_depth[d]:
+            if view.bound(key, per_task, when_empty=True) < n:
+                continue
+            candidates = []
+            racks = [key] if d == leaf else [k for k in state.index.by_depth[leaf] if k[:d] == key]
+            for rack in racks:
+                for _, _, _, node_id in state.index.domains[rack].entries:  # type: ignore[union-attr]
+                    when_empty = per_task.count_in(state.nodes[node_id].capacity)
+                    if when_empty > 0 and node_id not in taken:
+                        candidates.append((clock.empty_at(node_id), -view.tasks_fit(node_id, per_task),
+                                           -when_empty, node_id))
+            chosen, room, now_room, starts = [], 0, 0, clock.now
+            for at, neg_fit, neg_empty, node_id in sorted(candidates):
+                chosen.append(node_id)
+                room -= neg_empty
+                now_room -= neg_fit
+                starts = max(starts, at)
+                if room >= n:
+                    options.append((starts, -now_room, key, frozenset(chosen)))
+                    break
+        if options:
+            starts, _, key, nodes = min(options, key=lambda o: o[:3])
+            return key, nodes, starts
+    return None
 
 
-def _expected_free_at(state: ClusterState, nodes: frozenset[str], now: float) -> float:
+def _expected_free_at(state: ClusterState, nodes: Iterable[str], now: float) -> float:
     """When every live task on these nodes will have hit its time limit (inf if one has none)."""
     latest = now
     for node_id in nodes:
-        for task, _ in state.tasks_on_node(node_id):
-            limit = state.jobs[task.job_id].spec.time_limit
-            if not limit:
+        for job_id, _attempt, index in state.live_tasks.get(node_id, ()):
+            job = state.jobs[job_id]
+            if not job.spec.time_limit:
                 return math.inf
-            latest = max(latest, (task.started_at or now) + limit)
+            latest = max(latest, (job.tasks[index].started_at or now) + job.spec.time_limit)
     return latest

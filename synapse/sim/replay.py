@@ -10,6 +10,7 @@ event), and otherwise carries the memo of the last round, as the leader's event-
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
 from synapse.core.model import JobSpec, PackMode, Plan, Queue, Resources, TopologySpec
-from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
+from synapse.core.scheduler import TUNING, Reservation, RoundMemo, RoundResult
 from synapse.core.sim import Simulator
 from synapse.sim.policies import Policy
 from synapse.sim.trace import CPU_PER_GPU, MEMORY_PER_GPU, ClusterShape, Trace, TraceJob
@@ -121,14 +122,21 @@ class Replay(Simulator):
         started = time.perf_counter()
         jobs, i, events = sorted(self.trace.jobs, key=lambda j: j.submit), 0, 0
         last_round = -math.inf
+        # The leader's periodic round would see a gang's locality wait run out within a second;
+        # with no ticks here, that moment is an event of its own.
+        wakeups: list[float] = []
         while True:
             arrival = jobs[i].submit if i < len(jobs) else math.inf
             end = self.next_event_at()
-            at = min(arrival, math.inf if end is None else end)
+            while wakeups and (wakeups[0] <= self.now or not self.state.pending):
+                heapq.heappop(wakeups)
+            at = min(arrival, math.inf if end is None else end, wakeups[0] if wakeups else math.inf)
             if math.isinf(at):
                 break
             events += self.advance(at)
             while i < len(jobs) and jobs[i].submit <= at:
+                if jobs[i].tasks_on(self.shape) > 1:
+                    heapq.heappush(wakeups, at + TUNING.locality_wait_s)
                 result = self.apply(c.SubmitJob(at=at, job_id=jobs[i].id, request_id=jobs[i].id,
                                                 spec=self.spec_of(jobs[i]), by=jobs[i].user))
                 if not result.ok:
