@@ -226,14 +226,19 @@ def test_a_kept_reservation_moves_only_for_a_clearly_earlier_start():
     # the margin (max(600 s, 10 % of the 1000 s wait)): the reservation stays.
     end_tasks_on(s, ["r1-n0", "r1-n1"])
     occupy_until(s, {"r1-n0": 950, "r1-n1": 980})
-    kept = schedule_round(s.state, s.now, first).reservation
+    every_round = dataclasses.replace(TUNING, reevaluate_s=0)  # weigh the alternatives at every round
+    kept = schedule_round(s.state, s.now, first, tuning=every_round).reservation
     assert kept.nodes == first.nodes and kept.starts_at == 1000
     # r1 now ends at 300: 700 s earlier, past the margin; the gang moves there, and stays.
     end_tasks_on(s, ["r1-n0", "r1-n1"])
     occupy_until(s, {"r1-n0": 300, "r1-n1": 300})
-    moved = schedule_round(s.state, s.now, kept).reservation
-    assert moved.job_id == big and moved.domain == ("z0", "b0", "r1") and moved.starts_at == 300
-    assert schedule_round(s.state, s.now, moved).reservation == moved
+    # ... but a leader weighs the alternatives only every `reevaluate_s`: within it, the rounds
+    # (one per change) keep the reservation without the search over every node.
+    assert schedule_round(s.state, kept.chosen_at + TUNING.reevaluate_s - 1, kept).reservation.nodes == kept.nodes
+    moved = schedule_round(s.state, kept.chosen_at + TUNING.reevaluate_s, kept).reservation
+    assert moved.job_id == big and moved.domain == ("z0", "b0", "r1") and moved.starts_at <= 400
+    again = schedule_round(s.state, moved.chosen_at, moved, tuning=every_round).reservation
+    assert (again.domain, again.nodes, again.starts_at) == (moved.domain, moved.nodes, moved.starts_at)
 
 
 def test_the_next_blocked_gangs_reserve_other_nodes_and_backfill_respects_each():

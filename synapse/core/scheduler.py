@@ -52,6 +52,7 @@ class Reservation:
     domain: Domain
     nodes: frozenset[str]
     starts_at: float  #: when the reserved nodes are expected to be empty; inf when unknown
+    chosen_at: float = 0.0  #: when the choice was last weighed against the alternatives
 
     def describe(self) -> str:
         start = "unknown" if math.isinf(self.starts_at) else f"{self.starts_at:.0f}"
@@ -72,6 +73,10 @@ class Tuning:
     #: remaining wait, and at least `switch_min_s`
     switch_share: float = 0.1
     switch_min_s: float = 600.0
+    #: a kept reservation is weighed against the alternatives this often (a search over every node
+    #: of the candidate domains: ~60 ms on 10,000 nodes, too much for every round of a leader that
+    #: runs one per change); a switch needs `switch_min_s` anyway, so nothing is lost in between
+    reevaluate_s: float = 30.0
     #: delay scheduling: how long after its submission a preferred gang waits for one domain of
     #: its pack level before it takes a split placement
     locality_wait_s: float = 48 * 3600.0
@@ -139,11 +144,17 @@ def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> tuple:
     return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use)
 
 
-def schedule_round(state: ClusterState, now: float, previous: Reservation | None = None,
+def schedule_round(state: ClusterState, now: float,
+                   previous: Reservation | tuple[Reservation, ...] | None = None,
                    memo: RoundMemo | None = None, tuning: Tuning = TUNING) -> RoundResult:
     """Plans for the pending gangs that can start now, and the blocked gangs' reservations.
 
-    With a `memo` of the round before that still holds, only the jobs queued since are examined."""
+    With a `memo` of the round before that still holds, only the jobs queued since are examined.
+    `previous`: the last round's reservations (`RoundResult.reservations`; a lone Reservation is
+    the head's), kept for their jobs as `_reserve` says."""
+    if isinstance(previous, Reservation):
+        previous = (previous,)
+    kept = {r.job_id: r for r in previous or ()}
     view = ClusterView(state.nodes, state.index, state.levels)
     result = RoundResult()
     failed: dict[tuple, WaitReason] = {}
@@ -196,7 +207,7 @@ def schedule_round(state: ClusterState, now: float, previous: Reservation | None
                 placed.shortfalls, f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
                                    f"{', '.join(hold.nodes)} held for it", "Preempting")
             continue
-        reason = _blocked_reason(state, view, job, spec, now, reservations, previous, clock, tuning)
+        reason = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning)
         result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, *reason)
         result.examined.append(job.id)
     result.reservation = reservations[0] if reservations else None
@@ -296,15 +307,20 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
 
     The previous round's reservation of the same job and attempt is kept unless another choice is
     expected to start clearly earlier (Tuning.switch_margin): reserved nodes only drain, so a kept
-    reservation only gets closer, and a switch always gains at least the margin — no flip-flop."""
+    reservation only gets closer, and a switch always gains at least the margin — no flip-flop.
+    The alternatives are weighed every `Tuning.reevaluate_s` only."""
+    now = clock.now
+    valid = (previous is not None and previous.job_id == job.id and previous.attempt == job.attempt
+             and all(state.index.contains(n) and n not in taken for n in previous.nodes))
+    if valid and now - previous.chosen_at < tuning.reevaluate_s:
+        return dataclasses.replace(previous, starts_at=clock.nodes_empty_at(previous.nodes))
     best = _earliest(state, view, spec, taken, clock)
-    if (previous is None or previous.job_id != job.id or previous.attempt != job.attempt
-            or not all(state.index.contains(n) and n not in taken for n in previous.nodes)):
-        return None if best is None else Reservation(job.id, job.attempt, *best)
+    if not valid:
+        return None if best is None else Reservation(job.id, job.attempt, *best, chosen_at=now)
     kept_start = clock.nodes_empty_at(previous.nodes)
-    if best is not None and best[2] < kept_start - tuning.switch_margin(kept_start - clock.now):
-        return Reservation(job.id, job.attempt, *best)
-    return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start)
+    if best is not None and best[2] < kept_start - tuning.switch_margin(kept_start - now):
+        return Reservation(job.id, job.attempt, *best, chosen_at=now)
+    return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now)
 
 
 def _closest_depth(view: ClusterView, spec: JobSpec) -> int | None:

@@ -60,7 +60,8 @@ class Simulator:
         self.state = ClusterState(levels)
         self.policy = policy  #: fixed for the simulator's life
         self.now = 0.0  #: simulated seconds
-        self.reservation: Reservation | None = None  #: carried between rounds, as the leader does
+        #: carried between rounds, as the leader does (every blocked gang's, or the head's alone)
+        self.reservation: Reservation | tuple[Reservation, ...] | None = None
         self.memo: RoundMemo | None = None  #: carried between rounds, as the leader does
         self.rounds = 0
         self._ends: list[_TaskEnd] = []
@@ -86,7 +87,7 @@ class Simulator:
         do; a full round (the leader's periodic one) looks at every pending job again."""
         self.rounds += 1
         result = self.policy(self.state, self.now, self.reservation, None if full else self.memo)
-        self.reservation, self.memo = result.reservation, result.memo
+        self.reservation, self.memo = result.reservations or result.reservation, result.memo
         for plan in result.plans:
             self.commit(plan)
         return result

@@ -54,7 +54,8 @@ class LeaderLoops:
         self.master = master
         self.term = term  #: every proposal carries it
         self.ready = asyncio.Event()  #: set once the barrier committed and state is current
-        self.reservation: Reservation | None = None  #: carried between rounds (sticky)
+        self.reservation: Reservation | None = None  #: the head blocked gang's (describe shows it)
+        self.reservations: tuple[Reservation, ...] = ()  #: every blocked gang's, carried between rounds
         self.waiting: dict[str, WaitReason] = {}  #: why each pending job waits, from the last round
         self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen
         self._tasks: list[asyncio.Task] = []
@@ -123,10 +124,11 @@ class LeaderLoops:
         now = time.time()
         started = time.perf_counter()
         with self.master.lock:
-            result = schedule_round(self.master.state, now, self.reservation, None if full else self.memo)
+            result = schedule_round(self.master.state, now, self.reservations, None if full else self.memo)
         if self.master.metrics is not None:
             self.master.metrics.round_seconds.observe(time.perf_counter() - started)
-        self.reservation, self.waiting, self.memo = result.reservation, result.waiting, result.memo
+        self.reservation, self.reservations = result.reservation, result.reservations
+        self.waiting, self.memo = result.waiting, result.memo
         if not result.plans:
             await self.preempt_once(now)
             await self.record_pending(now, result.examined)
