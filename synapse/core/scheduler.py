@@ -76,7 +76,7 @@ class Tuning:
     #: a kept reservation is weighed against the alternatives this often (a search over every node
     #: of the candidate domains: ~60 ms on 10,000 nodes, too much for every round of a leader that
     #: runs one per change); a switch needs `switch_min_s` anyway, so nothing is lost in between
-    reevaluate_s: float = 30.0
+    reevaluate_s: float = 5.0
     #: delay scheduling: how long after its submission a preferred gang waits for one domain of
     #: its pack level before it takes a split placement
     locality_wait_s: float = 48 * 3600.0
@@ -235,7 +235,7 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
     taken = frozenset().union(*(r.nodes for r in reservations))
-    reservation = _reserve(state, view, job, spec, previous, taken, clock, tuning)
+    reservation = _reserve(state, view, job, spec, previous, taken, clock, tuning, sticky=not reservations)
     if reservation is None:
         if _closest_depth(view, spec) is None:
             return "can never fit: no domain it may use is large enough even when idle", "Unschedulable"
@@ -302,13 +302,14 @@ class _DrainClock:
 
 
 def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, previous: Reservation | None,
-             taken: frozenset[str], clock: _DrainClock, tuning: Tuning) -> Reservation | None:
+             taken: frozenset[str], clock: _DrainClock, tuning: Tuning, sticky: bool = True) -> Reservation | None:
     """The nodes expected to hold the gang earliest, avoiding other reservations' nodes.
 
     The previous round's reservation of the same job and attempt is kept unless another choice is
     expected to start clearly earlier (Tuning.switch_margin): reserved nodes only drain, so a kept
     reservation only gets closer, and a switch always gains at least the margin — no flip-flop.
-    The alternatives are weighed every `Tuning.reevaluate_s` only."""
+    The alternatives are weighed every `Tuning.reevaluate_s` only. Only the head's reservation is
+    sticky; the others take the best choice whenever the alternatives are weighed."""
     now = clock.now
     valid = (previous is not None and previous.job_id == job.id and previous.attempt == job.attempt
              and all(state.index.contains(n) and n not in taken for n in previous.nodes))
@@ -318,7 +319,8 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
     if not valid:
         return None if best is None else Reservation(job.id, job.attempt, *best, chosen_at=now)
     kept_start = clock.nodes_empty_at(previous.nodes)
-    if best is not None and best[2] < kept_start - tuning.switch_margin(kept_start - now):
+    margin = tuning.switch_margin(kept_start - now) if sticky else 0.0
+    if best is not None and best[2] < kept_start - margin:
         return Reservation(job.id, job.attempt, *best, chosen_at=now)
     return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now)
 
