@@ -170,7 +170,9 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
 @click.option("--json", "as_json", is_flag=True, help='Print {"policies": {NAME: {metric: value}}}.')
 @click.option("--spread-factor", type=click.FloatRange(0.05, 1.0), default=SPREAD_FACTOR, show_default=True,
               help="Speed of a gang split across racks, relative to one in a rack (1: no penalty).")
-@click.option("--queues", "queues_path", help="A queue file (as synctl apply takes) for the trace's queues.")
+@click.option("--queues", "queues_path",
+              help="A queue file (as synctl apply takes) for the trace's queues; synapse's policies preempt "
+                   "(the leader's step) for jobs of the queues it defines, `default` included.")
 @click.option("--warmup-hours", type=float, default=0.0, show_default=True,
               help="Leave jobs submitted in the first hours out of the metrics.")
 @click.option("--report", "report_dir", help="Also write an HTML report with plots into this directory.")
@@ -236,7 +238,8 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
          ("big p99 wait h", "big_gang_p99_wait_s", 3600, "{:.1f}"), ("big max wait h", "big_gang_max_wait_s", 3600,
                                                                       "{:.1f}"),
          ("util", "utilisation", 0.01, "{:.1f}%"), ("1-rack", "single_rack_share", 0.01, "{:.1f}%"),
-         ("racks", "mean_racks_spanned", 1, "{:.2f}"), ("sched p99 ms", "sched_p99_ms", 1, "{:.2f}"))
+         ("racks", "mean_racks_spanned", 1, "{:.2f}"), ("sched p99 ms", "sched_p99_ms", 1, "{:.2f}"),
+         ("preempt", "preemptions", 1, "{:.0f}"), ("lost GPU-h", "lost_gpu_hours", 1, "{:.0f}"))
 
 
 def table(summaries: dict[str, dict], caption: str) -> str:

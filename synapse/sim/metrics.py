@@ -13,6 +13,11 @@ Definitions (the README's "Evaluation" section repeats them):
   single-node job cannot be split, so counting it would only dilute the figure);
   mean_racks_spanned: over every multi-node gang.
 * sched_p99_ms: the policy's own decision time per round, wall clock, 99th percentile.
+* preemptions: Preempt commands committed (synapse's policy, with a queue file defining the
+  trace's queues); lost_gpu_hours: GPU-hours the victims had run when their tasks exited, rerun
+  from the start. A preempted job's wait and start are its last attempt's (the one that ran to
+  its end); its JCT is end - submit as for any job. Utilisation counts the GPUs a preempted
+  attempt held (allocated) but not as useful.
 * per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
   p99 wait; `jain_fairness` of the queues' used share over their weight (1: exactly fair).
 """
@@ -57,6 +62,8 @@ def allocated_gpu_seconds(records: Sequence[JobRecord], start: float, end: float
     """(allocated, useful) GPU-seconds inside [start, end)."""
     allocated = useful = 0.0
     for r in records:
+        for lost_start, lost_stop in r.preempted:  # held, then lost: allocated, never useful
+            allocated += max(0.0, min(lost_stop, end) - max(lost_start, start)) * r.gpus
         if math.isnan(r.start):
             continue
         stop = r.end if not math.isnan(r.end) else end
@@ -72,14 +79,13 @@ def utilisation_series(run: RunResult, step: float = 3600.0) -> list[tuple[float
     last = max(ends, default=run.horizon)
     bins = [0.0] * (int(last // step) + 1)
     for r in run.records:
-        if math.isnan(r.start) or math.isnan(r.end):
-            continue
-        t = r.start
-        while t < r.end:
-            b = int(t // step)
-            upto = min(r.end, (b + 1) * step)
-            bins[b] += (upto - t) * r.gpus
-            t = upto
+        runs = list(r.preempted) + ([] if math.isnan(r.start) or math.isnan(r.end) else [(r.start, r.end)])
+        for t, stop in runs:
+            while t < stop:
+                b = int(t // step)
+                upto = min(stop, (b + 1) * step)
+                bins[b] += (upto - t) * r.gpus
+                t = upto
     return [(i * step, v / (step * run.shape.gpus)) for i, v in enumerate(bins)]
 
 
@@ -121,6 +127,8 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
         "rounds": len(run.round_seconds),
         "wall_s": run.wall_seconds,
         "by_size": _by_size(started),
+        "preemptions": run.preemptions,
+        "lost_gpu_hours": sum((stop - begin) * r.gpus for r in run.records for begin, stop in r.preempted) / 3600,
     }
     if run.queues or len({r.queue for r in records}) > 1:
         out["queues"], out["jain_fairness"] = _by_queue(run, records)

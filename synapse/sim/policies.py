@@ -1,6 +1,8 @@
 """The queue policies a trace is replayed through, all over the same placement code.
 
-`synapse` is the real queue policy (synapse.core.scheduler.schedule_round), unchanged. The
+`synapse` is the real queue policy (synapse.core.scheduler.schedule_round), unchanged, and the
+leader's preemption step after it (synapse.core.sim, `preempt_once`), which acts only when a queue
+file defines the queues the trace's jobs use (`run --queues`). The
 baselines are what people run instead, written here as other queue policies with the same
 signature, so every policy goes through the same state machine and `placement.place`:
 
@@ -35,6 +37,8 @@ class Policy:
     summary: str
     topology_visible: bool = True  #: False: nodes are registered without their racks
     strict_racks: bool = False  #: gangs that fit in a rack require one
+    #: runs the leader's preemption step too (it acts only on jobs of queues a queue file defines)
+    preempts: bool = False
 
 
 def _shape(spec: JobSpec) -> tuple:
@@ -143,10 +147,12 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("fifo", fifo, "strict first come, first served: the head job blocks the queue"),
     Policy("greedy", greedy, "anything that fits starts, no reservation"),
     Policy("easy", easy, "EASY backfill: one reservation for the head job, backfill what ends before it"),
-    Policy("synapse", schedule_round, "Synapse's queue policy: rack-aware reservation, backfill by time limit"),
-    Policy("synapse-flat", schedule_round, "ablation: Synapse's policy, blind to racks", topology_visible=False),
+    Policy("synapse", schedule_round, "Synapse's queue policy: rack-aware reservation, backfill by time limit",
+           preempts=True),
+    Policy("synapse-flat", schedule_round, "ablation: Synapse's policy, blind to racks", topology_visible=False,
+           preempts=True),
     Policy("synapse-strict", schedule_round, "ablation: Synapse's policy, gangs that fit in a rack require one",
-           strict_racks=True),
+           strict_racks=True, preempts=True),
 )}
 DEFAULT_POLICIES = ("fifo", "greedy", "easy", "synapse", "synapse-flat")
 

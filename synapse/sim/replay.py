@@ -6,6 +6,9 @@ across racks runs slower by the spread factor). Everything else — state, queue
 commits — is the real code. A round runs after every batch of simultaneous events; it is a full
 round when a leader would have run its periodic one since the last (a second went by without an
 event), and otherwise carries the memo of the last round, as the leader's event-driven rounds do.
+A policy that `preempts` (synapse's) also runs the leader's preemption step (synapse.core.sim):
+victims stop after their grace, lose their work and rerun in full, at the spread penalty of
+wherever their new attempt lands.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class JobRecord:
     end: float  #: math.nan if it never ended
     racks: int  #: racks its gang spanned (0: never placed)
     status: str  #: SUCCEEDED, FAILED, or the state it was left in
+    #: (start, stop) of each attempt preempted before the one recorded above: GPUs held, work lost
+    preempted: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -59,6 +64,7 @@ class RunResult:
     spread_factor: float
     queues: tuple[Queue, ...] = ()
     unfinished: list[str] = field(default_factory=list)
+    preemptions: int = 0  #: Preempt commands committed
 
 
 class Replay(Simulator):
@@ -66,7 +72,7 @@ class Replay(Simulator):
 
     def __init__(self, trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,
                  queues: tuple[Queue, ...] = ()) -> None:
-        super().__init__(policy=self._timed)
+        super().__init__(policy=self._timed, preempt=policy.preempts)
         self.trace, self.shape, self.spec_policy = trace, shape, policy
         self.spread_factor = spread_factor
         self.queues = queues
@@ -149,10 +155,13 @@ class Replay(Simulator):
                          round_seconds=self.round_seconds, events=events,
                          wall_seconds=time.perf_counter() - started, horizon=self.trace.horizon,
                          spread_factor=self.spread_factor, queues=self.queues,
-                         unfinished=[j.id for j in self.state.pending_jobs()])
+                         unfinished=[j.id for j in self.state.pending_jobs()], preemptions=len(self.preemptions))
 
     def _records(self) -> list[JobRecord]:
         out = []
+        lost: dict[str, list[tuple[float, float]]] = {}
+        for job_id, start, stop, _gpus in self.lost_runs:
+            lost.setdefault(job_id, []).append((start, stop))
         for tj in self.trace.jobs:
             job = self.state.jobs[tj.id]
             done = job.status.terminal
@@ -160,7 +169,8 @@ class Replay(Simulator):
                                  submit=job.submitted_at,
                                  start=job.started_at if job.placements else math.nan,
                                  end=job.finished_at if done else math.nan,
-                                 racks=self.racks.get(tj.id, 0), status=job.status.value))
+                                 racks=self.racks.get(tj.id, 0), status=job.status.value,
+                                 preempted=tuple(lost.get(tj.id, ()))))
         return out
 
 
