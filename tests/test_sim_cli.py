@@ -81,6 +81,29 @@ def test_queues_from_the_trace_get_fair_share_figures(tmp_path):
     assert "queues (fair share)" in result.output and "alpha:" in result.output and "jain" in result.output
 
 
+def test_the_evaluation_queue_file_turns_preemption_on_for_synapse_alone(tmp_path):
+    """docs/evaluation-queues.yaml (the README's runs with preemption) defines the queue of the
+    trace's unqueued jobs: synapse's policy preempts, the baselines never do; without it nobody does."""
+    from pathlib import Path
+
+    queue_file = Path(__file__).resolve().parent.parent / "docs" / "evaluation-queues.yaml"
+    path = tmp_path / "g.csv"
+    assert invoke("generate", "--mix", "gang-heavy", "--days", "1", "--load", "1.0", "--seed", "1", "--nodes", "32",
+                  "--racks", "4", "-o", str(path)).exit_code == 0
+    runs = {}
+    for label, extra in (("off", []), ("on", ["--queues", str(queue_file)])):
+        result = invoke("run", str(path), "--policies", "greedy,easy,synapse", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        runs[label] = json.loads(result.output)["policies"]
+    assert runs["on"]["synapse"]["preemptions"] > 0 and runs["on"]["synapse"]["lost_gpu_hours"] > 0
+    for policy in ("greedy", "easy"):
+        assert runs["on"][policy]["preemptions"] == 0 and runs["on"][policy]["lost_gpu_hours"] == 0
+        assert runs["on"][policy]["mean_jct_s"] == runs["off"][policy]["mean_jct_s"]
+    assert runs["off"]["synapse"]["preemptions"] == 0
+    table = invoke("run", str(path), "--policies", "synapse", "--queues", str(queue_file)).output
+    assert "preempt" in table and "lost GPU-h" in table
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "{trace}", "--policies", "fifo,lottery"], "unknown policy 'lottery'"),
     (["run", "{missing}"], "cannot read"),

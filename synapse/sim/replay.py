@@ -110,8 +110,12 @@ class Replay(Simulator):
         tasks = job.tasks_on(self.shape)
         per = job.gpus // tasks
         topology = TopologySpec()
-        if self.spec_policy.strict_racks and tasks > 1 and job.gpus <= self.shape.rack_gpus:
-            topology = TopologySpec("rack", PackMode.REQUIRED)
+        if tasks > 1 and job.gpus <= self.shape.rack_gpus:
+            # A gang that fits in a rack asks for one: `required` in the strict ablation; else
+            # `preferred`, which schedules and places exactly as no `pack` does (delay scheduling
+            # already waits for a rack) but lets a preemption plan look for its room in one rack
+            # before the whole cluster.
+            topology = TopologySpec("rack", PackMode.REQUIRED if self.spec_policy.strict_racks else PackMode.PREFERRED)
         return JobSpec(name=job.id, tasks=tasks, resources=Resources(CPU_PER_GPU * per, MEMORY_PER_GPU * per, per),
                        command=("train",), topology=topology, time_limit=job.time_limit, queue=job.queue)
 
