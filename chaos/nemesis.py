@@ -41,6 +41,10 @@ class Target:
     partition: float = 3.0  #: how long an isolated leader stays cut off
     #: the master lane and the machine lane restart processes concurrently; cluster.json is shared
     restart_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: set once the runner stops the cluster: a fault failing after that is no finding. (A fault
+    #: that fails after the run's time is up, on a live cluster, is one: a grow-shrink that failed
+    #: then used to leave a fourth member behind, silently.)
+    tearing_down: threading.Event = field(default_factory=threading.Event)
 
     # -- processes --
 
@@ -179,9 +183,12 @@ class Target:
             try:
                 self._membership("RemoveReplica", request, timeout=max(1.0, deadline - time.monotonic()))
                 break
-            except RuntimeError as exc:  # it became the leader between the check and the call
+            except RuntimeError as exc:  # the replica that answered as leader is the one to remove
                 if "cannot remove itself" not in str(exc) or time.monotonic() > deadline:
                     raise
+                with self.restart_lock:  # (another replica may still think it leads): stop it
+                    self.kill(proc, signal.SIGTERM)
+                self.wait_leader(15)
         with self.restart_lock:
             self.kill(proc, signal.SIGTERM)
             self.state["masters"].remove(proc)

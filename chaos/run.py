@@ -115,8 +115,8 @@ def nemesis_loop(target: Target, kinds: list[str], history: History, stop: threa
         try:
             fault = NEMESES[kind](target, rng, history)
         except Exception as exc:
-            if stop.is_set():
-                return  # the run is being torn down under this fault (interrupted): its processes are gone
+            if target.tearing_down.is_set():
+                return  # the cluster is being stopped under this fault (interrupted): its processes are gone
             # A fault that could not be carried out is a finding (the run fails), not a dead lane:
             # record it, heal what it may have left, and go on injecting.
             history.write("fault", kind=kind, targets=[], start=time.time(), end=time.time(),
@@ -262,6 +262,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # longer restart a process (local.restart refuses), so an interrupted run stops at once
         # instead of after the fault and the clients' deadlines. Normally the threads have ended.
         interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        target.tearing_down.set()
         local.down(data_dir)
         if interrupted:  # a fault under way may poll the stopped cluster until its own deadline
             for t in threads:

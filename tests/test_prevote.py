@@ -21,9 +21,9 @@ class Plain(SafeSyncObj):
     PREVOTE = False
 
 
-def start(tmp_path, cls):
-    base = free_base_port(3)
-    addrs = [f"127.0.0.1:{base + i}" for i in range(3)]
+def start(tmp_path, cls, count=3):
+    base = free_base_port(count)
+    addrs = [f"127.0.0.1:{base + i}" for i in range(count)]
     nodes = [cls(a, [b for b in addrs if b != a], consumers=[ReplicatedState()],
                  conf=raft_config(bind_address=a, data_dir=str(tmp_path / f"{cls.__name__}{i}"), password="pw",
                                   autoTick=False))
@@ -96,3 +96,37 @@ def test_without_prevote_the_same_partition_deposes_the_leader(tmp_path):
     term, follower_term, leader, after, term_after, _ = partition_a_follower_and_heal(tmp_path, Plain)
     assert follower_term > term
     assert term_after > term
+
+
+def test_a_replica_ahead_in_log_but_behind_in_term_is_still_elected(tmp_path):
+    """Two members: A's log is ahead (entries it appended as leader while B was cut off), B's term
+    is ahead. Each refuses the other's pre-vote (B: the term; A: the log). A refusal carries the
+    refuser's term and A takes it, so A's next pre-vote asks for a term B can grant: a leader."""
+    addrs, nodes = start(tmp_path, SafeSyncObj, count=2)
+    try:
+        for _ in range(100):
+            tick(nodes, 0.1)
+            if leader_index(nodes) is not None and all(n._getLeader() is not None for n in nodes):
+                break
+        a = leader_index(nodes)
+        assert a is not None, "no leader elected"
+        b = 1 - a
+        cut: set = set()
+        cut_off(nodes, addrs, b, cut)
+        cut.add(b)
+        consumer = nodes[a]._SyncObj__consumers[0]
+        for _ in range(3):  # appended to A's log, never committed (B does not answer)
+            consumer.apply(b"entry", callback=lambda *_: None)
+        tick(nodes, 1.5)  # A steps down: no majority
+        assert not nodes[a]._isLeader()
+        assert nodes[a]._SyncObj__getCurrentLogIndex() > nodes[b]._SyncObj__getCurrentLogIndex()
+        nodes[b]._SyncObj__setCurrentTerm(nodes[b].raftCurrentTerm + 5, None)  # B's failed elections
+        cut.clear()
+        for _ in range(80):
+            tick(nodes, 0.1)
+            if leader_index(nodes) is not None:
+                break
+        assert leader_index(nodes) == a, "no leader: the two members refuse each other"
+    finally:
+        for node in nodes:
+            node.destroy()

@@ -227,7 +227,7 @@ def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
 #: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
 _INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
               "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
-              "_SyncObj__generateRaftTimeout", "_onTick")
+              "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick")
 _missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
 if _missing:
     raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
@@ -252,7 +252,10 @@ class SafeSyncObj(SyncObj):
     term; a peer says yes only if it has not heard from a leader for most of an election timeout
     and the asker's log is at least as up to date as its own. Only with a majority of yeses does
     the replica start the real election. A partitioned follower thus keeps its term, and healing
-    the partition changes no leader.
+    the partition changes no leader. A refusal carries the refuser's term, and a replica refused
+    by a peer at a higher term takes that term (etcd's rule): without it, a replica whose log was
+    ahead but whose term was behind, and a peer the other way round, refused each other for ever
+    (a two-member cluster in the long chaos run had no leader for 54 minutes).
 
     **Pauses.** A leader counts the followers that answered within `leaderFallbackTimeout` and
     steps down without a majority. When its own process was starved of CPU (a loaded machine, a
@@ -328,9 +331,18 @@ class SafeSyncObj(SyncObj):
                    and monotonic() - self._leader_contact >= lease
                    and (message.get("last_log_term", -1), message.get("last_log_index", -1)) >= mine)
         self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
-                                             "granted": granted})
+                                             "granted": granted, "current_term": self.raftCurrentTerm})
 
     def _count_prevote(self, node, message: dict) -> None:
+        current = message.get("current_term")
+        if not message.get("granted") and isinstance(current, int) and current > self.raftCurrentTerm:
+            # Refused by a peer at a higher term: take its term (as etcd does), without a vote. A
+            # replica whose log is ahead but whose term is behind could otherwise never be elected,
+            # and the peer, whose log is behind, never either: with two members, no leader ever.
+            self._SyncObj__setCurrentTerm(current, None)
+            self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+            self._prevote_term = 0
+            return
         if message.get("granted") and self._prevote_term and message.get("term") == self._prevote_term \
                 and self._SyncObj__raftState != _RAFT_STATE.LEADER:
             self._prevotes = self._prevotes | {node}
