@@ -45,6 +45,8 @@ class Target:
     #: that fails after the run's time is up, on a live cluster, is one: a grow-shrink that failed
     #: then used to leave a fourth member behind, silently.)
     tearing_down: threading.Event = field(default_factory=threading.Event)
+    #: the masters the run started with (heal restores this membership); empty: not tracked
+    initial_masters: list[dict] = field(default_factory=list)
 
     # -- processes --
 
@@ -121,6 +123,18 @@ class Target:
             return []
         status = self.client.replica_status(leader["api_address"], timeout=2)
         return sorted([status.raft_address, *status.partners])
+
+    def restore_members(self, expected: list[dict]) -> None:
+        """Bring the membership back to `expected` (the masters the run started with) after a
+        membership fault failed half-way: add back any that is missing (started empty), remove
+        any other. Raises if it cannot (the run then fails on `members_ok`)."""
+        ids = {m["id"] for m in expected}
+        for m in expected:
+            if m["id"] not in {p["id"] for p in self.state["masters"]}:
+                self.add_master(m["id"], raft=m["raft_address"], api=m["api_address"],
+                                http=m.get("http_address", ""))
+        for m in [p for p in self.state["masters"] if p["id"] not in ids]:
+            self.remove_master(m["id"])
 
     def _membership(self, method: str, request: Any, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -142,7 +142,8 @@ def _join(threads: list[threading.Thread]) -> None:
 
 
 def heal(target: Target) -> None:
-    """Every process back and every link up, then wait for a leader."""
+    """Every process back and every link up, then wait for a leader; and the members the run
+    started with, if a membership fault that failed half-way changed them."""
     if target.state.get("netns"):
         MasterNet.from_dict(target.state["netns"]).heal()
     for m in target.state["masters"]:
@@ -152,6 +153,9 @@ def heal(target: Target) -> None:
         if not (local.is_ours(w["pid"], target.data_dir) and local.is_alive(w["pid"])):
             target.restart_worker(w, GPUS)
     target.wait_leader(30)
+    if target.initial_masters and sorted(m["id"] for m in target.state["masters"]) != sorted(
+            m["id"] for m in target.initial_masters):
+        target.restore_members(target.initial_masters)
 
 
 def settle(client: MasterClient, nodes: list[str], timeout: float) -> None:
@@ -227,7 +231,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
                      job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)), spare_masters=spare)
     members = sorted(m["raft_address"] for m in state["masters"])
     addresses = [m["api_address"] for m in state["masters"]]
-    target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20))
+    target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20),
+                    initial_masters=[dict(m) for m in state["masters"]])
     half = Resources(0, 0, workers * GPUS // 2)
     target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
         codec.queue_to_proto(Queue(name, guaranteed=half, preemption_rules=("reclaim", "priority")))

@@ -213,6 +213,13 @@ def test_membership_faults_grow_shrink_and_replace_and_end_with_the_same_members
     assert not local.is_alive(old[victim]) and pids(t, "masters")[victim] != old[victim]
     job_id = t.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="after")))
     converge(t, 30)  # the replaced replica, started empty, catches up with the others
+    # A membership fault that failed half-way (a replica removed, never added back): the runner's
+    # heal puts the members back as they started.
+    initial = [dict(m) for m in t.state["masters"]]
+    t.remove_master("m3")
+    assert t.members() != members
+    t.restore_members(initial)
+    assert t.members() == members and sorted(m["id"] for m in t.state["masters"]) == ["m1", "m2", "m3"]
     assert t.client.get_job(job_id).id == job_id
 
 
