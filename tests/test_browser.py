@@ -1,5 +1,5 @@
 """Every dashboard page in a real headless Chromium (Debian's, installed by
-scripts/install-chromium.sh): no console error, no CSP violation, and a screenshot of each.
+scripts/install-test-packages.sh): no console error, no CSP violation, and a screenshot of each.
 
 Chromium is driven through the DevTools protocol (websocket-client): the token goes in an
 Authorization header set for every request, as a reverse proxy or a script would send it.
@@ -79,7 +79,7 @@ def problems(events: list[dict]) -> list[str]:
 @pytest.fixture
 def chromium(tmp_path):
     if CHROMIUM is None:
-        pytest.skip("no chromium: scripts/install-chromium.sh installs Debian's package (needs root and apt)")
+        pytest.skip("no chromium: scripts/install-test-packages.sh installs Debian's package (needs root and apt)")
     profile = tmp_path / "profile"
     proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                              "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],

@@ -216,7 +216,7 @@ def test_the_shim_refuses_to_run_a_task_it_cannot_confine(tmp_path, real_cgroups
     assert not marker.exists()
 
 
-#: The README's sandbox: bubblewrap (Debian's `bubblewrap`; scripts/install-bubblewrap.sh), the whole
+#: The README's sandbox: bubblewrap (Debian's `bubblewrap`; scripts/install-test-packages.sh), the whole
 #: machine read-only, a private /tmp, its own pid namespace. It stays in the foreground, so the shim's
 #: cgroup holds it and the task inside it.
 BWRAP = "bwrap --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --unshare-pid --die-with-parent --"
@@ -224,7 +224,7 @@ BWRAP = "bwrap --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --unshare-pid 
 
 def test_an_external_sandbox_runs_the_task_confined_the_same_way(tmp_path, real_cgroups):
     if shutil.which("bwrap") is None:
-        pytest.skip("bwrap is not installed (bash scripts/install-bubblewrap.sh)")
+        pytest.skip("bwrap is not installed (bash scripts/install-test-packages.sh)")
     runtime = ProcessRuntime(tmp_path, template=BWRAP, cgroups=real_cgroups)
     handle = runtime.start(assignment("sandboxed", ["sh", "-c", "echo pid=$$; touch /etc/synapse-x || echo ro"],
                                       memory=64 * MI))

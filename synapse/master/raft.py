@@ -360,13 +360,11 @@ class SafeSyncObj(SyncObj):
             return self._count_prevote(node, message)
         if kind == "append_entries" and isinstance(message.get("term"), int) \
                 and message["term"] >= self.raftCurrentTerm:
-            self._leader_contact = monotonic()
-        if (isinstance(message, dict) and message.get("type") == "append_entries"
-                and "prevLogIdx" in message and message.get("transmission") is None
-                and isinstance(message.get("term"), int) and message["term"] >= self.raftCurrentTerm):
-            message = self._screen_append(node, message)
-            if message is None:
-                return
+            self._leader_contact = monotonic()  # a current leader lives: refuse pre-votes for a while
+            if "prevLogIdx" in message and message.get("transmission") is None:
+                message = self._screen_append(node, message)
+                if message is None:
+                    return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
     def _screen_append(self, node, message: dict) -> dict | None:

@@ -37,6 +37,12 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_waits(path: Path, summaries: dict[str, dict]) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -56,9 +62,7 @@ def plot_waits(path: Path, summaries: dict[str, dict]) -> None:
     ax.set_ylabel("wait (h): bar mean, tick p99")
     ax.set_title("Wait by gang size")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_utilisation(path: Path, runs: Sequence[RunResult]) -> None:
@@ -74,9 +78,7 @@ def plot_utilisation(path: Path, runs: Sequence[RunResult]) -> None:
     ax.set_ylim(0, 1.02)
     ax.set_title("Utilisation over time (3-hour bins)")
     ax.legend(fontsize=8, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_jct_cdf(path: Path, runs: Sequence[RunResult]) -> None:
@@ -91,9 +93,7 @@ def plot_jct_cdf(path: Path, runs: Sequence[RunResult]) -> None:
     ax.set_ylabel("share of jobs")
     ax.set_title("JCT CDF")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_sweep(path: Path, sweep: dict) -> None:
@@ -108,9 +108,7 @@ def plot_sweep(path: Path, sweep: dict) -> None:
         ax.set_xlabel("offered load")
         ax.set_title(label)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def write_report(directory: str | Path, runs: Sequence[RunResult], summaries: dict[str, dict], *, title: str,

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages some tests use, if they are not there yet: chromium (the dashboard's
+# browser test, tests/test_browser.py) and bubblewrap (the sandboxed-runtime example and its test,
+# tests/test_isolation.py). The distribution's packages only, never a downloaded build, and one
+# apt-get update for all. Where they cannot be installed (no root, no apt), it says why and exits
+# 0: those tests then skip with that reason.
+set -u
+missing=()
+for pair in chromium:chromium bwrap:bubblewrap; do  # command:package
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-test-packages: not root or no apt-get; the tests that need ${missing[*]} will skip" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+log=/tmp/install-test-packages.log
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  echo "install-test-packages: apt-get failed (see $log); the tests that need ${missing[*]} will skip" >&2
+fi
+exit 0
