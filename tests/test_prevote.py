@@ -57,15 +57,22 @@ def leader_index(nodes) -> int | None:
     return leaders[0] if len(leaders) == 1 else None
 
 
+def elect(nodes) -> int:
+    """Tick until one leader is elected and every replica knows it; its index."""
+    leader = None
+    for _ in range(100):
+        tick(nodes, 0.1)
+        leader = leader_index(nodes)
+        if leader is not None and all(n._getLeader() is not None for n in nodes):
+            break
+    assert leader is not None, "no leader elected"
+    return leader
+
+
 def partition_a_follower_and_heal(tmp_path, cls):
     addrs, nodes = start(tmp_path, cls)
     try:
-        for _ in range(100):
-            tick(nodes, 0.1)
-            leader = leader_index(nodes)
-            if leader is not None and all(n._getLeader() is not None for n in nodes):
-                break
-        assert leader is not None, "no leader elected"
+        leader = elect(nodes)
         term = nodes[leader].raftCurrentTerm
         follower = (leader + 1) % 3
         cut: set = set()
@@ -96,6 +103,28 @@ def test_without_prevote_the_same_partition_deposes_the_leader(tmp_path):
     term, follower_term, leader, after, term_after, _ = partition_a_follower_and_heal(tmp_path, Plain)
     assert follower_term > term
     assert term_after > term
+
+
+class LateClock(SafeSyncObj):
+    """Reads the clock 0.2 s late before PreVote's check: pysyncobj's own check, a moment later,
+    sees every election deadline pass first (the race between the two readings, widened)."""
+
+    def _maybe_prevote(self, now: float) -> bool:
+        return super()._maybe_prevote(now - 0.2)
+
+
+class LateClockUnheld(LateClock):
+    PREVOTE_HOLDS = False
+
+
+def test_a_deadline_passing_between_prevote_and_pysyncobj_starts_no_election(tmp_path):
+    term, follower_term, leader, after, after_term, _ = partition_a_follower_and_heal(tmp_path, LateClock)
+    assert follower_term == term and (after, after_term) == (leader, term)
+
+
+def test_without_the_hold_that_race_raises_the_cut_off_follower_s_term(tmp_path):
+    term, follower_term, *_ = partition_a_follower_and_heal(tmp_path, LateClockUnheld)
+    assert follower_term > term
 
 
 def test_a_replica_ahead_in_log_but_behind_in_term_is_still_elected(tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -227,7 +228,8 @@ def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
 #: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
 _INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
               "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
-              "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick")
+              "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick",
+              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration")
 _missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
 if _missing:
     raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
@@ -264,24 +266,87 @@ class SafeSyncObj(SyncObj):
     waiting, and a leader does not count the time it was not running against its followers.
     """
 
-    diverged = ""  #: why this replica can no longer be trusted, once it cannot
-    _prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
-    _prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
-    _campaign = False  #: a pre-vote round was won: the next election timeout starts an election
-    _leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
-    _last_tick = 0.0  #: when the previous tick ended
-    prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
-
     #: A tick this much later than the previous one's end means this thread did not run meanwhile.
     STALL_S = 0.1
     PREVOTE = True  #: off only to show, in a test, what happens without it
+    PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
+
+    def __init__(self, *args, **kwargs) -> None:
+        # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
+        # pickles any attribute set later into its snapshots, and a replica loading one takes them
+        # over (a bound method set later made every snapshot fail: "Failed to store full dump").
+        self.diverged = ""  #: why this replica can no longer be trusted, once it cannot
+        self._prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
+        self._prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
+        self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
+        self._leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
+        self._last_tick = 0.0  #: when the previous tick ended
+        self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
+        self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
+        self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
+        self._add_link: Callable | None = None
+        super().__init__(*args, **kwargs)
+        transport = self._SyncObj__transport
+        self._drop_link, self._add_link = transport.dropNode, transport.addNode
+        transport.dropNode, transport.addNode = self._guarded_drop, self._guarded_add
+
+    def snapshot_extras(self) -> list[str]:
+        """Attributes pysyncobj would pickle into a snapshot besides its own (none, if all is well)."""
+        own = self._SyncObj__properies
+        return sorted(k for k in self.__dict__ if k not in own and not k.startswith("_SyncObj__"))
+
+    def _guarded_drop(self, node) -> None:
+        """Drop a peer's link, unless it is the leader this follower listens to.
+
+        pysyncobj drops a peer's TCP link as soon as an entry removing it reaches the log, and
+        refuses links from peers it does not know. A follower catching up (a replica started empty
+        or from an old snapshot) replays old membership changes: replaying the removal of a replica
+        that is now the leader cut it off from that leader for good — the later entry that adds the
+        leader back could never arrive (a replaced replica did not catch up in the chaos runs).
+        The leader's link is kept until the leader is a member again or another leads."""
+        if node == self._SyncObj__raftLeader and self._SyncObj__raftState != _RAFT_STATE.LEADER:
+            self._kept_links.add(node)
+            return
+        self._kept_links.discard(node)
+        self._drop_link(node)
+
+    def _guarded_add(self, node) -> None:
+        if node in self._kept_links:  # its link was never dropped
+            self._kept_links.discard(node)
+            return
+        self._add_link(node)
+
+    def _release_links(self) -> None:
+        """Drop the kept links of peers that are neither members again nor the leader."""
+        for node in list(self._kept_links):
+            if node in self._SyncObj__otherNodes:
+                self._kept_links.discard(node)
+            elif node != self._SyncObj__raftLeader or self._SyncObj__raftState == _RAFT_STATE.LEADER:
+                self._kept_links.discard(node)
+                self._drop_link(node)
 
     def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
+        if self._kept_links:
+            self._release_links()
         now = monotonic()
         if self._last_tick and now - self._last_tick > self.STALL_S:
             self._after_stall(now - self._last_tick)
-        self._maybe_prevote(monotonic())
-        SyncObj._onTick(self, timeToWait)
+        may_campaign = self._maybe_prevote(monotonic())
+        # pysyncobj starts an election in its own tick when the election deadline has passed by
+        # its own clock reading, taken after the one above: a deadline falling in between started
+        # a real election, term raised, without PreVote (a cut-off follower then deposed the
+        # leader on its return, seen once in 14 follower partitions). Unless this tick may
+        # campaign, pysyncobj sees no deadline; a deadline a message sets meanwhile stands.
+        hold = (self.PREVOTE and self.PREVOTE_HOLDS and not may_campaign
+                and self._SyncObj__raftState != _RAFT_STATE.LEADER)
+        deadline = self._SyncObj__raftElectionDeadline
+        if hold:
+            self._SyncObj__raftElectionDeadline = math.inf
+        try:
+            SyncObj._onTick(self, timeToWait)
+        finally:
+            if hold and self._SyncObj__raftElectionDeadline == math.inf:
+                self._SyncObj__raftElectionDeadline = deadline
         self._last_tick = monotonic()
 
     def _after_stall(self, gap: float) -> None:
@@ -291,29 +356,34 @@ class SafeSyncObj(SyncObj):
             for node, when in responded.items():
                 responded[node] = when + gap  # the time it did not run is not the followers' silence
 
-    def _maybe_prevote(self, now: float) -> None:
+    def _maybe_prevote(self, now: float) -> bool:
+        """Run PreVote when the election deadline has passed; True when this tick may start the
+        real election (a pre-vote was won, or a leadership transfer asks for it)."""
         if not self.PREVOTE:
-            return
+            return True
         if self._SyncObj__raftState == _RAFT_STATE.LEADER or self._SyncObj__selfNode is None:
             self._prevote_term, self._campaign = 0, False
-            return
+            return False
+        if self._SyncObj__transferInProgress:
+            return True
         if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
-            return
-        if self._campaign or self._SyncObj__transferInProgress:
+            return False
+        if self._campaign:
             self._campaign = False  # pysyncobj's tick starts the election now
-            return
+            return True
         if self._prevote_term:
             self.prevotes_denied += 1
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         self._prevote_term = self.raftCurrentTerm + 1
         self._prevotes = frozenset({self._SyncObj__selfNode})
         if self._won_prevote():
-            return
+            return False  # alone: the next tick campaigns
         message = {"type": "pre_vote", "term": self._prevote_term,
                    "last_log_index": self._SyncObj__getCurrentLogIndex(),
                    "last_log_term": self._SyncObj__getCurrentLogTerm()}
         for node in self._SyncObj__otherNodes:
             self._SyncObj__transport.send(node, message)
+        return False
 
     def _won_prevote(self) -> bool:
         if len(self._prevotes) > (len(self._SyncObj__otherNodes) + 1) / 2:
@@ -585,6 +655,13 @@ class RaftNode:
 
     def status(self) -> dict:
         return self.sync.getStatus()
+
+    def log_start(self) -> int:
+        """The first index the log holds: entries before it live only in the snapshot."""
+        try:
+            return int(self.sync._SyncObj__raftLog[0][1])
+        except (IndexError, TypeError):  # read off the tick thread: a log being replaced
+            return 0
 
     def destroy(self) -> None:
         self.sync.destroy()
