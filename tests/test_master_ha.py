@@ -150,6 +150,16 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     assert out.exit_code == 0 and "removed" in out.output, out.output
     leader_api = client.leader
     assert len(client.replica_status(leader_api).partners) == 3
+    # Both are idempotent: a retry whose first answer was lost (a timeout, a failover) succeeds and
+    # changes nothing.
+    out = CliRunner().invoke(synctl, ["cluster", "remove-master", "--id", victims[0]],
+                             env={**env, "SYNAPSE_MASTERS": ",".join(survivors)})
+    assert out.exit_code == 0 and "removed" in out.output, out.output
+    m5 = cluster.master("m5")
+    out = CliRunner().invoke(synctl, ["cluster", "add-master", "--id", "m5", "--raft", m5["raft_address"],
+                                      "--api", m5["api_address"]], env={**env, "SYNAPSE_MASTERS": ",".join(survivors)})
+    assert out.exit_code == 0 and "added" in out.output, out.output
+    assert len(client.replica_status(client.leader).partners) == 3
 
 
 def test_finished_jobs_are_forgotten_after_the_retention(tmp_path):

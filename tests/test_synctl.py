@@ -56,6 +56,10 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     assert [j["id"] for j in jobs] == [job_id, big.output.strip()]
     status = json.loads(synctl(cluster, "cluster", "status", "-o", "json").output)
     assert status["leader"]["id"] == cluster.wait_leader() and len(status["replicas"]) == 3
+    # The leader's match index for each follower (none for itself), at most its own log's end.
+    followers = [r for r in status["replicas"] if r["state"] == "follower"]
+    assert len(followers) == 2 and all(0 < r["matched_index"] for r in followers), status
+    assert "matched_index" not in next(r for r in status["replicas"] if r["state"] == "leader")
     assert synctl(cluster, "cordon", "n1").exit_code == 0
     assert json.loads(synctl(cluster, "get", "nodes", "-o", "json").output)[0]["schedulable"] is False
     assert synctl(cluster, "uncordon", "n1").exit_code == 0

@@ -448,18 +448,26 @@ def cluster() -> None:
 @OUTPUT
 @click.pass_obj
 def cluster_status(obj: Context, output: str) -> None:
-    """Every replica: role, term, commit and applied index, and who is reachable."""
+    """Every replica: role, term, commit and applied index, how far the leader knows it has stored
+    the log (MATCHED), and who is reachable."""
     client = obj.client
     replicas = []
+    matched: dict[str, int] = {}
     for address in list(client.addresses):
         try:
             s = client.replica_status(address, digest=True)
             replicas.append({"id": s.id, "address": address, "reachable": True, "state": s.state, "term": s.term,
                              "commit_index": s.commit_index, "applied_index": s.applied_index,
                              "commands_applied": s.commands_applied, "digest": s.digest[:12],
-                             "leader": s.leader_api or None, "connected_to": list(s.connected)})
+                             "leader": s.leader_api or None, "connected_to": list(s.connected),
+                             "raft_address": s.raft_address, "log_start": s.log_start})
+            if s.state == "leader":
+                matched = dict(s.match_index)
         except (ClientError, ClusterUnavailable) as exc:
             replicas.append({"id": None, "address": address, "reachable": False, "error": str(exc)})
+    for r in replicas:  # the leader's view of each follower: a replica catching up shows it rising
+        if r.get("raft_address") in matched:
+            r["matched_index"] = matched[r["raft_address"]]
     leaders = [r for r in replicas if r.get("state") == "leader"]
     if not any(r["reachable"] for r in replicas):
         fail("cluster unreachable: no master answered", 3)
@@ -469,9 +477,10 @@ def cluster_status(obj: Context, output: str) -> None:
             "replicas": replicas}
     emit(data, output, lambda d: (f"leader: {d['leader']['id']} at {d['leader']['address']} (term {d['term']})"
                                   if d["leader"] else "leader: none") + "\n" + render_table(
-        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "DIGEST", "REACHABLE"],
+        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "REACHABLE"],
         [[r.get("id") or "?", r["address"], r.get("state", "-"), r.get("term", "-"), r.get("commit_index", "-"),
-          r.get("applied_index", "-"), r.get("digest", "-"), "yes" if r["reachable"] else "no"]
+          r.get("applied_index", "-"), r.get("matched_index", "-"), r.get("digest", "-"),
+          "yes" if r["reachable"] else "no"]
          for r in d["replicas"]]))
 
 

@@ -359,7 +359,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             term=status.get("raft_term", 0), commit_index=status.get("commit_idx", 0),
             applied_index=status.get("last_applied", 0), commands_applied=applied, digest=digest,
             partners=partners, connected=connected, entries_proposed=self.m.raft.entries_proposed,
-            commands_proposed=self.m.raft.commands_proposed)
+            commands_proposed=self.m.raft.commands_proposed,
+            match_index={p: status.get(f"match_idx_server_{p}", 0) for p in partners},
+            next_index={p: status.get(f"next_node_idx_server_{p}", 0) for p in partners},
+            log_start=self.m.raft.log_start())
 
     async def AddReplica(self, request, context):
         """Add a master replica: record its addresses, then add it to the Raft membership.
@@ -387,19 +390,25 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if action == "add" and not _host_port(request.api_address):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"api_address: must be host:port, not {request.api_address!r}")
+        await self._leader(context)  # a follower redirects (it may be the one to remove)
         if action == "remove" and raft_address == self.m.replica.raft:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "the leader cannot remove itself; stop it first so another replica leads")
-        await self._leader(context)
         if action == "add":
             await self._ok_or_abort(await self._propose(c.SetReplica(
                 at=time.time(), by=self.caller().name, id=request.id, raft_address=raft_address,
                 api_address=request.api_address), context), context)
-        try:
-            await self.m.raft.change_membership(action, raft_address)
-        except ProposeError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"membership change refused ({exc.kind}): one change at a time, by the leader")
+        # Idempotent, so a client may retry a change whose answer it lost (a timeout, a failover):
+        # the leader's members include every change it has appended, committed or not.
+        members = {self.m.replica.raft, *self.m.raft.partners()}
+        if (raft_address in members) != (action == "add"):
+            try:
+                await self.m.raft.change_membership(action, raft_address)
+            except ProposeError as exc:
+                reason = ("the previous change is not committed yet (one at a time)"
+                          if exc.kind == "REQUEST_DENIED" else "the leader changed or the change timed out")
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"membership change refused ({exc.kind}): {reason}; retry")
         if action == "remove":
             await self._propose(c.SetReplica(at=time.time(), by=self.caller().name, id=request.id,
                                              raft_address=raft_address,

@@ -645,6 +645,46 @@ Global___ReplicaStatusRequest: _TypeAlias = ReplicaStatusRequest  # noqa: Y015
 class ReplicaStatusReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MatchIndexEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class NextIndexEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     API_ADDRESS_FIELD_NUMBER: _builtins.int
     RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
@@ -660,6 +700,9 @@ class ReplicaStatusReply(_message.Message):
     CONNECTED_FIELD_NUMBER: _builtins.int
     ENTRIES_PROPOSED_FIELD_NUMBER: _builtins.int
     COMMANDS_PROPOSED_FIELD_NUMBER: _builtins.int
+    MATCH_INDEX_FIELD_NUMBER: _builtins.int
+    NEXT_INDEX_FIELD_NUMBER: _builtins.int
+    LOG_START_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     api_address: _builtins.str
     raft_address: _builtins.str
@@ -677,6 +720,8 @@ class ReplicaStatusReply(_message.Message):
     """log entries this replica proposed (group commit: one per batch)"""
     commands_proposed: _builtins.int
     """commands inside them"""
+    log_start: _builtins.int
+    """the first index this replica's log holds (after its snapshot)"""
     @_builtins.property
     def partners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """raft addresses of the other members"""
@@ -685,6 +730,14 @@ class ReplicaStatusReply(_message.Message):
     def connected(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """partners this replica is connected to"""
 
+    @_builtins.property
+    def match_index(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """On the leader, per partner (raft address): the highest log index known to be stored there,
+        and the next index it will be sent (below log_start: it is sent the snapshot instead).
+        """
+
+    @_builtins.property
+    def next_index(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -703,10 +756,13 @@ class ReplicaStatusReply(_message.Message):
         connected: _abc.Iterable[_builtins.str] | None = ...,
         entries_proposed: _builtins.int = ...,
         commands_proposed: _builtins.int = ...,
+        match_index: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        next_index: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        log_start: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "applied_index", b"applied_index", "commands_applied", b"commands_applied", "commands_proposed", b"commands_proposed", "commit_index", b"commit_index", "connected", b"connected", "digest", b"digest", "entries_proposed", b"entries_proposed", "id", b"id", "leader_api", b"leader_api", "leader_raft", b"leader_raft", "partners", b"partners", "raft_address", b"raft_address", "state", b"state", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "applied_index", b"applied_index", "commands_applied", b"commands_applied", "commands_proposed", b"commands_proposed", "commit_index", b"commit_index", "connected", b"connected", "digest", b"digest", "entries_proposed", b"entries_proposed", "id", b"id", "leader_api", b"leader_api", "leader_raft", b"leader_raft", "log_start", b"log_start", "match_index", b"match_index", "next_index", b"next_index", "partners", b"partners", "raft_address", b"raft_address", "state", b"state", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
