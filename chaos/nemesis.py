@@ -180,7 +180,24 @@ class Target:
             except Exception:  # noqa: BLE001 - still starting
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"master {replica_id} did not catch up within 60 s")
+        raise RuntimeError(f"master {replica_id} did not catch up within 60 s: {self._catch_up_view(raft, api)}")
+
+    def _catch_up_view(self, raft: str, api: str) -> str:
+        """What the leader and the new replica say about its catch-up (for the fault's record)."""
+        parts = []
+        leader = self.leader()
+        try:
+            if leader is not None:
+                s = self.client.replica_status(leader["api_address"], timeout=1)
+                parts.append(f"leader {leader['id']} term {s.term} commit {s.commit_index} log_start {s.log_start} "
+                             f"connected {raft in s.connected} match {s.match_index.get(raft)} "
+                             f"next {s.next_index.get(raft)}")
+            mine = self.client.replica_status(api, timeout=1)
+            parts.append(f"new replica {mine.state} term {mine.term} commit {mine.commit_index} "
+                         f"applied {mine.applied_index} log_start {mine.log_start} connected {list(mine.connected)}")
+        except Exception as exc:  # noqa: BLE001 - a replica in trouble: say so
+            parts.append(f"status unavailable: {exc}")
+        return "; ".join(parts) or "no leader"
 
     def remove_master(self, replica_id: str, wipe: bool = False) -> None:
         """Remove a replica from the membership, stop it, take it out of the cluster file (and

@@ -326,10 +326,15 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "members_ok": final_members == members,
         "overcommit_details": overcommits[:10],
     }
-    report["ok"] = (not report["lost"] and not overcommits and not report["partial_gangs"]
-                    and not report["duplicate_tasks"] and report["replicas_converged"] and not report["log_conflicts"]
-                    and report["linearizable"] == "ok" and report["heal_leader_changes"] == 0 and report["members_ok"]
-                    and not report["nemesis_errors"])
+    checks = {
+        "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
+        "duplicate_tasks": not report["duplicate_tasks"], "replicas_converged": report["replicas_converged"],
+        "log_conflicts": not report["log_conflicts"], "linearizable": report["linearizable"] == "ok",
+        "heal_leader_changes": report["heal_leader_changes"] == 0, "members_ok": report["members_ok"],
+        "nemesis_errors": not report["nemesis_errors"],
+    }
+    report["failed_checks"] = [name for name, held in checks.items() if not held]
+    report["ok"] = not report["failed_checks"]
     return report
 
 
@@ -385,8 +390,8 @@ def _main() -> None:
     else:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
-                    "heal_leader_changes", "members_ok", "nemesis_errors", "outage_by_kind", "failover_s", "seconds",
-                    "history"):
+                    "heal_leader_changes", "members_ok", "nemesis_errors", "failed_checks", "outage_by_kind",
+                    "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

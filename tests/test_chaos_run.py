@@ -23,7 +23,7 @@ def test_short_chaos_run_holds_every_invariant(tmp_path):
     assert report["partial_gangs"] == [] and report["duplicate_tasks"] == [], report
     assert report["replicas_converged"] and report["linearizable"] == "ok", report
     assert report["heal_leader_changes"] == 0 and report["members_ok"], report
-    assert report["ok"], report
+    assert report["ok"], (report["failed_checks"], report)
 
 
 @pytest.mark.chaos_long
