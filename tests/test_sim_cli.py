@@ -42,6 +42,22 @@ def test_generate_then_run_prints_every_policy_as_json(trace_file):
     assert policies["synapse"]["single_rack_share"] > policies["synapse-flat"]["single_rack_share"]
 
 
+def test_tuning_changes_synapse_s_knobs_and_leaves_the_baselines_alone(tmp_path):
+    path = tmp_path / "gangs.csv"  # a day of gangs on 32 nodes: reservations and rack waits matter
+    assert invoke("generate", "--mix", "gang-heavy", "--nodes", "32", "--racks", "4", "--days", "1", "--load", "1.1",
+                  "--seed", "2", "-o", str(path)).exit_code == 0
+    runs = {}
+    for label, extra in (("default", ()), ("tuned", ("--tuning", "reservations=4,locality_wait_s=0"))):
+        result = invoke("run", str(path), "--policies", "easy,synapse", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        runs[label] = json.loads(result.output)
+    assert runs["tuned"]["tuning"] == "reservations=4,locality_wait_s=0"
+    outcome = ("jobs", "mean_jct_s", "mean_wait_s", "p99_wait_s", "utilisation", "single_rack_share")
+    for policy, same in (("easy", True), ("synapse", False)):
+        before, after = (tuple(runs[r]["policies"][policy][k] for k in outcome) for r in ("default", "tuned"))
+        assert (before == after) is same, (policy, before, after)
+
+
 def test_run_prints_a_table_and_uses_the_traces_cluster(trace_file):
     result = invoke("run", str(trace_file), "--policies", "easy")
     assert result.exit_code == 0, result.output
@@ -114,6 +130,10 @@ def test_the_evaluation_queue_file_turns_preemption_on_for_synapse_alone(tmp_pat
     (["generate", "--mix", "gang-heavy", "--nodes", "8"], "gangs of 256 GPUs; the cluster has 64"),
     (["generate", "--queue-mix", "Bad_Name=1"], "queue name"),
     (["sweep", "--loads", "0.5,x"], "--loads"),
+    (["run", "{trace}", "--policies", "synapse", "--tuning", "bogus=1"], "not KEY=VALUE"),
+    (["run", "{trace}", "--policies", "synapse", "--tuning", "reservations=x"], "reservations='x' is not a int"),
+    (["run", "{trace}", "--policies", "easy", "--tuning", "reservations=1"], "none is chosen"),
+    (["run", "{trace}", "--policies", "synapse", "--tuning", "reservations=0"], "at least 1"),
     (["import-sacct", "{bad}"], "missing field(s)"),
 ])
 def test_bad_input_gets_one_line_and_no_traceback(tmp_path, trace_file, args, message):

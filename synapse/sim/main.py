@@ -21,7 +21,7 @@ from synapse.core.queues import QueueFileError, parse_queue_file
 from synapse.sim import trace as tracefile
 from synapse.sim.generate import MIXES, Recipe, generate
 from synapse.sim.metrics import summarize
-from synapse.sim.policies import DEFAULT_POLICIES, POLICIES, parse_policies
+from synapse.sim.policies import DEFAULT_POLICIES, POLICIES, parse_policies, tuned
 from synapse.sim.replay import SPREAD_FACTOR, replay
 from synapse.sim.trace import ClusterShape, Trace, TraceError
 
@@ -176,12 +176,19 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
 @click.option("--warmup-hours", type=float, default=0.0, show_default=True,
               help="Leave jobs submitted in the first hours out of the metrics.")
 @click.option("--report", "report_dir", help="Also write an HTML report with plots into this directory.")
+@click.option("--tuning", default="", metavar="KEY=VALUE,...",
+              help="Change the knobs of Synapse's policies (synapse.core.scheduler.Tuning: reservations, "
+                   "locality_wait_s, switch_share, switch_min_s, reevaluate_s), for ablations.")
 @_shape_options
-def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, nodes, gpus_per_node,
-        racks):
+def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, nodes,
+        gpus_per_node, racks):
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
     try:
         chosen = parse_policies(policies)
+        if tuning:
+            if not any(p.tunable for p in chosen):
+                raise ValueError("--tuning changes Synapse's policies, and none is chosen")
+            chosen = [tuned(p, tuning) if p.tunable else p for p in chosen]
         trace, shape = load_trace(trace_path, nodes, gpus_per_node, racks)
         queues = load_queues(queues_path, trace)
     except (TraceError, ValueError) as exc:
@@ -193,7 +200,7 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
         _report(report_dir, runs, summaries, f"{Path(trace_path).name} on {shape.describe()}", text)
     if as_json:
         click.echo(json.dumps({"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
-                               "policies": _json_safe(summaries)}, indent=2))
+                               "tuning": tuning, "policies": _json_safe(summaries)}, indent=2))
     else:
         click.echo(text + queue_table(summaries))
 

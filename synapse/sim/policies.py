@@ -19,6 +19,8 @@ signature, so every policy goes through the same state machine and `placement.pl
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec
 from synapse.core.placement import ClusterView, place
-from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, schedule_round
+from synapse.core.scheduler import TUNING, Reservation, RoundMemo, RoundResult, Tuning, schedule_round
 from synapse.core.sim import QueuePolicy
 
 
@@ -39,6 +41,43 @@ class Policy:
     strict_racks: bool = False  #: gangs that fit in a rack require one
     #: runs the leader's preemption step too (it acts only on jobs of queues a queue file defines)
     preempts: bool = False
+    tuning: Tuning = TUNING  #: the knobs of Synapse's policy (its ablations); unused by the baselines
+
+    @property
+    def tunable(self) -> bool:
+        return self.round is schedule_round or getattr(self.round, "func", None) is schedule_round
+
+
+def tuned(policy: Policy, text: str) -> Policy:
+    """`policy` with Synapse's queue-policy knobs changed by `KEY=VALUE,...` (Tuning's fields;
+    seconds for times, true/false for switches). ValueError naming a bad key or value."""
+    if not policy.tunable:
+        raise ValueError(f"--tuning applies to Synapse's policies, not {policy.name}")
+    fields = {f.name: f for f in dataclasses.fields(Tuning)}
+    changes: dict[str, object] = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in fields:
+            raise ValueError(f"--tuning: {item!r} is not KEY=VALUE with KEY one of {', '.join(fields)}")
+        default = getattr(TUNING, key)
+        try:
+            if isinstance(default, bool):
+                if raw.strip().lower() not in ("true", "false"):
+                    raise ValueError
+                value: object = raw.strip().lower() == "true"
+            elif isinstance(default, int):
+                value = int(raw)
+            else:
+                value = float(raw)
+        except ValueError:
+            raise ValueError(f"--tuning: {key}={raw!r} is not a {type(default).__name__}") from None
+        changes[key] = value
+    tuning = dataclasses.replace(policy.tuning, **changes)  # type: ignore[arg-type]
+    if tuning.reservations < 1 or min(tuning.locality_wait_s, tuning.switch_min_s, tuning.reevaluate_s,
+                                      tuning.switch_share) < 0:
+        raise ValueError("--tuning: reservations must be at least 1, and times and shares not negative")
+    return dataclasses.replace(policy, round=functools.partial(schedule_round, tuning=tuning), tuning=tuning)
 
 
 def _shape(spec: JobSpec) -> tuple:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
 from synapse.core.model import JobSpec, PackMode, Plan, Queue, Resources, TopologySpec
-from synapse.core.scheduler import TUNING, Reservation, RoundMemo, RoundResult
+from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
 from synapse.core.sim import Simulator
 from synapse.sim.policies import Policy
 from synapse.sim.trace import CPU_PER_GPU, MEMORY_PER_GPU, ClusterShape, Trace, TraceJob
@@ -146,7 +146,7 @@ class Replay(Simulator):
             events += self.advance(at)
             while i < len(jobs) and jobs[i].submit <= at:
                 if jobs[i].tasks_on(self.shape) > 1:
-                    heapq.heappush(wakeups, at + TUNING.locality_wait_s)
+                    heapq.heappush(wakeups, at + self.spec_policy.tuning.locality_wait_s)
                 result = self.apply(c.SubmitJob(at=at, job_id=jobs[i].id, request_id=jobs[i].id,
                                                 spec=self.spec_of(jobs[i]), by=jobs[i].user))
                 if not result.ok:
