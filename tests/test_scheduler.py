@@ -53,6 +53,18 @@ def test_blocked_gang_holds_nothing_and_gets_a_reservation():
     assert "does not fit now" in str(result.waiting[big])
 
 
+def test_shortfalls_are_worked_out_when_asked_as_place_reports_them():
+    s = sim(racks=2, nodes_per_rack=4)
+    occupy(s, ["r0-n0", "r0-n1", "r1-n0"])
+    big = s.submit(spec(tasks=4, pack="rack", required=True), duration=10)
+    reason = s.schedule().waiting[big]
+    assert reason.shortfalls == ()  # the round did not spend time on them
+    view = ClusterView(s.state.nodes, s.state.index, s.state.levels)
+    expected = place(view, big, 1, s.state.jobs[big].spec).shortfalls
+    assert expected and reason.shortfalls_in(s.state) == expected
+    assert reason.describe(s.state) == "; ".join([reason.message, *map(str, expected)])
+
+
 def test_backfill_skips_reserved_nodes_unless_its_time_limit_ends_first():
     s = sim(racks=1, nodes_per_rack=4)
     s.submit(spec(tasks=2, time_limit=100), duration=100)

@@ -165,10 +165,13 @@ def pack_depth(levels: tuple[str, ...], pack: str) -> int:
     return levels.index(pack) + 1
 
 
-def place(view: ClusterView, job_id: str, attempt: int, spec: JobSpec) -> PlacementResult:
-    """A plan for the whole gang, or the reasons it does not fit. Pure: reads `view` only."""
+def place(view: ClusterView, job_id: str, attempt: int, spec: JobSpec, *,
+          with_reasons: bool = True) -> PlacementResult:
+    """A plan for the whole gang, or the reasons it does not fit. Pure: reads `view` only.
+    Without `with_reasons`, a failure carries no shortfalls (`explain` gives them later: they cost
+    more than the search, and a queue policy only shows them when asked)."""
     if spec.gpu_model:
-        return _place_on_model(view, job_id, attempt, spec)
+        return _place_on_model(view, job_id, attempt, spec, with_reasons)
     n, per_task = spec.tasks, spec.resources
     leaf = len(view.levels)
     lowest_allowed = 0
@@ -181,10 +184,22 @@ def place(view: ClusterView, job_id: str, attempt: int, spec: JobSpec) -> Placem
             if fill:
                 name = "node" if depth == leaf + 1 else (view.levels[depth - 1] if depth else "cluster")
                 return PlacementResult(_plan(view, job_id, attempt, per_task, fill), level=name)
-    return PlacementResult(None, shortfalls(view, spec, lowest_allowed or leaf))
+    return PlacementResult(None, shortfalls(view, spec, lowest_allowed or leaf) if with_reasons else ())
 
 
-def _place_on_model(view: ClusterView, job_id: str, attempt: int, spec: JobSpec) -> PlacementResult:
+def explain(view: ClusterView, spec: JobSpec) -> tuple[Shortfall, ...]:
+    """Why the gang does not fit `view`: the shortfalls a failed `place` reports."""
+    return place(view, "", 0, spec).shortfalls if spec.gpu_model else shortfalls(view, spec, _lowest_depth(view, spec))
+
+
+def _lowest_depth(view: ClusterView, spec: JobSpec) -> int:
+    if spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
+        return pack_depth(view.levels, spec.topology.pack)
+    return len(view.levels)
+
+
+def _place_on_model(view: ClusterView, job_id: str, attempt: int, spec: JobSpec,
+                    with_reasons: bool) -> PlacementResult:
     """Place a gang that asks for a GPU model on nodes labelled with it alone: the other nodes are
     blocked for this one call (a pass over the nodes; only such jobs pay it)."""
     model = spec.gpu_model.lower()
@@ -192,7 +207,7 @@ def _place_on_model(view: ClusterView, job_id: str, attempt: int, spec: JobSpec)
     saved = view.blocked
     view.set_blocked(saved | others)
     try:
-        return place(view, job_id, attempt, dataclasses.replace(spec, gpu_model=""))
+        return place(view, job_id, attempt, dataclasses.replace(spec, gpu_model=""), with_reasons=with_reasons)
     finally:
         view.set_blocked(saved)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
-from synapse.core.placement import ClusterView, pack_depth, place
+from synapse.core.placement import ClusterView, explain, pack_depth, place
 from synapse.core.preemption import admission_key, max_block, pool_of
 from synapse.core.topology import Domain
 
@@ -90,11 +90,27 @@ TUNING = Tuning()
 
 @dataclass(frozen=True, slots=True)
 class WaitReason:
-    """Why a pending job was not placed this round."""
+    """Why a pending job was not placed this round.
+
+    A round does not work out the shortfalls of every gang it cannot place (they cost more than
+    the search): it keeps the spec and the nodes it was kept off, and `shortfalls_in` works them
+    out against the state when someone asks (describe, the dashboard)."""
 
     shortfalls: tuple[Shortfall, ...]
     message: str
     code: str = "Resources"  #: one of PENDING_REASONS
+    spec: JobSpec | None = None  #: what was placed (with a rack wait, the one-rack form)
+    blocked: frozenset[str] = frozenset()  #: nodes the round kept it off (reservations, holds)
+
+    def shortfalls_in(self, state: ClusterState) -> tuple[Shortfall, ...]:
+        if self.shortfalls or self.spec is None:
+            return self.shortfalls
+        view = ClusterView(state.nodes, state.index, state.levels)
+        view.set_blocked(self.blocked)
+        return explain(view, self.spec)
+
+    def describe(self, state: ClusterState) -> str:
+        return "; ".join([self.message, *map(str, self.shortfalls_in(state))])
 
     def __str__(self) -> str:
         return "; ".join([self.message, *map(str, self.shortfalls)])
@@ -194,7 +210,7 @@ def schedule_round(state: ClusterState, now: float,
             if not may:
                 blocked = blocked | r.nodes
         view.set_blocked(blocked)
-        placed = place(view, job.id, job.attempt, spec)
+        placed = place(view, job.id, job.attempt, spec, with_reasons=False)
         if placed.plan is not None:
             result.plans.append(placed.plan)
             view.claim(placed.plan, job.spec.resources)
@@ -204,11 +220,11 @@ def schedule_round(state: ClusterState, now: float,
         if hold is not None:
             result.examined.append(job.id)
             result.waiting[job.id] = failed[shape] = WaitReason(
-                placed.shortfalls, f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
-                                   f"{', '.join(hold.nodes)} held for it", "Preempting")
+                (), f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
+                    f"{', '.join(hold.nodes)} held for it", "Preempting", spec, view.blocked)
             continue
         reason = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning)
-        result.waiting[job.id] = failed[shape] = WaitReason(placed.shortfalls, *reason)
+        result.waiting[job.id] = failed[shape] = WaitReason((), *reason, spec=spec, blocked=view.blocked)
         result.examined.append(job.id)
     result.reservation = reservations[0] if reservations else None
     result.reservations = tuple(reservations)

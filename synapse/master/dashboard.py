@@ -248,13 +248,14 @@ class Dashboard:
             queue, user, status, attempt = state.queue_of(job), job.user or "-", job.status.value, job.attempt
             loops = self.m.leader_loops
             waiting = loops.waiting.get(job.id) if loops is not None and job.status is JobStatus.PENDING else None
+            why = waiting.describe(state) if waiting is not None else ""
             hold = state.holds.get(job.id)
         facts = [["Name", escape(spec.name)], ["State", status], ["Attempt", str(attempt)], ["Queue", escape(queue)],
                  ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
                  ["Command", escape(" ".join(spec.command))],
                  ["Environment", escape(", ".join(f"{k}=***" for k, _ in spec.env)) or "-"]]
         if waiting is not None:
-            facts.append(["Waiting", escape(str(waiting))])
+            facts.append(["Waiting", escape(why)])
         elif status == "PENDING" and not self.m.raft.is_leader():
             facts.append(["Waiting", "the leader knows why: open this page on the leader"])
         if hold is not None:

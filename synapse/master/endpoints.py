@@ -236,13 +236,21 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                  user)
         return api_pb2.SubmitJobReply(job_id=result.value)
 
-    def _job_info(self, job) -> api_pb2.JobInfo:
+    def _job_info(self, job, explained: dict[int, tuple[str, ...]] | None = None) -> api_pb2.JobInfo:
+        """The job as the API shows it (call under the master lock). `explained` caches the
+        shortfalls of wait reasons across one call's jobs (gangs of one shape share a reason)."""
         loops = self.m.leader_loops
         waiting = loops.waiting.get(job.id) if loops and job.status is JobStatus.PENDING else None
         reservation = loops.reservation if loops else None
+        shortfalls: tuple[str, ...] = ()
+        if waiting is not None:
+            explained = {} if explained is None else explained
+            if id(waiting) not in explained:
+                explained[id(waiting)] = tuple(map(str, waiting.shortfalls_in(self.m.state)))
+            shortfalls = explained[id(waiting)]
         return codec.job_to_info(
             job, waiting=waiting.message if waiting else "",
-            shortfalls=tuple(map(str, waiting.shortfalls)) if waiting else (),
+            shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
 
     async def GetJob(self, request, context):
@@ -280,9 +288,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                     more = True
                     break
                 page.append(job)
-            infos = []
+            infos, explained = [], {}
             for job in page:
-                info = self._job_info(job)
+                info = self._job_info(job, explained)
                 del info.events[:]
                 infos.append(info)
             return api_pb2.ListJobsReply(jobs=infos, next=page[-1].id if more and page else "")

@@ -188,8 +188,8 @@ class LeaderLoops:
                 if isinstance(found, str):
                     self._no_plan[key] = found
                     reason = self.waiting[job.id]
-                    self.waiting[job.id] = WaitReason(reason.shortfalls, f"{reason.message}; no preemption: {found}",
-                                                      reason.code)
+                    self.waiting[job.id] = dataclasses.replace(
+                        reason, message=f"{reason.message}; no preemption: {found}")
                     continue
                 proposal = dataclasses.replace(found.command, term=self.term)
                 break
