@@ -285,6 +285,10 @@ class SafeSyncObj(SyncObj):
         self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
         self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
         self._add_link: Callable | None = None
+        #: (leads, term) as the last tick left them, set as one object: another thread reading
+        #: the state and then the term could see a leader of a term it never led (after a pause,
+        #: a deposed leader briefly started leader loops for the new term)
+        self.role: tuple[bool, int] = (False, 0)
         super().__init__(*args, **kwargs)
         transport = self._SyncObj__transport
         self._drop_link, self._add_link = transport.dropNode, transport.addNode
@@ -347,6 +351,7 @@ class SafeSyncObj(SyncObj):
         finally:
             if hold and self._SyncObj__raftElectionDeadline == math.inf:
                 self._SyncObj__raftElectionDeadline = deadline
+        self.role = (self._SyncObj__raftState == _RAFT_STATE.LEADER, self.raftCurrentTerm)
         self._last_tick = monotonic()
 
     def _after_stall(self, gap: float) -> None:
@@ -652,6 +657,10 @@ class RaftNode:
 
     def term(self) -> int:
         return self.sync.raftCurrentTerm
+
+    def role(self) -> tuple[bool, int]:
+        """(leads, term), read together as the tick thread last left them."""
+        return self.sync.role
 
     def status(self) -> dict:
         return self.sync.getStatus()

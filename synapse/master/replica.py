@@ -125,7 +125,7 @@ class Master:
     def ready_leader_term(self) -> int:
         """The term this replica leads in with its loops ready, or 0."""
         loops = self.leader_loops
-        if loops is not None and loops.ready.is_set() and self.raft.is_leader() and self.raft.term() == loops.term:
+        if loops is not None and loops.ready.is_set() and self.raft.role() == (True, loops.term):
             return loops.term
         return 0
 
@@ -205,8 +205,7 @@ class Master:
     async def watch_leadership(self, start_loops: Callable[[Master, int], LeaderWork]) -> None:
         """Start `start_loops(self, term)` on gaining leadership and stop them on losing it."""
         while True:
-            leading = self.raft.is_leader()
-            term = self.raft.term()
+            leading, term = self.raft.role()
             leader = self.raft.leader()
             if leader and leader != self._last_leader:
                 if self._last_leader is not None:
