@@ -98,6 +98,23 @@ class Target:
                 out.append(([a["job_id"], a["attempt"], a["index"]], t["handle"]["pid"]))
         return out
 
+    def wait_quorum(self, timeout: float) -> bool:
+        """Wait until the leader is linked to every other member and each has stored its log up
+        to its commit index at some point; False if that did not happen within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader is not None:
+                try:
+                    s = self.client.replica_status(leader["api_address"], timeout=1)
+                    if set(s.partners) <= set(s.connected) and all(
+                            s.match_index.get(p, 0) >= s.commit_index - 50 for p in s.partners):
+                        return True
+                except Exception:  # noqa: BLE001 - a leader in trouble: not yet
+                    pass
+            time.sleep(0.1)
+        return False
+
     def master_by_id(self, replica_id: str) -> dict:
         return next(m for m in self.state["masters"] if m["id"] == replica_id)
 
@@ -317,22 +334,33 @@ def _leader_and_follower(t: Target, rng: random.Random) -> tuple[dict | None, di
 
 def partition_follower(t: Target, rng: random.Random, history: History) -> dict:
     """Cut a follower off from the other masters, heal it, and watch the leader for a while: with
-    PreVote the follower's term stayed put, so its return must change no leader (`leader_changed`)."""
+    PreVote the follower's term stayed put, so its return must change no leader (`leader_changed`:
+    the leader and term at the heal against those after the watch).
+
+    It first waits (bounded) until the leader is linked to every member, so that the cut leaves a
+    majority: right after a master fault, a member still starting made the cut take the leader's
+    majority away, and the leadership changed during the partition (17 of 101 in a long run),
+    which is Raft doing its job, not the return of the follower."""
+    t.wait_quorum(WHOLE_QUORUM_WAIT_S)
     net = MasterNet.from_dict(t.state["netns"])
     leader, victim, start = _leader_and_follower(t, rng)
     if victim is None:
         return _record(history, "partition-follower", [], start, skipped="no leader or no follower")
-    term = t.term(leader)
     net.isolate(victim["id"])
     try:
         time.sleep(t.partition)
+        before = t.leader()  # the leadership the heal must leave alone
+        term = t.term(before) if before is not None else -1
     finally:
         net.heal(victim["id"])
     time.sleep(HEAL_WATCH_S)
     after = t.wait_leader(5)
-    changed = after is None or after["id"] != leader["id"] or t.term(after) != term
+    if before is None:  # no leader at the heal (lost during the cut): nothing for the heal to change
+        return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
+                       leader_changed=False, no_leader_at_heal=True)
+    changed = after is None or after["id"] != before["id"] or t.term(after) != term
     return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
-                   leader_changed=changed)
+                   leader_changed=changed, changed_during_cut=before["id"] != leader["id"])
 
 
 def grow_and_shrink(t: Target, rng: random.Random, history: History) -> dict:
@@ -419,6 +447,8 @@ NEEDS_NETNS = frozenset({"partition-leader", "partition-follower"})
 MEMBERSHIP_FAULTS = frozenset({"grow-shrink", "replace-follower"})
 #: How long after healing a partitioned follower the leader is watched for a change.
 HEAL_WATCH_S = 2.0
+#: How long a follower partition waits for the leader to be linked to every member first.
+WHOLE_QUORUM_WAIT_S = 10.0
 
 
 def unavailable(kind: str) -> str:
