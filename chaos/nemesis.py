@@ -99,8 +99,8 @@ class Target:
         return out
 
     def wait_quorum(self, timeout: float) -> bool:
-        """Wait until the leader is linked to every other member and each has stored its log up
-        to its commit index at some point; False if that did not happen within `timeout`."""
+        """Wait until the leader is linked to every other member and each has caught up with its
+        commit index; False if that did not happen within `timeout`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             leader = self.leader()
@@ -108,7 +108,7 @@ class Target:
                 try:
                     s = self.client.replica_status(leader["api_address"], timeout=1)
                     if set(s.partners) <= set(s.connected) and all(
-                            s.match_index.get(p, 0) >= s.commit_index - 50 for p in s.partners):
+                            s.match_index.get(p, 0) >= s.commit_index - CAUGHT_UP_SLACK for p in s.partners):
                         return True
                 except Exception:  # noqa: BLE001 - a leader in trouble: not yet
                     pass
@@ -192,7 +192,7 @@ class Target:
             try:
                 mine = self.client.replica_status(api, timeout=1)
                 if leader is not None and mine.applied_index >= self.client.replica_status(
-                        leader["api_address"], timeout=1).commit_index - 50:
+                        leader["api_address"], timeout=1).commit_index - CAUGHT_UP_SLACK:
                     return
             except Exception:  # noqa: BLE001 - still starting
                 pass
@@ -447,6 +447,9 @@ NEEDS_NETNS = frozenset({"partition-leader", "partition-follower"})
 MEMBERSHIP_FAULTS = frozenset({"grow-shrink", "replace-follower"})
 #: How long after healing a partitioned follower the leader is watched for a change.
 HEAL_WATCH_S = 2.0
+#: A replica this few log entries behind the leader's commit index counts as caught up (the
+#: clients keep writing while it is checked).
+CAUGHT_UP_SLACK = 50
 #: How long a follower partition waits for the leader to be linked to every member first.
 WHOLE_QUORUM_WAIT_S = 10.0
 
