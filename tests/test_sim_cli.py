@@ -58,6 +58,27 @@ def test_tuning_changes_synapse_s_knobs_and_leaves_the_baselines_alone(tmp_path)
         assert (before == after) is same, (policy, before, after)
 
 
+def test_min_gpus_replays_the_big_jobs_alone(tmp_path):
+    path = tmp_path / "gangs.csv"
+    assert invoke("generate", "--mix", "gang-heavy", "--nodes", "32", "--racks", "4", "--days", "1", "--load", "1.0",
+                  "--seed", "4", "-o", str(path)).exit_code == 0
+    rows = [line.split(",") for line in path.read_text().splitlines() if not line.startswith("#")]
+    gpus = rows[0].index("gpus")
+    big = sum(int(r[gpus]) >= 64 for r in rows[1:])
+    assert 0 < big < len(rows) - 1
+    runs = {}
+    for label, extra in (("all", ()), ("big", ("--min-gpus", "64"))):
+        result = invoke("run", str(path), "--policies", "greedy,easy", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        runs[label] = json.loads(result.output)
+    assert runs["big"]["min_gpus"] == 64 and runs["all"]["min_gpus"] is None
+    for policy in ("greedy", "easy"):
+        alone, shared = runs["big"]["policies"][policy], runs["all"]["policies"][policy]
+        assert alone["jobs"] == big and shared["jobs"] == len(rows) - 1
+        # With the cluster to themselves, big gangs wait no longer than among the small jobs.
+        assert alone["big_gang_max_wait_s"] <= shared["big_gang_max_wait_s"]
+
+
 def test_run_prints_a_table_and_uses_the_traces_cluster(trace_file):
     result = invoke("run", str(trace_file), "--policies", "easy")
     assert result.exit_code == 0, result.output
@@ -134,6 +155,8 @@ def test_the_evaluation_queue_file_turns_preemption_on_for_synapse_alone(tmp_pat
     (["run", "{trace}", "--policies", "synapse", "--tuning", "reservations=x"], "reservations='x' is not a int"),
     (["run", "{trace}", "--policies", "easy", "--tuning", "reservations=1"], "none is chosen"),
     (["run", "{trace}", "--policies", "synapse", "--tuning", "reservations=0"], "at least 1"),
+    (["run", "{trace}", "--min-gpus", "65"], "no job asks for 65 GPUs or more"),
+    (["run", "{trace}", "--min-gpus", "0"], "--min-gpus"),
     (["import-sacct", "{bad}"], "missing field(s)"),
 ])
 def test_bad_input_gets_one_line_and_no_traceback(tmp_path, trace_file, args, message):

@@ -133,8 +133,12 @@ def import_sacct(export, nodes, gpus_per_node, racks, output):
     _write(tracefile.dumps(trace), output)
 
 
-def load_trace(path: str, nodes, gpus_per_node, racks) -> tuple[Trace, ClusterShape]:
+def load_trace(path: str, nodes, gpus_per_node, racks, min_gpus: int | None = None) -> tuple[Trace, ClusterShape]:
     trace = tracefile.read(path)
+    if min_gpus:
+        trace = dataclasses.replace(trace, jobs=[j for j in trace.jobs if j.gpus >= min_gpus])
+        if not trace.jobs:
+            raise TraceError(f"{path}: no job asks for {min_gpus} GPUs or more")
     if not trace.jobs:
         raise TraceError(f"{path}: no jobs")
     shape = _shape(nodes, gpus_per_node, racks, trace.shape)
@@ -179,9 +183,12 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
 @click.option("--tuning", default="", metavar="KEY=VALUE,...",
               help="Change the knobs of Synapse's policies (synapse.core.scheduler.Tuning: reservations, "
                    "locality_wait_s, switch_share, switch_min_s, reevaluate_s), for ablations.")
+@click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Replay only the jobs of at least N GPUs, as if nothing else were submitted (64: the big "
+                   "gangs alone, how little they could wait with the cluster to themselves).")
 @_shape_options
-def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, nodes,
-        gpus_per_node, racks):
+def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, min_gpus,
+        nodes, gpus_per_node, racks):
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
     try:
         chosen = parse_policies(policies)
@@ -189,18 +196,19 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
             if not any(p.tunable for p in chosen):
                 raise ValueError("--tuning changes Synapse's policies, and none is chosen")
             chosen = [tuned(p, tuning) if p.tunable else p for p in chosen]
-        trace, shape = load_trace(trace_path, nodes, gpus_per_node, racks)
+        trace, shape = load_trace(trace_path, nodes, gpus_per_node, racks, min_gpus)
         queues = load_queues(queues_path, trace)
     except (TraceError, ValueError) as exc:
         fail(PROG, str(exc))
     runs = [replay(trace, shape, p, spread_factor=spread_factor, queues=queues) for p in chosen]
     summaries = {r.policy: summarize(r, warmup=warmup_hours * 3600) for r in runs}
-    text = table(summaries, f"{len(trace.jobs)} jobs, {shape.describe()}, spread factor {spread_factor:g}")
+    only = f" (only those of {min_gpus}+ GPUs)" if min_gpus else ""
+    text = table(summaries, f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}")
     if report_dir:
         _report(report_dir, runs, summaries, f"{Path(trace_path).name} on {shape.describe()}", text)
     if as_json:
         click.echo(json.dumps({"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
-                               "tuning": tuning, "policies": _json_safe(summaries)}, indent=2))
+                               "tuning": tuning, "min_gpus": min_gpus, "policies": _json_safe(summaries)}, indent=2))
     else:
         click.echo(text + queue_table(summaries))
 
