@@ -340,12 +340,16 @@ def partition_follower(t: Target, rng: random.Random, history: History) -> dict:
     It first waits (bounded) until the leader is linked to every member, so that the cut leaves a
     majority: right after a master fault, a member still starting made the cut take the leader's
     majority away, and the leadership changed during the partition (17 of 101 in a long run),
-    which is Raft doing its job, not the return of the follower."""
+    which is Raft doing its job, not the return of the follower. The heal is judged only when the
+    leader of the cut held through it (same replica, same term): when the rest could not keep it
+    (a member still slow from the fault before), the heal finds an election under way, not a
+    steady leader to leave alone (`changed_during_cut`, counted apart by the runner)."""
     t.wait_quorum(WHOLE_QUORUM_WAIT_S)
     net = MasterNet.from_dict(t.state["netns"])
     leader, victim, start = _leader_and_follower(t, rng)
     if victim is None:
         return _record(history, "partition-follower", [], start, skipped="no leader or no follower")
+    cut_term = t.term(leader)
     net.isolate(victim["id"])
     try:
         time.sleep(t.partition)
@@ -357,10 +361,13 @@ def partition_follower(t: Target, rng: random.Random, history: History) -> dict:
     after = t.wait_leader(5)
     if before is None:  # no leader at the heal (lost during the cut): nothing for the heal to change
         return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
-                       leader_changed=False, no_leader_at_heal=True)
+                       leader_changed=False, changed_during_cut=True, no_leader_at_heal=True)
+    if before["id"] != leader["id"] or (cut_term >= 0 and term != cut_term):
+        return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
+                       leader_changed=False, changed_during_cut=True)
     changed = after is None or after["id"] != before["id"] or t.term(after) != term
     return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
-                   leader_changed=changed, changed_during_cut=before["id"] != leader["id"])
+                   leader_changed=changed, changed_during_cut=False)
 
 
 def grow_and_shrink(t: Target, rng: random.Random, history: History) -> dict:

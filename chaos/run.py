@@ -319,8 +319,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "failover_s": failover, "seconds": round(ended - started, 1), "history": str(out / "history.jsonl"),
         # Per fault kind, the longest stretch without a successful operation from its start.
         "outage_by_kind": checkers.outages_by_kind(ok_times, faults, workload_ended),
-        # Leader changes caused by healing a partitioned follower (PreVote keeps this at 0).
+        # Leader changes caused by healing a partitioned follower (PreVote keeps this at 0), judged
+        # only where the leader held through the cut; the cuts it did not hold through apart.
         "heal_leader_changes": sum(1 for f in done if f["detail"].get("leader_changed")),
+        "cut_leader_changes": sum(1 for f in done if f["detail"].get("changed_during_cut")),
         # The Raft members at the end are the ones the run started with (membership faults undo
         # themselves: grow and shrink back, replace with the same id).
         "members_ok": final_members == members,
@@ -390,8 +392,8 @@ def _main() -> None:
     else:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
-                    "heal_leader_changes", "members_ok", "nemesis_errors", "failed_checks", "outage_by_kind",
-                    "failover_s", "seconds", "history"):
+                    "heal_leader_changes", "cut_leader_changes", "members_ok", "nemesis_errors", "failed_checks",
+                    "outage_by_kind", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

@@ -192,7 +192,7 @@ def test_partition_follower_cuts_a_follower_off_and_its_return_keeps_the_leader(
         w.join()
     victim = fault["targets"][0]
     assert victim != leader["id"] and set(cut_off) == {victim}  # a follower, and only it, was cut off
-    assert fault["detail"]["leader_changed"] is False
+    assert fault["detail"]["leader_changed"] is False and fault["detail"]["changed_during_cut"] is False
     assert t.wait_leader()["id"] == leader["id"] and t.term(t.master_by_id(victim)) == term
 
 
