@@ -334,40 +334,63 @@ def _leader_and_follower(t: Target, rng: random.Random) -> tuple[dict | None, di
 
 def partition_follower(t: Target, rng: random.Random, history: History) -> dict:
     """Cut a follower off from the other masters, heal it, and watch the leader for a while: with
-    PreVote the follower's term stayed put, so its return must change no leader (`leader_changed`:
-    the leader and term at the heal against those after the watch).
+    PreVote the follower's term stayed put, so its return must change no leader. See `judge_heal`.
 
     It first waits (bounded) until the leader is linked to every member, so that the cut leaves a
     majority: right after a master fault, a member still starting made the cut take the leader's
     majority away, and the leadership changed during the partition (17 of 101 in a long run),
-    which is Raft doing its job, not the return of the follower. The heal is judged only when the
-    leader of the cut held through it (same replica, same term): when the rest could not keep it
-    (a member still slow from the fault before), the heal finds an election under way, not a
-    steady leader to leave alone (`changed_during_cut`, counted apart by the runner)."""
+    which is Raft doing its job, not the return of the follower."""
     t.wait_quorum(WHOLE_QUORUM_WAIT_S)
     net = MasterNet.from_dict(t.state["netns"])
     leader, victim, start = _leader_and_follower(t, rng)
     if victim is None:
         return _record(history, "partition-follower", [], start, skipped="no leader or no follower")
-    cut_term = t.term(leader)
+    at_cut = (leader["id"], t.term(leader))
     net.isolate(victim["id"])
     try:
         time.sleep(t.partition)
+        # Its API stays reachable (only master-to-master traffic is cut). Read before the rest's,
+        # so an election among the rest that the follower hears of cannot look like one of its own.
+        victim_term = t.term(victim)
         before = t.leader()  # the leadership the heal must leave alone
-        term = t.term(before) if before is not None else -1
+        at_heal = None if before is None else (before["id"], t.term(before))
     finally:
         net.heal(victim["id"])
     time.sleep(HEAL_WATCH_S)
     after = t.wait_leader(5)
-    if before is None:  # no leader at the heal (lost during the cut): nothing for the heal to change
-        return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
-                       leader_changed=False, changed_during_cut=True, no_leader_at_heal=True)
-    if before["id"] != leader["id"] or (cut_term >= 0 and term != cut_term):
-        return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
-                       leader_changed=False, changed_during_cut=True)
-    changed = after is None or after["id"] != before["id"] or t.term(after) != term
+    at_end = None if after is None else (after["id"], t.term(after))
     return _record(history, "partition-follower", [victim["id"]], start, seconds=t.partition,
-                   leader_changed=changed, changed_during_cut=False)
+                   **judge_heal(at_cut, at_heal, at_end, victim_term))
+
+
+def judge_heal(at_cut: tuple[str, int], at_heal: tuple[str, int] | None, at_end: tuple[str, int] | None,
+               victim_term: int) -> dict[str, bool]:
+    """What a follower partition showed, from the leadership (replica id, term; -1 for a term that
+    could not be read) when the follower was cut off, when it was healed and after the watch, and
+    the follower's own term at the heal.
+
+    * `victim_term_rose`: cut off, the follower's term went past the rest's: it ran elections of
+      its own, which PreVote forbids (a pre-vote needs a majority it cannot reach). Judged on every
+      cut.
+    * `changed_during_cut` / `no_leader_at_heal`: the rest could not keep the leader of the cut
+      through it (a member still slow from the fault before): the heal finds an election under
+      way, not a steady leader to leave alone, and is not judged.
+    * `leader_changed`: the leader that held through the whole cut lost its place after the heal."""
+    heal_term = at_heal[1] if at_heal is not None else -1
+    detail = {"victim_term_rose": victim_term > max(at_cut[1], heal_term) >= 0,
+              "changed_during_cut": False, "no_leader_at_heal": False, "leader_changed": False}
+    if at_heal is None:
+        detail["no_leader_at_heal"] = True
+    elif not _same_leadership(at_cut, at_heal):
+        detail["changed_during_cut"] = True
+    else:
+        detail["leader_changed"] = at_end is None or not _same_leadership(at_heal, at_end)
+    return detail
+
+
+def _same_leadership(a: tuple[str, int], b: tuple[str, int]) -> bool:
+    """Same replica, and the same term where both could be read."""
+    return a[0] == b[0] and (a[1] < 0 or b[1] < 0 or a[1] == b[1])
 
 
 def grow_and_shrink(t: Target, rng: random.Random, history: History) -> dict:

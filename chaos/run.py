@@ -297,6 +297,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
             if after:
                 failover.append(round(after[0] - f["start"], 3))
     done = [f for f in faults if "skipped" not in f["detail"] and "error" not in f["detail"]]
+    cuts = [f for f in done if f["kind"] == "partition-follower"]
     errors = counts.pop("errors", 0)
     report = {
         "faults": sum(counts.values()), "fault_kinds": counts, "ops": len(ops),
@@ -319,10 +320,15 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "failover_s": failover, "seconds": round(ended - started, 1), "history": str(out / "history.jsonl"),
         # Per fault kind, the longest stretch without a successful operation from its start.
         "outage_by_kind": checkers.outages_by_kind(ok_times, faults, workload_ended),
-        # Leader changes caused by healing a partitioned follower (PreVote keeps this at 0), judged
-        # only where the leader held through the cut; the cuts it did not hold through apart.
-        "heal_leader_changes": sum(1 for f in done if f["detail"].get("leader_changed")),
-        "cut_leader_changes": sum(1 for f in done if f["detail"].get("changed_during_cut")),
+        # Follower partitions (chaos.nemesis.judge_heal): leader changes caused by the heal (PreVote
+        # keeps this at 0), judged where the leader held through the cut; the cuts where it did
+        # not; and cut-off followers whose term went past the rest's (PreVote forbids it).
+        "heal_leader_changes": sum(1 for f in cuts if f["detail"].get("leader_changed")),
+        "heals_judged": sum(1 for f in cuts if not (f["detail"].get("changed_during_cut")
+                                                    or f["detail"].get("no_leader_at_heal"))),
+        "cut_leader_changes": sum(1 for f in cuts if f["detail"].get("changed_during_cut")
+                                  or f["detail"].get("no_leader_at_heal")),
+        "cut_term_rises": sum(1 for f in cuts if f["detail"].get("victim_term_rose")),
         # The Raft members at the end are the ones the run started with (membership faults undo
         # themselves: grow and shrink back, replace with the same id).
         "members_ok": final_members == members,
@@ -332,7 +338,9 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
         "duplicate_tasks": not report["duplicate_tasks"], "replicas_converged": report["replicas_converged"],
         "log_conflicts": not report["log_conflicts"], "linearizable": report["linearizable"] == "ok",
-        "heal_leader_changes": report["heal_leader_changes"] == 0, "members_ok": report["members_ok"],
+        "heal_leader_changes": report["heal_leader_changes"] == 0, "cut_term_rises": report["cut_term_rises"] == 0,
+        # Most heals must be judged, or a cluster that loses its leader in every cut would pass.
+        "heals_judged": report["heals_judged"] * 2 >= len(cuts), "members_ok": report["members_ok"],
         "nemesis_errors": not report["nemesis_errors"],
     }
     report["failed_checks"] = [name for name, held in checks.items() if not held]
@@ -392,8 +400,8 @@ def _main() -> None:
     else:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
-                    "heal_leader_changes", "cut_leader_changes", "members_ok", "nemesis_errors", "failed_checks",
-                    "outage_by_kind", "failover_s", "seconds", "history"):
+                    "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
+                    "nemesis_errors", "failed_checks", "outage_by_kind", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

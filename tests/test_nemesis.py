@@ -10,7 +10,7 @@ import time
 import pytest
 
 from chaos.history import History, read
-from chaos.nemesis import NEMESES, Target
+from chaos.nemesis import NEMESES, Target, judge_heal
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.core import codec
 from synapse.local import cluster as local
@@ -192,8 +192,32 @@ def test_partition_follower_cuts_a_follower_off_and_its_return_keeps_the_leader(
         w.join()
     victim = fault["targets"][0]
     assert victim != leader["id"] and set(cut_off) == {victim}  # a follower, and only it, was cut off
-    assert fault["detail"]["leader_changed"] is False and fault["detail"]["changed_during_cut"] is False
+    assert fault["detail"] == {"seconds": 3.0, "victim_term_rose": False, "changed_during_cut": False,
+                               "no_leader_at_heal": False, "leader_changed": False}
     assert t.wait_leader()["id"] == leader["id"] and t.term(t.master_by_id(victim)) == term
+
+
+@pytest.mark.parametrize("at_cut, at_heal, at_end, victim_term, expected", [
+    # a steady leader the heal leaves alone, and one it deposes (another replica, or a new term)
+    (("m1", 5), ("m1", 5), ("m1", 5), 5, {}),
+    (("m1", 5), ("m1", 5), ("m2", 6), 5, {"leader_changed": True}),
+    (("m1", 5), ("m1", 5), ("m1", 7), 5, {"leader_changed": True}),
+    (("m1", 5), ("m1", 5), None, 5, {"leader_changed": True}),
+    # the leader did not hold through the cut: the heal is not judged
+    (("m1", 5), ("m2", 6), ("m3", 7), 6, {"changed_during_cut": True}),
+    (("m1", 5), ("m1", 6), ("m2", 7), 6, {"changed_during_cut": True}),
+    (("m1", 5), None, ("m2", 7), 5, {"no_leader_at_heal": True}),
+    # a term that could not be read (-1) is no evidence of a change
+    (("m1", -1), ("m1", 5), ("m1", -1), 5, {}),
+    # cut off, the follower ran elections of its own: PreVote failed, whatever the leader did
+    (("m1", 5), ("m1", 5), ("m1", 5), 8, {"victim_term_rose": True}),
+    (("m1", 5), ("m2", 6), ("m2", 6), 9, {"victim_term_rose": True, "changed_during_cut": True}),
+    (("m1", -1), None, None, 9, {"no_leader_at_heal": True}),
+])
+def test_judge_heal(at_cut, at_heal, at_end, victim_term, expected):
+    base = {"victim_term_rose": False, "changed_during_cut": False, "no_leader_at_heal": False,
+            "leader_changed": False}
+    assert judge_heal(at_cut, at_heal, at_end, victim_term) == {**base, **expected}
 
 
 @pytest.mark.skipif(bool(NO_NETNS), reason=f"membership faults run on a netns cluster here: {NO_NETNS}")

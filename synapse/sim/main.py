@@ -205,7 +205,7 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
     only = f" (only those of {min_gpus}+ GPUs)" if min_gpus else ""
     text = table(summaries, f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}")
     if report_dir:
-        _report(report_dir, runs, summaries, f"{Path(trace_path).name} on {shape.describe()}", text)
+        _report(report_dir, runs, summaries, f"{Path(trace_path).name}{only} on {shape.describe()}", text)
     if as_json:
         click.echo(json.dumps({"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
                                "tuning": tuning, "min_gpus": min_gpus, "policies": _json_safe(summaries)}, indent=2))
