@@ -98,6 +98,14 @@ def wait_for(what: str, check, timeout: float, proc: subprocess.Popen, log: Path
     raise AssertionError(f"no {what} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
+def _as_from_a_terminal() -> None:
+    """The signals at their defaults, as a program started from a terminal has them: a test run
+    under nohup, or in the background of a script, inherits SIGHUP or SIGINT ignored, and a
+    program rightly keeps ignoring a signal it was started ignoring (synapse.local.interrupts)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Program:
     """An entry point started in its own session (so a signal to its group reaches only it)."""
 
@@ -105,7 +113,7 @@ class Program:
         self.log = log
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=open(log, "wb"),
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=_as_from_a_terminal)
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
