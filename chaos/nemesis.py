@@ -115,6 +115,21 @@ class Target:
             time.sleep(0.1)
         return False
 
+    def wait_steady_leader(self, steady: float, timeout: float) -> bool:
+        """Wait until one replica has led, in one term, for `steady` seconds as far as polling
+        shows; False if that did not happen within `timeout`."""
+        deadline = time.monotonic() + timeout
+        seen, since = None, time.monotonic()
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            now = (leader["id"], self.term(leader)) if leader is not None else None
+            if now != seen or now is None or now[1] < 0:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since >= steady:
+                return True
+            time.sleep(0.1)
+        return False
+
     def master_by_id(self, replica_id: str) -> dict:
         return next(m for m in self.state["masters"] if m["id"] == replica_id)
 
@@ -339,7 +354,10 @@ def partition_follower(t: Target, rng: random.Random, history: History) -> dict:
     It first waits (bounded) until the leader is linked to every member, so that the cut leaves a
     majority: right after a master fault, a member still starting made the cut take the leader's
     majority away, and the leadership changed during the partition (17 of 101 in a long run),
-    which is Raft doing its job, not the return of the follower."""
+    which is Raft doing its job, not the return of the follower. It also waits (bounded) for a
+    leader that has held for a while: a cut 0.1 s into a leadership, just after a restart of every
+    master, was followed by that leader's loss after the heal, though it held through the cut."""
+    t.wait_steady_leader(STEADY_LEADER_S, WHOLE_QUORUM_WAIT_S)
     t.wait_quorum(WHOLE_QUORUM_WAIT_S)
     net = MasterNet.from_dict(t.state["netns"])
     leader, victim, start = _leader_and_follower(t, rng)
@@ -482,6 +500,9 @@ HEAL_WATCH_S = 2.0
 CAUGHT_UP_SLACK = 50
 #: How long a follower partition waits for the leader to be linked to every member first.
 WHOLE_QUORUM_WAIT_S = 10.0
+#: How long one replica must have led, in one term, before a follower partition cuts a follower
+#: off (a few maximum election timeouts: the leader is no longer fresh from an election).
+STEADY_LEADER_S = 3.0
 
 
 def unavailable(kind: str) -> str:

@@ -197,6 +197,24 @@ def test_partition_follower_cuts_a_follower_off_and_its_return_keeps_the_leader(
     assert t.wait_leader()["id"] == leader["id"] and t.term(t.master_by_id(victim)) == term
 
 
+def test_wait_steady_leader_wants_one_leader_and_term_for_the_whole_window():
+    t = Target.__new__(Target)  # only leader() and term() are used
+    polls = {"n": 0}
+
+    def leader():
+        polls["n"] += 1
+        return {"id": "m1" if polls["n"] % 2 else "m2"} if polls["n"] < 6 else {"id": "m3"}
+
+    t.leader, t.term = leader, lambda m: 7
+    started = time.monotonic()
+    assert t.wait_steady_leader(0.4, timeout=5)
+    assert polls["n"] >= 9 and time.monotonic() - started >= 0.4 + 0.5  # flapping, then 0.4 s of m3
+    t.leader = lambda: None  # no leader at all: never steady
+    assert not t.wait_steady_leader(0.2, timeout=0.6)
+    t.leader, t.term = (lambda: {"id": "m1"}), (lambda m: polls.__setitem__("n", polls["n"] + 1) or polls["n"])
+    assert not t.wait_steady_leader(0.2, timeout=0.6)  # one replica, but a new term at every poll
+
+
 @pytest.mark.parametrize("at_cut, at_heal, at_end, victim_term, expected", [
     # a steady leader the heal leaves alone, and one it deposes (another replica, or a new term)
     (("m1", 5), ("m1", 5), ("m1", 5), 5, {}),
