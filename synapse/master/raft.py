@@ -270,6 +270,7 @@ class SafeSyncObj(SyncObj):
     STALL_S = 0.1
     PREVOTE = True  #: off only to show, in a test, what happens without it
     PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
+    REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
 
     def __init__(self, *args, **kwargs) -> None:
         # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
@@ -280,6 +281,10 @@ class SafeSyncObj(SyncObj):
         self._prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
         self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
         self._leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
+        self._heard_any = float("-inf")  #: when any peer's message last arrived
+        #: when a peer's message arrived after a silence longer than an election timeout (a cut
+        #: healed): the replica waits a while for the leader before it grants a pre-vote
+        self._rejoined = float("-inf")
         self._last_tick = 0.0  #: when the previous tick ended
         self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
         self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
@@ -401,9 +406,13 @@ class SafeSyncObj(SyncObj):
         conf = self._SyncObj__conf
         lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
         mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+        now = monotonic()
         granted = (isinstance(message.get("term"), int) and message["term"] > self.raftCurrentTerm
                    and self._SyncObj__raftState != _RAFT_STATE.LEADER
-                   and monotonic() - self._leader_contact >= lease
+                   and now - self._leader_contact >= lease
+                   # back from a cut, it has heard from no leader for the whole cut: it first
+                   # gives the leader, if there is one, a minimum election timeout to reach it
+                   and (not self.REJOIN_WAIT or now - self._rejoined >= conf.raftMinTimeout)
                    and (message.get("last_log_term", -1), message.get("last_log_index", -1)) >= mine)
         self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
                                              "granted": granted, "current_term": self.raftCurrentTerm})
@@ -428,6 +437,10 @@ class SafeSyncObj(SyncObj):
         return entries[0][2] if entries else None
 
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
+        now = monotonic()
+        if now - self._heard_any > self._SyncObj__conf.raftMaxTimeout and self._heard_any > float("-inf"):
+            self._rejoined = now  # the first word after a silence (not the first ever: a start is no cut)
+        self._heard_any = now
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "pre_vote":
             return self._answer_prevote(node, message)
