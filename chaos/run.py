@@ -298,6 +298,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
                 failover.append(round(after[0] - f["start"], 3))
     done = [f for f in faults if "skipped" not in f["detail"] and "error" not in f["detail"]]
     cuts = [f for f in done if f["kind"] == "partition-follower"]
+    cut_changes = sum(1 for f in cuts if f["detail"].get("changed_during_cut") or f["detail"].get("no_leader_at_heal"))
     errors = counts.pop("errors", 0)
     report = {
         "faults": sum(counts.values()), "fault_kinds": counts, "ops": len(ops),
@@ -324,10 +325,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # keeps this at 0), judged where the leader held through the cut; the cuts where it did
         # not; and cut-off followers whose term went past the rest's (PreVote forbids it).
         "heal_leader_changes": sum(1 for f in cuts if f["detail"].get("leader_changed")),
-        "heals_judged": sum(1 for f in cuts if not (f["detail"].get("changed_during_cut")
-                                                    or f["detail"].get("no_leader_at_heal"))),
-        "cut_leader_changes": sum(1 for f in cuts if f["detail"].get("changed_during_cut")
-                                  or f["detail"].get("no_leader_at_heal")),
+        "heals_judged": len(cuts) - cut_changes,
+        "cut_leader_changes": cut_changes,
         "cut_term_rises": sum(1 for f in cuts if f["detail"].get("victim_term_rose")),
         # The Raft members at the end are the ones the run started with (membership faults undo
         # themselves: grow and shrink back, replace with the same id).

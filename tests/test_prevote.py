@@ -33,12 +33,23 @@ def start(tmp_path, cls, count=3):
 
 def cut_off(nodes, addrs, victim: int, cut: set) -> None:
     """Drop messages between `victim` and everyone while `cut` holds it (both ways, at the sender)."""
+    drop_sends(nodes, addrs, lambda i, j: bool(cut) and (i in cut or j in cut))
+
+
+def drop_pairs(nodes, addrs, blocked: set) -> None:
+    """Drop the messages from i to j for every (i, j) in `blocked`, as long as it holds it."""
+    drop_sends(nodes, addrs, lambda i, j: (i, j) in blocked)
+
+
+def drop_sends(nodes, addrs, dropped) -> None:
+    """Drop, at the sender, every message from node i to node j for which `dropped(i, j)`."""
     for i, node in enumerate(nodes):
         transport = node._SyncObj__transport
         send = transport.send
 
         def filtered(peer, message, send=send, i=i):
-            if cut and (i in cut or peer.address in {addrs[v] for v in cut}):
+            j = addrs.index(peer.address) if peer.address in addrs else -1
+            if dropped(i, j):
                 return False
             return send(peer, message)
 
@@ -103,21 +114,6 @@ def test_without_prevote_the_same_partition_deposes_the_leader(tmp_path):
     term, follower_term, leader, after, term_after, _ = partition_a_follower_and_heal(tmp_path, Plain)
     assert follower_term > term
     assert term_after > term
-
-
-def drop_pairs(nodes, addrs, blocked: set) -> None:
-    """Drop the messages from i to j for every (i, j) in `blocked`, as long as it holds it."""
-    for i, node in enumerate(nodes):
-        transport = node._SyncObj__transport
-        send = transport.send
-
-        def filtered(peer, message, send=send, i=i):
-            j = addrs.index(peer.address) if peer.address in addrs else -1
-            if (i, j) in blocked:
-                return False
-            return send(peer, message)
-
-        transport.send = filtered
 
 
 class NoRejoinWait(SafeSyncObj):
