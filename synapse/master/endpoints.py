@@ -117,6 +117,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         """This replica's term if it leads and is ready; otherwise abort with a redirect or UNAVAILABLE."""
         deadline = time.monotonic() + LEADER_WAIT_S
         while True:
+            if self.m.stopping:
+                await self._abort_stopping(context)
             term = self.m.ready_leader_term()
             if term:
                 return term
@@ -164,6 +166,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             if leader_api:
                 context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
+
+    async def _abort_stopping(self, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.m.replica.id} is stopping; try another")
 
     async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
         term = await self._leader(context)
@@ -602,6 +607,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                                object_id=e.object_id, message=e.message)
             if not request.follow:
                 return
+            if self.m.stopping:
+                await self._abort_stopping(context)
             try:
                 await asyncio.wait_for(changed.wait(), WATCH_REFRESH_S)
             except TimeoutError:
@@ -691,6 +698,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 await asyncio.wait_for(changed.wait(), WATCH_REFRESH_S)
             except TimeoutError:
                 last_sent = None  # keepalive: send the current list again
+        if self.m.stopping:
+            await self._abort_stopping(context)
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                             f"replica {self.m.replica.id} stopped leading; reconnect to the new leader")
 

@@ -123,6 +123,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     watcher.cancel()
     if master.leader_loops is not None:
         master.leader_loops.stop()
+    master.begin_stop()
     await server.stop(grace=0.5)
     if http is not None:
         http.stop()

@@ -69,6 +69,7 @@ class Master:
         #: metrics reads this object, so the dependency points one way only)
         self.metrics = None
         self._last_leader: str | None = None
+        self.stopping = False  #: set by begin_stop: streams end and new waits give up
 
     # ---- proposing and reading -----------------------------------------------------------------
 
@@ -192,6 +193,23 @@ class Master:
                 stop.set()
                 return
             await asyncio.sleep(WATCHDOG_S)
+
+    def begin_stop(self) -> int:
+        """End this replica's streams and waiting proposals with an answer before the server stops.
+
+        A call still running when the gRPC server's grace ends is cancelled, and a cancel that
+        races the call's own end is logged by grpc as an unhandled CancelledError with a
+        traceback. Woken now, every stream sees `stopping` and aborts with UNAVAILABLE, and every
+        waiting proposal fails as after a leader change (its client retries elsewhere with the same
+        request id). Returns how many proposals were failed.
+        """
+        self.stopping = True
+        self._applied.set()
+        self._leadership_lost.set()
+        for event in self._node_events.values():
+            event.set()
+        self._node_events.clear()
+        return self.raft.abandon()
 
     def state_changed(self) -> asyncio.Event:
         """An event set the next time applied commands change the state (on any replica)."""
