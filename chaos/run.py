@@ -366,6 +366,12 @@ def main() -> None:
         _main()
 
 
+def previous_run(out: Path) -> str:
+    """What in `out` a run left (its history or its cluster's files), or '' if nothing."""
+    left = [name for name in ("history.jsonl", "cluster") if (out / name).exists()]
+    return " and ".join(left)
+
+
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--masters", type=int, default=3, choices=[3, 5])
@@ -390,6 +396,10 @@ def _main() -> None:
             kinds.append(k)
     if not kinds:
         parser.error("no fault kind can run here")
+    if args.out is not None and previous_run(args.out):
+        parser.error(f"--out {args.out} holds a previous run ({previous_run(args.out)}): its replicas' journals "
+                     "would start the cluster with that run's members and its history would be checked with "
+                     "this one's; give an empty or new directory")
     out = args.out or Path(tempfile.mkdtemp(prefix="synapse-chaos-"))
     try:
         report = run(args.masters, args.workers, args.duration, args.seed, kinds, out, args.clients, args.interval)

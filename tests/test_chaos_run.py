@@ -1,11 +1,16 @@
 """Chaos runs: real cluster, every fault kind this machine can inject, every checker.
 The short one runs with `pytest -m chaos`; the long regression with `pytest -m chaos_long`."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from chaos.nemesis import NEMESES, unavailable
 from chaos.run import run
 
+ROOT = Path(__file__).resolve().parent.parent
 #: The partitions need root and network namespaces; elsewhere they are left out (and said so).
 KINDS = sorted(k for k in NEMESES if not unavailable(k))
 SKIPPED = {k: unavailable(k) for k in NEMESES if k not in KINDS}
@@ -37,3 +42,15 @@ def test_long_run_seed_7_regression(tmp_path):
                  clients=3, interval=0.5)
     assert report["faults"] >= 2000 and set(report["fault_kinds"]) == set(KINDS), report
     assert report["replicas_converged"] and report["ok"], report
+
+
+def test_a_run_refuses_an_out_dir_that_holds_a_previous_run(tmp_path):
+    """A second run into the same --out started its replicas on the first run's journals (the
+    members of its last grow-shrink, on other ports): no leader, and the run died at start."""
+    out = tmp_path / "chaos"
+    (out / "cluster" / "masters").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "chaos/run.py", "--duration", "5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2, done
+    assert "holds a previous run (cluster)" in done.stderr and "empty or new directory" in done.stderr, done.stderr
+    assert not (out / "history.jsonl").exists()
