@@ -23,14 +23,19 @@ than die of SIGBUS when mmap cannot extend the journal.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
+import pickle
 import struct
+import threading
 import time
 import zlib
 from pathlib import Path
 
 from prometheus_client import Histogram
+from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.serializer import Serializer
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,88 @@ def fsync_durable(sync: object) -> None:
             os.close(dir_fd)
 
     meta.storeMeta = store_synced
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory by its path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SnapshotWriter(Serializer):
+    """pysyncobj's snapshot file (`raft.dump`), written by a thread of the replica, not a forked child.
+
+    pysyncobj forks the replica to pickle its state. A master is a gRPC server with many threads,
+    and forking one is unsafe (gRPC logs that it skips its fork handlers). In the long chaos runs
+    the children failed ("Failed to store full dump", seven times in a row after one restart), and
+    while a child lives the leader streams no snapshot to anyone: pysyncobj's transmission answers
+    nothing until the child is reaped. A replica added by grow-shrink, behind the leader's log
+    start, then waited 60 s for a snapshot that never came.
+
+    The state handed over is already a copy (`ClusterState.to_snapshot` builds plain data), so a
+    thread pickles it while the replica goes on, and snapshots keep streaming to followers from the
+    previous file meanwhile (an open transmission keeps reading it even after the rename). Pickle
+    protocol 4 writes in frames, so the tick thread gets the GIL between them. The file is fsynced
+    before its rename and the directory after: pysyncobj drops the journal's entries up to the
+    snapshot once it succeeds, and a snapshot lost to a power cut would take them along. A snapshot
+    received from the leader is fsynced the same way before it replaces the journal.
+    """
+
+    COMPRESS_LEVEL = 6  #: zlib's default: a third faster than gzip's 9 for a 4 % larger file
+
+    def __init__(self, file_name: str, batch_size: int) -> None:
+        super().__init__(file_name, batch_size, False, None, None, None)
+        self.file_name = file_name
+        self._writer: threading.Thread | None = None
+        self._index = 0  #: the log index of the snapshot being written
+        self._error = ""  #: why the last write failed
+
+    def serialize(self, data, id) -> None:  # noqa: A002 - pysyncobj's signature
+        if self._writer is not None:
+            return
+        self._index, self._error = id, ""
+        self._writer = threading.Thread(target=self._write, args=(data, id), name="snapshot-writer", daemon=True)
+        self._writer.start()
+
+    def _write(self, data, index: int) -> None:
+        started = time.perf_counter()
+        tmp = self.file_name + ".tmp"
+        try:
+            with open(tmp, "wb") as f:
+                with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=self.COMPRESS_LEVEL) as g:
+                    pickle.dump(data, g, protocol=4)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.file_name)
+            fsync_path(os.path.dirname(self.file_name) or ".")
+        except Exception as exc:  # noqa: BLE001 - reported to pysyncobj as FAILED, and logged
+            self._error = f"{type(exc).__name__}: {exc}"
+            return
+        log.info("snapshot written index=%d bytes=%d seconds=%.2f", index, os.path.getsize(self.file_name),
+                 time.perf_counter() - started)
+
+    def checkSerializing(self):  # noqa: N802 - pysyncobj's name
+        writer = self._writer
+        if writer is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING, None
+        if writer.is_alive():
+            return SERIALIZER_STATE.SERIALIZING, self._index
+        self._writer = None
+        if self._error:
+            log.warning("snapshot not written index=%d: %s", self._index, self._error)
+            return SERIALIZER_STATE.FAILED, self._index
+        self._Serializer__transmissions = {}  # as pysyncobj does: followers restart on the new file
+        return SERIALIZER_STATE.SUCCESS, self._index
+
+    def setTransmissionData(self, data) -> bool:  # noqa: N802 - pysyncobj's name
+        done = super().setTransmissionData(data)
+        if done:
+            fsync_path(self.file_name)
+            fsync_path(os.path.dirname(self.file_name) or ".")
+        return done
 
 
 def datasync(journal: object) -> None:

@@ -45,7 +45,7 @@ from synapse.core import commands as c
 from synapse.core.fsm import ClusterState, snapshot_digest
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.master.config import RAFT_HEARTBEAT_S
-from synapse.master.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
+from synapse.master.durability import CorruptionError, DumpFailureWatch, SnapshotWriter, fsync_durable, seal, unseal
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +335,10 @@ class SafeSyncObj(SyncObj):
                 self._drop_link(node)
 
     def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
+        if type(self._SyncObj__serializer) is not SnapshotWriter:  # before the first tick can compact
+            conf = self._SyncObj__conf
+            if conf.fullDumpFile and conf.serializer is None:
+                self._SyncObj__serializer = SnapshotWriter(conf.fullDumpFile, conf.logCompactionBatchSize)
         if self._kept_links:
             self._release_links()
         now = monotonic()
