@@ -115,3 +115,52 @@ def test_a_follower_behind_the_log_start_catches_up_from_a_snapshot_without_any_
     finally:
         for node in nodes:
             node.destroy()
+
+
+class Untrimmed(SafeSyncObj):
+    def _SyncObj__deleteEntriesTo(self, index):  # noqa: N802 - pysyncobj's mangled name
+        pass
+
+
+def test_a_restart_between_the_snapshot_and_the_journal_trim_keeps_the_journal_after_it(tmp_path):
+    """A replica stopped after its new raft.dump was in place and before the tick that deletes the
+    journal's entries up to it: pysyncobj cleared the whole journal on the next start, entries
+    after the snapshot included. Here the trim never runs, as if the replica had stopped."""
+    base = free_base_port(1)
+    data_dir = tmp_path / "r"
+
+    def replica(cls=SafeSyncObj):
+        state = ReplicatedState()
+        node = cls(f"127.0.0.1:{base}", [], consumers=[state],
+                           conf=raft_config(bind_address=f"127.0.0.1:{base}", data_dir=str(data_dir), password="pw",
+                                            autoTick=False, logCompactionMinEntries=1000))
+        return node, state
+
+    def append(node, state, n):
+        for i in range(n):
+            state.apply(seal(codec.encode_command(c.Barrier(at=float(i)))), callback=lambda r, e: None)
+            tick([node], 0.01)
+        tick([node], 0.2)
+
+    node, state = replica(Untrimmed)  # stopped before the trim
+    try:
+        elect([node])
+        append(node, state, 30)
+        node.forceLogCompaction()
+        for _ in range(100):
+            tick([node], 0.02)
+            if (data_dir / "raft.dump").exists() and node._SyncObj__serializer._writer is None:
+                break  # written, and its success seen by pysyncobj (which would trim the journal now)
+        append(node, state, 10)  # entries after the snapshot
+        last, digest = node._SyncObj__getCurrentLogIndex(), state.digest()
+        assert log_start(node) == 1 and last > 40
+    finally:
+        node.destroy()
+    node, state = replica()
+    try:
+        elect([node])
+        assert log_start(node) > 1, "the snapshot was not loaded"
+        assert node._SyncObj__getCurrentLogIndex() >= last, "entries after the snapshot were dropped"
+        assert state.digest() == digest  # every command applied again, from the snapshot and the journal
+    finally:
+        node.destroy()

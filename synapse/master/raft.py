@@ -229,7 +229,7 @@ def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
 _INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
               "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
               "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick",
-              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration")
+              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__loadDumpFile")
 _missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
 if _missing:
     raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
@@ -439,6 +439,43 @@ class SafeSyncObj(SyncObj):
     def _term_at(self, index: int) -> int | None:
         entries = self._SyncObj__getEntries(index, 1)
         return entries[0][2] if entries else None
+
+    def _SyncObj__loadDumpFile(self, clearJournal):  # noqa: N802,N803 - overrides the mangled name
+        """Load the snapshot, keeping the journal's entries after it (Raft's rule for snapshots).
+
+        A snapshot replaces `raft.dump` first; the journal's entries up to it are deleted on a
+        later tick. A replica stopped in between (kill -9, a restart) started with a journal that
+        still began before the snapshot, and pysyncobj, finding the journal's first entries unlike
+        the snapshot's, cleared the whole journal: every entry after the snapshot was gone,
+        acknowledged ones too (pysyncobj then warns that the commit index exceeds the journal's
+        end). When the journal holds the snapshot's last two entries, only what comes before them
+        is deleted here, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
+        serializer = self._SyncObj__serializer
+        try:
+            data = serializer.deserialize()
+        except Exception:  # noqa: BLE001 - pysyncobj reads it again and reports the failure
+            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        if not clearJournal:
+            self._trim_journal_to(data[2], data[1])
+        serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
+        try:
+            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        finally:
+            del serializer.deserialize
+
+    def _trim_journal_to(self, last: tuple, after: tuple) -> None:
+        """Delete the journal's entries before `last` (the snapshot's last entry) if the journal
+        holds it and `after` (the entry the snapshot carries next) at their indexes."""
+        journal = self._SyncObj__raftLog
+        if len(journal) < 2 or not isinstance(last, tuple) or journal[0] == last:
+            return
+        offset = last[1] - journal[0][1]
+        if not 0 < offset < len(journal) - 1 or journal[offset] != last or journal[offset + 1] != after:
+            return
+        log.warning("journal starts at %d, before the snapshot at %d (stopped between writing the snapshot and "
+                    "trimming the journal): keeping the %d entries after it", journal[0][1], last[1],
+                    len(journal) - offset - 1)
+        journal.deleteEntriesTo(offset)
 
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
         now = monotonic()
