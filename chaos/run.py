@@ -218,8 +218,16 @@ def worker_task_records(data_dir: Path, workers: list[dict]) -> list[dict]:
     return out
 
 
+def previous_run(out: Path) -> str:
+    """What in `out` a run left (its history or its cluster's files), or '' if nothing."""
+    left = [name for name in ("history.jsonl", "cluster") if (out / name).exists()]
+    return " and ".join(left)
+
+
 def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str], out: Path,
         clients: int = 3, interval: float = 4.0) -> dict:
+    if previous_run(out):
+        raise ValueError(f"{out} holds a previous run ({previous_run(out)}); give an empty or new directory")
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")
     history.write("meta", seed=seed, duration=duration, masters=masters, workers=workers, stop_grace=STOP_GRACE,
@@ -364,12 +372,6 @@ def main() -> None:
     """SIGINT, SIGTERM and SIGHUP stop the run and its cluster (see synapse.local.interrupts)."""
     with interrupts.handled("stopping the chaos run's cluster"):
         _main()
-
-
-def previous_run(out: Path) -> str:
-    """What in `out` a run left (its history or its cluster's files), or '' if nothing."""
-    left = [name for name in ("history.jsonl", "cluster") if (out / name).exists()]
-    return " and ".join(left)
 
 
 def _main() -> None:

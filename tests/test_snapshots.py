@@ -51,9 +51,9 @@ def test_snapshots_keep_streaming_to_followers_while_the_next_one_is_written(tmp
     release = threading.Event()
 
     class Held(SnapshotWriter):
-        def _write(self, data, index):
+        def _write(self, data, index, installs):
             release.wait(10)
-            super()._write(data, index)
+            super()._write(data, index, installs)
 
     writer = Held(str(tmp_path / "raft.dump"), 1 << 10)
     writer.serialize(([{}, {"state": "first"}], None, None, set()), 1)
@@ -68,12 +68,38 @@ def test_snapshots_keep_streaming_to_followers_while_the_next_one_is_written(tmp
     assert wait_written(writer) == (SERIALIZER_STATE.SUCCESS, 2)
 
 
-def test_a_failed_write_is_reported_with_its_reason(tmp_path, caplog):
+def test_a_failed_write_is_reported_with_its_reason_and_retried_later(tmp_path, caplog):
     writer = SnapshotWriter(str(tmp_path / "gone" / "raft.dump"), 1 << 10)
     writer.serialize(([{}, {}], None, None, set()), 7)
     with caplog.at_level(logging.WARNING, logger="synapse.master.durability"):
         assert wait_written(writer) == (SERIALIZER_STATE.FAILED, 7)
     assert "snapshot not written index=7: FileNotFoundError" in caplog.text
+    # pysyncobj would build the next snapshot at the next tick: it is told a write is under way
+    assert writer.checkSerializing()[0] == SERIALIZER_STATE.SERIALIZING
+    writer._retry_at = 0.0
+    assert writer.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
+
+
+def test_a_write_that_began_before_a_snapshot_from_the_leader_arrived_does_not_replace_it(tmp_path):
+    """A follower compacts on its own; the leader's newer snapshot, installed meanwhile, must stay."""
+    release = threading.Event()
+
+    class Held(SnapshotWriter):
+        def _write(self, data, index, installs):
+            release.wait(10)
+            super()._write(data, index, installs)
+
+    leader = SnapshotWriter(str(tmp_path / "leader.dump"), 1 << 6)
+    leader.serialize(([{}, {"state": "the leader's, newer"}], ("e", 91, 2), ("e", 90, 2), set()), 90)
+    assert wait_written(leader)[0] == SERIALIZER_STATE.SUCCESS
+    follower = Held(str(tmp_path / "raft.dump"), 1 << 6)
+    follower.serialize(([{}, {"state": "the follower's own, older"}], ("e", 41, 1), ("e", 40, 1), set()), 40)
+    assert any(follower.setTransmissionData(leader.getTransmissionData("follower")) for _ in range(100))
+    release.set()
+    state, index = wait_written(follower)
+    assert (state, index) == (SERIALIZER_STATE.FAILED, 40)
+    assert follower.deserialize()[0][1] == {"state": "the leader's, newer"}
+    assert not (tmp_path / "raft.dump.tmp").exists()
 
 
 def test_a_follower_behind_the_log_start_catches_up_from_a_snapshot_without_any_fork(tmp_path, monkeypatch):
@@ -147,10 +173,11 @@ def test_a_restart_between_the_snapshot_and_the_journal_trim_keeps_the_journal_a
         elect([node])
         append(node, state, 30)
         node.forceLogCompaction()
-        for _ in range(100):
+        for _ in range(500):
             tick([node], 0.02)
             if (data_dir / "raft.dump").exists() and node._SyncObj__serializer._writer is None:
                 break  # written, and its success seen by pysyncobj (which would trim the journal now)
+        assert (data_dir / "raft.dump").exists() and node._SyncObj__serializer._writer is None
         append(node, state, 10)  # entries after the snapshot
         last, digest = node._SyncObj__getCurrentLogIndex(), state.digest()
         assert log_start(node) == 1 and last > 40

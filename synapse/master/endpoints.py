@@ -117,16 +117,16 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         """This replica's term if it leads and is ready; otherwise abort with a redirect or UNAVAILABLE."""
         deadline = time.monotonic() + LEADER_WAIT_S
         while True:
-            if self.m.stopping:
-                await self._abort_stopping(context)
             term = self.m.ready_leader_term()
-            if term:
+            if term and not self.m.stopping:
                 return term
             leader_api = self.m.leader_api_address()
             if leader_api and leader_api != self.m.replica.api:
                 context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                     f"replica {self.m.replica.id} is not the leader; the leader is at {leader_api}")
+            if self.m.stopping:
+                await self._abort_stopping(context)
             if time.monotonic() - self.m.deposed_at < DEPOSED_S:
                 # It just stopped leading and knows no successor: most likely it is cut off from
                 # its peers (a follower of a live leader would know it at once). Waiting is useless.
@@ -161,7 +161,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 "retry with the same request id")
         if exc.kind == "QUEUE_FULL":
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
-        if exc.leader:
+        if exc.leader and exc.leader != self.m.replica.raft:  # never send a client back here
             leader_api = self.m.api_of_raft(exc.leader)
             if leader_api:
                 context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
+from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 
@@ -448,14 +449,14 @@ class SafeSyncObj(SyncObj):
         still began before the snapshot, and pysyncobj, finding the journal's first entries unlike
         the snapshot's, cleared the whole journal: every entry after the snapshot was gone,
         acknowledged ones too (pysyncobj then warns that the commit index exceeds the journal's
-        end). When the journal holds the snapshot's last two entries, only what comes before them
-        is deleted here, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
+        end). When the journal holds the snapshot's last two entries, what comes before them is
+        dropped instead, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
         serializer = self._SyncObj__serializer
         try:
             data = serializer.deserialize()
         except Exception:  # noqa: BLE001 - pysyncobj reads it again and reports the failure
             return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        if not clearJournal:
+        if not clearJournal:  # data[1]: the snapshot's last entry; data[2]: the one before it
             self._trim_journal_to(data[2], data[1])
         serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
         try:
@@ -463,19 +464,28 @@ class SafeSyncObj(SyncObj):
         finally:
             del serializer.deserialize
 
-    def _trim_journal_to(self, last: tuple, after: tuple) -> None:
-        """Delete the journal's entries before `last` (the snapshot's last entry) if the journal
-        holds it and `after` (the entry the snapshot carries next) at their indexes."""
+    def _trim_journal_to(self, first: tuple, last: tuple) -> None:
+        """Drop the journal's entries before `first` if the journal holds `first` and `last` at
+        their indexes: `last` is the snapshot's last entry, and `first` the one before it, which a
+        journal trimmed to the snapshot begins with.
+
+        Only the journal's list in memory is cut. pysyncobj's own trim rewrites the whole file
+        (an empty journal first, then every entry kept), and a kill during that loop would leave a
+        part of it; the file keeps its older records instead until the next snapshot rewrites it,
+        and the next start cuts them again."""
         journal = self._SyncObj__raftLog
-        if len(journal) < 2 or not isinstance(last, tuple) or journal[0] == last:
+        if len(journal) < 2 or not isinstance(first, tuple) or journal[0] == first:
             return
-        offset = last[1] - journal[0][1]
-        if not 0 < offset < len(journal) - 1 or journal[offset] != last or journal[offset + 1] != after:
+        offset = first[1] - journal[0][1]
+        if not 0 < offset < len(journal) - 1 or journal[offset] != first or journal[offset + 1] != last:
             return
         log.warning("journal starts at %d, before the snapshot at %d (stopped between writing the snapshot and "
                     "trimming the journal): keeping the %d entries after it", journal[0][1], last[1],
-                    len(journal) - offset - 1)
-        journal.deleteEntriesTo(offset)
+                    len(journal) - offset - 2)
+        if isinstance(journal, FileJournal):
+            journal._FileJournal__journal = journal._FileJournal__journal[offset:]
+        else:
+            journal.deleteEntriesTo(offset)
 
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
         now = monotonic()
@@ -552,6 +562,7 @@ class RaftNode:
         self._in_flight = 0  #: log entries proposed and not yet resolved
         self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
         self._waiting: set[asyncio.Future] = set()  #: futures of proposals sent and not yet resolved
+        self._changes: set[asyncio.Future] = set()  #: futures of membership changes not yet resolved
         self._releases: set[Callable[[], None]] = set()  #: frees each in-flight slot still held
         self.entries_proposed = 0  #: log entries proposed from this replica
         self.commands_proposed = 0  #: commands inside them (entries < commands when batching helps)
@@ -639,7 +650,8 @@ class RaftNode:
             self.replicated.apply(data, callback=on_done)
 
     def abandon(self) -> int:
-        """Fail every proposal still waiting, because this replica stopped leading; returns how many.
+        """Fail every proposal (and membership change) still waiting, because this replica stopped
+        leading or is stopping; returns how many.
 
         pysyncobj keeps a deposed leader's proposals waiting until their entries are applied or
         replaced, and a leader cut off from its peers learns neither until the partition heals:
@@ -656,6 +668,10 @@ class RaftNode:
                     f.set_result((None, outcome))
                     failed += 1
         self._waiting.clear()
+        for f in list(self._changes):
+            if not f.done():
+                f.set_result(FAIL_REASON.LEADER_CHANGED)
+                failed += 1
         for release in list(self._releases):
             release()  # a new term starts with an empty pipeline
         return failed
@@ -675,10 +691,13 @@ class RaftNode:
 
         change = self.sync.addNodeToCluster if action == "add" else self.sync.removeNodeFromCluster
         change(raft_address, callback=on_done)
+        self._changes.add(future)
         try:
             err = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+        finally:
+            self._changes.discard(future)
         if err != FAIL_REASON.SUCCESS:
             raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
                                leader=self.leader())

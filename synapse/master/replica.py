@@ -82,6 +82,8 @@ class Master:
         return self.raft.replicated.lock
 
     async def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
+        if self.stopping:  # begin_stop has failed the proposals before; later ones fail at once
+            raise ProposeError("STOPPING", maybe_applied=False)
         started = time.perf_counter()
         try:
             result = await self.raft.propose_async(cmd, timeout)
@@ -200,8 +202,10 @@ class Master:
         A call still running when the gRPC server's grace ends is cancelled, and a cancel that
         races the call's own end is logged by grpc as an unhandled CancelledError with a
         traceback. Woken now, every stream sees `stopping` and aborts with UNAVAILABLE, and every
-        waiting proposal fails as after a leader change (its client retries elsewhere with the same
-        request id). Returns how many proposals were failed.
+        waiting proposal (and membership change) fails as after a leader change (its client retries
+        elsewhere with the same request id); later ones fail at once (`propose`). Returns how many
+        were failed. A stream blocked on a client that reads nothing is still cancelled at the end
+        of the grace.
         """
         self.stopping = True
         self._applied.set()
