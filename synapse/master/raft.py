@@ -460,9 +460,13 @@ class SafeSyncObj(SyncObj):
             self._trim_journal_to(data[2], data[1])
         serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
         try:
-            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
         finally:
             del serializer.deserialize
+        journal = self._SyncObj__raftLog
+        log.info("snapshot loaded index=%s from=%s journal=%s..%s", data[1][1] if isinstance(data[1], tuple) else "-",
+                 "leader" if clearJournal else "disk", journal[0][1] if len(journal) else "-",
+                 journal[len(journal) - 1][1] if len(journal) else "-")
 
     def _trim_journal_to(self, first: tuple, last: tuple) -> None:
         """Drop the journal's entries before `first` if the journal holds `first` and `last` at
