@@ -36,6 +36,18 @@ def log_start(node: SafeSyncObj) -> int:
     return node._SyncObj__raftLog[0][1]
 
 
+class Held(SnapshotWriter):
+    """A writer whose thread waits for `release` before it writes."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.release = threading.Event()
+
+    def _write(self, data, index, installs):
+        self.release.wait(10)
+        super()._write(data, index, installs)
+
+
 def test_a_snapshot_written_by_a_thread_loads_as_pysyncobj_s_own(tmp_path):
     writer = SnapshotWriter(str(tmp_path / "raft.dump"), 1 << 10)
     data = ([{}, {"state": list(range(5000))}], ("entry", 41, 3), ("entry", 40, 3), {"peer"})
@@ -48,14 +60,8 @@ def test_a_snapshot_written_by_a_thread_loads_as_pysyncobj_s_own(tmp_path):
 
 def test_snapshots_keep_streaming_to_followers_while_the_next_one_is_written(tmp_path):
     """pysyncobj's transmission answers nothing while its child writes: the stall behind grow-shrink."""
-    release = threading.Event()
-
-    class Held(SnapshotWriter):
-        def _write(self, data, index, installs):
-            release.wait(10)
-            super()._write(data, index, installs)
-
     writer = Held(str(tmp_path / "raft.dump"), 1 << 10)
+    release = writer.release
     writer.serialize(([{}, {"state": "first"}], None, None, set()), 1)
     release.set()
     assert wait_written(writer)[0] == SERIALIZER_STATE.SUCCESS
@@ -82,17 +88,11 @@ def test_a_failed_write_is_reported_with_its_reason_and_retried_later(tmp_path, 
 
 def test_a_write_that_began_before_a_snapshot_from_the_leader_arrived_does_not_replace_it(tmp_path):
     """A follower compacts on its own; the leader's newer snapshot, installed meanwhile, must stay."""
-    release = threading.Event()
-
-    class Held(SnapshotWriter):
-        def _write(self, data, index, installs):
-            release.wait(10)
-            super()._write(data, index, installs)
-
     leader = SnapshotWriter(str(tmp_path / "leader.dump"), 1 << 6)
     leader.serialize(([{}, {"state": "the leader's, newer"}], ("e", 91, 2), ("e", 90, 2), set()), 90)
     assert wait_written(leader)[0] == SERIALIZER_STATE.SUCCESS
     follower = Held(str(tmp_path / "raft.dump"), 1 << 6)
+    release = follower.release
     follower.serialize(([{}, {"state": "the follower's own, older"}], ("e", 41, 1), ("e", 40, 1), set()), 40)
     assert any(follower.setTransmissionData(leader.getTransmissionData("follower")) for _ in range(100))
     release.set()

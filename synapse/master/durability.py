@@ -101,16 +101,8 @@ def fsync_durable(sync: object) -> None:
 
     def store_synced(data: dict) -> None:
         original_store(data)
-        fd = os.open(meta.getPath(), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(os.path.dirname(meta.getPath()) or ".", os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_path(meta.getPath())
+        fsync_path(os.path.dirname(meta.getPath()) or ".")
 
     meta.storeMeta = store_synced
 
