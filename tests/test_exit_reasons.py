@@ -6,8 +6,8 @@ import pytest
 
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
+from synapse.core.heartbeat import health_change
 from synapse.core.model import JobStatus, Placement, Resources
-from synapse.master.heartbeat import health_change
 from tests.helpers import checked, cluster, spec
 
 N0, N1 = "r0-n0", "r0-n1"
@@ -158,14 +158,14 @@ def test_a_cordoned_node_takes_no_new_gang_but_running_gangs_stay_unless_drain()
 def test_health_change_proposes_only_what_the_state_lacks():
     state = cluster()
     node = state.nodes[N0]
-    assert health_change(node, False, "", False, 1, 1) is None
-    cmd = health_change(node, True, "bad", True, 1, 7)
-    assert (cmd.healthy, cmd.message, cmd.drain, cmd.term) == (False, "bad", True, 7)
+    assert health_change(node, False, "", False, 1) is None
+    cmd = health_change(node, True, "bad", True, 1)
+    assert (cmd.healthy, cmd.message, cmd.drain, cmd.term) == (False, "bad", True, 0)
     checked(state, cmd)
-    assert health_change(node, True, "bad", True, 2, 7) is None
-    assert health_change(node, True, "worse", False, 2, 7).message == "worse"
-    assert health_change(node, False, "", False, 3, 7).healthy
-    assert health_change(None, True, "x", False, 3, 7) is None
+    assert health_change(node, True, "bad", True, 2) is None
+    assert health_change(node, True, "worse", False, 2).message == "worse"
+    assert health_change(node, False, "", False, 3).healthy
+    assert health_change(None, True, "x", False, 3) is None
 
 
 def test_gpu_model_jobs_only_go_to_nodes_of_that_model():

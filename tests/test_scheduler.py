@@ -163,7 +163,7 @@ def test_a_round_after_submissions_alone_decides_what_a_full_round_decides():
     for trial in range(40):
         s = sim(racks=rng.randint(1, 3), nodes_per_rack=rng.randint(1, 4))
         occupy(s, rng.sample(sorted(s.state.nodes), k=rng.randint(0, len(s.state.nodes))))
-        memo = None
+        memo, previous = None, None
         for _step in range(12):
             for _ in range(rng.randint(1, 4)):
                 s.submit(spec(tasks=rng.randint(1, 6), gpu=rng.choice([1, 4, 8]), priority=rng.choice([0, 0, 0, 3]),
@@ -171,12 +171,12 @@ def test_a_round_after_submissions_alone_decides_what_a_full_round_decides():
                               time_limit=rng.choice([0, 0, 50])), duration=10)
             if rng.random() < 0.15:
                 s.advance()  # tasks end: not a submission, so the memo no longer holds
-            full = schedule_round(s.state, s.now, s.reservation)
-            quick = schedule_round(s.state, s.now, s.reservation, memo)
+            full = schedule_round(s.state, s.now, previous)
+            quick = schedule_round(s.state, s.now, previous, memo)
             assert _decisions(quick) == _decisions(full), f"trial {trial}"
             incremental_rounds += memo is not None and memo.valid_for(s.state)
             memo = full.memo
-            s.reservation = full.reservation
+            previous = full.reservation
             for plan in full.plans:
                 s.commit(plan)
     assert incremental_rounds > 50  # the shortcut was really taken, not always refused

@@ -7,7 +7,6 @@ import pytest
 from synapse.core import commands as c
 from synapse.core.invariants import violations
 from synapse.core.model import DEFAULT_GRACE_S, JobStatus, Queue, Resources
-from synapse.core.sim import PREEMPT_TRIES
 from synapse.sim.generate import Recipe, generate
 from synapse.sim.metrics import summarize
 from synapse.sim.policies import POLICIES
@@ -111,8 +110,3 @@ def test_a_generated_trace_with_preemption_keeps_every_invariant():
     m = summarize(result)
     assert m["preemptions"] == len(sim.preemptions) and m["lost_gpu_hours"] > 0
 
-
-def test_the_simulator_tries_as_many_gangs_a_round_as_the_leader():
-    from synapse.master.leader import PREEMPT_TRIES as LEADERS
-
-    assert PREEMPT_TRIES == LEADERS

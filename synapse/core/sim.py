@@ -1,22 +1,24 @@
-"""A discrete-event simulator: the real state machine and queue policy on a simulated clock.
+"""A discrete-event simulator: the real state machine and the leader's own brain on a simulated clock.
 
 Nothing here is a copy of scheduling logic: the simulator feeds `ClusterState.apply` the same
-commands the leader and workers would, runs `schedule_round` exactly as the leader does (with the
-memo of the round before, which lapses on any change but a submission), and plays the workers'
-part by ending each task after the duration its job was given.
+commands the leader and workers would, and its rounds are `LeaderState` rounds
+(synapse.core.leader_state), the very object the leader drives: the queue policy with the memo and
+reservations of the round before, the preemption step, the pending reasons. The simulator plays
+the driver's part (it applies what the brain proposes and reports the outcome) and the workers'
+(it ends each task after the duration its job was given, or at the end of a preemption's grace).
 
-With `preempt=True` it also runs the leader's preemption step (synapse.master.leader,
-`preempt_once`): when a round places nothing and admins have defined queues, the first waiting gang
-of a defined queue (in queue order, at most PREEMPT_TRIES tried) that `preemption.plan` finds a plan
-for gets its `Preempt` command committed through the state machine; the victims' tasks exit after
-the grace the command gives them (as the workers report them), the state machine requeues the
-victims with their original submission time, and the held nodes go to the preemptor in a later
-round, once the victims' tasks are gone. As on the leader, rounds follow one another while they
-place gangs (a commit marks the leader's scheduler dirty), and a gang found to have no plan is not
-planned again until the state changes otherwise than by submissions.
+With `preempt=True` (and queues defined by an admin), a round that places nothing may commit a
+`Preempt`: the victims' tasks exit after the grace the command gives them (as the workers report
+them), the state machine requeues the victims with their original submission time, and the held
+nodes go to the preemptor in a later round, once the victims' tasks are gone. As on the leader,
+rounds follow one another while they place gangs or preempt (a commit marks the leader's scheduler
+dirty).
 
 The queue policy is a parameter so that a trace replay (synapse.sim) can run baselines through
 the same state machine and placement code; by default it is the real one, `schedule_round`.
+Heartbeats, time limits and retention are the leader's too, but the simulator needs none of them:
+its nodes never fall silent, a trace's task ends where its time limit ended it, and finished jobs
+are kept for the replay's records.
 """
 
 from __future__ import annotations
@@ -27,17 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from synapse.core import commands as c
-from synapse.core import preemption
 from synapse.core.fsm import ClusterState
+from synapse.core.leader_state import LeaderConfig, LeaderState, Propose, Proposed, QueuePolicy, RoundDue
 from synapse.core.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
-from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, schedule_round
+from synapse.core.scheduler import RoundResult, schedule_round
 
-#: A queue policy: (state, now, previous reservation, memo) -> the round's plans, as schedule_round.
-QueuePolicy = Callable[[ClusterState, float, Reservation | None, RoundMemo | None], RoundResult]
-
-#: Waiting gangs a round may try to plan a preemption for (synapse.master.leader.PREEMPT_TRIES;
-#: the core may not import the leader, a test checks the two agree).
-PREEMPT_TRIES = 20
 #: Exit code of a task stopped by SIGTERM at the end of its grace.
 SIGTERM_EXIT = 143
 
@@ -76,18 +72,15 @@ class Simulator:
     def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS, policy: QueuePolicy = schedule_round, *,
                  preempt: bool = False) -> None:
         self.state = ClusterState(levels)
-        self.policy = policy  #: fixed for the simulator's life
         self.preempt = preempt  #: run the leader's preemption step (only does anything with queues defined)
+        #: the leader's brain; the simulator is its driver (heartbeats and retention never come up)
+        self.leader = LeaderState(LeaderConfig(preempt=preempt, policy=policy, job_retention=0))
         self.preemptions: list[c.Preempt] = []  #: every Preempt committed, in order
         #: (victim, start, stop, GPUs) of every attempt preempted: held until its tasks exited, work
         #: lost (the victim reruns from the start)
         self.lost_runs: list[tuple[str, float, float, int]] = []
-        self._no_plan: dict[tuple[str, int, int], str] = {}  #: (job, attempt, other_changes) -> why not
         self._run: dict[tuple[str, int], tuple[float, float]] = {}  #: (job, attempt) -> (start, planned end)
         self.now = 0.0  #: simulated seconds
-        #: carried between rounds, as the leader does (every blocked gang's, or the head's alone)
-        self.reservation: Reservation | tuple[Reservation, ...] | None = None
-        self.memo: RoundMemo | None = None  #: carried between rounds, as the leader does
         self.rounds = 0
         self._ends: list[_TaskEnd] = []
         self._runtime: dict[str, tuple[float, int]] = {}  #: job id -> (task duration, exit code)
@@ -111,60 +104,44 @@ class Simulator:
         return job_id
 
     def schedule(self, *, full: bool = True) -> RoundResult:
-        """One scheduling round: plan, commit each plan, start its tasks.
+        """One scheduling round of the leader's brain: commit what it proposes, start the tasks.
 
-        `full=False` passes the memo of the previous round, as the leader's event-driven rounds
-        do; a full round (the leader's periodic one) looks at every pending job again."""
-        result = self._round(full)
-        if not (self.preempt and self.state.queues):
-            return result
-        while True:  # the leader's rounds, one after another while something changes
-            if not result.plans and self.preempt_once(result.waiting) is None:
-                return result
-            result = self._round(False)
-
-    def _round(self, full: bool) -> RoundResult:
-        self.rounds += 1
-        result = self.policy(self.state, self.now, self.reservation, None if full else self.memo)
-        self.reservation, self.memo = result.reservations or result.reservation, result.memo
-        for plan in result.plans:
-            self.commit(plan)
+        `full=False` lets the memo of the previous round skip the jobs it saw, as the leader's
+        event-driven rounds do; a full round (the leader's periodic one) looks at every pending job
+        again. With preemption on, rounds follow one another while they place or preempt."""
+        preempted = self._round(full)
+        result = self.leader.last_round
+        while self.preempt and self.state.queues and (result.plans or preempted):
+            preempted = self._round(False)
+            result = self.leader.last_round
         return result
 
-    def preempt_once(self, waiting) -> c.Preempt | None:
-        """The leader's `preempt_once`: commit one preemption plan for the first waiting gang, in
-        queue order, of an admin-defined queue that a rule allows; its victims' tasks exit after
-        their grace. Returns the Preempt committed, or None."""
+    def _round(self, full: bool) -> bool:
+        """One round; True when it committed a preemption."""
+        self.rounds += 1
+        preempted = False
+        for instruction in self.leader.handle(self.state, RoundDue(at=self.now, full=full)):
+            if not isinstance(instruction, Propose):
+                continue  # a Reschedule: the caller's loop decides when rounds follow
+            cmd = instruction.cmd
+            if isinstance(cmd, c.CommitPlan):
+                self.commit(Plan(cmd.job_id, cmd.attempt, cmd.placements))
+            elif isinstance(cmd, c.Preempt):
+                self._preempt(cmd)
+                preempted = True
+            else:
+                self.apply(cmd)
+            self.leader.handle(self.state, Proposed(instruction, True))
+        return preempted
+
+    def _preempt(self, cmd: c.Preempt) -> None:
+        """Commit a Preempt: its victims' tasks exit after their grace, as the workers report them."""
         state = self.state
-        if not state.queues:
-            return None
-        tried, found = 0, None
-        for job in state.pending_jobs():
-            if tried >= PREEMPT_TRIES:
-                break
-            if job.id not in waiting or job.id in state.holds:
-                continue
-            if state.queue_of(job) not in state.queues or preemption.max_block(state, job):
-                continue
-            key = (job.id, job.attempt, state.other_changes)
-            if key in self._no_plan:
-                continue
-            tried += 1
-            planned = preemption.plan(state, job, self.now)
-            if isinstance(planned, str):
-                self._no_plan[key] = planned
-                continue
-            found = planned.command
-            break
-        if len(self._no_plan) > 10_000:
-            self._no_plan.clear()
-        if found is None:
-            return None
-        victims = [(v, state.jobs[v.job_id]) for v in found.victims]
-        committed = self.apply(found)
+        victims = [(v, state.jobs[v.job_id]) for v in cmd.victims]
+        committed = self.apply(cmd)
         if not committed.ok:
             raise AssertionError(f"preemption rejected: {committed.error}")
-        self.preemptions.append(found)
+        self.preemptions.append(cmd)
         for v, job in victims:
             start, planned_end = self._run.get((v.job_id, v.attempt), (self.now, self.now))
             stop = min(planned_end, self.now + v.grace)  # a task due to end within its grace ends then
@@ -173,7 +150,6 @@ class Simulator:
                 if t.state.live:  # SIGTERM now; the worker reports the exit when the grace is over
                     heapq.heappush(self._ends, _TaskEnd(self.now + v.grace, v.job_id, v.attempt, t.index,
                                                         t.node_id, SIGTERM_EXIT))
-        return found
 
     def lifetime(self, plan: Plan) -> tuple[float, int]:
         """How long the tasks of a committed plan run, and their exit code (a subclass may make

@@ -246,8 +246,8 @@ class Dashboard:
                      if t.node_id in state.nodes else "-", t.gpus, t.state.value) for t in job.tasks]
             events = list(job.events)
             queue, user, status, attempt = state.queue_of(job), job.user or "-", job.status.value, job.attempt
-            loops = self.m.leader_loops
-            waiting = loops.waiting.get(job.id) if loops is not None and job.status is JobStatus.PENDING else None
+            view = self.m.leader_view()
+            waiting = view.wait_reason(job.id) if view is not None and job.status is JobStatus.PENDING else None
             why = waiting.describe(state) if waiting is not None else ""
             hold = state.holds.get(job.id)
         facts = [["Name", escape(spec.name)], ["State", status], ["Attempt", str(attempt)], ["Queue", escape(queue)],

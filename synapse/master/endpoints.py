@@ -26,6 +26,7 @@ from synapse.core import codec, preemption
 from synapse.core import commands as c
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
+from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role
 from synapse.core.queues import batch_problem
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
@@ -244,9 +245,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     def _job_info(self, job, explained: dict[int, tuple[str, ...]] | None = None) -> api_pb2.JobInfo:
         """The job as the API shows it (call under the master lock). `explained` caches the
         shortfalls of wait reasons across one call's jobs (gangs of one shape share a reason)."""
-        loops = self.m.leader_loops
-        waiting = loops.waiting.get(job.id) if loops and job.status is JobStatus.PENDING else None
-        reservation = loops.reservation if loops else None
+        view = self.m.leader_view()
+        waiting = view.wait_reason(job.id) if view is not None and job.status is JobStatus.PENDING else None
+        reservation = view.head_reservation() if view is not None else None
         shortfalls: tuple[str, ...] = ()
         if waiting is not None:
             explained = {} if explained is None else explained
@@ -657,7 +658,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         loops = self.m.leader_loops
         if loops is not None:
-            loops.node_heard(request.node_id)
+            loops.heard(request.node_id)
         log.info("node registered node=%s address=%s topology=%s gpus=%d", request.node_id, request.address,
                  "/".join(request.topology), capacity.gpu)
         return api_pb2.RegisterNodeReply(status=result.value, heartbeat_interval_s=self.m.config.heartbeat_interval,
@@ -666,14 +667,15 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def Heartbeat(self, request, context):
         await self._worker_identity(request.node_id, context)
         term = await self._leader(context)
-        with self.m.lock:
-            node = self.m.state.nodes.get(request.node_id)
-            status = node.status.value if node else "UNKNOWN"
-        if node is not None and self.m.leader_loops is not None:
-            self.m.leader_loops.node_heard(request.node_id)
-            self.m.leader_loops.node_health(request.node_id, request.unhealthy, request.health_message,
-                                            request.drain_on_failure)
-        return api_pb2.HeartbeatReply(node_status=status, term=term)
+        loops = self.m.leader_loops
+        if loops is not None:
+            status = loops.heard(request.node_id, HealthReport(request.unhealthy, request.health_message,
+                                                               request.drain_on_failure))
+        else:
+            with self.m.lock:
+                node = self.m.state.nodes.get(request.node_id)
+                status = node.status.value if node else ""
+        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=term)
 
     async def WatchAssignments(self, request, context):
         await self._worker_identity(request.node_id, context)

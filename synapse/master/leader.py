@@ -1,4 +1,10 @@
-"""Leader-only work: scheduling, heartbeat expiry, time limits. Started on gaining leadership.
+"""The asyncio driver of one leadership term: it feeds the leader's brain and proposes what it decides.
+
+Every decision lives in `synapse.core.leader_state.LeaderState` (pure, and driven by the simulator
+too). This module only keeps time: it runs the scheduling loop (a round on every change, at least
+every SCHEDULE_TICK_S) and the monitor loop, turns heartbeats into stimuli, takes the master lock
+while the brain reads the state, proposes the brain's commands stamped with this term, and feeds
+back each outcome.
 
 Every command proposed here carries the term the loops were started in. If this replica was
 deposed and a newer leader has already committed a command, the state machine refuses ours (term
@@ -14,14 +20,24 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
 from synapse.core import commands as c
-from synapse.core import preemption
-from synapse.core.model import JobStatus, NodeStatus
-from synapse.core.preemption import max_block
-from synapse.core.scheduler import Reservation, RoundMemo, WaitReason, schedule_round
-from synapse.master.heartbeat import health_change
+from synapse.core.leader_state import (
+    HealthReport,
+    Heartbeat,
+    Instruction,
+    LeaderConfig,
+    LeaderState,
+    LeaderView,
+    MonitorDue,
+    Propose,
+    Proposed,
+    Reschedule,
+    RoundDue,
+    Started,
+)
 from synapse.master.raft import ProposeError
 
 if TYPE_CHECKING:
@@ -33,13 +49,6 @@ log = logging.getLogger(__name__)
 SCHEDULE_TICK_S = 1.0
 #: Rounds are at least this far apart: changes arriving meanwhile are handled by one round.
 SCHEDULE_MIN_INTERVAL_S = 0.02
-#: Pending reasons recorded per round, at most (about 100 bytes each in the log entry).
-PENDING_BATCH = 1000
-#: Waiting gangs a round may try to plan a preemption for.
-PREEMPT_TRIES = 20
-#: How often finished jobs past their retention are forgotten, and how many per command.
-RETENTION_SWEEP_S = 10.0
-FORGET_CHUNK = 500
 
 
 class LeaderLoops:
@@ -54,17 +63,13 @@ class LeaderLoops:
         self.master = master
         self.term = term  #: every proposal carries it
         self.ready = asyncio.Event()  #: set once the barrier committed and state is current
-        self.reservation: Reservation | None = None  #: the head blocked gang's (describe shows it)
-        self.reservations: tuple[Reservation, ...] = ()  #: every blocked gang's, carried between rounds
-        self.waiting: dict[str, WaitReason] = {}  #: why each pending job waits, from the last round
-        self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen
+        config = master.config
+        #: the term's decisions; touched only on the event loop, under the master lock
+        self.brain = LeaderState(LeaderConfig(heartbeat_timeout=config.heartbeat_timeout,
+                                              job_retention=config.job_retention))
+        self.view: LeaderView = self.brain  #: what endpoints, metrics and the dashboard read
         self._tasks: list[asyncio.Task] = []
         self.stopped = False
-        self._proposed_up: set[str] = set()  #: nodes a NodeUp is already on its way for
-        self._proposed_health: set[str] = set()  #: nodes a SetNodeHealth is already on its way for
-        self._last_sweep = 0.0  #: monotonic time of the last retention sweep
-        #: (job, attempt, state.other_changes) found to have no preemption plan, and why
-        self._no_plan: dict[tuple[str, int, int], str] = {}
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._run()))
@@ -84,18 +89,34 @@ class LeaderLoops:
                 await asyncio.sleep(0.05)
         if self.stopped:
             return
-        with self.master.lock:
-            nodes = list(self.master.state.nodes)
-        self.master.heartbeats.grace(nodes, time.monotonic())
+        out = self._handle(Started(at=time.time(), mono=time.monotonic()))
         self.ready.set()
-        log.info("leader ready term=%d nodes=%d", self.term, len(nodes))
-        self.master.scheduler_dirty.set()
+        log.info("leader ready term=%d nodes=%d", self.term, len(self.master.state.nodes))
+        self._spawn(self.carry_out(out))
         self._tasks += [asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._monitor_loop())]
 
-    async def propose(self, cmd: c.Command) -> c.Result | None:
-        """Propose a leader-only command; None if it did not commit (the next round retries)."""
+    # ---- feeding the brain, carrying out what it says ------------------------------------------------
+
+    def _handle(self, *stimuli) -> list[Instruction]:
+        with self.master.lock:
+            return self.brain.handle(self.master.state, *stimuli)
+
+    async def carry_out(self, instructions: list[Instruction]) -> None:
+        """Propose the commands (together: the log keeps their order), feed back their outcomes,
+        and carry out what those call for in turn."""
+        while instructions:
+            proposals = [i for i in instructions if isinstance(i, Propose)]
+            if any(isinstance(i, Reschedule) for i in instructions):
+                self.master.scheduler_dirty.set()
+            results = await asyncio.gather(*(self._propose(p.cmd) for p in proposals))
+            instructions = self._handle(*(Proposed(p, r is not None and r.ok, r.value if r is not None else "")
+                                          for p, r in zip(proposals, results, strict=True)))
+
+    async def _propose(self, cmd: c.Command) -> c.Result | None:
+        """Propose a command of this term; None if it did not commit (the brain hears it failed)."""
         if self.stopped:
             return None
+        cmd = dataclasses.replace(cmd, term=self.term)
         try:
             result = await self.master.propose(cmd)
         except ProposeError as exc:
@@ -105,7 +126,11 @@ class LeaderLoops:
             log.info("leader proposal rejected cmd=%s error=%s", type(cmd).__name__, result.error)
         return result
 
-    # ---- scheduling ----------------------------------------------------------------------------
+    def _spawn(self, work: Coroutine) -> None:
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(work))
+
+    # ---- the loops ---------------------------------------------------------------------------------
 
     async def _schedule_loop(self) -> None:
         dirty = self.master.scheduler_dirty
@@ -121,89 +146,12 @@ class LeaderLoops:
             await asyncio.sleep(max(0.0, SCHEDULE_MIN_INTERVAL_S - (time.monotonic() - started)))
 
     async def schedule_once(self, full: bool = True) -> None:
-        now = time.time()
+        """One round: the brain plans, this proposes, and the next round waits for the outcomes."""
         started = time.perf_counter()
-        with self.master.lock:
-            result = schedule_round(self.master.state, now, self.reservations, None if full else self.memo)
+        out = self._handle(RoundDue(at=time.time(), full=full))
         if self.master.metrics is not None:
             self.master.metrics.round_seconds.observe(time.perf_counter() - started)
-        self.reservation, self.reservations = result.reservation, result.reservations
-        self.waiting, self.memo = result.waiting, result.memo
-        if not result.plans:
-            await self.preempt_once(now)
-            await self.record_pending(now, result.examined)
-            return
-        outcomes = await asyncio.gather(*(self.propose(c.CommitPlan(
-            at=now, term=self.term, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
-            for p in result.plans))
-        for plan, outcome in zip(result.plans, outcomes, strict=True):
-            if outcome is not None and outcome.ok:
-                log.info("gang committed job=%s attempt=%d tasks=%d nodes=%d", plan.job_id, plan.attempt,
-                         len(plan.placements), len({p.node_id for p in plan.placements}))
-            else:
-                self.master.scheduler_dirty.set()  # the state moved under the plan: plan again
-
-    async def record_pending(self, now: float, examined: list[str]) -> None:
-        """Put into the log why gangs wait, for those whose reason changed since it was recorded
-        (at most PENDING_BATCH a round): `describe job` and the event stream then show it on any
-        replica, and the log grows with changes, not with rounds."""
-        with self.master.lock:
-            jobs = self.master.state.jobs
-            entries = []
-            for job_id in examined:
-                reason, job = self.waiting.get(job_id), jobs.get(job_id)
-                if reason is not None and job is not None and job.status is JobStatus.PENDING \
-                        and job.pending_reason != reason.code:
-                    entries.append(c.PendingReason(job_id, job.attempt, reason.code, reason.message))
-                    if len(entries) == PENDING_BATCH:
-                        break
-        if entries:
-            await self.propose(c.PendingReasons(at=now, term=self.term, entries=tuple(entries)))
-        if len(entries) == PENDING_BATCH:  # more to record: the next round looks at every job again
-            self.memo = None
-            self.master.scheduler_dirty.set()
-
-    async def preempt_once(self, now: float) -> None:
-        """Plan one preemption for the first waiting gang, in queue order, that a rule allows.
-
-        Only jobs of queues an admin defined preempt (the implicit default queue never does, so a
-        cluster without queues schedules as before). A job found to have no plan is not planned
-        again until the state changes otherwise than by submissions."""
-        proposal = None
-        with self.master.lock:
-            state = self.master.state
-            if not state.queues:
-                return
-            tried = 0
-            for job in state.pending_jobs():
-                if tried >= PREEMPT_TRIES or job.id not in self.waiting or job.id in state.holds:
-                    continue
-                if state.queue_of(job) not in state.queues or max_block(state, job):
-                    continue
-                key = (job.id, job.attempt, state.other_changes)
-                if key in self._no_plan:
-                    continue
-                tried += 1
-                found = preemption.plan(state, job, now)
-                if isinstance(found, str):
-                    self._no_plan[key] = found
-                    reason = self.waiting[job.id]
-                    self.waiting[job.id] = dataclasses.replace(
-                        reason, message=f"{reason.message}; no preemption: {found}")
-                    continue
-                proposal = dataclasses.replace(found.command, term=self.term)
-                break
-        if len(self._no_plan) > 10_000:
-            self._no_plan.clear()
-        if proposal is None:
-            return
-        result = await self.propose(proposal)
-        if result is not None and result.ok:
-            log.info("preemption committed job=%s rule=%s victims=%s nodes=%s", proposal.job_id, proposal.rule,
-                     ",".join(v.job_id for v in proposal.victims), ",".join(proposal.nodes))
-        self.master.scheduler_dirty.set()
-
-    # ---- heartbeats and time limits ---------------------------------------------------------------
+        await self.carry_out(out)
 
     async def _monitor_loop(self) -> None:
         period = min(1.0, self.master.config.heartbeat_timeout / 4)
@@ -212,73 +160,16 @@ class LeaderLoops:
             await self.check_once()
 
     async def check_once(self) -> None:
-        now, mono = time.time(), time.monotonic()
-        with self.master.lock:
-            state = self.master.state
-            ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
-            overdue = [(j.id, j.attempt, j.spec.time_limit) for j in state.jobs.values()
-                       if j.status is JobStatus.RUNNING and j.spec.time_limit
-                       and now - j.started_at > j.spec.time_limit]
-        for node_id, silent in self.master.heartbeats.expired(ready, mono):
-            log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
-            await self.propose(c.NodeDown(at=now, term=self.term, node_id=node_id,
-                                          reason=f"no heartbeat for {silent:.1f}s"))
-        for job_id, attempt, limit in overdue:
-            log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job_id, attempt, limit)
-            await self.propose(c.FailAttempt(at=now, term=self.term, job_id=job_id, attempt=attempt,
-                                             reason=f"time limit of {limit:.0f}s exceeded", final=True,
-                                             cause="TimeLimit"))
-        await self.forget_expired(now, mono)
+        """Silent nodes, time limits and retention, by the brain's verdict."""
+        await self.carry_out(self._handle(MonitorDue(at=time.time(), mono=time.monotonic())))
 
-    async def forget_expired(self, now: float, mono: float) -> None:
-        """Forget finished jobs older than the retention period (Slurm's MinJobAge)."""
-        retention = self.master.config.job_retention
-        if not retention or mono - self._last_sweep < RETENTION_SWEEP_S:
-            return
-        self._last_sweep = mono
+    def heard(self, node_id: str, health: HealthReport | None = None) -> str:
+        """A node was heard from (heartbeat or registration); its status in the state ('' if unknown).
+        What the brain proposes in answer (NodeUp, SetNodeHealth) goes out without holding the caller."""
         with self.master.lock:
-            expired = [j.id for j in self.master.state.jobs.values()
-                       if j.status.terminal and now - j.finished_at > retention]
-        for start in range(0, len(expired), FORGET_CHUNK):
-            chunk = tuple(expired[start:start + FORGET_CHUNK])
-            result = await self.propose(c.ForgetJobs(at=now, term=self.term, job_ids=chunk))
-            if result is not None and result.ok:
-                log.info("finished jobs forgotten count=%s retention_s=%.0f", result.value, retention)
-
-    def node_heard(self, node_id: str) -> None:
-        """A heartbeat arrived; a node the state holds DOWN is brought back (once)."""
-        self.master.heartbeats.beat(node_id, time.monotonic())
-        with self.master.lock:
+            out = self.brain.handle(self.master.state, Heartbeat(node_id, time.time(), time.monotonic(), health))
             node = self.master.state.nodes.get(node_id)
-            down = node is not None and node.status is NodeStatus.DOWN
-        if down and node_id not in self._proposed_up:
-            self._proposed_up.add(node_id)
-            self._tasks = [t for t in self._tasks if not t.done()]
-
-            async def bring_up() -> None:
-                try:
-                    await self.propose(c.NodeUp(at=time.time(), term=self.term, node_id=node_id))
-                finally:
-                    self._proposed_up.discard(node_id)
-
-            self._tasks.append(asyncio.create_task(bring_up()))
-
-    def node_health(self, node_id: str, unhealthy: bool, message: str, drain: bool) -> None:
-        """A heartbeat's health report: record a change in the state (one proposal at a time per node)."""
-        with self.master.lock:
-            cmd = health_change(self.master.state.nodes.get(node_id), unhealthy, message, drain, time.time(),
-                                self.term)
-        if cmd is None or node_id in self._proposed_health:
-            return
-        self._proposed_health.add(node_id)
-        self._tasks = [t for t in self._tasks if not t.done()]
-
-        async def record() -> None:
-            try:
-                result = await self.propose(cmd)
-                if result is not None and result.ok:
-                    log.info("node health recorded node=%s healthy=%s message=%s", node_id, cmd.healthy, cmd.message)
-            finally:
-                self._proposed_health.discard(node_id)
-
-        self._tasks.append(asyncio.create_task(record()))
+            status = node.status.value if node is not None else ""
+        if out:
+            self._spawn(self.carry_out(out))
+        return status

@@ -109,8 +109,8 @@ class StateCollector(Collector):
                      "gang that could start now", max((n for (_, st), n in by_rack.items() if st == "free"), default=0))
         reasons = GaugeMetricFamily("synapse_jobs_pending_reason", "pending jobs by why they wait (leader only)",
                                     labels=["reason"])
-        loops = self.m.leader_loops
-        waiting = dict(loops.waiting) if loops is not None else {}
+        view = self.m.leader_view()
+        waiting = view.waiting() if view is not None else {}
         for code in PENDING_REASONS:
             reasons.add_metric([code], sum(1 for w in waiting.values() if w.code == code))
         yield reasons

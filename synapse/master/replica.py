@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from synapse.core import commands as c
+from synapse.core.leader_state import HealthReport, LeaderView
 from synapse.master.config import ClusterConfig
 from synapse.master.durability import free_bytes
-from synapse.master.heartbeat import HeartbeatTracker
 from synapse.master.raft import ProposeError, RaftNode
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,17 @@ WATCHDOG_S = 0.5
 
 
 class LeaderWork(Protocol):
-    """What the replica needs of the leader loops it starts (see `synapse.master.leader`)."""
+    """What the replica, the endpoints, metrics and the dashboard may use of the leader loops it
+    starts (see `synapse.master.leader`)."""
 
     term: int
     ready: asyncio.Event
+    view: LeaderView  #: the leader's decisions, read-only
 
     def stop(self) -> None: ...
+
+    def heard(self, node_id: str, health: HealthReport | None = None) -> str:
+        """A node was heard from; its status in the state ('' if unknown)."""
 
 
 class Master:
@@ -54,7 +59,6 @@ class Master:
         self.config = config
         self.replica = config.replica(replica_id)
         self.raft = raft
-        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout)  #: leader only; reset on election
         self.loop: asyncio.AbstractEventLoop | None = None
         self.leader_loops: LeaderWork | None = None  #: the leader loops while this replica leads
         self._node_events: dict[str, asyncio.Event] = {}  #: node id -> set when its assignments may change
@@ -124,6 +128,11 @@ class Master:
             return known
         with self.lock:
             return next((api for raft, api in self.state.replicas.values() if raft == raft_address), "")
+
+    def leader_view(self) -> LeaderView | None:
+        """The leader's decisions (why gangs wait, its reservation) while this replica leads."""
+        loops = self.leader_loops
+        return loops.view if loops is not None else None
 
     def ready_leader_term(self) -> int:
         """The term this replica leads in with its loops ready, or 0."""

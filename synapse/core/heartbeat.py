@@ -1,4 +1,4 @@
-"""Heartbeat expiry, held in the leader's memory: heartbeats are not Raft writes.
+"""Heartbeat expiry, held in the leader's memory (synapse.core.leader_state): heartbeats are not Raft writes.
 
 Only transitions are proposed (a node silent for longer than the timeout goes DOWN). A new
 leader knows nothing of the old one's clock, so it gives every node a full grace period first.
@@ -52,8 +52,8 @@ class HeartbeatTracker:
         self._last.pop(node_id, None)
 
 
-def health_change(node: Node | None, unhealthy: bool, message: str, drain: bool, at: float,
-                  term: int) -> c.SetNodeHealth | None:
+def health_change(node: Node | None, unhealthy: bool, message: str, drain: bool,
+                  at: float) -> c.SetNodeHealth | None:
     """The command a heartbeat's health report calls for, or None when the state already says so.
 
     A failing report for a node the state holds healthy (or with another message) records the
@@ -64,7 +64,7 @@ def health_change(node: Node | None, unhealthy: bool, message: str, drain: bool,
         return None
     message = (message or "health check failed")[:MAX_HEALTH_MESSAGE] if unhealthy else ""
     if unhealthy and (node.health != message or (node.schedulable and not node.health_cordon)):
-        return c.SetNodeHealth(at=at, term=term, node_id=node.id, healthy=False, message=message, drain=drain)
+        return c.SetNodeHealth(at=at, node_id=node.id, healthy=False, message=message, drain=drain)
     if not unhealthy and (node.health or node.health_cordon):
-        return c.SetNodeHealth(at=at, term=term, node_id=node.id, healthy=True)
+        return c.SetNodeHealth(at=at, node_id=node.id, healthy=True)
     return None

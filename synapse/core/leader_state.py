@@ -1,0 +1,359 @@
+"""The leader's decisions, in one pure state machine: stimuli in, commands to propose out.
+
+dask's `WorkerState` is the model. `LeaderState.handle(state, *stimuli)` is the only way in: it reads
+the replicated `ClusterState` (never changes it) and its own memory, and returns instructions —
+commands to propose and requests for another round. Whoever drives it carries them out: on a real
+cluster `synapse.master.leader` proposes them through Raft (stamping its term) and feeds each
+outcome back as a `Proposed` stimulus; `synapse.core.sim` applies them to its state on a simulated
+clock and does the same. No clock, no lock, no I/O here: the driver passes the time in every
+stimulus and holds whatever lock guards the state while `handle` runs.
+
+What it decides:
+
+* **A scheduling round** (`RoundDue`): the queue policy's plans become CommitPlan commands; the
+  reservations and the memo of the round carry over to the next. A round that places nothing may
+  plan one preemption (`Preempt`) for the first waiting gang of an admin-defined queue, in queue
+  order, that a rule allows (at most PREEMPT_TRIES tried; a gang found to have no plan is not
+  planned again until the state changes otherwise than by submissions), and records why gangs wait
+  (`PendingReasons`, for those whose reason changed).
+* **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
+  the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
+  a running attempt past its time limit fails for good; finished jobs past their retention are
+  forgotten.
+* **Heartbeats** (`Heartbeat`): a node the state holds DOWN comes back up, and a health report that
+  differs from the state is recorded; one proposal at a time per node for each.
+
+Readers (the API, metrics, the dashboard) see it only through `LeaderView`. They may run on other
+threads, so every attribute a view reads is replaced whole, never changed in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from synapse.core import commands as c
+from synapse.core import preemption
+from synapse.core.fsm import ClusterState
+from synapse.core.heartbeat import HeartbeatTracker, health_change
+from synapse.core.model import JobStatus, NodeStatus
+from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
+
+log = logging.getLogger(__name__)
+
+#: Pending reasons recorded per round, at most (about 100 bytes each in the log entry).
+PENDING_BATCH = 1000
+#: Waiting gangs a round may try to plan a preemption for.
+PREEMPT_TRIES = 20
+#: Gangs remembered to have no preemption plan, at most (the memo is cleared beyond it).
+NO_PLAN_MEMO = 10_000
+#: How often finished jobs past their retention are forgotten, and how many per command.
+RETENTION_SWEEP_S = 10.0
+FORGET_CHUNK = 500
+
+#: A queue policy: (state, now, previous reservations, memo) -> the round's plans, as schedule_round.
+QueuePolicy = Callable[[ClusterState, float, "Reservation | tuple[Reservation, ...] | None", "RoundMemo | None"],
+                       RoundResult]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderConfig:
+    """What a leader is told once, for its whole term."""
+
+    heartbeat_timeout: float = 10.0  #: a READY node silent this long goes DOWN
+    job_retention: float = 3600.0  #: finished jobs are forgotten this long after they end; 0 keeps them
+    preempt: bool = True  #: plan preemptions (only for jobs of admin-defined queues)
+    policy: QueuePolicy = schedule_round  #: the queue policy (the simulator runs baselines through it)
+
+
+# ---- stimuli --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The leader's barrier committed: the state holds everything earlier leaders committed."""
+
+    at: float  #: wall clock
+    mono: float  #: monotonic clock (heartbeat silence is counted on it)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundDue:
+    """Time for a scheduling round; `full` looks at every pending job, else the memo may skip
+    the ones the last round saw (the periodic round is full: time moves backfill windows)."""
+
+    at: float
+    full: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorDue:
+    """Time to look for silent nodes, attempts past their time limit and expired jobs."""
+
+    at: float
+    mono: float
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """A worker's health check result, as its heartbeat carries it."""
+
+    unhealthy: bool
+    message: str = ""
+    drain: bool = False  #: a failing check drains the node (stops its gangs), not just cordons it
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A node was heard from (a heartbeat, or its registration, which carries no health)."""
+
+    node_id: str
+    at: float
+    mono: float
+    health: HealthReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Proposed:
+    """The outcome of a `Propose`: `ok` when its command committed and applied without rejection."""
+
+    proposal: Propose
+    ok: bool
+    value: str = ""  #: the command's result value (e.g. how many jobs a ForgetJobs forgot)
+
+
+Stimulus = Started | RoundDue | MonitorDue | Heartbeat | Proposed
+
+
+# ---- instructions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Propose:
+    """Propose this command (the driver stamps its term) and report the outcome with `Proposed`."""
+
+    cmd: c.Command
+
+
+@dataclass(frozen=True, slots=True)
+class Reschedule:
+    """Run another scheduling round soon: the state may have moved under the last one."""
+
+    why: str
+
+
+Instruction = Propose | Reschedule
+
+
+class LeaderView(Protocol):
+    """What the API, metrics and the dashboard may read of the leader: read-only, whole values."""
+
+    def wait_reason(self, job_id: str) -> WaitReason | None:
+        """Why a pending job waited in the last round, or None."""
+
+    def head_reservation(self) -> Reservation | None:
+        """The head blocked gang's reservation, from the last round."""
+
+    def waiting(self) -> dict[str, WaitReason]:
+        """Every pending job's wait reason from the last round (do not change it)."""
+
+
+class LeaderState:
+    """One leadership term's memory and decisions. Mutated only through `handle`."""
+
+    def __init__(self, config: LeaderConfig = LeaderConfig()) -> None:
+        self.config = config  #: fixed for the term
+        #: last heartbeat per node (monotonic); handle only
+        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout)
+        self.last_round: RoundResult | None = None  #: the last round's result; handle only, replaced whole
+        #: the reservations handed to the next round (every blocked gang's, or the head's alone for a
+        #: policy that keeps one); handle only
+        self.previous: Reservation | tuple[Reservation, ...] | None = None
+        self.memo: RoundMemo | None = None  #: lets a round after submissions alone skip the jobs seen; handle only
+        #: why each pending job waits, from the last round (with any preemption verdict); handle only,
+        #: replaced whole (readers may be on other threads)
+        self._waiting: dict[str, WaitReason] = {}
+        #: (job, attempt, state.other_changes) found to have no preemption plan, and why; handle only
+        self.no_plan: dict[tuple[str, int, int], str] = {}
+        self.proposed_up: set[str] = set()  #: nodes a NodeUp is on its way for; handle only
+        self.proposed_health: set[str] = set()  #: nodes a SetNodeHealth is on its way for; handle only
+        self.last_sweep = -math.inf  #: monotonic time of the last retention sweep; handle only
+        self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
+            Started: self._started, RoundDue: self._round, MonitorDue: self._monitor,
+            Heartbeat: self._heartbeat, Proposed: self._proposed,
+        }
+
+    def handle(self, state: ClusterState, *stimuli: Stimulus) -> list[Instruction]:
+        """Take the stimuli in order; the instructions they call for, in order."""
+        out: list[Instruction] = []
+        for stimulus in stimuli:
+            out += self._handlers[type(stimulus)](state, stimulus)
+        return out
+
+    # ---- the view ----------------------------------------------------------------------------------
+
+    def wait_reason(self, job_id: str) -> WaitReason | None:
+        return self._waiting.get(job_id)
+
+    def head_reservation(self) -> Reservation | None:
+        return self.last_round.reservation if self.last_round is not None else None
+
+    def waiting(self) -> dict[str, WaitReason]:
+        return self._waiting
+
+    # ---- stimuli -----------------------------------------------------------------------------------
+
+    def _started(self, state: ClusterState, s: Started) -> list[Instruction]:
+        self.heartbeats.grace(state.nodes, s.mono)
+        return [Reschedule("leader ready")]
+
+    def _round(self, state: ClusterState, s: RoundDue) -> list[Instruction]:
+        result = self.config.policy(state, s.at, self.previous, None if s.full else self.memo)
+        self.last_round = result
+        self.previous = result.reservations or result.reservation
+        self.memo, self._waiting = result.memo, result.waiting
+        if result.plans:
+            return [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
+                    for p in result.plans]
+        out = self._preempt(state, s.at)
+        return out + self._pending_reasons(state, s.at, result.examined)
+
+    def _preempt(self, state: ClusterState, now: float) -> list[Instruction]:
+        """Plan one preemption for the first waiting gang, in queue order, that a rule allows.
+
+        Only jobs of queues an admin defined preempt (the implicit default queue never does, so a
+        cluster without queues schedules as before)."""
+        if not (self.config.preempt and state.queues):
+            return []
+        found, tried, verdicts = None, 0, {}
+        for job in state.pending_jobs():
+            if tried >= PREEMPT_TRIES:
+                break
+            if job.id not in self._waiting or job.id in state.holds:
+                continue
+            if state.queue_of(job) not in state.queues or preemption.max_block(state, job):
+                continue
+            key = (job.id, job.attempt, state.other_changes)
+            if key in self.no_plan:
+                continue
+            tried += 1
+            planned = preemption.plan(state, job, now)
+            if isinstance(planned, str):
+                self.no_plan[key] = verdicts[job.id] = planned
+                continue
+            found = planned.command
+            break
+        if len(self.no_plan) > NO_PLAN_MEMO:
+            self.no_plan.clear()
+        if verdicts:
+            waiting = dict(self._waiting)
+            for job_id, why in verdicts.items():
+                waiting[job_id] = dataclasses.replace(waiting[job_id],
+                                                      message=f"{waiting[job_id].message}; no preemption: {why}")
+            self._waiting = waiting
+        return [] if found is None else [Propose(found)]
+
+    def _pending_reasons(self, state: ClusterState, now: float, examined: Iterable[str]) -> list[Instruction]:
+        """Put into the log why gangs wait, for those whose reason changed since it was recorded
+        (at most PENDING_BATCH a round): `describe job` and the event stream then show it on any
+        replica, and the log grows with changes, not with rounds."""
+        entries = []
+        for job_id in examined:
+            reason, job = self._waiting.get(job_id), state.jobs.get(job_id)
+            if reason is not None and job is not None and job.status is JobStatus.PENDING \
+                    and job.pending_reason != reason.code:
+                entries.append(c.PendingReason(job_id, job.attempt, reason.code, reason.message))
+                if len(entries) == PENDING_BATCH:
+                    break
+        if not entries:
+            return []
+        out: list[Instruction] = [Propose(c.PendingReasons(at=now, entries=tuple(entries)))]
+        if len(entries) == PENDING_BATCH:  # more to record: the next round looks at every job again
+            self.memo = None
+            out.append(Reschedule("more pending reasons to record"))
+        return out
+
+    def _monitor(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
+        out: list[Instruction] = []
+        ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
+        for node_id, silent in self.heartbeats.expired(ready, s.mono):
+            log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
+            out.append(Propose(c.NodeDown(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
+        for job in state.jobs.values():
+            limit = job.spec.time_limit
+            if job.status is JobStatus.RUNNING and limit and s.at - job.started_at > limit:
+                log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job.id, job.attempt, limit)
+                out.append(Propose(c.FailAttempt(at=s.at, job_id=job.id, attempt=job.attempt,
+                                                 reason=f"time limit of {limit:.0f}s exceeded", final=True,
+                                                 cause="TimeLimit")))
+        return out + self._forget(state, s)
+
+    def _forget(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
+        """Forget finished jobs older than the retention period (Slurm's MinJobAge)."""
+        retention = self.config.job_retention
+        if not retention or s.mono - self.last_sweep < RETENTION_SWEEP_S:
+            return []
+        self.last_sweep = s.mono
+        expired = [j.id for j in state.jobs.values() if j.status.terminal and s.at - j.finished_at > retention]
+        return [Propose(c.ForgetJobs(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
+                for i in range(0, len(expired), FORGET_CHUNK)]
+
+    def _heartbeat(self, state: ClusterState, s: Heartbeat) -> list[Instruction]:
+        node = state.nodes.get(s.node_id)
+        if node is None:
+            return []
+        self.heartbeats.beat(s.node_id, s.mono)
+        out: list[Instruction] = []
+        if node.status is NodeStatus.DOWN and s.node_id not in self.proposed_up:
+            self.proposed_up.add(s.node_id)
+            out.append(Propose(c.NodeUp(at=s.at, node_id=s.node_id)))
+        if s.health is not None and s.node_id not in self.proposed_health:
+            cmd = health_change(node, s.health.unhealthy, s.health.message, s.health.drain, s.at)
+            if cmd is not None:
+                self.proposed_health.add(s.node_id)
+                out.append(Propose(cmd))
+        return out
+
+    def _proposed(self, state: ClusterState, s: Proposed) -> list[Instruction]:
+        cmd = s.proposal.cmd
+        if isinstance(cmd, c.NodeUp):
+            self.proposed_up.discard(cmd.node_id)
+        elif isinstance(cmd, c.SetNodeHealth):
+            self.proposed_health.discard(cmd.node_id)
+            if s.ok:
+                log.info("node health recorded node=%s healthy=%s message=%s", cmd.node_id, cmd.healthy, cmd.message)
+        elif isinstance(cmd, c.CommitPlan):
+            if s.ok:
+                log.info("gang committed job=%s attempt=%d tasks=%d nodes=%d", cmd.job_id, cmd.attempt,
+                         len(cmd.placements), len({p.node_id for p in cmd.placements}))
+            else:
+                return [Reschedule(f"plan of job {cmd.job_id} not committed")]
+        elif isinstance(cmd, c.Preempt):
+            if s.ok:
+                log.info("preemption committed job=%s rule=%s victims=%s nodes=%s", cmd.job_id, cmd.rule,
+                         ",".join(v.job_id for v in cmd.victims), ",".join(cmd.nodes))
+            return [Reschedule(f"preemption for job {cmd.job_id}")]
+        elif isinstance(cmd, c.ForgetJobs) and s.ok:
+            log.info("finished jobs forgotten count=%s retention_s=%.0f", s.value, self.config.job_retention)
+        return []
+
+    # ---- checks ------------------------------------------------------------------------------------
+
+    def validate(self, state: ClusterState) -> None:
+        """Raise AssertionError if the leader's memory contradicts itself or the state (tests call
+        it after every scenario)."""
+        if self.last_round is not None:
+            nodes = [r.nodes for r in self.last_round.reservations]
+            assert all(not (a & b) for i, a in enumerate(nodes) for b in nodes[i + 1:]), "reservations overlap"
+            head = self.last_round.reservation
+            assert head is None or head == self.last_round.reservations[0] or not self.last_round.reservations, \
+                "the head reservation is not the first"
+        assert set(self._waiting).isdisjoint(p.job_id for p in (self.last_round.plans if self.last_round else ())), \
+            "a job both planned and waiting"
+        assert self.proposed_up <= set(state.nodes), "a NodeUp in flight for an unknown node"
+        assert self.proposed_health <= set(state.nodes), "a SetNodeHealth in flight for an unknown node"
+        assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"

@@ -1,0 +1,282 @@
+"""The leader's brain without sockets or threads: stimuli in, the exact commands out.
+
+Each test drives a bare `LeaderState` over a `ClusterState` it builds with commands, the way the
+leader's driver and the simulator do, and a fixture checks the brain's own invariants afterwards.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from synapse.core import commands as c
+from synapse.core import leader_state as ls
+from synapse.core.fsm import ClusterState
+from synapse.core.leader_state import (
+    HealthReport,
+    Heartbeat,
+    LeaderConfig,
+    LeaderState,
+    MonitorDue,
+    Propose,
+    Proposed,
+    Reschedule,
+    RoundDue,
+    Started,
+)
+from synapse.core.model import JobStatus, NodeStatus, Placement, Queue, Resources
+from tests.helpers import checked, cluster, spec
+
+N0, N1 = "r0-n0", "r0-n1"
+
+
+class Driver:
+    """What synapse.master.leader does, with the clock in the test's hands: apply what the brain
+    proposes to the state (as Raft would) and feed back the outcome."""
+
+    def __init__(self, state: ClusterState, **config) -> None:
+        self.state = state
+        self.brain = LeaderState(LeaderConfig(**config))
+
+    def handle(self, *stimuli) -> list:
+        return self.brain.handle(self.state, *stimuli)
+
+    def commit(self, instructions: list) -> list:
+        """Apply every proposal, feed back the outcomes; what those call for."""
+        outcomes = []
+        for i in instructions:
+            if isinstance(i, Propose):
+                result = self.state.apply(i.cmd)
+                outcomes.append(Proposed(i, result.ok, result.value))
+        return self.handle(*outcomes)
+
+
+@pytest.fixture
+def make():
+    drivers: list[Driver] = []
+
+    def factory(state: ClusterState | None = None, **config) -> Driver:
+        drivers.append(Driver(state if state is not None else cluster(racks=1, nodes_per_rack=2), **config))
+        return drivers[-1]
+
+    yield factory
+    for d in drivers:
+        d.brain.validate(d.state)
+
+
+def cmds(instructions: list) -> list[c.Command]:
+    return [i.cmd for i in instructions if isinstance(i, Propose)]
+
+
+def submit(state: ClusterState, job_id: str, at: float = 0.0, **kw) -> None:
+    checked(state, c.SubmitJob(at=at, job_id=job_id, request_id=job_id, spec=spec(name=job_id, **kw)))
+
+
+def start(state: ClusterState, job_id: str, nodes: list[str], at: float) -> None:
+    checked(state, c.CommitPlan(at=at, job_id=job_id, attempt=1, placements=tuple(
+        Placement(i, n, tuple(range(8)), i) for i, n in enumerate(nodes))))
+    for i, n in enumerate(nodes):
+        checked(state, c.TaskStarted(at=at, job_id=job_id, attempt=1, index=i, node_id=n))
+
+
+# ---- heartbeats ----------------------------------------------------------------------------------
+
+
+def test_a_new_leader_gives_every_node_a_full_timeout_then_declares_the_silent_one_down(make):
+    d = make(heartbeat_timeout=10)
+    assert d.handle(Started(at=100, mono=1000)) == [Reschedule("leader ready")]
+    assert d.handle(Heartbeat(N1, at=105, mono=1005)) == []
+    assert cmds(d.handle(MonitorDue(at=110, mono=1010))) == []  # exactly the timeout: not yet
+    assert cmds(d.handle(MonitorDue(at=111, mono=1011))) == [
+        c.NodeDown(at=111, node_id=N0, reason="no heartbeat for 11.0s")]
+
+
+def test_a_node_never_heard_of_starts_its_grace_when_first_seen(make):
+    d = make(heartbeat_timeout=10)
+    d.handle(Started(at=0, mono=0))
+    for cmd in cmds(d.handle(MonitorDue(at=0, mono=0))):
+        checked(d.state, cmd)
+    checked(d.state, c.RegisterNode(at=50, node_id="late", address="late:1", topology=("z0", "b0", "r0"),
+                                    capacity=Resources(1000, 1 << 30, 0)))
+    d.handle(Heartbeat(N0, at=50, mono=50), Heartbeat(N1, at=50, mono=50))
+    assert cmds(d.handle(MonitorDue(at=55, mono=55))) == []  # "late" starts its count at 55
+    d.handle(Heartbeat(N0, at=60, mono=60), Heartbeat(N1, at=60, mono=60))
+    assert [x.node_id for x in cmds(d.handle(MonitorDue(at=66, mono=66)))] == ["late"]
+
+
+def test_a_down_node_heard_again_comes_up_once_per_proposal(make):
+    d = make()
+    checked(d.state, c.NodeDown(at=1, node_id=N0, reason="test"))
+    first = d.handle(Heartbeat(N0, at=2, mono=2))
+    assert cmds(first) == [c.NodeUp(at=2, node_id=N0)]
+    assert d.handle(Heartbeat(N0, at=3, mono=3)) == []  # one on its way already
+    assert d.handle(Proposed(first[0], ok=False)) == []  # lost: the next heartbeat tries again
+    retry = d.handle(Heartbeat(N0, at=4, mono=4))
+    assert cmds(retry) == [c.NodeUp(at=4, node_id=N0)]
+    assert d.commit(retry) == []
+    assert d.state.nodes[N0].status is NodeStatus.READY
+    assert d.handle(Heartbeat(N0, at=5, mono=5)) == []
+
+
+def test_an_unknown_node_is_ignored(make):
+    d = make()
+    assert d.handle(Heartbeat("nobody", at=1, mono=1, health=HealthReport(True, "bad"))) == []
+
+
+def test_a_health_report_is_recorded_once_and_lifted_when_it_passes(make):
+    d = make()
+    bad = HealthReport(unhealthy=True, message="gpu 3 fell off the bus", drain=True)
+    first = d.handle(Heartbeat(N0, at=1, mono=1, health=bad))
+    assert cmds(first) == [c.SetNodeHealth(at=1, node_id=N0, healthy=False, message="gpu 3 fell off the bus",
+                                           drain=True)]
+    assert d.handle(Heartbeat(N0, at=2, mono=2, health=bad)) == []  # in flight
+    assert d.commit(first) == []
+    assert d.handle(Heartbeat(N0, at=3, mono=3, health=bad)) == []  # the state says so already
+    lifted = d.handle(Heartbeat(N0, at=4, mono=4, health=HealthReport(unhealthy=False)))
+    assert cmds(lifted) == [c.SetNodeHealth(at=4, node_id=N0, healthy=True)]
+
+
+# ---- rounds --------------------------------------------------------------------------------------
+
+
+def test_a_gang_that_fits_is_committed_whole(make):
+    d = make()
+    submit(d.state, "a", tasks=2, gpu=8)
+    out = d.handle(RoundDue(at=10))
+    assert cmds(out) == [c.CommitPlan(at=10, job_id="a", attempt=1, placements=(
+        Placement(0, N0, tuple(range(8)), 0), Placement(1, N1, tuple(range(8)), 1)))]
+    assert d.commit(out) == []
+    assert d.state.jobs["a"].status is JobStatus.SCHEDULED
+
+
+def test_a_plan_that_does_not_commit_asks_for_another_round(make):
+    d = make()
+    submit(d.state, "a", gpu=8)
+    (plan,) = d.handle(RoundDue(at=10))
+    assert d.handle(Proposed(plan, ok=False)) == [Reschedule("plan of job a not committed")]
+
+
+def test_why_a_gang_waits_is_recorded_when_it_changes_and_not_again(make):
+    d = make()
+    submit(d.state, "big", tasks=3, gpu=8)  # two nodes: can never fit
+    out = d.handle(RoundDue(at=10))
+    (pending,) = cmds(out)
+    assert isinstance(pending, c.PendingReasons)
+    assert [(e.job_id, e.attempt, e.code) for e in pending.entries] == [("big", 1, "Unschedulable")]
+    assert d.brain.wait_reason("big").code == "Unschedulable"
+    d.commit(out)
+    assert cmds(d.handle(RoundDue(at=11))) == []  # the same reason: nothing new to record
+
+
+def test_a_full_batch_of_reasons_asks_for_another_full_round(make, monkeypatch):
+    monkeypatch.setattr(ls, "PENDING_BATCH", 2)
+    d = make()
+    for j in ("a", "b", "c"):
+        submit(d.state, j, tasks=3, gpu=8)
+    out = d.handle(RoundDue(at=10))
+    assert [len(x.entries) for x in cmds(out)] == [2]
+    assert out[-1] == Reschedule("more pending reasons to record") and d.brain.memo is None
+    d.commit(out)
+    assert [[e.job_id for e in x.entries] for x in cmds(d.handle(RoundDue(at=11, full=False)))] == [["c"]]
+
+
+def test_reservations_carry_from_round_to_round(make):
+    d = make(state=cluster(racks=1, nodes_per_rack=2))
+    submit(d.state, "long", gpu=8, time_limit=100)
+    d.commit(d.handle(RoundDue(at=5)))
+    checked(d.state, c.TaskStarted(at=5, job_id="long", attempt=1, index=0,
+                                   node_id=d.state.jobs["long"].tasks[0].node_id))
+    submit(d.state, "big", tasks=2, gpu=8, at=6)
+    d.commit(d.handle(RoundDue(at=6)))
+    head = d.brain.head_reservation()
+    assert head is not None and head.job_id == "big" and head.starts_at == 105
+    d.handle(RoundDue(at=7))
+    assert d.brain.head_reservation().nodes == head.nodes
+
+
+# ---- time limits and retention -------------------------------------------------------------------
+
+
+def test_an_attempt_past_its_time_limit_fails_for_good(make):
+    d = make()
+    submit(d.state, "a", gpu=8, time_limit=60)
+    start(d.state, "a", [N0], at=100)
+    assert cmds(d.handle(MonitorDue(at=160, mono=0))) == []
+    assert cmds(d.handle(MonitorDue(at=161, mono=1))) == [c.FailAttempt(
+        at=161, job_id="a", attempt=1, reason="time limit of 60s exceeded", final=True, cause="TimeLimit")]
+
+
+def test_finished_jobs_are_forgotten_after_their_retention_in_chunks(make, monkeypatch):
+    monkeypatch.setattr(ls, "FORGET_CHUNK", 2)
+    d = make(job_retention=100)
+    for j in ("a", "b", "c"):
+        submit(d.state, j, gpu=8)
+        checked(d.state, c.CancelJob(at=10, job_id=j))
+    assert cmds(d.handle(MonitorDue(at=110, mono=0))) == []  # not past it yet
+    assert cmds(d.handle(MonitorDue(at=200, mono=5))) == []  # the next sweep is 10 s after the last
+    out = d.handle(MonitorDue(at=200, mono=10))
+    assert cmds(out) == [c.ForgetJobs(at=200, job_ids=("a", "b")), c.ForgetJobs(at=200, job_ids=("c",))]
+    d.commit(out)
+    assert d.state.jobs == {}
+
+
+def test_retention_zero_keeps_every_job(make):
+    d = make(job_retention=0)
+    submit(d.state, "a", gpu=8)
+    checked(d.state, c.CancelJob(at=0, job_id="a"))
+    assert cmds(d.handle(MonitorDue(at=1e9, mono=1e9))) == []
+
+
+# ---- preemption ----------------------------------------------------------------------------------
+
+
+def queued(queues: list[Queue]) -> ClusterState:
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.ApplyQueues(at=0, queues=tuple(queues)))
+    return state
+
+
+def test_a_round_that_places_nothing_plans_one_preemption(make):
+    gpu = Resources(0, 0, 16)
+    d = make(state=queued([Queue("a", guaranteed=gpu), Queue("b")]))
+    submit(d.state, "b1", gpu=8, queue="b")
+    start(d.state, "b1", [N0], at=0)
+    submit(d.state, "b2", gpu=8, queue="b", at=1)
+    start(d.state, "b2", [N1], at=1)
+    submit(d.state, "a1", tasks=2, gpu=8, queue="a", at=5000)
+    out = d.handle(RoundDue(at=5000))
+    (preempt, pending) = cmds(out)
+    assert isinstance(preempt, c.Preempt) and preempt.job_id == "a1" and preempt.rule == "reclaim"
+    assert {v.job_id for v in preempt.victims} == {"b1", "b2"} and set(preempt.nodes) == {N0, N1}
+    assert [e.job_id for e in pending.entries] == ["a1"]
+    assert Reschedule("preemption for job a1") in d.commit(out)
+    assert set(d.state.holds) == {"a1"}
+
+
+def test_a_gang_with_no_preemption_plan_is_not_planned_again_until_the_state_changes(make, monkeypatch):
+    d = make(state=queued([Queue("a"), Queue("b")]))
+    submit(d.state, "b1", gpu=8, queue="b", priority=5)
+    start(d.state, "b1", [N0], at=0)
+    submit(d.state, "b2", gpu=8, queue="b", priority=5, at=1)
+    start(d.state, "b2", [N1], at=1)
+    submit(d.state, "a1", gpu=8, queue="a", at=5000)  # nothing to reclaim: a has no guarantee
+    calls = []
+    real = ls.preemption.plan
+    monkeypatch.setattr(ls.preemption, "plan", lambda *a: calls.append(a[1].id) or real(*a))
+    assert not any(isinstance(x, c.Preempt) for x in cmds(d.handle(RoundDue(at=5000))))
+    assert "no preemption" in d.brain.wait_reason("a1").message
+    d.handle(RoundDue(at=5001))
+    assert calls == ["a1"]
+    submit(d.state, "a2", gpu=8, queue="a", at=5002)  # a submission alone changes nothing
+    d.handle(RoundDue(at=5003))
+    assert calls == ["a1", "a2"]
+    checked(d.state, c.SetSchedulable(at=5004, node_id=N1, schedulable=True))  # any other change does
+    d.handle(RoundDue(at=5005))
+    assert calls == ["a1", "a2", "a1", "a2"]
+
+
+def test_without_queues_or_with_preemption_off_nothing_is_preempted(make):
+    d = make(state=queued([Queue("a", guaranteed=Resources(0, 0, 16)), Queue("b")]), preempt=False)
+    submit(d.state, "b1", tasks=2, gpu=8, queue="b")
+    start(d.state, "b1", [N0, N1], at=0)
+    submit(d.state, "a1", tasks=2, gpu=8, queue="a", at=5000)
+    assert not any(isinstance(x, c.Preempt) for x in cmds(d.handle(RoundDue(at=5000))))
