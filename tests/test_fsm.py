@@ -237,8 +237,25 @@ def test_stale_leader_term_is_fenced():
     checked(state, c.NodeUp(at=1, term=5, node_id="r0-n0"))
     result = state.apply(c.CommitPlan(at=2, term=4, job_id="j1", attempt=1,
                                       placements=tuple(whole_nodes("r0-n0"))))
-    assert not result.ok and "stale leader" in result.error
+    assert not result.ok and "stale leader" in result.error and result.code is c.Rejection.STALE
     assert state.jobs["j1"].status is JobStatus.PENDING
+
+
+@pytest.mark.parametrize("cmd, code", [
+    (c.CancelJob(at=1, job_id="nope"), c.Rejection.NOT_FOUND),
+    (c.SetSchedulable(at=1, node_id="nope", schedulable=False), c.Rejection.NOT_FOUND),
+    (c.TaskStarted(at=1, job_id="nope", attempt=1, index=0, node_id="r0-n0"), c.Rejection.NOT_FOUND),
+    (c.TaskStarted(at=1, job_id="j1", attempt=1, index=7, node_id="r0-n0"), c.Rejection.NOT_FOUND),
+    (c.TaskStarted(at=1, job_id="j1", attempt=2, index=0, node_id="r0-n0"), c.Rejection.REFUSED),
+    (c.RemoveUser(at=1, name="nope"), c.Rejection.NOT_FOUND),
+    (c.DeleteQueue(at=1, name="nope"), c.Rejection.NOT_FOUND),
+])
+def test_rejections_carry_a_code_that_code_can_act_on(cmd, code):
+    state = cluster()
+    submit(state, tasks=1)
+    checked(state, c.CommitPlan(at=1, job_id="j1", attempt=1, placements=tuple(whole_nodes("r0-n0"))))
+    result = state.apply(cmd)
+    assert not result.ok and result.code is code, result
 
 
 def test_garbage_bytes_are_rejected_not_raised():

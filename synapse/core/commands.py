@@ -7,6 +7,7 @@ and the command. `codec.py` turns them into the versioned protobuf envelope that
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from synapse.core.model import JobSpec, Placement, Queue, Resources, Role
@@ -202,6 +203,14 @@ class PendingReasons(Command):
     entries: tuple[PendingReason, ...]
 
 
+class Rejection(enum.StrEnum):
+    """Why a command was rejected, for code that acts on it (the error text is for people)."""
+
+    REFUSED = "Refused"  #: the state or the command's own content does not allow it
+    NOT_FOUND = "NotFound"  #: it names a job, node, user or queue the state does not hold
+    STALE = "Stale"  #: it comes from a leader's term that a newer leader has overtaken
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """What applying a command did: `ok`, or a rejection with the reason. Nothing changed if not ok."""
@@ -209,7 +218,12 @@ class Result:
     ok: bool
     error: str = ""
     value: str = ""  #: e.g. the job id of a submission
+    code: Rejection | None = None  #: set on every rejection
 
     @classmethod
-    def rejected(cls, error: str) -> Result:
-        return cls(False, error)
+    def rejected(cls, error: str, code: Rejection = Rejection.REFUSED) -> Result:
+        return cls(False, error, code=code)
+
+    @classmethod
+    def not_found(cls, error: str) -> Result:
+        return cls(False, error, code=Rejection.NOT_FOUND)

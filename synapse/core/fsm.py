@@ -153,7 +153,7 @@ class ClusterState:
             if cmd.term:
                 if cmd.term < self.max_term:
                     return Result.rejected(f"stale leader: command from term {cmd.term}, "
-                                           f"term {self.max_term} already seen")
+                                           f"term {self.max_term} already seen", c.Rejection.STALE)
                 self.max_term = cmd.term
             handler = self._handlers.get(type(cmd))
             if handler is None:
@@ -211,7 +211,7 @@ class ClusterState:
             self._release_hold(holder)  # the plan lapses; the preemptor is planned afresh
         node = self.nodes.get(cmd.node_id)
         if node is None:
-            return Result.rejected(f"unknown node {cmd.node_id}")
+            return Result.not_found(f"unknown node {cmd.node_id}")
         if node.status is NodeStatus.DOWN:
             return Result(True, value="already down")
         node.status, node.status_changed_at = NodeStatus.DOWN, cmd.at
@@ -231,7 +231,7 @@ class ClusterState:
     def _node_up(self, cmd: c.NodeUp) -> Result:
         node = self.nodes.get(cmd.node_id)
         if node is None:
-            return Result.rejected(f"unknown node {cmd.node_id}")
+            return Result.not_found(f"unknown node {cmd.node_id}")
         if node.status is NodeStatus.READY:
             return Result(True, value="already ready")
         node.status, node.status_changed_at = NodeStatus.READY, cmd.at
@@ -244,7 +244,7 @@ class ClusterState:
         check passing again never lifts it."""
         node = self.nodes.get(cmd.node_id)
         if node is None:
-            return Result.rejected(f"unknown node {cmd.node_id}")
+            return Result.not_found(f"unknown node {cmd.node_id}")
         reason = "" if cmd.schedulable else (cmd.reason or "cordoned") + (f" (by {cmd.by})" if cmd.by else "")
         if node.schedulable != cmd.schedulable or node.health_cordon:
             self.emit(cmd.at, "Normal", "node", "NodeUncordoned" if cmd.schedulable else "NodeCordoned", node.id,
@@ -258,7 +258,7 @@ class ClusterState:
         its health check was what cordoned it."""
         node = self.nodes.get(cmd.node_id)
         if node is None:
-            return Result.rejected(f"unknown node {cmd.node_id}")
+            return Result.not_found(f"unknown node {cmd.node_id}")
         if cmd.healthy:
             if not node.health and not node.health_cordon:
                 return Result(True, value="already healthy")
@@ -346,7 +346,7 @@ class ClusterState:
     def _commit_plan(self, cmd: c.CommitPlan) -> Result:
         job = self.jobs.get(cmd.job_id)
         if job is None:
-            return Result.rejected(f"unknown job {cmd.job_id}")
+            return Result.not_found(f"unknown job {cmd.job_id}")
         problem = self._plan_problem(job, cmd)
         if problem:
             return Result.rejected(f"plan for job {job.id} attempt {cmd.attempt} rejected: {problem}")
@@ -429,9 +429,9 @@ class ClusterState:
         return ""
 
     def _task_started(self, cmd: c.TaskStarted) -> Result:
-        job, task, problem = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
-        if problem:
-            return Result.rejected(problem)
+        job, task, rejection = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+        if rejection is not None:
+            return rejection
         if task.state is not TaskState.ASSIGNED:
             return Result(True, value=f"task already {task.state.value}")
         task.state, task.started_at = TaskState.RUNNING, cmd.at
@@ -444,9 +444,9 @@ class ClusterState:
         return Result(True)
 
     def _task_exited(self, cmd: c.TaskExited) -> Result:
-        job, task, problem = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
-        if problem:
-            return Result.rejected(problem)
+        job, task, rejection = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+        if rejection is not None:
+            return rejection
         if not task.state.live:
             return Result(True, value=f"task already {task.state.value}")
         if not task.started_at:
@@ -467,7 +467,7 @@ class ClusterState:
     def _cancel_job(self, cmd: c.CancelJob) -> Result:
         job = self.jobs.get(cmd.job_id)
         if job is None:
-            return Result.rejected(f"unknown job {cmd.job_id}")
+            return Result.not_found(f"unknown job {cmd.job_id}")
         if job.status.terminal:
             return Result(True, value=f"already {job.status.value}")
         reason = "cancelled" + (f" by {cmd.by}" if cmd.by else "") + (f": {cmd.reason}" if cmd.reason else "")
@@ -483,7 +483,7 @@ class ClusterState:
     def _fail_attempt(self, cmd: c.FailAttempt) -> Result:
         job = self.jobs.get(cmd.job_id)
         if job is None:
-            return Result.rejected(f"unknown job {cmd.job_id}")
+            return Result.not_found(f"unknown job {cmd.job_id}")
         if cmd.attempt != job.attempt or job.status.terminal:
             return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, "
                                    f"not at attempt {cmd.attempt}")
@@ -531,7 +531,7 @@ class ClusterState:
     def _set_user_token(self, cmd: c.SetUserToken) -> Result:
         user = self.users.get(cmd.name)
         if user is None:
-            return Result.rejected(f"unknown user {cmd.name}")
+            return Result.not_found(f"unknown user {cmd.name}")
         if not cmd.token_hash or cmd.token_hash in self.user_by_token:
             return Result.rejected("token hash missing or already in use")
         del self.user_by_token[user.token_hash]
@@ -542,7 +542,7 @@ class ClusterState:
     def _remove_user(self, cmd: c.RemoveUser) -> Result:
         user = self.users.pop(cmd.name, None)
         if user is None:
-            return Result.rejected(f"unknown user {cmd.name}")
+            return Result.not_found(f"unknown user {cmd.name}")
         del self.user_by_token[user.token_hash]
         return Result(True, value=cmd.name)
 
@@ -626,7 +626,7 @@ class ClusterState:
 
     def _delete_queue(self, cmd: c.DeleteQueue) -> Result:
         if cmd.name not in self.queues:
-            return Result.rejected(f"unknown queue {cmd.name}")
+            return Result.not_found(f"unknown queue {cmd.name}")
         children = sorted(q.name for q in self.queues.values() if q.parent == cmd.name)
         if children:
             return Result.rejected(f"queue {cmd.name} has child queues: {', '.join(children)}")
@@ -641,19 +641,21 @@ class ClusterState:
         return job.spec.queue or DEFAULT_QUEUE
 
     def _find_task(self, job_id: str, attempt: int, index: int,
-                   node_id: str) -> tuple[Job, Task, str]:
+                   node_id: str) -> tuple[Job, Task, Result | None]:
+        """The job and task a worker's report names, or the rejection of the report."""
         job = self.jobs.get(job_id)
         if job is None:
-            return None, None, f"unknown job {job_id}"  # type: ignore[return-value]
+            return None, None, Result.not_found(f"unknown job {job_id}")  # type: ignore[return-value]
         if attempt != job.attempt or not job.tasks:
-            return job, None, (f"stale report: job {job_id} is at attempt {job.attempt} "  # type: ignore[return-value]
-                               f"({job.status.value}), report is for attempt {attempt}")
+            return job, None, Result.rejected(  # type: ignore[return-value]
+                f"stale report: job {job_id} is at attempt {job.attempt} ({job.status.value}), report is for "
+                f"attempt {attempt}")
         if not 0 <= index < len(job.tasks):
-            return job, None, f"job {job_id} has no task {index}"  # type: ignore[return-value]
+            return job, None, Result.not_found(f"job {job_id} has no task {index}")  # type: ignore[return-value]
         task = job.tasks[index]
         if task.node_id != node_id:
-            return job, task, f"task {index} of job {job_id} runs on {task.node_id}, not {node_id}"
-        return job, task, ""
+            return job, task, Result.rejected(f"task {index} of job {job_id} runs on {task.node_id}, not {node_id}")
+        return job, task, None
 
     def _end_task(self, task: Task, state: TaskState, exit_code: int | None, at: float, reason: str,
                   message: str) -> None:
@@ -687,7 +689,7 @@ class ClusterState:
             self._finish(job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
         elif job.cancel_requested:
             self._finish(job, JobStatus.CANCELLED, job.stop_reason, at)
-        elif job.stop_reason.startswith("preempted"):
+        elif job.stop_cause == EndReason.PREEMPTED:
             # Not a failure: the next attempt keeps the job's place in its queue (the queue key is
             # the original submission time) and uses up none of its restarts.
             job.preemptions += 1

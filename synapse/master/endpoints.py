@@ -196,7 +196,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def _ok_or_abort(self, result: c.Result, context: grpc.aio.ServicerContext,
                            code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> c.Result:
         if not result.ok:
-            if result.error.startswith("unknown job") or result.error.startswith("unknown node"):
+            if result.code is c.Rejection.NOT_FOUND:
                 code = grpc.StatusCode.NOT_FOUND
             await context.abort(code, result.error)
         return result

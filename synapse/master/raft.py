@@ -139,7 +139,7 @@ class ReplicatedState(SyncObjConsumer):
         self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
 
     @replicated
-    def apply(self, data: bytes) -> list[tuple[bool, str, str]]:
+    def apply(self, data: bytes) -> list[c.Result]:
         """The one replicated door: a sealed (checksummed), versioned, encoded command or batch."""
         try:
             payload = unseal(data)
@@ -148,7 +148,7 @@ class ReplicatedState(SyncObjConsumer):
             # replica diverge from the others. Stop applying; the master process stops serving.
             self.corruption = self.corruption or f"corrupt log entry: {exc}"
             log.critical("%s; this replica stops applying", self.corruption)
-            return [(False, self.corruption, "")]
+            return [c.Result.rejected(self.corruption)]
         with self.lock:
             applied = self.state.apply_entry(payload)
         listener = self.listener
@@ -157,7 +157,7 @@ class ReplicatedState(SyncObjConsumer):
                 listener(applied)
             except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
                 log.exception("apply listener failed")
-        return [(r.ok, r.error, r.value) for _, r in applied]
+        return [result for _, result in applied]
 
     def _serialize(self) -> dict:
         with self.lock:
@@ -574,14 +574,14 @@ class RaftNode:
     def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
         """Append a command and wait for its result on this replica; raises ProposeError."""
         try:
-            [(ok, error, value)] = self.replicated.apply(seal(codec.encode_command(cmd)), sync=True, timeout=timeout)
+            [result] = self.replicated.apply(seal(codec.encode_command(cmd)), sync=True, timeout=timeout)
         except SyncObjException as exc:
             code = exc.errorCode
             if code == "Timeout":
                 raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from exc
             name = _FAIL_NAMES.get(code, str(code))
             raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
-        return c.Result(ok, error, value)
+        return result
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
         """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""
@@ -613,8 +613,7 @@ class RaftNode:
         if err != FAIL_REASON.SUCCESS:
             raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
                                leader=self.leader())
-        ok, error, value = res
-        return c.Result(ok, error, value)
+        return res
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
