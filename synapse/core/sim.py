@@ -26,8 +26,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from synapse.core import admission, preemption
 from synapse.core import commands as c
-from synapse.core import preemption
 from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, schedule_round
@@ -144,7 +144,7 @@ class Simulator:
                 break
             if job.id not in waiting or job.id in state.holds:
                 continue
-            if state.queue_of(job) not in state.queues or preemption.max_block(state, job):
+            if state.queue_of(job) not in state.queues or admission.max_block(state, job):
                 continue
             key = (job.id, job.attempt, state.other_changes)
             if key in self._no_plan:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from synapse.core import commands as c
 from synapse.core import preemption
+from synapse.core.admission import max_block
 from synapse.core.model import JobStatus, NodeStatus
-from synapse.core.preemption import max_block
 from synapse.core.scheduler import Reservation, RoundMemo, WaitReason, schedule_round
 from synapse.master.heartbeat import health_change
 from synapse.master.raft import ProposeError
