@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from synapse.core import admission, preemption
 from synapse.core import commands as c
-from synapse.core import preemption
 from synapse.core.fsm import ClusterState
 from synapse.core.model import JobStatus, Placement, Queue, Resources
 from synapse.core.sim import uniform_cluster
@@ -162,7 +162,7 @@ def drive_round(state: ClusterState, now: float):
     if result.plans:
         return result.plans, None
     for job in state.pending_jobs():
-        if job.id in result.waiting and job.id not in state.holds and not preemption.max_block(state, job):
+        if job.id in result.waiting and job.id not in state.holds and not admission.max_block(state, job):
             found = preemption.plan(state, job, now)
             if not isinstance(found, str):
                 break

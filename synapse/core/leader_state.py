@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from synapse.core import admission, preemption
 from synapse.core import commands as c
-from synapse.core import preemption
 from synapse.core.fsm import ClusterState
 from synapse.core.heartbeat import HeartbeatTracker, health_change
 from synapse.core.model import JobStatus, NodeStatus
@@ -235,7 +235,7 @@ class LeaderState:
                 break
             if job.id not in self._waiting or job.id in state.holds:
                 continue
-            if state.queue_of(job) not in state.queues or preemption.max_block(state, job):
+            if state.queue_of(job) not in state.queues or admission.max_block(state, job):
                 continue
             key = (job.id, job.attempt, state.other_changes)
             if key in self.no_plan:

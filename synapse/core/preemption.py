@@ -1,4 +1,5 @@
-"""Queue limits and preemption planning. Pure: reads a state, returns a plan or why there is none.
+"""Preemption planning. Pure: reads a state, returns a plan or why there is none. The queue accounting
+it relies on (usage, guarantees, shares) is admission's (synapse.core.admission).
 
 Rules (a queue lists those its jobs may use; by default `reclaim`, `priority` and `backfill`):
 
@@ -28,13 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse.core import commands as c
+from synapse.core.admission import beyond_guarantee, pool_of, queue_of, share, usage_of
 from synapse.core.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
 from synapse.core.model import (
     DEFAULT_GRACE_S,
-    UNLIMITED,
     Job,
     JobStatus,
-    NodeStatus,
     Queue,
     Resources,
     topology_path,
@@ -43,82 +43,6 @@ from synapse.core.placement import pack_depth
 
 DEFAULT_RULES = ("reclaim", "priority", "backfill")
 _LIVE = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING})
-_DIMENSIONS = ("gpu", "cpu", "memory")
-
-
-def queue_of(state: ClusterState, job: Job) -> Queue:
-    name = state.queue_of(job)
-    return state.queues.get(name) or Queue(name)
-
-
-def usage_of(state: ClusterState, name: str) -> Resources:
-    return state.queue_usage.get(name, Resources())
-
-
-def _above(amount: Resources, limit: Resources) -> list[str]:
-    """Dimensions in which `amount` exceeds a limit (UNLIMITED dimensions never do)."""
-    return [d for d in _DIMENSIONS if getattr(limit, d) != UNLIMITED and getattr(amount, d) > getattr(limit, d)]
-
-
-def beyond_guarantee(amount: Resources, guaranteed: Resources) -> list[str]:
-    """Dimensions in which `amount` is more than guaranteed. Only the dimensions a queue declares
-    a guarantee in count; a queue with no guarantee at all borrows all it uses."""
-    declared = [d for d in _DIMENSIONS if getattr(guaranteed, d) > 0]
-    return [d for d in declared or _DIMENSIONS if getattr(amount, d) > getattr(guaranteed, d)]
-
-
-def pool_of(state: ClusterState) -> Resources:
-    """What the READY nodes hold in all: the pool that shares are fractions of."""
-    total = Resources()
-    for node in state.nodes.values():
-        if node.status is NodeStatus.READY:
-            total = total + node.capacity
-    return total
-
-
-def share(queue: Queue, usage: Resources, pool: Resources) -> float:
-    """Kueue's weighted dominant share: the largest fraction of the pool the queue uses beyond its
-    guarantee, over its weight."""
-    worst = 0.0
-    for d in _DIMENSIONS:
-        total = getattr(pool, d)
-        if total > 0:
-            worst = max(worst, max(0, getattr(usage, d) - getattr(queue.guaranteed, d)) / total)
-    return worst / queue.weight
-
-
-def admission_key(state: ClusterState, job: Job, pool: Resources) -> tuple:
-    """Order across queues: gangs that stay within their queue's guarantee first, then the lowest
-    share after admission; within a queue, priority then submission time (the job's queue key)."""
-    queue = queue_of(state, job)
-    after = usage_of(state, queue.name) + job.spec.total
-    return (bool(beyond_guarantee(after, queue.guaranteed)) if _declares(queue) else True,
-            share(queue, after, pool), job.queue_key())
-
-
-def _declares(queue: Queue) -> bool:
-    return any(getattr(queue.guaranteed, d) > 0 for d in _DIMENSIONS)
-
-
-def max_block(state: ClusterState, job: Job, extra: dict[str, Resources] | None = None) -> str:
-    """Why the job's queue (or its parent) may not take the job now, by its `max`; or ''.
-    `extra`: usage claimed earlier in the same scheduling round, by queue."""
-    extra = extra or {}
-    queue = queue_of(state, job)
-    need = job.spec.total
-    chain = [queue] + ([state.queues[queue.parent]] if queue.parent in state.queues else [])
-    for q in chain:
-        members = [q.name] + ([n for n, child in state.queues.items() if child.parent == q.name] if q is not queue
-                              else [])
-        used = Resources()
-        for name in members:
-            used = used + usage_of(state, name) + extra.get(name, Resources())
-        over = _above(used + need, q.max)
-        if over:
-            d = over[0]
-            return (f"queue {q.name} is at its max: {d} {getattr(used, d)} in use of {getattr(q.max, d)}, "
-                    f"the job needs {getattr(need, d)}")
-    return ""
 
 
 @dataclass(frozen=True, slots=True)

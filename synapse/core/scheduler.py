@@ -7,7 +7,7 @@ directly. Both pass back the reservation of the previous round.
 
 The policy, in queue order (priority, then submission time; once an admin has defined queues, gangs
 within their queue's guarantee first, then by the weighted dominant share of their queue once
-admitted, see synapse.core.preemption):
+admitted, see synapse.core.admission):
 
 * A gang that fits is planned at once, and its resources count as used for the rest of the round.
   A gang that does not fit holds nothing. "Fits" includes locality (delay scheduling, Zaharia et
@@ -36,10 +36,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from synapse.core.admission import admission_key, max_block, pool_of
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
 from synapse.core.placement import ClusterView, explain, pack_depth, place
-from synapse.core.preemption import admission_key, max_block, pool_of
 from synapse.core.topology import Domain
 
 

@@ -43,8 +43,9 @@ from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState, snapshot_digest
+from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_LEVELS
+from synapse.core.snapshot import snapshot_digest
 from synapse.master.config import RAFT_HEARTBEAT_S
 from synapse.master.durability import CorruptionError, DumpFailureWatch, SnapshotWriter, fsync_durable, seal, unseal
 

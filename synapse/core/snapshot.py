@@ -1,0 +1,204 @@
+"""Snapshots: a ClusterState as plain, JSON-able data and back. Pure.
+
+`encode` writes only what apply keeps (nodes, jobs with their tasks and events, users, queues, holds,
+replicas, cluster events and the counters); `decode` reads it back and rebuilds every derived index
+(capacity index, pending queue, live tasks, queue usage, held nodes, token and request lookups) the
+way apply keeps them. Records are written in a fixed order, so equal states give equal snapshots and
+equal digests on every replica. The format is versioned (SNAPSHOT_VERSION); a snapshot of another
+version is refused, never guessed at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from synapse.core.model import (
+    ClusterEvent,
+    Event,
+    Hold,
+    Job,
+    JobSpec,
+    JobStatus,
+    Node,
+    NodeStatus,
+    PackMode,
+    Queue,
+    Resources,
+    Role,
+    Task,
+    TaskState,
+    TopologySpec,
+    User,
+)
+
+#: The version of the format `encode` writes; `decode` refuses any other.
+SNAPSHOT_VERSION = 1
+
+
+def encode(state: Any) -> dict[str, Any]:
+    """A ClusterState as plain data (JSON-able); its derived indexes are left out and rebuilt on load."""
+    return {
+        "version": SNAPSHOT_VERSION, "levels": list(state.levels), "applied": state.applied,
+        "max_term": state.max_term, "job_seq": state.job_seq,
+        "replicas": {k: list(v) for k, v in sorted(state.replicas.items())},
+        "users": [_user_to_dict(u) for _, u in sorted(state.users.items())],
+        "queues": [_queue_to_dict(q) for _, q in sorted(state.queues.items())],
+        "event_seq": state.event_seq,
+        "cluster_events": [list(e) for e in state.cluster_events],
+        "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
+                  for _, h in sorted(state.holds.items())],
+        "nodes": [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)],
+        "jobs": [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)],
+    }
+
+
+def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) -> Any:
+    """The state a snapshot holds, built on `new_state(levels)` (the ClusterState class: fsm imports
+    this module, so this one may not import fsm), with its derived indexes rebuilt."""
+    if data.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
+    state = new_state(tuple(data["levels"]))
+    state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
+    state.replicas = {k: (v[0], v[1]) for k, v in data.get("replicas", {}).items()}
+    for qd in data.get("queues", []):
+        queue = _queue_from_dict(qd)
+        state.queues[queue.name] = queue
+    state.event_seq = data.get("event_seq", 0)
+    state.cluster_events.extend(ClusterEvent(*e) for e in data.get("cluster_events", []))
+    for job_id, attempt, nodes, victims, rule, at in data.get("holds", []):
+        state.holds[job_id] = Hold(job_id, attempt, tuple(nodes), tuple(victims), rule, at)
+        for node_id in nodes:
+            state.held_nodes[node_id] = job_id
+    for ud in data.get("users", []):
+        user = _user_from_dict(ud)
+        state.users[user.name] = user
+        state.user_by_token[user.token_hash] = user.name
+    for nd in data["nodes"]:
+        node = _node_from_dict(nd)
+        state.nodes[node.id] = node
+        state.live_tasks[node.id] = set()
+        state.index.update(node)
+        state._note_capacity(node.capacity)  # derived as apply keeps it, by apply's own code
+    for jd in data["jobs"]:
+        job = _job_from_dict(jd)
+        state.jobs[job.id] = job
+        if job.request_id:
+            state.job_by_request[job.request_id] = job.id
+        if job.status is JobStatus.PENDING:
+            state.pending.add((job.queue_key(), job.id))
+        for task in job.tasks:
+            if task.state.live:
+                state.live_tasks[task.node_id].add(task.key)
+                state._use(job, task.resources)  # the queue usage apply keeps, by apply's own code
+    return state
+
+
+def snapshot_digest(snapshot: dict[str, Any]) -> str:
+    """The digest of a state's snapshot (hash it outside any lock: it is a pass over everything)."""
+    blob = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _res(r: Resources) -> list[int]:
+    return [r.cpu, r.memory, r.gpu]
+
+
+def _node_to_dict(n: Node) -> dict[str, Any]:
+    return {"id": n.id, "address": n.address, "topology": list(n.topology),
+            "capacity": _res(n.capacity), "used": _res(n.used), "gpus_in_use": sorted(n.gpus_in_use),
+            "status": n.status.value, "schedulable": n.schedulable,
+            "registered_at": n.registered_at, "status_changed_at": n.status_changed_at,
+            "labels": [list(kv) for kv in n.labels], "isolation": n.isolation, "cordon_reason": n.cordon_reason,
+            "health_cordon": n.health_cordon, "health": n.health}
+
+
+def _node_from_dict(d: dict[str, Any]) -> Node:
+    return Node(id=d["id"], address=d["address"], topology=tuple(d["topology"]),
+                capacity=Resources(*d["capacity"]), used=Resources(*d["used"]),
+                gpus_in_use=set(d["gpus_in_use"]), status=NodeStatus(d["status"]),
+                schedulable=d["schedulable"], registered_at=d["registered_at"],
+                status_changed_at=d["status_changed_at"], labels=tuple((k, v) for k, v in d.get("labels", ())),
+                isolation=d.get("isolation", ""), cordon_reason=d.get("cordon_reason", ""),
+                health_cordon=d.get("health_cordon", False), health=d.get("health", ""))
+
+
+def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
+    return {"name": s.name, "tasks": s.tasks, "resources": _res(s.resources),
+            "command": list(s.command), "env": [list(kv) for kv in s.env],
+            "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
+            "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue,
+            "grace": s.grace, "gpu_model": s.gpu_model}
+
+
+def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
+    return JobSpec(name=d["name"], tasks=d["tasks"], resources=Resources(*d["resources"]),
+                   command=tuple(d["command"]), env=tuple((k, v) for k, v in d["env"]),
+                   topology=TopologySpec(d["pack"], PackMode(d["mode"])), priority=d["priority"],
+                   max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"],
+                   queue=d.get("queue", ""), grace=d.get("grace", 0.0), gpu_model=d.get("gpu_model", ""))
+
+
+def _task_to_dict(t: Task) -> dict[str, Any]:
+    return {"index": t.index, "node_id": t.node_id, "resources": _res(t.resources),
+            "gpus": list(t.gpus), "rank": t.rank, "state": t.state.value, "exit_code": t.exit_code,
+            "started_at": t.started_at, "ended_at": t.ended_at, "reason": t.reason,
+            "reason_message": t.reason_message}
+
+
+def _job_to_dict(j: Job) -> dict[str, Any]:
+    return {"id": j.id, "spec": _spec_to_dict(j.spec), "request_id": j.request_id,
+            "submitted_at": j.submitted_at, "seq": j.seq, "status": j.status.value,
+            "attempt": j.attempt, "tasks": [_task_to_dict(t) for t in j.tasks],
+            "started_at": j.started_at, "finished_at": j.finished_at, "stop_reason": j.stop_reason,
+            "cancel_requested": j.cancel_requested, "final_failure": j.final_failure,
+            "placements": [[a, list(nodes)] for a, nodes in sorted(j.placements.items())],
+            "events": [[e.at, e.kind, e.message] for e in j.events],
+            "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
+            "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
+            "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure}
+
+
+def _job_from_dict(d: dict[str, Any]) -> Job:
+    job = Job(id=d["id"], spec=_spec_from_dict(d["spec"]), request_id=d["request_id"],
+              submitted_at=d["submitted_at"], seq=d["seq"], status=JobStatus(d["status"]),
+              attempt=d["attempt"], started_at=d["started_at"], finished_at=d["finished_at"],
+              stop_reason=d["stop_reason"], cancel_requested=d["cancel_requested"],
+              final_failure=d["final_failure"], events=[Event(*e) for e in d["events"]],
+              placements={a: tuple(nodes) for a, nodes in d["placements"]},
+              user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
+              preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
+              preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
+              stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""))
+    job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
+                      resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
+                      state=TaskState(t["state"]), exit_code=t["exit_code"],
+                      started_at=t["started_at"], ended_at=t["ended_at"], reason=t.get("reason", ""),
+                      reason_message=t.get("reason_message", "")) for t in d["tasks"]]
+    return job
+
+
+def _user_to_dict(u: User) -> dict[str, Any]:
+    return {"name": u.name, "role": u.role.value, "groups": list(u.groups), "token_hash": u.token_hash,
+            "created_at": u.created_at, "created_by": u.created_by, "token_set_at": u.token_set_at}
+
+
+def _user_from_dict(d: dict[str, Any]) -> User:
+    return User(name=d["name"], role=Role(d["role"]), groups=tuple(d["groups"]), token_hash=d["token_hash"],
+                created_at=d["created_at"], created_by=d["created_by"], token_set_at=d["token_set_at"])
+
+
+def _queue_to_dict(q: Queue) -> dict[str, Any]:
+    return {"name": q.name, "parent": q.parent, "weight": q.weight, "guaranteed": _res(q.guaranteed),
+            "max": _res(q.max), "lending_limit": _res(q.lending_limit), "users": list(q.users),
+            "groups": list(q.groups), "preemption_rules": list(q.preemption_rules), "min_runtime": q.min_runtime,
+            "max_grace": q.max_grace}
+
+
+def _queue_from_dict(d: dict[str, Any]) -> Queue:
+    return Queue(name=d["name"], parent=d["parent"], weight=d["weight"], guaranteed=Resources(*d["guaranteed"]),
+                 max=Resources(*d["max"]), lending_limit=Resources(*d["lending_limit"]), users=tuple(d["users"]),
+                 groups=tuple(d["groups"]), preemption_rules=tuple(d["preemption_rules"]),
+                 min_runtime=d["min_runtime"], max_grace=d["max_grace"])
