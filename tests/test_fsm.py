@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
+from synapse.core.fsm import MAX_EVENTS_PER_JOB, ClusterState
 from synapse.core.model import JobStatus, NodeStatus, Placement, Resources, Role, TaskState
 from tests.helpers import GI, NODE, checked, cluster, spec
 
@@ -410,3 +410,25 @@ def test_pending_reasons_are_recorded_once_per_change():
     job = state.jobs["j1"]
     assert job.pending_reason == "QueueAtMax" and [e.kind for e in job.events].count("Waiting") == 2
     assert [e.reason for e in state.events_after(0)].count("JobPending") == 2
+
+
+def test_when_a_job_became_pending_and_was_placed_are_fields_that_outlive_its_events():
+    """Preemption's backfill rule reads these; the job's event list is trimmed and must not decide."""
+    state = cluster()
+    submit(state, tasks=1, max_restarts=1)
+    commit(state, "j1", whole_nodes("r0-n0"))
+    job = state.jobs["j1"]
+    assert (job.pending_since, job.placed_at) == (10, 20)
+    start_all(state, "j1")
+    exit_task(state, "j1", 0, code=3)  # requeued at 40
+    assert job.status is JobStatus.PENDING and job.pending_since == 40
+    # A snapshot from before the fields existed: they are read back from the events it kept.
+    old = state.to_snapshot()
+    for j in old["jobs"]:
+        del j["pending_since"], j["placed_at"]
+    restored = ClusterState.from_snapshot(old).jobs["j1"]
+    assert (restored.pending_since, restored.placed_at) == (40, 20)
+    for i in range(MAX_EVENTS_PER_JOB + 10):  # reasons flapping push the Requeued event out
+        checked(state, c.PendingReasons(at=50 + i, entries=(c.PendingReason("j1", 2, "AB"[i % 2], "why"),)))
+    assert "Requeued" not in {e.kind for e in job.events}
+    assert (job.pending_since, job.placed_at) == (40, 20)

@@ -329,7 +329,7 @@ class ClusterState:
             return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: queue: unknown queue {cmd.spec.queue}")
         self.job_seq += 1
         job = Job(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, submitted_at=cmd.at,
-                  seq=self.job_seq, user=cmd.by)
+                  seq=self.job_seq, user=cmd.by, pending_since=cmd.at)
         self.jobs[job.id] = job
         if cmd.request_id:
             self.job_by_request[cmd.request_id] = job.id
@@ -361,7 +361,7 @@ class ClusterState:
         self._release_hold(job.id)
         job.pending_reason = ""
         self.pending.remove((job.queue_key(), job.id))
-        job.status = JobStatus.SCHEDULED
+        job.status, job.placed_at = JobStatus.SCHEDULED, cmd.at
         job.placements[job.attempt] = tuple(t.node_id for t in job.tasks)
         nodes = sorted({p.node_id for p in cmd.placements})
         self._event(job, cmd.at, "Scheduled",
@@ -690,7 +690,7 @@ class ClusterState:
             job.preemptions += 1
             job.attempt += 1
             job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_grace, job.stop_cause = 0.0, ""
+            job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} after preemption {job.preemptions}")
         elif job.restarts_used() >= job.restarts_allowed():
@@ -699,7 +699,7 @@ class ClusterState:
         else:
             job.attempt += 1
             job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_cause = ""
+            job.stop_cause, job.pending_since = "", at
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
 

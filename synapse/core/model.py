@@ -255,6 +255,8 @@ class Job:
     #: or "" when they are stopped because a task failed; apply only
     stop_cause: str = ""
     failure: str = ""  #: the task that failed first in the latest failed attempt, and why; apply only
+    pending_since: float = 0.0  #: when it last became pending (submitted, or requeued); apply only
+    placed_at: float = 0.0  #: when its latest attempt was placed (0 until one is); apply only
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

@@ -74,7 +74,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     pool = pool_of(state) if fair else Resources()
     share_after = share(queue, usage_of(state, queue.name) + need, pool) if fair else 0.0
     backfill = "backfill" in rules and _heads_queue(state, job)
-    waited_from = _waiting_since(job) if backfill else 0.0
+    waited_from = job.pending_since if backfill else 0.0
     candidates: list[_Candidate] = []
     protected: list[tuple[float, str]] = []
     exempt: list[str] = []
@@ -100,7 +100,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         elif name == mine:
             if by_priority and other.spec.priority < priority:
                 rule = "priority"
-            elif backfill and other.queue_key() > key and _placed_at(other) > waited_from:
+            elif backfill and other.queue_key() > key and other.placed_at > waited_from:
                 rule = "backfill"
             else:
                 continue
@@ -110,7 +110,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
             rule = "fair_share"
         else:
             continue
-        since = other.started_at or _placed_at(other)
+        since = other.started_at or other.placed_at
         if now - since < other_queue.min_runtime:
             protected.append((since + other_queue.min_runtime, other.id))
             continue
@@ -130,7 +130,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     depths = _depths(state, job)
     best: tuple[tuple, tuple[_Candidate, ...], tuple[str, ...], tuple] | None = None
     considered = 0
-    alternatives: list[tuple[float, str]] = []  # (GPU-seconds lost, description) of the other domains
+    alternatives: list[tuple[float, str, tuple]] = []  # (GPU-seconds lost, description, domain) of each domain
     index, nodes = state.index, state.nodes
     for depth in depths:
         by_domain: dict[tuple, list[_Candidate]] = {}  # each candidate under every domain it touches
@@ -152,7 +152,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
                         for d in by_domain)
         for n, (bound, domain) in enumerate(bounds):
             if bound[2] == float("inf") or (best is not None and bound > best[0]):
-                alternatives += [(b[2], f"{topology_path(d)} at least {b[2]:.0f} GPU-s")
+                alternatives += [(b[2], f"{topology_path(d)} at least {b[2]:.0f} GPU-s", d)
                                  for b, d in bounds[n:n + 3] if b[2] != float("inf")]
                 break
             node_ids = _nodes_of(state, domain)
@@ -165,7 +165,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
                     sum(v.lost for v in victims), len(victims), tuple(sorted(v.job.id for v in victims)))
             below = f", gpu {cost[1]} below guarantees" if cost[1] else ""
             alternatives.append((cost[2], f"{topology_path(domain) or 'cluster'} {cost[2]:.0f} GPU-s in "
-                                          f"{cost[3]} gang(s){below}"))
+                                          f"{cost[3]} gang(s){below}", domain))
             if best is None or cost < best[0]:
                 best = (cost, victims, held, domain)
         if best is not None:
@@ -184,7 +184,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     chosen = topology_path(domain) or "cluster"
     facts.append(f"domain {chosen} chosen of {considered} searched; work lost {cost[2]:.0f} GPU-s"
                  + (f"; pushes gpu {cost[1]} below guarantees" if cost[1] else ""))
-    others = [text for _, text in sorted(alternatives) if not text.startswith(chosen + " ")][:3]
+    others = [text for _, text, d in sorted(alternatives, key=lambda a: a[:2]) if d != domain][:3]
     if others:
         facts.append("alternatives: " + ", ".join(others))
     rule = victims[0].rule if all(v.rule == victims[0].rule for v in victims) else "+".join(
@@ -216,21 +216,6 @@ def exhausted(job: Job, now: float) -> bool:
 def _grace(victim: _Candidate) -> float:
     grace = victim.job.spec.grace or DEFAULT_GRACE_S
     return min(grace, victim.queue.max_grace) if victim.queue.max_grace else grace
-
-
-def _placed_at(job: Job) -> float:
-    for event in reversed(job.events):
-        if event.kind == "Scheduled":
-            return event.at
-    return job.submitted_at
-
-
-def _waiting_since(job: Job) -> float:
-    """When the job last became pending (submitted, or requeued after its last attempt)."""
-    for event in reversed(job.events):
-        if event.kind in ("Submitted", "Requeued"):
-            return event.at
-    return job.submitted_at
 
 
 def _heads_queue(state: ClusterState, job: Job) -> bool:

@@ -158,7 +158,8 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "events": [[e.at, e.kind, e.message] for e in j.events],
             "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
             "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
-            "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure}
+            "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
+            "pending_since": j.pending_since, "placed_at": j.placed_at}
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -172,12 +173,22 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
               preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
               stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""))
+    if "pending_since" in d:
+        job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
+    else:  # a snapshot from before these fields: the job's own events say when
+        job.pending_since = _last_event_at(job, ("Submitted", "Requeued"))
+        job.placed_at = _last_event_at(job, ("Scheduled",))
     job.tasks = [Task(job_id=job.id, attempt=job.attempt, index=t["index"], node_id=t["node_id"],
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],
                       started_at=t["started_at"], ended_at=t["ended_at"], reason=t.get("reason", ""),
                       reason_message=t.get("reason_message", "")) for t in d["tasks"]]
     return job
+
+
+def _last_event_at(job: Job, kinds: tuple[str, ...]) -> float:
+    """When the job's latest event of these kinds happened (its submission time if it kept none)."""
+    return next((e.at for e in reversed(job.events) if e.kind in kinds), job.submitted_at)
 
 
 def _user_to_dict(u: User) -> dict[str, Any]:
