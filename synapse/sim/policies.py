@@ -1,8 +1,8 @@
 """The queue policies a trace is replayed through, all over the same placement code.
 
 `synapse` is the real queue policy (synapse.core.scheduler.schedule_round), unchanged, and the
-leader's preemption step after it (synapse.core.sim, `preempt_once`), which acts only when a queue
-file defines the queues the trace's jobs use (`run --queues`). The
+leader's preemption step after it (synapse.core.leader_state, which the simulator drives), which
+acts only when a queue file defines the queues the trace's jobs use (`run --queues`). The
 baselines are what people run instead, written here as other queue policies with the same
 signature, so every policy goes through the same state machine and `placement.place`:
 

@@ -6,7 +6,7 @@ across racks runs slower by the spread factor). Everything else — state, queue
 commits — is the real code. A round runs after every batch of simultaneous events; it is a full
 round when a leader would have run its periodic one since the last (a second went by without an
 event), and otherwise carries the memo of the last round, as the leader's event-driven rounds do.
-A policy that `preempts` (synapse's) also runs the leader's preemption step (synapse.core.sim):
+A policy that `preempts` (synapse's) also runs the leader's preemption step (synapse.core.leader_state):
 victims stop after their grace, lose their work and rerun in full, at the spread penalty of
 wherever their new attempt lands.
 """
