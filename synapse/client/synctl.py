@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,7 +30,6 @@ from synapse.client.master_client import (
     PermissionDenied,
     TLSError,
     new_request_id,
-    parse_addresses,
 )
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
@@ -418,36 +417,27 @@ def get_events(obj: Context, subject: str, after: int, watch: bool, output: str)
     request = api_pb2.WatchEventsRequest(after=after, follow=watch, job_id=ident if kind == "job" else "",
                                          node_id=ident if kind == "node" else "")
     if not watch:
-        _, stream = obj.client.stream("WatchEvents", request, timeout=obj.timeout)
-        events = run(lambda: [render.event_dict(e) for e in _events(stream)])
+        events = run(lambda: [render.event_dict(e) for e in _events(obj, request)])
         emit(events, output, render.events_table)
         return
-    addresses, tried = parse_addresses(obj.masters), 0
-    while True:
-        address = addresses[tried % len(addresses)]
-        try:
-            stub = obj.client.stub(address)
-            for e in stub.WatchEvents(request, metadata=obj.client.metadata):
-                request.after = e.seq
+
+    def follow() -> None:
+        while True:  # a follow stream does not end; if one did, open it again
+            for e in _events(obj, request):
                 click.echo(render.watched_event(render.event_dict(e), output))
                 sys.stdout.flush()
-                tried = 0
-        except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                              grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_ARGUMENT):
-                fail(f"{exc.code().name.lower()}: {exc.details()}", 4 if exc.code() == grpc.StatusCode.UNAUTHENTICATED
-                     else 2)
-            tried += 1
-            if tried > 3 * len(addresses):
-                fail(f"cluster unreachable: {exc.details()}", 3)
-            time.sleep(min(2.0, 0.1 * tried))
+
+    run(follow)
 
 
-def _events(stream) -> list:
-    try:
-        return list(stream)
-    except grpc.RpcError as exc:
-        raise ClientError(exc.code(), exc.details() or exc.code().name) from None
+def _events(obj: Context, request: api_pb2.WatchEventsRequest) -> Iterator[api_pb2.ClusterEventInfo]:
+    """The events `request` asks for, from any master; a broken stream resumes, on any master, after
+    the last event it gave: no gap, no repeat."""
+    stream = obj.client.watch("WatchEvents", lambda: request, leader=False, deadline=obj.timeout,
+                              try_timeout=None if request.follow else obj.timeout)
+    for e in stream:
+        request.after = e.seq
+        yield e
 
 
 @get.command("queues")
