@@ -6,16 +6,19 @@ is down, has no leader, or timed out sends the call to the next address, and aft
 failures the client backs off with jitter. All of this runs under one overall deadline. Retries
 resend the same request, so a submission carries the same request id each time and creates exactly
 one job, even if an earlier try was committed but its reply was lost. Authentication failures are
-reported at once, never retried.
+reported at once, never retried. Server streams (a worker's assignments, synctl's events) follow
+the same policy (`Failover`) each time they break, and resume where they were.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -37,7 +40,11 @@ LISTING_TRY_S = 10.0
 #: Codes after which another replica (or the same one later) may succeed. RESOURCE_EXHAUSTED (a
 #: full disk or command queue) is the leader's own answer: every replica would send us back to it,
 #: so it goes to the caller.
-_RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                          grpc.StatusCode.CANCELLED})
+#: A stream also ends FAILED_PRECONDITION, without naming a leader, when its replica stops leading
+#: (endpoints' WatchAssignments): the new leader is elsewhere. For a call that code is the domain's no.
+_STREAM_RETRY_CODES = _RETRY_CODES | {grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class ClientError(Exception):
@@ -78,7 +85,8 @@ def parse_addresses(text: str | list[str]) -> list[str]:
     return [a.strip() for a in items if a.strip()]
 
 
-def _leader_hint(error: grpc.RpcError) -> str:
+def leader_hint(error: grpc.RpcError) -> str:
+    """The leader's API address a replica named in the error's trailing metadata, or ""."""
     try:
         for key, value in error.trailing_metadata() or ():
             if key == LEADER_METADATA_KEY:
@@ -88,13 +96,125 @@ def _leader_hint(error: grpc.RpcError) -> str:
     return ""
 
 
+class Failover:
+    """One call's way through the replicas (or one stream's, reconnection after reconnection).
+
+    Which replica a try goes to is the whole leader-following policy, kept here once for calls and
+    streams alike: the leader last seen first, then the other addresses in order; a redirect
+    (FAILED_PRECONDITION naming the leader, endpoints' answer from a follower) puts the named
+    leader next at once; a replica that is down, has no leader or timed out passes the try to the
+    next one; after a full round of failures a jittered pause, doubling up to the client's largest;
+    all under one deadline (None: until `stop` is set). What retrying cannot mend is raised.
+    """
+
+    def __init__(self, client: MasterClient, deadline: float | None, *, to: str | None = None,
+                 leader: bool = True, stop: threading.Event | None = None,
+                 retry: frozenset[grpc.StatusCode] = _RETRY_CODES) -> None:
+        self.client = client  #: whose addresses, leader, backoff and credentials the tries use
+        self.to = to  #: the one replica a per-replica read goes to, or None
+        self.follows_leader = leader and not to  #: an answer comes from the leader, and a redirect is followed
+        self.budget = deadline  #: seconds to keep trying (after a stream's last message), or None
+        self.end = None if deadline is None else time.monotonic() + deadline
+        self.stop = stop  #: when set, no further try starts and pauses end
+        self.retry = retry  #: codes after which another replica (or this one later) may succeed
+        self.pause = client.backoff[0]  #: the next pause after a failed round
+        self.served: str | None = None  #: the replica that last served a stream any replica may serve
+        self.last_error = "no replica tried"
+        self.order: list[str] = []  #: this round's addresses still to try
+        self.failed: set[str] = set()  #: addresses that failed in this round: hints to them are stale
+        self.redirects = 0  #: redirects followed in this round (bounded: hints may be stale)
+        self._new_round()
+
+    def _new_round(self) -> None:
+        first = self.client.leader if self.follows_leader else self.served
+        self.order = [self.to] if self.to else ([first] if first else []) + [
+            a for a in self.client.addresses if a != first]
+        self.failed = set()
+        self.redirects = 0
+
+    def remaining(self) -> float:
+        return math.inf if self.end is None else self.end - time.monotonic()
+
+    def _stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def next(self) -> str | None:
+        """The address to try next, after a pause if a whole round failed; None once the deadline
+        has passed or `stop` is set."""
+        while not self._stopped():
+            if self.remaining() <= 0:
+                return None
+            if self.order:
+                return self.order.pop(0)
+            pause = min(self.pause * random.uniform(0.5, 1.5), max(0.0, self.remaining()))
+            if self.stop is not None:
+                self.stop.wait(pause)
+            else:
+                time.sleep(pause)
+            self.pause = min(self.pause * 2, self.client.backoff[1])
+            self._new_round()
+        return None
+
+    def succeeded(self, address: str) -> None:
+        """`address` answered: it is the leader, unless any replica may answer."""
+        if self.to:
+            return
+        if self.follows_leader:
+            self.client.leader = address
+        else:
+            self.served = address
+
+    def held(self, address: str) -> None:
+        """A stream from `address` worked (it delivered, or stayed open past a try's budget): when it
+        breaks, the deadline and the pause start afresh, and the next try goes on to the others."""
+        if self.budget is not None:
+            self.end = time.monotonic() + self.budget
+        self.pause = self.client.backoff[0]
+        self._new_round()
+        self.order = [a for a in self.order if a != address]
+
+    def failed_try(self, address: str, error: grpc.RpcError) -> None:
+        """Judge a failed try: raise what retrying cannot mend, else choose where the next try goes."""
+        code, details = error.code(), error.details() or ""
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise AuthError(code, f"{address}: {details}") from None
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            raise PermissionDenied(code, details) from None
+        if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
+            raise TLSError(code, f"{address}: TLS failed: {details}") from None
+        hint = leader_hint(error)
+        if code == grpc.StatusCode.FAILED_PRECONDITION and hint and self.follows_leader:
+            self.last_error = f"{address}: {details}"
+            self.failed.add(address)
+            if hint not in self.failed and self.redirects < 2 * len(self.client.addresses):
+                self.redirects += 1
+                if hint not in self.client.addresses:
+                    self.client.addresses.append(hint)
+                self.client.leader = hint
+                self.order = [hint] + [a for a in self.order if a != hint]
+            return
+        if code in self.retry:
+            self.last_error = f"{address}: {code.name}: {details}"
+            self.failed.add(address)
+            if self.client.leader == address:
+                self.client.leader = None
+            return
+        raise ClientError(code, details) from None
+
+    def unavailable(self) -> ClusterUnavailable:
+        """The error for a deadline that passed without an answer."""
+        hint = " (if the cluster uses TLS, pass its CA: --ca / SYNAPSE_CA)" \
+            if self.client.tls is None and "Socket closed" in self.last_error else ""
+        return ClusterUnavailable(f"no master answered within the deadline (last: {self.last_error}){hint}")
+
+
 class MasterClient:
     """A failover-aware client for a list of master API addresses."""
 
     def __init__(self, addresses: str | list[str], token: str = "", *, deadline: float = 30.0,
                  try_timeout: float = 1.5, backoff: tuple[float, float] = (0.05, 0.25),
                  tls: TLSFiles | None = None) -> None:
-        self.addresses = parse_addresses(addresses)
+        self.addresses = parse_addresses(addresses)  #: a redirect to a leader not listed adds it
         if not self.addresses:
             raise ValueError("no master addresses given")
         self.metadata = client_metadata(token)  #: sent on every call (a worker adds its node credential)
@@ -131,72 +251,54 @@ class MasterClient:
             self._channels[address] = channel
         return channel
 
-    def _candidates(self) -> list[str]:
-        ordered = ([self.leader] if self.leader else []) + [a for a in self.addresses if a != self.leader]
-        return ordered
-
     def call(self, method: str, request: Any, *, deadline: float | None = None, to: str | None = None,
              try_timeout: float | None = None) -> Any:
         """Call `method` on the leader (or on `to` only, for per-replica reads), with failover.
         A try that gets no answer within `try_timeout` (a leader whose process stalls) moves on to
         the next replica: the short default bounds an outage; large listings pass a longer one."""
-        end = time.monotonic() + (deadline if deadline is not None else self.deadline)
+        tries = Failover(self, deadline if deadline is not None else self.deadline, to=to)
         per_try = try_timeout or self.try_timeout
-        pause = self.backoff[0]
-        last_error = "no replica tried"
-        while True:
-            failed: set[str] = set()  #: addresses that failed in this round: hints to them are stale
-            redirects = 0
-            order = [to] if to else self._candidates()
-            while order:
-                address = order.pop(0)
-                remaining = end - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    reply = getattr(self.stub(address), method)(
-                        request, timeout=min(per_try, remaining), metadata=self.metadata)
-                    if not to:
-                        self.leader = address
-                    return reply
-                except grpc.RpcError as exc:
-                    code, details = exc.code(), exc.details() or ""
-                    if code == grpc.StatusCode.UNAUTHENTICATED:
-                        raise AuthError(code, f"{address}: {details}") from None
-                    if code == grpc.StatusCode.PERMISSION_DENIED:
-                        raise PermissionDenied(code, details) from None
-                    if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
-                        raise TLSError(code, f"{address}: TLS failed: {details}") from None
-                    hint = _leader_hint(exc)
-                    if code == grpc.StatusCode.FAILED_PRECONDITION and hint and not to:
-                        last_error = f"{address}: {details}"
-                        failed.add(address)
-                        if hint not in failed and redirects < 2 * len(self.addresses):
-                            redirects += 1
-                            if hint not in self.addresses:
-                                self.addresses.append(hint)
-                            self.leader = hint
-                            order = [hint] + [a for a in order if a != hint]
-                        continue
-                    if code in _RETRY_CODES:
-                        last_error = f"{address}: {code.name}: {details}"
-                        failed.add(address)
-                        if self.leader == address:
-                            self.leader = None
-                        continue
-                    raise ClientError(code, details) from None
-            if time.monotonic() >= end:
-                hint = " (if the cluster uses TLS, pass its CA: --ca / SYNAPSE_CA)" \
-                    if self.tls is None and "Socket closed" in last_error else ""
-                raise ClusterUnavailable(f"no master answered within the deadline (last: {last_error}){hint}")
-            time.sleep(min(pause * random.uniform(0.5, 1.5), max(0.0, end - time.monotonic())))
-            pause = min(pause * 2, self.backoff[1])
+        while (address := tries.next()) is not None:
+            try:
+                reply = getattr(self.stub(address), method)(
+                    request, timeout=min(per_try, tries.remaining()), metadata=self.metadata)
+            except grpc.RpcError as exc:
+                tries.failed_try(address, exc)
+                continue
+            tries.succeeded(address)
+            return reply
+        raise tries.unavailable()
 
-    def stream(self, method: str, request: Any, *, timeout: float | None = None) -> tuple[str, Iterator[Any]]:
-        """Open a server stream on the leader; returns (address, iterator). Redirects are followed
-        by the caller: the iterator raises grpc.RpcError like any stream."""
-        address = self.leader or self.addresses[0]
-        return address, getattr(self.stub(address), method)(request, timeout=timeout, metadata=self.metadata)
+    def watch(self, method: str, request: Callable[[], Any], *, leader: bool = True,
+              deadline: float | None = None, try_timeout: float | None = None,
+              stop: threading.Event | None = None) -> Iterator[Any]:
+        """Hold a server stream open across failovers and yield its messages; ends when the stream does.
+
+        `request()` builds the request for each (re)connection, so a caller resumes where it was.
+        `leader`: only the leader serves the stream (else any replica). `deadline`: how long to try
+        without a message (None: until `stop` is set); `try_timeout`: a bound on one stream."""
+        tries = Failover(self, deadline, leader=leader, stop=stop, retry=_STREAM_RETRY_CODES)
+        while (address := tries.next()) is not None:
+            timeout = None if try_timeout is None else min(try_timeout, tries.remaining())
+            stream = getattr(self.stub(address), method)(request(), timeout=timeout, metadata=self.metadata)
+            opened = time.monotonic()
+            try:
+                for message in stream:
+                    tries.succeeded(address)
+                    tries.held(address)
+                    yield message
+                return
+            except grpc.RpcError as exc:
+                # A stream without a time limit may stay quiet for long (no events to send): one
+                # that stayed open past a try's budget was held, and its break must not find the
+                # deadline long spent. (A bounded stream counts as held by its messages only.)
+                if try_timeout is None and time.monotonic() - opened > self.try_timeout:
+                    tries.held(address)
+                tries.failed_try(address, exc)
+            finally:
+                stream.cancel()
+        if not (stop is not None and stop.is_set()):
+            raise tries.unavailable()
 
     # ---- typed helpers -------------------------------------------------------------------------
 

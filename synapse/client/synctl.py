@@ -8,12 +8,11 @@ that ended other than SUCCEEDED under `submit --wait`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,6 +20,7 @@ import click
 import grpc
 import yaml
 
+from synapse.client import render
 from synapse.client.jobfile import load_job_file
 from synapse.client.master_client import (
     AuthError,
@@ -30,14 +30,12 @@ from synapse.client.master_client import (
     PermissionDenied,
     TLSError,
     new_request_id,
-    parse_addresses,
 )
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
 from synapse.common.tls import TLSFiles, channel_credentials
 from synapse.core import codec
 from synapse.core.jobspec import JobFileError, parse_job
-from synapse.core.quantity import format_cpu, format_memory
 from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
 
@@ -82,56 +80,8 @@ def run(action: Callable[[], Any]) -> Any:
         fail(f"cluster unreachable: {exc}", 3)
 
 
-def emit(data: Any, output: str, table: Callable[[Any], str]) -> None:
-    if output == "json":
-        click.echo(json.dumps(data, indent=2))
-    elif output == "yaml":
-        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
-    else:
-        click.echo(table(data))
-
-
-def render_table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
-
-
-def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
-    spec = codec.job_spec_from_proto(info.spec)
-    return {
-        "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
-        "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
-        "queue": spec.queue or "default", "grace_s": spec.grace or None,
-        "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
-                      "gpu": spec.resources.gpu},
-        "topology": {"pack": spec.topology.pack or "lowest", "mode": spec.topology.mode.value},
-        "command": list(spec.command), "request_id": info.request_id, "user": info.user or None,
-        "cancelled_by": info.cancelled_by or None,
-        "submitted_at": info.submitted_at, "started_at": info.started_at or None,
-        "finished_at": info.finished_at or None,
-        "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
-                   "exit_code": t.exit_code if t.has_exit_code else None, "reason": t.reason or None,
-                   "reason_message": t.reason_message or None} for t in info.tasks],
-        "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
-        "waiting": info.waiting or None, "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
-        "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
-    }
-
-
-def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
-    capacity, used = codec.resources_from_proto(n.capacity), codec.resources_from_proto(n.used)
-    return {"id": n.id, "address": n.address, "topology": "/".join(n.topology), "status": n.status,
-            "schedulable": n.schedulable, "cordon_reason": n.cordon_reason or None, "health": n.health or None,
-            "labels": dict(sorted(n.labels.items())), "isolation": n.isolation or None,
-            "gpus": capacity.gpu, "gpus_used": used.gpu,
-            "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
-            "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
-            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
-
-
-def _labels(n: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in n["labels"].items() if k == "gpu_model") or "-"
+def emit(data: Any, output: str, text: Callable[[Any], str]) -> None:
+    click.echo(render.formatted(data, output, text))
 
 
 def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
@@ -141,10 +91,6 @@ def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
         return grpc.insecure_channel(address)
     return grpc.secure_channel(address, channel_credentials(obj.tls),
                                options=[("grpc.ssl_target_name_override", node_id)])
-
-
-def when(ts: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
@@ -208,10 +154,7 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
         spec = dataclasses.replace(spec, queue=flags["queue"])
     rid = request_id or new_request_id()
     job_id = run(lambda: obj.client.submit(codec.job_spec_to_proto(spec), request_id=rid))
-    if output == "table":
-        click.echo(job_id)
-    else:
-        emit({"id": job_id, "request_id": rid}, output, str)
+    click.echo(render.submitted(job_id, rid, output))
     if wait:
         sys.exit(_follow(obj, job_id, quiet=output != "table"))
 
@@ -246,7 +189,7 @@ def _follow(obj: Context, job_id: str, quiet: bool = False) -> int:
         info = run(lambda: obj.client.get_job(job_id))
         for event in info.events[seen_events:]:
             if not quiet:
-                click.echo(f"{when(event.at)}  {event.kind:<10} {event.message}")
+                click.echo(render.job_event_line(event))
         seen_events = len(info.events)
         if info.status in TERMINAL:
             return 0 if info.status == "SUCCEEDED" else 1
@@ -265,11 +208,8 @@ def get() -> None:
 @click.pass_obj
 def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> None:
     """List jobs, oldest first."""
-    jobs = [job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status], user=user))]
-    emit(jobs, output, lambda rows: render_table(
-        ["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
-        [[j["id"], j["name"], j["user"] or "-", j["status"], j["attempt"], j["tasks_requested"],
-          j["resources"]["gpu"], when(j["submitted_at"])] for j in rows]))
+    jobs = [render.job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status], user=user))]
+    emit(jobs, output, render.jobs_table)
 
 
 @get.command("nodes")
@@ -277,13 +217,8 @@ def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> N
 @click.pass_obj
 def get_nodes(obj: Context, output: str) -> None:
     """List nodes with their capacity and use."""
-    nodes = [node_dict(n) for n in run(obj.client.list_nodes)]
-    emit(nodes, output, lambda rows: render_table(
-        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"],
-        [[n["id"], n["status"], "yes" if n["schedulable"] else "no", n["topology"],
-          f"{n['gpus_used']}/{n['gpus']}", _labels(n), f"{n['cpu_used']}/{n['cpu']}",
-          f"{n['memory_used']}/{n['memory']}", n["live_tasks"], n["address"],
-          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")] for n in rows]))
+    nodes = [render.node_dict(n) for n in run(obj.client.list_nodes)]
+    emit(nodes, output, render.nodes_table)
 
 
 @main.group()
@@ -297,36 +232,8 @@ def describe() -> None:
 @click.pass_obj
 def describe_job(obj: Context, job_id: str, output: str) -> None:
     """Status, attempt, placement, events, and for a pending job why it waits."""
-    job = job_dict(run(lambda: obj.client.get_job(job_id)))
-    emit(job, output, _describe_table)
-
-
-def _describe_table(j: dict[str, Any]) -> str:
-    r = j["resources"]
-    cancelled = f" (cancelled by {j['cancelled_by']})" if j["cancelled_by"] else ""
-    lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
-             f"User:       {j['user'] or '-'}   Queue: {j['queue']}",
-             f"Attempt:    {j['attempt']} of {j['max_restarts'] + 1}",
-             f"Gang:       {j['tasks_requested']} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
-             f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
-             f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
-             f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
-             f"Finished: {when(j['finished_at'])}"]
-    if j["waiting"]:
-        lines.append(f"Waiting:    {j['waiting']}")
-        lines += [f"  - {s}" for s in j["shortfalls"]]
-    if j["reservation"]:
-        lines.append(f"Reserved:   {j['reservation']}")
-    if j["failure"]:
-        lines.append(f"Failed:     {j['failure']}")
-    if j["tasks"]:
-        lines += ["Tasks:", "  " + render_table(["INDEX", "RANK", "NODE", "GPUS", "STATE", "EXIT", "REASON"], [
-            [t["index"], t["rank"], t["node"], ",".join(map(str, t["gpus"])) or "-", t["state"],
-             "-" if t["exit_code"] is None else t["exit_code"],
-             (t["reason"] or "-") + (f" ({t['reason_message']})" if t["reason_message"] else "")]
-            for t in j["tasks"]]).replace("\n", "\n  ")]
-    lines += ["Events:"] + [f"  {when(e['at'])}  {e['kind']:<10} {e['message']}" for e in j["events"]]
-    return "\n".join(lines)
+    job = render.job_dict(run(lambda: obj.client.get_job(job_id)))
+    emit(job, output, render.job_description)
 
 
 @describe.command("node")
@@ -335,24 +242,10 @@ def _describe_table(j: dict[str, Any]) -> str:
 @click.pass_obj
 def describe_node(obj: Context, node_id: str, output: str) -> None:
     """A node's status, why it is cordoned, its health, labels, how it confines tasks, and its use."""
-    found = [node_dict(n) for n in run(obj.client.list_nodes) if n.id == node_id]
+    found = [render.node_dict(n) for n in run(obj.client.list_nodes) if n.id == node_id]
     if not found:
         fail(f"not found: unknown node {node_id}")
-    emit(found[0], output, _describe_node_table)
-
-
-def _describe_node_table(n: dict[str, Any]) -> str:
-    lines = [f"Node:         {n['id']}   Address: {n['address']}", f"Status:       {n['status']}",
-             f"Schedulable:  {'yes' if n['schedulable'] else 'no: ' + (n['cordon_reason'] or 'cordoned')}",
-             f"Health:       {'failing: ' + n['health'] if n['health'] else 'passing (or no health check)'}",
-             f"Topology:     {n['topology']}",
-             f"Labels:       {', '.join(f'{k}={v}' for k, v in n['labels'].items()) or '-'}",
-             f"Isolation:    {n['isolation'] or 'unknown (the worker did not say)'}",
-             f"GPUs:         {n['gpus_used']}/{n['gpus']} in use"
-             + (f" (indices {','.join(map(str, n['gpus_in_use']))})" if n["gpus_in_use"] else ""),
-             f"CPU:          {n['cpu_used']}/{n['cpu']}", f"Memory:       {n['memory_used']}/{n['memory']}",
-             f"Tasks:        {n['live_tasks']}"]
-    return "\n".join(lines)
+    emit(found[0], output, render.node_description)
 
 
 @main.command()
@@ -377,10 +270,7 @@ def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None,
                                          ticket=ticket.ticket)
         try:
             for chunk in api_pb2_grpc.WorkerStub(channel).ReadLog(request):
-                text = chunk.data.decode(errors="replace")
-                if prefix:
-                    text = "".join(f"[task {index}] {line}" for line in text.splitlines(keepends=True))
-                click.echo(text, nl=False)
+                click.echo(render.task_log(chunk.data.decode(errors="replace"), index, prefix), nl=False)
         except grpc.RpcError as exc:
             click.echo(f"synctl: task {index} on {ticket.node_id}: {exc.details() or exc.code().name}", err=True)
         finally:
@@ -435,8 +325,7 @@ def uncordon(obj: Context, node_id: str) -> None:
 def drain(obj: Context, node_id: str) -> None:
     """Cordon a node and stop every gang with a task on it (they are requeued)."""
     reply = run(lambda: obj.client.call("DrainNode", api_pb2.DrainNodeRequest(node_id=node_id)))
-    click.echo(f"{node_id}: drained; stopped {len(reply.jobs_stopped)} job(s)"
-               + (": " + ", ".join(reply.jobs_stopped) if reply.jobs_stopped else ""))
+    click.echo(render.drained(node_id, reply.jobs_stopped))
 
 
 @main.group()
@@ -456,32 +345,14 @@ def cluster_status(obj: Context, output: str) -> None:
     for address in list(client.addresses):
         try:
             s = client.replica_status(address, digest=True)
-            replicas.append({"id": s.id, "address": address, "reachable": True, "state": s.state, "term": s.term,
-                             "commit_index": s.commit_index, "applied_index": s.applied_index,
-                             "commands_applied": s.commands_applied, "digest": s.digest[:12],
-                             "leader": s.leader_api or None, "connected_to": list(s.connected),
-                             "raft_address": s.raft_address, "log_start": s.log_start})
+            replicas.append(render.replica_dict(address, s))
             if s.state == "leader":
                 matched = dict(s.match_index)
         except (ClientError, ClusterUnavailable) as exc:
-            replicas.append({"id": None, "address": address, "reachable": False, "error": str(exc)})
-    for r in replicas:  # the leader's view of each follower: a replica catching up shows it rising
-        if r.get("raft_address") in matched:
-            r["matched_index"] = matched[r["raft_address"]]
-    leaders = [r for r in replicas if r.get("state") == "leader"]
+            replicas.append(render.unreachable_replica(address, str(exc)))
     if not any(r["reachable"] for r in replicas):
         fail("cluster unreachable: no master answered", 3)
-    top = max(leaders, key=lambda r: r["term"]) if leaders else None
-    data = {"leader": {"id": top["id"], "address": top["address"]} if top else None,
-            "term": top["term"] if top else max((r.get("term", 0) for r in replicas), default=0),
-            "replicas": replicas}
-    emit(data, output, lambda d: (f"leader: {d['leader']['id']} at {d['leader']['address']} (term {d['term']})"
-                                  if d["leader"] else "leader: none") + "\n" + render_table(
-        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "REACHABLE"],
-        [[r.get("id") or "?", r["address"], r.get("state", "-"), r.get("term", "-"), r.get("commit_index", "-"),
-          r.get("applied_index", "-"), r.get("matched_index", "-"), r.get("digest", "-"),
-          "yes" if r["reachable"] else "no"]
-         for r in d["replicas"]]))
+    emit(render.cluster_dict(replicas, matched), output, render.cluster_text)
 
 
 @cluster.command("add-master")
@@ -507,28 +378,6 @@ def remove_master(obj: Context, replica_id: str, raft_address: str) -> None:
     click.echo(reply.message)
 
 
-def _amounts(r: api_pb2.Resources, limit: bool) -> dict[str, Any]:
-    """A queue's amounts as a user writes them; in a limit, a negative amount is no limit."""
-    out: dict[str, Any] = {}
-    for key, value, show in (("gpu", r.gpu, str), ("cpu", r.cpu_millis, format_cpu),
-                             ("memory", r.memory_bytes, format_memory)):
-        if limit and value < 0:
-            continue
-        out[key] = value if key == "gpu" else show(value)
-    return out
-
-
-def queue_dict(q: api_pb2.QueueInfo) -> dict[str, Any]:
-    s = q.spec
-    return {"name": s.name, "parent": s.parent or None, "weight": s.weight,
-            "guaranteed": _amounts(s.guaranteed, False), "max": _amounts(s.max, True),
-            "lending_limit": _amounts(s.lending_limit, True), "users": list(s.users), "groups": list(s.groups),
-            "preemption": {"rules": list(s.preemption_rules), "min_runtime_s": s.min_runtime_s,
-                           "max_grace_s": s.max_grace_s},
-            "usage": _amounts(q.usage, False), "pending": q.pending, "running": q.running,
-            **({"implicit": True} if q.implicit else {})}
-
-
 @main.command("apply")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.pass_obj
@@ -544,22 +393,13 @@ def apply_file(obj: Context, file: str) -> None:
         fail(f"invalid queue file {file}: {exc}", 2)
     reply = run(lambda: obj.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(
         queues=[codec.queue_to_proto(q) for q in queues])))
-    for verb, names in (("created", reply.created), ("configured", reply.changed), ("unchanged", reply.unchanged)):
-        for name in names:
-            click.echo(f"queue/{name} {verb}")
+    for line in render.applied(reply):
+        click.echo(line)
 
 
 def _queues(obj: Context) -> list[dict[str, Any]]:
-    return [queue_dict(q) for q in run(lambda: obj.client.call("ListQueues", api_pb2.ListQueuesRequest())).queues]
-
-
-def _gpus(amounts: dict[str, Any]) -> str:
-    return str(amounts["gpu"]) if "gpu" in amounts else "-"
-
-
-def event_dict(e: api_pb2.ClusterEventInfo) -> dict[str, Any]:
-    return {"seq": e.seq, "at": e.at, "type": e.type, "topic": e.topic, "reason": e.reason,
-            "object": e.object_id, "message": e.message}
+    reply = run(lambda: obj.client.call("ListQueues", api_pb2.ListQueuesRequest()))
+    return [render.queue_dict(q) for q in reply.queues]
 
 
 @get.command("events")
@@ -577,44 +417,27 @@ def get_events(obj: Context, subject: str, after: int, watch: bool, output: str)
     request = api_pb2.WatchEventsRequest(after=after, follow=watch, job_id=ident if kind == "job" else "",
                                          node_id=ident if kind == "node" else "")
     if not watch:
-        _, stream = obj.client.stream("WatchEvents", request, timeout=obj.timeout)
-        events = run(lambda: [event_dict(e) for e in _events(stream)])
-        emit(events, output, lambda rows: render_table(
-            ["SEQ", "TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"],
-            [[e["seq"], when(e["at"]), e["type"], e["reason"], f"{e['topic']}/{e['object']}", e["message"]]
-             for e in rows]))
+        events = run(lambda: [render.event_dict(e) for e in _events(obj, request)])
+        emit(events, output, render.events_table)
         return
-    addresses, tried = parse_addresses(obj.masters), 0
-    while True:
-        address = addresses[tried % len(addresses)]
-        try:
-            stub = obj.client.stub(address)
-            for e in stub.WatchEvents(request, metadata=obj.client.metadata):
-                request.after = e.seq
-                line = event_dict(e)
-                if output == "json":
-                    click.echo(json.dumps(line), nl=True)
-                else:
-                    click.echo(f"{e.seq:<7} {when(e.at)}  {e.type:<8} {e.reason:<16} {e.topic}/{e.object_id}  "
-                               f"{e.message}")
+
+    def follow() -> None:
+        while True:  # a follow stream does not end; if one did, open it again
+            for e in _events(obj, request):
+                click.echo(render.watched_event(render.event_dict(e), output))
                 sys.stdout.flush()
-                tried = 0
-        except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                              grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_ARGUMENT):
-                fail(f"{exc.code().name.lower()}: {exc.details()}", 4 if exc.code() == grpc.StatusCode.UNAUTHENTICATED
-                     else 2)
-            tried += 1
-            if tried > 3 * len(addresses):
-                fail(f"cluster unreachable: {exc.details()}", 3)
-            time.sleep(min(2.0, 0.1 * tried))
+
+    run(follow)
 
 
-def _events(stream) -> list:
-    try:
-        return list(stream)
-    except grpc.RpcError as exc:
-        raise ClientError(exc.code(), exc.details() or exc.code().name) from None
+def _events(obj: Context, request: api_pb2.WatchEventsRequest) -> Iterator[api_pb2.ClusterEventInfo]:
+    """The events `request` asks for, from any master; a broken stream resumes, on any master, after
+    the last event it gave: no gap, no repeat."""
+    stream = obj.client.watch("WatchEvents", lambda: request, leader=False, deadline=obj.timeout,
+                              try_timeout=None if request.follow else obj.timeout)
+    for e in stream:
+        request.after = e.seq
+        yield e
 
 
 @get.command("queues")
@@ -622,10 +445,7 @@ def _events(stream) -> list:
 @click.pass_obj
 def get_queues(obj: Context, output: str) -> None:
     """List queues with their GPU quota and what their gangs hold now."""
-    emit(_queues(obj), output, lambda rows: render_table(
-        ["NAME", "PARENT", "WEIGHT", "GPU USED", "GPU GUARANTEED", "GPU MAX", "PENDING", "RUNNING"],
-        [[q["name"], q["parent"] or "-", f"{q['weight']:g}", _gpus(q["usage"]), _gpus(q["guaranteed"]),
-          _gpus(q["max"]), q["pending"], q["running"]] for q in rows]))
+    emit(_queues(obj), output, render.queues_table)
 
 
 @describe.command("queue")
@@ -637,7 +457,7 @@ def describe_queue(obj: Context, name: str, output: str) -> None:
     queue = next((q for q in _queues(obj) if q["name"] == name), None)
     if queue is None:
         fail(f"not found: unknown queue {name}", 2)
-    emit(queue, output, lambda q: yaml.safe_dump(q, sort_keys=False).rstrip())
+    emit(queue, output, render.queue_description)
 
 
 @main.command()
@@ -649,12 +469,7 @@ def describe_queue(obj: Context, name: str, output: str) -> None:
 def preempt(obj: Context, job_id: str, what_if: bool, output: str) -> None:
     """Which gangs the leader would preempt for pending job JOB_ID now, and why."""
     reply = run(lambda: obj.client.call("PreemptWhatIf", api_pb2.PreemptWhatIfRequest(job_id=job_id)))
-    data = {"job": job_id, "possible": reply.possible, "rule": reply.rule or None, "victims": list(reply.victims),
-            "nodes": list(reply.nodes), "explanation": reply.explanation,
-            "lost_gpu_seconds": reply.lost_gpu_seconds if reply.possible else None}
-    emit(data, output, lambda d: (
-        f"would preempt {', '.join(d['victims'])} (rule {d['rule']}) and hold {', '.join(d['nodes'])}\n"
-        f"{d['explanation']}" if d["possible"] else f"no preemption for {job_id}: {d['explanation']}"))
+    emit(render.preempt_dict(job_id, reply), output, render.preempt_text)
 
 
 @main.group()
@@ -671,18 +486,8 @@ def delete_queue(obj: Context, name: str) -> None:
     click.echo(f"queue/{name} deleted")
 
 
-def user_dict(u: api_pb2.UserInfo) -> dict[str, Any]:
-    return {"name": u.name, "role": u.role, "groups": list(u.groups), "created_at": u.created_at or None,
-            "created_by": u.created_by or None, "token_set_at": u.token_set_at or None,
-            **({"bootstrap": True} if u.bootstrap else {})}
-
-
 def _emit_token(reply: api_pb2.UserToken, output: str, verb: str) -> None:
-    data = {**user_dict(reply.user), "token": reply.token}
-    emit(data, output, lambda d: (
-        f"user {d['name']} {verb} (role {d['role']}, groups {','.join(d['groups']) or '-'}).\n"
-        f"Its token, shown this once (the cluster keeps only a keyed hash):\n\n"
-        f"export SYNAPSE_TOKEN={d['token']}"))
+    emit(render.token_dict(reply), output, lambda d: render.token_text(d, verb))
 
 
 @main.group()
@@ -727,11 +532,8 @@ def user_remove(obj: Context, name: str) -> None:
 @click.pass_obj
 def user_list(obj: Context, output: str) -> None:
     """List users (admin)."""
-    users = [user_dict(u) for u in run(lambda: obj.client.call("ListUsers", api_pb2.ListUsersRequest())).users]
-    emit(users, output, lambda rows: render_table(
-        ["NAME", "ROLE", "GROUPS", "CREATED", "BY", "TOKEN SET"],
-        [[u["name"], u["role"], ",".join(u["groups"]) or "-", when(u["created_at"]), u["created_by"] or "-",
-          when(u["token_set_at"])] for u in rows]))
+    users = [render.user_dict(u) for u in run(lambda: obj.client.call("ListUsers", api_pb2.ListUsersRequest())).users]
+    emit(users, output, render.users_table)
 
 
 @main.command()
@@ -739,10 +541,8 @@ def user_list(obj: Context, output: str) -> None:
 @click.pass_obj
 def whoami(obj: Context, output: str) -> None:
     """Who the cluster takes you for, and your role."""
-    me = user_dict(run(lambda: obj.client.call("WhoAmI", api_pb2.WhoAmIRequest())))
-    emit(me, output, lambda d: f"{d['name']} (role {d['role']}"
-         + (", the cluster token's built-in admin" if d.get("bootstrap") else "")
-         + (f", groups {','.join(d['groups'])}" if d["groups"] else "") + ")")
+    me = render.user_dict(run(lambda: obj.client.call("WhoAmI", api_pb2.WhoAmIRequest())))
+    emit(me, output, render.whoami_text)
 
 
 if __name__ == "__main__":

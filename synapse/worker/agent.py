@@ -2,8 +2,8 @@
 starts and stops task processes, reports their starts and exits.
 
 Threads, each feeding events into one queue that the main loop drains in order:
-* watch: holds a WatchAssignments stream to the leader, reconnecting (and following redirects)
-  by itself, so a leader change never stops the worker or its tasks;
+* watch: holds a WatchAssignments stream to the leader, which the client reopens (following
+  redirects) whenever it breaks, so a leader change never stops the worker or its tasks;
 * heartbeat: one RPC per interval; re-registers when the leader does not know the node;
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
@@ -29,7 +29,7 @@ import grpc
 
 from synapse.client.master_client import AuthError, ClientError, ClusterUnavailable, MasterClient
 from synapse.common import tickets
-from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY, client_metadata
+from synapse.common.auth import METADATA_KEY, NODE_CREDENTIAL_KEY, client_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
 from synapse.core.model import Assignment, Resources
@@ -44,6 +44,10 @@ from synapse.worker.runtime import Handle, ProcessRuntime, alive
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
+#: Pauses before the assignment stream is opened again after it ended, or was refused. A watch that
+#: is merely cut off (a replica down, a new leader) is reopened by the client on its own.
+WATCH_REOPEN_S = 0.05
+WATCH_REFUSED_S = 1.0
 STATE_FILE = "worker-state.json"
 
 
@@ -73,7 +77,8 @@ class WorkerAgent:
         self.events: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.client = MasterClient(masters, token, deadline=10.0, tls=tls)
-        self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        #: the assignment stream's client: it pauses up to 1 s between rounds of failed reconnections
+        self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls, backoff=(0.05, 1.0))
         self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
         self.reports_ready = threading.Event()
         #: what RegisterNode returned: it proves calls come from this node, and checks log tickets
@@ -210,38 +215,27 @@ class WorkerAgent:
     # ---- threads talking to the master ---------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        pause = 0.05
-        while not self.stopping.is_set():
+        """Hold the leader's assignment stream; the client follows the leader across failovers."""
+        def request() -> api_pb2.WatchAssignmentsRequest:
             term, version = self.state.known
-            request = api_pb2.WatchAssignmentsRequest(node_id=self.node_id, known_term=term, known_version=version)
-            address = self.watch_client.leader or self.watch_client.addresses[0]
+            return api_pb2.WatchAssignmentsRequest(node_id=self.node_id, known_term=term, known_version=version)
+
+        while not self.stopping.is_set():
+            pause = WATCH_REOPEN_S
             try:
-                stream = self.watch_client.stub(address).WatchAssignments(request, metadata=self.watch_client.metadata)
-                for message in stream:
-                    pause = 0.05
-                    self.watch_client.leader = address
+                for message in self.watch_client.watch("WatchAssignments", request, stop=self.stopping):
                     self.events.put(ws.AssignmentsReceived(
                         message.term, message.version,
                         tuple(codec.assignment_from_proto(a) for a in message.tasks), message.node_status))
                     if self.stopping.is_set():
-                        stream.cancel()
                         return
-            except grpc.RpcError as exc:
-                hint = ""
-                try:
-                    hint = dict(exc.trailing_metadata() or ()).get(LEADER_METADATA_KEY, "")
-                except Exception:  # noqa: BLE001
-                    pass
-                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    log.error("watch refused: %s", exc.details())
-                if hint:
-                    self.watch_client.leader = hint
-                    continue
-                addresses = self.watch_client.addresses
-                self.watch_client.leader = addresses[(addresses.index(address) + 1) % len(addresses)] \
-                    if address in addresses else addresses[0]
+            except AuthError as exc:
+                log.error("watch refused: %s", exc.message)
+                pause = WATCH_REFUSED_S
+            except ClientError as exc:
+                log.warning("watch failed node=%s error=%s; retrying", self.node_id, exc.message)
+                pause = WATCH_REFUSED_S
             self.stopping.wait(pause)
-            pause = min(pause * 2, 1.0)
 
     def _heartbeat_loop(self) -> None:
         while not self.stopping.is_set():

@@ -1,0 +1,308 @@
+"""What synctl prints: replies turned into json-able dicts, and those dicts into tables and text.
+
+Pure functions, no I/O and no RPC: `-o json` and `-o yaml` print the dicts as they are (their keys
+are an interface scripts rely on); the table forms are for people. Times show in local time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import yaml
+
+from synapse.core import codec
+from synapse.core.quantity import format_cpu, format_memory
+from synapse.proto import api_pb2
+
+
+def formatted(data: Any, output: str, text: Callable[[Any], str]) -> str:
+    """`data` as `output` asks: json, yaml, or `text(data)` for a table."""
+    if output == "json":
+        return json.dumps(data, indent=2)
+    if output == "yaml":
+        return yaml.safe_dump(data, sort_keys=False).rstrip()
+    return text(data)
+
+
+def table(headers: list[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned columns as wide as their widest cell, two spaces apart."""
+    cells = [headers] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def when(ts: float | None) -> str:
+    """A timestamp as local HH:MM:SS, or "-" for none."""
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+# ---- jobs ----------------------------------------------------------------------------------------
+
+def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
+    spec = codec.job_spec_from_proto(info.spec)
+    return {
+        "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
+        "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
+        "queue": spec.queue or "default", "grace_s": spec.grace or None,
+        "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
+                      "gpu": spec.resources.gpu},
+        "topology": {"pack": spec.topology.pack or "lowest", "mode": spec.topology.mode.value},
+        "command": list(spec.command), "request_id": info.request_id, "user": info.user or None,
+        "cancelled_by": info.cancelled_by or None,
+        "submitted_at": info.submitted_at, "started_at": info.started_at or None,
+        "finished_at": info.finished_at or None,
+        "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
+                   "exit_code": t.exit_code if t.has_exit_code else None, "reason": t.reason or None,
+                   "reason_message": t.reason_message or None} for t in info.tasks],
+        "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
+        "waiting": info.waiting or None, "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
+        "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
+    }
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
+                 [[j["id"], j["name"], j["user"] or "-", j["status"], j["attempt"], j["tasks_requested"],
+                   j["resources"]["gpu"], when(j["submitted_at"])] for j in jobs])
+
+
+def job_description(j: dict[str, Any]) -> str:
+    """`describe job`: status, attempt, placement, events, and for a pending job why it waits."""
+    r = j["resources"]
+    cancelled = f" (cancelled by {j['cancelled_by']})" if j["cancelled_by"] else ""
+    lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
+             f"User:       {j['user'] or '-'}   Queue: {j['queue']}",
+             f"Attempt:    {j['attempt']} of {j['max_restarts'] + 1}",
+             f"Gang:       {j['tasks_requested']} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
+             f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
+             f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
+             f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
+             f"Finished: {when(j['finished_at'])}"]
+    if j["waiting"]:
+        lines.append(f"Waiting:    {j['waiting']}")
+        lines += [f"  - {s}" for s in j["shortfalls"]]
+    if j["reservation"]:
+        lines.append(f"Reserved:   {j['reservation']}")
+    if j["failure"]:
+        lines.append(f"Failed:     {j['failure']}")
+    if j["tasks"]:
+        lines += ["Tasks:", "  " + table(["INDEX", "RANK", "NODE", "GPUS", "STATE", "EXIT", "REASON"], [
+            [t["index"], t["rank"], t["node"], ",".join(map(str, t["gpus"])) or "-", t["state"],
+             "-" if t["exit_code"] is None else t["exit_code"],
+             (t["reason"] or "-") + (f" ({t['reason_message']})" if t["reason_message"] else "")]
+            for t in j["tasks"]]).replace("\n", "\n  ")]
+    lines += ["Events:"] + [f"  {when(e['at'])}  {e['kind']:<10} {e['message']}" for e in j["events"]]
+    return "\n".join(lines)
+
+
+def job_event_line(event: api_pb2.JobEvent) -> str:
+    """One of a job's events as `submit --wait` follows them."""
+    return f"{when(event.at)}  {event.kind:<10} {event.message}"
+
+
+def submitted(job_id: str, request_id: str, output: str) -> str:
+    """`submit`'s answer: the job id alone in a table, else with the request id that made it."""
+    return job_id if output == "table" else formatted({"id": job_id, "request_id": request_id}, output, str)
+
+
+# ---- nodes ---------------------------------------------------------------------------------------
+
+def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
+    capacity, used = codec.resources_from_proto(n.capacity), codec.resources_from_proto(n.used)
+    return {"id": n.id, "address": n.address, "topology": "/".join(n.topology), "status": n.status,
+            "schedulable": n.schedulable, "cordon_reason": n.cordon_reason or None, "health": n.health or None,
+            "labels": dict(sorted(n.labels.items())), "isolation": n.isolation or None,
+            "gpus": capacity.gpu, "gpus_used": used.gpu,
+            "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
+            "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
+            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
+
+
+def _labels(n: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in n["labels"].items() if k == "gpu_model") or "-"
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> str:
+    return table(
+        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"],
+        [[n["id"], n["status"], "yes" if n["schedulable"] else "no", n["topology"],
+          f"{n['gpus_used']}/{n['gpus']}", _labels(n), f"{n['cpu_used']}/{n['cpu']}",
+          f"{n['memory_used']}/{n['memory']}", n["live_tasks"], n["address"],
+          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")] for n in nodes])
+
+
+def node_description(n: dict[str, Any]) -> str:
+    """`describe node`: status, why it is cordoned, health, labels, how it confines tasks, its use."""
+    lines = [f"Node:         {n['id']}   Address: {n['address']}", f"Status:       {n['status']}",
+             f"Schedulable:  {'yes' if n['schedulable'] else 'no: ' + (n['cordon_reason'] or 'cordoned')}",
+             f"Health:       {'failing: ' + n['health'] if n['health'] else 'passing (or no health check)'}",
+             f"Topology:     {n['topology']}",
+             f"Labels:       {', '.join(f'{k}={v}' for k, v in n['labels'].items()) or '-'}",
+             f"Isolation:    {n['isolation'] or 'unknown (the worker did not say)'}",
+             f"GPUs:         {n['gpus_used']}/{n['gpus']} in use"
+             + (f" (indices {','.join(map(str, n['gpus_in_use']))})" if n["gpus_in_use"] else ""),
+             f"CPU:          {n['cpu_used']}/{n['cpu']}", f"Memory:       {n['memory_used']}/{n['memory']}",
+             f"Tasks:        {n['live_tasks']}"]
+    return "\n".join(lines)
+
+
+def drained(node_id: str, jobs_stopped: Sequence[str]) -> str:
+    return (f"{node_id}: drained; stopped {len(jobs_stopped)} job(s)"
+            + (": " + ", ".join(jobs_stopped) if jobs_stopped else ""))
+
+
+def task_log(text: str, index: int, prefix: bool) -> str:
+    """A chunk of a task's log; with `prefix` (several tasks at once) each line names its task."""
+    return "".join(f"[task {index}] {line}" for line in text.splitlines(keepends=True)) if prefix else text
+
+
+# ---- the master replicas -------------------------------------------------------------------------
+
+def replica_dict(address: str, s: api_pb2.ReplicaStatusReply) -> dict[str, Any]:
+    return {"id": s.id, "address": address, "reachable": True, "state": s.state, "term": s.term,
+            "commit_index": s.commit_index, "applied_index": s.applied_index,
+            "commands_applied": s.commands_applied, "digest": s.digest[:12],
+            "leader": s.leader_api or None, "connected_to": list(s.connected),
+            "raft_address": s.raft_address, "log_start": s.log_start}
+
+
+def unreachable_replica(address: str, error: str) -> dict[str, Any]:
+    return {"id": None, "address": address, "reachable": False, "error": error}
+
+
+def cluster_dict(replicas: list[dict[str, Any]], matched: dict[str, int]) -> dict[str, Any]:
+    """`cluster status`: the replicas, each with the leader's match index for it (`matched`, by Raft
+    address), and the leader of the highest term among them."""
+    for r in replicas:  # the leader's view of each follower: a replica catching up shows it rising
+        if r.get("raft_address") in matched:
+            r["matched_index"] = matched[r["raft_address"]]
+    leaders = [r for r in replicas if r.get("state") == "leader"]
+    top = max(leaders, key=lambda r: r["term"]) if leaders else None
+    return {"leader": {"id": top["id"], "address": top["address"]} if top else None,
+            "term": top["term"] if top else max((r.get("term", 0) for r in replicas), default=0),
+            "replicas": replicas}
+
+
+def cluster_text(d: dict[str, Any]) -> str:
+    return (f"leader: {d['leader']['id']} at {d['leader']['address']} (term {d['term']})"
+            if d["leader"] else "leader: none") + "\n" + table(
+        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "REACHABLE"],
+        [[r.get("id") or "?", r["address"], r.get("state", "-"), r.get("term", "-"), r.get("commit_index", "-"),
+          r.get("applied_index", "-"), r.get("matched_index", "-"), r.get("digest", "-"),
+          "yes" if r["reachable"] else "no"]
+         for r in d["replicas"]])
+
+
+# ---- queues --------------------------------------------------------------------------------------
+
+def _amounts(r: api_pb2.Resources, limit: bool) -> dict[str, Any]:
+    """A queue's amounts as a user writes them; in a limit, a negative amount is no limit."""
+    out: dict[str, Any] = {}
+    for key, value, show in (("gpu", r.gpu, str), ("cpu", r.cpu_millis, format_cpu),
+                             ("memory", r.memory_bytes, format_memory)):
+        if limit and value < 0:
+            continue
+        out[key] = value if key == "gpu" else show(value)
+    return out
+
+
+def queue_dict(q: api_pb2.QueueInfo) -> dict[str, Any]:
+    s = q.spec
+    return {"name": s.name, "parent": s.parent or None, "weight": s.weight,
+            "guaranteed": _amounts(s.guaranteed, False), "max": _amounts(s.max, True),
+            "lending_limit": _amounts(s.lending_limit, True), "users": list(s.users), "groups": list(s.groups),
+            "preemption": {"rules": list(s.preemption_rules), "min_runtime_s": s.min_runtime_s,
+                           "max_grace_s": s.max_grace_s},
+            "usage": _amounts(q.usage, False), "pending": q.pending, "running": q.running,
+            **({"implicit": True} if q.implicit else {})}
+
+
+def _gpus(amounts: dict[str, Any]) -> str:
+    return str(amounts["gpu"]) if "gpu" in amounts else "-"
+
+
+def queues_table(queues: list[dict[str, Any]]) -> str:
+    return table(["NAME", "PARENT", "WEIGHT", "GPU USED", "GPU GUARANTEED", "GPU MAX", "PENDING", "RUNNING"],
+                 [[q["name"], q["parent"] or "-", f"{q['weight']:g}", _gpus(q["usage"]), _gpus(q["guaranteed"]),
+                   _gpus(q["max"]), q["pending"], q["running"]] for q in queues])
+
+
+def queue_description(q: dict[str, Any]) -> str:
+    return yaml.safe_dump(q, sort_keys=False).rstrip()
+
+
+def applied(reply: api_pb2.ApplyQueuesReply) -> list[str]:
+    """`apply`'s answer: a line for each queue, saying what became of it."""
+    return [f"queue/{name} {verb}" for verb, names in
+            (("created", reply.created), ("configured", reply.changed), ("unchanged", reply.unchanged))
+            for name in names]
+
+
+# ---- events --------------------------------------------------------------------------------------
+
+def event_dict(e: api_pb2.ClusterEventInfo) -> dict[str, Any]:
+    return {"seq": e.seq, "at": e.at, "type": e.type, "topic": e.topic, "reason": e.reason,
+            "object": e.object_id, "message": e.message}
+
+
+def events_table(events: list[dict[str, Any]]) -> str:
+    return table(["SEQ", "TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+                 [[e["seq"], when(e["at"]), e["type"], e["reason"], f"{e['topic']}/{e['object']}", e["message"]]
+                  for e in events])
+
+
+def watched_event(e: dict[str, Any], output: str) -> str:
+    """One event as `get events --watch` prints it: a JSON line with `-o json`, else a table row."""
+    if output == "json":
+        return json.dumps(e)
+    return (f"{e['seq']:<7} {when(e['at'])}  {e['type']:<8} {e['reason']:<16} {e['topic']}/{e['object']}  "
+            f"{e['message']}")
+
+
+# ---- preemption ----------------------------------------------------------------------------------
+
+def preempt_dict(job_id: str, reply: api_pb2.PreemptWhatIfReply) -> dict[str, Any]:
+    return {"job": job_id, "possible": reply.possible, "rule": reply.rule or None, "victims": list(reply.victims),
+            "nodes": list(reply.nodes), "explanation": reply.explanation,
+            "lost_gpu_seconds": reply.lost_gpu_seconds if reply.possible else None}
+
+
+def preempt_text(d: dict[str, Any]) -> str:
+    if not d["possible"]:
+        return f"no preemption for {d['job']}: {d['explanation']}"
+    return (f"would preempt {', '.join(d['victims'])} (rule {d['rule']}) and hold {', '.join(d['nodes'])}\n"
+            f"{d['explanation']}")
+
+
+# ---- users ---------------------------------------------------------------------------------------
+
+def user_dict(u: api_pb2.UserInfo) -> dict[str, Any]:
+    return {"name": u.name, "role": u.role, "groups": list(u.groups), "created_at": u.created_at or None,
+            "created_by": u.created_by or None, "token_set_at": u.token_set_at or None,
+            **({"bootstrap": True} if u.bootstrap else {})}
+
+
+def token_dict(reply: api_pb2.UserToken) -> dict[str, Any]:
+    return {**user_dict(reply.user), "token": reply.token}
+
+
+def token_text(d: dict[str, Any], verb: str) -> str:
+    """A new token, with how to use it: shown once, the cluster keeps only a keyed hash."""
+    return (f"user {d['name']} {verb} (role {d['role']}, groups {','.join(d['groups']) or '-'}).\n"
+            f"Its token, shown this once (the cluster keeps only a keyed hash):\n\n"
+            f"export SYNAPSE_TOKEN={d['token']}")
+
+
+def users_table(users: list[dict[str, Any]]) -> str:
+    return table(["NAME", "ROLE", "GROUPS", "CREATED", "BY", "TOKEN SET"],
+                 [[u["name"], u["role"], ",".join(u["groups"]) or "-", when(u["created_at"]), u["created_by"] or "-",
+                   when(u["token_set_at"])] for u in users])
+
+
+def whoami_text(d: dict[str, Any]) -> str:
+    return (f"{d['name']} (role {d['role']}"
+            + (", the cluster token's built-in admin" if d.get("bootstrap") else "")
+            + (f", groups {','.join(d['groups'])}" if d["groups"] else "") + ")")

@@ -1,0 +1,202 @@
+"""What synctl prints, from replies built by hand: exact tables, descriptions and json shapes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from synapse.client import render
+from synapse.core import codec
+from synapse.core.model import Queue, Resources
+from synapse.proto import api_pb2, types_pb2
+from tests.helpers import GI, spec
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """Times show in local time: pin it to UTC, and restore the zone afterwards."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def running_job() -> api_pb2.JobInfo:
+    job_spec = codec.job_spec_to_proto(spec(tasks=2, gpu=4, cpu=2000, memory=4 * GI, pack="rack", required=True,
+                                            max_restarts=1, name="train"))
+    return api_pb2.JobInfo(
+        id="j-1", spec=job_spec, status="RUNNING", attempt=1, request_id="r-1", submitted_at=3600.0,
+        started_at=3661.0, user="alice", tasks=[
+            api_pb2.TaskInfo(index=0, rank=0, node_id="n1", gpus=[0, 1, 2, 3], state="running"),
+            api_pb2.TaskInfo(index=1, rank=1, node_id="n2", state="exited", exit_code=137, has_exit_code=True,
+                             reason="OOMKilled", reason_message="memory limit 4Gi")],
+        events=[api_pb2.JobEvent(at=3600.0, kind="Submitted", message="queued"),
+                api_pb2.JobEvent(at=3661.0, kind="Scheduled", message="on n1,n2")])
+
+
+def test_table_pads_each_column_to_its_widest_cell():
+    # Cells are left-aligned to the widest in their column; trailing blanks are cut.
+    assert render.table(["A", "LONG"], [["xyz", 1], ["q", ""]]).split("\n") == ["A    LONG", "xyz  1", "q"]
+    assert render.when(None) == "-" and render.when(0.0) == "-" and render.when(3661.0) == "01:01:01"
+
+
+def test_formatted_gives_json_yaml_or_the_table():
+    data = {"id": "j-1", "tasks": [1, 2]}
+    assert render.formatted(data, "json", str) == '{\n  "id": "j-1",\n  "tasks": [\n    1,\n    2\n  ]\n}'
+    assert render.formatted(data, "yaml", str) == "id: j-1\ntasks:\n- 1\n- 2"
+    assert render.formatted(data, "table", lambda d: d["id"]) == "j-1"
+    assert render.submitted("j-1", "r-1", "table") == "j-1"
+    assert json.loads(render.submitted("j-1", "r-1", "json")) == {"id": "j-1", "request_id": "r-1"}
+
+
+def test_describe_job_shows_tasks_with_their_end_and_the_events():
+    job = render.job_dict(running_job())
+    assert job["tasks"][1] == {"index": 1, "rank": 1, "node": "n2", "gpus": [], "state": "exited", "exit_code": 137,
+                               "reason": "OOMKilled", "reason_message": "memory limit 4Gi"}
+    assert job["tasks"][0]["exit_code"] is None and job["finished_at"] is None and job["queue"] == "default"
+    assert render.job_description(job) == """\
+Job:        j-1 (train)
+Status:     RUNNING
+User:       alice   Queue: default
+Attempt:    1 of 2
+Gang:       2 task(s) x cpu 2, memory 4Gi, gpu 4
+Topology:   pack rack (required)
+Priority:   0
+Command:    true
+Submitted:  01:00:00   Started: 01:01:01   Finished: -
+Tasks:
+  INDEX  RANK  NODE  GPUS     STATE    EXIT  REASON
+  0      0     n1    0,1,2,3  running  -     -
+  1      1     n2    -        exited   137   OOMKilled (memory limit 4Gi)
+Events:
+  01:00:00  Submitted  queued
+  01:01:01  Scheduled  on n1,n2"""
+    assert render.jobs_table([job]).split("\n") == [
+        "ID   NAME   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED",
+        "j-1  train  alice  RUNNING  1        2      4         01:00:00"]
+    assert render.job_event_line(running_job().events[1]) == "01:01:01  Scheduled  on n1,n2"
+
+
+def test_describe_a_pending_job_says_why_it_waits():
+    info = api_pb2.JobInfo(id="j-2", spec=codec.job_spec_to_proto(spec(tasks=3, gpu=8, name="big")),
+                           status="PENDING", waiting="short of gpu in every rack", shortfalls=["r1: 8 gpu"],
+                           reservation="nodes n1,n2", cancelled_by="bob")
+    lines = render.job_description(render.job_dict(info)).split("\n")
+    assert lines[1] == "Status:     PENDING (cancelled by bob)"
+    assert lines[-4:] == ["Waiting:    short of gpu in every rack", "  - r1: 8 gpu", "Reserved:   nodes n1,n2",
+                          "Events:"]
+
+
+def test_nodes_show_use_over_capacity_and_why_they_take_no_tasks():
+    cordoned = api_pb2.NodeInfo(
+        id="n1", address="10.0.0.1:7000", topology=["z1", "r1"], status="READY", schedulable=False, live_tasks=1,
+        capacity=types_pb2.Resources(cpu_millis=64000, memory_bytes=512 * GI, gpu=8),
+        used=types_pb2.Resources(cpu_millis=2500, memory_bytes=4 * GI, gpu=4), gpus_in_use=[0, 1, 2, 3],
+        labels={"zone": "a", "gpu_model": "H100"}, isolation="cgroup v2", cordon_reason="maintenance")
+    sick = api_pb2.NodeInfo(id="n22", address="10.0.0.22:7000", topology=["r2"], status="READY", schedulable=True,
+                            capacity=types_pb2.Resources(cpu_millis=500, memory_bytes=GI), health="nvidia-smi failed")
+    nodes = [render.node_dict(cordoned), render.node_dict(sick)]
+    assert nodes[0]["labels"] == {"gpu_model": "H100", "zone": "a"} and nodes[1]["health"] == "nvidia-smi failed"
+    assert render.nodes_table(nodes).split("\n") == [
+        "ID   STATUS  SCHEDULABLE  TOPOLOGY  GPUS  LABELS          CPU       MEMORY     TASKS  ADDRESS         REASON",
+        "n1   READY   no           z1/r1     4/8   gpu_model=H100  2500m/64  4Gi/512Gi  1      10.0.0.1:7000   "
+        "maintenance",
+        "n22  READY   yes          r2        0/0   -               0/500m    0/1Gi      0      10.0.0.22:7000  "
+        "unhealthy: nvidia-smi failed"]
+    assert render.node_description(nodes[0]) == """\
+Node:         n1   Address: 10.0.0.1:7000
+Status:       READY
+Schedulable:  no: maintenance
+Health:       passing (or no health check)
+Topology:     z1/r1
+Labels:       gpu_model=H100, zone=a
+Isolation:    cgroup v2
+GPUs:         4/8 in use (indices 0,1,2,3)
+CPU:          2500m/64
+Memory:       4Gi/512Gi
+Tasks:        1"""
+    assert render.drained("n1", ["j-1", "j-5"]) == "n1: drained; stopped 2 job(s): j-1, j-5"
+    assert render.drained("n2", []) == "n2: drained; stopped 0 job(s)"
+
+
+def test_a_queue_leaves_out_the_limits_it_does_not_set():
+    queue = Queue(name="research", parent="root", weight=2.0, guaranteed=Resources(8000, 64 * GI, 8),
+                  max=Resources(-1, -1, 16), lending_limit=Resources(-1, -1, -1), users=("alice",), groups=("ml",))
+    info = api_pb2.QueueInfo(spec=codec.queue_to_proto(queue), usage=types_pb2.Resources(gpu=4, cpu_millis=1000),
+                             pending=2, running=1)
+    implicit = api_pb2.QueueInfo(spec=types_pb2.QueueSpec(name="default", weight=1.0), implicit=True)
+    research = render.queue_dict(info)
+    assert research == {
+        "name": "research", "parent": "root", "weight": 2.0,
+        "guaranteed": {"gpu": 8, "cpu": "8", "memory": "64Gi"}, "max": {"gpu": 16}, "lending_limit": {},
+        "users": ["alice"], "groups": ["ml"], "preemption": {"rules": [], "min_runtime_s": 0.0, "max_grace_s": 0.0},
+        "usage": {"gpu": 4, "cpu": "1", "memory": "0"}, "pending": 2, "running": 1}
+    assert render.queue_dict(implicit)["implicit"] is True
+    assert render.queues_table([research]).split("\n") == [
+        "NAME      PARENT  WEIGHT  GPU USED  GPU GUARANTEED  GPU MAX  PENDING  RUNNING",
+        "research  root    2       4         8               16       2        1"]
+    assert render.applied(api_pb2.ApplyQueuesReply(created=["a"], changed=["b"], unchanged=["c"])) == [
+        "queue/a created", "queue/b configured", "queue/c unchanged"]
+
+
+def test_an_event_as_a_table_row_a_watched_line_and_a_json_line():
+    event = render.event_dict(api_pb2.ClusterEventInfo(seq=12, at=7200.0, type="Normal", topic="job",
+                                                       reason="JobSubmitted", object_id="j-1", message="by alice"))
+    assert render.events_table([event]).split("\n") == ["SEQ  TIME      TYPE    REASON        OBJECT   MESSAGE",
+                                                        "12   02:00:00  Normal  JobSubmitted  job/j-1  by alice"]
+    assert render.watched_event(event, "table") == "12      02:00:00  Normal   JobSubmitted     job/j-1  by alice"
+    assert json.loads(render.watched_event(event, "json")) == {
+        "seq": 12, "at": 7200.0, "type": "Normal", "topic": "job", "reason": "JobSubmitted", "object": "j-1",
+        "message": "by alice"}
+
+
+def test_cluster_status_names_the_leader_and_its_match_index_for_each_follower():
+    leader = api_pb2.ReplicaStatusReply(id="m1", state="leader", term=3, commit_index=10, applied_index=10,
+                                        digest="abcdef0123456789", raft_address="r:1", match_index={"r:2": 9})
+    follower = api_pb2.ReplicaStatusReply(id="m2", state="follower", term=3, commit_index=9, applied_index=8,
+                                          digest="abcdef0123456789", raft_address="r:2", leader_api="a:1")
+    replicas = [render.replica_dict("a:1", leader), render.replica_dict("a:2", follower),
+                render.unreachable_replica("a:3", "down")]
+    status = render.cluster_dict(replicas, dict(leader.match_index))
+    assert status["leader"] == {"id": "m1", "address": "a:1"} and status["term"] == 3
+    assert "matched_index" not in status["replicas"][0] and status["replicas"][1]["matched_index"] == 9
+    assert render.cluster_text(status).split("\n") == [
+        "leader: m1 at a:1 (term 3)",
+        "ID  ADDRESS  STATE     TERM  COMMIT  APPLIED  MATCHED  DIGEST        REACHABLE",
+        "m1  a:1      leader    3     10      10       -        abcdef012345  yes",
+        "m2  a:2      follower  3     9       8        9        abcdef012345  yes",
+        "?   a:3      -         -     -       -        -        -             no"]
+    leaderless = render.cluster_dict([render.replica_dict("a:2", follower)], {})
+    assert leaderless["leader"] is None and render.cluster_text(leaderless).startswith("leader: none\n")
+
+
+def test_preemption_plan_and_its_refusal():
+    plan = render.preempt_dict("j-2", api_pb2.PreemptWhatIfReply(
+        possible=True, rule="priority", victims=["j-3", "j-4"], nodes=["n1", "n2"], explanation="j-2 outranks them",
+        lost_gpu_seconds=12.5))
+    assert plan["lost_gpu_seconds"] == 12.5
+    assert render.preempt_text(plan) == "would preempt j-3, j-4 (rule priority) and hold n1, n2\nj-2 outranks them"
+    none = render.preempt_dict("j-1", api_pb2.PreemptWhatIfReply(explanation="job j-1 is RUNNING, not PENDING"))
+    assert none["rule"] is None and none["lost_gpu_seconds"] is None
+    assert render.preempt_text(none) == "no preemption for j-1: job j-1 is RUNNING, not PENDING"
+
+
+def test_users_and_a_token_shown_once():
+    alice = api_pb2.UserInfo(name="alice", groups=["ml", "ops"], role="user", created_at=3600.0, created_by="admin",
+                             token_set_at=3600.0)
+    assert render.users_table([render.user_dict(alice)]).split("\n") == [
+        "NAME   ROLE  GROUPS  CREATED   BY     TOKEN SET", "alice  user  ml,ops  01:00:00  admin  01:00:00"]
+    assert render.whoami_text(render.user_dict(alice)) == "alice (role user, groups ml,ops)"
+    assert render.whoami_text(render.user_dict(api_pb2.UserInfo(name="admin", role="admin", bootstrap=True))) == \
+        "admin (role admin, the cluster token's built-in admin)"
+    token = render.token_dict(api_pb2.UserToken(user=api_pb2.UserInfo(name="bob", role="user"), token="s3cret"))
+    assert token["token"] == "s3cret" and token["name"] == "bob"
+    assert render.token_text(token, "added") == (
+        "user bob added (role user, groups -).\n"
+        "Its token, shown this once (the cluster keeps only a keyed hash):\n\n"
+        "export SYNAPSE_TOKEN=s3cret")
+    assert render.task_log("a\nb\n", 1, prefix=True) == "[task 1] a\n[task 1] b\n"
+    assert render.task_log("a\nb", 1, prefix=False) == "a\nb"
