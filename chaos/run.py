@@ -37,6 +37,7 @@ from synapse.local import cluster as local  # noqa: E402
 from synapse.local import interrupts  # noqa: E402
 from synapse.local.netns import MasterNet  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
+from synapse.worker.agent import TASK_JOURNAL  # noqa: E402
 
 HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
 STOP_GRACE = 3.0  # synapse-local's workers
@@ -198,23 +199,19 @@ def replica_records(target: Target, timeout: float = 60.0) -> list[dict]:
 
 
 def worker_task_records(data_dir: Path, workers: list[dict]) -> list[dict]:
-    """Task starts and exits as each worker logged them."""
+    """Task starts and exits as each worker's task journal recorded them."""
     out = []
     for w in workers:
-        path = data_dir / "logs" / f"{w['id']}.log"
+        path = data_dir / "workers" / w["id"] / TASK_JOURNAL
         if not path.exists():
             continue
         for line in path.read_text(errors="replace").splitlines():
-            if "task started job=" not in line and "task exited job=" not in line:
-                continue
-            stamp = line.split(" ", 1)[0]
-            when = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + int(stamp[20:23]) / 1000
-            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-            event = "start" if "task started" in line else "exit"
-            code = fields.get("code")
-            out.append({"type": "task", "node": w["id"], "job": fields["job"], "attempt": int(fields["attempt"]),
-                        "index": int(fields["index"]), "event": event, "time": when,
-                        "code": None if code in (None, "None") else int(code)})
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill -9 mid-write
+            out.append({"type": "task", "node": w["id"], "job": r["job"], "attempt": r["attempt"],
+                        "index": r["index"], "event": r["event"], "time": r["at"], "code": r.get("code")})
     return out
 
 

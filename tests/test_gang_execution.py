@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
+from synapse.worker.agent import TASK_JOURNAL
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +155,16 @@ def test_non_zero_exit_fails_the_attempt_then_the_job(four_workers):
     kinds = [e.kind for e in done.events]
     assert kinds.count("Stopping") == 2 and "Requeued" in kinds
     assert "exited with code 3" in done.events[-1].message
+    # Each worker's task journal holds every start and exit, as records (the chaos checkers read them).
+    records = []
+    for attempt in done.attempts:
+        for index, node in enumerate(attempt.nodes):
+            journal = cluster.worker_dir(node) / TASK_JOURNAL
+            records += [r for r in map(json.loads, journal.read_text().splitlines())
+                        if (r["job"], r["attempt"], r["index"]) == (gang, attempt.attempt, index)]
+    assert sorted((r["attempt"], r["index"], r["event"]) for r in records) == [
+        (a, i, e) for a in (1, 2) for i in (0, 1) for e in ("exit", "start")]
+    assert {r["code"] for r in records if r["event"] == "exit" and r["index"] == 1} == {3}
 
 
 def test_external_runtime_template_receives_the_task(make_cluster, tmp_path):

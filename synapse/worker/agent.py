@@ -49,6 +49,9 @@ POLL_S = 0.1
 WATCH_REOPEN_S = 0.05
 WATCH_REFUSED_S = 1.0
 STATE_FILE = "worker-state.json"
+#: Every task process this worker started and saw end, one JSON object a line, appended (the
+#: record an operator or the chaos checkers read; the log's wording is for people).
+TASK_JOURNAL = "task-events.jsonl"
 
 
 class WorkerAgent:
@@ -188,7 +191,18 @@ class WorkerAgent:
         self.metrics.task_start.observe(time.monotonic() - seen)
         log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d", a.job_id, a.attempt, a.index,
                  a.rank, handle.pid)
+        self._journal("start", a, pid=handle.pid)
         self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+
+    def _journal(self, event: str, a: Assignment, **fields: object) -> None:
+        """Append a task's start or end to the task journal (TASK_JOURNAL)."""
+        record = {"at": time.time(), "event": event, "job": a.job_id, "attempt": a.attempt, "index": a.index,
+                  **fields}
+        try:
+            with open(self.data_dir / TASK_JOURNAL, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:  # the task runs whether or not its record could be written
+            log.warning("task journal not written task=%s error=%s", a.key, exc)
 
     def _poll_processes(self) -> bool:
         self.runtime.reap()
@@ -202,6 +216,7 @@ class WorkerAgent:
                 code = end.exit_code
                 log.info("task exited job=%s attempt=%d index=%d code=%s reason=%s detail=%s", a.job_id, a.attempt,
                          a.index, code, end.cause, end.detail or "-")
+                self._journal("exit", a, pid=task.handle.pid, code=code, reason=str(end.cause))
                 outcome = ("succeeded" if code == 0 else "oom_killed" if end.cause == "OOMKilled"
                            else "killed" if code is None or task.phase == "stopping" else "failed")
                 self.metrics.exits.labels(outcome).inc()
