@@ -449,7 +449,9 @@ def cluster() -> None:
 @click.pass_obj
 def cluster_status(obj: Context, output: str) -> None:
     """Every replica: role, term, commit and applied index, how far the leader knows it has stored
-    the log (MATCHED), and who is reachable."""
+    the log (MATCHED), the command-set version its code applies (VERSION), and who is reachable;
+    and the cluster version, the highest every member is known to apply (commands of a newer kind
+    wait for it)."""
     client = obj.client
     replicas = []
     matched: dict[str, int] = {}
@@ -460,7 +462,8 @@ def cluster_status(obj: Context, output: str) -> None:
                              "commit_index": s.commit_index, "applied_index": s.applied_index,
                              "commands_applied": s.commands_applied, "digest": s.digest[:12],
                              "leader": s.leader_api or None, "connected_to": list(s.connected),
-                             "raft_address": s.raft_address, "log_start": s.log_start})
+                             "raft_address": s.raft_address, "log_start": s.log_start,
+                             "command_version": s.command_version or None, "cluster_version": s.cluster_version})
             if s.state == "leader":
                 matched = dict(s.match_index)
         except (ClientError, ClusterUnavailable) as exc:
@@ -474,13 +477,14 @@ def cluster_status(obj: Context, output: str) -> None:
     top = max(leaders, key=lambda r: r["term"]) if leaders else None
     data = {"leader": {"id": top["id"], "address": top["address"]} if top else None,
             "term": top["term"] if top else max((r.get("term", 0) for r in replicas), default=0),
-            "replicas": replicas}
+            "cluster_version": top["cluster_version"] if top else None, "replicas": replicas}
     emit(data, output, lambda d: (f"leader: {d['leader']['id']} at {d['leader']['address']} (term {d['term']})"
-                                  if d["leader"] else "leader: none") + "\n" + render_table(
-        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "REACHABLE"],
+                                  if d["leader"] else "leader: none")
+         + f"\ncluster version: {d['cluster_version'] or 'unknown (no leader)'}\n" + render_table(
+        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "VERSION", "REACHABLE"],
         [[r.get("id") or "?", r["address"], r.get("state", "-"), r.get("term", "-"), r.get("commit_index", "-"),
           r.get("applied_index", "-"), r.get("matched_index", "-"), r.get("digest", "-"),
-          "yes" if r["reachable"] else "no"]
+          r.get("command_version") or "-", "yes" if r["reachable"] else "no"]
          for r in d["replicas"]]))
 
 

@@ -96,13 +96,21 @@ class LoopInbox:
 
 
 class ProposeError(Exception):
-    """A proposal that did not produce a result. `maybe_applied` says whether it may still commit."""
+    """A proposal that did not produce a result. `maybe_applied` says whether it may still commit.
 
-    def __init__(self, kind: str, maybe_applied: bool, leader: str | None = None) -> None:
+    Kinds besides pysyncobj's outcomes: `timeout`; `HALTED`, the entry committed but this replica
+    stopped applying before it (maybe applied: the others apply it); `CLUSTER_VERSION`, refused
+    before proposing because a member's code could not apply the command (never applied)."""
+
+    def __init__(self, kind: str, maybe_applied: bool, leader: str | None = None, *, needed: int = 0,
+                 behind: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__(kind)
         self.kind = kind
         self.maybe_applied = maybe_applied
         self.leader = leader  #: a redirect hint, never proof
+        self.needed = needed  #: CLUSTER_VERSION: the command-set version the command needs
+        #: CLUSTER_VERSION: (raft address, version it reported, 0 if none) of each member below `needed`
+        self.behind = behind
 
 
 #: pysyncobj outcomes after which the command may still be (or already be) committed.
@@ -117,32 +125,52 @@ IN_FLIGHT_TIMEOUT_S = 5.0
 
 
 class ReplicatedState(SyncObjConsumer):
-    """A ClusterState applied through the Raft log. Read it under `lock`."""
+    """A ClusterState applied through the Raft log. Read it under `lock`.
 
-    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+    It stops applying, for good, at the first log entry it must not apply: one that fails its
+    checksum (`corruption`), or one its code does not know (`unknown_entry`: a command kind or
+    version from a newer release, an undecodable body). Applying it, or skipping it as a
+    rejection, would part this replica's state from its peers'; so the state stays as it was
+    before that entry, later entries are not applied either, no snapshot is taken (SafeSyncObj
+    asks `stop_reason`), and the master's watchdog stops the process. Restarted with code that
+    knows the entry, the replica replays its journal from there."""
+
+    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS, commands: codec.CommandSet = codec.CURRENT) -> None:
         super().__init__()
         self.lock = threading.RLock()  #: held by apply and by every compound read
         self.state = ClusterState(levels)  #: replaced wholesale when a snapshot is loaded
+        self.commands = commands  #: the command kinds and versions this replica's code applies; fixed
         #: set (and never cleared) when stored data fails its checksum: this replica must stop
         self.corruption = ""
+        #: set (and never cleared) at the first log entry this replica's code cannot apply: it must stop
+        self.unknown_entry = ""
         self._digest_cache: tuple[int, str] = (-1, "")  #: (applied, digest) last computed
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
         self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
 
     @replicated
-    def apply(self, data: bytes) -> list[tuple[bool, str, str]]:
-        """The one replicated door: a sealed (checksummed), versioned, encoded command or batch."""
+    def apply(self, data: bytes) -> list[tuple[bool, str, str]] | None:
+        """The one replicated door: a sealed (checksummed), versioned, encoded command or batch.
+        None when the entry was not applied because this replica stopped applying (see the class)."""
+        if self.stop_reason():
+            return None  # stopped at an earlier entry: applying this one would skip that one
         try:
             payload = unseal(data)
         except CorruptionError as exc:
             # Only a damaged copy fails its CRC: applying it (even as a rejection) would make this
             # replica diverge from the others. Stop applying; the master process stops serving.
-            self.corruption = self.corruption or f"corrupt log entry: {exc}"
+            self.corruption = f"corrupt log entry{self._entry_index()}: {exc}"
             log.critical("%s; this replica stops applying", self.corruption)
-            return [(False, self.corruption, "")]
-        with self.lock:
-            applied = self.state.apply_entry(payload)
+            return None
+        try:
+            with self.lock:
+                applied = self.state.apply_entry(payload, self.commands)
+        except codec.CodecError as exc:  # written by code that knows more (apply_entry changed nothing)
+            self.unknown_entry = (f"log entry{self._entry_index()} holds a command this replica's code cannot "
+                                  f"apply: {exc}")
+            log.critical("%s; this replica stops applying", self.unknown_entry)
+            return None
         listener = self.listener
         if listener is not None:
             try:
@@ -150,6 +178,15 @@ class ReplicatedState(SyncObjConsumer):
             except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
                 log.exception("apply listener failed")
         return [(r.ok, r.error, r.value) for _, r in applied]
+
+    def stop_reason(self) -> str:
+        """Why this replica stopped applying ('' while it applies)."""
+        return self.corruption or self.unknown_entry
+
+    def _entry_index(self) -> str:
+        """' <raft index>' of the entry being applied, when a SyncObj applies it ('' otherwise)."""
+        sync = self._syncObj
+        return f" {sync.raftLastApplied + 1}" if sync is not None else ""
 
     def _serialize(self) -> dict:
         with self.lock:
@@ -211,11 +248,14 @@ class RaftNode:
     """One replica: a SyncObj carrying a ReplicatedState."""
 
     def __init__(self, self_address: str, partners: list[str], conf: SyncObjConf,
-                 levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True) -> None:
-        self.replicated = ReplicatedState(levels)
+                 levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True,
+                 commands: codec.CommandSet = codec.CURRENT) -> None:
+        self.commands = commands  #: the command kinds and versions this replica's code applies
+        self.replicated = ReplicatedState(levels, commands)
         self.dump_watch = DumpFailureWatch()
         logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
-        self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
+        self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated],
+                                command_version=commands.known, stopped=self.replicated.stop_reason)
         if durable:
             fsync_durable(self.sync)
         self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
@@ -230,15 +270,47 @@ class RaftNode:
 
     def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
         """Append a command and wait for its result on this replica; raises ProposeError."""
+        self.check_cluster_version(cmd)
         try:
-            [(ok, error, value)] = self.replicated.apply(seal(codec.encode_command(cmd)), sync=True, timeout=timeout)
+            results = self.replicated.apply(seal(codec.encode_command(cmd, self.commands)), sync=True,
+                                            timeout=timeout)
         except SyncObjException as exc:
             code = exc.errorCode
             if code == "Timeout":
                 raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from exc
             name = _FAIL_NAMES.get(code, str(code))
             raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
+        if results is None:
+            raise ProposeError("HALTED", maybe_applied=True, leader=self.leader())
+        [(ok, error, value)] = results
         return c.Result(ok, error, value)
+
+    def check_cluster_version(self, cmd: c.Command) -> None:
+        """Raise ProposeError CLUSTER_VERSION unless every member's code can apply `cmd`.
+
+        A replica stops at a log entry its code does not know. So a command of a kind introduced by
+        command-set version V is proposed only once every member of the configuration has told
+        this replica (its leader) that it knows V: etcd's cluster version. During a rolling upgrade
+        the new kinds wait for the last replica; a member not heard from counts as not upgraded.
+        """
+        needed = self.commands.version_of(cmd)
+        if needed <= codec.BASE_VERSION:
+            return  # every release applies these: nothing to wait for, even with a member down
+        behind = tuple(sorted((member, version) for member, version in self.member_versions().items()
+                              if version < needed))
+        if behind:
+            raise ProposeError("CLUSTER_VERSION", maybe_applied=False, leader=self.leader(), needed=needed,
+                               behind=behind)
+
+    def member_versions(self) -> dict[str, int]:
+        """Each member's command-set version by Raft address, as this replica last heard it (0: not
+        heard lately, or a release that does not tell); only a leader hears its followers'."""
+        return self.sync.member_versions()
+
+    def cluster_version(self) -> int:
+        """The highest command-set version every member is known to apply (on a leader; a member
+        not heard from counts as the base version, which every release applies)."""
+        return max(codec.BASE_VERSION, min(self.member_versions().values()))
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
         """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""
@@ -253,6 +325,7 @@ class RaftNode:
         command with its own result). Under load one Raft round then carries many commands; when
         idle a proposal goes out at once.
         """
+        self.check_cluster_version(cmd)
         loop = asyncio.get_running_loop()
         if self.inbox is None or self.inbox.loop is not loop:
             self.bind_loop(loop)
@@ -270,6 +343,8 @@ class RaftNode:
         if err != FAIL_REASON.SUCCESS:
             raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
                                leader=self.leader())
+        if res is None:  # committed, but this replica stopped applying before it
+            raise ProposeError("HALTED", maybe_applied=True, leader=self.leader())
         ok, error, value = res
         return c.Result(ok, error, value)
 
@@ -278,7 +353,8 @@ class RaftNode:
         while self._queued and self._in_flight < MAX_IN_FLIGHT:
             batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
             cmds = [cmd for cmd, _ in batch]
-            data = seal(codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds))
+            data = seal(codec.encode_command(cmds[0], self.commands) if len(cmds) == 1
+                        else codec.encode_batch(cmds, self.commands))
             futures = [f for _, f in batch]
             self._waiting.update(futures)
             self.entries_proposed += 1
@@ -379,6 +455,10 @@ class RaftNode:
     def corruption(self) -> str:
         """Why this replica must stop ('' while its stored data is sound)."""
         return self.replicated.corruption or self.dump_watch.failure or self.sync.diverged
+
+    def unknown_entry(self) -> str:
+        """Why this replica must stop at a log entry its code cannot apply ('' while there is none)."""
+        return self.replicated.unknown_entry
 
     def leader_if_connected(self) -> str | None:
         """The leader's address if this replica leads or currently has a live link to it."""

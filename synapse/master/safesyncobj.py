@@ -26,6 +26,15 @@ Each correction, and why (the class docstring and the methods hold the details):
   its journal started with a journal beginning before the snapshot, and pysyncobj cleared all of
   it, acknowledged entries after the snapshot included: the entries after it are kept, and the
   journal is cut in memory only (`tests/test_snapshots.py`).
+* **No snapshot after a stop.** A consumer that stops applying at an entry it must not apply (a
+  corrupt one, or one its code does not know) leaves its state before that entry while pysyncobj
+  counts the entry as applied: a snapshot then would record the entry as applied, and the
+  replica, restarted with code that knows it, would never apply it. `stopped` holds compaction.
+* **Command versions.** A follower tells the leader the highest command-set version its code
+  applies in every answer to an AppendEntries (an extra key older releases ignore), and the leader
+  keeps the last one per peer, forgotten when the link drops (`member_versions`): the leader
+  proposes a command kind only once every member knows its version
+  (synapse.master.raft.RaftNode.check_cluster_version).
 * **Snapshot contents.** pysyncobj pickles every attribute set after its own `__init__` into its
   snapshots, and a replica loading one takes them over: every attribute of SafeSyncObj exists
   before `SyncObj.__init__` runs (`snapshot_extras` lists any that slipped through).
@@ -65,7 +74,8 @@ def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
 _INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
               "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
               "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick",
-              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__loadDumpFile")
+              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__loadDumpFile",
+              "_SyncObj__tryLogCompaction", "_SyncObj__onNodeConnected", "_SyncObj__onNodeDisconnected")
 _missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
 if _missing:
     raise ImportError(f"this pysyncobj lacks {_missing}: synapse.master.safesyncobj.SafeSyncObj needs "
@@ -101,6 +111,10 @@ class SafeSyncObj(SyncObj):
     long collection), the answers waited unread, or were never asked for: it stepped down with
     nothing wrong with the cluster. After a tick arrives late, the replica first reads what is
     waiting, and a leader does not count the time it was not running against its followers.
+
+    **Stops and versions** (see the module docstring): no snapshot once `stopped()` names a reason;
+    `command_version` rides on every AppendEntries answer, and a leader reads what its peers told
+    it with `member_versions`.
     """
 
     #: A tick this much later than the previous one's end means this thread did not run meanwhile.
@@ -108,12 +122,21 @@ class SafeSyncObj(SyncObj):
     PREVOTE = True  #: off only to show, in a test, what happens without it
     PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
     REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
+    #: A member whose version was last heard longer ago than this counts as unknown (not upgraded).
+    VERSION_HEARD_S = 2.0
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, command_version: int = 0, stopped: Callable[[], str] | None = None, **kwargs) -> None:
         # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
         # pickles any attribute set later into its snapshots, and a replica loading one takes them
         # over (a bound method set later made every snapshot fail: "Failed to store full dump").
         self.diverged = ""  #: why this replica can no longer be trusted, once it cannot
+        #: why the consumer stopped applying ('' while it applies); fixed at construction
+        self._stopped: Callable[[], str] = stopped or (lambda: "")
+        self.command_version = command_version  #: the highest command-set version this replica applies; fixed
+        #: peer node -> (command-set version it last told on its current link, monotonic time it
+        #: did); written by the tick thread only
+        self._versions: dict = {}
+        self._send: Callable | None = None  #: the transport's own send
         self._prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
         self._prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
         self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
@@ -135,6 +158,7 @@ class SafeSyncObj(SyncObj):
         transport = self._SyncObj__transport
         self._drop_link, self._add_link = transport.dropNode, transport.addNode
         transport.dropNode, transport.addNode = self._guarded_drop, self._guarded_add
+        self._send, transport.send = transport.send, self._send_with_version
 
     def snapshot_extras(self) -> list[str]:
         """Attributes pysyncobj would pickle into a snapshot besides its own (none, if all is well)."""
@@ -170,6 +194,40 @@ class SafeSyncObj(SyncObj):
             elif node != self._SyncObj__raftLeader or self._SyncObj__raftState == _RAFT_STATE.LEADER:
                 self._kept_links.discard(node)
                 self._drop_link(node)
+
+    def _send_with_version(self, node, message) -> bool:
+        """The transport's send; an answer to a leader's AppendEntries also carries this replica's
+        command-set version (pysyncobj builds a fresh dict per message, and ignores unknown keys)."""
+        if self.command_version and isinstance(message, dict) and message.get("type") == "next_node_idx":
+            message["command_version"] = self.command_version
+        return self._send(node, message)
+
+    def member_versions(self) -> dict[str, int]:
+        """Each member's command-set version by address, this replica's own included, as last heard
+        on its current link (0: not heard on it within VERSION_HEARD_S, or a release that does not
+        tell). Only a leader hears its followers'. Safe from any thread.
+
+        A version is forgotten when the link to its member drops or is made again: a member
+        restarted with other code would otherwise keep the version its previous process told."""
+        now = monotonic()
+        members = {getattr(self.selfNode, "address", str(self.selfNode)): self.command_version}
+        for node in self.otherNodes:
+            version, heard = self._versions.get(node, (0, float("-inf")))
+            members[getattr(node, "address", str(node))] = version if now - heard <= self.VERSION_HEARD_S else 0
+        return members
+
+    def _SyncObj__onNodeConnected(self, node):  # noqa: N802 - overrides the mangled name
+        self._versions.pop(node, None)
+        SyncObj._SyncObj__onNodeConnected(self, node)
+
+    def _SyncObj__onNodeDisconnected(self, node):  # noqa: N802 - overrides the mangled name
+        self._versions.pop(node, None)
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+
+    def _SyncObj__tryLogCompaction(self):  # noqa: N802 - overrides the mangled name
+        if self._stopped():
+            return  # the state stands before an entry pysyncobj counts as applied: see the module docstring
+        SyncObj._SyncObj__tryLogCompaction(self)
 
     def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
         if type(self._SyncObj__serializer) is not SnapshotWriter:  # before the first tick can compact
@@ -333,6 +391,9 @@ class SafeSyncObj(SyncObj):
             self._rejoined = now  # the first word after a silence (not the first ever: a start is no cut)
         self._heard_any = now
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "next_node_idx":  # a follower's answer to an AppendEntries
+            version = message.get("command_version")
+            self._versions[node] = (version if isinstance(version, int) else 0, now)
         if kind == "pre_vote":
             return self._answer_prevote(node, message)
         if kind == "pre_vote_response":
