@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import pytest
@@ -23,8 +24,11 @@ def test_serving_refuses_to_start_with_an_unguarded_rpc(monkeypatch):
 
     monkeypatch.delitem(access.ACCESS, "CancelJob")
     monkeypatch.setattr(endpoints, "ACCESS", access.ACCESS)
-    with pytest.raises(RuntimeError, match="CancelJob"):
+    async def serve() -> None:  # a gRPC aio server belongs to a running loop (other tests close theirs)
         endpoints.add_to_server(object(), grpc.aio.server())  # type: ignore[arg-type]
+
+    with pytest.raises(RuntimeError, match="CancelJob"):
+        asyncio.run(serve())
 
 
 @pytest.mark.parametrize("method", sorted(m for m, r in access.ACCESS.items() if r is Role.ADMIN))

@@ -14,7 +14,7 @@ import pytest
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 
-from synapse.master.raft import SafeSyncObj, held_prefix
+from synapse.master.safesyncobj import SafeSyncObj, held_prefix
 
 NOOP = _bchr(_COMMAND_TYPE.NO_OP)
 _ports = itertools.count(47100)

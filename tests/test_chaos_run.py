@@ -36,7 +36,7 @@ def test_long_run_seed_7_regression(tmp_path):
     """Seed 7 made the replicas diverge (35 minutes, one fault lane): pysyncobj's followers
     truncated log entries they had already applied whenever the leader repeated an append
     ('truncating already-applied log entries'), so a crash could lose committed entries. Fixed by
-    raft.SafeSyncObj; kept as the regression test, now with both fault lanes and every kind
+    safesyncobj.SafeSyncObj; kept as the regression test, now with both fault lanes and every kind
     (~2,000 faults or more in 65 minutes)."""
     report = run(masters=3, workers=4, duration=3900, seed=7, kinds=KINDS, out=tmp_path / "chaos",
                  clients=3, interval=0.5)

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.fsm import MAX_EVENTS_PER_JOB, ClusterState
 from synapse.core.model import JobStatus, NodeStatus, Placement, Resources, Role, TaskState
@@ -258,10 +259,13 @@ def test_rejections_carry_a_code_that_code_can_act_on(cmd, code):
     assert not result.ok and result.code is code, result
 
 
-def test_garbage_bytes_are_rejected_not_raised():
+def test_garbage_bytes_change_nothing_and_raise_codec_error():
+    """An entry this code cannot read is not a rejection: the replica must stop before it."""
     state = cluster()
-    result = state.apply_bytes(b"\x08\x99\x99\x99\x99\x0f")
-    assert not result.ok and state.applied == 9
+    before = state.digest()
+    with pytest.raises(codec.CodecError):
+        state.apply_bytes(b"\x08\x99\x99\x99\x99\x0f")
+    assert state.applied == 8 and state.digest() == before
 
 
 def test_snapshot_round_trip_keeps_digest_and_indexes():

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from synapse.local.cluster import free_base_port
-from synapse.master.raft import ReplicatedState, SafeSyncObj, raft_config
+from synapse.master.raft import ReplicatedState, raft_config
+from synapse.master.safesyncobj import SafeSyncObj
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.master.raft import SafeSyncObj
+from synapse.master.safesyncobj import SafeSyncObj
 from tests.test_prevote import elect, start, tick
 
 pytestmark = pytest.mark.slow

@@ -155,9 +155,11 @@ def test_an_event_as_a_table_row_a_watched_line_and_a_json_line():
 
 def test_cluster_status_names_the_leader_and_its_match_index_for_each_follower():
     leader = api_pb2.ReplicaStatusReply(id="m1", state="leader", term=3, commit_index=10, applied_index=10,
-                                        digest="abcdef0123456789", raft_address="r:1", match_index={"r:2": 9})
+                                        digest="abcdef0123456789", raft_address="r:1", match_index={"r:2": 9},
+                                        command_version=2, cluster_version=1)
     follower = api_pb2.ReplicaStatusReply(id="m2", state="follower", term=3, commit_index=9, applied_index=8,
-                                          digest="abcdef0123456789", raft_address="r:2", leader_api="a:1")
+                                          digest="abcdef0123456789", raft_address="r:2", leader_api="a:1",
+                                          command_version=1)
     replicas = [render.replica_dict("a:1", leader), render.replica_dict("a:2", follower),
                 render.unreachable_replica("a:3", "down")]
     status = render.cluster_dict(replicas, dict(leader.match_index))
@@ -165,10 +167,11 @@ def test_cluster_status_names_the_leader_and_its_match_index_for_each_follower()
     assert "matched_index" not in status["replicas"][0] and status["replicas"][1]["matched_index"] == 9
     assert render.cluster_text(status).split("\n") == [
         "leader: m1 at a:1 (term 3)",
-        "ID  ADDRESS  STATE     TERM  COMMIT  APPLIED  MATCHED  DIGEST        REACHABLE",
-        "m1  a:1      leader    3     10      10       -        abcdef012345  yes",
-        "m2  a:2      follower  3     9       8        9        abcdef012345  yes",
-        "?   a:3      -         -     -       -        -        -             no"]
+        "cluster version: 1",
+        "ID  ADDRESS  STATE     TERM  COMMIT  APPLIED  MATCHED  DIGEST        VERSION  REACHABLE",
+        "m1  a:1      leader    3     10      10       -        abcdef012345  2        yes",
+        "m2  a:2      follower  3     9       8        9        abcdef012345  1        yes",
+        "?   a:3      -         -     -       -        -        -             -        no"]
     leaderless = render.cluster_dict([render.replica_dict("a:2", follower)], {})
     assert leaderless["leader"] is None and render.cluster_text(leaderless).startswith("leader: none\n")
 

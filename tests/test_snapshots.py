@@ -19,7 +19,8 @@ from synapse.core import codec
 from synapse.core import commands as c
 from synapse.local.cluster import free_base_port
 from synapse.master.durability import SnapshotWriter, seal
-from synapse.master.raft import ReplicatedState, SafeSyncObj, raft_config
+from synapse.master.raft import ReplicatedState, raft_config
+from synapse.master.safesyncobj import SafeSyncObj
 from tests.test_prevote import cut_off, elect, tick
 
 

@@ -166,7 +166,8 @@ def replica_dict(address: str, s: api_pb2.ReplicaStatusReply) -> dict[str, Any]:
             "commit_index": s.commit_index, "applied_index": s.applied_index,
             "commands_applied": s.commands_applied, "digest": s.digest[:12],
             "leader": s.leader_api or None, "connected_to": list(s.connected),
-            "raft_address": s.raft_address, "log_start": s.log_start}
+            "raft_address": s.raft_address, "log_start": s.log_start,
+            "command_version": s.command_version or None, "cluster_version": s.cluster_version}
 
 
 def unreachable_replica(address: str, error: str) -> dict[str, Any]:
@@ -183,16 +184,17 @@ def cluster_dict(replicas: list[dict[str, Any]], matched: dict[str, int]) -> dic
     top = max(leaders, key=lambda r: r["term"]) if leaders else None
     return {"leader": {"id": top["id"], "address": top["address"]} if top else None,
             "term": top["term"] if top else max((r.get("term", 0) for r in replicas), default=0),
-            "replicas": replicas}
+            "cluster_version": top["cluster_version"] if top else None, "replicas": replicas}
 
 
 def cluster_text(d: dict[str, Any]) -> str:
     return (f"leader: {d['leader']['id']} at {d['leader']['address']} (term {d['term']})"
-            if d["leader"] else "leader: none") + "\n" + table(
-        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "REACHABLE"],
+            if d["leader"] else "leader: none") \
+        + f"\ncluster version: {d.get('cluster_version') or 'unknown (no leader)'}\n" + table(
+        ["ID", "ADDRESS", "STATE", "TERM", "COMMIT", "APPLIED", "MATCHED", "DIGEST", "VERSION", "REACHABLE"],
         [[r.get("id") or "?", r["address"], r.get("state", "-"), r.get("term", "-"), r.get("commit_index", "-"),
           r.get("applied_index", "-"), r.get("matched_index", "-"), r.get("digest", "-"),
-          "yes" if r["reachable"] else "no"]
+          r.get("command_version") or "-", "yes" if r["reachable"] else "no"]
          for r in d["replicas"]])
 
 

@@ -338,7 +338,9 @@ def cluster() -> None:
 @click.pass_obj
 def cluster_status(obj: Context, output: str) -> None:
     """Every replica: role, term, commit and applied index, how far the leader knows it has stored
-    the log (MATCHED), and who is reachable."""
+    the log (MATCHED), the command-set version its code applies (VERSION), and who is reachable;
+    and the cluster version, the highest every member is known to apply (commands of a newer kind
+    wait for it)."""
     client = obj.client
     replicas = []
     matched: dict[str, int] = {}

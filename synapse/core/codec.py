@@ -1,10 +1,21 @@
 """Conversions between domain objects and protobuf messages: flat `x_to_proto` / `x_from_proto` pairs.
 
 This is the only module that knows both worlds. Decoding never trusts its input: a malformed or
-unknown command raises `CodecError`, which the state machine turns into a rejection.
+unknown command raises `CodecError`. Coming from the Raft log, such an entry stops the replica
+(synapse.master.raft.ReplicatedState): written by code that knows more than this replica's, it
+cannot be skipped without this replica's state parting from its peers'.
+
+Command-set versions (etcd's cluster version): each kind of command has the version of the command
+set that introduced it (`KIND_VERSIONS`), and a log entry carries its kind's version. A replica
+knows the versions up to `COMMAND_VERSION` and refuses the rest; a leader proposes a kind only once
+every member has told it it knows that kind's version, so a cluster upgrades one replica at a time.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from google.protobuf.message import DecodeError
 
@@ -24,13 +35,42 @@ from synapse.core.model import (
 )
 from synapse.proto import api_pb2, commands_pb2, types_pb2
 
-#: Version of the command encoding written by this code. Bump it when a change would make an older
-#: replica apply a newer command differently; apply refuses versions above the one it knows.
-COMMAND_VERSION = 1
+#: The command-set version that introduced each kind of command; a log entry carries its kind's.
+#: A new kind, or a kind whose encoding or apply changes so that an older replica would apply it
+#: differently, takes COMMAND_VERSION + 1: a leader proposes it only once every member knows it.
+KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
+    c.RegisterNode: 1, c.NodeDown: 1, c.NodeUp: 1, c.SetSchedulable: 1, c.SetNodeHealth: 1, c.SubmitJob: 1,
+    c.CommitPlan: 1, c.TaskStarted: 1, c.TaskExited: 1, c.CancelJob: 1, c.FailAttempt: 1, c.Barrier: 1,
+    c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
+    c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
+})
+#: The highest command-set version this code knows: what its replica reports, and the most it applies.
+COMMAND_VERSION = max(KIND_VERSIONS.values())
+#: The version every release applies (the first command set): commands of it are never held back.
+BASE_VERSION = 1
 
 
 class CodecError(ValueError):
     """Bytes that are not a command this version understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSet:
+    """The commands a replica's code applies: the version that introduced each kind, and the highest
+    version it knows. `CURRENT` is this code's; a test builds an older one (synapse.master.main)."""
+
+    introduced: Mapping[type[c.Command], int]
+    known: int
+
+    def version_of(self, cmd: c.Command) -> int:
+        """The command-set version a replica needs to apply `cmd`."""
+        version = self.introduced.get(type(cmd))
+        if version is None:
+            raise CodecError(f"unknown command type {type(cmd).__name__}")
+        return version
+
+
+CURRENT = CommandSet(KIND_VERSIONS, COMMAND_VERSION)
 
 
 def resources_to_proto(r: Resources) -> types_pb2.Resources:
@@ -87,8 +127,8 @@ def placement_from_proto(p: types_pb2.Placement) -> Placement:
     return Placement(index=p.index, node_id=p.node_id, gpus=tuple(p.gpus), rank=p.rank)
 
 
-def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
-    env = commands_pb2.Command(version=COMMAND_VERSION, at=cmd.at, term=cmd.term, by=cmd.by)
+def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands_pb2.Command:
+    env = commands_pb2.Command(version=commands.version_of(cmd), at=cmd.at, term=cmd.term, by=cmd.by)
     match cmd:
         case c.RegisterNode():
             env.register_node.CopyFrom(commands_pb2.RegisterNode(
@@ -156,10 +196,19 @@ def command_to_proto(cmd: c.Command) -> commands_pb2.Command:
     return env
 
 
-def command_from_proto(env: commands_pb2.Command) -> c.Command:
-    if env.version == 0 or env.version > COMMAND_VERSION:
+def command_from_proto(env: commands_pb2.Command, commands: CommandSet = CURRENT) -> c.Command:
+    if env.version == 0 or env.version > commands.known:
         raise CodecError(f"command version {env.version} is not supported (this replica knows "
-                         f"1..{COMMAND_VERSION})")
+                         f"1..{commands.known}; body {env.WhichOneof('body') or 'unknown'})")
+    cmd = _body_from_proto(env)
+    needed = commands.version_of(cmd)
+    if needed > commands.known:
+        raise CodecError(f"{type(cmd).__name__} commands need command-set version {needed} (this replica "
+                         f"knows 1..{commands.known})")
+    return cmd
+
+
+def _body_from_proto(env: commands_pb2.Command) -> c.Command:
     kind = env.WhichOneof("body")
     base = {"at": env.at, "term": env.term, "by": env.by}
     match kind:
@@ -235,15 +284,16 @@ def command_from_proto(env: commands_pb2.Command) -> c.Command:
             raise CodecError(f"command has no known body (got {kind!r})")
 
 
-def encode_command(cmd: c.Command) -> bytes:
+def encode_command(cmd: c.Command, commands: CommandSet = CURRENT) -> bytes:
     """The bytes that go into the Raft log for `cmd`."""
-    return command_to_proto(cmd).SerializeToString()
+    return command_to_proto(cmd, commands).SerializeToString()
 
 
-def encode_batch(cmds: list[c.Command]) -> bytes:
-    """One log entry carrying several commands (group commit)."""
-    env = commands_pb2.Command(version=COMMAND_VERSION)
-    env.batch.commands.extend(command_to_proto(cmd) for cmd in cmds)
+def encode_batch(cmds: list[c.Command], commands: CommandSet = CURRENT) -> bytes:
+    """One log entry carrying several commands (group commit), at the highest version among them."""
+    subs = [command_to_proto(cmd, commands) for cmd in cmds]
+    env = commands_pb2.Command(version=max((sub.version for sub in subs), default=BASE_VERSION))
+    env.batch.commands.extend(subs)
     return env.SerializeToString()
 
 
@@ -256,27 +306,27 @@ def _parse(data: bytes) -> commands_pb2.Command:
     return env
 
 
-def decode_command(data: bytes) -> c.Command:
+def decode_command(data: bytes, commands: CommandSet = CURRENT) -> c.Command:
     """The command in `data`; raises CodecError on anything malformed or unknown."""
-    return command_from_proto(_parse(data))
+    return command_from_proto(_parse(data), commands)
 
 
-def decode_entry(data: bytes) -> list[c.Command | CodecError]:
-    """The commands of one log entry: one, or a batch's. A sub-command that does not decode
-    comes back as its CodecError, so the others still apply; a batch inside a batch is refused."""
+def decode_entry(data: bytes, commands: CommandSet = CURRENT) -> list[c.Command]:
+    """The commands of one log entry: one, or a batch's. Raises CodecError if any of them does not
+    decode (the entry is applied whole or not at all); a batch inside a batch is refused."""
     env = _parse(data)
     if env.WhichOneof("body") != "batch":
-        return [command_from_proto(env)]
-    if env.version == 0 or env.version > COMMAND_VERSION:
-        raise CodecError(f"command version {env.version} is not supported")
-    out: list[c.Command | CodecError] = []
-    for sub in env.batch.commands:
+        return [command_from_proto(env, commands)]
+    if env.version == 0 or env.version > commands.known:
+        raise CodecError(f"command version {env.version} is not supported (this replica knows 1..{commands.known})")
+    out: list[c.Command] = []
+    for i, sub in enumerate(env.batch.commands):
+        if sub.WhichOneof("body") == "batch":
+            raise CodecError(f"batch command {i}: a batch must not contain a batch")
         try:
-            if sub.WhichOneof("body") == "batch":
-                raise CodecError("a batch must not contain a batch")
-            out.append(command_from_proto(sub))
+            out.append(command_from_proto(sub, commands))
         except CodecError as exc:
-            out.append(exc)
+            raise CodecError(f"batch command {i}: {exc}") from exc
     return out
 
 

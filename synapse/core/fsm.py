@@ -118,26 +118,24 @@ class ClusterState:
     # ---- the one door ---------------------------------------------------------------------------
 
     def apply_bytes(self, data: bytes) -> Result:
-        """Decode a single-command log entry and apply it; malformed entries are rejected."""
+        """Decode a single-command log entry and apply it (CodecError as for `apply_entry`)."""
         return self.apply_entry(data)[0][1]
 
-    def apply_entry(self, data: bytes) -> list[tuple[c.Command | None, Result]]:
+    def apply_entry(self, data: bytes, commands: codec.CommandSet = codec.CURRENT) -> list[tuple[c.Command, Result]]:
         """Apply every command of a log entry (one, or a batch's, in order) with its result.
 
-        A command that does not decode is rejected (and counted) like any other rejection.
+        An entry this code cannot apply (a command kind or version it does not know, an undecodable
+        body, a kind without a handler) raises CodecError and changes nothing, not even `applied`.
+        It was written by code that knows more: rejecting it would part this state from the states
+        of the replicas that apply it, so the replica must stop before it instead (see
+        synapse.master.raft.ReplicatedState) and apply it once upgraded. Rejections of commands it
+        knows (validation, a stale term) are results, as ever.
         """
-        try:
-            cmds = codec.decode_entry(data)
-        except codec.CodecError as exc:
-            cmds = [exc]
-        out: list[tuple[c.Command | None, Result]] = []
-        for cmd in cmds:
-            if isinstance(cmd, codec.CodecError):
-                self.applied += 1
-                out.append((None, Result.rejected(str(cmd))))
-            else:
-                out.append((cmd, self.apply(cmd)))
-        return out
+        cmds = codec.decode_entry(data, commands)
+        unknown = [type(cmd).__name__ for cmd in cmds if type(cmd) not in self._handlers]
+        if unknown:
+            raise codec.CodecError(f"no handler for command type {', '.join(unknown)}")
+        return [(cmd, self.apply(cmd)) for cmd in cmds]
 
     def apply(self, cmd: c.Command) -> Result:
         """Apply one command. Deterministic; never raises; a rejection changes nothing."""

@@ -162,11 +162,25 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 "retry with the same request id")
         if exc.kind == "QUEUE_FULL":
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the command queue is full; retry later")
+        if exc.kind == "CLUSTER_VERSION":
+            behind = ", ".join(f"{self._replica_of_raft(raft)} ({f'version {v}' if v else 'not heard from'})"
+                               for raft, v in exc.behind)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"not proposed (CLUSTER_VERSION): this command needs command-set version {exc.needed} "
+                                f"on every replica, and these are behind: {behind}; upgrade them (one at a time), "
+                                "then retry")
         if exc.leader and exc.leader != self.m.replica.raft:  # never send a client back here
             leader_api = self.m.api_of_raft(exc.leader)
             if leader_api:
                 context.set_trailing_metadata(((LEADER_METADATA_KEY, leader_api),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed ({exc.kind}); retry")
+
+    def _replica_of_raft(self, raft_address: str) -> str:
+        """A replica's id from its Raft address (the address itself if no directory names it)."""
+        known = {r.raft: r.id for r in self.m.config.replicas}
+        with self.m.lock:
+            known.update({raft: replica_id for replica_id, (raft, _api) in self.m.state.replicas.items()})
+        return known.get(raft_address, raft_address)
 
     async def _abort_stopping(self, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.m.replica.id} is stopping; try another")
@@ -376,7 +390,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             commands_proposed=self.m.raft.commands_proposed,
             match_index={p: status.get(f"match_idx_server_{p}", 0) for p in partners},
             next_index={p: status.get(f"next_node_idx_server_{p}", 0) for p in partners},
-            log_start=self.m.raft.log_start())
+            log_start=self.m.raft.log_start(), command_version=self.m.raft.commands.known,
+            cluster_version=self.m.raft.cluster_version() if self.m.raft.is_leader() else 0)
 
     async def AddReplica(self, request, context):
         """Add a master replica: record its addresses, then add it to the Raft membership.

@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -31,6 +32,7 @@ from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.collector import tune_for_large_state
 from synapse.common.logs import configure
 from synapse.common.tls import generate, server_credentials
+from synapse.core import codec
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
 from synapse.master.endpoints import MasterServicer, add_to_server
@@ -50,11 +52,34 @@ EXIT_STORAGE = 3
 #: gRPC message size limit, both ways: a job spec or a node's assignments fit well inside it.
 MAX_MESSAGE_BYTES = 4 << 20
 
+#: TEST ONLY (tests/test_upgrade.py): replicas of a mixed-version cluster, from one code base. Never
+#: set in production. With TEST_NEW_KIND_ENV naming a command class (e.g. AddUser), the replica runs
+#: the next command set: that kind counts as introduced by COMMAND_VERSION + 1, as a new kind of the
+#: next release would. With TEST_COMMAND_VERSION_ENV too, it knows versions only up to that number:
+#: an older release, whose codec refuses the newer kind. Restarted without it, it is upgraded.
+TEST_NEW_KIND_ENV = "SYNAPSE_TEST_NEW_KIND"
+TEST_COMMAND_VERSION_ENV = "SYNAPSE_TEST_COMMAND_VERSION"
+
 
 #: A replica asked to stop is gone within this long, clean or not: a restart (or a failover) must
 #: not wait on a call or a thread that hangs in the shutdown. Nothing is lost by cutting it short:
 #: every acknowledged write is in the fsynced journal, as after a kill -9.
 SHUTDOWN_DEADLINE_S = 2.0
+
+
+def command_set(environ: Mapping[str, str]) -> codec.CommandSet:
+    """The command set this replica runs: the code's own, unless a test asks otherwise (see
+    TEST_NEW_KIND_ENV)."""
+    kind_name = environ.get(TEST_NEW_KIND_ENV, "")
+    if not kind_name:
+        return codec.CURRENT
+    kind = next((k for k in codec.KIND_VERSIONS if k.__name__ == kind_name), None)
+    if kind is None:
+        raise ConfigError(f"{TEST_NEW_KIND_ENV}: no command kind {kind_name!r}")
+    newer = codec.COMMAND_VERSION + 1
+    known = int(environ.get(TEST_COMMAND_VERSION_ENV) or newer)
+    log.warning("TEST ONLY: command set with %s at version %d; this replica knows 1..%d", kind_name, newer, known)
+    return codec.CommandSet({**codec.KIND_VERSIONS, kind: newer}, known)
 
 
 def _exit_if_still_running(replica_id: str) -> None:
@@ -76,7 +101,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     if problem:
         raise StorageError(f"journal corrupt: {problem}. Rebuild this replica from its peers with: "
                            f"synapse-master rebuild --config FILE --id {replica_id}")
-    raft = RaftNode(replica.raft, partners, conf, config.topology_levels, durable=config.durability == "fsync")
+    raft = RaftNode(replica.raft, partners, conf, config.topology_levels, durable=config.durability == "fsync",
+                    commands=command_set(os.environ))
     master = Master(config, replica_id, raft)
     master.loop = asyncio.get_running_loop()
     raft.bind_loop(master.loop)

@@ -1,6 +1,9 @@
-"""The cluster state on pysyncobj: one replicated door, snapshots as plain data, safe defaults.
+"""The cluster state on pysyncobj: one replicated door, snapshots as plain data, safe defaults,
+and the proposal pipeline.
 
-What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
+What pysyncobj 0.3.17 does not do for us, and how this module makes up for it (the corrections to
+pysyncobj's Raft itself, PreVote and the AppendEntries receiver rules among them, live in
+`synapse.master.safesyncobj`):
 
 * One door, forever at the same id: pysyncobj numbers `@replicated` methods by sorted name, so the
   consumer has exactly one, `apply(bytes)`, and the command inside is a versioned protobuf.
@@ -12,17 +15,9 @@ What pysyncobj 0.3.17 does not do for us, and how this module makes up for it:
   configuration without a password and always sets the bind address.
 * Batching makes every synchronous write wait a tick (~100 ms): it is turned off. Elections are
   tuned to one round, and a cut-off leader falls back about when a new one can be elected.
-* No PreVote: a replica cut off from the others raised its term at every election timeout and
-  deposed a healthy leader when it came back. `SafeSyncObj` asks before it campaigns, and a leader
-  whose own process stalled no longer steps down for it.
-* A follower truncated its log after every AppendEntries whose entries it already held, so a
-  repeated or split append dropped committed (even applied) entries while the leader still
-  counted them as replicated: a committed write could vanish and replicas diverge. `SafeSyncObj`
-  applies Raft's receiver rule instead (skip the entries already held, truncate only from the first
-  conflict, never commit past the last entry the leader vouched for), and fail-stops a replica
-  that meets a conflict at an index it has already applied.
 * Results: `propose` always passes a timeout and maps pysyncobj's outcomes to `ProposeError`
-  kinds, distinguishing "surely not applied" from "maybe applied".
+  kinds, distinguishing "surely not applied" from "maybe applied". `propose_async` groups the
+  proposals made while earlier entries travel into one entry (group commit).
 """
 
 from __future__ import annotations
@@ -30,16 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
-from pysyncobj.journal import FileJournal
-from pysyncobj.monotonic import monotonic
-from pysyncobj.syncobj import _RAFT_STATE
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
 
 from synapse.core import codec
 from synapse.core import commands as c
@@ -47,7 +38,8 @@ from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.snapshot import snapshot_digest
 from synapse.master.config import RAFT_HEARTBEAT_S
-from synapse.master.durability import CorruptionError, DumpFailureWatch, SnapshotWriter, fsync_durable, seal, unseal
+from synapse.master.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
+from synapse.master.safesyncobj import SafeSyncObj
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +52,7 @@ class RaftTimeouts:
     starts an election, and a leader steps down only after a whole (minimum) election timeout
     without hearing from a majority: a cut-off leader is gone about when the others' first
     election can start, and a leader whose process was merely slow keeps its place (see
-    SafeSyncObj on pauses)."""
+    synapse.master.safesyncobj on pauses)."""
 
     election_min: float = 0.5
     election_max: float = 1.0
@@ -105,13 +97,21 @@ class LoopInbox:
 
 
 class ProposeError(Exception):
-    """A proposal that did not produce a result. `maybe_applied` says whether it may still commit."""
+    """A proposal that did not produce a result. `maybe_applied` says whether it may still commit.
 
-    def __init__(self, kind: str, maybe_applied: bool, leader: str | None = None) -> None:
+    Kinds besides pysyncobj's outcomes: `timeout`; `HALTED`, the entry committed but this replica
+    stopped applying before it (maybe applied: the others apply it); `CLUSTER_VERSION`, refused
+    before proposing because a member's code could not apply the command (never applied)."""
+
+    def __init__(self, kind: str, maybe_applied: bool, leader: str | None = None, *, needed: int = 0,
+                 behind: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__(kind)
         self.kind = kind
         self.maybe_applied = maybe_applied
         self.leader = leader  #: a redirect hint, never proof
+        self.needed = needed  #: CLUSTER_VERSION: the command-set version the command needs
+        #: CLUSTER_VERSION: (raft address, version it reported, 0 if none) of each member below `needed`
+        self.behind = behind
 
 
 #: pysyncobj outcomes after which the command may still be (or already be) committed.
@@ -126,32 +126,52 @@ IN_FLIGHT_TIMEOUT_S = 5.0
 
 
 class ReplicatedState(SyncObjConsumer):
-    """A ClusterState applied through the Raft log. Read it under `lock`."""
+    """A ClusterState applied through the Raft log. Read it under `lock`.
 
-    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+    It stops applying, for good, at the first log entry it must not apply: one that fails its
+    checksum (`corruption`), or one its code does not know (`unknown_entry`: a command kind or
+    version from a newer release, an undecodable body). Applying it, or skipping it as a
+    rejection, would part this replica's state from its peers'; so the state stays as it was
+    before that entry, later entries are not applied either, no snapshot is taken (SafeSyncObj
+    asks `stop_reason`), and the master's watchdog stops the process. Restarted with code that
+    knows the entry, the replica replays its journal from there."""
+
+    def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS, commands: codec.CommandSet = codec.CURRENT) -> None:
         super().__init__()
         self.lock = threading.RLock()  #: held by apply and by every compound read
         self.state = ClusterState(levels)  #: replaced wholesale when a snapshot is loaded
+        self.commands = commands  #: the command kinds and versions this replica's code applies; fixed
         #: set (and never cleared) when stored data fails its checksum: this replica must stop
         self.corruption = ""
+        #: set (and never cleared) at the first log entry this replica's code cannot apply: it must stop
+        self.unknown_entry = ""
         self._digest_cache: tuple[int, str] = (-1, "")  #: (applied, digest) last computed
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
         self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
 
     @replicated
-    def apply(self, data: bytes) -> list[c.Result]:
-        """The one replicated door: a sealed (checksummed), versioned, encoded command or batch."""
+    def apply(self, data: bytes) -> list[c.Result] | None:
+        """The one replicated door: a sealed (checksummed), versioned, encoded command or batch.
+        None when the entry was not applied because this replica stopped applying (see the class)."""
+        if self.stop_reason():
+            return None  # stopped at an earlier entry: applying this one would skip that one
         try:
             payload = unseal(data)
         except CorruptionError as exc:
             # Only a damaged copy fails its CRC: applying it (even as a rejection) would make this
             # replica diverge from the others. Stop applying; the master process stops serving.
-            self.corruption = self.corruption or f"corrupt log entry: {exc}"
+            self.corruption = f"corrupt log entry{self._entry_index()}: {exc}"
             log.critical("%s; this replica stops applying", self.corruption)
-            return [c.Result.rejected(self.corruption)]
-        with self.lock:
-            applied = self.state.apply_entry(payload)
+            return None
+        try:
+            with self.lock:
+                applied = self.state.apply_entry(payload, self.commands)
+        except codec.CodecError as exc:  # written by code that knows more (apply_entry changed nothing)
+            self.unknown_entry = (f"log entry{self._entry_index()} holds a command this replica's code cannot "
+                                  f"apply: {exc}")
+            log.critical("%s; this replica stops applying", self.unknown_entry)
+            return None
         listener = self.listener
         if listener is not None:
             try:
@@ -159,6 +179,15 @@ class ReplicatedState(SyncObjConsumer):
             except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
                 log.exception("apply listener failed")
         return [result for _, result in applied]
+
+    def stop_reason(self) -> str:
+        """Why this replica stopped applying ('' while it applies)."""
+        return self.corruption or self.unknown_entry
+
+    def _entry_index(self) -> str:
+        """' <raft index>' of the entry being applied, when a SyncObj applies it ('' otherwise)."""
+        sync = self._syncObj
+        return f" {sync.raftLastApplied + 1}" if sync is not None else ""
 
     def _serialize(self) -> dict:
         with self.lock:
@@ -216,350 +245,18 @@ def raft_config(*, bind_address: str, data_dir: str, password: str,
     )
 
 
-def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
-    """How many leading entries of an AppendEntries (command, index, term) the local log already
-    holds at the same index with the same term (`term_at` answers None past the log's end)."""
-    held = 0
-    for _command, index, term in entries:
-        if term_at(index) != term:
-            break
-        held += 1
-    return held
-
-
-#: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
-_INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
-              "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
-              "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick",
-              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__loadDumpFile")
-_missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
-if _missing:
-    raise ImportError(f"this pysyncobj lacks {_missing}: synapse.raft.SafeSyncObj needs pysyncobj 0.3.x")
-
-
-class SafeSyncObj(SyncObj):
-    """SyncObj with Raft's receiver rules for AppendEntries, PreVote, and no step-down for a pause.
-
-    **AppendEntries.** pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending,
-    even entries equal to the ones it receives. An append the leader repeats with fewer entries
-    (after a reset, or split by `appendEntriesBatchSizeBytes`) thus removes entries the follower has
-    acknowledged, and that the leader keeps counting through its match index: a crash in between
-    loses committed entries. Here the entries the log already holds are dropped from the message
-    first; pysyncobj then truncates only at a real conflict. A conflict at an index already applied
-    means this replica's state differs from the leader's: it records `diverged` and ignores the
-    message, and the master stops (a rebuild from the peers is the cure).
-
-    **PreVote** (Raft thesis 9.6, as etcd runs it). pysyncobj starts an election, raising its term,
-    whenever its election timer fires. A replica cut off from the leader did so over and over, and
-    when it came back its higher term deposed a healthy leader. Here a replica whose timer fires
-    first asks its peers whether they would vote for it at the next term, without changing any
-    term; a peer says yes only if it has not heard from a leader for most of an election timeout
-    and the asker's log is at least as up to date as its own. Only with a majority of yeses does
-    the replica start the real election. A partitioned follower thus keeps its term, and healing
-    the partition changes no leader. A refusal carries the refuser's term, and a replica refused
-    by a peer at a higher term takes that term (etcd's rule): without it, a replica whose log was
-    ahead but whose term was behind, and a peer the other way round, refused each other for ever
-    (a two-member cluster in the long chaos run had no leader for 54 minutes).
-
-    **Pauses.** A leader counts the followers that answered within `leaderFallbackTimeout` and
-    steps down without a majority. When its own process was starved of CPU (a loaded machine, a
-    long collection), the answers waited unread, or were never asked for: it stepped down with
-    nothing wrong with the cluster. After a tick arrives late, the replica first reads what is
-    waiting, and a leader does not count the time it was not running against its followers.
-    """
-
-    #: A tick this much later than the previous one's end means this thread did not run meanwhile.
-    STALL_S = 0.1
-    PREVOTE = True  #: off only to show, in a test, what happens without it
-    PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
-    REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
-
-    def __init__(self, *args, **kwargs) -> None:
-        # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
-        # pickles any attribute set later into its snapshots, and a replica loading one takes them
-        # over (a bound method set later made every snapshot fail: "Failed to store full dump").
-        self.diverged = ""  #: why this replica can no longer be trusted, once it cannot
-        self._prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
-        self._prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
-        self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
-        self._leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
-        self._heard_any = float("-inf")  #: when any peer's message last arrived
-        #: when a peer's message arrived after a silence longer than an election timeout (a cut
-        #: healed): the replica waits a while for the leader before it grants a pre-vote
-        self._rejoined = float("-inf")
-        self._last_tick = 0.0  #: when the previous tick ended
-        self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
-        self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
-        self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
-        self._add_link: Callable | None = None
-        #: (leads, term) as the last tick left them, set as one object: another thread reading
-        #: the state and then the term could see a leader of a term it never led (after a pause,
-        #: a deposed leader briefly started leader loops for the new term)
-        self.role: tuple[bool, int] = (False, 0)
-        super().__init__(*args, **kwargs)
-        transport = self._SyncObj__transport
-        self._drop_link, self._add_link = transport.dropNode, transport.addNode
-        transport.dropNode, transport.addNode = self._guarded_drop, self._guarded_add
-
-    def snapshot_extras(self) -> list[str]:
-        """Attributes pysyncobj would pickle into a snapshot besides its own (none, if all is well)."""
-        own = self._SyncObj__properies
-        return sorted(k for k in self.__dict__ if k not in own and not k.startswith("_SyncObj__"))
-
-    def _guarded_drop(self, node) -> None:
-        """Drop a peer's link, unless it is the leader this follower listens to.
-
-        pysyncobj drops a peer's TCP link as soon as an entry removing it reaches the log, and
-        refuses links from peers it does not know. A follower catching up (a replica started empty
-        or from an old snapshot) replays old membership changes: replaying the removal of a replica
-        that is now the leader cut it off from that leader for good — the later entry that adds the
-        leader back could never arrive (a replaced replica did not catch up in the chaos runs).
-        The leader's link is kept until the leader is a member again or another leads."""
-        if node == self._SyncObj__raftLeader and self._SyncObj__raftState != _RAFT_STATE.LEADER:
-            self._kept_links.add(node)
-            return
-        self._kept_links.discard(node)
-        self._drop_link(node)
-
-    def _guarded_add(self, node) -> None:
-        if node in self._kept_links:  # its link was never dropped
-            self._kept_links.discard(node)
-            return
-        self._add_link(node)
-
-    def _release_links(self) -> None:
-        """Drop the kept links of peers that are neither members again nor the leader."""
-        for node in list(self._kept_links):
-            if node in self._SyncObj__otherNodes:
-                self._kept_links.discard(node)
-            elif node != self._SyncObj__raftLeader or self._SyncObj__raftState == _RAFT_STATE.LEADER:
-                self._kept_links.discard(node)
-                self._drop_link(node)
-
-    def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
-        if type(self._SyncObj__serializer) is not SnapshotWriter:  # before the first tick can compact
-            conf = self._SyncObj__conf
-            if conf.fullDumpFile and conf.serializer is None:
-                self._SyncObj__serializer = SnapshotWriter(conf.fullDumpFile, conf.logCompactionBatchSize)
-        if self._kept_links:
-            self._release_links()
-        now = monotonic()
-        if self._last_tick and now - self._last_tick > self.STALL_S:
-            self._after_stall(now - self._last_tick)
-        may_campaign = self._maybe_prevote(monotonic())
-        # pysyncobj starts an election in its own tick when the election deadline has passed by
-        # its own clock reading, taken after the one above: a deadline falling in between started
-        # a real election, term raised, without PreVote (a cut-off follower then deposed the
-        # leader on its return, seen once in 14 follower partitions). Unless this tick may
-        # campaign, pysyncobj sees no deadline; a deadline a message sets meanwhile stands.
-        hold = (self.PREVOTE and self.PREVOTE_HOLDS and not may_campaign
-                and self._SyncObj__raftState != _RAFT_STATE.LEADER)
-        deadline = self._SyncObj__raftElectionDeadline
-        if hold:
-            self._SyncObj__raftElectionDeadline = math.inf
-        try:
-            SyncObj._onTick(self, timeToWait)
-        finally:
-            if hold and self._SyncObj__raftElectionDeadline == math.inf:
-                self._SyncObj__raftElectionDeadline = deadline
-        self.role = (self._SyncObj__raftState == _RAFT_STATE.LEADER, self.raftCurrentTerm)
-        self._last_tick = monotonic()
-
-    def _after_stall(self, gap: float) -> None:
-        self._poller.poll(0)  # what arrived meanwhile: heartbeats, votes, answers
-        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
-            responded = self._SyncObj__lastResponseTime
-            for node, when in responded.items():
-                responded[node] = when + gap  # the time it did not run is not the followers' silence
-
-    def _maybe_prevote(self, now: float) -> bool:
-        """Run PreVote when the election deadline has passed; True when this tick may start the
-        real election (a pre-vote was won, or a leadership transfer asks for it)."""
-        if not self.PREVOTE:
-            return True
-        if self._SyncObj__raftState == _RAFT_STATE.LEADER or self._SyncObj__selfNode is None:
-            self._prevote_term, self._campaign = 0, False
-            return False
-        if self._SyncObj__transferInProgress:
-            return True
-        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
-            return False
-        if self._campaign:
-            self._campaign = False  # pysyncobj's tick starts the election now
-            return True
-        if self._prevote_term:
-            self.prevotes_denied += 1
-        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
-        self._prevote_term = self.raftCurrentTerm + 1
-        self._prevotes = frozenset({self._SyncObj__selfNode})
-        if self._won_prevote():
-            return False  # alone: the next tick campaigns
-        message = {"type": "pre_vote", "term": self._prevote_term,
-                   "last_log_index": self._SyncObj__getCurrentLogIndex(),
-                   "last_log_term": self._SyncObj__getCurrentLogTerm()}
-        for node in self._SyncObj__otherNodes:
-            self._SyncObj__transport.send(node, message)
-        return False
-
-    def _won_prevote(self) -> bool:
-        if len(self._prevotes) > (len(self._SyncObj__otherNodes) + 1) / 2:
-            self._prevote_term, self._campaign = 0, True
-            self._SyncObj__raftElectionDeadline = 0  # campaign at the next tick
-            return True
-        return False
-
-    def _answer_prevote(self, node, message: dict) -> None:
-        conf = self._SyncObj__conf
-        lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
-        mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
-        now = monotonic()
-        granted = (isinstance(message.get("term"), int) and message["term"] > self.raftCurrentTerm
-                   and self._SyncObj__raftState != _RAFT_STATE.LEADER
-                   and now - self._leader_contact >= lease
-                   # back from a cut, it has heard from no leader for the whole cut: it first
-                   # gives the leader, if there is one, a minimum election timeout to reach it
-                   and (not self.REJOIN_WAIT or now - self._rejoined >= conf.raftMinTimeout)
-                   and (message.get("last_log_term", -1), message.get("last_log_index", -1)) >= mine)
-        self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
-                                             "granted": granted, "current_term": self.raftCurrentTerm})
-
-    def _count_prevote(self, node, message: dict) -> None:
-        current = message.get("current_term")
-        if not message.get("granted") and isinstance(current, int) and current > self.raftCurrentTerm:
-            # Refused by a peer at a higher term: take its term (as etcd does), without a vote. A
-            # replica whose log is ahead but whose term is behind could otherwise never be elected,
-            # and the peer, whose log is behind, never either: with two members, no leader ever.
-            self._SyncObj__setCurrentTerm(current, None)
-            self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
-            self._prevote_term = 0
-            return
-        if message.get("granted") and self._prevote_term and message.get("term") == self._prevote_term \
-                and self._SyncObj__raftState != _RAFT_STATE.LEADER:
-            self._prevotes = self._prevotes | {node}
-            self._won_prevote()
-
-    def _term_at(self, index: int) -> int | None:
-        entries = self._SyncObj__getEntries(index, 1)
-        return entries[0][2] if entries else None
-
-    def _SyncObj__loadDumpFile(self, clearJournal):  # noqa: N802,N803 - overrides the mangled name
-        """Load the snapshot, keeping the journal's entries after it (Raft's rule for snapshots).
-
-        A snapshot replaces `raft.dump` first; the journal's entries up to it are deleted on a
-        later tick. A replica stopped in between (kill -9, a restart) started with a journal that
-        still began before the snapshot, and pysyncobj, finding the journal's first entries unlike
-        the snapshot's, cleared the whole journal: every entry after the snapshot was gone,
-        acknowledged ones too (pysyncobj then warns that the commit index exceeds the journal's
-        end). When the journal holds the snapshot's last two entries, what comes before them is
-        dropped instead, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
-        serializer = self._SyncObj__serializer
-        try:
-            data = serializer.deserialize()
-        except Exception:  # noqa: BLE001 - pysyncobj reads it again and reports the failure
-            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        if not clearJournal:  # data[1]: the snapshot's last entry; data[2]: the one before it
-            self._trim_journal_to(data[2], data[1])
-        serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
-        try:
-            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        finally:
-            del serializer.deserialize
-        journal = self._SyncObj__raftLog
-        log.info("snapshot loaded index=%s from=%s journal=%s..%s", data[1][1] if isinstance(data[1], tuple) else "-",
-                 "leader" if clearJournal else "disk", journal[0][1] if len(journal) else "-",
-                 journal[len(journal) - 1][1] if len(journal) else "-")
-
-    def _trim_journal_to(self, first: tuple, last: tuple) -> None:
-        """Drop the journal's entries before `first` if the journal holds `first` and `last` at
-        their indexes: `last` is the snapshot's last entry, and `first` the one before it, which a
-        journal trimmed to the snapshot begins with.
-
-        Only the journal's list in memory is cut. pysyncobj's own trim rewrites the whole file
-        (an empty journal first, then every entry kept), and a kill during that loop would leave a
-        part of it; the file keeps its older records instead until the next snapshot rewrites it,
-        and the next start cuts them again."""
-        journal = self._SyncObj__raftLog
-        if len(journal) < 2 or not isinstance(first, tuple) or journal[0] == first:
-            return
-        offset = first[1] - journal[0][1]
-        if not 0 < offset < len(journal) - 1 or journal[offset] != first or journal[offset + 1] != last:
-            return
-        log.warning("journal starts at %d, before the snapshot at %d (stopped between writing the snapshot and "
-                    "trimming the journal): keeping the %d entries after it", journal[0][1], last[1],
-                    len(journal) - offset - 2)
-        if isinstance(journal, FileJournal):
-            journal._FileJournal__journal = journal._FileJournal__journal[offset:]
-        else:
-            journal.deleteEntriesTo(offset)
-
-    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
-        now = monotonic()
-        if now - self._heard_any > self._SyncObj__conf.raftMaxTimeout and self._heard_any > float("-inf"):
-            self._rejoined = now  # the first word after a silence (not the first ever: a start is no cut)
-        self._heard_any = now
-        kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "pre_vote":
-            return self._answer_prevote(node, message)
-        if kind == "pre_vote_response":
-            return self._count_prevote(node, message)
-        if kind == "append_entries" and isinstance(message.get("term"), int) \
-                and message["term"] >= self.raftCurrentTerm:
-            self._leader_contact = monotonic()  # a current leader lives: refuse pre-votes for a while
-            if "prevLogIdx" in message and message.get("transmission") is None:
-                message = self._screen_append(node, message)
-                if message is None:
-                    return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
-
-    def _screen_append(self, node, message: dict) -> dict | None:
-        if self.diverged:
-            return None
-        prev_index, prev_term = message["prevLogIdx"], message["prevLogTerm"]
-        if self._term_at(prev_index) != prev_term:
-            return message  # pysyncobj answers the mismatch (the leader backs off)
-        entries = list(message.get("entries") or [])
-        held = held_prefix(self._term_at, entries)
-        last_sent = entries[held - 1][1] if held else prev_index
-        applied = self._SyncObj__raftLastApplied
-        last_local = self._SyncObj__getCurrentLogIndex()
-        if held < len(entries):
-            conflict = entries[held][1]
-            if self._term_at(conflict) is not None and conflict <= applied:
-                return self._diverge(conflict, applied, message)
-        elif last_local > last_sent and not entries and last_sent < applied:
-            return self._diverge(last_sent + 1, applied, message)  # would drop applied entries
-        if held == 0:
-            return message
-        trimmed = dict(message)
-        trimmed["prevLogIdx"], trimmed["prevLogTerm"] = last_sent, entries[held - 1][2]
-        trimmed["entries"] = entries[held:]
-        if held < len(entries) or last_local == last_sent:
-            return trimmed  # pysyncobj truncates at the conflict (if any) and appends the rest
-        # Every entry is already held and the log goes further: acknowledge without truncating,
-        # and commit no further than the last entry this message vouches for.
-        del trimmed["prevLogIdx"], trimmed["prevLogTerm"], trimmed["entries"]
-        trimmed["commit_index"] = min(message["commit_index"], last_sent)
-        SyncObj._SyncObj__onMessageReceived(self, node, trimmed)
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_sent + 1, success=True)
-        return None
-
-    def _diverge(self, index: int, applied: int, message: dict) -> None:
-        self.diverged = (f"the leader's log differs from this replica's at index {index}, which it has "
-                         f"already applied (applied {applied}, leader term {message['term']}): "
-                         "this replica's state has diverged; rebuild it from its peers")
-        log.critical("%s", self.diverged)
-        return None
-
-
 class RaftNode:
     """One replica: a SyncObj carrying a ReplicatedState."""
 
     def __init__(self, self_address: str, partners: list[str], conf: SyncObjConf,
-                 levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True) -> None:
-        self.replicated = ReplicatedState(levels)
+                 levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True,
+                 commands: codec.CommandSet = codec.CURRENT) -> None:
+        self.commands = commands  #: the command kinds and versions this replica's code applies
+        self.replicated = ReplicatedState(levels, commands)
         self.dump_watch = DumpFailureWatch()
         logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
-        self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated])
+        self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated],
+                                command_version=commands.known, stopped=self.replicated.stop_reason)
         if durable:
             fsync_durable(self.sync)
         self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
@@ -574,15 +271,47 @@ class RaftNode:
 
     def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:
         """Append a command and wait for its result on this replica; raises ProposeError."""
+        self.check_cluster_version(cmd)
         try:
-            [result] = self.replicated.apply(seal(codec.encode_command(cmd)), sync=True, timeout=timeout)
+            results = self.replicated.apply(seal(codec.encode_command(cmd, self.commands)), sync=True,
+                                            timeout=timeout)
         except SyncObjException as exc:
             code = exc.errorCode
             if code == "Timeout":
                 raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from exc
             name = _FAIL_NAMES.get(code, str(code))
             raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
+        if results is None:
+            raise ProposeError("HALTED", maybe_applied=True, leader=self.leader())
+        [result] = results
         return result
+
+    def check_cluster_version(self, cmd: c.Command) -> None:
+        """Raise ProposeError CLUSTER_VERSION unless every member's code can apply `cmd`.
+
+        A replica stops at a log entry its code does not know. So a command of a kind introduced by
+        command-set version V is proposed only once every member of the configuration has told
+        this replica (its leader) that it knows V: etcd's cluster version. During a rolling upgrade
+        the new kinds wait for the last replica; a member not heard from counts as not upgraded.
+        """
+        needed = self.commands.version_of(cmd)
+        if needed <= codec.BASE_VERSION:
+            return  # every release applies these: nothing to wait for, even with a member down
+        behind = tuple(sorted((member, version) for member, version in self.member_versions().items()
+                              if version < needed))
+        if behind:
+            raise ProposeError("CLUSTER_VERSION", maybe_applied=False, leader=self.leader(), needed=needed,
+                               behind=behind)
+
+    def member_versions(self) -> dict[str, int]:
+        """Each member's command-set version by Raft address, as this replica last heard it (0: not
+        heard lately, or a release that does not tell); only a leader hears its followers'."""
+        return self.sync.member_versions()
+
+    def cluster_version(self) -> int:
+        """The highest command-set version every member is known to apply (on a leader; a member
+        not heard from counts as the base version, which every release applies)."""
+        return max(codec.BASE_VERSION, min(self.member_versions().values()))
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
         """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""
@@ -597,6 +326,7 @@ class RaftNode:
         command with its own result). Under load one Raft round then carries many commands; when
         idle a proposal goes out at once.
         """
+        self.check_cluster_version(cmd)
         loop = asyncio.get_running_loop()
         if self.inbox is None or self.inbox.loop is not loop:
             self.bind_loop(loop)
@@ -614,6 +344,8 @@ class RaftNode:
         if err != FAIL_REASON.SUCCESS:
             raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
                                leader=self.leader())
+        if res is None:  # committed, but this replica stopped applying before it
+            raise ProposeError("HALTED", maybe_applied=True, leader=self.leader())
         return res
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -621,7 +353,8 @@ class RaftNode:
         while self._queued and self._in_flight < MAX_IN_FLIGHT:
             batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
             cmds = [cmd for cmd, _ in batch]
-            data = seal(codec.encode_command(cmds[0]) if len(cmds) == 1 else codec.encode_batch(cmds))
+            data = seal(codec.encode_command(cmds[0], self.commands) if len(cmds) == 1
+                        else codec.encode_batch(cmds, self.commands))
             futures = [f for _, f in batch]
             self._waiting.update(futures)
             self.entries_proposed += 1
@@ -722,6 +455,10 @@ class RaftNode:
     def corruption(self) -> str:
         """Why this replica must stop ('' while its stored data is sound)."""
         return self.replicated.corruption or self.dump_watch.failure or self.sync.diverged
+
+    def unknown_entry(self) -> str:
+        """Why this replica must stop at a log entry its code cannot apply ('' while there is none)."""
+        return self.replicated.unknown_entry
 
     def leader_if_connected(self) -> str | None:
         """The leader's address if this replica leads or currently has a live link to it."""

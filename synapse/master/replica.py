@@ -66,7 +66,7 @@ class Master:
         self.deposed_at = float("-inf")  #: monotonic time this replica last stopped leading
         self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
         self.data_dir = config.data_dir_of(replica_id)
-        self.fatal = ""  #: why the replica stopped itself (corruption, full disk), if it did
+        self.fatal = ""  #: why the replica stopped itself (corruption, an unknown command, full disk), if it did
         self.leader_changes = 0  #: times this replica saw the leader change (a metric)
         self._applied = asyncio.Event()  #: set (and replaced) whenever commands changed the state
         #: the process's synapse.master.metrics.Metrics once main has made them (not imported here:
@@ -191,15 +191,19 @@ class Master:
         return free_bytes(self.data_dir) >= self.config.min_free_disk
 
     async def watchdog(self, stop: asyncio.Event) -> None:
-        """Stop the replica on corrupt data, or before a full disk makes the journal's mmap fail."""
+        """Stop the replica on corrupt data, at a log entry its code cannot apply, or before a full
+        disk makes the journal's mmap fail."""
         while not stop.is_set():
             problem = self.raft.corruption()
+            cure = f"Rebuild it with: synapse-master rebuild --config FILE --id {self.replica.id}"
+            if not problem and self.raft.unknown_entry():
+                problem = self.raft.unknown_entry()
+                cure = "Start it again with the release its peers run (upgrade it); it applies the entry then"
             if not problem and free_bytes(self.data_dir) < self.config.min_free_disk // 4:
                 problem = (f"less than {self.config.min_free_disk // 4} bytes free under {self.data_dir}; "
                            "stopping before the journal cannot grow")
             if problem:
-                log.critical("replica %s stops: %s. Rebuild it with: synapse-master rebuild --config FILE --id %s",
-                             self.replica.id, problem, self.replica.id)
+                log.critical("replica %s stops: %s. %s", self.replica.id, problem, cure)
                 self.fatal = problem
                 stop.set()
                 return

@@ -1,0 +1,447 @@
+"""SafeSyncObj: pysyncobj 0.3.17's SyncObj with the corrections a Synapse replica needs.
+
+Each correction, and why (the class docstring and the methods hold the details):
+
+* **AppendEntries receiver rules.** A follower truncated its log after every AppendEntries whose
+  entries it already held, so a repeated or split append dropped committed (even applied) entries
+  while the leader still counted them as replicated: a committed write could vanish and replicas
+  diverge. Here the entries already held are skipped, the log is truncated only from the first real
+  conflict, nothing is committed past the last entry the leader vouched for, and a replica that
+  meets a conflict at an index it has already applied records `diverged` (the master stops it).
+  `held_prefix` is the pure part of that rule (`tests/test_append_entries.py`).
+* **PreVote.** pysyncobj raises its term whenever its election timer fires: a replica cut off from
+  the others deposed a healthy leader when it came back. A replica asks its peers before it
+  campaigns, a refusal at a higher term hands that term over, a replica back from a cut waits for
+  the leader before it grants a pre-vote, and pysyncobj's own election check is held until a
+  pre-vote is won (`tests/test_prevote.py`).
+* **Pauses.** A leader whose own process stalled (a loaded machine) counted the time it did not
+  run against its followers and stepped down with nothing wrong: after a late tick it first reads
+  what waited, and the stall is not counted.
+* **Links to the leader.** Replaying an old membership change that removed today's leader dropped
+  the link to it for good, and the replica never caught up: the link to the leader a follower
+  listens to is kept until it is a member again or another leads (`tests/test_raft_links.py`).
+* **Snapshot writer.** pysyncobj forks a multi-threaded gRPC server to write its dump: the first
+  tick installs `SnapshotWriter` (synapse.master.durability), which writes from a thread.
+* **Dump loading and journal trimming.** A replica stopped between writing a snapshot and trimming
+  its journal started with a journal beginning before the snapshot, and pysyncobj cleared all of
+  it, acknowledged entries after the snapshot included: the entries after it are kept, and the
+  journal is cut in memory only (`tests/test_snapshots.py`).
+* **No snapshot after a stop.** A consumer that stops applying at an entry it must not apply (a
+  corrupt one, or one its code does not know) leaves its state before that entry while pysyncobj
+  counts the entry as applied: a snapshot then would record the entry as applied, and the
+  replica, restarted with code that knows it, would never apply it. `stopped` holds compaction.
+* **Command versions.** A follower tells the leader the highest command-set version its code
+  applies in every answer to an AppendEntries (an extra key older releases ignore), and the leader
+  keeps the last one per peer, forgotten when the link drops (`member_versions`): the leader
+  proposes a command kind only once every member knows its version
+  (synapse.master.raft.RaftNode.check_cluster_version).
+* **Snapshot contents.** pysyncobj pickles every attribute set after its own `__init__` into its
+  snapshots, and a replica loading one takes them over: every attribute of SafeSyncObj exists
+  before `SyncObj.__init__` runs (`snapshot_extras` lists any that slipped through).
+
+It works through pysyncobj's name-mangled internals (`_INTERNALS`): importing this module with a
+pysyncobj that lacks one fails at once rather than running without a correction.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from pysyncobj import SyncObj
+from pysyncobj.journal import FileJournal
+from pysyncobj.monotonic import monotonic
+from pysyncobj.syncobj import _RAFT_STATE
+
+from synapse.master.durability import SnapshotWriter
+
+log = logging.getLogger(__name__)
+
+
+def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
+    """How many leading entries of an AppendEntries (command, index, term) the local log already
+    holds at the same index with the same term (`term_at` answers None past the log's end)."""
+    held = 0
+    for _command, index, term in entries:
+        if term_at(index) != term:
+            break
+        held += 1
+    return held
+
+
+#: The pysyncobj internals SafeSyncObj works through; a release without them must not run silently.
+_INTERNALS = ("_SyncObj__onMessageReceived", "_SyncObj__getEntries", "_SyncObj__getCurrentLogIndex",
+              "_SyncObj__getCurrentLogTerm", "_SyncObj__sendNextNodeIdx", "_SyncObj__connectedToAnyone",
+              "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState", "_onTick",
+              "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__loadDumpFile",
+              "_SyncObj__tryLogCompaction", "_SyncObj__onNodeConnected", "_SyncObj__onNodeDisconnected")
+_missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
+if _missing:
+    raise ImportError(f"this pysyncobj lacks {_missing}: synapse.master.safesyncobj.SafeSyncObj needs "
+                      "pysyncobj 0.3.x")
+
+
+class SafeSyncObj(SyncObj):
+    """SyncObj with Raft's receiver rules for AppendEntries, PreVote, and no step-down for a pause.
+
+    **AppendEntries.** pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending,
+    even entries equal to the ones it receives. An append the leader repeats with fewer entries
+    (after a reset, or split by `appendEntriesBatchSizeBytes`) thus removes entries the follower has
+    acknowledged, and that the leader keeps counting through its match index: a crash in between
+    loses committed entries. Here the entries the log already holds are dropped from the message
+    first; pysyncobj then truncates only at a real conflict. A conflict at an index already applied
+    means this replica's state differs from the leader's: it records `diverged` and ignores the
+    message, and the master stops (a rebuild from the peers is the cure).
+
+    **PreVote** (Raft thesis 9.6, as etcd runs it). pysyncobj starts an election, raising its term,
+    whenever its election timer fires. A replica cut off from the leader did so over and over, and
+    when it came back its higher term deposed a healthy leader. Here a replica whose timer fires
+    first asks its peers whether they would vote for it at the next term, without changing any
+    term; a peer says yes only if it has not heard from a leader for most of an election timeout
+    and the asker's log is at least as up to date as its own. Only with a majority of yeses does
+    the replica start the real election. A partitioned follower thus keeps its term, and healing
+    the partition changes no leader. A refusal carries the refuser's term, and a replica refused
+    by a peer at a higher term takes that term (etcd's rule): without it, a replica whose log was
+    ahead but whose term was behind, and a peer the other way round, refused each other for ever
+    (a two-member cluster in the long chaos run had no leader for 54 minutes).
+
+    **Pauses.** A leader counts the followers that answered within `leaderFallbackTimeout` and
+    steps down without a majority. When its own process was starved of CPU (a loaded machine, a
+    long collection), the answers waited unread, or were never asked for: it stepped down with
+    nothing wrong with the cluster. After a tick arrives late, the replica first reads what is
+    waiting, and a leader does not count the time it was not running against its followers.
+
+    **Stops and versions** (see the module docstring): no snapshot once `stopped()` names a reason;
+    `command_version` rides on every AppendEntries answer, and a leader reads what its peers told
+    it with `member_versions`.
+    """
+
+    #: A tick this much later than the previous one's end means this thread did not run meanwhile.
+    STALL_S = 0.1
+    PREVOTE = True  #: off only to show, in a test, what happens without it
+    PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
+    REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
+    #: A member whose version was last heard longer ago than this counts as unknown (not upgraded).
+    VERSION_HEARD_S = 2.0
+
+    def __init__(self, *args, command_version: int = 0, stopped: Callable[[], str] | None = None, **kwargs) -> None:
+        # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
+        # pickles any attribute set later into its snapshots, and a replica loading one takes them
+        # over (a bound method set later made every snapshot fail: "Failed to store full dump").
+        self.diverged = ""  #: why this replica can no longer be trusted, once it cannot
+        #: why the consumer stopped applying ('' while it applies); fixed at construction
+        self._stopped: Callable[[], str] = stopped or (lambda: "")
+        self.command_version = command_version  #: the highest command-set version this replica applies; fixed
+        #: peer node -> (command-set version it last told on its current link, monotonic time it
+        #: did); written by the tick thread only
+        self._versions: dict = {}
+        self._send: Callable | None = None  #: the transport's own send
+        self._prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
+        self._prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
+        self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
+        self._leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
+        self._heard_any = float("-inf")  #: when any peer's message last arrived
+        #: when a peer's message arrived after a silence longer than an election timeout (a cut
+        #: healed): the replica waits a while for the leader before it grants a pre-vote
+        self._rejoined = float("-inf")
+        self._last_tick = 0.0  #: when the previous tick ended
+        self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
+        self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
+        self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
+        self._add_link: Callable | None = None
+        #: (leads, term) as the last tick left them, set as one object: another thread reading
+        #: the state and then the term could see a leader of a term it never led (after a pause,
+        #: a deposed leader briefly started leader loops for the new term)
+        self.role: tuple[bool, int] = (False, 0)
+        super().__init__(*args, **kwargs)
+        transport = self._SyncObj__transport
+        self._drop_link, self._add_link = transport.dropNode, transport.addNode
+        transport.dropNode, transport.addNode = self._guarded_drop, self._guarded_add
+        self._send, transport.send = transport.send, self._send_with_version
+
+    def snapshot_extras(self) -> list[str]:
+        """Attributes pysyncobj would pickle into a snapshot besides its own (none, if all is well)."""
+        own = self._SyncObj__properies
+        return sorted(k for k in self.__dict__ if k not in own and not k.startswith("_SyncObj__"))
+
+    def _guarded_drop(self, node) -> None:
+        """Drop a peer's link, unless it is the leader this follower listens to.
+
+        pysyncobj drops a peer's TCP link as soon as an entry removing it reaches the log, and
+        refuses links from peers it does not know. A follower catching up (a replica started empty
+        or from an old snapshot) replays old membership changes: replaying the removal of a replica
+        that is now the leader cut it off from that leader for good — the later entry that adds the
+        leader back could never arrive (a replaced replica did not catch up in the chaos runs).
+        The leader's link is kept until the leader is a member again or another leads."""
+        if node == self._SyncObj__raftLeader and self._SyncObj__raftState != _RAFT_STATE.LEADER:
+            self._kept_links.add(node)
+            return
+        self._kept_links.discard(node)
+        self._drop_link(node)
+
+    def _guarded_add(self, node) -> None:
+        if node in self._kept_links:  # its link was never dropped
+            self._kept_links.discard(node)
+            return
+        self._add_link(node)
+
+    def _release_links(self) -> None:
+        """Drop the kept links of peers that are neither members again nor the leader."""
+        for node in list(self._kept_links):
+            if node in self._SyncObj__otherNodes:
+                self._kept_links.discard(node)
+            elif node != self._SyncObj__raftLeader or self._SyncObj__raftState == _RAFT_STATE.LEADER:
+                self._kept_links.discard(node)
+                self._drop_link(node)
+
+    def _send_with_version(self, node, message) -> bool:
+        """The transport's send; an answer to a leader's AppendEntries also carries this replica's
+        command-set version (pysyncobj builds a fresh dict per message, and ignores unknown keys)."""
+        if self.command_version and isinstance(message, dict) and message.get("type") == "next_node_idx":
+            message["command_version"] = self.command_version
+        return self._send(node, message)
+
+    def member_versions(self) -> dict[str, int]:
+        """Each member's command-set version by address, this replica's own included, as last heard
+        on its current link (0: not heard on it within VERSION_HEARD_S, or a release that does not
+        tell). Only a leader hears its followers'. Safe from any thread.
+
+        A version is forgotten when the link to its member drops or is made again: a member
+        restarted with other code would otherwise keep the version its previous process told."""
+        now = monotonic()
+        members = {getattr(self.selfNode, "address", str(self.selfNode)): self.command_version}
+        for node in self.otherNodes:
+            version, heard = self._versions.get(node, (0, float("-inf")))
+            members[getattr(node, "address", str(node))] = version if now - heard <= self.VERSION_HEARD_S else 0
+        return members
+
+    def _SyncObj__onNodeConnected(self, node):  # noqa: N802 - overrides the mangled name
+        self._versions.pop(node, None)
+        SyncObj._SyncObj__onNodeConnected(self, node)
+
+    def _SyncObj__onNodeDisconnected(self, node):  # noqa: N802 - overrides the mangled name
+        self._versions.pop(node, None)
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+
+    def _SyncObj__tryLogCompaction(self):  # noqa: N802 - overrides the mangled name
+        if self._stopped():
+            return  # the state stands before an entry pysyncobj counts as applied: see the module docstring
+        SyncObj._SyncObj__tryLogCompaction(self)
+
+    def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
+        if type(self._SyncObj__serializer) is not SnapshotWriter:  # before the first tick can compact
+            conf = self._SyncObj__conf
+            if conf.fullDumpFile and conf.serializer is None:
+                self._SyncObj__serializer = SnapshotWriter(conf.fullDumpFile, conf.logCompactionBatchSize)
+        if self._kept_links:
+            self._release_links()
+        now = monotonic()
+        if self._last_tick and now - self._last_tick > self.STALL_S:
+            self._after_stall(now - self._last_tick)
+        may_campaign = self._maybe_prevote(monotonic())
+        # pysyncobj starts an election in its own tick when the election deadline has passed by
+        # its own clock reading, taken after the one above: a deadline falling in between started
+        # a real election, term raised, without PreVote (a cut-off follower then deposed the
+        # leader on its return, seen once in 14 follower partitions). Unless this tick may
+        # campaign, pysyncobj sees no deadline; a deadline a message sets meanwhile stands.
+        hold = (self.PREVOTE and self.PREVOTE_HOLDS and not may_campaign
+                and self._SyncObj__raftState != _RAFT_STATE.LEADER)
+        deadline = self._SyncObj__raftElectionDeadline
+        if hold:
+            self._SyncObj__raftElectionDeadline = math.inf
+        try:
+            SyncObj._onTick(self, timeToWait)
+        finally:
+            if hold and self._SyncObj__raftElectionDeadline == math.inf:
+                self._SyncObj__raftElectionDeadline = deadline
+        self.role = (self._SyncObj__raftState == _RAFT_STATE.LEADER, self.raftCurrentTerm)
+        self._last_tick = monotonic()
+
+    def _after_stall(self, gap: float) -> None:
+        self._poller.poll(0)  # what arrived meanwhile: heartbeats, votes, answers
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            responded = self._SyncObj__lastResponseTime
+            for node, when in responded.items():
+                responded[node] = when + gap  # the time it did not run is not the followers' silence
+
+    def _maybe_prevote(self, now: float) -> bool:
+        """Run PreVote when the election deadline has passed; True when this tick may start the
+        real election (a pre-vote was won, or a leadership transfer asks for it)."""
+        if not self.PREVOTE:
+            return True
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER or self._SyncObj__selfNode is None:
+            self._prevote_term, self._campaign = 0, False
+            return False
+        if self._SyncObj__transferInProgress:
+            return True
+        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
+            return False
+        if self._campaign:
+            self._campaign = False  # pysyncobj's tick starts the election now
+            return True
+        if self._prevote_term:
+            self.prevotes_denied += 1
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._prevote_term = self.raftCurrentTerm + 1
+        self._prevotes = frozenset({self._SyncObj__selfNode})
+        if self._won_prevote():
+            return False  # alone: the next tick campaigns
+        message = {"type": "pre_vote", "term": self._prevote_term,
+                   "last_log_index": self._SyncObj__getCurrentLogIndex(),
+                   "last_log_term": self._SyncObj__getCurrentLogTerm()}
+        for node in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(node, message)
+        return False
+
+    def _won_prevote(self) -> bool:
+        if len(self._prevotes) > (len(self._SyncObj__otherNodes) + 1) / 2:
+            self._prevote_term, self._campaign = 0, True
+            self._SyncObj__raftElectionDeadline = 0  # campaign at the next tick
+            return True
+        return False
+
+    def _answer_prevote(self, node, message: dict) -> None:
+        conf = self._SyncObj__conf
+        lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
+        mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+        now = monotonic()
+        granted = (isinstance(message.get("term"), int) and message["term"] > self.raftCurrentTerm
+                   and self._SyncObj__raftState != _RAFT_STATE.LEADER
+                   and now - self._leader_contact >= lease
+                   # back from a cut, it has heard from no leader for the whole cut: it first
+                   # gives the leader, if there is one, a minimum election timeout to reach it
+                   and (not self.REJOIN_WAIT or now - self._rejoined >= conf.raftMinTimeout)
+                   and (message.get("last_log_term", -1), message.get("last_log_index", -1)) >= mine)
+        self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
+                                             "granted": granted, "current_term": self.raftCurrentTerm})
+
+    def _count_prevote(self, node, message: dict) -> None:
+        current = message.get("current_term")
+        if not message.get("granted") and isinstance(current, int) and current > self.raftCurrentTerm:
+            # Refused by a peer at a higher term: take its term (as etcd does), without a vote. A
+            # replica whose log is ahead but whose term is behind could otherwise never be elected,
+            # and the peer, whose log is behind, never either: with two members, no leader ever.
+            self._SyncObj__setCurrentTerm(current, None)
+            self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+            self._prevote_term = 0
+            return
+        if message.get("granted") and self._prevote_term and message.get("term") == self._prevote_term \
+                and self._SyncObj__raftState != _RAFT_STATE.LEADER:
+            self._prevotes = self._prevotes | {node}
+            self._won_prevote()
+
+    def _term_at(self, index: int) -> int | None:
+        entries = self._SyncObj__getEntries(index, 1)
+        return entries[0][2] if entries else None
+
+    def _SyncObj__loadDumpFile(self, clearJournal):  # noqa: N802,N803 - overrides the mangled name
+        """Load the snapshot, keeping the journal's entries after it (Raft's rule for snapshots).
+
+        A snapshot replaces `raft.dump` first; the journal's entries up to it are deleted on a
+        later tick. A replica stopped in between (kill -9, a restart) started with a journal that
+        still began before the snapshot, and pysyncobj, finding the journal's first entries unlike
+        the snapshot's, cleared the whole journal: every entry after the snapshot was gone,
+        acknowledged ones too (pysyncobj then warns that the commit index exceeds the journal's
+        end). When the journal holds the snapshot's last two entries, what comes before them is
+        dropped instead, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
+        serializer = self._SyncObj__serializer
+        try:
+            data = serializer.deserialize()
+        except Exception:  # noqa: BLE001 - pysyncobj reads it again and reports the failure
+            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        if not clearJournal:  # data[1]: the snapshot's last entry; data[2]: the one before it
+            self._trim_journal_to(data[2], data[1])
+        serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
+        try:
+            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        finally:
+            del serializer.deserialize
+        journal = self._SyncObj__raftLog
+        log.info("snapshot loaded index=%s from=%s journal=%s..%s", data[1][1] if isinstance(data[1], tuple) else "-",
+                 "leader" if clearJournal else "disk", journal[0][1] if len(journal) else "-",
+                 journal[len(journal) - 1][1] if len(journal) else "-")
+
+    def _trim_journal_to(self, first: tuple, last: tuple) -> None:
+        """Drop the journal's entries before `first` if the journal holds `first` and `last` at
+        their indexes: `last` is the snapshot's last entry, and `first` the one before it, which a
+        journal trimmed to the snapshot begins with.
+
+        Only the journal's list in memory is cut. pysyncobj's own trim rewrites the whole file
+        (an empty journal first, then every entry kept), and a kill during that loop would leave a
+        part of it; the file keeps its older records instead until the next snapshot rewrites it,
+        and the next start cuts them again."""
+        journal = self._SyncObj__raftLog
+        if len(journal) < 2 or not isinstance(first, tuple) or journal[0] == first:
+            return
+        offset = first[1] - journal[0][1]
+        if not 0 < offset < len(journal) - 1 or journal[offset] != first or journal[offset + 1] != last:
+            return
+        log.warning("journal starts at %d, before the snapshot at %d (stopped between writing the snapshot and "
+                    "trimming the journal): keeping the %d entries after it", journal[0][1], last[1],
+                    len(journal) - offset - 2)
+        if isinstance(journal, FileJournal):
+            journal._FileJournal__journal = journal._FileJournal__journal[offset:]
+        else:
+            journal.deleteEntriesTo(offset)
+
+    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
+        now = monotonic()
+        if now - self._heard_any > self._SyncObj__conf.raftMaxTimeout and self._heard_any > float("-inf"):
+            self._rejoined = now  # the first word after a silence (not the first ever: a start is no cut)
+        self._heard_any = now
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "next_node_idx":  # a follower's answer to an AppendEntries
+            version = message.get("command_version")
+            self._versions[node] = (version if isinstance(version, int) else 0, now)
+        if kind == "pre_vote":
+            return self._answer_prevote(node, message)
+        if kind == "pre_vote_response":
+            return self._count_prevote(node, message)
+        if kind == "append_entries" and isinstance(message.get("term"), int) \
+                and message["term"] >= self.raftCurrentTerm:
+            self._leader_contact = monotonic()  # a current leader lives: refuse pre-votes for a while
+            if "prevLogIdx" in message and message.get("transmission") is None:
+                message = self._screen_append(node, message)
+                if message is None:
+                    return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _screen_append(self, node, message: dict) -> dict | None:
+        if self.diverged:
+            return None
+        prev_index, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+        if self._term_at(prev_index) != prev_term:
+            return message  # pysyncobj answers the mismatch (the leader backs off)
+        entries = list(message.get("entries") or [])
+        held = held_prefix(self._term_at, entries)
+        last_sent = entries[held - 1][1] if held else prev_index
+        applied = self._SyncObj__raftLastApplied
+        last_local = self._SyncObj__getCurrentLogIndex()
+        if held < len(entries):
+            conflict = entries[held][1]
+            if self._term_at(conflict) is not None and conflict <= applied:
+                return self._diverge(conflict, applied, message)
+        elif last_local > last_sent and not entries and last_sent < applied:
+            return self._diverge(last_sent + 1, applied, message)  # would drop applied entries
+        if held == 0:
+            return message
+        trimmed = dict(message)
+        trimmed["prevLogIdx"], trimmed["prevLogTerm"] = last_sent, entries[held - 1][2]
+        trimmed["entries"] = entries[held:]
+        if held < len(entries) or last_local == last_sent:
+            return trimmed  # pysyncobj truncates at the conflict (if any) and appends the rest
+        # Every entry is already held and the log goes further: acknowledge without truncating,
+        # and commit no further than the last entry this message vouches for.
+        del trimmed["prevLogIdx"], trimmed["prevLogTerm"], trimmed["entries"]
+        trimmed["commit_index"] = min(message["commit_index"], last_sent)
+        SyncObj._SyncObj__onMessageReceived(self, node, trimmed)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_sent + 1, success=True)
+        return None
+
+    def _diverge(self, index: int, applied: int, message: dict) -> None:
+        self.diverged = (f"the leader's log differs from this replica's at index {index}, which it has "
+                         f"already applied (applied {applied}, leader term {message['term']}): "
+                         "this replica's state has diverged; rebuild it from its peers")
+        log.critical("%s", self.diverged)
+        return None
