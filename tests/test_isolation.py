@@ -270,7 +270,8 @@ def test_a_command_the_runtime_template_hides_ends_command_not_found_saying_so(t
     assert "execvp" in Path(handle.log_file).read_text()
     end = hiding.outcome(handle, a)
     assert end.cause == "CommandNotFound" and end.exit_code == 1
-    assert end.detail.startswith(f"{tool} exists on this machine but the worker's runtime template (--runtime) hides it")
+    assert end.detail.startswith(f"{tool} exists on this machine but the worker's runtime template (--runtime) "
+                                 "hides it")
     # A command that ran and failed on its own stays an Error, template or not.
     a = assignment("fails", ["sh", "-c", "exit 1"])
     handle = hiding.start(a)

@@ -7,7 +7,8 @@ by command-set version V only once every member has told it it knows V (etcd's c
 
 The cluster tests run one code base as two releases through the test-only seams of
 synapse.master.main: every replica counts AddUser as introduced by the next version, and one
-replica, started with SYNAPSE_TEST_COMMAND_VERSION set to this release's version, is the older release that does not know it.
+replica, started with SYNAPSE_TEST_COMMAND_VERSION set to this release's version, is the older
+release that does not know it.
 """
 
 from __future__ import annotations
