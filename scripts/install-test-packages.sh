@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests use, if they are not there yet: chromium (the dashboard's
-# browser test, tests/test_browser.py) and bubblewrap (the sandboxed-runtime example and its test,
-# tests/test_isolation.py). The distribution's packages only, never a downloaded build, and one
+# browser test, tests/test_browser.py), bubblewrap (the sandboxed-runtime example and its test,
+# tests/test_isolation.py) and prometheus (its `prometheus` and `promtool`: the alert rules' unit
+# tests and a real Prometheus scraping a local cluster, tests/test_prometheus.py). The distribution's packages only, never a downloaded build, and one
 # apt-get update for all. Where they cannot be installed (no root, no apt), it says why and exits
 # 0: those tests then skip with that reason.
 set -u
 missing=()
-for pair in chromium:chromium bwrap:bubblewrap; do  # command:package
+for pair in chromium:chromium bwrap:bubblewrap prometheus:prometheus promtool:prometheus; do  # command:package
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
-if [ "${#missing[@]}" -eq 0 ]; then
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [ "${#missing[@]}" -eq 0 ] || [ -z "${missing[0]}" ]; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -168,10 +168,11 @@ ALLOCATE_400MB = [sys.executable, "-c", "b = bytearray(400 << 20); print('surviv
 
 def test_a_task_over_its_memory_limit_is_oom_killed_and_its_cgroup_goes(tmp_path, real_cgroups):
     runtime = ProcessRuntime(tmp_path, cgroups=real_cgroups)
-    handle = runtime.start(assignment("oom", ALLOCATE_400MB, memory=64 * MI))
+    a = assignment("oom", ALLOCATE_400MB, memory=64 * MI)
+    handle = runtime.start(a)
     assert handle.cgroup and real_cgroups.exists(handle.cgroup)
     wait_exit(runtime, handle)
-    end = runtime.outcome(handle, 64 * MI)
+    end = runtime.outcome(handle, a)
     assert end.cause == "OOMKilled", (end, Path(handle.log_file).read_text())
     assert "survived" not in Path(handle.log_file).read_text()
     runtime.release(handle.cgroup)
@@ -181,7 +182,8 @@ def test_a_task_over_its_memory_limit_is_oom_killed_and_its_cgroup_goes(tmp_path
 def test_a_task_and_its_children_are_in_its_cgroup_and_escapees_die_with_it(tmp_path, real_cgroups):
     runtime = ProcessRuntime(tmp_path, cgroups=real_cgroups)
     # The child leaves the task's process group (setsid), as a daemon would; the cgroup still holds it.
-    handle = runtime.start(assignment("tree", ["sh", "-c", "setsid sleep 300 & sleep 300"], memory=256 * MI))
+    a = assignment("tree", ["sh", "-c", "setsid sleep 300 & sleep 300"], memory=256 * MI)
+    handle = runtime.start(a)
     deadline = time.monotonic() + 5
     while len(real_cgroups.pids(handle.cgroup)) < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -192,7 +194,7 @@ def test_a_task_and_its_children_are_in_its_cgroup_and_escapees_die_with_it(tmp_
     runtime.release(handle.cgroup)
     assert not any(os.path.exists(f"/proc/{pid}") and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
                    for pid in members)
-    assert runtime.outcome(handle, 0).cause == "Signal"
+    assert runtime.outcome(handle, a).cause == "Signal"
 
 
 def test_the_shim_refuses_to_run_a_task_it_cannot_confine(tmp_path, real_cgroups):
@@ -201,17 +203,18 @@ def test_the_shim_refuses_to_run_a_task_it_cannot_confine(tmp_path, real_cgroups
     a = assignment("refused", ["touch", str(marker)], memory=64 * MI)
     handle = runtime.start(a)
     wait_exit(runtime, handle)
-    assert runtime.outcome(handle, 0).cause == "Completed" and marker.exists()
+    assert runtime.outcome(handle, a).cause == "Completed" and marker.exists()
     # Now a cgroup that vanished between its creation and the shim joining it.
     real_cgroups_create = real_cgroups.create
     real_cgroups.create = lambda name, limits: [tmp_path / "gone" / "cgroup.procs"]  # type: ignore[method-assign]
     try:
         marker.unlink()
-        handle = runtime.start(assignment("refused2", ["touch", str(marker)]))
+        a = assignment("refused2", ["touch", str(marker)])
+        handle = runtime.start(a)
         wait_exit(runtime, handle)
     finally:
         real_cgroups.create = real_cgroups_create  # type: ignore[method-assign]
-    end = runtime.outcome(handle, 0)
+    end = runtime.outcome(handle, a)
     assert (end.exit_code, end.cause) == (125, "Error") and "cannot join cgroup" in end.detail
     assert not marker.exists()
 
@@ -220,22 +223,73 @@ def test_the_shim_refuses_to_run_a_task_it_cannot_confine(tmp_path, real_cgroups
 #: machine read-only, a private /tmp, its own pid namespace. It stays in the foreground, so the shim's
 #: cgroup holds it and the task inside it.
 BWRAP = "bwrap --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --unshare-pid --die-with-parent --"
+#: The README's memory hog, in the shell alone: tail keeps a line that never ends, 400MB of it. The
+#: sandbox's private /tmp hides an interpreter installed there (a venv under /tmp), so the examples that
+#: run inside it name no interpreter of this machine's.
+ALLOCATE_400MB_SH = ["sh", "-c", "head -c 400000000 /dev/zero | tail | wc -c"]
+
+
+def needs_bwrap() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed (bash scripts/install-test-packages.sh)")
 
 
 def test_an_external_sandbox_runs_the_task_confined_the_same_way(tmp_path, real_cgroups):
-    if shutil.which("bwrap") is None:
-        pytest.skip("bwrap is not installed (bash scripts/install-test-packages.sh)")
+    needs_bwrap()
     runtime = ProcessRuntime(tmp_path, template=BWRAP, cgroups=real_cgroups)
-    handle = runtime.start(assignment("sandboxed", ["sh", "-c", "echo pid=$$; touch /etc/synapse-x || echo ro"],
-                                      memory=64 * MI))
+    a = assignment("sandboxed", ["sh", "-c", "echo pid=$$; touch /etc/synapse-x || echo ro"], memory=64 * MI)
+    handle = runtime.start(a)
     wait_exit(runtime, handle)
     log = Path(handle.log_file).read_text()
     assert "pid=2" in log and "ro" in log.split()  # its own pid namespace, a read-only root
-    assert runtime.outcome(handle, 64 * MI).cause == "Completed"
+    assert runtime.outcome(handle, a).cause == "Completed"
     runtime.release(handle.cgroup)
-    handle = runtime.start(assignment("sandboxed-hog", ALLOCATE_400MB, memory=64 * MI))
+    a = assignment("sandboxed-hog", ALLOCATE_400MB_SH, memory=64 * MI)
+    handle = runtime.start(a)
     wait_exit(runtime, handle)
-    assert runtime.outcome(handle, 64 * MI).cause == "OOMKilled", Path(handle.log_file).read_text()
+    assert runtime.outcome(handle, a).cause == "OOMKilled", Path(handle.log_file).read_text()
+
+
+def test_a_command_the_runtime_template_hides_ends_command_not_found_saying_so(tmp_path):
+    """A venv under /tmp behind the sandbox's private /tmp: the tool exists here, not inside."""
+    needs_bwrap()
+    hidden = tmp_path / "venv" / "bin"
+    hidden.mkdir(parents=True)
+    tool = hidden / "python3"
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o755)
+    (tmp_path / "other").mkdir()
+    a = assignment("hidden", [str(tool)])
+    showing = ProcessRuntime(tmp_path / "w1", template=BWRAP.replace("--tmpfs /tmp", f"--tmpfs {tmp_path / 'other'}"))
+    handle = showing.start(a)
+    wait_exit(showing, handle)
+    assert showing.outcome(handle, a).cause == "Completed"
+    hiding = ProcessRuntime(tmp_path / "w2", template=BWRAP.replace("--tmpfs /tmp", f"--tmpfs {tmp_path / 'venv'}"))
+    handle = hiding.start(a)
+    wait_exit(hiding, handle)
+    assert "execvp" in Path(handle.log_file).read_text()
+    end = hiding.outcome(handle, a)
+    assert end.cause == "CommandNotFound" and end.exit_code == 1
+    assert end.detail.startswith(f"{tool} exists on this machine but the worker's runtime template (--runtime) "
+                                 "hides it")
+    # A command that ran and failed on its own stays an Error, template or not.
+    a = assignment("fails", ["sh", "-c", "exit 1"])
+    handle = hiding.start(a)
+    wait_exit(hiding, handle)
+    assert hiding.outcome(handle, a).cause == "Error"
+
+
+def test_a_command_that_is_nowhere_ends_command_not_found(tmp_path):
+    runtime = ProcessRuntime(tmp_path)
+    for name, command, cause in (("bare", ["no-such-command-x"], "CommandNotFound"),
+                                 ("path", [str(tmp_path / "gone")], "CommandNotFound"),
+                                 ("own", ["sh", "-c", "exit 127"], "Error")):
+        a = assignment(name, command)
+        handle = runtime.start(a)
+        wait_exit(runtime, handle)
+        end = runtime.outcome(handle, a)
+        assert (end.exit_code, end.cause) == (127, cause), end
+        assert end.detail == (f"{command[0]}: no such command on this machine" if cause == "CommandNotFound" else "")
 
 
 def fake_proc(tmp_path: Path, mount: Path, own: str) -> Path:
@@ -244,6 +298,19 @@ def fake_proc(tmp_path: Path, mount: Path, own: str) -> Path:
     (proc / "cgroup").write_text(f"0::/{own}\n")
     (proc / "mountinfo").write_text(f"30 25 0:26 / {mount} rw - cgroup2 cgroup2 rw\n")
     return proc
+
+
+def test_a_job_naming_a_command_that_is_nowhere_fails_command_not_found(make_cluster):
+    """The worker's typed cause reaches the job once every replica knows it (codec.CAUSE_VERSIONS)."""
+    cluster = make_cluster(workers=1, racks=1, gpus=0)
+    spec = JobSpec(name="typo", tasks=1, resources=Resources(cpu=100), command=("no-such-command-x", "--epochs", "3"))
+    job_id = cluster.client.submit(codec.job_spec_to_proto(spec))
+    deadline = time.monotonic() + 20
+    while cluster.client.get_job(job_id).status != "FAILED" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    info = cluster.client.get_job(job_id)
+    assert info.status == "FAILED" and info.tasks[0].reason == "CommandNotFound", info
+    assert info.tasks[0].reason_message == "exit code 127; no-such-command-x: no such command on this machine"
 
 
 def test_a_hierarchy_the_worker_may_not_write_is_refused_clearly(tmp_path):

@@ -55,7 +55,8 @@ def value(families: dict, name: str, **labels) -> float:
 
 
 def test_alert_rules_use_only_metrics_of_the_contract():
-    names = {m["name"] for m in CONTRACT} | {f"{m['name']}_total" for m in CONTRACT if m["type"] == "counter"}
+    both = CONTRACT + WORKER_CONTRACT
+    names = {m["name"] for m in both} | {f"{m['name']}_total" for m in both if m["type"] == "counter"}
     rules = [r for g in ALERTS["groups"] for r in g["rules"]]
     assert rules
     for rule in rules:

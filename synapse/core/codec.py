@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from synapse.core import commands as c
 from synapse.core.model import (
     Assignment,
+    EndReason,
     Job,
     JobSpec,
     Node,
@@ -44,8 +45,12 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
     c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
 })
+#: The command-set version that introduced each worker end reason later than the first set: a replica
+#: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
+#: knows it (synapse.master.endpoints), and apply stays the same on every replica.
+CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2})
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
-COMMAND_VERSION = max(KIND_VERSIONS.values())
+COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values())
 #: The version every release applies (the first command set): commands of it are never held back.
 BASE_VERSION = 1
 

@@ -159,6 +159,7 @@ class EndReason(enum.StrEnum):
     ERROR = "Error"  #: exited non-zero
     SIGNAL = "Signal"  #: killed by a signal not of the cluster's making (or it left no exit status)
     OOM_KILLED = "OOMKilled"  #: the kernel's OOM killer acted inside the task's memory limit
+    COMMAND_NOT_FOUND = "CommandNotFound"  #: the command it names is not there, or the runtime hides it
     TIME_LIMIT = "TimeLimit"  #: stopped because its job's time_limit passed
     NODE_LOST = "NodeLost"  #: its node was declared DOWN
     PREEMPTED = "Preempted"  #: stopped to make room for another gang
@@ -166,7 +167,8 @@ class EndReason(enum.StrEnum):
 
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
-WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED})
+WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
+                            EndReason.COMMAND_NOT_FOUND})
 
 
 class TaskState(enum.StrEnum):

@@ -212,7 +212,7 @@ class WorkerAgent:
             if not alive(task.handle):
                 self.runtime.reap()
                 a = task.assignment
-                end = self.runtime.outcome(task.handle, a.resources.memory)
+                end = self.runtime.outcome(task.handle, a)
                 code = end.exit_code
                 log.info("task exited job=%s attempt=%d index=%d code=%s reason=%s detail=%s", a.job_id, a.attempt,
                          a.index, code, end.cause, end.detail or "-")

@@ -7,6 +7,8 @@ killed by signal N; 127 for a command that cannot be found. An external runtime 
 `{task_id}`, `{image}`, `{job_id}`, `{attempt}`, `{index}` and `{log_dir}` filled in, come first,
 and the task's command is appended after them; the runtime process stays in the foreground for
 as long as the task runs and is supervised exactly like a plain command, in the same cgroup.
+A task that fails because the command it names is not there ends CommandNotFound, not Error; so
+does one whose command the template hides (a sandbox's private /tmp over a venv's interpreter).
 
 With cgroups (`isolation.py`) every task gets a cgroup of its own, made before the shim starts and
 joined by the shim before the command runs; the cgroup says whether the OOM killer ended the task,
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -26,6 +29,8 @@ from pathlib import Path
 from synapse.core.model import Assignment, EndReason
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
 
+#: How long a probe through the runtime template may take (it runs only after a task failed).
+PROBE_TIMEOUT_S = 10.0
 #: The task shim (POSIX sh): records the task's pid and exit status; see the script's header.
 SHIM = Path(__file__).with_name("shim.sh")
 
@@ -91,7 +96,7 @@ class Outcome:
     """How a task ended, as this worker reads it."""
 
     exit_code: int | None  #: None: it left no exit status (its shim was killed)
-    cause: str  #: an EndReason a worker may report: Completed, Error, Signal, OOMKilled
+    cause: str  #: an EndReason a worker may report: Completed, Error, Signal, OOMKilled, CommandNotFound
     detail: str  #: free text for the master: the OOM kill, a cgroup the shim could not join…
 
 
@@ -126,11 +131,36 @@ class ProcessRuntime:
         return self.work_dir / "logs" / job_id / f"attempt-{attempt}" / f"task-{index}.log"
 
     def command(self, a: Assignment) -> list[str]:
-        if not self.template:
-            return list(a.command)
-        fields = {"task_id": task_id(a), "image": a.image, "job_id": a.job_id, "attempt": a.attempt,
+        return self.runtime_words(a, task_id(a)) + list(a.command)
+
+    def runtime_words(self, a: Assignment, name: str) -> list[str]:
+        """The template's words for a task, `name` as its {task_id} ([] without a template)."""
+        fields = {"task_id": name, "image": a.image, "job_id": a.job_id, "attempt": a.attempt,
                   "index": a.index, "log_dir": str(self.log_path(a.job_id, a.attempt, a.index).parent)}
-        return [word.format(**fields) for word in self.template] + list(a.command)
+        return [word.format(**fields) for word in self.template]
+
+    def missing_command(self, a: Assignment, code: int) -> str:
+        """Why the command a failed task names could not have run ("" when it could): not on this
+        machine (the shim's 127), or, under a runtime template, a path this machine has and a probe
+        through the template (`test -e PATH`) does not see, such as a private /tmp hiding a venv."""
+        name = a.command[0] if a.command else ""
+        if not self.template:
+            path = dict(a.env).get("PATH", os.environ.get("PATH", os.defpath))
+            if code != 127 or shutil.which(name, path=path) is not None:
+                return ""
+            return f"{name}: no such command on this machine"
+        if not os.path.isabs(name) or not os.path.exists(name):
+            return ""  # a bare name is looked up on the runtime's own PATH, where the host's says nothing
+        probe = self.runtime_words(a, task_id(a) + "-probe") + ["test", "-e", name]
+        try:
+            seen = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S).returncode
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        if seen != 1:  # 0: the runtime shows it; anything else: the probe itself failed
+            return ""
+        return (f"{name} exists on this machine but the worker's runtime template (--runtime) hides it: "
+                f"name a command inside what the runtime shows, or make the template show {os.path.dirname(name)}")
 
     def task_files(self, a: Assignment) -> tuple[Path, Path]:
         """(exit file, pid file) of a task."""
@@ -177,14 +207,20 @@ class ProcessRuntime:
             raise
         return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file), name)
 
-    def outcome(self, handle: Handle, memory: int) -> Outcome:
-        """How an ended task ended: its exit status, and its cgroup's OOM count when it has one."""
+    def outcome(self, handle: Handle, a: Assignment) -> Outcome:
+        """How an ended task ended: its exit status, its cgroup's OOM count when it has one, and
+        whether the command it names could be run at all."""
         oom = self.cgroups.oom_kills(handle.cgroup) if self.cgroups is not None and handle.cgroup else 0
         try:
             shim_error = shim_error_file(Path(handle.exit_file)).read_text().strip()
         except OSError:
             shim_error = ""
-        return read_outcome(exit_code(handle), oom, memory, shim_error)
+        end = read_outcome(exit_code(handle), oom, a.resources.memory, shim_error)
+        if end.cause == EndReason.ERROR and not end.detail and end.exit_code is not None:
+            missing = self.missing_command(a, end.exit_code)
+            if missing:
+                return Outcome(end.exit_code, EndReason.COMMAND_NOT_FOUND, missing)
+        return end
 
     def release(self, name: str) -> None:
         """Remove an ended task's cgroup (killing whatever of it is left)."""
