@@ -15,7 +15,9 @@ What it decides:
   plan one preemption (`Preempt`) for the first waiting gang of an admin-defined queue, in queue
   order, that a rule allows (at most PREEMPT_TRIES tried; a gang found to have no plan is not
   planned again until the state changes otherwise than by submissions), and records why gangs wait
-  (`PendingReasons`, for those whose reason changed).
+  (`PendingReasons`, for those whose reason changed). A pending job a dependency of which can never
+  be met (synapse.core.dependencies) is failed for good, `FailAttempt(final, cause
+  DependencyNeverSatisfied)` naming the upstream job, unless it asked to wait.
 * **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
   the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
   a running attempt past its time limit fails for good; finished jobs past their retention are
@@ -283,7 +285,7 @@ class LeaderState:
         for job_id in examined:
             reason, job = self._waiting.get(job_id), state.jobs.get(job_id)
             if reason is not None and job is not None and job.status is JobStatus.PENDING \
-                    and job.pending_reason != reason.code:
+                    and job.pending_reason != reason.code and (job_id, job.attempt) not in self.failing:
                 entries.append(c.PendingReason(job_id, job.attempt, reason.code, reason.message))
                 if len(entries) == PENDING_BATCH:
                     break
