@@ -13,7 +13,7 @@ from synapse.core.dependencies import DependencyState
 from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.leader_state import LeaderState
-from synapse.core.model import JobStatus
+from synapse.core.model import JobStatus, Queue, Resources
 from tests.helpers import checked, cluster, spec
 from tests.test_arrays import finish, run_round, submit_array
 
@@ -147,3 +147,18 @@ def test_a_singleton_waits_while_a_job_of_its_name_and_user_runs():
     assert [(e.job_id, e.code) for x in run_round(state, brain, 3.0) for e in x.entries] == [("s2", "Singleton")]
     finish(state, "s1")
     assert [x.job_id for x in run_round(state, brain, 4.0)] == ["s2"]
+
+
+def test_a_job_held_by_its_dependency_plans_no_preemption():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.ApplyQueues(at=0, queues=(Queue("a", guaranteed=Resources(0, 0, 16)), Queue("b"))))
+    brain = LeaderState()
+    for name in ("b1", "b2"):
+        checked(state, c.SubmitJob(at=0, job_id=name, request_id=name, spec=spec(name=name, queue="b")))
+    submit(state, "up")
+    run_round(state, brain, 1.0)  # b1 and b2 hold both nodes; "up" waits
+    s = dataclasses.replace(spec(name="a1", tasks=2, queue="a"), after=(("ok", "up"),))
+    checked(state, c.SubmitWorkflowJob(at=5000, job_id="a1", request_id="a1", spec=s))
+    cmds = run_round(state, brain, 5000.0)
+    assert not [x for x in cmds if isinstance(x, c.Preempt)]
+    assert ("a1", "Dependency") in [(e.job_id, e.code) for x in cmds for e in x.entries]

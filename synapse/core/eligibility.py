@@ -31,6 +31,7 @@ NEVER = dependencies.NEVER_SATISFIED  #: a dependency can never be met (the job 
 DEPENDENCY = "Dependency"  #: a dependency is not met yet
 SINGLETON = "Singleton"  #: another job of its name and user holds a gang
 THROTTLE = "ArrayThrottle"  #: its array has as many elements running as its throttle allows
+HELD_CODES = frozenset({NEVER, DEPENDENCY, SINGLETON, THROTTLE})
 
 
 @dataclass(frozen=True, slots=True)

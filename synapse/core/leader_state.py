@@ -41,6 +41,7 @@ from typing import Protocol
 from synapse.core import admission, dependencies, preemption
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
+from synapse.core.eligibility import HELD_CODES
 from synapse.core.heartbeat import HeartbeatTracker, health_change
 from synapse.core.model import JobStatus, NodeStatus
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
@@ -253,8 +254,8 @@ class LeaderState:
         for job in state.pending_jobs():
             if tried >= PREEMPT_TRIES:
                 break
-            if job.id not in self._waiting or job.id in state.holds:
-                continue
+            if job.id not in self._waiting or job.id in state.holds or self._waiting[job.id].code in HELD_CODES:
+                continue  # a job held back (dependency, throttle, singleton) may not run now, so it takes no room
             if state.queue_of(job) not in state.queues or admission.max_block(state, job):
                 continue
             key = (job.id, job.attempt, state.other_changes)
