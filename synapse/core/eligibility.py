@@ -13,13 +13,15 @@ the following indices under the ids they will have, in order.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from synapse.core import dependencies
 from synapse.core.arrays import element_id
 from synapse.core.dependencies import DependencyState
 from synapse.core.fsm import ClusterState
-from synapse.core.model import Job
+from synapse.core.model import Job, JobSpec, Plan
+from synapse.core.placement import ClusterView, place
 
 #: Elements of one array a round may plan beyond the queued one: the next round places more. It
 #: keeps a round short (the leader holds the state's lock through it): on 256 idle nodes, a round
@@ -112,3 +114,17 @@ class Gate:
                            submitted_at=job.submitted_at, seq=job.seq, user=job.user, array_id=array.id,
                            array_index=index))
         return out
+
+    def more_elements(self, view: ClusterView, job: Job, spec: JobSpec,
+                      may_continue: Callable[[], bool] = lambda: True) -> Iterator[Plan]:
+        """Plans for the array's next elements once the queued element `job` is planned, each
+        claimed on `view`, until one does not fit or `may_continue()` (asked before each) says no."""
+        for element in self.next_elements(job):
+            if not may_continue():
+                return
+            plan = place(view, element.id, 1, spec, with_reasons=False).plan
+            if plan is None:
+                return
+            view.claim(plan, job.spec.resources)
+            self.placed(element)
+            yield plan

@@ -225,15 +225,11 @@ def schedule_round(state: ClusterState, now: float,
             name = state.queue_of(job)
             claimed[name] = claimed.get(name, Resources()) + job.spec.total
             gate.placed(job)
-            for element in gate.next_elements(job):  # the array's next elements, under the ids apply gives them
-                more = None if state.queues and max_block(state, job, claimed) else \
-                    place(view, element.id, 1, spec, with_reasons=False).plan
-                if more is None:
-                    break
+            # The array's next elements, under the ids apply gives them, within the queue's max.
+            for more in gate.more_elements(view, job, spec, lambda: not (state.queues and max_block(state, job,
+                                                                                                    claimed))):
                 result.plans.append(more)
-                view.claim(more, job.spec.resources)
                 claimed[name] = claimed[name] + job.spec.total
-                gate.placed(element)
             continue
         if hold is not None:
             result.examined.append(job.id)
