@@ -60,12 +60,33 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
         "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
+        "array": _array_dict(info, spec), "failure_cause": info.failure_cause or None,
+        "dependencies": [{"kind": d.kind, "job": d.job_id, "upstream_status": d.upstream_status or None,
+                          "state": d.state} for d in info.dependencies],
+        "singleton": spec.singleton or None,
     }
+
+
+def _array_dict(info: api_pb2.JobInfo, spec: Any) -> dict[str, Any] | None:
+    """An array (or element)'s array part; `line_id` folds never-placed elements: `ID_[5-99]`."""
+    if not info.array_id:
+        return None
+    out: dict[str, Any] = {"id": info.array_id, "index": info.array_index if info.array_index >= 0 else None,
+                           "indices": spec.array, "line_id": info.id}
+    if info.array_waiting:
+        out["waiting"] = info.array_waiting
+        out["line_id"] = f"{info.array_id}_[{info.array_waiting}]"
+    if info.HasField("array"):
+        a = info.array
+        out.update({"total": a.total, "throttle": a.throttle or None, "running": a.running, "waiting_count": a.waiting,
+                    "succeeded": a.succeeded, "failed": a.failed, "cancelled": a.cancelled})
+    return out
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> str:
     return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
-                 [[j["id"], j["name"], j["user"] or "-", j["status"], j["attempt"], j["tasks_requested"],
+                 [[j["array"]["line_id"] if j["array"] else j["id"], j["name"], j["user"] or "-", j["status"],
+                   j["attempt"], j["tasks_requested"],
                    j["resources"]["gpu"], when(j["submitted_at"])] for j in jobs])
 
 
@@ -81,6 +102,17 @@ def job_description(j: dict[str, Any]) -> str:
              f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
              f"Finished: {when(j['finished_at'])}"]
+    a = j["array"]
+    if a and a["index"] is None:
+        lines.append(f"Array:      [{a['indices']}] {a['total']} element(s), throttle {a['throttle'] or 'none'}: "
+                     f"{a['waiting_count']} waiting, {a['running']} running, {a['succeeded']} succeeded, "
+                     f"{a['failed']} failed, {a['cancelled']} cancelled")
+        if a.get("waiting"):
+            lines.append(f"  waiting elements: {a['line_id']}")
+    elif a:
+        lines.append(f"Array:      element {a['index']} of {a['id']} [{a['indices']}]")
+    for d in j["dependencies"]:
+        lines.append(f"Depends:    after{d['kind']} {d['job']} ({d['upstream_status'] or 'unknown'}): {d['state']}")
     if j["waiting"]:
         lines.append(f"Waiting:    {j['waiting']}")
         lines += [f"  - {s}" for s in j["shortfalls"]]

@@ -35,7 +35,10 @@ from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
 from synapse.common.tls import TLSFiles, channel_credentials
 from synapse.core import codec
-from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
+from synapse.core.dependencies import parse_after_flag
+from synapse.core.jobspec import JobFileError, check_workflow, parse_job
+from synapse.core.model import JobSpec
 from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
 
@@ -131,6 +134,9 @@ def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, 
 @click.option("--time-limit", help="e.g. 2h; lets the job backfill ahead of a reservation")
 @click.option("--env", "env", multiple=True, help="NAME=value (repeatable)")
 @click.option("--queue", help="the queue to submit to (overrides the job file's; default: the default queue)")
+@click.option("--array", help="an array of gangs, Slurm's syntax: 0-99%8, 0-15:4, 1,3,7 (overrides the file's)")
+@click.option("--after", help="dependencies: ok:ID,any:ID,notok:ID (added to the file's)")
+@click.option("--singleton", is_flag=True, default=None, help="run only while no job of this name and user runs")
 @OUTPUT
 @click.pass_obj
 def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
@@ -145,6 +151,7 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             spec = load_job_file(job_file)
         else:
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
+        spec = _workflow_flags(spec, flags)
     except JobFileError as exc:
         fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}", 2)
     if flags["queue"]:
@@ -157,6 +164,26 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
     click.echo(render.submitted(job_id, rid, output))
     if wait:
         sys.exit(_follow(obj, job_id, quiet=output != "table"))
+
+
+def _workflow_flags(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
+    """`--array`, `--after` and `--singleton` over a job file's (or flags') spec."""
+    if flags["array"]:
+        try:
+            ranges, throttle = parse_array(flags["array"])
+        except ArraySpecError as exc:
+            raise JobFileError("array", str(exc)) from None
+        spec = dataclasses.replace(spec, array=format_ranges(ranges), array_throttle=throttle)
+    if flags["after"]:
+        try:
+            after = parse_after_flag(flags["after"])
+        except ValueError as exc:
+            raise JobFileError("after", str(exc)) from None
+        spec = dataclasses.replace(spec, after=spec.after + after)
+    if flags["singleton"]:
+        spec = dataclasses.replace(spec, singleton=True)
+    check_workflow(spec)
+    return spec
 
 
 def _flags_to_doc(argv: list[str], flags: dict[str, Any]) -> dict[str, Any]:
@@ -291,8 +318,21 @@ def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None,
 @click.option("--reason", default="", help="recorded in the job's events")
 @click.pass_obj
 def cancel(obj: Context, job_id: str, reason: str) -> None:
-    """Cancel a job: pending jobs end at once, running gangs are stopped first."""
+    """Cancel a job: pending jobs end at once, running gangs are stopped first. An array's id
+    cancels every element; ID_7, one."""
     click.echo(f"{job_id}: {run(lambda: obj.client.cancel(job_id, reason))}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--throttle", type=int, required=True, help="the most elements of the array running at once; 0: no limit")
+@click.pass_obj
+def update(obj: Context, job_id: str, throttle: int) -> None:
+    """Change a running array's throttle (Slurm's ArrayTaskThrottle)."""
+    if throttle < 0:
+        fail("invalid update: throttle: 0 (no limit) or more", 2)
+    reply = run(lambda: obj.client.call("UpdateJob", api_pb2.UpdateJobRequest(job_id=job_id, throttle=throttle)))
+    click.echo(reply.message)
 
 
 def _schedulable(obj: Context, node_id: str, schedulable: bool, reason: str = "") -> None:

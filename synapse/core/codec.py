@@ -13,6 +13,7 @@ every member has told it it knows that kind's version, so a cluster upgrades one
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,6 +21,8 @@ from types import MappingProxyType
 from google.protobuf.message import DecodeError
 
 from synapse.core import commands as c
+from synapse.core.arrays import JobArray
+from synapse.core.dependencies import Resolved
 from synapse.core.model import (
     Assignment,
     EndReason,
@@ -44,6 +47,10 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.CommitPlan: 1, c.TaskStarted: 1, c.TaskExited: 1, c.CancelJob: 1, c.FailAttempt: 1, c.Barrier: 1,
     c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
     c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
+    # Arrays and dependencies. CancelJob of an array and a final FailAttempt's cause on a pending
+    # job apply differently here, but only to jobs and arrays that version-2 submissions created,
+    # which no older replica can hold: those kinds keep version 1.
+    c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -92,7 +99,9 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         command=list(spec.command), env=dict(spec.env),
         topology=types_pb2.TopologySpec(pack=spec.topology.pack, mode=spec.topology.mode.value),
         priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
-        image=spec.image, queue=spec.queue, grace_s=spec.grace, gpu_model=spec.gpu_model)
+        image=spec.image, queue=spec.queue, grace_s=spec.grace, gpu_model=spec.gpu_model, array=spec.array,
+        array_throttle=spec.array_throttle, after=[types_pb2.Dependency(kind=k, job_id=j) for k, j in spec.after],
+        singleton=spec.singleton, on_unsatisfiable=spec.on_unsatisfiable)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -105,7 +114,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         command=tuple(p.command), env=tuple(sorted(p.env.items())),
         topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
         max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s,
-        gpu_model=p.gpu_model)
+        gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
+        after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -149,7 +159,12 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
         case c.SetNodeHealth():
             env.set_node_health.CopyFrom(commands_pb2.SetNodeHealth(
                 node_id=cmd.node_id, healthy=cmd.healthy, message=cmd.message, drain=cmd.drain))
+        case c.SubmitWorkflowJob():
+            env.submit_workflow_job.CopyFrom(commands_pb2.SubmitJob(
+                job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.SubmitJob():
+            if cmd.spec.has_workflow:  # an older replica would drop those fields and apply another job
+                raise CodecError("a spec with an array or dependencies travels as SubmitWorkflowJob")
             env.submit_job.CopyFrom(commands_pb2.SubmitJob(
                 job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.CommitPlan():
@@ -190,6 +205,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.pending_reasons.CopyFrom(commands_pb2.PendingReasons(entries=[
                 commands_pb2.PendingReason(job_id=e.job_id, attempt=e.attempt, code=e.code, message=e.message)
                 for e in cmd.entries]))
+        case c.SetArrayThrottle():
+            env.set_array_throttle.CopyFrom(commands_pb2.SetArrayThrottle(job_id=cmd.job_id, throttle=cmd.throttle))
         case c.Preempt():
             env.preempt.CopyFrom(commands_pb2.Preempt(
                 job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes),
@@ -234,8 +251,18 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.SetNodeHealth(node_id=b.node_id, healthy=b.healthy, message=b.message, drain=b.drain, **base)
         case "submit_job":
             b = env.submit_job
-            return c.SubmitJob(job_id=b.job_id, request_id=b.request_id,
-                               spec=job_spec_from_proto(b.spec), **base)
+            spec = job_spec_from_proto(b.spec)
+            if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
+                spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
+                                           on_unsatisfiable="")
+            return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
+        case "submit_workflow_job":
+            b = env.submit_workflow_job
+            return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id,
+                                       spec=job_spec_from_proto(b.spec), **base)
+        case "set_array_throttle":
+            b = env.set_array_throttle
+            return c.SetArrayThrottle(job_id=b.job_id, throttle=b.throttle, **base)
         case "commit_plan":
             b = env.commit_plan
             return c.CommitPlan(job_id=b.job_id, attempt=b.attempt,
@@ -351,7 +378,19 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
         attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
                   for a, nodes in sorted(job.placements.items())],
-        user=job.user, cancelled_by=job.cancelled_by, failure=job.failure)
+        user=job.user, cancelled_by=job.cancelled_by, failure=job.failure, array_id=job.array_id,
+        array_index=job.array_index, failure_cause=job.failure_cause)
+
+
+def array_counts_to_proto(array: JobArray, running: int) -> api_pb2.ArrayCounts:
+    waiting = array.remaining() + (1 if array.rep else 0)
+    return api_pb2.ArrayCounts(total=array.count, throttle=array.throttle, waiting=waiting, running=running,
+                               succeeded=array.succeeded, failed=array.failed, cancelled=array.cancelled_count)
+
+
+def dependencies_to_proto(resolved: list[Resolved]) -> list[api_pb2.DependencyInfo]:
+    return [api_pb2.DependencyInfo(kind=r.kind, job_id=r.upstream, upstream_status=r.upstream_status,
+                                   state=r.state.value) for r in resolved]
 
 
 def user_to_info(user: User) -> api_pb2.UserInfo:

@@ -68,6 +68,20 @@ class SubmitJob(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitWorkflowJob(SubmitJob):
+    """A SubmitJob whose spec uses arrays or dependencies (command-set version 2): an older replica
+    would apply it as a plain job, so it travels as its own kind."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetArrayThrottle(Command):
+    """Change how many elements of an array may hold a gang at once (0: no limit)."""
+
+    job_id: str
+    throttle: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CommitPlan(Command):
     job_id: str
     attempt: int

@@ -13,6 +13,7 @@ cancellation) only moves the job to STOPPING; its tasks keep their resources unt
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections import deque
@@ -21,8 +22,9 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from synapse.core import codec, snapshot
+from synapse.core import codec, dependencies, snapshot
 from synapse.core import commands as c
+from synapse.core.arrays import ArraySpecError, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.model import (
@@ -67,6 +69,8 @@ _JOB_REASONS = {
 #: fair-share rules for the rest of that window (reclaim still applies): no gang thrashes.
 PREEMPTION_BUDGET = 3
 PREEMPTION_WINDOW_S = 86400.0
+#: Final states of forgotten jobs kept for dependencies on them (the oldest beyond it are dropped).
+MAX_FINISHED_RECORDS = 200_000
 
 
 class ClusterState:
@@ -99,6 +103,12 @@ class ClusterState:
         #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
         self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
         self.event_seq = 0  #: the cursor of the newest event; apply only
+        self.arrays: dict[str, JobArray] = {}  #: job arrays by id (their elements are jobs once placed); apply only
+        #: each array's elements that are jobs and have not ended; derived, rebuilt on restore
+        self.array_live: dict[str, set[str]] = {}
+        #: forgotten jobs' and arrays' final status, for dependencies on them (oldest first, at most
+        #: MAX_FINISHED_RECORDS); apply only
+        self.finished: dict[str, str] = {}
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -112,7 +122,8 @@ class ClusterState:
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
-            c.SetNodeHealth: self._set_node_health,
+            c.SetNodeHealth: self._set_node_health, c.SubmitWorkflowJob: self._submit_job,
+            c.SetArrayThrottle: self._set_array_throttle,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -318,13 +329,15 @@ class ClusterState:
             return Result(True, value=self.job_by_request[cmd.request_id])
         if not cmd.job_id:
             return Result.rejected("job id must not be empty")
-        if cmd.job_id in self.jobs:
+        if cmd.job_id in self.jobs or cmd.job_id in self.arrays:
             return Result.rejected(f"job id {cmd.job_id} already exists")
-        problem = self.validate_spec(cmd.spec)
+        problem = self.validate_spec(cmd.spec) or self._workflow_problem(cmd)
         if problem:
             return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
         if cmd.spec.queue not in ("", DEFAULT_QUEUE) and cmd.spec.queue not in self.queues:
             return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: queue: unknown queue {cmd.spec.queue}")
+        if cmd.spec.array:
+            return self._submit_array(cmd)
         self.job_seq += 1
         job = Job(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, submitted_at=cmd.at,
                   seq=self.job_seq, user=cmd.by, pending_since=cmd.at)
@@ -335,6 +348,134 @@ class ClusterState:
         self._event(job, cmd.at, "Submitted", (f"by {cmd.by}: " if cmd.by else "")
                     + f"{cmd.spec.tasks} task(s), attempt 1 of {cmd.spec.max_restarts + 1}")
         return Result(True, value=job.id)
+
+    def _workflow_problem(self, cmd: c.SubmitJob) -> str:
+        """Why a submission's array or dependencies cannot be accepted against this state, or ''."""
+        spec = cmd.spec
+        if spec.has_workflow and not isinstance(cmd, c.SubmitWorkflowJob):
+            return "arrays and dependencies need a SubmitWorkflowJob command"
+        if spec.array:
+            try:
+                JobArray(id=cmd.job_id, spec=spec, request_id="", user="", submitted_at=0.0, seq=0, throttle=0)
+            except ArraySpecError as exc:
+                return f"array: {exc}"
+        if spec.array_throttle < 0:
+            return "array: the throttle must not be negative"
+        problem = dependencies.after_problem(spec.after)
+        if problem:
+            return f"after: {problem}"
+        for _kind, upstream in spec.after:
+            if upstream == cmd.job_id or split_element_id(upstream) is not None and \
+                    split_element_id(upstream)[0] == cmd.job_id:  # type: ignore[index]
+                return f"after: job {upstream} is this job itself"
+            if not dependencies.known(self, upstream):
+                return f"after: unknown job {upstream}"
+        if spec.on_unsatisfiable not in ("", *dependencies.ON_UNSATISFIABLE):
+            return f"on_unsatisfiable: must be fail or wait, not {spec.on_unsatisfiable!r}"
+        return ""
+
+    def _submit_array(self, cmd: c.SubmitJob) -> Result:
+        """One record for the whole array; its first element becomes a job at once (see arrays.py)."""
+        self.job_seq += 1
+        array = JobArray(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, user=cmd.by,
+                         submitted_at=cmd.at, seq=self.job_seq, throttle=cmd.spec.array_throttle)
+        self.arrays[array.id] = array
+        self.array_live[array.id] = set()
+        if cmd.request_id:
+            self.job_by_request[cmd.request_id] = array.id
+        self.emit(cmd.at, "Normal", "job", "JobSubmitted", array.id,
+                  (f"by {cmd.by}: " if cmd.by else "") + f"array of {array.count} element(s) "
+                  f"[{cmd.spec.array}]" + (f", at most {array.throttle} running" if array.throttle else "")
+                  + f", {cmd.spec.tasks} task(s) each")
+        self._next_element(array, cmd.at)
+        return Result(True, value=array.id)
+
+    def _next_element(self, array: JobArray, at: float) -> None:
+        """Make the array's next index a job (pending), if none is queued unplaced and indices remain."""
+        if array.rep or array.cancelled:
+            return
+        while array.next < array.count:
+            index = array.index_at(array.next)
+            array.next += 1
+            if index in array.skipped:
+                array.skipped.discard(index)
+                continue
+            self.job_seq += 1
+            job = Job(id=element_id(array.id, index), spec=array.spec, request_id="", submitted_at=array.submitted_at,
+                      seq=self.job_seq, user=array.user, pending_since=at, array_id=array.id, array_index=index)
+            self.jobs[job.id] = job
+            self.array_live[array.id].add(job.id)
+            array.rep = job.id
+            self.pending.add((job.queue_key(), job.id))
+            job.events.append(Event(at, "Submitted", f"element {index} of array {array.id}"))
+            return
+
+    def _element_ended(self, job: Job, at: float) -> None:
+        """Count an element's end in its array; queue the next element if this one was never placed."""
+        array = self.arrays.get(job.array_id)
+        if array is None:
+            return
+        self.array_live.get(array.id, set()).discard(job.id)
+        if job.status is JobStatus.SUCCEEDED:
+            array.succeeded += 1
+        elif job.status is JobStatus.FAILED:
+            array.failed += 1
+        else:
+            array.cancelled_count += 1
+        if array.rep == job.id:
+            array.rep = ""
+            self._next_element(array, at)
+        self._array_maybe_done(array, at)
+
+    def _array_maybe_done(self, array: JobArray, at: float) -> None:
+        if array.done and not array.finished_at:
+            array.finished_at = at
+            status = array.status(False)
+            self.emit(at, "Normal" if status is JobStatus.SUCCEEDED else "Warning", "job",
+                      _JOB_REASONS[status.value.capitalize()][0], array.id,
+                      f"array: {array.succeeded} succeeded, {array.failed} failed, {array.cancelled_count} cancelled")
+
+    def _set_array_throttle(self, cmd: c.SetArrayThrottle) -> Result:
+        array = self.arrays.get(cmd.job_id)
+        if array is None:
+            return Result.not_found(f"unknown array {cmd.job_id}")
+        if cmd.throttle < 0:
+            return Result.rejected("throttle must not be negative (0: no limit)")
+        if array.done:
+            return Result.rejected(f"array {array.id} has ended")
+        array.throttle = cmd.throttle
+        self.emit(cmd.at, "Normal", "job", "ArrayThrottled", array.id,
+                  f"at most {cmd.throttle} element(s) running" if cmd.throttle else "no limit on running elements"
+                  + (f" (by {cmd.by})" if cmd.by else ""))
+        return Result(True, value=str(cmd.throttle))
+
+    def _cancel_array(self, array: JobArray, cmd: c.CancelJob) -> Result:
+        """`cancel ID`: no more elements become jobs, and every element not ended is cancelled."""
+        if array.done:
+            return Result(True, value=f"already {array.status(False).value}")
+        array.cancelled = True
+        array.cancelled_count += array.remaining()
+        array.skipped.clear()
+        array.next = array.count
+        for job_id in sorted(self.array_live.get(array.id, ())):
+            self._cancel_job(dataclasses.replace(cmd, job_id=job_id))
+        self._array_maybe_done(array, cmd.at)
+        return Result(True)
+
+    def _cancel_unplaced_element(self, array_id: str, index: int, cmd: c.CancelJob) -> Result | None:
+        """`cancel ID_7` of an element not yet a job: it never becomes one. None if it is not such an element."""
+        array = self.arrays.get(array_id)
+        if array is None or array.cancelled:
+            return None
+        position = array.position_of(index)
+        if position < array.next or index in array.skipped:
+            return None
+        array.skipped.add(index)
+        array.cancelled_count += 1
+        self.emit(cmd.at, "Normal", "job", "JobCancelled", element_id(array_id, index),
+                  "cancelled before it started" + (f" by {cmd.by}" if cmd.by else ""))
+        self._array_maybe_done(array, cmd.at)
+        return Result(True)
 
     def _commit_plan(self, cmd: c.CommitPlan) -> Result:
         job = self.jobs.get(cmd.job_id)
@@ -365,6 +506,10 @@ class ClusterState:
         self._event(job, cmd.at, "Scheduled",
                     f"attempt {job.attempt}: {len(cmd.placements)} task(s) on {len(nodes)} node(s): "
                     + ", ".join(nodes[:8]) + (" …" if len(nodes) > 8 else ""))
+        array = self.arrays.get(job.array_id) if job.array_id else None
+        if array is not None and array.rep == job.id:
+            array.rep = ""
+            self._next_element(array, cmd.at)
         return Result(True)
 
     def _plan_problem(self, job: Job, cmd: c.CommitPlan) -> str:
@@ -459,6 +604,13 @@ class ClusterState:
 
     def _cancel_job(self, cmd: c.CancelJob) -> Result:
         job = self.jobs.get(cmd.job_id)
+        if job is None and cmd.job_id in self.arrays:
+            return self._cancel_array(self.arrays[cmd.job_id], cmd)
+        element = split_element_id(cmd.job_id) if job is None else None
+        if element is not None:
+            result = self._cancel_unplaced_element(*element, cmd)
+            if result is not None:
+                return result
         if job is None:
             return Result.not_found(f"unknown job {cmd.job_id}")
         if job.status.terminal:
@@ -483,6 +635,8 @@ class ClusterState:
         if job.status is JobStatus.PENDING:
             if not cmd.final:
                 return Result.rejected(f"job {job.id} is PENDING; only a final failure applies")
+            if cmd.cause:  # e.g. DependencyNeverSatisfied (a version-2 job: see codec.KIND_VERSIONS)
+                job.failure_cause, job.failure = cmd.cause, f"{cmd.cause}: {cmd.reason}"
             self._finish(job, JobStatus.FAILED, f"failed: {cmd.reason}", cmd.at)
             return Result(True)
         if cmd.final:
@@ -495,14 +649,30 @@ class ClusterState:
     def _forget_jobs(self, cmd: c.ForgetJobs) -> Result:
         forgotten = 0
         for job_id in cmd.job_ids:
+            array = self.arrays.get(job_id)
+            if array is not None and array.done:
+                del self.arrays[job_id]
+                self.array_live.pop(job_id, None)
+                if array.request_id and self.job_by_request.get(array.request_id) == job_id:
+                    del self.job_by_request[array.request_id]
+                self._record_final(job_id, array.status(False).value)
+                forgotten += 1
+                continue
             job = self.jobs.get(job_id)
             if job is None or not job.status.terminal:
                 continue
             del self.jobs[job_id]
             if job.request_id and self.job_by_request.get(job.request_id) == job_id:
                 del self.job_by_request[job.request_id]
+            self._record_final(job_id, job.status.value)
             forgotten += 1
         return Result(True, value=str(forgotten))
+
+    def _record_final(self, job_id: str, status: str) -> None:
+        """Keep a forgotten job's final status for dependencies on it (bounded, oldest dropped first)."""
+        self.finished[job_id] = status
+        while len(self.finished) > MAX_FINISHED_RECORDS:
+            del self.finished[next(iter(self.finished))]
 
     # ---- transitions shared by the handlers ------------------------------------------------------
 
@@ -707,6 +877,8 @@ class ClusterState:
         self._release_hold(job.id)
         job.status, job.finished_at = status, at
         self._event(job, at, status.value.capitalize(), reason)
+        if job.array_id:
+            self._element_ended(job, at)
 
     def _event(self, job: Job, at: float, kind: str, message: str) -> None:
         job.events.append(Event(at, kind, message))

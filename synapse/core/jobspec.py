@@ -11,6 +11,8 @@ import re
 import shlex
 from typing import Any
 
+from synapse.core import dependencies
+from synapse.core.arrays import MAX_ARRAY_SIZE, ArraySpecError, format_ranges, parse_array
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.core.queues import queue_name_problem
@@ -34,7 +36,7 @@ _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
-           "time_limit", "image", "queue", "grace", "gpu_model"}
+           "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable"}
 
 
 class JobFileError(ValueError):
@@ -118,6 +120,21 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     gpu_model = doc.get("gpu_model", "") or ""
     if not isinstance(gpu_model, str | int):
         raise JobFileError("gpu_model", "must be a GPU model such as H100")
+    array, throttle = "", 0
+    if doc.get("array") is not None:
+        try:
+            ranges, throttle = parse_array(str(doc["array"]))
+        except ArraySpecError as exc:
+            raise JobFileError("array", str(exc)) from None
+        array = format_ranges(ranges)
+    try:
+        after = dependencies.parse_after(doc.get("after"))
+    except ValueError as exc:
+        raise JobFileError("after", str(exc)) from None
+    singleton = doc.get("singleton", False)
+    if not isinstance(singleton, bool):
+        raise JobFileError("singleton", "must be true or false")
+    on_unsatisfiable = doc.get("on_unsatisfiable", "") or ""
     spec = JobSpec(
         name=name, tasks=tasks, resources=Resources(cpu, memory, gpu),
         command=tuple(str(a) for a in command),
@@ -125,12 +142,14 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         topology=TopologySpec(str(topology.get("pack", "") or ""), mode),
         priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
-        time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model))
+        time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,
+        array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable))
     check_spec(spec, levels)
     return spec
 
 
-def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack")) -> None:
+def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"),
+               max_array_size: int = MAX_ARRAY_SIZE) -> None:
     """Raise JobFileError if a spec (from a file, flags or an RPC) breaks any rule or limit."""
     if not spec.name or len(spec.name) > MAX_NAME or not _NAME_RE.match(spec.name):
         raise JobFileError("name", f"must be 1-{MAX_NAME} characters of letters, digits, '.', '_' or '-', "
@@ -176,4 +195,24 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
                                         f"{MAX_GPU_MODEL_CHARS}), not {spec.gpu_model!r}")
     if spec.queue and queue_name_problem(spec.queue):
         raise JobFileError("queue", queue_name_problem(spec.queue))
+    check_workflow(spec, max_array_size)
+
+
+def check_workflow(spec: JobSpec, max_array_size: int = MAX_ARRAY_SIZE) -> None:
+    """Raise JobFileError if a spec's array or dependencies break a rule (what the state says of
+    the jobs they name is checked by the master)."""
+    if spec.array:
+        if "%" in spec.array:
+            raise JobFileError("array", "give the throttle apart from the index spec")
+        try:
+            parse_array(spec.array, max_array_size)
+        except ArraySpecError as exc:
+            raise JobFileError("array", str(exc)) from None
+    if spec.array_throttle < 0 or (spec.array_throttle and not spec.array):
+        raise JobFileError("array", "a throttle (%N) needs an index spec, and must be at least 1")
+    problem = dependencies.after_problem(spec.after)
+    if problem:
+        raise JobFileError("after", problem)
+    if spec.on_unsatisfiable not in ("", *dependencies.ON_UNSATISFIABLE):
+        raise JobFileError("on_unsatisfiable", f"must be fail or wait, not {spec.on_unsatisfiable!r}")
 

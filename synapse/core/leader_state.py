@@ -15,7 +15,9 @@ What it decides:
   plan one preemption (`Preempt`) for the first waiting gang of an admin-defined queue, in queue
   order, that a rule allows (at most PREEMPT_TRIES tried; a gang found to have no plan is not
   planned again until the state changes otherwise than by submissions), and records why gangs wait
-  (`PendingReasons`, for those whose reason changed).
+  (`PendingReasons`, for those whose reason changed). A pending job a dependency of which can never
+  be met (synapse.core.dependencies) is failed for good, `FailAttempt(final, cause
+  DependencyNeverSatisfied)` naming the upstream job, unless it asked to wait.
 * **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
   the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
   a running attempt past its time limit fails for good; finished jobs past their retention are
@@ -36,9 +38,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from synapse.core import admission, preemption
+from synapse.core import admission, dependencies, preemption
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
+from synapse.core.eligibility import HELD_CODES
 from synapse.core.heartbeat import HeartbeatTracker, health_change
 from synapse.core.model import JobStatus, NodeStatus
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
@@ -182,6 +185,8 @@ class LeaderState:
         self.proposed_up: set[str] = set()  #: nodes a NodeUp is on its way for; handle only
         self.proposed_health: set[str] = set()  #: nodes a SetNodeHealth is on its way for; handle only
         self.last_sweep = -math.inf  #: monotonic time of the last retention sweep; handle only
+        #: (job, attempt) a FailAttempt for an unsatisfiable dependency is on its way for; handle only
+        self.failing: set[tuple[str, int]] = set()
         self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
             Started: self._started, RoundDue: self._round, MonitorDue: self._monitor,
             Heartbeat: self._heartbeat, Proposed: self._proposed,
@@ -216,11 +221,27 @@ class LeaderState:
         self.last_round = result
         self.previous = result.reservations or result.reservation
         self.memo, self._waiting = result.memo, result.waiting
+        failures = self._unsatisfiable(state, s.at, result.examined)
         if result.plans:
-            return [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt, placements=p.placements))
-                    for p in result.plans]
-        out = self._preempt(state, s.at)
+            return failures + [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt,
+                                                    placements=p.placements)) for p in result.plans]
+        out = failures + self._preempt(state, s.at)
         return out + self._pending_reasons(state, s.at, result.examined)
+
+    def _unsatisfiable(self, state: ClusterState, now: float, examined: Iterable[str]) -> list[Instruction]:
+        """Fail, for good, each pending job a dependency of which can never be met (unless it asked
+        to wait): the cause DependencyNeverSatisfied, the reason naming the upstream job."""
+        out: list[Instruction] = []
+        for job_id in examined:
+            reason, job = self._waiting.get(job_id), state.jobs.get(job_id)
+            if reason is None or job is None or reason.code != dependencies.NEVER_SATISFIED \
+                    or job.spec.on_unsatisfiable == "wait" or (job_id, job.attempt) in self.failing:
+                continue
+            self.failing.add((job_id, job.attempt))
+            log.info("dependency never satisfied job=%s reason=%s", job_id, reason.message)
+            out.append(Propose(c.FailAttempt(at=now, job_id=job_id, attempt=job.attempt, reason=reason.message,
+                                             final=True, cause=dependencies.NEVER_SATISFIED)))
+        return out
 
     def _preempt(self, state: ClusterState, now: float) -> list[Instruction]:
         """Plan one preemption for the first waiting gang, in queue order, that a rule allows.
@@ -233,8 +254,8 @@ class LeaderState:
         for job in state.pending_jobs():
             if tried >= PREEMPT_TRIES:
                 break
-            if job.id not in self._waiting or job.id in state.holds:
-                continue
+            if job.id not in self._waiting or job.id in state.holds or self._waiting[job.id].code in HELD_CODES:
+                continue  # a job held back (dependency, throttle, singleton) may not run now, so it takes no room
             if state.queue_of(job) not in state.queues or admission.max_block(state, job):
                 continue
             key = (job.id, job.attempt, state.other_changes)
@@ -265,7 +286,7 @@ class LeaderState:
         for job_id in examined:
             reason, job = self._waiting.get(job_id), state.jobs.get(job_id)
             if reason is not None and job is not None and job.status is JobStatus.PENDING \
-                    and job.pending_reason != reason.code:
+                    and job.pending_reason != reason.code and (job_id, job.attempt) not in self.failing:
                 entries.append(c.PendingReason(job_id, job.attempt, reason.code, reason.message))
                 if len(entries) == PENDING_BATCH:
                     break
@@ -299,6 +320,7 @@ class LeaderState:
             return []
         self.last_sweep = s.mono
         expired = [j.id for j in state.jobs.values() if j.status.terminal and s.at - j.finished_at > retention]
+        expired += [a.id for a in state.arrays.values() if a.done and s.at - a.finished_at > retention]
         return [Propose(c.ForgetJobs(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
                 for i in range(0, len(expired), FORGET_CHUNK)]
 
@@ -337,6 +359,8 @@ class LeaderState:
                 log.info("preemption committed job=%s rule=%s victims=%s nodes=%s", cmd.job_id, cmd.rule,
                          ",".join(v.job_id for v in cmd.victims), ",".join(cmd.nodes))
             return [Reschedule(f"preemption for job {cmd.job_id}")]
+        elif isinstance(cmd, c.FailAttempt) and cmd.cause == dependencies.NEVER_SATISFIED:
+            self.failing.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.ForgetJobs) and s.ok:
             log.info("finished jobs forgotten count=%s retention_s=%.0f", s.value, self.config.job_retention)
         return []
@@ -357,3 +381,4 @@ class LeaderState:
         assert self.proposed_up <= set(state.nodes), "a NodeUp in flight for an unknown node"
         assert self.proposed_health <= set(state.nodes), "a SetNodeHealth in flight for an unknown node"
         assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"
+        assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"

@@ -127,6 +127,16 @@ class JobSpec:
     queue: str = ""  #: the queue it is admitted through; "" is the default queue
     grace: float = 0.0  #: seconds from SIGTERM to SIGKILL when preempted (capped by the queue); 0: default
     gpu_model: str = ""  #: only nodes whose `gpu_model` label matches (case-insensitive); "" = any
+    array: str = ""  #: an array's canonical index spec, e.g. `0-99` ("" for a single job); synapse.core.arrays
+    array_throttle: int = 0  #: the most elements of the array with a gang at once, as submitted; 0 = no limit
+    after: tuple[tuple[str, str], ...] = ()  #: dependencies (ok | any | notok, job id); synapse.core.dependencies
+    singleton: bool = False  #: start only while no other job of the same name and user holds a gang
+    on_unsatisfiable: str = ""  #: "wait": stay pending when a dependency can never be met; "" = fail
+
+    @property
+    def has_workflow(self) -> bool:
+        """True when it uses a field that needs command-set version 2 (arrays, dependencies)."""
+        return bool(self.array or self.after or self.singleton or self.on_unsatisfiable)
 
     @property
     def total(self) -> Resources:
@@ -259,6 +269,9 @@ class Job:
     failure: str = ""  #: the task that failed first in the latest failed attempt, and why; apply only
     pending_since: float = 0.0  #: when it last became pending (submitted, or requeued); apply only
     placed_at: float = 0.0  #: when its latest attempt was placed (0 until one is); apply only
+    array_id: str = ""  #: the array it is an element of ("" for a single job); set when materialised
+    array_index: int = -1  #: its index in that array
+    failure_cause: str = ""  #: the typed cause when the cluster failed it outright (DependencyNeverSatisfied)
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

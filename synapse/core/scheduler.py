@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from synapse.core.admission import admission_key, max_block, pool_of
+from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
 from synapse.core.placement import ClusterView, explain, pack_depth, place
@@ -61,7 +62,8 @@ class Reservation:
 
 
 #: Why a gang waits, a closed set ranked from the most to the least lasting (metrics count by it).
-PENDING_REASONS = ("Unschedulable", "QueueAtMax", "BehindReservation", "Resources", "Preempting")
+PENDING_REASONS = ("DependencyNeverSatisfied", "Unschedulable", "QueueAtMax", "Dependency", "Singleton",
+                   "ArrayThrottle", "BehindReservation", "Resources", "Preempting")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +192,14 @@ def schedule_round(state: ClusterState, now: float,
     # Gangs that preempted others go first: the nodes held for them are theirs alone, and the head
     # reservation must not fall on them for another job.
     holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
+    gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
     for job in [*holders, *(j for j in (queue_order if queue_order is not None else state.pending_jobs(start))
                             if j.id not in state.holds)]:
+        held_back = gate.held(job) if job.id not in state.holds else None
+        if held_back is not None:
+            result.waiting[job.id] = WaitReason((), held_back.message, held_back.code)
+            result.examined.append(job.id)
+            continue
         beyond_max = max_block(state, job, claimed) if state.queues else ""
         if beyond_max:
             result.waiting[job.id] = WaitReason((), beyond_max, "QueueAtMax")
@@ -216,6 +224,12 @@ def schedule_round(state: ClusterState, now: float,
             view.claim(placed.plan, job.spec.resources)
             name = state.queue_of(job)
             claimed[name] = claimed.get(name, Resources()) + job.spec.total
+            gate.placed(job)
+            # The array's next elements, under the ids apply gives them, within the queue's max.
+            for more in gate.more_elements(view, job, spec, lambda: not (state.queues and max_block(state, job,
+                                                                                                    claimed))):
+                result.plans.append(more)
+                claimed[name] = claimed[name] + job.spec.total
             continue
         if hold is not None:
             result.examined.append(job.id)

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from synapse.core.arrays import JobArray
 from synapse.core.model import (
     ClusterEvent,
     Event,
@@ -52,6 +53,8 @@ def encode(state: Any) -> dict[str, Any]:
                   for _, h in sorted(state.holds.items())],
         "nodes": [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)],
         "jobs": [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)],
+        "arrays": [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)],
+        "finished": [[k, v] for k, v in state.finished.items()],  # oldest first: the order is kept
     }
 
 
@@ -93,6 +96,16 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
             if task.state.live:
                 state.live_tasks[task.node_id].add(task.key)
                 state._use(job, task.resources)  # the queue usage apply keeps, by apply's own code
+    for ad in data.get("arrays", []):
+        array = _array_from_dict(ad)
+        state.arrays[array.id] = array
+        state.array_live[array.id] = set()
+        if array.request_id:
+            state.job_by_request[array.request_id] = array.id
+    for job in state.jobs.values():
+        if job.array_id in state.arrays and not job.status.terminal:
+            state.array_live[job.array_id].add(job.id)
+    state.finished = {k: v for k, v in data.get("finished", [])}
     return state
 
 
@@ -130,7 +143,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "command": list(s.command), "env": [list(kv) for kv in s.env],
             "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
             "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue,
-            "grace": s.grace, "gpu_model": s.gpu_model}
+            "grace": s.grace, "gpu_model": s.gpu_model, "array": s.array, "array_throttle": s.array_throttle,
+            "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -138,7 +152,10 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    command=tuple(d["command"]), env=tuple((k, v) for k, v in d["env"]),
                    topology=TopologySpec(d["pack"], PackMode(d["mode"])), priority=d["priority"],
                    max_restarts=d["max_restarts"], time_limit=d["time_limit"], image=d["image"],
-                   queue=d.get("queue", ""), grace=d.get("grace", 0.0), gpu_model=d.get("gpu_model", ""))
+                   queue=d.get("queue", ""), grace=d.get("grace", 0.0), gpu_model=d.get("gpu_model", ""),
+                   array=d.get("array", ""), array_throttle=d.get("array_throttle", 0),
+                   after=tuple((k, j) for k, j in d.get("after", ())), singleton=d.get("singleton", False),
+                   on_unsatisfiable=d.get("on_unsatisfiable", ""))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -159,7 +176,8 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
             "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
             "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
-            "pending_since": j.pending_since, "placed_at": j.placed_at}
+            "pending_since": j.pending_since, "placed_at": j.placed_at, "array_id": j.array_id,
+            "array_index": j.array_index, "failure_cause": j.failure_cause}
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -172,7 +190,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
               preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
               preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
-              stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""))
+              stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""), array_id=d.get("array_id", ""),
+              array_index=d.get("array_index", -1), failure_cause=d.get("failure_cause", ""))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when
@@ -189,6 +208,20 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
 def _last_event_at(job: Job, kinds: tuple[str, ...]) -> float:
     """When the job's latest event of these kinds happened (its submission time if it kept none)."""
     return next((e.at for e in reversed(job.events) if e.kind in kinds), job.submitted_at)
+
+
+def _array_to_dict(a: JobArray) -> dict[str, Any]:
+    return {"id": a.id, "spec": _spec_to_dict(a.spec), "request_id": a.request_id, "user": a.user,
+            "submitted_at": a.submitted_at, "seq": a.seq, "throttle": a.throttle, "next": a.next, "rep": a.rep,
+            "skipped": sorted(a.skipped), "cancelled": a.cancelled, "succeeded": a.succeeded, "failed": a.failed,
+            "cancelled_count": a.cancelled_count, "finished_at": a.finished_at}
+
+
+def _array_from_dict(d: dict[str, Any]) -> JobArray:
+    return JobArray(id=d["id"], spec=_spec_from_dict(d["spec"]), request_id=d["request_id"], user=d["user"],
+                    submitted_at=d["submitted_at"], seq=d["seq"], throttle=d["throttle"], next=d["next"],
+                    rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"], succeeded=d["succeeded"],
+                    failed=d["failed"], cancelled_count=d["cancelled_count"], finished_at=d["finished_at"])
 
 
 def _user_to_dict(u: User) -> dict[str, Any]:

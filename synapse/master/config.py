@@ -9,6 +9,7 @@
     heartbeat_timeout: 10s
     election_timeout: {min: 500ms, max: 1s}
     job_retention: 1h                         # finished jobs are forgotten after this; 0 = keep forever
+    max_array_size: 10000                     # the most elements a job array may have
     durability: fsync                         # fsync (default) | none; see synapse/master/durability.py
     min_free_disk: 256Mi                      # refuse writes below this much free space
     tls:                                      # optional: TLS for the API, mTLS for workers
@@ -37,6 +38,7 @@ from typing import Any
 import yaml
 
 from synapse.common.tls import TLSFiles
+from synapse.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
 
@@ -69,6 +71,7 @@ class ClusterConfig:
     election_min: float = 0.5
     election_max: float = 1.0
     job_retention: float = 3600.0  #: seconds a finished job stays in the state; 0 = forever
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  #: the most elements a job array may have
     durability: str = "fsync"  #: fsync | none
     min_free_disk: int = 256 << 20  #: bytes
     tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
@@ -127,7 +130,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
-             "job_retention"}
+             "job_retention", "max_array_size"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -183,6 +186,10 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if need_secrets and not password:
         raise ConfigError("raft_password: required (pysyncobj's Raft port runs what it receives "
                           "from anyone who knows no password)")
+    max_array_size = doc.get("max_array_size", DEFAULT_MAX_ARRAY_SIZE)
+    if isinstance(max_array_size, bool) or not isinstance(max_array_size, int) \
+            or not 1 <= max_array_size <= MAX_ARRAY_SIZE:
+        raise ConfigError(f"max_array_size: a whole number from 1 to {MAX_ARRAY_SIZE}, not {max_array_size!r}")
     config = ClusterConfig(
         cluster=str(doc.get("cluster", "synapse")), replicas=tuple(replicas),
         data_dir=str(doc.get("data_dir", "/var/lib/synapse/{id}")), raft_password=password,
@@ -193,7 +200,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         election_min=election_min, election_max=election_max, tls=tls, durability=durability,
         min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
-        user_certs=bool(tls_doc.get("user_certs", False)))
+        user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size)
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
     if config.user_certs and not config.require_worker_certs:

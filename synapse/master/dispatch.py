@@ -53,4 +53,14 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         gpus=task.gpus, command=job.spec.command, image=job.spec.image, stop=stop,
         grace=job.stop_grace if stop else 0.0, resources=task.resources,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
-        env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}")))))
+        env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
+                          *_array_env(state, job)))))
+
+
+def _array_env(state: ClusterState, job: Job) -> tuple[tuple[str, str], ...]:
+    """An array element's ids, as Slurm's SLURM_ARRAY_* name them."""
+    array = state.arrays.get(job.array_id) if job.array_id else None
+    if array is None:
+        return ()
+    return (("SYNAPSE_ARRAY_JOB_ID", array.id), ("SYNAPSE_ARRAY_TASK_ID", str(job.array_index)),
+            ("SYNAPSE_ARRAY_TASK_COUNT", str(array.count)))

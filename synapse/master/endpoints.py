@@ -22,12 +22,13 @@ import grpc
 from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, preemption
+from synapse.core import codec, dependencies, preemption
+from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core import commands as c
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
 from synapse.core.leader_state import HealthReport
-from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role
+from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.queues import batch_problem
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
@@ -220,7 +221,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def SubmitJob(self, request, context):
         try:
             spec = codec.job_spec_from_proto(request.spec)
-            check_spec(spec, self.m.config.topology_levels)
+            check_spec(spec, self.m.config.topology_levels, self.m.config.max_array_size)
         except (JobFileError, codec.CodecError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
         if len(request.request_id) > MAX_ID_CHARS:
@@ -232,8 +233,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
             largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
             queue = self.m.state.queues.get(spec.queue)
+            unknown = [j for _kind, j in spec.after if not dependencies.known(self.m.state, j)]
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
+        if unknown:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"invalid job: after: unknown job {unknown[0]} (not submitted, or forgotten "
+                                "too long ago)")
         if queue is None and spec.queue != DEFAULT_QUEUE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: queue: unknown queue {spec.queue}")
         if queue is not None and (queue.users or queue.groups) and not caller.is_admin \
@@ -249,8 +255,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 f"largest node has (gpu {largest.gpu}, cpu {largest.cpu}m, memory {largest.memory})")
         job_id = self.m.new_job_id(spec.name)
         user = caller.name
-        result = await self._propose(c.SubmitJob(at=time.time(), by=user, job_id=job_id,
-                                                 request_id=request.request_id, spec=spec), context)
+        kind = c.SubmitWorkflowJob if spec.has_workflow else c.SubmitJob
+        result = await self._propose(kind(at=time.time(), by=user, job_id=job_id,
+                                          request_id=request.request_id, spec=spec), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         log.info("job submitted job=%s request=%s tasks=%d user=%s", result.value, request.request_id, spec.tasks,
                  user)
@@ -268,18 +275,53 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             if id(waiting) not in explained:
                 explained[id(waiting)] = tuple(map(str, waiting.shortfalls_in(self.m.state)))
             shortfalls = explained[id(waiting)]
-        return codec.job_to_info(
+        info = codec.job_to_info(
             job, waiting=waiting.message if waiting else "",
             shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
+        state = self.m.state
+        if job.spec.after:
+            info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
+        array = state.arrays.get(job.array_id) if job.array_id else None
+        if array is not None and array.rep == job.id:  # it stands for every never-placed element
+            info.array_waiting = format_ranges(array.waiting_ranges())
+        return info
+
+    def _array_info(self, array) -> api_pb2.JobInfo:
+        """An array as one job (call under the master lock): its status, counts and waiting elements."""
+        state = self.m.state
+        running = sum(1 for j in state.array_live.get(array.id, ()) if state.jobs[j].status.has_gang)
+        status = array.status(running > 0)
+        view = Job(id=array.id, spec=array.spec, request_id=array.request_id, submitted_at=array.submitted_at,
+                   seq=array.seq, status=status, user=array.user, finished_at=array.finished_at,
+                   array_id=array.id)
+        info = codec.job_to_info(view)
+        info.array_index = -1
+        info.array.CopyFrom(codec.array_counts_to_proto(array, running))
+        info.array_waiting = format_ranges(array.waiting_ranges())
+        if array.spec.after:
+            info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, array.spec.after)))
+        return info
 
     async def GetJob(self, request, context):
         await self._check_id(request.job_id, "job_id", context)
         await self._current_read(context)
         with self.m.lock:
             job = self.m.state.jobs.get(request.job_id)
+            if job is None and request.job_id in self.m.state.arrays:
+                return self._array_info(self.m.state.arrays[request.job_id])
+            status = dependencies.upstream_status(self.m.state, request.job_id) if job is None else ""
+            if job is None and status and request.job_id not in self.m.state.finished:
+                # an element not yet a job: shown as the job it will be
+                array_id, index = split_element_id(request.job_id)  # type: ignore[misc]
+                array = self.m.state.arrays[array_id]
+                return codec.job_to_info(Job(id=request.job_id, spec=array.spec, request_id="",
+                                             submitted_at=array.submitted_at, seq=array.seq,
+                                             status=JobStatus(status), user=array.user, array_id=array_id,
+                                             array_index=index))
             if job is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}"
+                                    + (f" (forgotten after it ended {status})" if status else ""))
             return self._job_info(job)
 
     async def ListJobs(self, request, context):
@@ -322,14 +364,26 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]))
                                                  for n in sorted(state.nodes.values(), key=lambda n: n.id)])
 
+    def _owner(self, job_id: str) -> str | None:
+        """Who owns a job, an array or an array's element (call under the master lock); None if unknown."""
+        state = self.m.state
+        job = state.jobs.get(job_id)
+        if job is not None:
+            return job.user
+        element = split_element_id(job_id)
+        array = state.arrays.get(job_id) or (state.arrays.get(element[0]) if element else None)
+        if array is None or (job_id != array.id and array.position_of(element[1]) < 0):  # type: ignore[index]
+            return None
+        return array.user
+
     async def CancelJob(self, request, context):
         await self._check_id(request.job_id, "job_id", context)
         await self._leader(context)
         caller = self.caller()
         with self.m.lock:
-            job = self.m.state.jobs.get(request.job_id)
-            owner = job.user if job else ""
-        if job is None:
+            found = self._owner(request.job_id)
+            owner = found or ""
+        if found is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
         if not caller.is_admin and owner != caller.name:
             log.info("permission denied method=CancelJob user=%s job=%s owner=%s", caller.name, request.job_id, owner)
@@ -341,7 +395,31 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                                  reason=request.reason[:512]), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
-            return api_pb2.CancelJobReply(status=self.m.state.jobs[request.job_id].status.value)
+            return api_pb2.CancelJobReply(status=dependencies.upstream_status(self.m.state, request.job_id))
+
+    async def UpdateJob(self, request, context):
+        """Change a running array's throttle: its owner or an admin."""
+        await self._check_id(request.job_id, "job_id", context)
+        if request.throttle < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "throttle: 0 (no limit) or more")
+        await self._leader(context)
+        caller = self.caller()
+        with self.m.lock:
+            array = self.m.state.arrays.get(request.job_id)
+            owner = array.user if array is not None else ""
+        if array is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown array {request.job_id} (only an array's "
+                                                           "throttle can be changed)")
+        if not caller.is_admin and owner != caller.name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not update job {request.job_id}: it "
+                                f"belongs to {owner or 'no user'}")
+        result = await self._propose(c.SetArrayThrottle(at=time.time(), by=caller.name, job_id=request.job_id,
+                                                        throttle=request.throttle), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.UpdateJobReply(message=f"array {request.job_id}: "
+                                              + (f"at most {request.throttle} element(s) running"
+                                                 if request.throttle else "no limit on running elements"))
 
     async def SetSchedulable(self, request, context):
         await self._check_id(request.node_id, "node_id", context)

@@ -300,6 +300,12 @@ class JobInfo(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     CANCELLED_BY_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    ARRAY_ID_FIELD_NUMBER: _builtins.int
+    ARRAY_INDEX_FIELD_NUMBER: _builtins.int
+    ARRAY_WAITING_FIELD_NUMBER: _builtins.int
+    ARRAY_FIELD_NUMBER: _builtins.int
+    DEPENDENCIES_FIELD_NUMBER: _builtins.int
+    FAILURE_CAUSE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -317,6 +323,16 @@ class JobInfo(_message.Message):
     """who cancelled it, if anyone did"""
     failure: _builtins.str
     """the task that failed first in its latest failed attempt, and why"""
+    array_id: _builtins.str
+    """Arrays and dependencies.
+    the array it is an element of (or, for an array, its own id)
+    """
+    array_index: _builtins.int
+    """its index in that array (-1 for an array itself)"""
+    array_waiting: _builtins.str
+    """the never-placed elements this line stands for, e.g. 5-99 (get jobs folds them)"""
+    failure_cause: _builtins.str
+    """the typed cause when the cluster failed it outright: DependencyNeverSatisfied"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
@@ -329,6 +345,12 @@ class JobInfo(_message.Message):
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptPlacement]:
         """where each attempt's tasks ran (index order)"""
 
+    @_builtins.property
+    def array(self) -> Global___ArrayCounts:
+        """for an array: its elements by state"""
+
+    @_builtins.property
+    def dependencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___DependencyInfo]: ...
     def __init__(
         self,
         *,
@@ -349,10 +371,16 @@ class JobInfo(_message.Message):
         user: _builtins.str = ...,
         cancelled_by: _builtins.str = ...,
         failure: _builtins.str = ...,
+        array_id: _builtins.str = ...,
+        array_index: _builtins.int = ...,
+        array_waiting: _builtins.str = ...,
+        array: Global___ArrayCounts | None = ...,
+        dependencies: _abc.Iterable[Global___DependencyInfo] | None = ...,
+        failure_cause: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "events", b"events", "failure", b"failure", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1755,3 +1783,113 @@ class ClusterEventInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterEventInfo: _TypeAlias = ClusterEventInfo  # noqa: Y015
+
+@_typing.final
+class ArrayCounts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOTAL_FIELD_NUMBER: _builtins.int
+    THROTTLE_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    SUCCEEDED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    throttle: _builtins.int
+    waiting: _builtins.int
+    """never placed yet"""
+    running: _builtins.int
+    """holding a gang"""
+    succeeded: _builtins.int
+    failed: _builtins.int
+    cancelled: _builtins.int
+    def __init__(
+        self,
+        *,
+        total: _builtins.int = ...,
+        throttle: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        running: _builtins.int = ...,
+        succeeded: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        cancelled: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "failed", b"failed", "running", b"running", "succeeded", b"succeeded", "throttle", b"throttle", "total", b"total", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArrayCounts: _TypeAlias = ArrayCounts  # noqa: Y015
+
+@_typing.final
+class DependencyInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    UPSTREAM_STATUS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    job_id: _builtins.str
+    upstream_status: _builtins.str
+    state: _builtins.str
+    """waiting | met | never"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        upstream_status: _builtins.str = ...,
+        state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "kind", b"kind", "state", b"state", "upstream_status", b"upstream_status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DependencyInfo: _TypeAlias = DependencyInfo  # noqa: Y015
+
+@_typing.final
+class UpdateJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    THROTTLE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    throttle: _builtins.int
+    """the array's new throttle; 0 = no limit"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        throttle: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "throttle", b"throttle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateJobRequest: _TypeAlias = UpdateJobRequest  # noqa: Y015
+
+@_typing.final
+class UpdateJobReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateJobReply: _TypeAlias = UpdateJobReply  # noqa: Y015

@@ -159,6 +159,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.FromString,
                 _registered_method=True)
+        self.UpdateJob = channel.unary_unary(
+                '/synapse.v1.Master/UpdateJob',
+                request_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.UpdateJobReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -322,6 +327,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateJob(self, request, context):
+        """Arrays: change a running array's throttle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -449,6 +461,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportTaskEvents,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.SerializeToString,
+            ),
+            'UpdateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateJob,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1126,6 +1143,33 @@ class Master:
             '/synapse.v1.Master/ReportTaskEvents',
             synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/UpdateJob',
+            synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.UpdateJobReply.FromString,
             options,
             channel_credentials,
             insecure,

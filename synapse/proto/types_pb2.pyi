@@ -108,6 +108,11 @@ class JobSpec(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
     GPU_MODEL_FIELD_NUMBER: _builtins.int
+    ARRAY_FIELD_NUMBER: _builtins.int
+    ARRAY_THROTTLE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    SINGLETON_FIELD_NUMBER: _builtins.int
+    ON_UNSATISFIABLE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -121,6 +126,16 @@ class JobSpec(_message.Message):
     """when preempted: seconds from SIGTERM to SIGKILL (capped by the queue)"""
     gpu_model: _builtins.str
     """only nodes whose gpu_model label is this (case-insensitive); empty = any"""
+    array: _builtins.str
+    """Arrays and dependencies (command-set version 2).
+    an array's index spec without the throttle, e.g. 0-99 or 1,3,7; empty = one job
+    """
+    array_throttle: _builtins.int
+    """the most elements holding a gang at once; 0 = no limit"""
+    singleton: _builtins.bool
+    """start only while no other job of the same name and user holds a gang"""
+    on_unsatisfiable: _builtins.str
+    """"wait": stay pending when a dependency can never be met; empty = fail"""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -131,6 +146,8 @@ class JobSpec(_message.Message):
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def topology(self) -> Global___TopologySpec: ...
+    @_builtins.property
+    def after(self) -> _containers.RepeatedCompositeFieldContainer[Global___Dependency]: ...
     def __init__(
         self,
         *,
@@ -147,14 +164,43 @@ class JobSpec(_message.Message):
         queue: _builtins.str = ...,
         grace_s: _builtins.float = ...,
         gpu_model: _builtins.str = ...,
+        array: _builtins.str = ...,
+        array_throttle: _builtins.int = ...,
+        after: _abc.Iterable[Global___Dependency] | None = ...,
+        singleton: _builtins.bool = ...,
+        on_unsatisfiable: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "priority", b"priority", "queue", b"queue", "resources", b"resources", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class Dependency(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """ok | any | notok"""
+    job_id: _builtins.str
+    """a job, an array (ok: every element succeeded) or an element ID_INDEX"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Dependency: _TypeAlias = Dependency  # noqa: Y015
 
 @_typing.final
 class QueueSpec(_message.Message):

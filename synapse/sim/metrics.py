@@ -18,6 +18,9 @@ Definitions (the README's "Evaluation" section repeats them):
   from the start. A preempted job's wait and start are its last attempt's (the one that ran to
   its end); its JCT is end - submit as for any job. Utilisation counts the GPUs a preempted
   attempt held (allocated) but not as useful.
+* dependencies (when the trace has `after`): `dependency_delay_*` is start - ready over the
+  dependent jobs that started, ready being when their last upstream ended; `never_started` counts
+  jobs that ended without running (a dependency that could never be met).
 * per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
   p99 wait; `jain_fairness` of the queues' used share over their weight (1: exactly fair).
 """
@@ -130,6 +133,12 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
         "preemptions": run.preemptions,
         "lost_gpu_hours": sum((stop - begin) * r.gpus for r in run.records for begin, stop in r.preempted) / 3600,
     }
+    delays = [r.start - r.ready for r in started if not math.isnan(r.ready)]
+    if delays or any(not math.isnan(r.ready) for r in records):
+        out["dependency_jobs"] = len(delays)
+        out["dependency_delay_p50_s"] = quantile(delays, 0.5)
+        out["dependency_delay_p99_s"] = quantile(delays, 0.99)
+    out["never_started"] = sum(1 for r in records if math.isnan(r.start) and r.status in ("FAILED", "CANCELLED"))
     if run.queues or len({r.queue for r in records}) > 1:
         out["queues"], out["jain_fairness"] = _by_queue(run, records)
     return out

@@ -25,10 +25,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec
 from synapse.core.placement import ClusterView, place
-from synapse.core.scheduler import TUNING, Reservation, RoundMemo, RoundResult, Tuning, schedule_round
+from synapse.core.scheduler import TUNING, Reservation, RoundMemo, RoundResult, Tuning, WaitReason, schedule_round
 from synapse.core.sim import QueuePolicy
 
 
@@ -85,24 +86,41 @@ def _shape(spec: JobSpec) -> tuple:
     return (spec.tasks, r.cpu, r.memory, r.gpu, spec.topology.pack, spec.topology.mode)
 
 
-def _start(result: RoundResult, view: ClusterView, job: Job, blocked: frozenset[str] = frozenset()) -> bool:
-    """Place `job` avoiding `blocked`; on success count its plan as used for the rest of the round."""
+def _start(result: RoundResult, view: ClusterView, job: Job, gate: Gate,
+           blocked: frozenset[str] = frozenset()) -> bool:
+    """Place `job` avoiding `blocked`; on success count its plan as used for the rest of the round.
+    An array's next elements follow it while they fit, as in Synapse's policy."""
     view.set_blocked(blocked)
     placed = place(view, job.id, job.attempt, job.spec)
     if placed.plan is None:
         return False
     result.plans.append(placed.plan)
     view.claim(placed.plan, job.spec.resources)
+    gate.placed(job)
+    result.plans += gate.more_elements(view, job, job.spec)
     return True
+
+
+def _eligible(state: ClusterState, gate: Gate, result: RoundResult) -> Iterable[Job]:
+    """Pending jobs in queue order that array throttles, dependencies and singletons let run now
+    (every policy honours them, as Slurm's do); the others wait in `result` with why, so the
+    leader's brain fails those whose dependency can never be met, as for Synapse's policy."""
+    for job in state.pending_jobs():
+        held = gate.held(job)
+        if held is None:
+            yield job
+        else:
+            result.waiting[job.id] = WaitReason((), held.message, held.code)
+            result.examined.append(job.id)
 
 
 def fifo(state: ClusterState, now: float, previous: Reservation | None = None,
          memo: RoundMemo | None = None) -> RoundResult:
     """Start jobs in queue order until the first that does not fit."""
     view = ClusterView(state.nodes, state.index, state.levels)
-    result = RoundResult()
-    for job in state.pending_jobs():
-        if not _start(result, view, job):
+    result, gate = RoundResult(), Gate(state)
+    for job in _eligible(state, gate, result):
+        if not _start(result, view, job, gate):
             break
     return result
 
@@ -111,13 +129,13 @@ def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
            memo: RoundMemo | None = None) -> RoundResult:
     """Start every job that fits, in queue order, holding nothing back for anyone."""
     view = ClusterView(state.nodes, state.index, state.levels)
-    result = RoundResult()
+    result, gate = RoundResult(), Gate(state)
     failed: set[tuple] = set()  # a shape that failed fails again this round: claims only grow
-    for job in state.pending_jobs():
+    for job in _eligible(state, gate, result):
         shape = _shape(job.spec)
         if shape in failed:
             continue
-        if not _start(result, view, job):
+        if not _start(result, view, job, gate):
             failed.add(shape)
             if view.free_total(()).gpu == 0:
                 break
@@ -128,20 +146,20 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
          memo: RoundMemo | None = None) -> RoundResult:
     """EASY backfilling: one reservation for the head blocked job, backfill what ends before it."""
     view = ClusterView(state.nodes, state.index, state.levels)
-    result = RoundResult()
+    result, gate = RoundResult(), Gate(state)
     reserved: frozenset[str] | None = None
     shadow = math.inf  #: when the reserved nodes are expected to hold the head job
     failed: set[tuple] = set()
-    for job in state.pending_jobs():
+    for job in _eligible(state, gate, result):
         if reserved is None:
-            if not _start(result, view, job):
+            if not _start(result, view, job, gate):
                 shadow, reserved = _easy_reservation(state, view, job, now, result)
             continue
         ends_first = bool(job.spec.time_limit) and now + job.spec.time_limit <= shadow
         shape = (*_shape(job.spec), ends_first)
         if shape in failed:
             continue
-        if not _start(result, view, job, frozenset() if ends_first else reserved):
+        if not _start(result, view, job, gate, frozenset() if ends_first else reserved):
             failed.add(shape)
     return result
 

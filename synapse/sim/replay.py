@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from synapse.core import commands as c
+from synapse.core.arrays import element_id, format_ranges, parse_array, split_element_id
 from synapse.core.fsm import ClusterState
 from synapse.core.model import JobSpec, PackMode, Plan, Queue, Resources, TopologySpec
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
@@ -50,6 +51,8 @@ class JobRecord:
     status: str  #: SUCCEEDED, FAILED, or the state it was left in
     #: (start, stop) of each attempt preempted before the one recorded above: GPUs held, work lost
     preempted: tuple[tuple[float, float], ...] = ()
+    #: when its last dependency was met (its upstreams' latest end); math.nan without dependencies
+    ready: float = math.nan
 
 
 @dataclass(slots=True)
@@ -116,11 +119,23 @@ class Replay(Simulator):
             # already waits for a rack) but lets a preemption plan look for its room in one rack
             # before the whole cluster.
             topology = TopologySpec("rack", PackMode.REQUIRED if self.spec_policy.strict_racks else PackMode.PREFERRED)
+        ranges, throttle = parse_array(job.array) if job.array else ((), 0)
         return JobSpec(name=job.id, tasks=tasks, resources=Resources(CPU_PER_GPU * per, MEMORY_PER_GPU * per, per),
-                       command=("train",), topology=topology, time_limit=job.time_limit, queue=job.queue)
+                       command=("train",), topology=topology, time_limit=job.time_limit, queue=job.queue,
+                       array=format_ranges(ranges), array_throttle=throttle, after=job.dependencies)
+
+    def row_of(self, job_id: str) -> TraceJob:
+        """The trace row a job (or an array's element) comes from."""
+        row = self._jobs.get(job_id)
+        if row is None:
+            element = split_element_id(job_id)
+            row = self._jobs[element[0]] if element else None
+        if row is None:
+            raise KeyError(job_id)
+        return row
 
     def lifetime(self, plan: Plan) -> tuple[float, int]:
-        job = self._jobs[plan.job_id]
+        job = self.row_of(plan.job_id)
         racks = len({self.rack_of[p.node_id] for p in plan.placements})
         self.racks[plan.job_id] = racks
         run = job.duration / self.spread_factor if racks > 1 else job.duration
@@ -147,8 +162,9 @@ class Replay(Simulator):
             while i < len(jobs) and jobs[i].submit <= at:
                 if jobs[i].tasks_on(self.shape) > 1:
                     heapq.heappush(wakeups, at + self.spec_policy.tuning.locality_wait_s)
-                result = self.apply(c.SubmitJob(at=at, job_id=jobs[i].id, request_id=jobs[i].id,
-                                                spec=self.spec_of(jobs[i]), by=jobs[i].user))
+                spec = self.spec_of(jobs[i])
+                kind = c.SubmitWorkflowJob if spec.has_workflow else c.SubmitJob
+                result = self.apply(kind(at=at, job_id=jobs[i].id, request_id=jobs[i].id, spec=spec, by=jobs[i].user))
                 if not result.ok:
                     raise ValueError(f"job {jobs[i].id}: {result.error}")
                 i += 1
@@ -167,15 +183,36 @@ class Replay(Simulator):
         for job_id, start, stop, _gpus in self.lost_runs:
             lost.setdefault(job_id, []).append((start, stop))
         for tj in self.trace.jobs:
-            job = self.state.jobs[tj.id]
-            done = job.status.terminal
-            out.append(JobRecord(id=tj.id, gpus=tj.gpus, tasks=job.spec.tasks, queue=tj.queue or "default",
-                                 submit=job.submitted_at,
-                                 start=job.started_at if job.placements else math.nan,
-                                 end=job.finished_at if done else math.nan,
-                                 racks=self.racks.get(tj.id, 0), status=job.status.value,
-                                 preempted=tuple(lost.get(tj.id, ()))))
+            array = self.state.arrays.get(tj.id)
+            ids = [element_id(tj.id, array.index_at(p)) for p in range(array.count)] if array else [tj.id]
+            for job_id in ids:
+                job = self.state.jobs.get(job_id)
+                if job is None:  # an element that never became a job (its array was cancelled or stalled)
+                    out.append(JobRecord(id=job_id, gpus=tj.gpus, tasks=tj.tasks_on(self.shape),
+                                         queue=tj.queue or "default", submit=tj.submit, start=math.nan, end=math.nan,
+                                         racks=0, status="PENDING"))
+                    continue
+                done = job.status.terminal
+                # A job that never ran (its dependency could never be met) has no completion time.
+                out.append(JobRecord(id=job_id, gpus=tj.gpus, tasks=job.spec.tasks, queue=tj.queue or "default",
+                                     submit=job.submitted_at,
+                                     start=job.started_at if job.placements else math.nan,
+                                     end=job.finished_at if done and job.placements else math.nan,
+                                     racks=self.racks.get(job_id, 0), status=job.status.value,
+                                     preempted=tuple(lost.get(job_id, ())), ready=self._ready(tj)))
         return out
+
+    def _ready(self, tj: TraceJob) -> float:
+        """When the last of a row's dependencies was met: the latest end among its upstreams."""
+        if not tj.after:
+            return math.nan
+        ends = []
+        for _kind, upstream in tj.dependencies:
+            job, array = self.state.jobs.get(upstream), self.state.arrays.get(upstream)
+            end = job.finished_at if job is not None and job.status.terminal else \
+                array.finished_at if array is not None and array.done else math.nan
+            ends.append(end)
+        return max(ends) if ends and not any(math.isnan(e) for e in ends) else math.nan
 
 
 def replay(trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,

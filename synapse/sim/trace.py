@@ -3,8 +3,10 @@
     # synapse-sim trace v1
     # cluster: nodes=64 gpus_per_node=8 racks=8
     # generated: mix=gang-heavy load=0.9 days=7 seed=1 ...
-    id,submit_s,gpus,nodes,duration_s,time_limit_s,exit_code,queue,user
-    j000001,12.5,16,2,3600,7200,0,,
+    id,submit_s,gpus,nodes,duration_s,time_limit_s,exit_code,queue,user,array,after
+    j000001,12.5,16,2,3600,7200,0,,,,
+    sweep,20,8,1,600,0,0,,,0-99%8,
+    merge,21,8,1,300,0,0,,,,ok:sweep
 
 Columns (`id`, `submit_s`, `gpus` and `duration_s` are required; the others may be left out):
 
@@ -19,6 +21,11 @@ Columns (`id`, `submit_s`, `gpus` and `duration_s` are required; the others may 
   on it; the replay ends a job when it is reached, as Slurm and Synapse's leader do.
 * `exit_code` — 0 for a job that succeeds, anything else for one that fails after `duration_s`.
 * `queue`, `user` — the queue it is submitted to (empty: the default queue), and who submitted it.
+* `array` — an array of gangs (synapse.core.arrays: `0-99%8`): the row stands for one element per
+  index, each with the row's GPUs, nodes, duration and exit code; element `i` is job `ID_i`.
+* `after` — dependencies, as `synctl submit --after` takes them: `ok:ID,any:ID2,notok:ID3` (quoted
+  in the CSV when it has commas). Each must name a row submitted earlier (or an element `ID_i`
+  of an earlier array row).
 
 Comment lines start with `#`; `# cluster:` gives the shape the trace was made for, which `run`
 uses unless told otherwise.
@@ -32,10 +39,13 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from synapse.core.arrays import ArraySpecError, parse_array, split_element_id
+from synapse.core.dependencies import parse_after_flag
 from synapse.core.model import Resources
 
 VERSION_LINE = "# synapse-sim trace v1"
-COLUMNS = ("id", "submit_s", "gpus", "nodes", "duration_s", "time_limit_s", "exit_code", "queue", "user")
+COLUMNS = ("id", "submit_s", "gpus", "nodes", "duration_s", "time_limit_s", "exit_code", "queue", "user", "array",
+           "after")
 REQUIRED = ("id", "submit_s", "gpus", "duration_s")
 #: What each GPU brings with it on a node: 8 cores and 64 GiB (a typical 8-GPU node: 64, 512 GiB).
 CPU_PER_GPU = 8_000
@@ -104,6 +114,12 @@ class TraceJob:
     exit_code: int = 0
     queue: str = ""
     user: str = ""
+    array: str = ""  #: an index spec with its throttle, e.g. `0-99%8`; "" for one job
+    after: str = ""  #: dependencies, `ok:ID,any:ID2`; "" for none
+
+    @property
+    def dependencies(self) -> tuple[tuple[str, str], ...]:
+        return parse_after_flag(self.after) if self.after else ()
 
     def tasks_on(self, shape: ClusterShape) -> int:
         """Tasks of the gang on this cluster: `nodes`, or the fewest that fit a node each."""
@@ -169,9 +185,19 @@ def _job(row: dict[str, str]) -> TraceJob:
         duration=_number(get("duration_s"), "duration_s"),
         time_limit=_number(get("time_limit_s"), "time_limit_s", default=0.0),
         exit_code=int(_number(get("exit_code"), "exit_code", integer=True, default=0)),
-        queue=get("queue").strip(), user=get("user").strip())
+        queue=get("queue").strip(), user=get("user").strip(), array=get("array").strip(),
+        after=get("after").strip())
     if not job.id:
         raise TraceError("id is empty")
+    if job.array:
+        try:
+            parse_array(job.array)
+        except ArraySpecError as exc:
+            raise TraceError(f"array {job.array[:30]!r}: {exc}") from None
+    try:
+        job.dependencies  # noqa: B018 - parsed for its errors
+    except ValueError as exc:
+        raise TraceError(f"after: {exc}") from None
     for name, value in (("submit_s", job.submit), ("duration_s", job.duration), ("time_limit_s", job.time_limit),
                         ("nodes", job.nodes)):
         if value < 0:
@@ -220,7 +246,26 @@ def parse(text: str, where: str = "trace") -> Trace:
         seen.add(job.id)
         jobs.append(job)
     jobs.sort(key=lambda j: j.submit)
+    _check_dependencies(jobs, where)
     return Trace(jobs, shape, tuple(comments))
+
+
+def _has_index(array: str, index: int) -> bool:
+    return bool(array) and any(first <= index <= last and (index - first) % step == 0
+                               for first, last, step in parse_array(array)[0])
+
+
+def _check_dependencies(jobs: list[TraceJob], where: str) -> None:
+    """Every dependency names a row submitted before its own (by submission time)."""
+    earlier: dict[str, TraceJob] = {}
+    for job in jobs:
+        for _kind, upstream in job.dependencies:
+            element = split_element_id(upstream)
+            base = earlier.get(upstream) or (earlier.get(element[0]) if element else None)
+            if base is None or (upstream not in earlier and not _has_index(base.array, element[1])):  # type: ignore[index]
+                raise TraceError(f"{where}: job {job.id}: after: {upstream} is not a job (or array element) "
+                                 "submitted before it")
+        earlier[job.id] = job
 
 
 def read(path: str | Path) -> Trace:

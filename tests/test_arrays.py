@@ -1,0 +1,191 @@
+"""Job arrays in the pure core: index specs, the one record, lazy elements, the throttle, cancel."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from synapse.core import codec
+from synapse.core import commands as c
+from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array
+from synapse.core.fsm import ClusterState
+from synapse.core.jobspec import JobFileError, check_spec, parse_job
+from synapse.core.leader_state import LeaderState, Propose, Proposed, RoundDue
+from synapse.core.model import JobStatus
+from synapse.master.dispatch import assignments_for_node
+from tests.helpers import checked, cluster, spec
+
+
+def array_spec(indices: str, throttle: int = 0, **kw) -> object:
+    return dataclasses.replace(spec(name="sweep", **kw), array=indices, array_throttle=throttle)
+
+
+def submit_array(state: ClusterState, indices: str, throttle: int = 0, job_id: str = "A", **kw) -> c.Result:
+    return checked(state, c.SubmitWorkflowJob(at=1.0, job_id=job_id, request_id=f"req-{job_id}", by="ann",
+                                              spec=array_spec(indices, throttle, **kw)))
+
+
+def run_round(state: ClusterState, brain: LeaderState, at: float) -> list[c.Command]:
+    """One round: apply what the brain proposes (as Raft would) and return the commands."""
+    out = brain.handle(state, RoundDue(at=at))
+    cmds = [i.cmd for i in out if isinstance(i, Propose)]
+    brain.handle(state, *(Proposed(i, checked(state, i.cmd).ok) for i in out if isinstance(i, Propose)))
+    return cmds
+
+
+def finish(state: ClusterState, job_id: str, code: int = 0, at: float = 10.0) -> None:
+    """Every task of the job's attempt starts, then exits with `code`."""
+    job = state.jobs[job_id]
+    for t in list(job.tasks):
+        checked(state, c.TaskStarted(at=at, job_id=job_id, attempt=job.attempt, index=t.index, node_id=t.node_id))
+    for t in list(job.tasks):
+        checked(state, c.TaskExited(at=at, job_id=job_id, attempt=job.attempt, index=t.index, node_id=t.node_id,
+                                    exit_code=code))
+
+
+# ---- index specs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "canonical", "count"), [
+    ("0-99%8", "0-99%8", 100), ("0-15:4", "0-12:4", 4), ("1,3,7", "1,3,7", 3), ("7, 3,1-2", "1-3,7", 4),
+    ("5", "5", 1), ("0-9,5-14%2", "0-14%2", 15),
+])
+def test_index_specs_parse_as_slurm_writes_them(text, canonical, count):
+    ranges, throttle = parse_array(text)
+    assert format_spec(ranges, throttle) == canonical
+    array = JobArray(id="A", spec=array_spec(format_spec(ranges, 0)), request_id="", user="", submitted_at=0,
+                     seq=1, throttle=throttle)
+    assert array.count == count
+    assert [array.position_of(array.index_at(p)) for p in range(count)] == list(range(count))
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("", "is empty"), ("a-b", "cannot read 'a-b'"), ("5-1", "ends before it starts"), ("0-9%0", "throttle"),
+    ("0-9%x", "throttle"), ("0-20000", "more than 10000 elements"), ("0-9:0", "step"), ("1,,2", "cannot read ''"),
+])
+def test_bad_index_specs_are_refused_with_the_reason(text, why):
+    with pytest.raises(ArraySpecError, match=why):
+        parse_array(text, limit=10_000)
+
+
+def test_a_job_file_array_is_checked_against_the_field_and_the_cluster_limit():
+    doc = {"name": "sweep", "command": ["true"], "resources": {"gpu": 1}, "array": "0-99%8"}
+    parsed = parse_job(doc)
+    assert (parsed.array, parsed.array_throttle) == ("0-99", 8)
+    with pytest.raises(JobFileError) as bad:
+        parse_job({**doc, "array": "0-x"})
+    assert bad.value.field == "array"
+    with pytest.raises(JobFileError, match="more than 50 elements") as big:
+        check_spec(parsed, max_array_size=50)
+    assert big.value.field == "array"
+
+
+# ---- the one record and its elements ----------------------------------------------------------------
+
+
+def test_an_array_is_one_record_and_one_queued_element_however_large():
+    state = cluster(racks=1, nodes_per_rack=2)
+    assert submit_array(state, "0-9999").value == "A"
+    assert list(state.jobs) == ["A_0"] and state.jobs["A_0"].status is JobStatus.PENDING
+    array = state.arrays["A"]
+    assert (array.count, array.rep, array.remaining()) == (10_000, "A_0", 9_999)
+    assert folded_id("A", array.waiting_ranges()) == "A_[0-9999]"
+    assert state.job_by_request["req-A"] == "A"
+    assert submit_array(state, "0-3").value == "A"  # a retried submission returns the array, no second one
+    restored = ClusterState.from_snapshot(state.to_snapshot())
+    assert restored.digest() == state.digest() and restored.arrays["A"].count == 10_000
+
+
+def test_a_round_places_elements_up_to_the_throttle_under_the_ids_apply_gives_them():
+    state = cluster(racks=1, nodes_per_rack=8)
+    submit_array(state, "0-19", throttle=4)
+    brain = LeaderState()
+    cmds = run_round(state, brain, 2.0)
+    assert [(type(x).__name__, x.job_id) for x in cmds] == [("CommitPlan", f"A_{i}") for i in range(4)]
+    assert [j.status for j in state.jobs.values()] == [JobStatus.SCHEDULED] * 4 + [JobStatus.PENDING]
+    cmds = run_round(state, brain, 3.0)
+    assert [(type(x).__name__, [(e.job_id, e.code) for e in x.entries]) for x in cmds] == [
+        ("PendingReasons", [("A_4", "ArrayThrottle")])]
+    finish(state, "A_1")
+    assert [x.job_id for x in run_round(state, brain, 4.0)] == ["A_4"]
+
+
+def test_an_array_runs_to_the_end_never_above_its_throttle():
+    state = cluster(racks=1, nodes_per_rack=8)
+    submit_array(state, "0-19", throttle=4, gpu=1)
+    brain, at, most = LeaderState(), 2.0, 0
+    while not state.arrays["A"].done:
+        run_round(state, brain, at)
+        running = [j for j in state.jobs.values() if j.status.has_gang]
+        most = max(most, len(running))
+        for job in running:
+            finish(state, job.id, at=at)
+        at += 1
+        assert at < 100
+    assert most == 4
+    assert sorted(j.array_index for j in state.jobs.values() if j.status is JobStatus.SUCCEEDED) == list(range(20))
+    assert state.arrays["A"].status(False) is JobStatus.SUCCEEDED and state.arrays["A"].finished_at
+
+
+def test_the_throttle_changes_while_the_array_runs():
+    state = cluster(racks=1, nodes_per_rack=8)
+    submit_array(state, "0-19", throttle=1)
+    brain = LeaderState()
+    assert [x.job_id for x in run_round(state, brain, 2.0)] == ["A_0"]
+    assert checked(state, c.SetArrayThrottle(at=3.0, job_id="A", throttle=3)).ok
+    assert [x.job_id for x in run_round(state, brain, 4.0)] == ["A_1", "A_2"]
+    assert not checked(state, c.SetArrayThrottle(at=3.0, job_id="nope", throttle=3)).ok
+
+
+def test_each_element_gets_its_array_ids_in_its_environment():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "3,5", gpu=8)
+    run_round(state, LeaderState(), 2.0)
+    envs = {a.job_id: dict(a.env) for n in state.nodes for a in assignments_for_node(state, n)}
+    assert {k: (e["SYNAPSE_ARRAY_JOB_ID"], e["SYNAPSE_ARRAY_TASK_ID"], e["SYNAPSE_ARRAY_TASK_COUNT"])
+            for k, e in envs.items()} == {"A_3": ("A", "3", "2"), "A_5": ("A", "5", "2")}
+
+
+def test_cancel_the_array_cancels_every_element_and_one_element_alone():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-9", gpu=8)
+    run_round(state, LeaderState(), 2.0)  # A_0 and A_1 placed, A_2 queued
+    assert checked(state, c.CancelJob(at=3.0, job_id="A_7")).ok  # not yet a job: it never becomes one
+    assert "A_7" not in state.jobs and state.arrays["A"].cancelled_count == 1
+    assert folded_id("A", state.arrays["A"].waiting_ranges()) == "A_[2-6,8-9]"
+    assert checked(state, c.CancelJob(at=3.0, job_id="A_1")).ok  # a running element stops
+    assert state.jobs["A_1"].status is JobStatus.STOPPING
+    assert checked(state, c.CancelJob(at=4.0, job_id="A")).ok
+    array = state.arrays["A"]
+    assert array.cancelled and state.jobs["A_0"].status is JobStatus.STOPPING
+    assert state.jobs["A_2"].status is JobStatus.CANCELLED and array.next == array.count
+    for job_id in ("A_0", "A_1"):
+        finish(state, job_id, code=143)
+    assert array.done and array.cancelled_count == 10 and array.status(False) is JobStatus.CANCELLED
+    assert not state.pending
+
+
+def test_a_finished_array_is_forgotten_with_its_final_state_kept():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-1", gpu=8)
+    run_round(state, LeaderState(), 2.0)
+    finish(state, "A_0")
+    finish(state, "A_1")
+    assert checked(state, c.ForgetJobs(at=9e9, job_ids=("A", "A_0", "A_1"))).value == "3"
+    assert not state.arrays and not state.jobs
+    assert state.finished == {"A": "SUCCEEDED", "A_0": "SUCCEEDED", "A_1": "SUCCEEDED"}
+
+
+def test_arrays_travel_as_their_own_command_kind_at_version_2():
+    cmd = c.SubmitWorkflowJob(at=1.0, job_id="A", request_id="r", spec=array_spec("0-9", 2))
+    data = codec.encode_command(cmd)
+    assert codec.decode_command(data) == cmd
+    assert codec.commands_pb2.Command.FromString(data).version == 2
+    throttle = c.SetArrayThrottle(at=1.0, job_id="A", throttle=4)
+    assert codec.decode_command(codec.encode_command(throttle)) == throttle
+    with pytest.raises(codec.CodecError, match="SubmitWorkflowJob"):
+        codec.encode_command(c.SubmitJob(at=1.0, job_id="A", request_id="r", spec=array_spec("0-9")))
+    state = ClusterState()
+    refused = state.apply(c.SubmitJob(at=1.0, job_id="A", request_id="r", spec=array_spec("0-9")))
+    assert not refused.ok and "SubmitWorkflowJob" in refused.error
