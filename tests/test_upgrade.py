@@ -177,7 +177,8 @@ def test_a_mixed_version_cluster_never_proposes_what_an_older_replica_cannot_app
         with pytest.raises(ClientError) as refused:  # never proposed, whether or not it is heard yet
             cluster.client.call("AddUser", api_pb2.AddUserRequest(name="alice"))
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION, refused.value.message
-        assert "CLUSTER_VERSION" in refused.value.message and f"needs command-set version {NEXT}" in refused.value.message
+        message = refused.value.message
+        assert "CLUSTER_VERSION" in message and f"needs command-set version {NEXT}" in message
         return f"{old} (version {OLDER.known})" in refused.value.message
 
     _wait("the leader to hear the older replica's version", refused_naming_the_older_replica)

@@ -22,13 +22,14 @@ import grpc
 from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, preemption
-from synapse.core.arrays import format_ranges, split_element_id
+from synapse.core import codec, dependencies, elastic, preemption
 from synapse.core import commands as c
+from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
 from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
+from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
@@ -234,8 +235,12 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
             queue = self.m.state.queues.get(spec.queue)
             unknown = [j for _kind, j in spec.after if not dependencies.known(self.m.state, j)]
+            unplaceable = elastic.required_domain_problem(
+                ClusterView(self.m.state.nodes, self.m.state.index, self.m.state.levels), spec)
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
+        if unplaceable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: tasks.min: {unplaceable}")
         if unknown:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"invalid job: after: unknown job {unknown[0]} (not submitted, or forgotten "
