@@ -66,16 +66,22 @@ def test_an_elastic_gang_waits_for_its_min_and_holds_nothing():
     assert [(e.job_id, e.code) for x in cmds for e in x.entries] == [("e", "Resources")]
 
 
-def test_a_running_elastic_gang_grows_when_room_appears_after_its_interval():
+def running_at_two_with_room_for_four() -> tuple:
+    """An elastic {2..4} gang started at 2 beside a gang on the other two nodes, which then ends."""
     state = cluster(racks=1, nodes_per_rack=4)
     brain = LeaderState()
     occupy(state, "busy", ["r0-n0", "r0-n1"])
     submit(state, "e", elastic("e", 2, 4))
     run_round(state, brain, 2.0)
-    job = state.jobs["e"]
-    for t in job.tasks:
+    for t in state.jobs["e"].tasks:
         checked(state, c.TaskStarted(at=2.0, job_id="e", attempt=1, index=t.index, node_id=t.node_id))
     finish(state, "busy", at=3.0)
+    return state, brain
+
+
+def test_a_running_elastic_gang_grows_when_room_appears_after_its_interval():
+    state, brain = running_at_two_with_room_for_four()
+    job = state.jobs["e"]
     assert run_round(state, brain, 10.0) == []  # room, but it ran only 8 s of its 60 s interval
     cmds = run_round(state, brain, 63.0)
     assert cmds == [c.ResizeGang(at=63.0, job_id="e", attempt=1, size=4, reason="room for more tasks")]
@@ -90,14 +96,7 @@ def test_a_running_elastic_gang_grows_when_room_appears_after_its_interval():
 
 
 def test_an_elastic_gang_does_not_grow_past_a_gang_waiting_ahead_of_it():
-    state = cluster(racks=1, nodes_per_rack=4)
-    brain = LeaderState()
-    occupy(state, "busy", ["r0-n0", "r0-n1"])
-    submit(state, "e", elastic("e", 2, 4))
-    run_round(state, brain, 2.0)
-    for t in state.jobs["e"].tasks:
-        checked(state, c.TaskStarted(at=2.0, job_id="e", attempt=1, index=t.index, node_id=t.node_id))
-    finish(state, "busy", at=3.0)
+    state, brain = running_at_two_with_room_for_four()
     submit(state, "big", dataclasses.replace(spec(name="big", tasks=3), priority=10), at=4.0)
     cmds = run_round(state, brain, 100.0)
     assert not [x for x in cmds if isinstance(x, c.ResizeGang)]

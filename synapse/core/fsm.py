@@ -874,23 +874,11 @@ class ClusterState:
         elif job.cancel_requested:
             self._finish(job, JobStatus.CANCELLED, job.stop_reason, at)
         elif job.stop_cause == EndReason.RESIZED:
-            # Not a failure either: it restarts at another size, in its place in the queue.
-            size = len(job.tasks)
             job.resizes += 1
-            job.attempt += 1
-            job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
-            self.pending.add((job.queue_key(), job.id))
-            self._event(job, at, "Requeued", f"attempt {job.attempt} to resize from {size} task(s)")
+            self._requeue_unfailed(job, at, f"to resize from {len(job.tasks)} task(s)")
         elif job.stop_cause == EndReason.PREEMPTED:
-            # Not a failure: the next attempt keeps the job's place in its queue (the queue key is
-            # the original submission time) and uses up none of its restarts.
             job.preemptions += 1
-            job.attempt += 1
-            job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
-            self.pending.add((job.queue_key(), job.id))
-            self._event(job, at, "Requeued", f"attempt {job.attempt} after preemption {job.preemptions}")
+            self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
         elif job.restarts_used() >= job.restarts_allowed():
             self._finish(job, JobStatus.FAILED,
                          f"{job.stop_reason}; no restarts left ({job.attempt} attempt(s))", at)
@@ -900,6 +888,16 @@ class ClusterState:
             job.stop_cause, job.pending_since = "", at
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
+
+    def _requeue_unfailed(self, job: Job, at: float, why: str) -> None:
+        """Requeue an attempt that did not fail (preempted, resized): the next attempt keeps the
+        job's place in its queue (the queue key is the original submission time) and uses up none
+        of its restarts."""
+        job.attempt += 1
+        job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
+        job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
+        self.pending.add((job.queue_key(), job.id))
+        self._event(job, at, "Requeued", f"attempt {job.attempt} {why}")
 
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:
