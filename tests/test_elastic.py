@@ -11,7 +11,7 @@ from synapse.core import commands as c
 from synapse.core.elastic import required_domain_problem
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.leader_state import LeaderState
-from synapse.core.model import JobStatus, Placement
+from synapse.core.model import JobStatus, Placement, Queue
 from synapse.core.placement import ClusterView
 from synapse.master.dispatch import assignments_for_node
 from tests.helpers import checked, cluster, spec
@@ -123,3 +123,26 @@ def test_an_elastic_gang_whose_required_domain_cannot_hold_its_min_is_refused():
     s = dataclasses.replace(elastic("e", 3, 4), topology=dataclasses.replace(spec(pack="rack", required=True).topology))
     assert "no rack holds its min of 3 task(s)" in required_domain_problem(view, s)
     assert required_domain_problem(view, dataclasses.replace(s, tasks_min=2)) == ""
+
+
+def test_a_preemptor_shrinks_an_elastic_gang_to_the_nodes_it_does_not_need():
+    state = cluster(racks=1, nodes_per_rack=4)
+    checked(state, c.ApplyQueues(at=0, queues=(Queue("q", preemption_rules=("priority",)),)))
+    brain = LeaderState()
+    submit(state, "e", dataclasses.replace(elastic("e", 2, 4), queue="q"))
+    run_round(state, brain, 1.0)
+    job = state.jobs["e"]
+    for t in job.tasks:
+        checked(state, c.TaskStarted(at=1.0, job_id="e", attempt=1, index=t.index, node_id=t.node_id))
+    submit(state, "urgent", spec(name="urgent", tasks=2, queue="q", priority=10), at=2.0)
+    [preempt, _reasons] = run_round(state, brain, 2.0)
+    assert isinstance(preempt, c.Preempt) and [v.job_id for v in preempt.victims] == ["e"]
+    assert job.status is JobStatus.STOPPING and job.stop_cause == "Resized"
+    for t in list(job.tasks):
+        checked(state, c.TaskExited(at=3.0, job_id="e", attempt=1, index=t.index, node_id=t.node_id, exit_code=143))
+    assert (job.status, job.resizes, job.preemptions) == (JobStatus.PENDING, 1, 0)
+    plans = {x.job_id: x for x in run_round(state, brain, 4.0)}
+    assert set(plans) == {"urgent", "e"} and len(plans["e"].placements) == 2
+    assert {p.node_id for p in plans["urgent"].placements} == set(preempt.nodes)
+    assert not {p.node_id for p in plans["e"].placements} & set(preempt.nodes)
+    assert "Shrinking" in [e.kind for e in job.events]

@@ -460,8 +460,10 @@ class ClusterState:
         if job.status is not JobStatus.RUNNING or job.attempt != cmd.attempt:
             return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
                                    f"attempt {cmd.attempt}")
-        if not elastic.is_elastic(job.spec) or not len(job.tasks) < cmd.size <= job.spec.tasks:
-            return Result.rejected(f"job {job.id} cannot grow from {len(job.tasks)} to {cmd.size} task(s)")
+        if not elastic.is_elastic(job.spec) or cmd.size == len(job.tasks) \
+                or not job.spec.tasks_min <= cmd.size <= job.spec.tasks:
+            return Result.rejected(f"job {job.id} cannot resize from {len(job.tasks)} to {cmd.size} task(s) (it takes "
+                                   f"{elastic.least(job.spec)} to {job.spec.tasks})")
         job.stop_grace = job.spec.grace or DEFAULT_GRACE_S
         self._stop_attempt(job, f"resizing from {len(job.tasks)} to {cmd.size} task(s)"
                            + (f": {cmd.reason}" if cmd.reason else ""), cmd.at, cause=EndReason.RESIZED)
@@ -757,6 +759,15 @@ class ClusterState:
             victims.append((victim, v))
         for victim, v in victims:
             victim.stop_grace = v.grace
+            kept = sum(1 for t in victim.tasks if t.node_id not in cmd.nodes)
+            if elastic.is_elastic(victim.spec) and kept >= victim.spec.tasks_min:
+                # An elastic gang shrinks instead of being evicted: it restarts at once without the
+                # held nodes (a version-2 job: see codec.KIND_VERSIONS).
+                self._stop_attempt(victim, f"shrinking from {len(victim.tasks)} to {kept} task(s) for job "
+                                           f"{cmd.job_id} (rule {cmd.rule})", cmd.at, cause=EndReason.RESIZED)
+                self._event(victim, cmd.at, "Shrinking", f"for job {cmd.job_id} of queue {self.queue_of(job)}: "
+                                                         f"{len(victim.tasks)} -> {kept} task(s); grace {v.grace:g}s")
+                continue
             victim.preempted_at = (*victim.preempted_at, cmd.at)[-PREEMPTION_BUDGET:]
             reason = f"preempted by job {cmd.job_id} (rule {cmd.rule})"
             self._stop_attempt(victim, reason, cmd.at, cause=EndReason.PREEMPTED)

@@ -218,8 +218,12 @@ def schedule_round(state: ClusterState, now: float,
         for r, may in zip(reservations, may_use, strict=True):
             if not may:
                 blocked = blocked | r.nodes
+        plan = None
+        if hold is not None:  # on the nodes its preemption freed first: the victims' others stay theirs
+            view.set_blocked(frozenset(state.nodes) - frozenset(hold.nodes))
+            plan = place_largest(view, job.id, job.attempt, spec)
         view.set_blocked(blocked)
-        plan = place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
+        plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
         if plan is not None:
             result.plans.append(plan)
             view.claim(plan, job.spec.resources)

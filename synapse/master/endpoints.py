@@ -446,10 +446,20 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         with self.m.lock:
             jobs = sorted({(t.job_id, t.attempt) for t, wanted in self.m.state.tasks_on_node(request.node_id)
                            if wanted})
+            # An elastic gang that keeps its min without the node shrinks instead (synapse.core.elastic).
+            shrink = {}
+            for job_id, _ in jobs:
+                job = self.m.state.jobs[job_id]
+                kept = sum(1 for t in job.tasks if t.node_id != request.node_id)
+                if elastic.is_elastic(job.spec) and kept >= job.spec.tasks_min:
+                    shrink[job_id] = kept
         stopped = []
         for job_id, attempt in jobs:
-            res = await self._propose(c.FailAttempt(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt,
-                                                    reason=f"node {request.node_id} drained by {by}"), context)
+            reason = f"node {request.node_id} drained by {by}"
+            cmd = c.ResizeGang(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt, size=shrink[job_id],
+                               reason=reason) if job_id in shrink else \
+                c.FailAttempt(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt, reason=reason)
+            res = await self._propose(cmd, context)
             if res.ok:
                 stopped.append(job_id)
         return api_pb2.DrainNodeReply(jobs_stopped=stopped)
