@@ -9,7 +9,8 @@ import pytest
 
 from synapse.client.master_client import ClientError
 from synapse.core import codec
-from synapse.core.model import JobSpec, Resources
+from synapse.core.model import JobSpec, Queue, Resources
+from synapse.proto import api_pb2
 from tests.test_gang_execution import read_logs, wait_for, wait_job
 from tests.test_synctl import synctl
 
@@ -96,3 +97,39 @@ def test_bad_workflow_input_is_refused_and_nothing_is_submitted(make_cluster, fi
                                                               command=("true",), **spec)))
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in refused.value.message
     assert not cluster.client.list_jobs()
+
+
+ELASTIC = ["sh", "-c", "echo SIZE=$WORLD_SIZE MIN=$SYNAPSE_TASKS_MIN MAX=$SYNAPSE_TASKS_MAX RDZV=$SYNAPSE_RDZV_ID; "
+                       "trap 'exit 0' TERM; sleep 120 & wait"]
+
+
+def test_an_elastic_gang_starts_small_grows_when_workers_join_and_shrinks_for_a_preemptor(make_cluster):
+    cluster = make_cluster(workers=4, racks=1, gpus=8)
+    queue = Queue("q", preemption_rules=("priority",))
+    cluster.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[codec.queue_to_proto(queue)]))
+    for worker in ("w3", "w4"):  # two machines away: room for 2
+        cluster.kill_worker(worker, with_tasks=True)
+    wait_for(lambda: sum(n.status == "READY" for n in cluster.client.list_nodes()) == 2, 30, "two nodes down")
+    job_id = submit(cluster, "elastic", ELASTIC, tasks=4, gpu=8, tasks_min=2, resize_interval=1.0, queue="q")
+
+    def sizes() -> list[int]:
+        return [len(a.nodes) for a in cluster.client.get_job(job_id).attempts]
+
+    wait_for(lambda: sizes() == [2] and cluster.client.get_job(job_id).status == "RUNNING", 30, "started at 2")
+    for worker in ("w3", "w4"):  # they join again: it grows, by a new attempt with notice
+        cluster.restart_worker(worker)
+    wait_for(lambda: sizes() == [2, 4] and cluster.client.get_job(job_id).status == "RUNNING", 60, "grown to 4")
+    logs = read_logs(cluster, job_id, attempt=2)
+    assert {line.split()[0] for line in logs} == {"SIZE=4"}
+    assert {tuple(line.split()[1:]) for line in logs} == {("MIN=2", "MAX=4", f"RDZV={job_id}")}
+
+    urgent = submit(cluster, "urgent", ["sleep", "3"], tasks=2, gpu=8, queue="q", priority=10)
+    wait_for(lambda: sizes()[:3] == [2, 4, 2] and cluster.client.get_job(job_id).status == "RUNNING", 60,
+             "shrunk to 2")
+    assert cluster.client.get_job(urgent).status in ("RUNNING", "SUCCEEDED")
+    info = cluster.client.get_job(job_id)
+    kinds = [e.kind for e in info.events]
+    assert "Shrinking" in kinds and "Preempted" not in kinds  # shrunk, not evicted
+    assert {line.split()[0] for line in read_logs(cluster, job_id, attempt=3)} == {"SIZE=2"}
+    cluster.client.cancel(job_id)
+    wait_job(cluster, job_id, {"CANCELLED"}, timeout=30)

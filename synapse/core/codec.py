@@ -50,7 +50,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     # Arrays and dependencies. CancelJob of an array and a final FailAttempt's cause on a pending
     # job apply differently here, but only to jobs and arrays that version-2 submissions created,
     # which no older replica can hold: those kinds keep version 1.
-    c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2,
+    c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -101,7 +101,8 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         priority=spec.priority, max_restarts=spec.max_restarts, time_limit_s=spec.time_limit,
         image=spec.image, queue=spec.queue, grace_s=spec.grace, gpu_model=spec.gpu_model, array=spec.array,
         array_throttle=spec.array_throttle, after=[types_pb2.Dependency(kind=k, job_id=j) for k, j in spec.after],
-        singleton=spec.singleton, on_unsatisfiable=spec.on_unsatisfiable)
+        singleton=spec.singleton, on_unsatisfiable=spec.on_unsatisfiable, tasks_min=spec.tasks_min,
+        resize_interval_s=spec.resize_interval)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -115,7 +116,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
         max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s,
         gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
-        after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable)
+        after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable,
+        tasks_min=p.tasks_min, resize_interval=p.resize_interval_s)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -205,6 +207,9 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.pending_reasons.CopyFrom(commands_pb2.PendingReasons(entries=[
                 commands_pb2.PendingReason(job_id=e.job_id, attempt=e.attempt, code=e.code, message=e.message)
                 for e in cmd.entries]))
+        case c.ResizeGang():
+            env.resize_gang.CopyFrom(commands_pb2.ResizeGang(job_id=cmd.job_id, attempt=cmd.attempt, size=cmd.size,
+                                                             reason=cmd.reason))
         case c.SetArrayThrottle():
             env.set_array_throttle.CopyFrom(commands_pb2.SetArrayThrottle(job_id=cmd.job_id, throttle=cmd.throttle))
         case c.Preempt():
@@ -254,12 +259,15 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             spec = job_spec_from_proto(b.spec)
             if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
                 spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
-                                           on_unsatisfiable="")
+                                           on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_workflow_job":
             b = env.submit_workflow_job
             return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id,
                                        spec=job_spec_from_proto(b.spec), **base)
+        case "resize_gang":
+            b = env.resize_gang
+            return c.ResizeGang(job_id=b.job_id, attempt=b.attempt, size=b.size, reason=b.reason, **base)
         case "set_array_throttle":
             b = env.set_array_throttle
             return c.SetArrayThrottle(job_id=b.job_id, throttle=b.throttle, **base)

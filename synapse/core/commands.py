@@ -82,6 +82,16 @@ class SetArrayThrottle(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ResizeGang(Command):
+    """Stop an elastic gang's attempt so that it restarts larger (a new attempt, no restart used)."""
+
+    job_id: str
+    attempt: int
+    size: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CommitPlan(Command):
     job_id: str
     attempt: int

@@ -22,12 +22,13 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from synapse.core import codec, dependencies, snapshot
+from synapse.core import codec, dependencies, elastic, snapshot
 from synapse.core import commands as c
 from synapse.core.arrays import ArraySpecError, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.model import (
+    DEFAULT_GRACE_S,
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
@@ -123,7 +124,7 @@ class ClusterState:
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
             c.SetNodeHealth: self._set_node_health, c.SubmitWorkflowJob: self._submit_job,
-            c.SetArrayThrottle: self._set_array_throttle,
+            c.SetArrayThrottle: self._set_array_throttle, c.ResizeGang: self._resize_gang,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -361,6 +362,8 @@ class ClusterState:
                 return f"array: {exc}"
         if spec.array_throttle < 0:
             return "array: the throttle must not be negative"
+        if not 0 <= spec.tasks_min <= spec.tasks or not 0 <= spec.resize_interval:
+            return "tasks.min must be between 1 and tasks.max, and resize_interval not negative"
         problem = dependencies.after_problem(spec.after)
         if problem:
             return f"after: {problem}"
@@ -449,6 +452,25 @@ class ClusterState:
                   + (f" (by {cmd.by})" if cmd.by else ""))
         return Result(True, value=str(cmd.throttle))
 
+    def _resize_gang(self, cmd: c.ResizeGang) -> Result:
+        """Stop a running elastic gang with its grace so that it restarts at `size` (synapse.core.elastic)."""
+        job = self.jobs.get(cmd.job_id)
+        if job is None:
+            return Result.not_found(f"unknown job {cmd.job_id}")
+        if job.status is not JobStatus.RUNNING or job.attempt != cmd.attempt:
+            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
+                                   f"attempt {cmd.attempt}")
+        if not elastic.is_elastic(job.spec) or cmd.size == len(job.tasks) \
+                or not job.spec.tasks_min <= cmd.size <= job.spec.tasks:
+            return Result.rejected(f"job {job.id} cannot resize from {len(job.tasks)} to {cmd.size} task(s) (it takes "
+                                   f"{elastic.least(job.spec)} to {job.spec.tasks})")
+        job.stop_grace = job.spec.grace or DEFAULT_GRACE_S
+        self._stop_attempt(job, f"resizing from {len(job.tasks)} to {cmd.size} task(s)"
+                           + (f": {cmd.reason}" if cmd.reason else ""), cmd.at, cause=EndReason.RESIZED)
+        self._event(job, cmd.at, "Resizing", f"attempt {job.attempt}: {len(job.tasks)} -> {cmd.size} task(s); "
+                                             f"grace {job.stop_grace:g}s")
+        return Result(True)
+
     def _cancel_array(self, array: JobArray, cmd: c.CancelJob) -> Result:
         """`cancel ID`: no more elements become jobs, and every element not ended is cancelled."""
         if array.done:
@@ -522,9 +544,10 @@ class ClusterState:
                 return f"node {p.node_id} is held for job {holder}, which preempted gangs to get it"
         if cmd.attempt != job.attempt:
             return f"plan is for attempt {cmd.attempt}, job is at attempt {job.attempt}"
-        n = job.spec.tasks
-        if len(cmd.placements) != n:
-            return f"plan places {len(cmd.placements)} task(s), the gang has {n}"
+        n = len(cmd.placements)
+        if not elastic.least(job.spec) <= n <= job.spec.tasks:
+            return (f"plan places {n} task(s), the gang has {job.spec.tasks}" if not elastic.is_elastic(job.spec) else
+                    f"plan places {n} task(s), the elastic gang takes {job.spec.tasks_min} to {job.spec.tasks}")
         if sorted(p.index for p in cmd.placements) != list(range(n)):
             return "task indices must be exactly 0..tasks-1"
         if sorted(p.rank for p in cmd.placements) != list(range(n)):
@@ -736,6 +759,15 @@ class ClusterState:
             victims.append((victim, v))
         for victim, v in victims:
             victim.stop_grace = v.grace
+            kept = sum(1 for t in victim.tasks if t.node_id not in cmd.nodes)
+            if elastic.is_elastic(victim.spec) and kept >= victim.spec.tasks_min:
+                # An elastic gang shrinks instead of being evicted: it restarts at once without the
+                # held nodes (a version-2 job: see codec.KIND_VERSIONS).
+                self._stop_attempt(victim, f"shrinking from {len(victim.tasks)} to {kept} task(s) for job "
+                                           f"{cmd.job_id} (rule {cmd.rule})", cmd.at, cause=EndReason.RESIZED)
+                self._event(victim, cmd.at, "Shrinking", f"for job {cmd.job_id} of queue {self.queue_of(job)}: "
+                                                         f"{len(victim.tasks)} -> {kept} task(s); grace {v.grace:g}s")
+                continue
             victim.preempted_at = (*victim.preempted_at, cmd.at)[-PREEMPTION_BUDGET:]
             reason = f"preempted by job {cmd.job_id} (rule {cmd.rule})"
             self._stop_attempt(victim, reason, cmd.at, cause=EndReason.PREEMPTED)
@@ -852,15 +884,12 @@ class ClusterState:
             self._finish(job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
         elif job.cancel_requested:
             self._finish(job, JobStatus.CANCELLED, job.stop_reason, at)
+        elif job.stop_cause == EndReason.RESIZED:
+            job.resizes += 1
+            self._requeue_unfailed(job, at, f"to resize from {len(job.tasks)} task(s)")
         elif job.stop_cause == EndReason.PREEMPTED:
-            # Not a failure: the next attempt keeps the job's place in its queue (the queue key is
-            # the original submission time) and uses up none of its restarts.
             job.preemptions += 1
-            job.attempt += 1
-            job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
-            self.pending.add((job.queue_key(), job.id))
-            self._event(job, at, "Requeued", f"attempt {job.attempt} after preemption {job.preemptions}")
+            self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
         elif job.restarts_used() >= job.restarts_allowed():
             self._finish(job, JobStatus.FAILED,
                          f"{job.stop_reason}; no restarts left ({job.attempt} attempt(s))", at)
@@ -870,6 +899,16 @@ class ClusterState:
             job.stop_cause, job.pending_since = "", at
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
+
+    def _requeue_unfailed(self, job: Job, at: float, why: str) -> None:
+        """Requeue an attempt that did not fail (preempted, resized): the next attempt keeps the
+        job's place in its queue (the queue key is the original submission time) and uses up none
+        of its restarts."""
+        job.attempt += 1
+        job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
+        job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
+        self.pending.add((job.queue_key(), job.id))
+        self._event(job, at, "Requeued", f"attempt {job.attempt} {why}")
 
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:

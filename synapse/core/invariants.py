@@ -6,6 +6,7 @@ replica's final state.
 
 from __future__ import annotations
 
+from synapse.core.elastic import least
 from synapse.core.fsm import ClusterState
 from synapse.core.model import JobStatus, Resources, TaskState
 
@@ -41,7 +42,7 @@ def violations(state: ClusterState) -> list[str]:
     for job in state.jobs.values():
         live = [t for t in job.tasks if t.state.live]
         if job.status.has_gang:
-            if len(job.tasks) != job.spec.tasks:
+            if not least(job.spec) <= len(job.tasks) <= job.spec.tasks:  # an elastic gang: any size in its bounds
                 out.append(f"job {job.id} is {job.status.value} with {len(job.tasks)} of "
                            f"{job.spec.tasks} tasks: not a whole gang")
             if job.status is not JobStatus.STOPPING and len(live) + sum(

@@ -36,7 +36,8 @@ _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
-           "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable"}
+           "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable",
+           "resize_interval"}
 
 
 class JobFileError(ValueError):
@@ -68,7 +69,23 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise JobFileError("name", "is required and must be a string")
-    tasks = _int(doc, "tasks", 1, 1, MAX_TASKS)
+    tasks_doc = doc.get("tasks", 1)
+    tasks_min = 0
+    if isinstance(tasks_doc, dict):  # an elastic gang: {min: 4, max: 8}
+        bad = sorted(set(map(str, tasks_doc)) - {"min", "max"})
+        if bad or "max" not in tasks_doc or "min" not in tasks_doc:
+            raise JobFileError("tasks", "an elastic gang is {min: N, max: M}")
+        tasks_min = _int(tasks_doc, "min", 1, 1, MAX_TASKS, "tasks.min")
+        tasks = _int(tasks_doc, "max", 1, 1, MAX_TASKS, "tasks.max")
+        if tasks_min > tasks:
+            raise JobFileError("tasks.min", f"must not be above tasks.max ({tasks_min} > {tasks})")
+        tasks_min = tasks_min if tasks_min < tasks else 0
+    else:
+        tasks = _int(doc, "tasks", 1, 1, MAX_TASKS)
+    try:
+        resize_interval = parse_duration(doc["resize_interval"]) if doc.get("resize_interval") is not None else 0.0
+    except QuantityError as exc:
+        raise JobFileError("resize_interval", str(exc)) from None
     resources = doc.get("resources", {}) or {}
     if not isinstance(resources, dict):
         raise JobFileError("resources", "must be a mapping such as {cpu: 4, memory: 16Gi, gpu: 1}")
@@ -143,7 +160,8 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
         time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,
-        array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable))
+        array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable),
+        tasks_min=tasks_min, resize_interval=resize_interval)
     check_spec(spec, levels)
     return spec
 
@@ -215,4 +233,8 @@ def check_workflow(spec: JobSpec, max_array_size: int = MAX_ARRAY_SIZE) -> None:
         raise JobFileError("after", problem)
     if spec.on_unsatisfiable not in ("", *dependencies.ON_UNSATISFIABLE):
         raise JobFileError("on_unsatisfiable", f"must be fail or wait, not {spec.on_unsatisfiable!r}")
+    if spec.tasks_min < 0 or spec.tasks_min > spec.tasks:
+        raise JobFileError("tasks.min", f"must be between 1 and tasks.max ({spec.tasks}), not {spec.tasks_min}")
+    if not 0 <= spec.resize_interval <= 366 * 86400 or spec.resize_interval != spec.resize_interval:
+        raise JobFileError("resize_interval", "must be between 0 and 366 days")
 

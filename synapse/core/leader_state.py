@@ -40,10 +40,12 @@ from typing import Protocol
 
 from synapse.core import admission, dependencies, preemption
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
+from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
+from synapse.core.fsm import ClusterState
 from synapse.core.heartbeat import HeartbeatTracker, health_change
 from synapse.core.model import JobStatus, NodeStatus
+from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
 
 log = logging.getLogger(__name__)
@@ -185,6 +187,7 @@ class LeaderState:
         self.proposed_up: set[str] = set()  #: nodes a NodeUp is on its way for; handle only
         self.proposed_health: set[str] = set()  #: nodes a SetNodeHealth is on its way for; handle only
         self.last_sweep = -math.inf  #: monotonic time of the last retention sweep; handle only
+        self.resizing: set[str] = set()  #: elastic gangs a ResizeGang is on its way for; handle only
         #: (job, attempt) a FailAttempt for an unsatisfiable dependency is on its way for; handle only
         self.failing: set[tuple[str, int]] = set()
         self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
@@ -226,7 +229,37 @@ class LeaderState:
             return failures + [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt,
                                                     placements=p.placements)) for p in result.plans]
         out = failures + self._preempt(state, s.at)
+        out += self._grow(state, s.at, result)
         return out + self._pending_reasons(state, s.at, result.examined)
+
+    def _grow(self, state: ClusterState, now: float, result: RoundResult) -> list[Instruction]:
+        """Grow running elastic gangs that room now allows, in queue order, while nothing waits ahead
+        of them (a round that placed nothing; a gang held back by a dependency or throttle does not
+        count as waiting for room), at most one resize in flight per gang."""
+        growing = [j for j in state.jobs.values() if j.status is JobStatus.RUNNING and is_elastic(j.spec)
+                   and len(j.tasks) < j.spec.tasks and j.id not in self.resizing]
+        if not growing:
+            return []
+        waiting = [state.jobs[j].queue_key() for j, w in result.waiting.items()
+                   if w.code not in HELD_CODES and j in state.jobs]
+        first_waiting = min(waiting, default=None)
+        view = ClusterView(state.nodes, state.index, state.levels)
+        view.set_blocked(frozenset(state.held_nodes).union(*(r.nodes for r in result.reservations)))
+        out: list[Instruction] = []
+        for job in sorted(growing, key=lambda j: j.queue_key()):
+            if first_waiting is not None and first_waiting < job.queue_key():
+                continue
+            size = growth(view, job, now)
+            if size:
+                self.resizing.add(job.id)
+                log.info("growing elastic gang job=%s attempt=%d from=%d to=%d", job.id, job.attempt,
+                         len(job.tasks), size)
+                out.append(Propose(c.ResizeGang(at=now, job_id=job.id, attempt=job.attempt, size=size,
+                                                reason="room for more tasks")))
+                extra = place_largest(view, job.id, job.attempt, at_size(job.spec, size - len(job.tasks)))
+                if extra is not None:  # what it takes is no longer room for the next one
+                    view.claim(extra, job.spec.resources)
+        return out
 
     def _unsatisfiable(self, state: ClusterState, now: float, examined: Iterable[str]) -> list[Instruction]:
         """Fail, for good, each pending job a dependency of which can never be met (unless it asked
@@ -359,6 +392,8 @@ class LeaderState:
                 log.info("preemption committed job=%s rule=%s victims=%s nodes=%s", cmd.job_id, cmd.rule,
                          ",".join(v.job_id for v in cmd.victims), ",".join(cmd.nodes))
             return [Reschedule(f"preemption for job {cmd.job_id}")]
+        elif isinstance(cmd, c.ResizeGang):
+            self.resizing.discard(cmd.job_id)
         elif isinstance(cmd, c.FailAttempt) and cmd.cause == dependencies.NEVER_SATISFIED:
             self.failing.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.ForgetJobs) and s.ok:
@@ -382,3 +417,4 @@ class LeaderState:
         assert self.proposed_health <= set(state.nodes), "a SetNodeHealth in flight for an unknown node"
         assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"
         assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"
+        assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"

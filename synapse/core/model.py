@@ -132,11 +132,13 @@ class JobSpec:
     after: tuple[tuple[str, str], ...] = ()  #: dependencies (ok | any | notok, job id); synapse.core.dependencies
     singleton: bool = False  #: start only while no other job of the same name and user holds a gang
     on_unsatisfiable: str = ""  #: "wait": stay pending when a dependency can never be met; "" = fail
+    tasks_min: int = 0  #: elastic gangs: the least tasks it runs with (`tasks` is the most); 0 = not elastic
+    resize_interval: float = 0.0  #: elastic gangs: seconds between two growths at least; 0 = the default
 
     @property
     def has_workflow(self) -> bool:
         """True when it uses a field that needs command-set version 2 (arrays, dependencies)."""
-        return bool(self.array or self.after or self.singleton or self.on_unsatisfiable)
+        return bool(self.array or self.after or self.singleton or self.on_unsatisfiable or self.tasks_min)
 
     @property
     def total(self) -> Resources:
@@ -174,6 +176,7 @@ class EndReason(enum.StrEnum):
     NODE_LOST = "NodeLost"  #: its node was declared DOWN
     PREEMPTED = "Preempted"  #: stopped to make room for another gang
     CANCELLED = "Cancelled"  #: stopped because its job was cancelled
+    RESIZED = "Resized"  #: stopped so that its elastic gang restarts at another size
 
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
@@ -272,12 +275,13 @@ class Job:
     array_id: str = ""  #: the array it is an element of ("" for a single job); set when materialised
     array_index: int = -1  #: its index in that array
     failure_cause: str = ""  #: the typed cause when the cluster failed it outright (DependencyNeverSatisfied)
+    resizes: int = 0  #: attempts ended to resize its elastic gang; they use up none of its restarts
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts
 
     def restarts_used(self) -> int:
-        return self.attempt - 1 - self.preemptions
+        return self.attempt - 1 - self.preemptions - self.resizes
 
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""

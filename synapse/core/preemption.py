@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from synapse.core import commands as c
 from synapse.core.admission import beyond_guarantee, pool_of, queue_of, share, usage_of
+from synapse.core.elastic import is_elastic
 from synapse.core.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
 from synapse.core.model import (
     DEFAULT_GRACE_S,
@@ -116,7 +117,11 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
             continue
         gpus = len(other.tasks) * other.spec.resources.gpu
         below = max(0, min(gpus, other_queue.guaranteed.gpu - (used.gpu - gpus)))
-        candidates.append(_Candidate(other, other_queue, rule, gpus * max(0.0, now - since), below, gpus))
+        # An elastic gang above its min shrinks rather than losing its run (synapse.core.fsm
+        # _preempt): it restarts from its checkpoint at once, so it is the cheapest victim.
+        shrinks = is_elastic(other.spec) and len(other.tasks) > other.spec.tasks_min
+        lost = 0.0 if shrinks else gpus * max(0.0, now - since)
+        candidates.append(_Candidate(other, other_queue, rule, lost, below, gpus))
     if not candidates:
         if protected:
             until, who = min(protected)

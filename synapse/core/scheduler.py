@@ -37,10 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from synapse.core.admission import admission_key, max_block, pool_of
+from synapse.core.elastic import at_size, least, place_largest
 from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
-from synapse.core.placement import ClusterView, explain, pack_depth, place
+from synapse.core.placement import ClusterView, explain, pack_depth
 from synapse.core.topology import Domain
 
 
@@ -159,7 +160,7 @@ def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> tuple:
     """Jobs of the same shape fit or fail alike within one round (claims and blocks only grow). A
     job that holds nodes from a preemption is a shape of its own (see schedule_round)."""
     r, t = spec.resources, spec.topology
-    return (spec.tasks, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use)
+    return (spec.tasks, spec.tasks_min, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use)
 
 
 def schedule_round(state: ClusterState, now: float,
@@ -217,17 +218,21 @@ def schedule_round(state: ClusterState, now: float,
         for r, may in zip(reservations, may_use, strict=True):
             if not may:
                 blocked = blocked | r.nodes
+        plan = None
+        if hold is not None:  # on the nodes its preemption freed first: the victims' others stay theirs
+            view.set_blocked(frozenset(state.nodes) - frozenset(hold.nodes))
+            plan = place_largest(view, job.id, job.attempt, spec)
         view.set_blocked(blocked)
-        placed = place(view, job.id, job.attempt, spec, with_reasons=False)
-        if placed.plan is not None:
-            result.plans.append(placed.plan)
-            view.claim(placed.plan, job.spec.resources)
+        plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
+        if plan is not None:
+            result.plans.append(plan)
+            view.claim(plan, job.spec.resources)
             name = state.queue_of(job)
             claimed[name] = claimed.get(name, Resources()) + job.spec.total
             gate.placed(job)
             # The array's next elements, under the ids apply gives them, within the queue's max.
-            for more in gate.more_elements(view, job, spec, lambda: not (state.queues and max_block(state, job,
-                                                                                                    claimed))):
+            for more in gate.more_elements(view, job, spec,
+                                           lambda j=job: not (state.queues and max_block(state, j, claimed))):
                 result.plans.append(more)
                 claimed[name] = claimed[name] + job.spec.total
             continue
@@ -237,6 +242,7 @@ def schedule_round(state: ClusterState, now: float,
                 (), f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
                     f"{', '.join(hold.nodes)} held for it", "Preempting", spec, view.blocked)
             continue
+        spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
         reason = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning)
         result.waiting[job.id] = failed[shape] = WaitReason((), *reason, spec=spec, blocked=view.blocked)
         result.examined.append(job.id)

@@ -144,7 +144,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "pack": s.topology.pack, "mode": s.topology.mode.value, "priority": s.priority,
             "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue,
             "grace": s.grace, "gpu_model": s.gpu_model, "array": s.array, "array_throttle": s.array_throttle,
-            "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable}
+            "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable,
+            "tasks_min": s.tasks_min, "resize_interval": s.resize_interval}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -155,7 +156,8 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    queue=d.get("queue", ""), grace=d.get("grace", 0.0), gpu_model=d.get("gpu_model", ""),
                    array=d.get("array", ""), array_throttle=d.get("array_throttle", 0),
                    after=tuple((k, j) for k, j in d.get("after", ())), singleton=d.get("singleton", False),
-                   on_unsatisfiable=d.get("on_unsatisfiable", ""))
+                   on_unsatisfiable=d.get("on_unsatisfiable", ""), tasks_min=d.get("tasks_min", 0),
+                   resize_interval=d.get("resize_interval", 0.0))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -177,7 +179,7 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
             "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
             "pending_since": j.pending_since, "placed_at": j.placed_at, "array_id": j.array_id,
-            "array_index": j.array_index, "failure_cause": j.failure_cause}
+            "array_index": j.array_index, "failure_cause": j.failure_cause, "resizes": j.resizes}
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -191,7 +193,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
               preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
               stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""), array_id=d.get("array_id", ""),
-              array_index=d.get("array_index", -1), failure_cause=d.get("failure_cause", ""))
+              array_index=d.get("array_index", -1), failure_cause=d.get("failure_cause", ""),
+              resizes=d.get("resizes", 0))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 
+from synapse.core.elastic import is_elastic
 from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job
 
@@ -54,7 +55,16 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         grace=job.stop_grace if stop else 0.0, resources=task.resources,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
         env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
-                          *_array_env(state, job)))))
+                          *_array_env(state, job), *_elastic_env(job)))))
+
+
+def _elastic_env(job: Job) -> tuple[tuple[str, str], ...]:
+    """An elastic gang's bounds and a rendezvous id that stays the same across its attempts, so
+    `torchrun --nnodes=$SYNAPSE_TASKS_MIN:$SYNAPSE_TASKS_MAX --rdzv-id=$SYNAPSE_RDZV_ID` follows it."""
+    if not is_elastic(job.spec):
+        return ()
+    return (("SYNAPSE_TASKS_MIN", str(job.spec.tasks_min)), ("SYNAPSE_TASKS_MAX", str(job.spec.tasks)),
+            ("SYNAPSE_RDZV_ID", job.id))
 
 
 def _array_env(state: ClusterState, job: Job) -> tuple[tuple[str, str], ...]:

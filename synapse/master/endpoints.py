@@ -22,13 +22,14 @@ import grpc
 from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, preemption
-from synapse.core.arrays import format_ranges, split_element_id
+from synapse.core import codec, dependencies, elastic, preemption
 from synapse.core import commands as c
+from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
 from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
+from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
@@ -234,8 +235,12 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
             queue = self.m.state.queues.get(spec.queue)
             unknown = [j for _kind, j in spec.after if not dependencies.known(self.m.state, j)]
+            unplaceable = elastic.required_domain_problem(
+                ClusterView(self.m.state.nodes, self.m.state.index, self.m.state.levels), spec)
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
+        if unplaceable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: tasks.min: {unplaceable}")
         if unknown:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"invalid job: after: unknown job {unknown[0]} (not submitted, or forgotten "
@@ -441,10 +446,20 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         with self.m.lock:
             jobs = sorted({(t.job_id, t.attempt) for t, wanted in self.m.state.tasks_on_node(request.node_id)
                            if wanted})
+            # An elastic gang that keeps its min without the node shrinks instead (synapse.core.elastic).
+            shrink = {}
+            for job_id, _ in jobs:
+                job = self.m.state.jobs[job_id]
+                kept = sum(1 for t in job.tasks if t.node_id != request.node_id)
+                if elastic.is_elastic(job.spec) and kept >= job.spec.tasks_min:
+                    shrink[job_id] = kept
         stopped = []
         for job_id, attempt in jobs:
-            res = await self._propose(c.FailAttempt(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt,
-                                                    reason=f"node {request.node_id} drained by {by}"), context)
+            reason = f"node {request.node_id} drained by {by}"
+            cmd = c.ResizeGang(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt, size=shrink[job_id],
+                               reason=reason) if job_id in shrink else \
+                c.FailAttempt(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt, reason=reason)
+            res = await self._propose(cmd, context)
             if res.ok:
                 stopped.append(job_id)
         return api_pb2.DrainNodeReply(jobs_stopped=stopped)

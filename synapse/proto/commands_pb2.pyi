@@ -54,6 +54,7 @@ class Command(_message.Message):
     SET_NODE_HEALTH_FIELD_NUMBER: _builtins.int
     SUBMIT_WORKFLOW_JOB_FIELD_NUMBER: _builtins.int
     SET_ARRAY_THROTTLE_FIELD_NUMBER: _builtins.int
+    RESIZE_GANG_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -114,6 +115,8 @@ class Command(_message.Message):
 
     @_builtins.property
     def set_array_throttle(self) -> Global___SetArrayThrottle: ...
+    @_builtins.property
+    def resize_gang(self) -> Global___ResizeGang: ...
     def __init__(
         self,
         *,
@@ -145,12 +148,13 @@ class Command(_message.Message):
         set_node_health: Global___SetNodeHealth | None = ...,
         submit_workflow_job: Global___SubmitJob | None = ...,
         set_array_throttle: Global___SetArrayThrottle | None = ...,
+        resize_gang: Global___ResizeGang | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -868,3 +872,36 @@ class SetArrayThrottle(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetArrayThrottle: _TypeAlias = SetArrayThrottle  # noqa: Y015
+
+@_typing.final
+class ResizeGang(_message.Message):
+    """The leader grows an elastic gang: its attempt stops (SIGTERM, then SIGKILL after its grace) and
+    the job is requeued, using none of its restarts, to start again at the larger size.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    size: _builtins.int
+    """the size it is expected to restart at"""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        size: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "reason", b"reason", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResizeGang: _TypeAlias = ResizeGang  # noqa: Y015

@@ -113,6 +113,8 @@ class JobSpec(_message.Message):
     AFTER_FIELD_NUMBER: _builtins.int
     SINGLETON_FIELD_NUMBER: _builtins.int
     ON_UNSATISFIABLE_FIELD_NUMBER: _builtins.int
+    TASKS_MIN_FIELD_NUMBER: _builtins.int
+    RESIZE_INTERVAL_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -136,6 +138,12 @@ class JobSpec(_message.Message):
     """start only while no other job of the same name and user holds a gang"""
     on_unsatisfiable: _builtins.str
     """"wait": stay pending when a dependency can never be met; empty = fail"""
+    tasks_min: _builtins.int
+    """Elastic gangs (command-set version 2): `tasks` is the most tasks, `tasks_min` the least.
+    0 = a fixed-size gang
+    """
+    resize_interval_s: _builtins.float
+    """at least this long between two growths; 0 = the default (10 min)"""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -169,10 +177,12 @@ class JobSpec(_message.Message):
         after: _abc.Iterable[Global___Dependency] | None = ...,
         singleton: _builtins.bool = ...,
         on_unsatisfiable: _builtins.str = ...,
+        tasks_min: _builtins.int = ...,
+        resize_interval_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
