@@ -22,6 +22,7 @@ from synapse.core.model import (
     Job,
     JobSpec,
     JobStatus,
+    JoinToken,
     Node,
     NodeStatus,
     PackMode,
@@ -52,6 +53,10 @@ def encode(state: Any) -> dict[str, Any]:
                   for _, h in sorted(state.holds.items())],
         "nodes": [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)],
         "jobs": [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)],
+        # Only when there are any: a state without join tokens encodes (and digests) exactly as it did
+        # before they existed, so replicas of both releases compare equal during an upgrade.
+        **({"join_tokens": [_join_token_to_dict(t) for _, t in sorted(state.join_tokens.items())]}
+           if state.join_tokens else {}),
     }
 
 
@@ -76,6 +81,10 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         user = _user_from_dict(ud)
         state.users[user.name] = user
         state.user_by_token[user.token_hash] = user.name
+    for td in data.get("join_tokens", []):
+        token = JoinToken(**{**td, "nodes": tuple(td["nodes"])})
+        state.join_tokens[token.id] = token
+        state.join_token_by_hash[token.token_hash] = token.id
     for nd in data["nodes"]:
         node = _node_from_dict(nd)
         state.nodes[node.id] = node
@@ -189,6 +198,11 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
 def _last_event_at(job: Job, kinds: tuple[str, ...]) -> float:
     """When the job's latest event of these kinds happened (its submission time if it kept none)."""
     return next((e.at for e in reversed(job.events) if e.kind in kinds), job.submitted_at)
+
+
+def _join_token_to_dict(t: JoinToken) -> dict[str, Any]:
+    return {"id": t.id, "token_hash": t.token_hash, "created_at": t.created_at, "created_by": t.created_by,
+            "expires_at": t.expires_at, "max_uses": t.max_uses, "uses": t.uses, "nodes": list(t.nodes)}
 
 
 def _user_to_dict(u: User) -> dict[str, Any]:
