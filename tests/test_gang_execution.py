@@ -175,7 +175,7 @@ def test_external_runtime_template_receives_the_task(make_cluster, tmp_path):
     cluster = make_cluster(workers=0)
     from synapse.local import cluster as local
     pid = local._spawn(local.worker_argv(cluster.data_dir, ",".join(cluster.addresses),
-                                         cluster.data_dir / "secrets" / "token", "wr", "rack0", 8, 0.5)
+                                         cluster.data_dir / "secrets" / local.JOIN_TOKEN_FILE, "wr", "rack0", 8, 0.5)
                        + ["--runtime", f"{fake} run {{task_id}} {{image}}"], cluster.data_dir / "logs" / "wr.log")
     cluster.state["workers"].append({"id": "wr", "pid": pid, "rack": "rack0"})
     (cluster.data_dir / "cluster.json").write_text(__import__("json").dumps(cluster.state))

@@ -336,6 +336,29 @@ def users_table(users: list[dict[str, Any]]) -> str:
                    when(u["token_set_at"])] for u in users])
 
 
+# ---- join tokens ---------------------------------------------------------------------------------
+
+def join_token_dict(t: api_pb2.JoinTokenInfo) -> dict[str, Any]:
+    return {"id": t.id, "created_at": t.created_at, "created_by": t.created_by, "expires_at": t.expires_at or None,
+            "max_uses": t.max_uses or None, "uses": t.uses, "nodes": list(t.nodes)}
+
+
+def join_token_text(d: dict[str, Any]) -> str:
+    """A new join token, with where it goes: shown once, the cluster keeps only a keyed hash."""
+    expires = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["expires_at"])) if d["expires_at"] else "never"
+    return (f"join token {d['id']} created (expires {expires}, uses {d['max_uses'] or 'unlimited'}).\n"
+            "It registers new nodes only; shown this once (the cluster keeps only a keyed hash).\n"
+            "Put it in the worker's --join-token-file (SYNAPSE_JOIN_TOKEN_FILE):\n\n"
+            f"{d['token']}")
+
+
+def join_tokens_table(tokens: list[dict[str, Any]]) -> str:
+    return table(["ID", "CREATED", "BY", "EXPIRES", "USES", "NODES"],
+                 [[t["id"], when(t["created_at"]), t["created_by"] or "-",
+                   time.strftime("%Y-%m-%d %H:%M", time.localtime(t["expires_at"])) if t["expires_at"] else "never",
+                   f"{t['uses']}/{t['max_uses'] or '-'}", ",".join(t["nodes"][-5:]) or "-"] for t in tokens])
+
+
 def whoami_text(d: dict[str, Any]) -> str:
     return (f"{d['name']} (role {d['role']}"
             + (", the cluster token's built-in admin" if d.get("bootstrap") else "")

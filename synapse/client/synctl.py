@@ -39,6 +39,7 @@ from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
 from synapse.core.dependencies import parse_after_flag
 from synapse.core.jobspec import JobFileError, check_workflow, parse_job
 from synapse.core.model import JobSpec
+from synapse.core.quantity import QuantityError, parse_duration
 from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
 
@@ -576,6 +577,50 @@ def user_list(obj: Context, output: str) -> None:
     """List users (admin)."""
     users = [render.user_dict(u) for u in run(lambda: obj.client.call("ListUsers", api_pb2.ListUsersRequest())).users]
     emit(users, output, render.users_table)
+
+
+@main.group()
+def node() -> None:
+    """Nodes: join tokens for registering workers (admin)."""
+
+
+@node.group("token")
+def node_token() -> None:
+    """Join tokens: each may only register new nodes, and each node gets its own credential."""
+
+
+@node_token.command("create")
+@click.option("--ttl", default="24h", show_default=True, help="how long it registers nodes (0: never expires)")
+@click.option("--uses", type=click.IntRange(0, 1_000_000), default=0,
+              help="how many nodes it registers (0: any number)")
+@OUTPUT
+@click.pass_obj
+def node_token_create(obj: Context, ttl: str, uses: int, output: str) -> None:
+    """Create a join token and print it (once)."""
+    try:
+        seconds = parse_duration(ttl)
+    except QuantityError as exc:
+        fail(f"--ttl: {exc}")
+    reply = run(lambda: obj.client.call("CreateJoinToken", api_pb2.CreateJoinTokenRequest(ttl_s=seconds, uses=uses)))
+    emit({**render.join_token_dict(reply.info), "token": reply.token}, output, render.join_token_text)
+
+
+@node_token.command("list")
+@OUTPUT
+@click.pass_obj
+def node_token_list(obj: Context, output: str) -> None:
+    """List join tokens: expiry, uses and the nodes each registered (never the tokens)."""
+    reply = run(lambda: obj.client.call("ListJoinTokens", api_pb2.ListJoinTokensRequest()))
+    emit([render.join_token_dict(t) for t in reply.tokens], output, render.join_tokens_table)
+
+
+@node_token.command("revoke")
+@click.argument("token_id")
+@click.pass_obj
+def node_token_revoke(obj: Context, token_id: str) -> None:
+    """Revoke a join token: it registers no more nodes (the nodes it registered keep their credentials)."""
+    run(lambda: obj.client.call("RevokeJoinToken", api_pb2.RevokeJoinTokenRequest(id=token_id)))
+    click.echo(f"join token {token_id} revoked")
 
 
 @main.command()

@@ -28,6 +28,7 @@ from synapse.core.model import (
     EndReason,
     Job,
     JobSpec,
+    JoinToken,
     Node,
     PackMode,
     Placement,
@@ -51,6 +52,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     # job apply differently here, but only to jobs and arrays that version-2 submissions created,
     # which no older replica can hold: those kinds keep version 1.
     c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2,
+    c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -136,6 +138,11 @@ def queue_from_proto(p: types_pb2.QueueSpec) -> Queue:
                  min_runtime=p.min_runtime_s, max_grace=p.max_grace_s)
 
 
+def join_token_to_proto(t: JoinToken) -> api_pb2.JoinTokenInfo:
+    return api_pb2.JoinTokenInfo(id=t.id, created_at=t.created_at, created_by=t.created_by, expires_at=t.expires_at,
+                                 max_uses=t.max_uses, uses=t.uses, nodes=list(t.nodes))
+
+
 def placement_to_proto(pl: Placement) -> types_pb2.Placement:
     return types_pb2.Placement(index=pl.index, node_id=pl.node_id, gpus=list(pl.gpus), rank=pl.rank)
 
@@ -148,9 +155,7 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
     env = commands_pb2.Command(version=commands.version_of(cmd), at=cmd.at, term=cmd.term, by=cmd.by)
     match cmd:
         case c.RegisterNode():
-            env.register_node.CopyFrom(commands_pb2.RegisterNode(
-                node_id=cmd.node_id, address=cmd.address, topology=list(cmd.topology),
-                capacity=resources_to_proto(cmd.capacity), labels=dict(cmd.labels), isolation=cmd.isolation))
+            env.register_node.CopyFrom(register_node_to_proto(cmd))
         case c.NodeDown():
             env.node_down.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
         case c.NodeUp():
@@ -218,9 +223,28 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
                 explanation=cmd.explanation,
                 victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace)
                          for v in cmd.victims]))
+        case c.CreateJoinToken():
+            env.create_join_token.CopyFrom(commands_pb2.CreateJoinToken(
+                token_id=cmd.token_id, token_hash=cmd.token_hash, expires_at=cmd.expires_at, max_uses=cmd.max_uses))
+        case c.RevokeJoinToken():
+            env.revoke_join_token.CopyFrom(commands_pb2.RevokeJoinToken(token_id=cmd.token_id))
+        case c.JoinNode():
+            env.join_node.CopyFrom(commands_pb2.JoinNode(token_id=cmd.token_id, node=register_node_to_proto(cmd.node)))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
+
+
+def register_node_to_proto(cmd: c.RegisterNode) -> commands_pb2.RegisterNode:
+    return commands_pb2.RegisterNode(
+        node_id=cmd.node_id, address=cmd.address, topology=list(cmd.topology),
+        capacity=resources_to_proto(cmd.capacity), labels=dict(cmd.labels), isolation=cmd.isolation)
+
+
+def register_node_from_proto(b: commands_pb2.RegisterNode, base: dict) -> c.RegisterNode:
+    return c.RegisterNode(node_id=b.node_id, address=b.address, topology=tuple(b.topology),
+                          capacity=resources_from_proto(b.capacity), labels=tuple(sorted(b.labels.items())),
+                          isolation=b.isolation, **base)
 
 
 def command_from_proto(env: commands_pb2.Command, commands: CommandSet = CURRENT) -> c.Command:
@@ -240,10 +264,7 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
     base = {"at": env.at, "term": env.term, "by": env.by}
     match kind:
         case "register_node":
-            b = env.register_node
-            return c.RegisterNode(node_id=b.node_id, address=b.address, topology=tuple(b.topology),
-                                  capacity=resources_from_proto(b.capacity), labels=tuple(sorted(b.labels.items())),
-                                  isolation=b.isolation, **base)
+            return register_node_from_proto(env.register_node, base)
         case "node_down":
             return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
         case "node_up":
@@ -320,6 +341,15 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes),
                              explanation=b.explanation,
                              victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s) for v in b.victims), **base)
+        case "create_join_token":
+            b = env.create_join_token
+            return c.CreateJoinToken(token_id=b.token_id, token_hash=b.token_hash, expires_at=b.expires_at,
+                                     max_uses=b.max_uses, **base)
+        case "revoke_join_token":
+            return c.RevokeJoinToken(token_id=env.revoke_join_token.token_id, **base)
+        case "join_node":
+            b = env.join_node
+            return c.JoinNode(token_id=b.token_id, node=register_node_from_proto(b.node, base), **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 

@@ -31,6 +31,30 @@ class RegisterNode(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CreateJoinToken(Command):
+    """A new join token; its keyed hash only (the token never enters the log)."""
+
+    token_id: str
+    token_hash: str
+    expires_at: float  #: 0 = never
+    max_uses: int  #: 0 = any number
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RevokeJoinToken(Command):
+    token_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinNode(Command):
+    """Register a new node with a join token: refused if the token is unusable at `at` or the node
+    id is taken (re-registering a node needs an admin or the node's own credential)."""
+
+    token_id: str
+    node: RegisterNode  #: its at, term and by are the JoinNode's own (the log stores them once)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeDown(Command):
     node_id: str
     reason: str = ""

@@ -32,6 +32,7 @@ from synapse.core.model import (
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
+    JOIN_TOKEN_NODES,
     WORKER_REASONS,
     ClusterEvent,
     EndReason,
@@ -40,6 +41,7 @@ from synapse.core.model import (
     Job,
     JobSpec,
     JobStatus,
+    JoinToken,
     Node,
     NodeStatus,
     PackMode,
@@ -95,6 +97,8 @@ class ClusterState:
         self.replicas: dict[str, tuple[str, str]] = {}
         self.users: dict[str, User] = {}  #: by name; apply only
         self.user_by_token: dict[str, str] = {}  #: token hash -> user name; derived, rebuilt on restore
+        self.join_tokens: dict[str, JoinToken] = {}  #: by token id; apply only
+        self.join_token_by_hash: dict[str, str] = {}  #: token hash -> token id; derived, rebuilt on restore
         self.queues: dict[str, Queue] = {}  #: by name; apply only (the default queue is implicit)
         self.holds: dict[str, Hold] = {}  #: preemptor job id -> nodes held for it alone; apply only
         self.held_nodes: dict[str, str] = {}  #: node id -> preemptor holding it; derived
@@ -125,6 +129,8 @@ class ClusterState:
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
             c.SetNodeHealth: self._set_node_health, c.SubmitWorkflowJob: self._submit_job,
             c.SetArrayThrottle: self._set_array_throttle, c.ResizeGang: self._resize_gang,
+            c.SetNodeHealth: self._set_node_health, c.CreateJoinToken: self._create_join_token,
+            c.RevokeJoinToken: self._revoke_join_token, c.JoinNode: self._join_node,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -204,6 +210,46 @@ class ClusterState:
             self.emit(cmd.at, "Normal", "node", "NodeUp", node.id, "registered again")
         self.index.update(node)
         return Result(True, value="re-registered")
+
+    # ---- join tokens ----------------------------------------------------------------------------
+
+    def _create_join_token(self, cmd: c.CreateJoinToken) -> Result:
+        if not cmd.token_id or cmd.token_id in self.join_tokens:
+            return Result.rejected(f"join token id {cmd.token_id!r} is empty or taken")
+        if not cmd.token_hash or cmd.token_hash in self.join_token_by_hash or cmd.token_hash in self.user_by_token:
+            return Result.rejected("join token hash is empty or taken")
+        if cmd.max_uses < 0 or cmd.expires_at < 0:
+            return Result.rejected("join token: uses and expiry must not be negative")
+        self.join_tokens[cmd.token_id] = JoinToken(id=cmd.token_id, token_hash=cmd.token_hash, created_at=cmd.at,
+                                                   created_by=cmd.by, expires_at=cmd.expires_at,
+                                                   max_uses=cmd.max_uses)
+        self.join_token_by_hash[cmd.token_hash] = cmd.token_id
+        return Result(True, value=cmd.token_id)
+
+    def _revoke_join_token(self, cmd: c.RevokeJoinToken) -> Result:
+        token = self.join_tokens.pop(cmd.token_id, None)
+        if token is None:
+            return Result.not_found(f"unknown join token {cmd.token_id}")
+        del self.join_token_by_hash[token.token_hash]
+        return Result(True)
+
+    def _join_node(self, cmd: c.JoinNode) -> Result:
+        """A new node by a join token: the token's use and the registration happen together or not
+        at all (the expiry is judged at the proposer's time, carried in the command)."""
+        token = self.join_tokens.get(cmd.token_id)
+        if token is None:
+            return Result.not_found(f"unknown join token {cmd.token_id}")
+        why = token.unusable(cmd.at)
+        if why:
+            return Result.rejected(why)
+        if cmd.node.node_id in self.nodes:
+            return Result.rejected(f"node {cmd.node.node_id} is registered: re-registering it needs an admin or "
+                                   "its own credential, not a join token")
+        result = self._register_node(cmd.node)
+        if result.ok:
+            token.uses += 1
+            token.nodes = (*token.nodes, cmd.node.node_id)[-JOIN_TOKEN_NODES:]
+        return result
 
     def _note_capacity(self, capacity: Resources) -> None:
         """Keep `largest` (a hint for rejecting tasks no node could ever hold; it never shrinks)."""

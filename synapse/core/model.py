@@ -348,6 +348,32 @@ class User:
     token_set_at: float
 
 
+@dataclass(slots=True)
+class JoinToken:
+    """A bootstrap credential that allows one thing: registering a new node (only its keyed hash is kept)."""
+
+    id: str  #: shown by `synctl node token list`; names it for revocation
+    token_hash: str
+    created_at: float
+    created_by: str
+    expires_at: float  #: seconds since the epoch; 0 = never
+    max_uses: int  #: registrations it allows; 0 = any number
+    uses: int = 0  #: registrations it made so far
+    nodes: tuple[str, ...] = ()  #: the nodes it registered, oldest first (at most JOIN_TOKEN_NODES kept)
+
+    def unusable(self, at: float) -> str:
+        """Why this token cannot register a node at time `at`, or ''."""
+        if self.expires_at and at >= self.expires_at:
+            return f"join token {self.id} expired"
+        if self.max_uses and self.uses >= self.max_uses:
+            return f"join token {self.id} is used up ({self.uses} of {self.max_uses} uses)"
+        return ""
+
+
+#: How many registered node ids a join token remembers (for `synctl node token list`).
+JOIN_TOKEN_NODES = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Task `index` of a gang runs on `node_id` with these GPU indices and this rank."""

@@ -23,6 +23,7 @@ from synapse.core.model import (
     Job,
     JobSpec,
     JobStatus,
+    JoinToken,
     Node,
     NodeStatus,
     PackMode,
@@ -55,6 +56,12 @@ def encode(state: Any) -> dict[str, Any]:
         "jobs": [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)],
         "arrays": [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)],
         "finished": [[k, v] for k, v in state.finished.items()],  # oldest first: the order is kept
+
+
+        # Only when there are any: a state without join tokens encodes (and digests) exactly as it did
+        # before they existed, so replicas of both releases compare equal during an upgrade.
+        **({"join_tokens": [_join_token_to_dict(t) for _, t in sorted(state.join_tokens.items())]}
+           if state.join_tokens else {}),
     }
 
 
@@ -79,6 +86,10 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         user = _user_from_dict(ud)
         state.users[user.name] = user
         state.user_by_token[user.token_hash] = user.name
+    for td in data.get("join_tokens", []):
+        token = JoinToken(**{**td, "nodes": tuple(td["nodes"])})
+        state.join_tokens[token.id] = token
+        state.join_token_by_hash[token.token_hash] = token.id
     for nd in data["nodes"]:
         node = _node_from_dict(nd)
         state.nodes[node.id] = node
@@ -225,6 +236,11 @@ def _array_from_dict(d: dict[str, Any]) -> JobArray:
                     submitted_at=d["submitted_at"], seq=d["seq"], throttle=d["throttle"], next=d["next"],
                     rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"], succeeded=d["succeeded"],
                     failed=d["failed"], cancelled_count=d["cancelled_count"], finished_at=d["finished_at"])
+
+
+def _join_token_to_dict(t: JoinToken) -> dict[str, Any]:
+    return {"id": t.id, "token_hash": t.token_hash, "created_at": t.created_at, "created_by": t.created_by,
+            "expires_at": t.expires_at, "max_uses": t.max_uses, "uses": t.uses, "nodes": list(t.nodes)}
 
 
 def _user_to_dict(u: User) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """A whole cluster on this machine, as separate background processes (`synapse-local`).
 
 `up` generates the Raft password and the cluster token, writes `DIR/cluster.yaml` (the same format
-an operator deploys) and `DIR/cluster.json` (what it started, with pids), and returns once a leader
-exists and every worker is registered. `down` stops exactly the processes listed in
+an operator deploys) and `DIR/cluster.json` (what it started, with pids), creates a join token
+(`DIR/secrets/join-token`) that the workers register with (they never see the cluster token), and
+returns once a leader exists and every worker is registered. `down` stops exactly the processes listed in
 `cluster.json`, each only if its command line still names this data dir, and then sweeps what an
 interrupted or killed run may have left: processes carrying this data dir's mark in their
 environment (synapse.local.reaper: tasks of a killed worker, a process started just before an
@@ -32,12 +33,15 @@ from synapse.client.master_client import ClientError, ClusterUnavailable, Master
 from synapse.common.tls import TLSFiles, generate
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet, Unavailable
+from synapse.proto import api_pb2
 
 READY_TIMEOUT_S = 60.0
 #: The tags of every network `up --netns` made in a data dir, written before the network is built.
 NETNS_LEDGER = "netns-tags"
 #: Present from the start of `down` until the next `up`: `restart` refuses to start anything then.
 STOPPING = "stopping"
+#: The workers' join token, under the cluster's secrets dir (the cluster token is never given to them).
+JOIN_TOKEN_FILE = "join-token"
 
 
 class ClusterStopping(RuntimeError):
@@ -100,9 +104,10 @@ def master_argv(config_path: Path, replica_id: str) -> list[str]:
     return [sys.executable, "-m", "synapse.master", "--config", str(config_path), "--id", replica_id]
 
 
-def worker_argv(data_dir: Path, masters: str, token_file: Path, worker_id: str, rack: str, gpus: int,
+def worker_argv(data_dir: Path, masters: str, join_token_file: Path, worker_id: str, rack: str, gpus: int,
                 heartbeat: float) -> list[str]:
-    argv = [sys.executable, "-m", "synapse.worker", "--masters", masters, "--token-file", str(token_file),
+    """A worker of this cluster: it registers with the join token and never sees the cluster token."""
+    argv = [sys.executable, "-m", "synapse.worker", "--masters", masters, "--join-token-file", str(join_token_file),
             "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
             "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
             "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat), "--stop-grace", "3",
@@ -202,9 +207,11 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S, tls=client_tls(state))
     try:
         client.list_nodes()  # answers once a leader is elected and ready
+        join_file = secrets_dir / JOIN_TOKEN_FILE
+        _write_secret(join_file, _join_token(client))
         for i in range(workers):
             worker_id, rack = f"w{i + 1}", f"rack{i % max(1, racks)}"
-            pid = _spawn(worker_argv(data_dir, addresses, token_file, worker_id, rack, gpus, heartbeat),
+            pid = _spawn(worker_argv(data_dir, addresses, join_file, worker_id, rack, gpus, heartbeat),
                          data_dir / "logs" / f"{worker_id}.log")
             state["workers"].append({"id": worker_id, "pid": pid, "rack": rack})
         (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
@@ -219,6 +226,25 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     finally:
         client.close()
     return state
+
+
+def _join_token(client: MasterClient) -> str:
+    """A join token for this cluster's workers (any number of nodes, no expiry: a local cluster).
+    A new command kind: proposed once the leader has heard that every replica knows it."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            return client.call("CreateJoinToken", api_pb2.CreateJoinTokenRequest(ttl_s=0, uses=0)).token
+        except ClientError as exc:
+            if "CLUSTER_VERSION" not in exc.message or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _write_secret(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
 
 
 def _wait_for_workers(client: MasterClient, worker_ids: list[str]) -> None:
@@ -258,7 +284,7 @@ def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: i
                 argv = MasterNet.from_dict(state["netns"]).command(proc["id"], argv)
         else:
             argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
-                               data_dir / "secrets" / "token", proc["id"], proc["rack"], gpus, heartbeat)
+                               data_dir / "secrets" / JOIN_TOKEN_FILE, proc["id"], proc["rack"], gpus, heartbeat)
         proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
         (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
 

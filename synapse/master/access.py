@@ -3,7 +3,12 @@
 Identities come from the replicated state, so every replica decides alike and a removed user's
 token stops working as soon as its removal applies:
 
-* the cluster token is the bootstrap admin (`admin`): workers and the first operator use it;
+* the cluster token is the bootstrap admin (`admin`): the first operator uses it (and workers
+  started before join tokens);
+* a join token (`synctl node token create`) may register a new node and nothing else; the
+  registration returns that node's credential (an HMAC of its id under a key only masters derive);
+* a node's credential with its id (metadata `synapse-node-id`) is that node's identity: it may
+  re-register, heartbeat, watch and report for that node, and nothing else;
 * a user token (`synctl user add`) is looked up by its keyed hash (HMAC-SHA256 under a key derived
   from the Raft password, which clients and workers never see): the state, a snapshot or the log
   hold no usable token, and a stolen copy cannot even be checked against guesses offline;
@@ -45,10 +50,16 @@ ACCESS: dict[str, Role] = {
     "SetSchedulable": Role.ADMIN, "DrainNode": Role.ADMIN, "AddReplica": Role.ADMIN, "RemoveReplica": Role.ADMIN,
     "AddUser": Role.ADMIN, "RemoveUser": Role.ADMIN, "ListUsers": Role.ADMIN,
     "ApplyQueues": Role.ADMIN, "DeleteQueue": Role.ADMIN,
-    # workers (they hold the cluster token; each call also needs its node's credential)
+    # workers: a node's own credential (NODE_CALLS), or an admin who also presents it; RegisterNode
+    # also takes a join token (JOIN_CALLS)
     "RegisterNode": Role.ADMIN, "Heartbeat": Role.ADMIN, "WatchAssignments": Role.ADMIN,
     "ReportTaskEvents": Role.ADMIN,
+    "CreateJoinToken": Role.ADMIN, "ListJoinTokens": Role.ADMIN, "RevokeJoinToken": Role.ADMIN,
 }
+#: All that a node's credential may call (each for its own node only; the endpoint checks the id).
+NODE_CALLS = frozenset({"RegisterNode", "Heartbeat", "WatchAssignments", "ReportTaskEvents"})
+#: All that a join token may call.
+JOIN_CALLS = frozenset({"RegisterNode"})
 
 #: Why each admin-only RPC is admin-only, for the PERMISSION_DENIED message.
 _ADMIN_BECAUSE = {
@@ -58,10 +69,12 @@ _ADMIN_BECAUSE = {
     "ApplyQueues": "queue management", "DeleteQueue": "queue management",
     "RegisterNode": "worker calls", "Heartbeat": "worker calls", "WatchAssignments": "worker calls",
     "ReportTaskEvents": "worker calls",
+    "CreateJoinToken": "join tokens", "ListJoinTokens": "join tokens", "RevokeJoinToken": "join tokens",
 }
 
-#: Prefix of user tokens, so a token found in a file says what it is.
+#: Prefixes of user tokens and join tokens, so a token found in a file says what it is.
 TOKEN_PREFIX = "syn_"
+JOIN_TOKEN_PREFIX = "synjoin_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +85,17 @@ class Identity:
     role: Role
     groups: tuple[str, ...] = ()
     bootstrap: bool = False  #: the cluster token's admin (or an open cluster's anonymous caller)
+    node: str = ""  #: the node whose credential this is ("" for people)
+    join_token: str = ""  #: the id of the join token this is ("" for people)
 
     @property
     def is_admin(self) -> bool:
         return self.role is Role.ADMIN
+
+    @property
+    def confined(self) -> bool:
+        """A node's or a join token's identity: worker calls only, never a person's."""
+        return bool(self.node or self.join_token)
 
 
 #: The caller of the RPC being served (set by the handler wrapper in endpoints.add_to_server).
@@ -99,7 +119,13 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def identify(master: Master, key: bytes, token: str, common_name: str = "") -> Identity | None:
+def new_join_token() -> str:
+    """A fresh join token: 256 random bits."""
+    return JOIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def identify(master: Master, key: bytes, token: str, common_name: str = "", node_id: str = "",
+             node_credential: str = "") -> Identity | None:
     """The identity these credentials name in this replica's state, if any (see the module doc)."""
     config = master.config
     if token:
@@ -109,7 +135,14 @@ def identify(master: Master, key: bytes, token: str, common_name: str = "") -> I
         with master.lock:
             name = master.state.user_by_token.get(hashed)
             user = master.state.users.get(name) if name else None
+            join = master.state.join_token_by_hash.get(hashed, "")
+        if join:
+            return Identity(f"join-token/{join}", Role.USER, join_token=join)
         return Identity(user.name, user.role, user.groups) if user else None
+    if node_id and node_credential:
+        if hmac.compare_digest(node_credential.encode(), master.node_credential(node_id).encode()):
+            return Identity(f"node/{node_id}", Role.USER, node=node_id)
+        return None
     if config.user_certs and common_name:
         with master.lock:
             user = master.state.users.get(common_name)
@@ -122,6 +155,13 @@ def identify(master: Master, key: bytes, token: str, common_name: str = "") -> I
 
 def denial(method: str, caller: Identity) -> str:
     """Why `caller` may not call `method`, or '' if it may."""
+    if caller.confined:
+        allowed = NODE_CALLS if caller.node else JOIN_CALLS
+        if method in allowed:
+            return ""
+        return (f"{caller.name} may not call {method}: "
+                + (f"a node's credential acts only as that node ({', '.join(sorted(allowed))})" if caller.node
+                   else "a join token only registers a new node"))
     needed = ACCESS[method]
     if needed is Role.ADMIN and not caller.is_admin:
         return (f"user {caller.name} (role {caller.role.value}) may not call {method}: "

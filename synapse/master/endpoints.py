@@ -15,12 +15,13 @@ import dataclasses
 import hmac
 import logging
 import re
+import secrets
 import time
 
 import grpc
 
 from synapse.common import tickets
-from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
+from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY, NODE_ID_KEY
 from synapse.common.tls import peer_common_name
 from synapse.core import codec, dependencies, elastic, preemption
 from synapse.core import commands as c
@@ -31,7 +32,17 @@ from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
-from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
+from synapse.master.access import (
+    ACCESS,
+    CALLER,
+    Identity,
+    denial,
+    identify,
+    new_join_token,
+    new_token,
+    token_hash,
+    token_key,
+)
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.metrics import Metrics
 from synapse.master.raft import ProposeError
@@ -58,6 +69,8 @@ MAX_PAGE = 5000
 #: lets the worker notice a silent leader change).
 WATCH_REFRESH_S = 5.0
 MAX_ID_CHARS = 256
+#: The longest a join token may live (0 = never expires is allowed too, for an admin who says so).
+MAX_JOIN_TOKEN_TTL_S = 366 * 86400.0
 
 
 class MasterServicer(api_pb2_grpc.MasterServicer):
@@ -79,8 +92,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 
     # ---- identities ----------------------------------------------------------------------------
 
-    def _known(self, token: str, common_name: str) -> Identity | None:
-        return identify(self.m, self._token_key, token, common_name)
+    def _known(self, token: str, common_name: str, node: tuple[str, str] = ("", "")) -> Identity | None:
+        return identify(self.m, self._token_key, token, common_name, *node)
 
     async def authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Identity:
         """The caller, or abort: UNAUTHENTICATED for unknown credentials, PERMISSION_DENIED when
@@ -90,15 +103,17 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         leader still catching up) may not have applied the user's creation yet, so it redirects to
         the leader or asks the client to retry, and a valid user is never turned away by a lag.
         """
-        presented = str(dict(context.invocation_metadata() or ()).get(METADATA_KEY, ""))
+        metadata = dict(context.invocation_metadata() or ())
+        presented = str(metadata.get(METADATA_KEY, ""))
         token = presented[7:] if presented.startswith("Bearer ") else ""
         if presented and not token:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer <token>'")
         common_name = peer_common_name(context) if self.m.config.user_certs else ""
-        caller = self._known(token, common_name)
+        node = (str(metadata.get(NODE_ID_KEY, "")), str(metadata.get(NODE_CREDENTIAL_KEY, "")))
+        caller = self._known(token, common_name, node)
         if caller is None and (token or common_name) and not self.m.ready_leader_term():
             await self._leader(context)  # redirects, or returns once this replica leads
-            caller = self._known(token, common_name)
+            caller = self._known(token, common_name, node)
         if caller is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "unknown token" if token else "missing credentials: give a token (--token or "
@@ -194,6 +209,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def _worker_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> None:
         """A worker call must come from that node: its credential, and its certificate under mTLS."""
         await self._check_id(node_id, "node_id", context)
+        caller = self.caller()
+        if caller.node and caller.node != node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: {caller.name} acts only for node {caller.node}, not {node_id}")
         presented = dict(context.invocation_metadata() or ()).get(NODE_CREDENTIAL_KEY, "")
         if not hmac.compare_digest(str(presented).encode(), self.m.node_credential(node_id).encode()):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
@@ -749,7 +768,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     # ---- workers -------------------------------------------------------------------------------
 
     async def RegisterNode(self, request, context):
+        """An admin registers any node, a node's credential only that node, and a join token only a
+        node that is not registered yet (so it cannot take over a node's id, and its credential)."""
         await self._check_id(request.node_id, "node_id", context)
+        caller = self.caller()
+        if caller.node and caller.node != request.node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: {caller.name} may register only node {caller.node}")
         if self.m.config.require_worker_certs and peer_common_name(context) != request.node_id:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"node {request.node_id} must present a client certificate issued to it")
@@ -758,11 +783,22 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         await self._leader(context)
-        result = await self._propose(c.RegisterNode(at=time.time(), by=self.caller().name, node_id=request.node_id,
-                                                    address=request.address[:MAX_ID_CHARS],
-                                                    topology=tuple(request.topology), capacity=capacity,
-                                                    labels=tuple(sorted(request.labels.items())),
-                                                    isolation=request.isolation[:MAX_ISOLATION_CHARS]), context)
+        now = time.time()
+        cmd: c.Command = c.RegisterNode(at=now, by=caller.name, node_id=request.node_id,
+                                        address=request.address[:MAX_ID_CHARS], topology=tuple(request.topology),
+                                        capacity=capacity, labels=tuple(sorted(request.labels.items())),
+                                        isolation=request.isolation[:MAX_ISOLATION_CHARS])
+        if caller.join_token:
+            with self.m.lock:
+                token = self.m.state.join_tokens.get(caller.join_token)
+                taken = request.node_id in self.m.state.nodes
+            why = "it was revoked" if token is None else token.unusable(now)
+            if why or taken:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {why}" if why else
+                                    f"permission denied: node {request.node_id} is registered; re-registering it "
+                                    "needs an admin or its own credential, not a join token")
+            cmd = c.JoinNode(at=now, by=caller.name, token_id=caller.join_token, node=cmd)
+        result = await self._propose(cmd, context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         loops = self.m.leader_loops
         if loops is not None:
@@ -771,6 +807,36 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                  "/".join(request.topology), capacity.gpu)
         return api_pb2.RegisterNodeReply(status=result.value, heartbeat_interval_s=self.m.config.heartbeat_interval,
                                          node_credential=self.m.node_credential(request.node_id))
+
+    async def CreateJoinToken(self, request, context):
+        if not 0 <= request.ttl_s <= MAX_JOIN_TOKEN_TTL_S:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"ttl: from 0 (never expires) to {MAX_JOIN_TOKEN_TTL_S:.0f} seconds")
+        await self._leader(context)
+        token, now = new_join_token(), time.time()
+        cmd = c.CreateJoinToken(at=now, by=self.caller().name, token_id=secrets.token_hex(4),
+                                token_hash=token_hash(self._token_key, token),
+                                expires_at=now + request.ttl_s if request.ttl_s else 0.0, max_uses=request.uses)
+        await self._ok_or_abort(await self._propose(cmd, context), context)
+        log.info("join token created id=%s by=%s ttl=%.0f uses=%d", cmd.token_id, cmd.by, request.ttl_s, request.uses)
+        with self.m.lock:
+            info = codec.join_token_to_proto(self.m.state.join_tokens[cmd.token_id])
+        return api_pb2.CreateJoinTokenReply(token=token, info=info)
+
+    async def ListJoinTokens(self, request, context):
+        await self._current_read(context)
+        with self.m.lock:
+            return api_pb2.ListJoinTokensReply(tokens=[codec.join_token_to_proto(t)
+                                                       for _, t in sorted(self.m.state.join_tokens.items())])
+
+    async def RevokeJoinToken(self, request, context):
+        await self._check_id(request.id, "id", context)
+        await self._leader(context)
+        result = await self._propose(c.RevokeJoinToken(at=time.time(), by=self.caller().name, token_id=request.id),
+                                     context)
+        await self._ok_or_abort(result, context)
+        log.info("join token revoked id=%s by=%s", request.id, self.caller().name)
+        return api_pb2.RevokeJoinTokenReply()
 
     async def Heartbeat(self, request, context):
         await self._worker_identity(request.node_id, context)

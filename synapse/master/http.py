@@ -106,7 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/login":
             self._html(200, login_page())
             return
-        if identify(self.server.master, self.server.token_key, self._token()) is None:
+        caller = identify(self.server.master, self.server.token_key, self._token())
+        if caller is None or caller.confined:  # a worker's credentials see nothing of the cluster
             self._html(401, login_page("A token is needed to see this cluster."),
                        (("WWW-Authenticate", 'Bearer realm="synapse"'),))
             return

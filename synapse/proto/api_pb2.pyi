@@ -917,8 +917,9 @@ class RegisterNodeReply(_message.Message):
     status: _builtins.str
     heartbeat_interval_s: _builtins.float
     node_credential: _builtins.str
-    """Presented by the worker (metadata "synapse-node-credential") on its Heartbeat,
-    WatchAssignments and ReportTaskEvents calls: a worker may act only for its own node.
+    """Presented by the worker (metadata "synapse-node-credential", with "synapse-node-id") on its
+    Heartbeat, WatchAssignments and ReportTaskEvents calls, and on RegisterNode again: it is the
+    worker's whole identity, and acts only for its own node.
     """
     def __init__(
         self,
@@ -1893,3 +1894,162 @@ class UpdateJobReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateJobReply: _TypeAlias = UpdateJobReply  # noqa: Y015
+
+@_typing.final
+class CreateJoinTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTL_S_FIELD_NUMBER: _builtins.int
+    USES_FIELD_NUMBER: _builtins.int
+    ttl_s: _builtins.float
+    """0 = never expires"""
+    uses: _builtins.int
+    """registrations it allows; 0 = any number"""
+    def __init__(
+        self,
+        *,
+        ttl_s: _builtins.float = ...,
+        uses: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ttl_s", b"ttl_s", "uses", b"uses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateJoinTokenRequest: _TypeAlias = CreateJoinTokenRequest  # noqa: Y015
+
+@_typing.final
+class JoinTokenInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    MAX_USES_FIELD_NUMBER: _builtins.int
+    USES_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    created_at: _builtins.float
+    created_by: _builtins.str
+    expires_at: _builtins.float
+    """0 = never"""
+    max_uses: _builtins.int
+    """0 = any number"""
+    uses: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the nodes it registered (the latest 32)"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        created_at: _builtins.float = ...,
+        created_by: _builtins.str = ...,
+        expires_at: _builtins.float = ...,
+        max_uses: _builtins.int = ...,
+        uses: _builtins.int = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "created_by", b"created_by", "expires_at", b"expires_at", "id", b"id", "max_uses", b"max_uses", "nodes", b"nodes", "uses", b"uses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinTokenInfo: _TypeAlias = JoinTokenInfo  # noqa: Y015
+
+@_typing.final
+class CreateJoinTokenReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    INFO_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """shown once: the masters keep only its keyed hash"""
+    @_builtins.property
+    def info(self) -> Global___JoinTokenInfo: ...
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        info: Global___JoinTokenInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateJoinTokenReply: _TypeAlias = CreateJoinTokenReply  # noqa: Y015
+
+@_typing.final
+class ListJoinTokensRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJoinTokensRequest: _TypeAlias = ListJoinTokensRequest  # noqa: Y015
+
+@_typing.final
+class ListJoinTokensReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___JoinTokenInfo]: ...
+    def __init__(
+        self,
+        *,
+        tokens: _abc.Iterable[Global___JoinTokenInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJoinTokensReply: _TypeAlias = ListJoinTokensReply  # noqa: Y015
+
+@_typing.final
+class RevokeJoinTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeJoinTokenRequest: _TypeAlias = RevokeJoinTokenRequest  # noqa: Y015
+
+@_typing.final
+class RevokeJoinTokenReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeJoinTokenReply: _TypeAlias = RevokeJoinTokenReply  # noqa: Y015

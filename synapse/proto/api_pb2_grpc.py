@@ -164,6 +164,21 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.UpdateJobReply.FromString,
                 _registered_method=True)
+        self.CreateJoinToken = channel.unary_unary(
+                '/synapse.v1.Master/CreateJoinToken',
+                request_serializer=synapse_dot_proto_dot_api__pb2.CreateJoinTokenRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.CreateJoinTokenReply.FromString,
+                _registered_method=True)
+        self.ListJoinTokens = channel.unary_unary(
+                '/synapse.v1.Master/ListJoinTokens',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ListJoinTokensRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ListJoinTokensReply.FromString,
+                _registered_method=True)
+        self.RevokeJoinToken = channel.unary_unary(
+                '/synapse.v1.Master/RevokeJoinToken',
+                request_serializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -334,6 +349,25 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateJoinToken(self, request, context):
+        """Join tokens (admin): each allows registering new nodes only, which returns a node's own credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJoinTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeJoinToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -466,6 +500,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.UpdateJob,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobReply.SerializeToString,
+            ),
+            'CreateJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateJoinToken,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.CreateJoinTokenRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.CreateJoinTokenReply.SerializeToString,
+            ),
+            'ListJoinTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJoinTokens,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ListJoinTokensRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ListJoinTokensReply.SerializeToString,
+            ),
+            'RevokeJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeJoinToken,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1170,6 +1219,87 @@ class Master:
             '/synapse.v1.Master/UpdateJob',
             synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.UpdateJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/CreateJoinToken',
+            synapse_dot_proto_dot_api__pb2.CreateJoinTokenRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.CreateJoinTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJoinTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ListJoinTokens',
+            synapse_dot_proto_dot_api__pb2.ListJoinTokensRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ListJoinTokensReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/RevokeJoinToken',
+            synapse_dot_proto_dot_api__pb2.RevokeJoinTokenRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.RevokeJoinTokenReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import grpc
 
-from synapse.client.master_client import AuthError, ClientError, ClusterUnavailable, MasterClient
+from synapse.client.master_client import AuthError, ClientError, ClusterUnavailable, MasterClient, PermissionDenied
 from synapse.common import tickets
-from synapse.common.auth import METADATA_KEY, NODE_CREDENTIAL_KEY, client_metadata
+from synapse.common.auth import METADATA_KEY, client_metadata, node_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
 from synapse.core.model import Assignment, Resources
@@ -52,11 +52,34 @@ STATE_FILE = "worker-state.json"
 #: Every task process this worker started and saw end, one JSON object a line, appended (the
 #: record an operator or the chaos checkers read; the log's wording is for people).
 TASK_JOURNAL = "task-events.jsonl"
+#: The node's own credential, as RegisterNode returned it ({"node_id", "credential"}, mode 0600): with
+#: it the worker needs neither the cluster token nor its join token again.
+CREDENTIAL_FILE = "node-credential.json"
+
+
+def load_credential(data_dir: Path, node_id: str) -> str:
+    """The credential this data dir keeps for `node_id` ("" if none, or one for another node)."""
+    try:
+        saved = json.loads((data_dir / CREDENTIAL_FILE).read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(saved.get("credential", "")) if isinstance(saved, dict) and saved.get("node_id") == node_id else ""
+
+
+def save_credential(data_dir: Path, node_id: str, credential: str) -> None:
+    """Keep the node's credential, readable by this user only (written whole, then renamed)."""
+    tmp = data_dir / (CREDENTIAL_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"node_id": node_id, "credential": credential}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, data_dir / CREDENTIAL_FILE)
 
 
 class WorkerAgent:
     def __init__(self, *, node_id: str, address: str, topology: tuple[str, ...], capacity: Resources,
-                 masters: list[str], token: str, data_dir: Path, heartbeat_interval: float = 5.0,
+                 masters: list[str], token: str, data_dir: Path, heartbeat_interval: float = 5.0, join_token: str = "",
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
                  tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
@@ -64,7 +87,8 @@ class WorkerAgent:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
-        self.token = token
+        self.token = token  #: the cluster token, only if the operator gave one (a join token replaces it)
+        self.join_token = join_token  #: registers this node the first time, if it has no credential yet
         self.data_dir = data_dir
         self.heartbeat_interval = heartbeat_interval
         self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max)
@@ -84,8 +108,12 @@ class WorkerAgent:
         self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls, backoff=(0.05, 1.0))
         self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
         self.reports_ready = threading.Event()
-        #: what RegisterNode returned: it proves calls come from this node, and checks log tickets
-        self.node_credential = ""
+        #: what RegisterNode returned (kept in CREDENTIAL_FILE): it proves calls come from this node,
+        #: and checks log tickets
+        self.node_credential = load_credential(data_dir, node_id)
+        #: no credential of any kind: a cluster without authentication (then logs need no ticket)
+        self.open_cluster = not (token or join_token or self.node_credential)
+        self._use_credential()
         self.log_server, self.log_port = self._serve_logs(address, log_port, tls)
         self.metrics = WorkerMetrics(self)
         self.heartbeat_ok = False  #: the last heartbeat was answered (a metric)
@@ -126,21 +154,35 @@ class WorkerAgent:
         self.reports_ready.set()
         self.heartbeat_now.set()
 
+    def _use_credential(self) -> None:
+        """Every call carries the node's id and credential (and the cluster token, if given one)."""
+        metadata = client_metadata(self.token)
+        if self.node_credential:
+            metadata += node_metadata(self.node_id, self.node_credential)
+        for client in (self.client, self.watch_client, self.report_client):
+            client.metadata = metadata
+
     def _register(self) -> None:
+        """Register (again) as this node: with its own credential once it has one, the first time
+        with the join token (or the cluster token, where the operator still gives one)."""
         request = api_pb2.RegisterNodeRequest(node_id=self.node_id, address=self.address,
                                               topology=list(self.topology),
                                               capacity=codec.resources_to_proto(self.capacity),
                                               labels=self.labels, isolation=self.isolation)
+        joining = not self.node_credential and not self.token and bool(self.join_token)
+        if joining:  # only before the other threads start: a node with no credential yet has none running
+            self.client.metadata = client_metadata(self.join_token)
         while not self.stopping.is_set():
             try:
                 reply = self.client.call("RegisterNode", request, deadline=10.0)
-                self.node_credential = reply.node_credential
-                credential = ((NODE_CREDENTIAL_KEY, reply.node_credential),)
-                for client in (self.client, self.watch_client, self.report_client):
-                    client.metadata = client_metadata(self.token) + credential
-                log.info("registered node=%s status=%s address=%s", self.node_id, reply.status, self.address)
+                if reply.node_credential != self.node_credential:
+                    save_credential(self.data_dir, self.node_id, reply.node_credential)
+                    self.node_credential = reply.node_credential
+                    self._use_credential()
+                log.info("registered node=%s status=%s address=%s with=%s", self.node_id, reply.status, self.address,
+                         "join-token" if joining else "credential" if not self.token else "cluster-token")
                 return
-            except AuthError:
+            except (AuthError, PermissionDenied):
                 raise
             except (ClientError, ClusterUnavailable) as exc:
                 log.warning("registration failed node=%s error=%s; retrying", self.node_id, exc)
@@ -378,7 +420,7 @@ class LogService(api_pb2_grpc.WorkerServicer):
         presented = str(dict(context.invocation_metadata()).get(METADATA_KEY, ""))
         cluster = bool(self.agent.token) and hmac.compare_digest(presented.encode(),
                                                                  f"Bearer {self.agent.token}".encode())
-        if not cluster and (self.agent.token or request.ticket):
+        if not cluster and (not self.agent.open_cluster or request.ticket):
             if not request.ticket:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED,
                               "a log ticket is needed (synctl logs asks the masters for one)")

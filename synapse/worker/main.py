@@ -1,7 +1,12 @@
 """`synapse-worker`: the agent that runs on every machine.
 
-    synapse-worker --masters h1:7000,h2:7000,h3:7000 --token-file /etc/synapse/token \\
+    synapse-worker --masters h1:7000,h2:7000,h3:7000 --join-token-file /etc/synapse/join-token \\
         --topology zone1/block2/rack7 --data-dir /var/lib/synapse-worker
+
+A worker holds no admin credential: a join token (`synctl node token create`) registers the node
+the first time, and the node's own credential, which acts for this node only, is then kept in the
+data dir (`node-credential.json`) for every later call and restart. The cluster token
+(`--token-file`) still works, for workers set up before join tokens.
 
 Capacity is detected (cpu count, memory from /proc/meminfo, GPUs with their model and memory from
 NVML or `nvidia-smi`: `--gpus auto`, the default) and any flag overrides it: tests and the local
@@ -28,7 +33,7 @@ from pathlib import Path
 
 import click
 
-from synapse.client.master_client import AuthError, parse_addresses
+from synapse.client.master_client import AuthError, PermissionDenied, parse_addresses
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
@@ -36,7 +41,7 @@ from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.worker import gpus as gpu_discovery
 from synapse.worker import isolation
-from synapse.worker.agent import WorkerAgent
+from synapse.worker.agent import WorkerAgent, load_credential
 from synapse.worker.health import HealthCheck, command_problem
 from synapse.worker.runtime import stop_all
 
@@ -86,6 +91,9 @@ def node_id_for(data_dir: Path, given: str) -> str:
               help="comma-separated master API addresses [env: SYNAPSE_MASTERS]")
 @click.option("--token", envvar="SYNAPSE_TOKEN", default="", help="cluster token [env: SYNAPSE_TOKEN]")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="read the cluster token from this file")
+@click.option("--join-token-file", envvar="SYNAPSE_JOIN_TOKEN_FILE", type=click.Path(dir_okay=False),
+              help="a join token (synctl node token create) to register this node the first time; the node's "
+                   "own credential is then kept in the data dir [env: SYNAPSE_JOIN_TOKEN_FILE]")
 @click.option("--node-id", default="", help="node id (default: kept in the data dir)")
 @click.option("--rack", help="rack label (shorthand for --topology default/default/RACK)")
 @click.option("--topology", help="topology path, widest first, e.g. zone1/block2/rack7")
@@ -128,7 +136,8 @@ def node_id_for(data_dir: Path, given: str) -> str:
               help="host:port for /metrics and /livez (port 0: any free one, written to DATA_DIR/http-address)")
 @click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
-def main(masters: str, token: str, token_file: str | None, node_id: str, rack: str | None, topology: str | None,
+def main(masters: str, token: str, token_file: str | None, join_token_file: str | None, node_id: str,
+         rack: str | None, topology: str | None,
          cpus: str | None, memory: str | None, gpus: str | None, data_dir: str, address: str, port: int,
          heartbeat_interval: float, stop_grace: float, runtime: str, isolation_mode: str, task_pids_max: int,
          health_check: str, health_interval: float, health_timeout: float | None, health_on_failure: str,
@@ -171,9 +180,15 @@ def main(masters: str, token: str, token_file: str | None, node_id: str, rack: s
              ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-")
     if token_file:
         token = Path(token_file).read_text().strip()
+    join_token = ""
+    if join_token_file and not load_credential(root, node_id):  # once registered, the file is not read again
+        try:
+            join_token = Path(join_token_file).read_text().strip()
+        except OSError as exc:
+            fail("synapse-worker", f"--join-token-file: {exc}")
     path = tuple(topology.split("/")) if topology else ((rack,) if rack else ())
     agent = WorkerAgent(node_id=node_id, address=address, topology=path, capacity=capacity,
-                        masters=addresses, token=token, data_dir=root,
+                        masters=addresses, token=token, join_token=join_token, data_dir=root,
                         heartbeat_interval=heartbeat_interval, stop_grace=stop_grace,
                         runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key), http=http,
                         cgroups=cgroups, isolation=isolated, pids_max=task_pids_max, labels=labels, health=health,
@@ -183,8 +198,8 @@ def main(masters: str, token: str, token_file: str | None, node_id: str, rack: s
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))
     try:
         agent.run()
-    except AuthError as exc:
-        fail("synapse-worker", str(exc), 4)
+    except (AuthError, PermissionDenied) as exc:
+        fail("synapse-worker", f"registration refused: {exc}", 4)
     if stop_tasks_on_exit:
         stop_all(agent.runtime, [t.handle for t in agent.state.running() if t.handle], stop_grace)
     if cgroups is not None:
