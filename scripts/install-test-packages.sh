@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests use, if they are not there yet: chromium (the dashboard's
-# browser test, tests/test_browser.py) and bubblewrap (the sandboxed-runtime example and its test,
-# tests/test_isolation.py). The distribution's packages only, never a downloaded build, and one
+# browser test, tests/test_browser.py), bubblewrap (the sandboxed-runtime example and its test,
+# tests/test_isolation.py) and postgresql (the history store's second backend: tests/postgres.py
+# starts a throwaway server from its binaries; the package's own cluster is not used). The distribution's packages only, never a downloaded build, and one
 # apt-get update for all. Where they cannot be installed (no root, no apt), it says why and exits
 # 0: those tests then skip with that reason.
 set -u
@@ -9,6 +10,8 @@ missing=()
 for pair in chromium:chromium bwrap:bubblewrap; do  # command:package
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
+# Debian keeps PostgreSQL's server binaries off PATH, under /usr/lib/postgresql/VERSION/bin.
+command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

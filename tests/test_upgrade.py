@@ -7,7 +7,7 @@ by command-set version V only once every member has told it it knows V (etcd's c
 
 The cluster tests run one code base as two releases through the test-only seams of
 synapse.master.main: every replica counts AddUser as introduced by the next version, and one
-replica, started with SYNAPSE_TEST_COMMAND_VERSION=1, is the older release that does not know it.
+replica, started with SYNAPSE_TEST_COMMAND_VERSION=COMMAND_VERSION, is the older release that does not know it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tests.test_synctl import synctl
 #: The next release's command set (AddUser new in it), and the release before, which lacks AddUser.
 NEWER = codec.CommandSet({**codec.KIND_VERSIONS, c.AddUser: codec.COMMAND_VERSION + 1}, codec.COMMAND_VERSION + 1)
 OLDER = codec.CommandSet(NEWER.introduced, codec.COMMAND_VERSION)
+V = codec.COMMAND_VERSION  #: the older release's version; the newer one's is V + 1
 
 REGISTER = c.RegisterNode(at=1, node_id="n1", address="h:1", topology=("z", "b", "r"),
                           capacity=Resources(8000, 1 << 30, 8))
@@ -46,27 +47,28 @@ UNKNOWN_BODY = commands_pb2.Command(version=1, at=3).SerializeToString() + b"\x9
 def test_every_command_kind_has_the_version_that_introduced_it():
     kinds = {k for k in vars(c).values() if isinstance(k, type) and issubclass(k, c.Command) and k is not c.Command}
     assert set(codec.KIND_VERSIONS) == kinds
-    assert set(codec.KIND_VERSIONS.values()) == {codec.BASE_VERSION} == {codec.COMMAND_VERSION}
+    assert set(codec.KIND_VERSIONS.values()) <= set(range(codec.BASE_VERSION, codec.COMMAND_VERSION + 1))
+    assert codec.COMMAND_VERSION == max(codec.KIND_VERSIONS.values())
 
 
 def test_a_log_entry_carries_the_version_of_its_kind():
     def version(data: bytes) -> int:
         return commands_pb2.Command.FromString(data).version
 
-    assert version(codec.encode_command(ADD_USER, NEWER)) == 2
+    assert version(codec.encode_command(ADD_USER, NEWER)) == codec.COMMAND_VERSION + 1
     assert version(codec.encode_command(REGISTER, NEWER)) == 1  # an older replica still applies it
-    assert version(codec.encode_batch([REGISTER, ADD_USER], NEWER)) == 2
+    assert version(codec.encode_batch([REGISTER, ADD_USER], NEWER)) == codec.COMMAND_VERSION + 1
     assert version(codec.encode_batch([REGISTER, REGISTER], NEWER)) == 1
     assert codec.encode_command(ADD_USER) == codec.encode_command(ADD_USER, codec.CURRENT)  # today: version 1
 
 
 def test_an_older_release_refuses_a_newer_kind_however_it_is_labelled():
     assert codec.decode_command(codec.encode_command(REGISTER, NEWER), OLDER) == REGISTER
-    with pytest.raises(codec.CodecError, match="version 2 is not supported"):
+    with pytest.raises(codec.CodecError, match=f"version {codec.COMMAND_VERSION + 1} is not supported"):
         codec.decode_command(codec.encode_command(ADD_USER, NEWER), OLDER)
     mislabelled = codec.command_to_proto(ADD_USER, NEWER)
     mislabelled.version = 1
-    with pytest.raises(codec.CodecError, match="AddUser commands need command-set version 2"):
+    with pytest.raises(codec.CodecError, match=f"AddUser commands need command-set version {codec.COMMAND_VERSION + 1}"):
         codec.decode_command(mislabelled.SerializeToString(), OLDER)
 
 
@@ -78,7 +80,7 @@ def _batch_with_one_unknown() -> bytes:
 
 @pytest.mark.parametrize(("data", "why"), [
     (UNKNOWN_BODY, "no known body"),
-    (codec.encode_command(ADD_USER, NEWER), "version 2 is not supported"),
+    (codec.encode_command(ADD_USER, NEWER), f"version {codec.COMMAND_VERSION + 1} is not supported"),
     (b"\xff\xff\xff", "malformed command"),
     (_batch_with_one_unknown(), "batch command 1: command has no known body"),
 ], ids=["unknown-kind", "newer-version", "undecodable", "batch-with-an-unknown-command"])
@@ -100,7 +102,7 @@ def test_a_replica_stops_at_an_unknown_entry_and_applies_nothing_after_it():
     applied = replicated.applied()
 
     assert replicated.apply(seal(codec.encode_command(ADD_USER, NEWER)), _doApply=True) is None
-    assert "cannot apply" in replicated.unknown_entry and "version 2 is not supported" in replicated.unknown_entry
+    assert "cannot apply" in replicated.unknown_entry and f"version {codec.COMMAND_VERSION + 1} is not supported" in replicated.unknown_entry
     assert replicated.stop_reason() == replicated.unknown_entry
     assert replicated.apply(seal(codec.encode_command(REGISTER)), _doApply=True) is None  # nor anything after
     assert replicated.applied() == applied and not replicated.state.nodes and not replicated.state.users
@@ -121,8 +123,8 @@ def test_a_leader_proposes_a_new_kind_only_once_every_member_has_told_it_knows_i
             with pytest.raises(ProposeError) as refused:
                 node.check_cluster_version(ADD_USER)
             assert refused.value.kind == "CLUSTER_VERSION" and not refused.value.maybe_applied
-            assert refused.value.needed == 2
-            assert dict(refused.value.behind) == ({me: 1, silent: 0} if commands is OLDER else {silent: 0})
+            assert refused.value.needed == codec.COMMAND_VERSION + 1
+            assert dict(refused.value.behind) == ({me: codec.COMMAND_VERSION, silent: 0} if commands is OLDER else {silent: 0})
     finally:
         for node in nodes:
             node.destroy()
@@ -131,7 +133,7 @@ def test_a_leader_proposes_a_new_kind_only_once_every_member_has_told_it_knows_i
 def test_the_test_seam_builds_the_two_releases():
     assert command_set({}) is codec.CURRENT
     assert command_set({TEST_NEW_KIND_ENV: "AddUser"}) == NEWER
-    assert command_set({TEST_NEW_KIND_ENV: "AddUser", TEST_COMMAND_VERSION_ENV: "1"}) == OLDER
+    assert command_set({TEST_NEW_KIND_ENV: "AddUser", TEST_COMMAND_VERSION_ENV: str(codec.COMMAND_VERSION)}) == OLDER
 
 
 def _wait(what: str, check, timeout: float = 20.0):
@@ -170,25 +172,25 @@ def test_a_mixed_version_cluster_never_proposes_what_an_older_replica_cannot_app
     leader = cluster.wait_leader()
     old = next(m for m in ("m1", "m2", "m3") if m != leader)
     _start_older(cluster, old, monkeypatch)  # ...but one, back to the release before
-    _wait("the older replica", lambda: _versions(cluster)[old] == (1, 0))
+    _wait("the older replica", lambda: _versions(cluster)[old] == (V, 0))
 
     def refused_naming_the_older_replica() -> bool:
         with pytest.raises(ClientError) as refused:  # never proposed, whether or not it is heard yet
             cluster.client.call("AddUser", api_pb2.AddUserRequest(name="alice"))
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION, refused.value.message
-        assert "CLUSTER_VERSION" in refused.value.message and "needs command-set version 2" in refused.value.message
-        return f"{old} (version 1)" in refused.value.message
+        assert "CLUSTER_VERSION" in refused.value.message and f"needs command-set version {V + 1}" in refused.value.message
+        return f"{old} (version {V})" in refused.value.message
 
     _wait("the leader to hear the older replica's version", refused_naming_the_older_replica)
-    assert _versions(cluster)[cluster.wait_leader()] == (2, 1)
+    assert _versions(cluster)[cluster.wait_leader()] == (V + 1, V)
     assert cluster.client.submit(codec.job_spec_to_proto(spec(name="meanwhile")))  # what every release knows
     table = synctl(cluster, "cluster", "status").output
-    assert "cluster version: 1" in table and "VERSION" in table
+    assert f"cluster version: {V}" in table and "VERSION" in table
     cluster.converged_digest()  # the older replica applied everything and is still up
 
     cluster.kill_master(old)
     cluster.restart_master(old)  # upgraded
-    _wait("the cluster version to reach 2", lambda: _versions(cluster)[cluster.wait_leader()] == (2, 2))
+    _wait("the cluster version to reach 2", lambda: _versions(cluster)[cluster.wait_leader()] == (V + 1, V + 1))
     cluster.client.call("AddUser", api_pb2.AddUserRequest(name="alice"))
     cluster.converged_digest()
     assert "alice" in {u.name for u in cluster.client.call("ListUsers", api_pb2.ListUsersRequest()).users}
@@ -198,7 +200,7 @@ def test_a_mixed_version_cluster_never_proposes_what_an_older_replica_cannot_app
     assert wait_exit(cluster.master(old)["pid"]) == 3
     log = (cluster.data_dir / "logs" / f"{old}.log").read_text()
     stopped = (rf"replica {old} stops: log entry \d+ holds a command this replica's code cannot apply: "
-               r"command version 2 is not supported \(this replica knows 1\.\.1; body add_user\)")
+               rf"command version {V + 1} is not supported \(this replica knows 1\.\.{V}; body add_user\)")
     assert re.search(stopped, log), log[-3000:]
     assert "release its peers run" in log
     cluster.restart_master(old)  # upgraded again, it applies the entry it stopped at

@@ -43,6 +43,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.CommitPlan: 1, c.TaskStarted: 1, c.TaskExited: 1, c.CancelJob: 1, c.FailAttempt: 1, c.Barrier: 1,
     c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
     c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
+    c.HistoryExported: 2, c.HistoryOverflow: 2,
 })
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
 COMMAND_VERSION = max(KIND_VERSIONS.values())
@@ -191,6 +192,10 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
                 explanation=cmd.explanation,
                 victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace)
                          for v in cmd.victims]))
+        case c.HistoryExported():
+            env.history_exported.CopyFrom(commands_pb2.HistoryExported(upto=cmd.upto))
+        case c.HistoryOverflow():
+            env.history_overflow.CopyFrom(commands_pb2.HistoryOverflow(job_ids=list(cmd.job_ids)))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -280,6 +285,10 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes),
                              explanation=b.explanation,
                              victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s) for v in b.victims), **base)
+        case "history_exported":
+            return c.HistoryExported(upto=env.history_exported.upto, **base)
+        case "history_overflow":
+            return c.HistoryOverflow(job_ids=tuple(env.history_overflow.job_ids), **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 

@@ -42,6 +42,7 @@ from synapse.core.model import (
     PackMode,
     Queue,
     Resources,
+    Run,
     Task,
     TaskState,
     User,
@@ -63,6 +64,9 @@ _JOB_REASONS = {
     "Failed": ("JobFailed", "Warning"), "Cancelled": ("JobCancelled", "Normal"),
     "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
 }
+#: Ended attempts kept per job (the first and the latest ones; a gang preempted without end would
+#: otherwise grow without bound).
+MAX_RUNS_PER_JOB = 100
 #: A gang preempted this many times within PREEMPTION_WINDOW_S is exempt from the priority and
 #: fair-share rules for the rest of that window (reclaim still applies): no gang thrashes.
 PREEMPTION_BUDGET = 3
@@ -99,6 +103,12 @@ class ClusterState:
         #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
         self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
         self.event_seq = 0  #: the cursor of the newest event; apply only
+        self.archive_seq = 0  #: jobs finished so far: the archive sequence number of the newest; apply only
+        self.archived_upto = 0  #: the history store holds every finished job numbered up to this; apply only
+        self.history_dropped = 0  #: finished jobs forgotten before the store held them (the cap); apply only
+        #: archive sequence number -> id of each finished job the store does not hold yet, in finishing
+        #: order (what the exporter reads, and what retention may not forget); derived, rebuilt on restore
+        self.unarchived: dict[int, str] = {}
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -112,7 +122,8 @@ class ClusterState:
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
-            c.SetNodeHealth: self._set_node_health,
+            c.SetNodeHealth: self._set_node_health, c.HistoryExported: self._history_exported,
+            c.HistoryOverflow: self._history_overflow,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -498,11 +509,47 @@ class ClusterState:
             job = self.jobs.get(job_id)
             if job is None or not job.status.terminal:
                 continue
-            del self.jobs[job_id]
-            if job.request_id and self.job_by_request.get(job.request_id) == job_id:
-                del self.job_by_request[job.request_id]
+            self._drop_job(job)
             forgotten += 1
         return Result(True, value=str(forgotten))
+
+    def _drop_job(self, job: Job) -> None:
+        del self.jobs[job.id]
+        self.unarchived.pop(job.archive_seq, None)
+        if job.request_id and self.job_by_request.get(job.request_id) == job.id:
+            del self.job_by_request[job.request_id]
+
+    # ---- history ----------------------------------------------------------------------------------
+
+    def _history_exported(self, cmd: c.HistoryExported) -> Result:
+        """The store holds every finished job numbered up to `upto`: mark them archived (retention
+        counts from now). A cursor at or below the known one changes nothing."""
+        if cmd.upto > self.archive_seq:
+            return Result.rejected(f"history cursor {cmd.upto} is beyond the last finished job ({self.archive_seq})")
+        marked = 0
+        while self.unarchived:
+            seq = next(iter(self.unarchived))
+            if seq > cmd.upto:
+                break
+            self.jobs[self.unarchived.pop(seq)].archived_at = cmd.at
+            marked += 1
+        self.archived_upto = max(self.archived_upto, cmd.upto)
+        return Result(True, value=str(marked))
+
+    def _history_overflow(self, cmd: c.HistoryOverflow) -> Result:
+        """Forget finished jobs the store does not hold (the unarchived cap was reached), loudly."""
+        dropped = []
+        for job_id in cmd.job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.status.terminal and job.archive_seq in self.unarchived:
+                self._drop_job(job)
+                dropped.append(job_id)
+        if dropped:
+            self.history_dropped += len(dropped)
+            self.emit(cmd.at, "Warning", "history", "HistoryDropped", dropped[0],
+                      f"{len(dropped)} finished job(s) forgotten before the history store held them "
+                      f"({self.history_dropped} in all): {', '.join(dropped[:5])}" + (" …" if len(dropped) > 5 else ""))
+        return Result(True, value=str(len(dropped)))
 
     # ---- transitions shared by the handlers ------------------------------------------------------
 
@@ -678,6 +725,7 @@ class ClusterState:
         """Once no task of the attempt is live: succeed, fail, cancel or requeue the job."""
         if not job.status.has_gang or any(t.state.live for t in job.tasks):
             return
+        self._record_run(job)
         if job.status is not JobStatus.STOPPING:
             self._finish(job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
         elif job.cancel_requested:
@@ -701,11 +749,34 @@ class ClusterState:
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
 
+    def _record_run(self, job: Job) -> None:
+        """Keep the accounting record of the attempt whose tasks are all gone."""
+        ended = sorted(job.tasks, key=lambda t: (t.ended_at, t.index))
+        failed = [t for t in ended if t.reason != EndReason.COMPLETED]
+        if job.status is not JobStatus.STOPPING:
+            outcome, why = EndReason.COMPLETED, ""
+        elif job.stop_cause:
+            outcome, why = job.stop_cause, job.stop_reason
+        else:
+            outcome, why = (failed[0].reason if failed else EndReason.ERROR), job.failure or job.stop_reason
+        held = [(t.resources, max(0.0, t.ended_at - job.placed_at)) for t in job.tasks]
+        job.runs.append(Run(
+            attempt=job.attempt, placed_at=job.placed_at, started_at=job.started_at,
+            ended_at=max((t.ended_at for t in job.tasks), default=job.placed_at),
+            nodes=tuple(t.node_id for t in job.tasks), resources=job.spec.resources, outcome=str(outcome),
+            reason=why, exit_code=next((t.exit_code for t in ended if t.exit_code), 0) or 0,
+            gpu_seconds=sum(r.gpu * s for r, s in held), cpu_seconds=sum(r.cpu / 1000 * s for r, s in held)))
+        if len(job.runs) > MAX_RUNS_PER_JOB:
+            del job.runs[1]
+
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:
             self.pending.discard((job.queue_key(), job.id))
         self._release_hold(job.id)
         job.status, job.finished_at = status, at
+        self.archive_seq += 1
+        job.archive_seq = self.archive_seq
+        self.unarchived[job.archive_seq] = job.id
         self._event(job, at, status.value.capitalize(), reason)
 
     def _event(self, job: Job, at: float, kind: str, message: str) -> None:

@@ -28,6 +28,7 @@ from synapse.core.model import (
     Queue,
     Resources,
     Role,
+    Run,
     Task,
     TaskState,
     TopologySpec,
@@ -47,6 +48,7 @@ def encode(state: Any) -> dict[str, Any]:
         "users": [_user_to_dict(u) for _, u in sorted(state.users.items())],
         "queues": [_queue_to_dict(q) for _, q in sorted(state.queues.items())],
         "event_seq": state.event_seq,
+        "archive": [state.archive_seq, state.archived_upto, state.history_dropped],
         "cluster_events": [list(e) for e in state.cluster_events],
         "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
                   for _, h in sorted(state.holds.items())],
@@ -82,9 +84,19 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         state.live_tasks[node.id] = set()
         state.index.update(node)
         state._note_capacity(node.capacity)  # derived as apply keeps it, by apply's own code
+    if "archive" in data:
+        state.archive_seq, state.archived_upto, state.history_dropped = data["archive"]
+    else:  # a snapshot from before history: number its finished jobs in the order they ended
+        ended = sorted((j for j in data["jobs"] if JobStatus(j["status"]).terminal),
+                       key=lambda j: (j["finished_at"], j["seq"]))
+        for seq, jd in enumerate(ended, 1):
+            jd["archive_seq"] = seq
+        state.archive_seq = len(ended)
     for jd in data["jobs"]:
         job = _job_from_dict(jd)
         state.jobs[job.id] = job
+        if job.status.terminal and not job.archived_at:
+            state.unarchived[job.archive_seq] = job.id
         if job.request_id:
             state.job_by_request[job.request_id] = job.id
         if job.status is JobStatus.PENDING:
@@ -93,6 +105,7 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
             if task.state.live:
                 state.live_tasks[task.node_id].add(task.key)
                 state._use(job, task.resources)  # the queue usage apply keeps, by apply's own code
+    state.unarchived = dict(sorted(state.unarchived.items()))
     return state
 
 
@@ -159,7 +172,19 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "user": j.user, "cancelled_by": j.cancelled_by, "preemptions": j.preemptions,
             "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
             "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
-            "pending_since": j.pending_since, "placed_at": j.placed_at}
+            "pending_since": j.pending_since, "placed_at": j.placed_at,
+            "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq, "archived_at": j.archived_at}
+
+
+def _run_to_list(r: Run) -> list[Any]:
+    return [r.attempt, r.placed_at, r.started_at, r.ended_at, list(r.nodes), _res(r.resources), r.outcome,
+            r.reason, r.exit_code, r.gpu_seconds, r.cpu_seconds]
+
+
+def _run_from_list(v: list[Any]) -> Run:
+    return Run(attempt=v[0], placed_at=v[1], started_at=v[2], ended_at=v[3], nodes=tuple(v[4]),
+               resources=Resources(*v[5]), outcome=v[6], reason=v[7], exit_code=v[8], gpu_seconds=v[9],
+               cpu_seconds=v[10])
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -172,7 +197,9 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               user=d.get("user", ""), cancelled_by=d.get("cancelled_by", ""),
               preemptions=d.get("preemptions", 0), stop_grace=d.get("stop_grace", 0.0),
               preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
-              stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""))
+              stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""),
+              runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
+              archived_at=d.get("archived_at", 0.0))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when

@@ -52,6 +52,8 @@ class Command(_message.Message):
     PREEMPT_FIELD_NUMBER: _builtins.int
     PENDING_REASONS_FIELD_NUMBER: _builtins.int
     SET_NODE_HEALTH_FIELD_NUMBER: _builtins.int
+    HISTORY_EXPORTED_FIELD_NUMBER: _builtins.int
+    HISTORY_OVERFLOW_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -104,6 +106,10 @@ class Command(_message.Message):
     def pending_reasons(self) -> Global___PendingReasons: ...
     @_builtins.property
     def set_node_health(self) -> Global___SetNodeHealth: ...
+    @_builtins.property
+    def history_exported(self) -> Global___HistoryExported: ...
+    @_builtins.property
+    def history_overflow(self) -> Global___HistoryOverflow: ...
     def __init__(
         self,
         *,
@@ -133,16 +139,61 @@ class Command(_message.Message):
         preempt: Global___Preempt | None = ...,
         pending_reasons: Global___PendingReasons | None = ...,
         set_node_health: Global___SetNodeHealth | None = ...,
+        history_exported: Global___HistoryExported | None = ...,
+        history_overflow: Global___HistoryOverflow | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "history_exported", "history_overflow"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class HistoryExported(_message.Message):
+    """The history store holds every finished job whose archive sequence number is at most `upto`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPTO_FIELD_NUMBER: _builtins.int
+    upto: _builtins.int
+    def __init__(
+        self,
+        *,
+        upto: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["upto", b"upto"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryExported: _TypeAlias = HistoryExported  # noqa: Y015
+
+@_typing.final
+class HistoryOverflow(_message.Message):
+    """Finished jobs forgotten before the history store held them: the unarchived jobs hit their cap."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryOverflow: _TypeAlias = HistoryOverflow  # noqa: Y015
 
 @_typing.final
 class ForgetJobs(_message.Message):
