@@ -142,3 +142,61 @@ def test_the_cluster_file_refuses_a_malformed_history_url_naming_the_field():
     config = parse_cluster_config({**base, "history": {"url": "postgresql://u@h/db", "retention": "90d"}})
     assert config.history.url == "postgresql+psycopg://u@h/db" and config.history.retention == 90 * 86400
     assert parse_cluster_config(base).history is None
+
+
+def history_jobs(store: HistoryStore, **query) -> list:
+    import asyncio
+
+    from synapse.master import history_api
+    from synapse.proto import api_pb2
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.store = store
+    return list(asyncio.run(history_api.list_history(holder, api_pb2.ListHistoryRequest(**query))).jobs)
+
+
+def test_sacct_output_imports_into_the_simulator(store):
+    from synapse.client.accounting import SACCT_FIELDS, sacct_lines
+    from synapse.sim.sacct import parse
+
+    store.export(records(), expected=0, upto=3, at=1.0)
+    lines = sacct_lines(history_jobs(store), "prod")
+    assert lines[0].split("|") == list(SACCT_FIELDS) and len(lines) == 4
+    row = dict(zip(SACCT_FIELDS, lines[2].split("|"), strict=True))  # bad: its last run
+    assert (row["JobID"], row["State"], row["ExitCode"], row["Elapsed"], row["AllocTRES"], row["NodeList"]) == (
+        "bad", "OUT_OF_MEMORY", "0:9", "00:00:11", "cpu=1,mem=1024M,node=1,gres/gpu=8", "r0-n1")
+    assert dict(zip(SACCT_FIELDS, lines[3].split("|"), strict=True))["Start"] == "None"  # cancelled pending
+    trace, skipped = parse("\n".join(lines))
+    assert skipped["never started"] == 1
+    assert [(j.id, j.gpus, j.nodes, j.duration, j.exit_code) for j in trace.jobs] == [
+        ("ok", 16, 2, 11.0, 0), ("bad", 8, 1, 11.0, 1)]
+    assert [j.submit for j in trace.jobs] == [0.0, 100.0]  # from the ok job's submission
+    with_runs = sacct_lines(history_jobs(store, job_id="bad"), "prod", header=False, duplicates=True)
+    assert [line.split("|")[15] for line in with_runs] == ["REQUEUED", "OUT_OF_MEMORY"]
+
+
+def test_a_history_request_with_a_bad_field_is_refused_naming_it(store):
+    import asyncio
+
+    from synapse.master import history_api
+    from synapse.proto import api_pb2
+
+    with pytest.raises(history_api.BadRequest, match="^state: must be one of"):
+        history_jobs(store, state="DONE")
+    with pytest.raises(history_api.BadRequest, match="^by: must be one of"):
+        asyncio.run(history_api.usage(None, api_pb2.GetUsageRequest(by="team")))
+
+
+def test_times_are_durations_back_from_now_or_utc_dates():
+    from synapse.client.accounting import TimeError, parse_time
+
+    assert parse_time("7d", "--since", now=1_000_000.0) == 1_000_000.0 - 7 * 86400
+    assert parse_time("2023-11-15", "--since", now=0) == 1_700_006_400.0
+    assert parse_time("2023-11-15T01:00", "--until", now=0) == 1_700_006_400.0 + 3600
+    assert parse_time("", "--since", now=5) == 0.0
+    for bad in ("yesterday", "2023-13-40", "-3d"):
+        with pytest.raises(TimeError, match=r"^--since: .* is neither a duration"):
+            parse_time(bad, "--since", now=0)

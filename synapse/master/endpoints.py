@@ -29,6 +29,7 @@ from synapse.core.jobspec import JobFileError, check_spec
 from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role
 from synapse.core.queues import batch_problem
+from synapse.master import history_api
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, new_token, token_hash, token_key
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.metrics import Metrics
@@ -652,6 +653,27 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         return api_pb2.PreemptWhatIfReply(possible=True, rule=cmd.rule, victims=[v.job_id for v in cmd.victims],
                                           nodes=list(cmd.nodes), explanation=cmd.explanation,
                                           lost_gpu_seconds=found.lost_gpu_seconds)
+
+    # ---- history ---------------------------------------------------------------------------------
+
+    async def ListHistory(self, request, context):
+        return await self._from_history(history_api.list_history, request, context)
+
+    async def GetUsage(self, request, context):
+        return await self._from_history(history_api.usage, request, context)
+
+    async def _from_history(self, query, request, context):
+        """Answer from the history store (any replica): INVALID_ARGUMENT for a bad request,
+        FAILED_PRECONDITION without a store, UNAVAILABLE while it fails."""
+        if self.m.history is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this cluster keeps no job history (set history.url in the cluster file)")
+        try:
+            return await query(self.m.history, request)
+        except history_api.BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except history_api.Unavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"history store unavailable: {exc}")
 
     # ---- workers -------------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Job history on a real cluster: three masters and two workers on loopback, the default SQLite store
+in the data dir. Jobs that succeed, fail and are cancelled appear in `synctl history` exactly once,
+also when the leader is killed with SIGKILL while jobs finish; a job past its retention still
+answers `describe`; `-o sacct` imports into the simulator; `usage` sums the GPU-hours."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from synapse.client.master_client import ClientError
+from synapse.core import codec
+from synapse.core.model import JobSpec, Resources
+from synapse.sim.main import main as sim_main
+from tests.test_gang_execution import wait_for
+from tests.test_synctl import synctl
+
+
+def submit(cluster, name: str, command: list[str], gpu: int = 1) -> str:
+    spec = JobSpec(name=name, tasks=1, resources=Resources(100, 64 << 20, gpu), command=tuple(command))
+    return cluster.client.submit(codec.job_spec_to_proto(spec))
+
+
+def history(cluster, *args: str) -> list[dict]:
+    out = synctl(cluster, "history", "--limit", "0", "-o", "json", *args)
+    assert out.exit_code == 0, out.output
+    return json.loads(out.output)
+
+
+@pytest.mark.slow
+def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_cluster, tmp_path):
+    cluster = make_cluster(masters=3, workers=2, gpus=2, job_retention="2s")
+    expected = {submit(cluster, "ok", ["true"]): "SUCCEEDED", submit(cluster, "bad", ["sh", "-c", "exit 3"]): "FAILED"}
+    long = submit(cluster, "long", ["sleep", "60"])
+    wait_for(lambda: cluster.client.get_job(long).status == "RUNNING", what="the long job to run")
+    cluster.client.cancel(long)
+    expected[long] = "CANCELLED"
+    # jobs finishing while the leader dies: some end before the kill, some after
+    for i in range(8):
+        expected[submit(cluster, f"brief{i}", ["sleep", str(0.2 * (i % 4))])] = "SUCCEEDED"
+    time.sleep(0.5)
+    leader = cluster.wait_leader()
+    cluster.kill_master(leader)
+    cluster.wait_leader(exclude=leader)
+    cluster.restart_master(leader)
+
+    def archived() -> dict[str, str]:
+        return {j["id"]: j["state"] for j in history(cluster)}
+
+    wait_for(lambda: set(archived()) >= set(expected), timeout=60, what="every job in history")
+    assert {k: v for k, v in archived().items() if k in expected} == expected
+    rows = sqlite3.connect(cluster.data_dir / "history.sqlite").execute(
+        "select job_id, count(*) from history_jobs group by job_id").fetchall()
+    assert sorted(job_id for job_id, _ in rows) == sorted(expected) and all(n == 1 for _, n in rows)
+    bad = next(j for j in history(cluster, "--state", "failed"))
+    assert (bad["reason"], bad["exit_code"], bad["attempts"], len(bad["runs"])) == ("Error", 3, 1, 1)
+    cancelled = history(cluster, "--job", long)[0]
+    assert cancelled["reason"] == "Cancelled" and cancelled["cancelled_by"] == "admin"
+
+    # past its retention (2 s from the archive; swept every 10 s) the state forgets it; describe still answers
+    ok = next(job_id for job_id, state in expected.items() if state == "SUCCEEDED")
+
+    def forgotten() -> bool:
+        try:
+            cluster.client.get_job(ok)
+        except ClientError:
+            return True
+        return False
+
+    wait_for(forgotten, timeout=40, what="the job to be forgotten")
+    described = synctl(cluster, "describe", "job", ok)
+    assert described.exit_code == 0 and "from history: SUCCEEDED (Completed)" in described.output, described.output
+    assert synctl(cluster, "describe", "job", "no-such-job").exit_code == 2
+
+    sacct = tmp_path / "month.txt"
+    out = synctl(cluster, "history", "-o", "sacct", "--since", "1d")
+    assert out.exit_code == 0, out.output
+    sacct.write_text(out.output)
+    imported = CliRunner().invoke(sim_main, ["import-sacct", str(sacct), "-o", str(tmp_path / "t.csv")])
+    assert imported.exit_code == 0, imported.output
+    trace_rows = (tmp_path / "t.csv").read_text().strip().splitlines()
+    assert len([r for r in trace_rows if r and not r.startswith("#")]) - 1 == len(expected)  # all ran on a GPU
+
+    usage = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
+    assert [u["key"] for u in usage] == ["default"] and usage[0]["jobs"] == len(expected)
+    assert usage[0]["gpu_hours"] > 0
+    assert synctl(cluster, "history", "--since", "last week").exit_code == 2
+    assert "--state: must be one of" in synctl(cluster, "history", "--state", "done").output
