@@ -17,6 +17,7 @@ from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
 from synapse.sim.main import main as sim_main
 from tests.test_gang_execution import wait_for
+from tests.test_metrics import get
 from tests.test_synctl import synctl
 
 
@@ -29,6 +30,12 @@ def history(cluster, *args: str) -> list[dict]:
     out = synctl(cluster, "history", "--limit", "0", "-o", "json", *args)
     assert out.exit_code == 0, out.output
     return json.loads(out.output)
+
+
+def archived_ids(cluster) -> set[str]:
+    """The jobs `synctl history` lists; none while the store is not there yet."""
+    out = synctl(cluster, "history", "--limit", "0", "-o", "json")
+    return {j["id"] for j in json.loads(out.output)} if out.exit_code == 0 else set()
 
 
 @pytest.mark.slow
@@ -90,3 +97,43 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     assert usage[0]["gpu_hours"] > 0
     assert synctl(cluster, "history", "--since", "last week").exit_code == 2
     assert "--state: must be one of" in synctl(cluster, "history", "--state", "done").output
+
+
+@pytest.mark.slow
+def test_a_postgres_store_down_at_start_and_restarted_mid_run_loses_and_doubles_nothing(make_cluster, postgres):
+    import sqlalchemy as sa
+
+    url = postgres.create("cluster_history")
+    postgres.stop()  # unreachable when the masters start: they start, serve and schedule all the same
+    try:
+        cluster = make_cluster(masters=3, workers=1, gpus=4, history=url)
+        first = [submit(cluster, f"early{i}", ["true"]) for i in range(4)]
+        wait_for(lambda: all(cluster.client.get_job(j).status == "SUCCEEDED" for j in first), timeout=30,
+                 what="jobs to finish with the store down")
+        leader = cluster.master(cluster.wait_leader())
+        status, body = get(leader["http_address"], "/readyz?verbose")
+        assert status == 200 and "[+]history ok (lagging: history store" in body, body
+        assert "synapse_history_store_failing 1.0" in get(leader["http_address"], "/metrics")[1]
+        down = synctl(cluster, "history")
+        assert down.exit_code == 2 and "history store unavailable" in down.output, down.output
+        assert "Connection refused" in down.output, down.output
+        postgres.start()
+        wait_for(lambda: archived_ids(cluster) >= set(first), timeout=60, what="the backlog archived")
+        second = [submit(cluster, f"late{i}", ["sleep", "0.5"]) for i in range(4)]
+        postgres.stop()  # the database restarts while these finish
+        wait_for(lambda: all(cluster.client.get_job(j).status == "SUCCEEDED" for j in second), timeout=30,
+                 what="jobs to finish during the restart")
+        postgres.start()
+        wait_for(lambda: archived_ids(cluster) >= set(first + second), timeout=60,
+                 what="every job archived")
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("select job_id, count(*) from history_jobs group by job_id")).fetchall()
+            cursor = conn.execute(sa.text("select upto from history_cursor")).scalar()
+        engine.dispose()
+        assert sorted(r[0] for r in rows) == sorted(first + second) and all(r[1] == 1 for r in rows)
+        assert cursor == len(first + second)
+        wait_for(lambda: "synapse_history_unarchived_jobs 0.0" in get(leader["http_address"], "/metrics")[1],
+                 what="nothing left unarchived")
+    finally:
+        postgres.start()

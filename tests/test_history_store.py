@@ -19,20 +19,9 @@ from synapse.history.store import (
     runs,
     usage_daily,
 )
-from tests.postgres import PostgresServer, unavailable
 from tests.test_history_core import scenario
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    server = PostgresServer()
-    yield server
-    server.destroy()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -664,7 +664,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 
     async def _from_history(self, query, request, context):
         """Answer from the history store (any replica): INVALID_ARGUMENT for a bad request,
-        FAILED_PRECONDITION without a store, UNAVAILABLE while it fails."""
+        FAILED_PRECONDITION without a store or while it fails (not UNAVAILABLE: every replica
+        shares the store, so a client trying the others would only wait longer)."""
         if self.m.history is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this cluster keeps no job history (set history.url in the cluster file)")
@@ -673,7 +674,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         except history_api.BadRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except history_api.Unavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"history store unavailable: {exc}")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"history store unavailable: {exc}")
 
     # ---- workers -------------------------------------------------------------------------------
 
