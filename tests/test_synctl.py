@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from synapse.client.synctl import main
+from synapse.core import codec
 from tests.test_master_ha import register, wait_status
 
 JOB = """\
@@ -56,7 +57,8 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     assert [j["id"] for j in jobs] == [job_id, big.output.strip()]
     status = json.loads(synctl(cluster, "cluster", "status", "-o", "json").output)
     assert status["leader"]["id"] == cluster.wait_leader() and len(status["replicas"]) == 3
-    assert status["cluster_version"] == 1 and {r["command_version"] for r in status["replicas"]} == {1}
+    version = codec.COMMAND_VERSION
+    assert status["cluster_version"] == version and {r["command_version"] for r in status["replicas"]} == {version}
     # The leader's match index for each follower (none for itself), at most its own log's end.
     followers = [r for r in status["replicas"] if r["state"] == "follower"]
     assert len(followers) == 2 and all(0 < r["matched_index"] for r in followers), status
