@@ -16,6 +16,7 @@ from synapse.client.master_client import ClientError
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
 from synapse.sim.main import main as sim_main
+from tests.test_dashboard import fetch
 from tests.test_gang_execution import wait_for
 from tests.test_metrics import get
 from tests.test_synctl import synctl
@@ -95,6 +96,13 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     usage = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
     assert [u["key"] for u in usage] == ["default"] and usage[0]["jobs"] == len(expected)
     assert usage[0]["gpu_hours"] > 0
+    http = cluster.master(cluster.wait_leader())["http_address"]
+    status, _, page = fetch(http, "/history?state=FAILED", cluster.token)
+    assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page
+    status, _, page = fetch(http, "/history?sort=user&order=asc&days=1", cluster.token)
+    assert status == 200 and all(job_id in page for job_id in expected)
+    status, _, page = fetch(http, "/usage?days=2", cluster.token)
+    assert status == 200 and '<rect class="bar"' in page and "GPU-hours</title>" in page and "default" in page
     assert synctl(cluster, "history", "--since", "last week").exit_code == 2
     assert "--state: must be one of" in synctl(cluster, "history", "--state", "done").output
 

@@ -341,13 +341,16 @@ class HistoryStore:
         return found, more
 
     def usage(self, by: str, since: float, until: float) -> list[dict[str, Any]]:
-        """GPU- and CPU-seconds and jobs per user, queue or UTC day, over the days [since, until]."""
-        column = {"user": usage_daily.c.user_name, "queue": usage_daily.c.queue, "day": usage_daily.c.day}[by]
+        """GPU- and CPU-seconds and jobs per user, queue or UTC day (`day,queue`: per both, keys
+        `key` and `queue`), over the days [since, until]."""
+        columns = {"user": [usage_daily.c.user_name], "queue": [usage_daily.c.queue], "day": [usage_daily.c.day],
+                   "day,queue": [usage_daily.c.day, usage_daily.c.queue]}[by]
         self._ready()
-        stmt = (sa.select(column.label("key"), sa.func.sum(usage_daily.c.gpu_seconds).label("gpu_seconds"),
+        keys = [columns[0].label("key"), *columns[1:]]
+        stmt = (sa.select(*keys, sa.func.sum(usage_daily.c.gpu_seconds).label("gpu_seconds"),
                           sa.func.sum(usage_daily.c.cpu_seconds).label("cpu_seconds"),
                           sa.func.sum(usage_daily.c.jobs).label("jobs"))
-                .group_by(column).order_by(column))
+                .group_by(*columns).order_by(*columns))
         if since:
             stmt = stmt.where(usage_daily.c.day >= day_of(since))
         if until:
