@@ -149,8 +149,9 @@ def test_forgetting_a_job_drops_it_from_the_unarchived():
 
 
 @pytest.mark.parametrize("cmd", [c.HistoryExported(at=1.5, upto=7, term=3),
-                                 c.HistoryOverflow(at=2, job_ids=("a", "b"), term=3)])
-def test_the_history_commands_round_trip_and_need_command_set_version_2(cmd):
+                                 c.HistoryOverflow(at=2, job_ids=("a", "b"), term=3),
+                                 c.SetUsageHalfLife(at=3, half_life=86400.0, term=3)])
+def test_the_new_commands_round_trip_and_need_command_set_version_2(cmd):
     assert codec.decode_command(codec.encode_command(cmd)) == cmd
     assert codec.KIND_VERSIONS[type(cmd)] == 2
 
@@ -159,3 +160,4 @@ def test_day_shares_split_an_interval_over_utc_days():
     day = 1_700_006_400.0  # 2023-11-15T00:00:00Z
     assert history.day_shares(day - 3600, day + 3 * 3600) == [("2023-11-14", 0.25), ("2023-11-15", 0.75)]
     assert history.day_shares(day + 10, day + 10) == [("2023-11-15", 1.0)]
+

@@ -43,7 +43,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.CommitPlan: 1, c.TaskStarted: 1, c.TaskExited: 1, c.CancelJob: 1, c.FailAttempt: 1, c.Barrier: 1,
     c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
     c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
-    c.HistoryExported: 2, c.HistoryOverflow: 2,
+    c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
 })
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
 COMMAND_VERSION = max(KIND_VERSIONS.values())
@@ -196,6 +196,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.history_exported.CopyFrom(commands_pb2.HistoryExported(upto=cmd.upto))
         case c.HistoryOverflow():
             env.history_overflow.CopyFrom(commands_pb2.HistoryOverflow(job_ids=list(cmd.job_ids)))
+        case c.SetUsageHalfLife():
+            env.set_usage_half_life.CopyFrom(commands_pb2.SetUsageHalfLife(half_life_s=cmd.half_life))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -289,6 +291,8 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.HistoryExported(upto=env.history_exported.upto, **base)
         case "history_overflow":
             return c.HistoryOverflow(job_ids=tuple(env.history_overflow.job_ids), **base)
+        case "set_usage_half_life":
+            return c.SetUsageHalfLife(half_life=env.set_usage_half_life.half_life_s, **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 

@@ -219,6 +219,13 @@ class HistoryOverflow(Command):
     job_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetUsageHalfLife(Command):
+    """The half-life of the decayed usage admission weighs (synapse.core.fairshare); 0: none."""
+
+    half_life: float
+
+
 class Rejection(enum.StrEnum):
     """Why a command was rejected, for code that acts on it (the error text is for people)."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from synapse.core import codec, snapshot
+from synapse.core import codec, fairshare, snapshot
 from synapse.core import commands as c
 from synapse.core.commands import Result
 from synapse.core.identity import groups_problem, user_name_problem
@@ -100,6 +100,12 @@ class ClusterState:
         #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
+        self.usage_half_life = 0.0  #: seconds; the decayed usage's half-life (0: none); apply only
+        #: each queue's and user's decayed GPU usage (synapse.core.fairshare), from the commands'
+        #: own timestamps; apply only
+        self.queue_decay: dict[str, fairshare.DecayedUsage] = {}
+        self.user_decay: dict[str, fairshare.DecayedUsage] = {}
+        self.usage_clock = 0.0  #: the latest time a decayed usage was brought to; apply only
         #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
         self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
         self.event_seq = 0  #: the cursor of the newest event; apply only
@@ -123,7 +129,7 @@ class ClusterState:
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
             c.SetNodeHealth: self._set_node_health, c.HistoryExported: self._history_exported,
-            c.HistoryOverflow: self._history_overflow,
+            c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -366,7 +372,7 @@ class ClusterState:
             self.live_tasks[node.id].add(task.key)
         for node_id in {p.node_id for p in cmd.placements}:
             self.index.update(self.nodes[node_id])
-        self._use(job, per_task.scaled(len(job.tasks)))
+        self._use(job, per_task.scaled(len(job.tasks)), cmd.at)
         self._release_hold(job.id)
         job.pending_reason = ""
         self.pending.remove((job.queue_key(), job.id))
@@ -650,9 +656,25 @@ class ClusterState:
             for node_id in hold.nodes:
                 self.held_nodes.pop(node_id, None)
 
-    def _use(self, job: Job, delta: Resources) -> None:
+    def _use(self, job: Job, delta: Resources, at: float | None = None) -> None:
+        """Count what the job's live tasks take (or give back) in its queue's usage; with `at` (in
+        apply, not when a snapshot rebuilds it), in the decayed usage of its queue and user too."""
         name = self.queue_of(job)
         self.queue_usage[name] = self.queue_usage.get(name, Resources()) + delta
+        if at is not None:
+            half_life = self.usage_half_life
+            self.queue_decay[name] = fairshare.accrue(self.queue_decay.get(name), delta.gpu, at, half_life)
+            self.user_decay[job.user] = fairshare.accrue(self.user_decay.get(job.user), delta.gpu, at, half_life)
+            self.usage_clock = max(self.usage_clock, at)
+
+    def _set_usage_half_life(self, cmd: c.SetUsageHalfLife) -> Result:
+        if cmd.half_life < 0:
+            return Result.rejected("the usage half-life must not be negative")
+        for table in (self.queue_decay, self.user_decay):  # decayed up to now under the old half-life
+            for key, entry in table.items():
+                table[key] = fairshare.accrue(entry, 0, cmd.at, self.usage_half_life)
+        self.usage_half_life = cmd.half_life
+        return Result(True)
 
     # ---- queues ---------------------------------------------------------------------------------
 
@@ -702,7 +724,7 @@ class ClusterState:
         """The task is gone: give its resources back, and record why it ended."""
         job = self.jobs.get(task.job_id)
         if job is not None:
-            self._use(job, Resources() - task.resources)
+            self._use(job, Resources() - task.resources, at)
         node = self.nodes[task.node_id]
         node.used = node.used - task.resources
         node.gpus_in_use.difference_update(task.gpus)

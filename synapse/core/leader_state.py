@@ -72,6 +72,8 @@ class LeaderConfig:
     job_retention: float = 3600.0
     history: bool = False  #: a history store is configured: never forget a job it does not hold yet
     max_unarchived: int = 0  #: with history: finished jobs kept unarchived at most; beyond, the oldest go (loudly)
+    #: the decayed usage's half-life the state should have (synapse.core.fairshare); None: leave it be
+    usage_half_life: float | None = None
     preempt: bool = True  #: plan preemptions (only for jobs of admin-defined queues)
     policy: QueuePolicy = schedule_round  #: the queue policy (the simulator runs baselines through it)
 
@@ -215,6 +217,9 @@ class LeaderState:
 
     def _started(self, state: ClusterState, s: Started) -> list[Instruction]:
         self.heartbeats.grace(state.nodes, s.mono)
+        half_life = self.config.usage_half_life
+        if half_life is not None and half_life != state.usage_half_life:
+            return [Propose(c.SetUsageHalfLife(at=s.at, half_life=half_life)), Reschedule("leader ready")]
         return [Reschedule("leader ready")]
 
     def _round(self, state: ClusterState, s: RoundDue) -> list[Instruction]:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from synapse.core.fairshare import DecayedUsage
 from synapse.core.model import (
     ClusterEvent,
     Event,
@@ -49,6 +50,9 @@ def encode(state: Any) -> dict[str, Any]:
         "queues": [_queue_to_dict(q) for _, q in sorted(state.queues.items())],
         "event_seq": state.event_seq,
         "archive": [state.archive_seq, state.archived_upto, state.history_dropped],
+        "decay": {"half_life": state.usage_half_life, "clock": state.usage_clock,
+                  "queues": [[k, *v] for k, v in sorted(state.queue_decay.items())],
+                  "users": [[k, *v] for k, v in sorted(state.user_decay.items())]},
         "cluster_events": [list(e) for e in state.cluster_events],
         "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
                   for _, h in sorted(state.holds.items())],
@@ -84,6 +88,10 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         state.live_tasks[node.id] = set()
         state.index.update(node)
         state._note_capacity(node.capacity)  # derived as apply keeps it, by apply's own code
+    decay = data.get("decay", {})
+    state.usage_half_life, state.usage_clock = decay.get("half_life", 0.0), decay.get("clock", 0.0)
+    state.queue_decay = {k: DecayedUsage(*v) for k, *v in decay.get("queues", ())}
+    state.user_decay = {k: DecayedUsage(*v) for k, *v in decay.get("users", ())}
     if "archive" in data:
         state.archive_seq, state.archived_upto, state.history_dropped = data["archive"]
     else:  # a snapshot from before history: number its finished jobs in the order they ended

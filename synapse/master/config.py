@@ -10,6 +10,7 @@
     election_timeout: {min: 500ms, max: 1s}
     job_retention: 1h                         # finished jobs are forgotten this long after they end
                                               # (with history: after the store holds them); 0 = keep forever
+    fair_share_half_life: 7d                  # fair share remembers GPU time used, halved every 7d; 0: current only
     history:                                  # optional: job history and accounting (README)
       url: {env: SYNAPSE_HISTORY_URL}         # sqlite:////var/lib/synapse/history.sqlite or
                                               # postgresql+psycopg://USER:PASSWORD@HOST/DB
@@ -43,6 +44,7 @@ from typing import Any
 import yaml
 
 from synapse.common.tls import TLSFiles
+from synapse.core.fairshare import DEFAULT_HALF_LIFE_S
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
 from synapse.history.settings import HistorySettings
@@ -83,6 +85,7 @@ class ClusterConfig:
     #: a verified client certificate's common name identifies a user when the call carries no token
     user_certs: bool = False
     history: HistorySettings | None = None  #: None: no history store
+    fair_share_half_life: float = DEFAULT_HALF_LIFE_S  #: seconds; the decayed usage admission weighs; 0: current only
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replica(self, replica_id: str) -> Replica:
@@ -135,7 +138,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
-             "job_retention", "history"}
+             "job_retention", "history", "fair_share_half_life"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -202,7 +205,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
         user_certs=bool(tls_doc.get("user_certs", False)),
-        history=_history(doc.get("history"), need_secrets))
+        history=_history(doc.get("history"), need_secrets),
+        fair_share_half_life=_duration(doc, "fair_share_half_life", DEFAULT_HALF_LIFE_S))
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
     if config.user_certs and not config.require_worker_certs:

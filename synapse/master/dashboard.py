@@ -15,6 +15,7 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
+from synapse.core import fairshare
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
 from synapse.master import dashboard_history
 
@@ -197,14 +198,17 @@ class Dashboard:
             for j in state.pending_jobs():
                 waiting[state.queue_of(j)] = waiting.get(state.queue_of(j), 0) + 1
             rows = []
+            now, half_life = time.time(), state.usage_half_life
             for name in names:
                 q = state.queues.get(name)
                 usage = state.queue_usage.get(name)
                 pending = waiting.get(name, 0)
+                remembered = fairshare.value_at(state.queue_decay.get(name), now, half_life) / 3600
                 rows.append([escape(name), escape(q.parent) if q and q.parent else "-", f"{q.weight:g}" if q else "1",
-                             str(usage.gpu if usage else 0), str(q.guaranteed.gpu) if q else "0",
+                             str(usage.gpu if usage else 0), f"{remembered:.1f}", str(q.guaranteed.gpu) if q else "0",
                              str(q.max.gpu) if q and q.max.gpu >= 0 else "-", str(pending)])
-        return _page("Queues", _table(["Queue", "Parent", "Weight", "GPUs used", "Guaranteed", "Max", "Pending"], rows))
+        return _page("Queues", _table(["Queue", "Parent", "Weight", "GPUs used", "GPU-hours (decayed)", "Guaranteed",
+                                       "Max", "Pending"], rows))
 
     def jobs(self, args: dict[str, str]) -> str:
         jobs = self._jobs()

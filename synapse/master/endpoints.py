@@ -22,7 +22,7 @@ import grpc
 from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, preemption
+from synapse.core import codec, fairshare, preemption
 from synapse.core import commands as c
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
@@ -580,6 +580,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         with self.m.lock:
             state = self.m.state
             usage = dict(state.queue_usage)  # kept by apply: what each queue's live tasks hold
+            now, half_life = time.time(), state.usage_half_life
+            remembered = {name: fairshare.value_at(entry, now, half_life) / 3600
+                          for name, entry in state.queue_decay.items()}
             counts: dict[str, list[int]] = {}
             for job in state.jobs.values():
                 if not job.status.terminal:
@@ -593,7 +596,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             pending, running = counts.get(name, [0, 0])
             return api_pb2.QueueInfo(spec=codec.queue_to_proto(queue), pending=pending, running=running,
                                      usage=codec.resources_to_proto(usage.get(name, Resources())),
-                                     implicit=implicit and name == DEFAULT_QUEUE)
+                                     implicit=implicit and name == DEFAULT_QUEUE,
+                                     decayed_gpu_hours=remembered.get(name, 0.0))
 
         return api_pb2.ListQueuesReply(queues=[info(n, q) for n, q in sorted(queues.items())])
 

@@ -68,7 +68,7 @@ class LeaderLoops:
         history = master.history
         self.brain = LeaderState(LeaderConfig(
             heartbeat_timeout=config.heartbeat_timeout, job_retention=config.job_retention,
-            history=history is not None,
+            history=history is not None, usage_half_life=config.fair_share_half_life,
             max_unarchived=history.settings.max_unarchived if history is not None else 0))
         self.view: LeaderView = self.brain  #: what endpoints, metrics and the dashboard read
         self._tasks: list[asyncio.Task] = []

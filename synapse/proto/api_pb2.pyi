@@ -1579,10 +1579,13 @@ class QueueInfo(_message.Message):
     PENDING_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     IMPLICIT_FIELD_NUMBER: _builtins.int
+    DECAYED_GPU_HOURS_FIELD_NUMBER: _builtins.int
     pending: _builtins.int
     running: _builtins.int
     implicit: _builtins.bool
     """the default queue, not defined by a file: no limits"""
+    decayed_gpu_hours: _builtins.float
+    """GPU time used lately, halved every fair_share_half_life (0: none kept)"""
     @_builtins.property
     def spec(self) -> _types_pb2.QueueSpec: ...
     @_builtins.property
@@ -1597,10 +1600,11 @@ class QueueInfo(_message.Message):
         pending: _builtins.int = ...,
         running: _builtins.int = ...,
         implicit: _builtins.bool = ...,
+        decayed_gpu_hours: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["implicit", b"implicit", "pending", b"pending", "running", b"running", "spec", b"spec", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decayed_gpu_hours", b"decayed_gpu_hours", "implicit", b"implicit", "pending", b"pending", "running", b"running", "spec", b"spec", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -54,6 +54,7 @@ class Command(_message.Message):
     SET_NODE_HEALTH_FIELD_NUMBER: _builtins.int
     HISTORY_EXPORTED_FIELD_NUMBER: _builtins.int
     HISTORY_OVERFLOW_FIELD_NUMBER: _builtins.int
+    SET_USAGE_HALF_LIFE_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -110,6 +111,8 @@ class Command(_message.Message):
     def history_exported(self) -> Global___HistoryExported: ...
     @_builtins.property
     def history_overflow(self) -> Global___HistoryOverflow: ...
+    @_builtins.property
+    def set_usage_half_life(self) -> Global___SetUsageHalfLife: ...
     def __init__(
         self,
         *,
@@ -141,16 +144,38 @@ class Command(_message.Message):
         set_node_health: Global___SetNodeHealth | None = ...,
         history_exported: Global___HistoryExported | None = ...,
         history_overflow: Global___HistoryOverflow | None = ...,
+        set_usage_half_life: Global___SetUsageHalfLife | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "history_exported", "history_overflow"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "history_exported", "history_overflow", "set_usage_half_life"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class SetUsageHalfLife(_message.Message):
+    """The half-life, in seconds, of the decayed GPU usage fair share weighs; 0 keeps no memory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HALF_LIFE_S_FIELD_NUMBER: _builtins.int
+    half_life_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        half_life_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["half_life_s", b"half_life_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUsageHalfLife: _TypeAlias = SetUsageHalfLife  # noqa: Y015
 
 @_typing.final
 class HistoryExported(_message.Message):
