@@ -77,8 +77,10 @@ jobs = sa.Table(
     sa.Column("dependency", sa.Text, nullable=True),
 )
 sa.Index("ix_history_jobs_end", jobs.c.end_at, jobs.c.job_id)
-sa.Index("ix_history_jobs_user_end", jobs.c.user_name, jobs.c.end_at)
-sa.Index("ix_history_jobs_queue_end", jobs.c.queue, jobs.c.end_at)
+# each filter's index ends with the page order (end, id), so a page is read in order, never sorted
+sa.Index("ix_history_jobs_user_end", jobs.c.user_name, jobs.c.end_at, jobs.c.job_id)
+sa.Index("ix_history_jobs_queue_end", jobs.c.queue, jobs.c.end_at, jobs.c.job_id)
+sa.Index("ix_history_jobs_state_end", jobs.c.state, jobs.c.end_at, jobs.c.job_id)
 
 runs = sa.Table(
     "history_runs", metadata,
