@@ -15,6 +15,9 @@ and time until the next write is acknowledged through the client; the killed rep
 restarted and the cluster is let settle between trials. Targets: >= 1,000 submissions/s with
 p99 <= 50 ms; failover p50 <= 1 s, max <= 3 s. Every fault-free phase counts the elections it saw
 (bench/support/elections.py); one there fails the run (exit 1): a loaded leader must not be lost.
+(c) The history exporter's cost: jobs submitted then cancelled (so they finish and are archived)
+per second on the cluster above (SQLite history, synapse-local's default) and on one without
+history, in the same run.
 """
 
 from __future__ import annotations
@@ -82,7 +85,10 @@ def leader_of(state: dict) -> str:
         client.close()
 
 
-def submit_load(client_addresses: list[str], token: str, total: int, threads: int) -> tuple[float, list[float]]:
+def submit_load(client_addresses: list[str], token: str, total: int, threads: int, *, cancel: bool = False,
+                prefix: str = "load") -> tuple[float, list[float]]:
+    """Submissions per second (with `cancel`, each job is cancelled once submitted: a job that
+    finishes, which the history exporter archives), and each operation's latency."""
     latencies: list[float] = []
     lock = threading.Lock()
     proto = codec.job_spec_to_proto(SPEC)
@@ -92,7 +98,9 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
         mine = []
         for i in range(k, total, threads):
             t0 = time.perf_counter()
-            client.submit(proto, request_id=f"load-{i}")
+            job_id = client.submit(proto, request_id=f"{prefix}-{i}")
+            if cancel:
+                client.cancel(job_id)
             mine.append((time.perf_counter() - t0) * 1000)
         client.close()
         with lock:
@@ -232,6 +240,9 @@ def main() -> None:
             with elections.phase("asyncio load"), CpuMeter(state["masters"], leader) as aio_meter:
                 aio_rate, aio_latencies = submit_load_asyncio(leader_address, state["token"], args.submits,
                                                               args.threads)
+            with elections.phase("submit+cancel load"):  # jobs that finish: the exporter archives each
+                history_rate, _ = submit_load(addresses, state["token"], args.submits, args.threads, cancel=True,
+                                              prefix="done")
             elections.close()
             failovers = failover_trials(data_dir, state, args.trials)  # elections expected: not counted
         finally:
@@ -248,6 +259,18 @@ def main() -> None:
             elections.counts.update(loose_elections.counts)
         finally:
             local.down(loose_dir)
+        # The same jobs that finish, on a cluster that keeps no history: what the exporter costs.
+        bare_dir = workdir / "cluster-no-history"
+        bare = local.up(bare_dir, 3, 0, 1, 8, local.free_base_port(3), history="none")
+        try:
+            bare_elections = Elections(bare)
+            with bare_elections.phase("submit+cancel load, no history"):
+                bare_rate, _ = submit_load([m["api_address"] for m in bare["masters"]], bare["token"], args.submits,
+                                           args.threads, cancel=True, prefix="done")
+            bare_elections.close()
+            elections.counts.update(bare_elections.counts)
+        finally:
+            local.down(bare_dir)
     report = {"submits_per_s": round(rate, 1), "submit_p50_ms": round(percentile(latencies, 0.5), 2),
               "submit_p99_ms": round(percentile(latencies, 0.99), 2), "raw_raft_ops_per_s": round(raw, 1),
               "failover_p50_s": round(statistics.median(failovers), 3), "failover_max_s": round(max(failovers), 3),
@@ -260,6 +283,8 @@ def main() -> None:
               "asyncio_client_submit_p99_ms": round(percentile(aio_latencies, 0.99), 2),
               "asyncio_client_cpu_ms_per_submit": aio_meter.per_submit_ms(args.submits),
               "asyncio_client_machine_busy": round(aio_meter.busy, 2),
+              "submit_cancel_per_s_with_history": round(history_rate, 1),
+              "submit_cancel_per_s_without_history": round(bare_rate, 1),
               "fault_free_elections": elections.fault_free()}
     if args.json:
         print(json.dumps(report))
@@ -276,6 +301,9 @@ def main() -> None:
     print(f"same load from one asyncio client: {report['asyncio_client_submits_per_s']:,.0f}/s  "
           f"p99 {report['asyncio_client_submit_p99_ms']} ms; CPU per submission (ms): {aio}; "
           f"machine {report['asyncio_client_machine_busy']:.0%} busy")
+    print(f"jobs submitted then cancelled (finished jobs): {report['submit_cancel_per_s_with_history']:,.0f}/s with "
+          f"the default SQLite history store exporting each, {report['submit_cancel_per_s_without_history']:,.0f}/s "
+          "on a cluster without history")
     print(f"raw pysyncobj, same command: {report['raw_raft_ops_per_s']:,.0f}/s  "
           f"(gRPC path = {rate / raw:.2f} x raw)")
     print(f"failover (kill -9 leader -> next write acked), {len(failovers)} trials: "

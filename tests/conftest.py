@@ -165,3 +165,16 @@ def make_cluster(tmp_path):
     yield make
     for cluster in started:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of the tests' own (tests/postgres.py), or a skip saying why there is none."""
+    from tests.postgres import PostgresServer, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    server = PostgresServer()
+    yield server
+    server.destroy()

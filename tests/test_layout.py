@@ -24,9 +24,10 @@ ALLOWED = {
     "core": {"proto"},
     "common": {"core", "proto"},
     "client": {"core", "common", "proto"},
-    "master": {"core", "common", "proto"},
+    "master": {"core", "common", "proto", "history"},
+    "history": {"core"},  # the history store and its exporter: the master runs them
     "worker": {"core", "common", "client", "proto"},
-    "local": {"core", "common", "client", "proto"},
+    "local": {"core", "common", "client", "proto", "history"},  # history: checks --history's URL
     "sim": {"core", "common"},  # the evaluation: the pure core on a simulated clock, never master/worker/gRPC
     "proto": set(),
 }

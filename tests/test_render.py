@@ -126,18 +126,18 @@ def test_a_queue_leaves_out_the_limits_it_does_not_set():
     queue = Queue(name="research", parent="root", weight=2.0, guaranteed=Resources(8000, 64 * GI, 8),
                   max=Resources(-1, -1, 16), lending_limit=Resources(-1, -1, -1), users=("alice",), groups=("ml",))
     info = api_pb2.QueueInfo(spec=codec.queue_to_proto(queue), usage=types_pb2.Resources(gpu=4, cpu_millis=1000),
-                             pending=2, running=1)
+                             pending=2, running=1, decayed_gpu_hours=12.34)
     implicit = api_pb2.QueueInfo(spec=types_pb2.QueueSpec(name="default", weight=1.0), implicit=True)
     research = render.queue_dict(info)
     assert research == {
         "name": "research", "parent": "root", "weight": 2.0,
         "guaranteed": {"gpu": 8, "cpu": "8", "memory": "64Gi"}, "max": {"gpu": 16}, "lending_limit": {},
         "users": ["alice"], "groups": ["ml"], "preemption": {"rules": [], "min_runtime_s": 0.0, "max_grace_s": 0.0},
-        "usage": {"gpu": 4, "cpu": "1", "memory": "0"}, "pending": 2, "running": 1}
+        "usage": {"gpu": 4, "cpu": "1", "memory": "0"}, "decayed_gpu_hours": 12.34, "pending": 2, "running": 1}
     assert render.queue_dict(implicit)["implicit"] is True
     assert render.queues_table([research]).split("\n") == [
-        "NAME      PARENT  WEIGHT  GPU USED  GPU GUARANTEED  GPU MAX  PENDING  RUNNING",
-        "research  root    2       4         8               16       2        1"]
+        "NAME      PARENT  WEIGHT  GPU USED  GPU-H DECAYED  GPU GUARANTEED  GPU MAX  PENDING  RUNNING",
+        "research  root    2       4         12.3           8               16       2        1"]
     assert render.applied(api_pb2.ApplyQueuesReply(created=["a"], changed=["b"], unchanged=["c"])) == [
         "queue/a created", "queue/b configured", "queue/c unchanged"]
 

@@ -39,6 +39,7 @@ N = V + 1
 #: The next release's command set (AddUser new in it), and the release before, which lacks AddUser.
 NEWER = codec.CommandSet({**codec.KIND_VERSIONS, c.AddUser: codec.COMMAND_VERSION + 1}, codec.COMMAND_VERSION + 1)
 OLDER = codec.CommandSet(NEWER.introduced, codec.COMMAND_VERSION)
+V = codec.COMMAND_VERSION  #: the older release's version; the newer one's is V + 1
 
 REGISTER = c.RegisterNode(at=1, node_id="n1", address="h:1", topology=("z", "b", "r"),
                           capacity=Resources(8000, 1 << 30, 8))

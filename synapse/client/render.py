@@ -250,8 +250,8 @@ def queue_dict(q: api_pb2.QueueInfo) -> dict[str, Any]:
             "lending_limit": _amounts(s.lending_limit, True), "users": list(s.users), "groups": list(s.groups),
             "preemption": {"rules": list(s.preemption_rules), "min_runtime_s": s.min_runtime_s,
                            "max_grace_s": s.max_grace_s},
-            "usage": _amounts(q.usage, False), "pending": q.pending, "running": q.running,
-            **({"implicit": True} if q.implicit else {})}
+            "usage": _amounts(q.usage, False), "decayed_gpu_hours": round(q.decayed_gpu_hours, 3),
+            "pending": q.pending, "running": q.running, **({"implicit": True} if q.implicit else {})}
 
 
 def _gpus(amounts: dict[str, Any]) -> str:
@@ -259,9 +259,11 @@ def _gpus(amounts: dict[str, Any]) -> str:
 
 
 def queues_table(queues: list[dict[str, Any]]) -> str:
-    return table(["NAME", "PARENT", "WEIGHT", "GPU USED", "GPU GUARANTEED", "GPU MAX", "PENDING", "RUNNING"],
-                 [[q["name"], q["parent"] or "-", f"{q['weight']:g}", _gpus(q["usage"]), _gpus(q["guaranteed"]),
-                   _gpus(q["max"]), q["pending"], q["running"]] for q in queues])
+    return table(["NAME", "PARENT", "WEIGHT", "GPU USED", "GPU-H DECAYED", "GPU GUARANTEED", "GPU MAX", "PENDING",
+                  "RUNNING"],
+                 [[q["name"], q["parent"] or "-", f"{q['weight']:g}", _gpus(q["usage"]),
+                   f"{q['decayed_gpu_hours']:.1f}", _gpus(q["guaranteed"]), _gpus(q["max"]), q["pending"],
+                   q["running"]] for q in queues])
 
 
 def queue_description(q: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ import click
 import grpc
 import yaml
 
-from synapse.client import render
+from synapse.client import accounting, render
 from synapse.client.jobfile import load_job_file
 from synapse.client.master_client import (
     AuthError,
@@ -259,9 +259,30 @@ def describe() -> None:
 @OUTPUT
 @click.pass_obj
 def describe_job(obj: Context, job_id: str, output: str) -> None:
-    """Status, attempt, placement, events, and for a pending job why it waits."""
-    job = render.job_dict(run(lambda: obj.client.get_job(job_id)))
+    """Status, attempt, placement, events, and for a pending job why it waits; a job past its
+    retention, from the history store."""
+    try:
+        job = render.job_dict(run(lambda: _live_job(obj, job_id)))
+    except LookupError as gone:
+        emit(accounting.history_dict(gone.args[0]), output, accounting.history_description)
+        return
     emit(job, output, render.job_description)
+
+
+def _live_job(obj: Context, job_id: str) -> api_pb2.JobInfo:
+    """The job from the state; LookupError(HistoryJob) once only the history store holds it."""
+    try:
+        return obj.client.get_job(job_id)
+    except ClientError as exc:
+        if exc.code != grpc.StatusCode.NOT_FOUND:
+            raise
+        try:
+            found = obj.client.call("ListHistory", api_pb2.ListHistoryRequest(job_id=job_id)).jobs
+        except ClientError:
+            raise exc from None  # no store, or it fails: the job is unknown, as before
+        if not found:
+            raise
+        raise LookupError(found[0]) from None
 
 
 @describe.command("node")
@@ -630,6 +651,76 @@ def whoami(obj: Context, output: str) -> None:
     """Who the cluster takes you for, and your role."""
     me = render.user_dict(run(lambda: obj.client.call("WhoAmI", api_pb2.WhoAmIRequest())))
     emit(me, output, render.whoami_text)
+
+
+
+# ---- history and accounting ----------------------------------------------------------------------
+
+def _times(since: str, until: str) -> tuple[float, float]:
+    now = time.time()
+    try:
+        return accounting.parse_time(since, "--since", now), accounting.parse_time(until, "--until", now)
+    except accounting.TimeError as exc:
+        fail(str(exc), 2)
+
+
+SINCE = click.option("--since", default="", help="from this long ago (7d, 12h) or this UTC date (2026-11-01)")
+UNTIL = click.option("--until", default="", help="until this long ago or this UTC date (default: now)")
+
+
+@main.command("history")
+@click.option("--user", default="", help="only jobs this user submitted")
+@click.option("--queue", default="", help="only jobs of this queue")
+@click.option("--state", default="", help="only jobs that ended SUCCEEDED, FAILED or CANCELLED")
+@click.option("--job", "job_id", default="", help="only this job")
+@SINCE
+@UNTIL
+@click.option("--limit", default=1000, show_default=True, help="at most this many jobs (0: all)")
+@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml", "sacct"]), default="table",
+              show_default=True, help="output format; sacct: `sacct --parsable2` with Open XDMoD's fields")
+@click.option("--noheader", is_flag=True, help="with -o sacct: no header line (as XDMoD's shredder wants)")
+@click.option("--duplicates", is_flag=True, help="with -o sacct: a line for every run, not only the last")
+@click.option("--cluster", "cluster_name", default="synapse", show_default=True, help="with -o sacct: Cluster")
+@click.pass_obj
+def history(obj: Context, user: str, queue: str, state: str, job_id: str, since: str, until: str, limit: int,
+            output: str, noheader: bool, duplicates: bool, cluster_name: str) -> None:
+    """Finished jobs from the history store, by end time (times in UTC)."""
+    start, end = _times(since, until)
+    state = state.upper()
+    if state and state not in TERMINAL:
+        fail(f"--state: must be one of {', '.join(sorted(TERMINAL))}, not {state!r}", 2)
+    if limit < 0:
+        fail("--limit: must not be negative", 2)
+    jobs: list[api_pb2.HistoryJob] = []
+    after_end, after_id = 0.0, ""
+    while True:
+        request = api_pb2.ListHistoryRequest(
+            user=user, queue=queue, state=state, job_id=job_id, since=start, until=end,
+            limit=min(5000, limit - len(jobs)) if limit else 5000, after_end=after_end, after_id=after_id)
+        reply = run(lambda r=request: obj.client.call("ListHistory", r, try_timeout=30))
+        jobs += reply.jobs
+        if not reply.more or not reply.jobs or (limit and len(jobs) >= limit):
+            break
+        after_end, after_id = reply.jobs[-1].end, reply.jobs[-1].job_id
+    if output == "sacct":
+        for line in accounting.sacct_lines(jobs, cluster_name, header=not noheader, duplicates=duplicates):
+            click.echo(line)
+        return
+    emit([accounting.history_dict(j) for j in jobs], output, accounting.history_table)
+
+
+@main.command("usage")
+@click.option("--by", type=click.Choice(["user", "queue", "day"]), default="user", show_default=True,
+              help="sum GPU- and CPU-hours per user, queue or UTC day")
+@SINCE
+@UNTIL
+@OUTPUT
+@click.pass_obj
+def usage(obj: Context, by: str, since: str, until: str, output: str) -> None:
+    """GPU-hours and CPU-hours allocated, per user, queue or day, from the history store."""
+    start, end = _times(since, until)
+    reply = run(lambda: obj.client.call("GetUsage", api_pb2.GetUsageRequest(by=by, since=start, until=end)))
+    emit(accounting.usage_dicts(reply), output, lambda rows: accounting.usage_table(rows, by))
 
 
 if __name__ == "__main__":

@@ -7,15 +7,17 @@ asks two things of a waiting gang:
   `max_block` says why a gang would break that, counting usage claimed earlier in the same round.
 * **order** — across queues, gangs whose queue stays within its `guaranteed` resources once they run
   come first; then the lowest weighted dominant share once admitted (Kueue's: the largest fraction
-  of the READY pool the queue uses beyond its guarantee, over its weight); within a queue, priority
-  then submission time.
+  of the READY pool the queue uses beyond its guarantee, plus, with a usage half-life, the decayed
+  GPU time it used lately as a fraction of the pool's (synapse.core.fairshare), over its weight);
+  within a queue, priority then submission time.
 
 The scheduler asks both on every round; preemption planning uses the same guarantees and shares
-to choose its victims.
+to choose its victims (on current usage alone).
 """
 
 from __future__ import annotations
 
+from synapse.core.fairshare import history_share
 from synapse.core.fsm import ClusterState
 from synapse.core.model import UNLIMITED, Job, NodeStatus, Queue, Resources
 
@@ -70,8 +72,9 @@ def admission_key(state: ClusterState, job: Job, pool: Resources) -> tuple:
     share after admission; within a queue, priority then submission time (the job's queue key)."""
     queue = queue_of(state, job)
     after = usage_of(state, queue.name) + job.spec.total
+    remembered = history_share(state.queue_decay.get(queue.name), state.usage_clock, state.usage_half_life, pool.gpu)
     return (bool(beyond_guarantee(after, queue.guaranteed)) if _declares(queue) else True,
-            share(queue, after, pool), job.queue_key())
+            share(queue, after, pool) + remembered / queue.weight, job.queue_key())
 
 
 def _declares(queue: Queue) -> bool:

@@ -53,6 +53,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     # which no older replica can hold: those kinds keep version 1.
     c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2,
     c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
+    c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -230,6 +231,12 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.revoke_join_token.CopyFrom(commands_pb2.RevokeJoinToken(token_id=cmd.token_id))
         case c.JoinNode():
             env.join_node.CopyFrom(commands_pb2.JoinNode(token_id=cmd.token_id, node=register_node_to_proto(cmd.node)))
+        case c.HistoryExported():
+            env.history_exported.CopyFrom(commands_pb2.HistoryExported(upto=cmd.upto))
+        case c.HistoryOverflow():
+            env.history_overflow.CopyFrom(commands_pb2.HistoryOverflow(job_ids=list(cmd.job_ids)))
+        case c.SetUsageHalfLife():
+            env.set_usage_half_life.CopyFrom(commands_pb2.SetUsageHalfLife(half_life_s=cmd.half_life))
         case _:
             raise CodecError(f"unknown command type {type(cmd).__name__}")
     return env
@@ -350,6 +357,12 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
         case "join_node":
             b = env.join_node
             return c.JoinNode(token_id=b.token_id, node=register_node_from_proto(b.node, base), **base)
+        case "history_exported":
+            return c.HistoryExported(upto=env.history_exported.upto, **base)
+        case "history_overflow":
+            return c.HistoryOverflow(job_ids=tuple(env.history_overflow.job_ids), **base)
+        case "set_usage_half_life":
+            return c.SetUsageHalfLife(half_life=env.set_usage_half_life.half_life_s, **base)
         case _:
             raise CodecError(f"command has no known body (got {kind!r})")
 

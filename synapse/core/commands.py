@@ -251,6 +251,29 @@ class PendingReasons(Command):
     entries: tuple[PendingReason, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryExported(Command):
+    """The history store holds every finished job with an archive sequence number up to `upto`
+    (the exporter committed its rows and this cursor in one transaction before proposing it)."""
+
+    upto: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryOverflow(Command):
+    """Forget these finished jobs although the history store does not hold them: the unarchived
+    jobs reached the cap (`history.max_unarchived`). Loud: a Warning event, a counter, a metric."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetUsageHalfLife(Command):
+    """The half-life of the decayed usage admission weighs (synapse.core.fairshare); 0: none."""
+
+    half_life: float
+
+
 class Rejection(enum.StrEnum):
     """Why a command was rejected, for code that acts on it (the error text is for people)."""
 

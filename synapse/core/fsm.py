@@ -22,7 +22,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from synapse.core import codec, dependencies, elastic, snapshot
+from synapse.core import codec, dependencies, elastic, fairshare, snapshot
 from synapse.core import commands as c
 from synapse.core.arrays import ArraySpecError, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
@@ -47,6 +47,7 @@ from synapse.core.model import (
     PackMode,
     Queue,
     Resources,
+    Run,
     Task,
     TaskState,
     User,
@@ -68,6 +69,9 @@ _JOB_REASONS = {
     "Failed": ("JobFailed", "Warning"), "Cancelled": ("JobCancelled", "Normal"),
     "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
 }
+#: Ended attempts kept per job (the first and the latest ones; a gang preempted without end would
+#: otherwise grow without bound).
+MAX_RUNS_PER_JOB = 100
 #: A gang preempted this many times within PREEMPTION_WINDOW_S is exempt from the priority and
 #: fair-share rules for the rest of that window (reclaim still applies): no gang thrashes.
 PREEMPTION_BUDGET = 3
@@ -105,6 +109,12 @@ class ClusterState:
         #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
+        self.usage_half_life = 0.0  #: seconds; the decayed usage's half-life (0: none); apply only
+        #: each queue's and user's decayed GPU usage (synapse.core.fairshare), from the commands'
+        #: own timestamps; apply only
+        self.queue_decay: dict[str, fairshare.DecayedUsage] = {}
+        self.user_decay: dict[str, fairshare.DecayedUsage] = {}
+        self.usage_clock = 0.0  #: the latest time a decayed usage was brought to; apply only
         #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
         self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
         self.event_seq = 0  #: the cursor of the newest event; apply only
@@ -114,6 +124,12 @@ class ClusterState:
         #: forgotten jobs' and arrays' final status, for dependencies on them (oldest first, at most
         #: MAX_FINISHED_RECORDS); apply only
         self.finished: dict[str, str] = {}
+        self.archive_seq = 0  #: jobs finished so far: the archive sequence number of the newest; apply only
+        self.archived_upto = 0  #: the history store holds every finished job numbered up to this; apply only
+        self.history_dropped = 0  #: finished jobs forgotten before the store held them (the cap); apply only
+        #: archive sequence number -> id of each finished job the store does not hold yet, in finishing
+        #: order (what the exporter reads, and what retention may not forget); derived, rebuilt on restore
+        self.unarchived: dict[int, str] = {}
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -129,8 +145,10 @@ class ClusterState:
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
             c.SetNodeHealth: self._set_node_health, c.SubmitWorkflowJob: self._submit_job,
             c.SetArrayThrottle: self._set_array_throttle, c.ResizeGang: self._resize_gang,
-            c.SetNodeHealth: self._set_node_health, c.CreateJoinToken: self._create_join_token,
+            c.CreateJoinToken: self._create_join_token,
             c.RevokeJoinToken: self._revoke_join_token, c.JoinNode: self._join_node,
+            c.HistoryExported: self._history_exported,
+            c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -564,7 +582,7 @@ class ClusterState:
             self.live_tasks[node.id].add(task.key)
         for node_id in {p.node_id for p in cmd.placements}:
             self.index.update(self.nodes[node_id])
-        self._use(job, per_task.scaled(len(job.tasks)))
+        self._use(job, per_task.scaled(len(job.tasks)), cmd.at)
         self._release_hold(job.id)
         job.pending_reason = ""
         self.pending.remove((job.queue_key(), job.id))
@@ -730,9 +748,7 @@ class ClusterState:
             job = self.jobs.get(job_id)
             if job is None or not job.status.terminal:
                 continue
-            del self.jobs[job_id]
-            if job.request_id and self.job_by_request.get(job.request_id) == job_id:
-                del self.job_by_request[job.request_id]
+            self._drop_job(job)
             self._record_final(job_id, job.status.value)
             forgotten += 1
         return Result(True, value=str(forgotten))
@@ -742,6 +758,44 @@ class ClusterState:
         self.finished[job_id] = status
         while len(self.finished) > MAX_FINISHED_RECORDS:
             del self.finished[next(iter(self.finished))]
+
+    def _drop_job(self, job: Job) -> None:
+        del self.jobs[job.id]
+        self.unarchived.pop(job.archive_seq, None)
+        if job.request_id and self.job_by_request.get(job.request_id) == job.id:
+            del self.job_by_request[job.request_id]
+
+    # ---- history ----------------------------------------------------------------------------------
+
+    def _history_exported(self, cmd: c.HistoryExported) -> Result:
+        """The store holds every finished job numbered up to `upto`: mark them archived (retention
+        counts from now). A cursor at or below the known one changes nothing."""
+        if cmd.upto > self.archive_seq:
+            return Result.rejected(f"history cursor {cmd.upto} is beyond the last finished job ({self.archive_seq})")
+        marked = 0
+        while self.unarchived:
+            seq = next(iter(self.unarchived))
+            if seq > cmd.upto:
+                break
+            self.jobs[self.unarchived.pop(seq)].archived_at = cmd.at
+            marked += 1
+        self.archived_upto = max(self.archived_upto, cmd.upto)
+        return Result(True, value=str(marked))
+
+    def _history_overflow(self, cmd: c.HistoryOverflow) -> Result:
+        """Forget finished jobs the store does not hold (the unarchived cap was reached), loudly."""
+        dropped = []
+        for job_id in cmd.job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.status.terminal and job.archive_seq in self.unarchived:
+                self._drop_job(job)
+                dropped.append(job_id)
+        if dropped:
+            self.history_dropped += len(dropped)
+            self.emit(cmd.at, "Warning", "history", "HistoryDropped", dropped[0],
+                      f"{len(dropped)} finished job(s) forgotten before the history store held them "
+                      f"({self.history_dropped} in all): {', '.join(dropped[:5])}" + (" …" if len(dropped) > 5 else ""))
+        return Result(True, value=str(len(dropped)))
 
     # ---- transitions shared by the handlers ------------------------------------------------------
 
@@ -851,9 +905,25 @@ class ClusterState:
             for node_id in hold.nodes:
                 self.held_nodes.pop(node_id, None)
 
-    def _use(self, job: Job, delta: Resources) -> None:
+    def _use(self, job: Job, delta: Resources, at: float | None = None) -> None:
+        """Count what the job's live tasks take (or give back) in its queue's usage; with `at` (in
+        apply, not when a snapshot rebuilds it), in the decayed usage of its queue and user too."""
         name = self.queue_of(job)
         self.queue_usage[name] = self.queue_usage.get(name, Resources()) + delta
+        if at is not None:
+            half_life = self.usage_half_life
+            self.queue_decay[name] = fairshare.accrue(self.queue_decay.get(name), delta.gpu, at, half_life)
+            self.user_decay[job.user] = fairshare.accrue(self.user_decay.get(job.user), delta.gpu, at, half_life)
+            self.usage_clock = max(self.usage_clock, at)
+
+    def _set_usage_half_life(self, cmd: c.SetUsageHalfLife) -> Result:
+        if cmd.half_life < 0:
+            return Result.rejected("the usage half-life must not be negative")
+        for table in (self.queue_decay, self.user_decay):  # decayed up to now under the old half-life
+            for key, entry in table.items():
+                table[key] = fairshare.accrue(entry, 0, cmd.at, self.usage_half_life)
+        self.usage_half_life = cmd.half_life
+        return Result(True)
 
     # ---- queues ---------------------------------------------------------------------------------
 
@@ -903,7 +973,7 @@ class ClusterState:
         """The task is gone: give its resources back, and record why it ended."""
         job = self.jobs.get(task.job_id)
         if job is not None:
-            self._use(job, Resources() - task.resources)
+            self._use(job, Resources() - task.resources, at)
         node = self.nodes[task.node_id]
         node.used = node.used - task.resources
         node.gpus_in_use.difference_update(task.gpus)
@@ -926,6 +996,7 @@ class ClusterState:
         """Once no task of the attempt is live: succeed, fail, cancel or requeue the job."""
         if not job.status.has_gang or any(t.state.live for t in job.tasks):
             return
+        self._record_run(job)
         if job.status is not JobStatus.STOPPING:
             self._finish(job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
         elif job.cancel_requested:
@@ -956,11 +1027,34 @@ class ClusterState:
         self.pending.add((job.queue_key(), job.id))
         self._event(job, at, "Requeued", f"attempt {job.attempt} {why}")
 
+    def _record_run(self, job: Job) -> None:
+        """Keep the accounting record of the attempt whose tasks are all gone."""
+        ended = sorted(job.tasks, key=lambda t: (t.ended_at, t.index))
+        failed = [t for t in ended if t.reason != EndReason.COMPLETED]
+        if job.status is not JobStatus.STOPPING:
+            outcome, why = EndReason.COMPLETED, ""
+        elif job.stop_cause:
+            outcome, why = job.stop_cause, job.stop_reason
+        else:
+            outcome, why = (failed[0].reason if failed else EndReason.ERROR), job.failure or job.stop_reason
+        held = [(t.resources, max(0.0, t.ended_at - job.placed_at)) for t in job.tasks]
+        job.runs.append(Run(
+            attempt=job.attempt, placed_at=job.placed_at, started_at=job.started_at,
+            ended_at=max((t.ended_at for t in job.tasks), default=job.placed_at),
+            nodes=tuple(t.node_id for t in job.tasks), resources=job.spec.resources, outcome=str(outcome),
+            reason=why, exit_code=next((t.exit_code for t in ended if t.exit_code), 0) or 0,
+            gpu_seconds=sum(r.gpu * s for r, s in held), cpu_seconds=sum(r.cpu / 1000 * s for r, s in held)))
+        if len(job.runs) > MAX_RUNS_PER_JOB:
+            del job.runs[1]
+
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:
             self.pending.discard((job.queue_key(), job.id))
         self._release_hold(job.id)
         job.status, job.finished_at = status, at
+        self.archive_seq += 1
+        job.archive_seq = self.archive_seq
+        self.unarchived[job.archive_seq] = job.id
         self._event(job, at, status.value.capitalize(), reason)
         if job.array_id:
             self._element_ended(job, at)

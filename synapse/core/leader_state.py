@@ -21,7 +21,8 @@ What it decides:
 * **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
   the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
   a running attempt past its time limit fails for good; finished jobs past their retention are
-  forgotten.
+  forgotten (with a history store: counted from when the store held them, and never before, unless
+  the unarchived jobs outgrow their cap: then the oldest go with HistoryOverflow, a Warning event).
 * **Heartbeats** (`Heartbeat`): a node the state holds DOWN comes back up, and a health report that
   differs from the state is recorded; one proposal at a time per node for each.
 
@@ -32,6 +33,7 @@ threads, so every attribute a view reads is replaced whole, never changed in pla
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -70,7 +72,13 @@ class LeaderConfig:
     """What a leader is told once, for its whole term."""
 
     heartbeat_timeout: float = 10.0  #: a READY node silent this long goes DOWN
-    job_retention: float = 3600.0  #: finished jobs are forgotten this long after they end; 0 keeps them
+    #: finished jobs are forgotten this long after they end (with history: after the store holds
+    #: them); 0 keeps them
+    job_retention: float = 3600.0
+    history: bool = False  #: a history store is configured: never forget a job it does not hold yet
+    max_unarchived: int = 0  #: with history: finished jobs kept unarchived at most; beyond, the oldest go (loudly)
+    #: the decayed usage's half-life the state should have (synapse.core.fairshare); None: leave it be
+    usage_half_life: float | None = None
     preempt: bool = True  #: plan preemptions (only for jobs of admin-defined queues)
     policy: QueuePolicy = schedule_round  #: the queue policy (the simulator runs baselines through it)
 
@@ -217,6 +225,9 @@ class LeaderState:
 
     def _started(self, state: ClusterState, s: Started) -> list[Instruction]:
         self.heartbeats.grace(state.nodes, s.mono)
+        half_life = self.config.usage_half_life
+        if half_life is not None and half_life != state.usage_half_life:
+            return [Propose(c.SetUsageHalfLife(at=s.at, half_life=half_life)), Reschedule("leader ready")]
         return [Reschedule("leader ready")]
 
     def _round(self, state: ClusterState, s: RoundDue) -> list[Instruction]:
@@ -347,15 +358,28 @@ class LeaderState:
         return out + self._forget(state, s)
 
     def _forget(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
-        """Forget finished jobs older than the retention period (Slurm's MinJobAge)."""
-        retention = self.config.job_retention
-        if not retention or s.mono - self.last_sweep < RETENTION_SWEEP_S:
+        """Forget finished jobs older than the retention period (Slurm's MinJobAge); with a history
+        store, only those it holds, counted from when it held them, unless the unarchived outgrow their cap."""
+        retention, history = self.config.job_retention, self.config.history
+        if not (retention or history) or s.mono - self.last_sweep < RETENTION_SWEEP_S:
             return []
         self.last_sweep = s.mono
-        expired = [j.id for j in state.jobs.values() if j.status.terminal and s.at - j.finished_at > retention]
-        expired += [a.id for a in state.arrays.values() if a.done and s.at - a.finished_at > retention]
-        return [Propose(c.ForgetJobs(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
-                for i in range(0, len(expired), FORGET_CHUNK)]
+        out: list[Instruction] = []
+        if history:
+            overflow = len(state.unarchived) - self.config.max_unarchived
+            if overflow > 0:
+                oldest = list(itertools.islice(state.unarchived.values(), overflow))
+                log.warning("history cap reached unarchived=%d cap=%d; forgetting the oldest %d unarchived",
+                            len(state.unarchived), self.config.max_unarchived, overflow)
+                out += [Propose(c.HistoryOverflow(at=s.at, job_ids=tuple(oldest[i:i + FORGET_CHUNK])))
+                        for i in range(0, len(oldest), FORGET_CHUNK)]
+            expired = [j.id for j in state.jobs.values()
+                       if j.status.terminal and j.archived_at and s.at - j.archived_at > retention] if retention else []
+        else:
+            expired = [j.id for j in state.jobs.values() if j.status.terminal and s.at - j.finished_at > retention]
+        expired += [a.id for a in state.arrays.values() if a.done and retention and s.at - a.finished_at > retention]
+        return out + [Propose(c.ForgetJobs(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
+                      for i in range(0, len(expired), FORGET_CHUNK)]
 
     def _heartbeat(self, state: ClusterState, s: Heartbeat) -> list[Instruction]:
         node = state.nodes.get(s.node_id)
@@ -398,6 +422,8 @@ class LeaderState:
             self.failing.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.ForgetJobs) and s.ok:
             log.info("finished jobs forgotten count=%s retention_s=%.0f", s.value, self.config.job_retention)
+        elif isinstance(cmd, c.HistoryOverflow) and s.ok:
+            log.warning("finished jobs forgotten unarchived count=%s", s.value)
         return []
 
     # ---- checks ------------------------------------------------------------------------------------

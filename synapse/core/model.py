@@ -240,6 +240,23 @@ class ClusterEvent(NamedTuple):
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One placed attempt of a job, once it ended: what the accounting record of that run holds."""
+
+    attempt: int
+    placed_at: float  #: when the gang got its resources (Slurm's Start)
+    started_at: float  #: when every task had started (0: the gang never fully started)
+    ended_at: float  #: when its last task was gone
+    nodes: tuple[str, ...]  #: node of each task index
+    resources: Resources  #: per task
+    outcome: str  #: an EndReason: Completed, Error, Signal, OOMKilled, TimeLimit, NodeLost, Preempted, Cancelled
+    reason: str  #: why it ended, for people (the first failure, who preempted or cancelled it)
+    exit_code: int  #: the first non-zero exit code of its tasks, else 0
+    gpu_seconds: float  #: GPUs held times how long each task held them (placement to its end)
+    cpu_seconds: float  #: cores (cpu/1000) held times how long, likewise
+
+
 @dataclass(slots=True)
 class Job:
     """A submitted job and the bookkeeping of its attempts."""
@@ -276,6 +293,11 @@ class Job:
     array_index: int = -1  #: its index in that array
     failure_cause: str = ""  #: the typed cause when the cluster failed it outright (DependencyNeverSatisfied)
     resizes: int = 0  #: attempts ended to resize its elastic gang; they use up none of its restarts
+    runs: list[Run] = field(default_factory=list)  #: its ended attempts that were placed, oldest first; apply only
+    #: its place in the order jobs finished (1, 2, 3… across the cluster), given when it ends; the
+    #: history exporter's cursor counts these; 0 while unfinished; apply only
+    archive_seq: int = 0
+    archived_at: float = 0.0  #: when the history store was known to hold it (0: not yet); apply only
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from synapse.core.arrays import JobArray
+from synapse.core.fairshare import DecayedUsage
 from synapse.core.model import (
     ClusterEvent,
     Event,
@@ -30,6 +31,7 @@ from synapse.core.model import (
     Queue,
     Resources,
     Role,
+    Run,
     Task,
     TaskState,
     TopologySpec,
@@ -49,6 +51,10 @@ def encode(state: Any) -> dict[str, Any]:
         "users": [_user_to_dict(u) for _, u in sorted(state.users.items())],
         "queues": [_queue_to_dict(q) for _, q in sorted(state.queues.items())],
         "event_seq": state.event_seq,
+        "archive": [state.archive_seq, state.archived_upto, state.history_dropped],
+        "decay": {"half_life": state.usage_half_life, "clock": state.usage_clock,
+                  "queues": [[k, *v] for k, v in sorted(state.queue_decay.items())],
+                  "users": [[k, *v] for k, v in sorted(state.user_decay.items())]},
         "cluster_events": [list(e) for e in state.cluster_events],
         "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
                   for _, h in sorted(state.holds.items())],
@@ -96,9 +102,23 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         state.live_tasks[node.id] = set()
         state.index.update(node)
         state._note_capacity(node.capacity)  # derived as apply keeps it, by apply's own code
+    decay = data.get("decay", {})
+    state.usage_half_life, state.usage_clock = decay.get("half_life", 0.0), decay.get("clock", 0.0)
+    state.queue_decay = {k: DecayedUsage(*v) for k, *v in decay.get("queues", ())}
+    state.user_decay = {k: DecayedUsage(*v) for k, *v in decay.get("users", ())}
+    if "archive" in data:
+        state.archive_seq, state.archived_upto, state.history_dropped = data["archive"]
+    else:  # a snapshot from before history: number its finished jobs in the order they ended
+        ended = sorted((j for j in data["jobs"] if JobStatus(j["status"]).terminal),
+                       key=lambda j: (j["finished_at"], j["seq"]))
+        for seq, jd in enumerate(ended, 1):
+            jd["archive_seq"] = seq
+        state.archive_seq = len(ended)
     for jd in data["jobs"]:
         job = _job_from_dict(jd)
         state.jobs[job.id] = job
+        if job.status.terminal and not job.archived_at:
+            state.unarchived[job.archive_seq] = job.id
         if job.request_id:
             state.job_by_request[job.request_id] = job.id
         if job.status is JobStatus.PENDING:
@@ -117,6 +137,7 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         if job.array_id in state.arrays and not job.status.terminal:
             state.array_live[job.array_id].add(job.id)
     state.finished = {k: v for k, v in data.get("finished", [])}
+    state.unarchived = dict(sorted(state.unarchived.items()))
     return state
 
 
@@ -190,7 +211,19 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "preempted_at": list(j.preempted_at), "pending_reason": j.pending_reason,
             "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
             "pending_since": j.pending_since, "placed_at": j.placed_at, "array_id": j.array_id,
-            "array_index": j.array_index, "failure_cause": j.failure_cause, "resizes": j.resizes}
+            "array_index": j.array_index, "failure_cause": j.failure_cause, "resizes": j.resizes,
+            "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq, "archived_at": j.archived_at}
+
+
+def _run_to_list(r: Run) -> list[Any]:
+    return [r.attempt, r.placed_at, r.started_at, r.ended_at, list(r.nodes), _res(r.resources), r.outcome,
+            r.reason, r.exit_code, r.gpu_seconds, r.cpu_seconds]
+
+
+def _run_from_list(v: list[Any]) -> Run:
+    return Run(attempt=v[0], placed_at=v[1], started_at=v[2], ended_at=v[3], nodes=tuple(v[4]),
+               resources=Resources(*v[5]), outcome=v[6], reason=v[7], exit_code=v[8], gpu_seconds=v[9],
+               cpu_seconds=v[10])
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -205,7 +238,9 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
               stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""), array_id=d.get("array_id", ""),
               array_index=d.get("array_index", -1), failure_cause=d.get("failure_cause", ""),
-              resizes=d.get("resizes", 0))
+              resizes=d.get("resizes", 0),
+              runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
+              archived_at=d.get("archived_at", 0.0))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when

@@ -134,11 +134,13 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
-       user_certs: tuple[str, ...] = (), spare_masters: int = 0) -> dict[str, Any]:
+       user_certs: tuple[str, ...] = (), spare_masters: int = 0, history: str = "") -> dict[str, Any]:
     """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
     its own network namespace with its own address (see synapse.netns; needs root). With
     `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on.
-    `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into."""
+    `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into.
+    `history`: the history store's URL; "" is a SQLite file in the data dir (shared by its masters);
+    "none" keeps no history."""
     data_dir = data_dir.resolve()
     if (data_dir / "cluster.json").exists():
         running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
@@ -179,6 +181,13 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
         "durability": durability, "min_free_disk": min_free_disk, "job_retention": job_retention,
         "replicas": replicas}
+    if history != "none":
+        from synapse.history.store import check_url  # refused here, not after a minute of a master failing
+
+        try:
+            doc["history"] = {"url": check_url(history or f"sqlite:///{data_dir / 'history.sqlite'}")}
+        except ValueError as exc:
+            raise click.ClickException(f"--history: {exc}") from None
     tls_dir = data_dir / "tls"
     if tls:
         generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)],

@@ -45,12 +45,15 @@ def main() -> None:
               help="with --tls: a client certificate for this user name (repeatable); its CN names the user")
 @click.option("--netns", is_flag=True,
               help="each master in its own network namespace and address (root), so `isolate` can cut it off")
+@click.option("--history", default="", metavar="URL",
+              help="history store: sqlite:////PATH or postgresql+psycopg://USER@HOST/DB; default a SQLite file "
+                   "in the data dir; 'none' keeps no history")
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
-           heartbeat: float, tls: bool, user_certs: tuple[str, ...], netns: bool) -> None:
+           heartbeat: float, tls: bool, user_certs: tuple[str, ...], netns: bool, history: str) -> None:
     """Start the cluster in the background; returns once it is ready."""
     with _stopped_on_interrupt(data_dir, "stopping what `up` started"):
         state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns,
-                   user_certs=user_certs)
+                   user_certs=user_certs, history=history)
     addresses = ",".join(m["api_address"] for m in state["masters"])
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")

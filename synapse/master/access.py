@@ -42,7 +42,7 @@ ACCESS: dict[str, Role] = {
     # reading is open to every user, as squeue and kubectl get are
     "GetJob": Role.USER, "ListJobs": Role.USER, "ListNodes": Role.USER, "ReplicaStatus": Role.USER,
     "WhoAmI": Role.USER, "ListQueues": Role.USER, "PreemptWhatIf": Role.USER,
-    "WatchEvents": Role.USER,
+    "WatchEvents": Role.USER, "ListHistory": Role.USER, "GetUsage": Role.USER,
     # a user's own work (the endpoint checks ownership)
     "SubmitJob": Role.USER, "CancelJob": Role.USER, "LogAccess": Role.USER, "RotateUserToken": Role.USER,
     "UpdateJob": Role.USER,

@@ -8,8 +8,15 @@
     heartbeat_interval: 5s
     heartbeat_timeout: 10s
     election_timeout: {min: 500ms, max: 1s}
-    job_retention: 1h                         # finished jobs are forgotten after this; 0 = keep forever
+    job_retention: 1h                         # finished jobs are forgotten this long after they end
+                                              # (with history: after the store holds them); 0 = keep forever
     max_array_size: 10000                     # the most elements a job array may have
+    fair_share_half_life: 7d                  # fair share remembers GPU time used, halved every 7d; 0: current only
+    history:                                  # optional: job history and accounting (README)
+      url: {env: SYNAPSE_HISTORY_URL}         # sqlite:////var/lib/synapse/history.sqlite or
+                                              # postgresql+psycopg://USER:PASSWORD@HOST/DB
+      retention: 0                            # rows older than this are purged; 0 = keep forever
+      max_unarchived: 50000                   # finished jobs kept in the state while the store lags
     durability: fsync                         # fsync (default) | none; see synapse/master/durability.py
     min_free_disk: 256Mi                      # refuse writes below this much free space
     tls:                                      # optional: TLS for the API, mTLS for workers
@@ -39,8 +46,10 @@ import yaml
 
 from synapse.common.tls import TLSFiles
 from synapse.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
+from synapse.core.fairshare import DEFAULT_HALF_LIFE_S
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
+from synapse.history.settings import HistorySettings
 
 #: Raft's heartbeat (AppendEntries period), fixed; election timeouts are sized against it.
 RAFT_HEARTBEAT_S = 0.05
@@ -78,6 +87,8 @@ class ClusterConfig:
     require_worker_certs: bool = False
     #: a verified client certificate's common name identifies a user when the call carries no token
     user_certs: bool = False
+    history: HistorySettings | None = None  #: None: no history store
+    fair_share_half_life: float = DEFAULT_HALF_LIFE_S  #: seconds; the decayed usage admission weighs; 0: current only
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replica(self, replica_id: str) -> Replica:
@@ -130,7 +141,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
-             "job_retention", "max_array_size"}
+             "job_retention", "max_array_size", "history", "fair_share_half_life"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -200,7 +211,9 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         election_min=election_min, election_max=election_max, tls=tls, durability=durability,
         min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
-        user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size)
+        user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size,
+        history=_history(doc.get("history"), need_secrets),
+        fair_share_half_life=_duration(doc, "fair_share_half_life", DEFAULT_HALF_LIFE_S))
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
     if config.user_certs and not config.require_worker_certs:
@@ -209,6 +222,31 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ConfigError("heartbeat_timeout: must be longer than heartbeat_interval")
     return config
+
+
+def _history(doc: Any, need_secrets: bool) -> HistorySettings | None:
+    """The `history:` section, its URL checked (not connected to: an unreachable store never stops a start)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) - {"url", "retention", "max_unarchived"}:
+        raise ConfigError("history: must be {url, retention, max_unarchived}")
+    url = read_secret(doc.get("url"), "history.url") if need_secrets else "sqlite:///unread"
+    if not url:
+        raise ConfigError("history.url: required (sqlite:////PATH or postgresql+psycopg://USER@HOST/DB)")
+    from synapse.history.store import check_url  # SQLAlchemy: only a master with history loads it
+
+    try:
+        url = check_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"history.url: {exc}") from None
+    max_unarchived = doc.get("max_unarchived", 50_000)
+    if not isinstance(max_unarchived, int) or isinstance(max_unarchived, bool) or max_unarchived < 1:
+        raise ConfigError(f"history.max_unarchived: must be a whole number of jobs, at least 1, not {max_unarchived!r}")
+    try:
+        retention = _duration(doc, "retention", 0.0)
+    except ConfigError as exc:
+        raise ConfigError(f"history.{exc}") from None
+    return HistorySettings(url=url, retention=retention, max_unarchived=max_unarchived)
 
 
 def load_cluster_config(path: str | Path, *, need_secrets: bool = True) -> ClusterConfig:

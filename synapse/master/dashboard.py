@@ -2,7 +2,8 @@
 
 Pages: `/` overview, `/nodes` (a rack x node x GPU heatmap), `/nodes/ID` (a node's timeline),
 `/queues`, `/jobs` (filter, sort, paginate), `/jobs/ID` (gang map, events, why it waits),
-`/masters` (this replica's Raft view). Every page is rendered from this replica's applied state,
+`/masters` (this replica's Raft view), `/history` and `/usage` (from the history store,
+synapse.master.dashboard_history). Every page is rendered from this replica's applied state,
 read under the state lock into plain values first. Everything shown is escaped; job environment
 values are never shown. `synapse.master.http` serves it behind the token (or the login cookie).
 """
@@ -14,7 +15,9 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
+from synapse.core import fairshare
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
+from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
     from synapse.master.replica import Master
@@ -35,7 +38,8 @@ SORTS = {"submitted": lambda j: j["submitted_at"], "name": lambda j: j["name"], 
 
 def _page(title: str, body: str) -> str:
     nav = "".join(f'<a href="{href}">{name}</a>' for href, name in (
-        ("/", "Overview"), ("/nodes", "Nodes"), ("/queues", "Queues"), ("/jobs", "Jobs"), ("/masters", "Masters")))
+        ("/", "Overview"), ("/nodes", "Nodes"), ("/queues", "Queues"), ("/jobs", "Jobs"), ("/history", "History"),
+        ("/usage", "Usage"), ("/masters", "Masters")))
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)} · Synapse</title>'
             f'<link rel="stylesheet" href="/static/style.css"></head><body><header>{nav}</header>'
             f"<main><h1>{escape(title)}</h1>{body}</main></body></html>")
@@ -96,6 +100,10 @@ class Dashboard:
             return self.job(parts[1])
         if parts == ["masters"]:
             return 200, self.masters()
+        if parts == ["history"]:
+            return 200, _page("History", dashboard_history.history_page(self.m.history, args, _table, _when, _job_link))
+        if parts == ["usage"]:
+            return 200, _page("Usage", dashboard_history.usage_page(self.m.history, args, _table))
         return 404, _page("Not found", f"<p>No page at {escape(path)}.</p>")
 
     # ---- reads (under the lock, into plain values) ---------------------------------------------
@@ -190,14 +198,17 @@ class Dashboard:
             for j in state.pending_jobs():
                 waiting[state.queue_of(j)] = waiting.get(state.queue_of(j), 0) + 1
             rows = []
+            now, half_life = time.time(), state.usage_half_life
             for name in names:
                 q = state.queues.get(name)
                 usage = state.queue_usage.get(name)
                 pending = waiting.get(name, 0)
+                remembered = fairshare.value_at(state.queue_decay.get(name), now, half_life) / 3600
                 rows.append([escape(name), escape(q.parent) if q and q.parent else "-", f"{q.weight:g}" if q else "1",
-                             str(usage.gpu if usage else 0), str(q.guaranteed.gpu) if q else "0",
+                             str(usage.gpu if usage else 0), f"{remembered:.1f}", str(q.guaranteed.gpu) if q else "0",
                              str(q.max.gpu) if q and q.max.gpu >= 0 else "-", str(pending)])
-        return _page("Queues", _table(["Queue", "Parent", "Weight", "GPUs used", "Guaranteed", "Max", "Pending"], rows))
+        return _page("Queues", _table(["Queue", "Parent", "Weight", "GPUs used", "GPU-hours (decayed)", "Guaranteed",
+                                       "Max", "Pending"], rows))
 
     def jobs(self, args: dict[str, str]) -> str:
         jobs = self._jobs()

@@ -23,7 +23,7 @@ import grpc
 from synapse.common import tickets
 from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY, NODE_ID_KEY
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, elastic, preemption
+from synapse.core import codec, dependencies, elastic, fairshare, preemption
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
@@ -32,6 +32,7 @@ from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
+from synapse.master import history_api
 from synapse.master.access import (
     ACCESS,
     CALLER,
@@ -691,6 +692,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         with self.m.lock:
             state = self.m.state
             usage = dict(state.queue_usage)  # kept by apply: what each queue's live tasks hold
+            now, half_life = time.time(), state.usage_half_life
+            remembered = {name: fairshare.value_at(entry, now, half_life) / 3600
+                          for name, entry in state.queue_decay.items()}
             counts: dict[str, list[int]] = {}
             for job in state.jobs.values():
                 if not job.status.terminal:
@@ -704,7 +708,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             pending, running = counts.get(name, [0, 0])
             return api_pb2.QueueInfo(spec=codec.queue_to_proto(queue), pending=pending, running=running,
                                      usage=codec.resources_to_proto(usage.get(name, Resources())),
-                                     implicit=implicit and name == DEFAULT_QUEUE)
+                                     implicit=implicit and name == DEFAULT_QUEUE,
+                                     decayed_gpu_hours=remembered.get(name, 0.0))
 
         return api_pb2.ListQueuesReply(queues=[info(n, q) for n, q in sorted(queues.items())])
 
@@ -764,6 +769,28 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         return api_pb2.PreemptWhatIfReply(possible=True, rule=cmd.rule, victims=[v.job_id for v in cmd.victims],
                                           nodes=list(cmd.nodes), explanation=cmd.explanation,
                                           lost_gpu_seconds=found.lost_gpu_seconds)
+
+    # ---- history ---------------------------------------------------------------------------------
+
+    async def ListHistory(self, request, context):
+        return await self._from_history(history_api.list_history, request, context)
+
+    async def GetUsage(self, request, context):
+        return await self._from_history(history_api.usage, request, context)
+
+    async def _from_history(self, query, request, context):
+        """Answer from the history store (any replica): INVALID_ARGUMENT for a bad request,
+        FAILED_PRECONDITION without a store or while it fails (not UNAVAILABLE: every replica
+        shares the store, so a client trying the others would only wait longer)."""
+        if self.m.history is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this cluster keeps no job history (set history.url in the cluster file)")
+        try:
+            return await query(self.m.history, request)
+        except history_api.BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except history_api.Unavailable as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"history store unavailable: {exc}")
 
     # ---- workers -------------------------------------------------------------------------------
 

@@ -50,6 +50,18 @@ def readiness(master: Master) -> list[tuple[str, str]]:
             ("storage", storage)]
 
 
+def history_detail(master: Master) -> str:
+    """A readyz line on the history store: informational, never failing readiness (a store that lags
+    must not take a serving master out of a load balancer)."""
+    history = master.history
+    if history is None:
+        return ""
+    with master.lock:
+        unarchived = len(master.state.unarchived)
+    why = history.lag_reason(unarchived)
+    return f"[+]history ok{f' (lagging: {why})' if why else ''}\n"
+
+
 def leader_ready(master: Master) -> str:
     """'' on a leader with its loops ready and a majority of the replicas connected; else why not."""
     if not master.ready_leader_term():
@@ -124,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
             checks = readiness(master)
             ok = all(not why for _, why in checks)
             body = "".join(f"[+]{name} ok\n" if not why else f"[-]{name} failed: {why}\n" for name, why in checks)
+            body += history_detail(master)
             body += "readyz check passed\n" if ok else "readyz check failed\n"
             self._send(200 if ok else 503, (body if "verbose" in url.query or not ok else "ok\n").encode())
         elif url.path == "/readyz/leader":

@@ -65,8 +65,11 @@ class LeaderLoops:
         self.ready = asyncio.Event()  #: set once the barrier committed and state is current
         config = master.config
         #: the term's decisions; touched only on the event loop, under the master lock
-        self.brain = LeaderState(LeaderConfig(heartbeat_timeout=config.heartbeat_timeout,
-                                              job_retention=config.job_retention))
+        history = master.history
+        self.brain = LeaderState(LeaderConfig(
+            heartbeat_timeout=config.heartbeat_timeout, job_retention=config.job_retention,
+            history=history is not None, usage_half_life=config.fair_share_half_life,
+            max_unarchived=history.settings.max_unarchived if history is not None else 0))
         self.view: LeaderView = self.brain  #: what endpoints, metrics and the dashboard read
         self._tasks: list[asyncio.Task] = []
         self.stopped = False
@@ -94,6 +97,10 @@ class LeaderLoops:
         log.info("leader ready term=%d nodes=%d", self.term, len(self.master.state.nodes))
         self._spawn(self.carry_out(out))
         self._tasks += [asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._monitor_loop())]
+        if self.master.history is not None:
+            from synapse.history.exporter import export_loop  # SQLAlchemy: loaded with a history store only
+
+            self._tasks.append(asyncio.create_task(export_loop(self, self.master.history)))
 
     # ---- feeding the brain, carrying out what it says ------------------------------------------------
 
@@ -108,11 +115,11 @@ class LeaderLoops:
             proposals = [i for i in instructions if isinstance(i, Propose)]
             if any(isinstance(i, Reschedule) for i in instructions):
                 self.master.scheduler_dirty.set()
-            results = await asyncio.gather(*(self._propose(p.cmd) for p in proposals))
+            results = await asyncio.gather(*(self.propose(p.cmd) for p in proposals))
             instructions = self._handle(*(Proposed(p, r is not None and r.ok, r.value if r is not None else "")
                                           for p, r in zip(proposals, results, strict=True)))
 
-    async def _propose(self, cmd: c.Command) -> c.Result | None:
+    async def propose(self, cmd: c.Command) -> c.Result | None:
         """Propose a command of this term; None if it did not commit (the brain hears it failed)."""
         if self.stopped:
             return None

@@ -104,6 +104,10 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     raft = RaftNode(replica.raft, partners, conf, config.topology_levels, durable=config.durability == "fsync",
                     commands=command_set(os.environ))
     master = Master(config, replica_id, raft)
+    if config.history is not None:
+        from synapse.history.exporter import History  # SQLAlchemy, for masters with a history store
+
+        master.history = History(config.history)  # connects at first use: a store down never stops a start
     master.loop = asyncio.get_running_loop()
     raft.bind_loop(master.loop)
     raft.replicated.listener = master.on_applied
@@ -155,6 +159,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         http.stop()
     raft.replicated.listener = None
     raft.destroy()
+    if master.history is not None:
+        master.history.store.close()
     if master.fatal:
         raise StorageError(master.fatal)
 

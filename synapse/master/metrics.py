@@ -39,6 +39,24 @@ class StateCollector(Collector):
     def collect(self):
         yield from self._raft()
         yield from self._state()
+        yield from self._history()
+
+    def _history(self):
+        history = self.m.history
+        with self.m.lock:
+            unarchived, dropped = len(self.m.state.unarchived), self.m.state.history_dropped
+        yield _gauge("synapse_history_unarchived_jobs", "finished jobs the history store does not hold yet",
+                     unarchived)
+        yield _gauge("synapse_history_max_unarchived", "the cap on unarchived finished jobs (0: no history store)",
+                     history.settings.max_unarchived if history is not None else 0)
+        yield _counter("synapse_history_dropped_total", "finished jobs forgotten before the store held them",
+                       dropped)
+        yield _gauge("synapse_history_store_failing", "1 while this replica's history exporter cannot write",
+                     1 if history is not None and history.error else 0)
+        yield _counter("synapse_history_exported_jobs_total", "job rows this replica's exporter wrote",
+                       history.exported if history is not None else 0)
+        yield _counter("synapse_history_store_errors_total", "failed attempts of this replica's exporter",
+                       history.errors if history is not None else 0)
 
     def _raft(self):
         raft = self.m.raft

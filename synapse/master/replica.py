@@ -74,6 +74,9 @@ class Master:
         self.metrics = None
         self._last_leader: str | None = None
         self.stopping = False  #: set by begin_stop: streams end and new waits give up
+        #: the history store and its exporter's status (synapse.history.exporter.History), or None
+        #: when the cluster file configures none; set by main
+        self.history = None
 
     # ---- proposing and reading -----------------------------------------------------------------
 

@@ -1608,10 +1608,13 @@ class QueueInfo(_message.Message):
     PENDING_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     IMPLICIT_FIELD_NUMBER: _builtins.int
+    DECAYED_GPU_HOURS_FIELD_NUMBER: _builtins.int
     pending: _builtins.int
     running: _builtins.int
     implicit: _builtins.bool
     """the default queue, not defined by a file: no limits"""
+    decayed_gpu_hours: _builtins.float
+    """GPU time used lately, halved every fair_share_half_life (0: none kept)"""
     @_builtins.property
     def spec(self) -> _types_pb2.QueueSpec: ...
     @_builtins.property
@@ -1626,10 +1629,11 @@ class QueueInfo(_message.Message):
         pending: _builtins.int = ...,
         running: _builtins.int = ...,
         implicit: _builtins.bool = ...,
+        decayed_gpu_hours: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["implicit", b"implicit", "pending", b"pending", "running", b"running", "spec", b"spec", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decayed_gpu_hours", b"decayed_gpu_hours", "implicit", b"implicit", "pending", b"pending", "running", b"running", "spec", b"spec", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2053,3 +2057,312 @@ class RevokeJoinTokenReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeJoinTokenReply: _TypeAlias = RevokeJoinTokenReply  # noqa: Y015
+
+@_typing.final
+class ListHistoryRequest(_message.Message):
+    """---- job history and accounting ---------------------------------------------------------------
+
+    Finished jobs from the history store, ordered by end time then id; every filter optional.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    AFTER_END_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    queue: _builtins.str
+    state: _builtins.str
+    """SUCCEEDED, FAILED or CANCELLED"""
+    job_id: _builtins.str
+    since: _builtins.float
+    """ended at or after (seconds since the epoch; 0: no bound)"""
+    until: _builtins.float
+    """ended before (0: no bound)"""
+    limit: _builtins.int
+    """at most this many (0: 1000; at most 5000)"""
+    after_end: _builtins.float
+    """paging: jobs after (after_end, after_id)"""
+    after_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        user: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        state: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+        limit: _builtins.int = ...,
+        after_end: _builtins.float = ...,
+        after_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_end", b"after_end", "after_id", b"after_id", "job_id", b"job_id", "limit", b"limit", "queue", b"queue", "since", b"since", "state", b"state", "until", b"until", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHistoryRequest: _TypeAlias = ListHistoryRequest  # noqa: Y015
+
+@_typing.final
+class HistoryRun(_message.Message):
+    """One placed attempt of a finished job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    start: _builtins.float
+    """placed: resources allocated"""
+    running: _builtins.float
+    """every task started (0: never)"""
+    end: _builtins.float
+    tasks: _builtins.int
+    outcome: _builtins.str
+    """Completed, Error, Signal, OOMKilled, TimeLimit, NodeLost, Preempted, Cancelled"""
+    reason: _builtins.str
+    exit_code: _builtins.int
+    gpu_seconds: _builtins.float
+    cpu_seconds: _builtins.float
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def resources(self) -> _types_pb2.Resources:
+        """per task"""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        start: _builtins.float = ...,
+        running: _builtins.float = ...,
+        end: _builtins.float = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        tasks: _builtins.int = ...,
+        resources: _types_pb2.Resources | None = ...,
+        outcome: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        exit_code: _builtins.int = ...,
+        gpu_seconds: _builtins.float = ...,
+        cpu_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_seconds", b"cpu_seconds", "end", b"end", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "nodes", b"nodes", "outcome", b"outcome", "reason", b"reason", "resources", b"resources", "running", b"running", "start", b"start", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryRun: _TypeAlias = HistoryRun  # noqa: Y015
+
+@_typing.final
+class HistoryJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    SUBMIT_FIELD_NUMBER: _builtins.int
+    ELIGIBLE_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
+    CANCELLED_BY_FIELD_NUMBER: _builtins.int
+    PREEMPTIONS_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    name: _builtins.str
+    user: _builtins.str
+    queue: _builtins.str
+    priority: _builtins.int
+    submit: _builtins.float
+    eligible: _builtins.float
+    start: _builtins.float
+    """first placement (0: never ran)"""
+    end: _builtins.float
+    state: _builtins.str
+    reason: _builtins.str
+    """typed: the last run's outcome, or Cancelled"""
+    detail: _builtins.str
+    exit_code: _builtins.int
+    attempts: _builtins.int
+    tasks: _builtins.int
+    gpu_seconds: _builtins.float
+    cpu_seconds: _builtins.float
+    time_limit_s: _builtins.float
+    cancelled_by: _builtins.str
+    preemptions: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """of the last run"""
+
+    @_builtins.property
+    def resources(self) -> _types_pb2.Resources:
+        """per task"""
+
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___HistoryRun]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        user: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        submit: _builtins.float = ...,
+        eligible: _builtins.float = ...,
+        start: _builtins.float = ...,
+        end: _builtins.float = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        exit_code: _builtins.int = ...,
+        attempts: _builtins.int = ...,
+        tasks: _builtins.int = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        resources: _types_pb2.Resources | None = ...,
+        gpu_seconds: _builtins.float = ...,
+        cpu_seconds: _builtins.float = ...,
+        time_limit_s: _builtins.float = ...,
+        cancelled_by: _builtins.str = ...,
+        preemptions: _builtins.int = ...,
+        runs: _abc.Iterable[Global___HistoryRun] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancelled_by", b"cancelled_by", "cpu_seconds", b"cpu_seconds", "detail", b"detail", "eligible", b"eligible", "end", b"end", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "job_id", b"job_id", "name", b"name", "nodes", b"nodes", "preemptions", b"preemptions", "priority", b"priority", "queue", b"queue", "reason", b"reason", "resources", b"resources", "runs", b"runs", "start", b"start", "state", b"state", "submit", b"submit", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryJob: _TypeAlias = HistoryJob  # noqa: Y015
+
+@_typing.final
+class ListHistoryReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    more: _builtins.bool
+    """more match: ask again from the last job's (end, job_id)"""
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___HistoryJob]: ...
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___HistoryJob] | None = ...,
+        more: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "more", b"more"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHistoryReply: _TypeAlias = ListHistoryReply  # noqa: Y015
+
+@_typing.final
+class GetUsageRequest(_message.Message):
+    """GPU- and CPU-hours per user, queue or UTC day, from the store's daily usage."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BY_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    by: _builtins.str
+    """user | queue | day"""
+    since: _builtins.float
+    until: _builtins.float
+    def __init__(
+        self,
+        *,
+        by: _builtins.str = ...,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
+
+@_typing.final
+class UsageRow(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    GPU_HOURS_FIELD_NUMBER: _builtins.int
+    CPU_HOURS_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    gpu_hours: _builtins.float
+    cpu_hours: _builtins.float
+    jobs: _builtins.int
+    """jobs that ended in the period"""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        gpu_hours: _builtins.float = ...,
+        cpu_hours: _builtins.float = ...,
+        jobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_hours", b"cpu_hours", "gpu_hours", b"gpu_hours", "jobs", b"jobs", "key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageRow: _TypeAlias = UsageRow  # noqa: Y015
+
+@_typing.final
+class GetUsageReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageRow]: ...
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___UsageRow] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageReply: _TypeAlias = GetUsageReply  # noqa: Y015

@@ -179,6 +179,16 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenReply.FromString,
                 _registered_method=True)
+        self.ListHistory = channel.unary_unary(
+                '/synapse.v1.Master/ListHistory',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ListHistoryRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ListHistoryReply.FromString,
+                _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/synapse.v1.Master/GetUsage',
+                request_serializer=synapse_dot_proto_dot_api__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.GetUsageReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -368,6 +378,19 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHistory(self, request, context):
+        """Job history and accounting, from the history store (any replica serves them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -515,6 +538,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RevokeJoinToken,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.RevokeJoinTokenReply.SerializeToString,
+            ),
+            'ListHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHistory,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ListHistoryRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ListHistoryReply.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.GetUsageRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.GetUsageReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1300,6 +1333,60 @@ class Master:
             '/synapse.v1.Master/RevokeJoinToken',
             synapse_dot_proto_dot_api__pb2.RevokeJoinTokenRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.RevokeJoinTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ListHistory',
+            synapse_dot_proto_dot_api__pb2.ListHistoryRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ListHistoryReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/GetUsage',
+            synapse_dot_proto_dot_api__pb2.GetUsageRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.GetUsageReply.FromString,
             options,
             channel_credentials,
             insecure,

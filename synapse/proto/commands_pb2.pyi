@@ -58,6 +58,9 @@ class Command(_message.Message):
     CREATE_JOIN_TOKEN_FIELD_NUMBER: _builtins.int
     REVOKE_JOIN_TOKEN_FIELD_NUMBER: _builtins.int
     JOIN_NODE_FIELD_NUMBER: _builtins.int
+    HISTORY_EXPORTED_FIELD_NUMBER: _builtins.int
+    HISTORY_OVERFLOW_FIELD_NUMBER: _builtins.int
+    SET_USAGE_HALF_LIFE_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -126,6 +129,12 @@ class Command(_message.Message):
     def revoke_join_token(self) -> Global___RevokeJoinToken: ...
     @_builtins.property
     def join_node(self) -> Global___JoinNode: ...
+    @_builtins.property
+    def history_exported(self) -> Global___HistoryExported: ...
+    @_builtins.property
+    def history_overflow(self) -> Global___HistoryOverflow: ...
+    @_builtins.property
+    def set_usage_half_life(self) -> Global___SetUsageHalfLife: ...
     def __init__(
         self,
         *,
@@ -161,16 +170,83 @@ class Command(_message.Message):
         create_join_token: Global___CreateJoinToken | None = ...,
         revoke_join_token: Global___RevokeJoinToken | None = ...,
         join_node: Global___JoinNode | None = ...,
+        history_exported: Global___HistoryExported | None = ...,
+        history_overflow: Global___HistoryOverflow | None = ...,
+        set_usage_half_life: Global___SetUsageHalfLife | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "create_join_token", "revoke_join_token", "join_node"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class SetUsageHalfLife(_message.Message):
+    """The half-life, in seconds, of the decayed GPU usage fair share weighs; 0 keeps no memory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HALF_LIFE_S_FIELD_NUMBER: _builtins.int
+    half_life_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        half_life_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["half_life_s", b"half_life_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUsageHalfLife: _TypeAlias = SetUsageHalfLife  # noqa: Y015
+
+@_typing.final
+class HistoryExported(_message.Message):
+    """The history store holds every finished job whose archive sequence number is at most `upto`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPTO_FIELD_NUMBER: _builtins.int
+    upto: _builtins.int
+    def __init__(
+        self,
+        *,
+        upto: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["upto", b"upto"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryExported: _TypeAlias = HistoryExported  # noqa: Y015
+
+@_typing.final
+class HistoryOverflow(_message.Message):
+    """Finished jobs forgotten before the history store held them: the unarchived jobs hit their cap."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryOverflow: _TypeAlias = HistoryOverflow  # noqa: Y015
 
 @_typing.final
 class ForgetJobs(_message.Message):

@@ -339,3 +339,29 @@ def sweep_table(result: dict) -> str:
             lines.append(f"  synapse/{other}: mean JCT {by_metric['mean_jct_s'][li]}; "
                          f"big p99 wait {by_metric['big_gang_p99_wait_s'][li]}")
     return "\n".join(lines) + "\n"
+
+
+@main.command("fair-share", context_settings=CONTEXT_SETTINGS)
+@click.option("--days", type=click.IntRange(2, 60), default=7, show_default=True, help="Days to simulate.")
+@click.option("--half-life", default="7d", show_default=True, help="The usage half-life to compare with 0.")
+@click.option("--weights", default="1,3", show_default=True, help="Queue weights of team A and team B.")
+@click.option("--nodes", type=click.IntRange(1, 512), default=8, show_default=True, help="8-GPU nodes.")
+def fair_share_cmd(days, half_life, weights, nodes):
+    """Two teams, a week: does fair share remember the GPU time a team used (synapse.sim.fairshare)?"""
+    from synapse.core.quantity import QuantityError, parse_duration
+    from synapse.sim.fairshare import table, two_teams
+
+    try:
+        seconds = parse_duration(half_life)
+    except QuantityError as exc:
+        fail(PROG, f"--half-life: {exc}")
+    try:
+        pair = _floats(weights, "--weights")
+    except TraceError as exc:
+        fail(PROG, str(exc))
+    if len(pair) != 2 or min(pair) <= 0:
+        fail(PROG, "--weights: two weights above 0, e.g. 1,3")
+    runs = [two_teams(h, days=days, weights=(pair[0], pair[1]), nodes=nodes) for h in (seconds, 0.0)]
+    click.echo(f"team A {pair[0]:g} : team B {pair[1]:g} (A's fair share {pair[0] / sum(pair):.1%}); "
+               f"{nodes} nodes of 8 GPUs; A alone on day 1")
+    click.echo(table(runs[0], runs[1], seconds / 86400))

@@ -1,0 +1,168 @@
+"""The accounting record of finished jobs, and what the history exporter must write next. Pure.
+
+The replicated state numbers jobs in the order they finish (`Job.archive_seq`, given in apply), and
+remembers up to which number the history store holds them (`ClusterState.archived_upto`, moved by
+the HistoryExported command). The store keeps its own cursor, committed in the same transaction as
+the rows; `export_batch` reads the state and that cursor and says which records to write and which
+cursor comes after them. Rows are upserted on their natural keys (job id; job id and attempt), so
+writing a batch twice (a leader that died between the store's commit and its proposal) changes
+nothing. synapse.history.exporter carries it out; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from synapse.core.model import EndReason, Job, JobStatus, Run
+
+#: Records written per store transaction, at most.
+EXPORT_BATCH = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One placed attempt of a finished job: a row of the `runs` table."""
+
+    job_id: str
+    attempt: int
+    user: str
+    queue: str
+    start: float  #: placed (resources allocated)
+    running: float  #: every task started (0: never)
+    end: float
+    nodes: tuple[str, ...]  #: the distinct nodes, in task order
+    tasks: int
+    cpu: int  #: per task, millicores
+    memory: int  #: per task, bytes
+    gpu: int  #: per task
+    outcome: str  #: an EndReason
+    reason: str
+    exit_code: int
+    gpu_seconds: float
+    cpu_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A finished job: a row of the `jobs` table, with its runs."""
+
+    job_id: str
+    name: str
+    user: str
+    queue: str
+    priority: int
+    submit: float
+    eligible: float  #: when it could first start (its submission, until dependencies exist)
+    start: float  #: its first placement (0: it never ran)
+    end: float
+    state: str  #: SUCCEEDED, FAILED or CANCELLED
+    reason: str  #: the typed reason of its end: an EndReason of its last run, or Cancelled
+    detail: str  #: why it ended, for people
+    exit_code: int
+    attempts: int
+    tasks: int
+    nodes: tuple[str, ...]  #: the distinct nodes of its last run
+    cpu: int  #: per task, millicores
+    memory: int  #: per task, bytes
+    gpu: int  #: per task
+    gpu_seconds: float  #: over every run
+    cpu_seconds: float
+    time_limit: float
+    cancelled_by: str
+    preemptions: int
+    archive_seq: int
+    runs: tuple[RunRecord, ...]
+
+    @property
+    def elapsed(self) -> float:
+        return max(0.0, self.end - self.start) if self.start else 0.0
+
+    @property
+    def wait(self) -> float:
+        return max(0.0, (self.start or self.end) - self.eligible)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportBatch:
+    """What the exporter does next: write `records` and move the store's cursor to `upto`, then
+    propose HistoryExported(upto). With no records and `upto` above the state's cursor, the store
+    already holds them (the proposal was lost): only propose. `problem`: write nothing, say why."""
+
+    records: tuple[JobRecord, ...] = ()
+    upto: int = 0
+    more: bool = False  #: more finished jobs wait beyond this batch
+    problem: str = ""
+
+
+def _distinct(nodes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(nodes))
+
+
+def run_record(job: Job, run: Run) -> RunRecord:
+    return RunRecord(job_id=job.id, attempt=run.attempt, user=job.user, queue=job.spec.queue or "default",
+                     start=run.placed_at, running=run.started_at, end=run.ended_at, nodes=_distinct(run.nodes),
+                     tasks=len(run.nodes), cpu=run.resources.cpu, memory=run.resources.memory,
+                     gpu=run.resources.gpu, outcome=run.outcome, reason=run.reason, exit_code=run.exit_code,
+                     gpu_seconds=run.gpu_seconds, cpu_seconds=run.cpu_seconds)
+
+
+def job_record(job: Job) -> JobRecord:
+    """The accounting record of a finished job (from the replicated state alone)."""
+    runs = tuple(run_record(job, r) for r in job.runs)
+    last = job.runs[-1] if job.runs else None
+    if job.status is JobStatus.CANCELLED:
+        reason = EndReason.CANCELLED
+    elif last is not None:
+        reason = last.outcome
+    else:
+        reason = EndReason.COMPLETED if job.status is JobStatus.SUCCEEDED else EndReason.ERROR
+    detail = job.events[-1].message if job.events else ""
+    spec = job.spec
+    return JobRecord(
+        job_id=job.id, name=spec.name, user=job.user, queue=spec.queue or "default", priority=spec.priority,
+        submit=job.submitted_at, eligible=job.submitted_at, start=job.runs[0].placed_at if job.runs else 0.0,
+        end=job.finished_at, state=job.status.value, reason=str(reason), detail=detail,
+        exit_code=last.exit_code if last else 0, attempts=job.attempt, tasks=spec.tasks,
+        nodes=_distinct(last.nodes) if last else (), cpu=spec.resources.cpu, memory=spec.resources.memory,
+        gpu=spec.resources.gpu, gpu_seconds=sum(r.gpu_seconds for r in runs),
+        cpu_seconds=sum(r.cpu_seconds for r in runs), time_limit=spec.time_limit,
+        cancelled_by=job.cancelled_by, preemptions=job.preemptions, archive_seq=job.archive_seq, runs=runs)
+
+
+def export_batch(state: Any, store_cursor: int, limit: int = EXPORT_BATCH) -> ExportBatch:
+    """The next batch for a store whose cursor is `store_cursor` (call under the state's lock)."""
+    if store_cursor > state.archive_seq:
+        return ExportBatch(problem=f"the store's cursor ({store_cursor}) is ahead of the cluster's last finished "
+                                   f"job ({state.archive_seq}): is this store another cluster's?")
+    records: list[JobRecord] = []
+    upto = max(store_cursor, state.archived_upto)
+    for seq, job_id in state.unarchived.items():
+        if seq <= store_cursor:
+            continue
+        if len(records) == limit:
+            return ExportBatch(tuple(records), upto, more=True)
+        records.append(job_record(state.jobs[job_id]))
+        upto = seq
+    return ExportBatch(tuple(records), upto)
+
+
+def day_shares(start: float, end: float) -> list[tuple[str, float]]:
+    """The UTC days an interval covers, each with the fraction of the interval inside it."""
+    if end <= start:
+        return [(datetime.fromtimestamp(end, UTC).date().isoformat(), 1.0)]
+    out = []
+    t = start
+    while t < end:
+        day = datetime.fromtimestamp(t, UTC).date()
+        next_day = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp() + 86400
+        stop = min(end, next_day)
+        out.append((day.isoformat(), (stop - t) / (end - start)))
+        t = stop
+    return out
+
+
+def day_of(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).date().isoformat()
+

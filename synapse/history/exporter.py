@@ -1,0 +1,146 @@
+"""The history exporter of a master: the I/O around `synapse.core.history.export_batch`.
+
+On the leader only, `export_loop` reads the store's cursor, takes the next batch of finished jobs
+from the replicated state (under the master lock), writes the rows and the new cursor in one store
+transaction (in a worker thread: the event loop, and so submission and scheduling, never wait on
+the database), then proposes HistoryExported(upto) so every replica knows those jobs are archived
+and retention may count from now. If the leader dies between the store's commit and the proposal,
+the next leader reads the store's cursor, finds nothing newer to write and proposes the cursor
+alone; rows written twice are upserts of the same values. While the store is unreachable the loop
+retries with backoff, and finished jobs wait in the replicated state (up to the cap, see
+`LeaderState._forget`); `History.lag_reason` says why for logs, metrics and `readyz?verbose`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+from synapse.core import commands as c
+from synapse.core.history import EXPORT_BATCH, export_batch
+from synapse.history.settings import HistorySettings
+from synapse.history.store import CursorMoved, HistoryStore, StoreError, redacted
+
+log = logging.getLogger(__name__)
+
+#: How often the exporter looks for finished jobs when nothing woke it.
+EXPORT_IDLE_S = 1.0
+#: Exports are at least this far apart: jobs finishing meanwhile go into one transaction and one proposal.
+EXPORT_MIN_INTERVAL_S = 0.2
+#: Backoff between attempts while the store fails: from the first to the last, doubling.
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
+#: How often the leader purges rows older than `history.retention`.
+PURGE_EVERY_S = 3600.0
+
+
+class ExportDriver(Protocol):
+    """What the exporter needs of the leader loops it runs in (synapse.master.leader.LeaderLoops)."""
+
+    master: Any  #: the replica (synapse.master.replica.Master): its lock, state and change events
+    stopped: bool  #: the term is over
+
+    async def propose(self, cmd: c.Command) -> c.Result | None:
+        """Propose a command of this term; None if it did not commit."""
+
+
+class History:
+    """One master process's history store and what its exporter knows (read by metrics, readyz)."""
+
+    def __init__(self, settings: HistorySettings) -> None:
+        self.settings = settings
+        self.store = HistoryStore(settings.url)
+        self.error = ""  #: the store's last failure, '' once it works again; exporter only
+        self.error_since = 0.0  #: when the current run of failures began (wall clock)
+        self.exported = 0  #: job rows this process wrote (new ones); exporter only
+        self.errors = 0  #: failed store attempts of this process; exporter only
+        self.last_purge = 0.0  #: monotonic time of the last purge; exporter only
+
+    def lag_reason(self, unarchived: int) -> str:
+        """Why history lags behind the cluster, or '' (read on any thread)."""
+        why = []
+        if self.error:
+            why.append(f"history store {redacted(self.settings.url)} failing since "
+                       f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.error_since))}: {self.error}")
+        if unarchived >= self.settings.max_unarchived:
+            why.append(f"{unarchived} finished jobs not archived: the cap (history.max_unarchived "
+                       f"{self.settings.max_unarchived}) is reached, the oldest are forgotten unarchived")
+        elif unarchived > EXPORT_BATCH:
+            why.append(f"{unarchived} finished jobs not archived yet")
+        return "; ".join(why)
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.error:
+            self.error_since = time.time()
+            log.warning("history store failing url=%s error=%s; finished jobs wait in the state",
+                        redacted(self.settings.url), exc)
+        self.error = str(exc)
+        self.errors += 1
+
+    def _recovered(self) -> None:
+        if self.error:
+            log.info("history store reachable again url=%s", redacted(self.settings.url))
+        self.error = ""
+
+
+async def export_loop(loops: ExportDriver, history: History) -> None:
+    """Export finished jobs for as long as this term lasts (see the module docstring)."""
+    master = loops.master
+    cursor: int | None = None  # the store's, as last read or written by this loop
+    delay = RETRY_FIRST_S
+    while not loops.stopped:
+        changed = master.state_changed()
+        try:
+            if cursor is None:
+                await asyncio.to_thread(history.store.migrate)
+                cursor = await asyncio.to_thread(history.store.cursor)
+            with master.lock:
+                batch = export_batch(master.state, cursor)
+                archived = master.state.archived_upto
+            if batch.problem:
+                raise StoreError(batch.problem)
+            if batch.records:
+                started = time.perf_counter()
+                new = await asyncio.to_thread(history.store.export, batch.records, cursor, batch.upto, time.time())
+                history.exported += new
+                log.debug("history exported jobs=%d new=%d upto=%d seconds=%.3f", len(batch.records), new,
+                          batch.upto, time.perf_counter() - started)
+                cursor = batch.upto
+            if batch.upto > archived:
+                result = await loops.propose(c.HistoryExported(at=time.time(), upto=batch.upto))
+                if result is None or not result.ok:
+                    cursor = None  # re-read: the state or the store may have moved
+                    await asyncio.sleep(RETRY_FIRST_S)
+                    continue
+            history._recovered()
+            delay = RETRY_FIRST_S
+            await _purge_if_due(history)
+            if batch.more:
+                continue
+            if batch.records:
+                await asyncio.sleep(EXPORT_MIN_INTERVAL_S)
+        except CursorMoved as exc:
+            log.info("history cursor moved under this exporter: %s; re-reading it", exc)
+            cursor = None
+            continue
+        except StoreError as exc:
+            history._failed(exc)
+            cursor = None
+            await asyncio.sleep(delay)
+            delay = min(RETRY_MAX_S, delay * 2)
+            continue
+        try:
+            await asyncio.wait_for(changed.wait(), EXPORT_IDLE_S)
+        except TimeoutError:
+            pass
+
+
+async def _purge_if_due(history: History) -> None:
+    retention = history.settings.retention
+    if not retention or time.monotonic() - history.last_purge < PURGE_EVERY_S:
+        return
+    history.last_purge = time.monotonic()
+    purged = await asyncio.to_thread(history.store.purge, time.time() - retention)
+    if purged:
+        log.info("history purged jobs=%d retention_s=%.0f", purged, retention)

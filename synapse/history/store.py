@@ -1,0 +1,414 @@
+"""The history store: finished jobs and their runs in SQLite or PostgreSQL, through SQLAlchemy Core.
+
+    history: {url: sqlite:////var/lib/synapse/history.sqlite}       # the embedded default
+    history: {url: postgresql+psycopg://synapse@db/synapse}         # masters on several machines
+
+Four tables: `history_jobs` (one row per job, key job_id), `history_runs` (one per placed attempt,
+key job_id + attempt), `history_usage_daily` (GPU- and CPU-seconds per UTC day, user and queue: what
+`synctl usage` reads, kept when old rows are purged) and `history_cursor` (the archive sequence
+number up to which the store holds every finished job). `export` writes a batch and moves the cursor
+in one transaction, and only from the cursor it was computed against: rows are upserted on their
+natural keys and a run's usage is added only when its row is new, so a batch written twice changes
+nothing, and a batch that fails moves nothing.
+
+Schema migrations: a versioned list run at the leader's first use (`MIGRATIONS`, recorded in
+`history_schema`). The schema ships inside the package and every replica runs the same code, so
+Alembic's script directory, env.py and revision graph would buy nothing a numbered list does not;
+each step is SQLAlchemy Core DDL, portable between the two dialects. PostgreSQL serialises
+concurrent migrations with an advisory lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from synapse.core.history import JobRecord, RunRecord, day_of, day_shares
+
+log = logging.getLogger(__name__)
+
+#: Drivers the store supports: SQLite (the standard library's) and PostgreSQL through psycopg 3.
+DRIVERS = {"sqlite": "sqlite", "sqlite+pysqlite": "sqlite", "postgresql": "postgresql+psycopg",
+           "postgresql+psycopg": "postgresql+psycopg"}
+#: Rows a history query returns at most per page.
+MAX_PAGE = 5000
+#: Advisory lock key of the schema migrations on PostgreSQL.
+_MIGRATION_LOCK = 0x5359_4E48
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "history_jobs", metadata,
+    sa.Column("job_id", sa.String(300), primary_key=True),
+    sa.Column("name", sa.String(300), nullable=False),
+    sa.Column("user_name", sa.String(256), nullable=False),
+    sa.Column("queue", sa.String(256), nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False),
+    sa.Column("submit_at", sa.Double, nullable=False),
+    sa.Column("eligible_at", sa.Double, nullable=False),
+    sa.Column("start_at", sa.Double, nullable=False),  # 0: never ran
+    sa.Column("end_at", sa.Double, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.String(32), nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.Column("exit_code", sa.Integer, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("tasks", sa.Integer, nullable=False),
+    sa.Column("nodes", sa.Text, nullable=False),  # comma-separated, the last run's
+    sa.Column("cpu_millis", sa.BigInteger, nullable=False),  # per task
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False),  # per task
+    sa.Column("gpus", sa.Integer, nullable=False),  # per task
+    sa.Column("gpu_seconds", sa.Double, nullable=False),
+    sa.Column("cpu_seconds", sa.Double, nullable=False),
+    sa.Column("time_limit", sa.Double, nullable=False),
+    sa.Column("cancelled_by", sa.String(256), nullable=False),
+    sa.Column("preemptions", sa.Integer, nullable=False),
+    sa.Column("archive_seq", sa.BigInteger, nullable=False),
+    # room for job arrays and dependencies
+    sa.Column("array_job", sa.String(300), nullable=True),
+    sa.Column("array_index", sa.Integer, nullable=True),
+    sa.Column("dependency", sa.Text, nullable=True),
+)
+sa.Index("ix_history_jobs_end", jobs.c.end_at, jobs.c.job_id)
+# each filter's index ends with the page order (end, id), so a page is read in order, never sorted
+sa.Index("ix_history_jobs_user_end", jobs.c.user_name, jobs.c.end_at, jobs.c.job_id)
+sa.Index("ix_history_jobs_queue_end", jobs.c.queue, jobs.c.end_at, jobs.c.job_id)
+sa.Index("ix_history_jobs_state_end", jobs.c.state, jobs.c.end_at, jobs.c.job_id)
+
+runs = sa.Table(
+    "history_runs", metadata,
+    sa.Column("job_id", sa.String(300), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("user_name", sa.String(256), nullable=False),
+    sa.Column("queue", sa.String(256), nullable=False),
+    sa.Column("start_at", sa.Double, nullable=False),
+    sa.Column("running_at", sa.Double, nullable=False),
+    sa.Column("end_at", sa.Double, nullable=False),
+    sa.Column("nodes", sa.Text, nullable=False),
+    sa.Column("tasks", sa.Integer, nullable=False),
+    sa.Column("cpu_millis", sa.BigInteger, nullable=False),
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False),
+    sa.Column("gpus", sa.Integer, nullable=False),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("exit_code", sa.Integer, nullable=False),
+    sa.Column("gpu_seconds", sa.Double, nullable=False),
+    sa.Column("cpu_seconds", sa.Double, nullable=False),
+)
+sa.Index("ix_history_runs_end", runs.c.end_at)
+
+usage_daily = sa.Table(
+    "history_usage_daily", metadata,
+    sa.Column("day", sa.String(10), primary_key=True),  # UTC, YYYY-MM-DD
+    sa.Column("user_name", sa.String(256), primary_key=True),
+    sa.Column("queue", sa.String(256), primary_key=True),
+    sa.Column("gpu_seconds", sa.Double, nullable=False),
+    sa.Column("cpu_seconds", sa.Double, nullable=False),
+    sa.Column("jobs", sa.Integer, nullable=False),  # jobs that ended that day
+)
+
+cursor_table = sa.Table(
+    "history_cursor", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("upto", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+schema_table = sa.Table("history_schema", metadata, sa.Column("version", sa.Integer, primary_key=True))
+
+
+def _v1(conn: Connection) -> None:
+    for table in (jobs, runs, usage_daily, cursor_table):
+        table.create(conn, checkfirst=True)
+    conn.execute(cursor_table.insert().values(id=1, upto=0, updated_at=0.0))
+
+
+#: Schema versions in order: (version, step). Append; never edit a released step.
+MIGRATIONS = ((1, _v1),)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used now (unreachable, refused, not migrated); the message says why."""
+
+
+class CursorMoved(StoreError):
+    """Another exporter moved the cursor since this batch was computed; nothing was written."""
+
+
+def check_url(url: str) -> str:
+    """The URL with its driver made explicit, or ValueError naming what is wrong (no connection)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"not a database URL ({exc})") from None
+    driver = DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise ValueError(f"unsupported database {parsed.drivername!r} (use sqlite:///PATH or "
+                         "postgresql+psycopg://USER@HOST/DB)")
+    if driver == "sqlite" and not parsed.database:
+        raise ValueError("a SQLite URL needs a file: sqlite:////absolute/path/history.sqlite")
+    if driver.startswith("postgresql") and not parsed.database:
+        raise ValueError("a PostgreSQL URL needs a database name: postgresql+psycopg://USER@HOST/DB")
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(malformed URL)"
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """A history query: every filter optional; times are seconds since the epoch."""
+
+    user: str = ""
+    queue: str = ""
+    state: str = ""
+    job_id: str = ""
+    since: float = 0.0  #: jobs that ended at or after this
+    until: float = 0.0  #: and before this (0: no bound)
+    limit: int = 1000
+    after_end: float = 0.0  #: paging: after this (end, job id)
+    after_id: str = ""
+
+
+class HistoryStore:
+    """One database's history tables. Blocking: the master calls it from a worker thread."""
+
+    def __init__(self, url: str, connect_timeout: float = 3.0) -> None:
+        self.url = check_url(url)
+        self.dialect = "postgresql" if self.url.startswith("postgresql") else "sqlite"
+        if self.dialect == "sqlite":
+            self.engine: Engine = sa.create_engine(self.url, connect_args={"timeout": 10})
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            self.engine = sa.create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=4,
+                                           connect_args={"connect_timeout": max(1, int(connect_timeout))})
+        self._migrated = False
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- schema ---------------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Bring the schema to SCHEMA_VERSION; returns the version found before."""
+        try:
+            with self.engine.begin() as conn:
+                if self.dialect == "postgresql":
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+                schema_table.create(conn, checkfirst=True)
+                found = conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0
+                if found > SCHEMA_VERSION:
+                    raise StoreError(f"the history schema is at version {found}, newer than this release's "
+                                     f"{SCHEMA_VERSION}: upgrade the masters")
+                for version, step in MIGRATIONS:
+                    if version > found:
+                        step(conn)
+                        conn.execute(schema_table.insert().values(version=version))
+                        log.info("history schema migrated version=%d", version)
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+        self._migrated = True
+        return found
+
+    def _ready(self) -> None:
+        if self._migrated:
+            return
+        try:
+            with self.engine.connect() as conn:
+                version = conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0
+        except SQLAlchemyError as exc:
+            raise StoreError(f"history store not initialised or unreachable: {_why(exc)}") from None
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"history schema is at version {version}, this release reads {SCHEMA_VERSION}")
+        self._migrated = True
+
+    # ---- writing ----------------------------------------------------------------------------------
+
+    def cursor(self) -> int:
+        """The archive sequence number up to which the store holds every finished job."""
+        self._ready()
+        try:
+            with self.engine.connect() as conn:
+                return int(conn.execute(sa.select(cursor_table.c.upto).where(cursor_table.c.id == 1)).scalar() or 0)
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+
+    def export(self, records: Sequence[JobRecord], expected: int, upto: int, at: float) -> int:
+        """Upsert the records and move the cursor from `expected` to `upto`, in one transaction.
+        Raises CursorMoved (writing nothing) if the cursor is no longer `expected`. Returns the
+        number of job rows that were new."""
+        self._ready()
+        try:
+            with self.engine.begin() as conn:
+                moved = conn.execute(cursor_table.update().where(cursor_table.c.id == 1)
+                                     .where(cursor_table.c.upto == expected)
+                                     .values(upto=upto, updated_at=at)).rowcount
+                if moved != 1:  # raising rolls the transaction back
+                    raise CursorMoved(f"the history cursor is no longer {expected}: another exporter wrote")
+                return self._write(conn, records)
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+
+    def _write(self, conn: Connection, records: Sequence[JobRecord]) -> int:
+        if not records:
+            return 0
+        ids = [r.job_id for r in records]
+        known_jobs: set[str] = set()
+        known_runs: set[tuple[str, int]] = set()
+        for chunk in _chunks(ids, 900):
+            known_jobs.update(conn.execute(sa.select(jobs.c.job_id).where(jobs.c.job_id.in_(chunk))).scalars())
+            known_runs.update((j, a) for j, a in conn.execute(
+                sa.select(runs.c.job_id, runs.c.attempt).where(runs.c.job_id.in_(chunk))))
+        rows = [_job_row(r) for r in records]
+        insert = self._insert(jobs)
+        update = {c.name: insert.excluded[c.name] for c in jobs.c if c.name != "job_id"}
+        conn.execute(insert.on_conflict_do_update(index_elements=[jobs.c.job_id], set_=update), rows)
+        new_runs = [run for r in records for run in r.runs if (run.job_id, run.attempt) not in known_runs]
+        if new_runs:
+            conn.execute(self._insert(runs).on_conflict_do_nothing(index_elements=[runs.c.job_id, runs.c.attempt]),
+                         [_run_row(run) for run in new_runs])
+        usage = _usage(new_runs, [r for r in records if r.job_id not in known_jobs])
+        if usage:
+            insert = self._insert(usage_daily)
+            conn.execute(insert.on_conflict_do_update(
+                index_elements=[usage_daily.c.day, usage_daily.c.user_name, usage_daily.c.queue],
+                set_={"gpu_seconds": usage_daily.c.gpu_seconds + insert.excluded.gpu_seconds,
+                      "cpu_seconds": usage_daily.c.cpu_seconds + insert.excluded.cpu_seconds,
+                      "jobs": usage_daily.c.jobs + insert.excluded.jobs}), usage)
+        return len(records) - len(known_jobs)
+
+    def _insert(self, table: sa.Table):
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table)
+
+    def purge(self, before: float) -> int:
+        """Delete jobs and runs that ended before `before` (the daily usage stays); returns jobs deleted."""
+        self._ready()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(runs.delete().where(runs.c.end_at < before))
+                return conn.execute(jobs.delete().where(jobs.c.end_at < before)).rowcount
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+
+    # ---- reading ----------------------------------------------------------------------------------
+
+    def jobs(self, q: JobQuery) -> tuple[list[dict[str, Any]], bool]:
+        """The jobs matching, ordered by end then id, each with its runs; and whether more follow."""
+        self._ready()
+        limit = max(1, min(q.limit, MAX_PAGE))
+        stmt = sa.select(jobs)
+        for column, value in ((jobs.c.user_name, q.user), (jobs.c.queue, q.queue), (jobs.c.state, q.state),
+                              (jobs.c.job_id, q.job_id)):
+            if value:
+                stmt = stmt.where(column == value)
+        if q.since:
+            stmt = stmt.where(jobs.c.end_at >= q.since)
+        if q.until:
+            stmt = stmt.where(jobs.c.end_at < q.until)
+        if q.after_id:
+            stmt = stmt.where(sa.or_(jobs.c.end_at > q.after_end,
+                                     sa.and_(jobs.c.end_at == q.after_end, jobs.c.job_id > q.after_id)))
+        stmt = stmt.order_by(jobs.c.end_at, jobs.c.job_id).limit(limit + 1)
+        try:
+            with self.engine.connect() as conn:
+                found = [dict(row._mapping) for row in conn.execute(stmt)]
+                more = len(found) > limit
+                found = found[:limit]
+                by_id = {row["job_id"]: row for row in found}
+                for row in found:
+                    row["runs"] = []
+                for chunk in _chunks(list(by_id), 900):
+                    for run in conn.execute(sa.select(runs).where(runs.c.job_id.in_(chunk))
+                                            .order_by(runs.c.job_id, runs.c.attempt)):
+                        by_id[run.job_id]["runs"].append(dict(run._mapping))
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+        return found, more
+
+    def usage(self, by: str, since: float, until: float) -> list[dict[str, Any]]:
+        """GPU- and CPU-seconds and jobs per user, queue or UTC day (`day,queue`: per both, keys
+        `key` and `queue`), over the days [since, until]."""
+        columns = {"user": [usage_daily.c.user_name], "queue": [usage_daily.c.queue], "day": [usage_daily.c.day],
+                   "day,queue": [usage_daily.c.day, usage_daily.c.queue]}[by]
+        self._ready()
+        keys = [columns[0].label("key"), *columns[1:]]
+        stmt = (sa.select(*keys, sa.func.sum(usage_daily.c.gpu_seconds).label("gpu_seconds"),
+                          sa.func.sum(usage_daily.c.cpu_seconds).label("cpu_seconds"),
+                          sa.func.sum(usage_daily.c.jobs).label("jobs"))
+                .group_by(*columns).order_by(*columns))
+        if since:
+            stmt = stmt.where(usage_daily.c.day >= day_of(since))
+        if until:
+            stmt = stmt.where(usage_daily.c.day <= day_of(until))
+        try:
+            with self.engine.connect() as conn:
+                return [dict(row._mapping) for row in conn.execute(stmt)]
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers on other replicas never block the exporter
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _why(exc: SQLAlchemyError) -> str:
+    """One line: the driver's message without SQLAlchemy's background link and statement dump."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"{type(getattr(exc, 'orig', None) or exc).__name__}: {text[0] if text else ''}"[:400]
+
+
+def _chunks(items: list, size: int) -> Iterable[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _job_row(r: JobRecord) -> dict[str, Any]:
+    return {"job_id": r.job_id, "name": r.name, "user_name": r.user, "queue": r.queue, "priority": r.priority,
+            "submit_at": r.submit, "eligible_at": r.eligible, "start_at": r.start, "end_at": r.end,
+            "state": r.state, "reason": r.reason, "detail": r.detail, "exit_code": r.exit_code,
+            "attempts": r.attempts, "tasks": r.tasks, "nodes": ",".join(r.nodes), "cpu_millis": r.cpu,
+            "memory_bytes": r.memory, "gpus": r.gpu, "gpu_seconds": r.gpu_seconds, "cpu_seconds": r.cpu_seconds,
+            "time_limit": r.time_limit, "cancelled_by": r.cancelled_by, "preemptions": r.preemptions,
+            "archive_seq": r.archive_seq, "array_job": None, "array_index": None, "dependency": None}
+
+
+def _run_row(r: RunRecord) -> dict[str, Any]:
+    return {"job_id": r.job_id, "attempt": r.attempt, "user_name": r.user, "queue": r.queue, "start_at": r.start,
+            "running_at": r.running, "end_at": r.end, "nodes": ",".join(r.nodes), "tasks": r.tasks,
+            "cpu_millis": r.cpu, "memory_bytes": r.memory, "gpus": r.gpu, "outcome": r.outcome, "reason": r.reason,
+            "exit_code": r.exit_code, "gpu_seconds": r.gpu_seconds, "cpu_seconds": r.cpu_seconds}
+
+
+def _usage(new_runs: list[RunRecord], new_jobs: list[JobRecord]) -> list[dict[str, Any]]:
+    """The daily usage rows to add: each new run's seconds spread over the UTC days it ran, and one
+    job on the day each new job ended (one row per key, as one upsert may touch a row only once)."""
+    sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for run in new_runs:
+        for day, share in day_shares(run.start, run.end):
+            entry = sums[(day, run.user, run.queue)]
+            entry[0] += run.gpu_seconds * share
+            entry[1] += run.cpu_seconds * share
+    for job in new_jobs:
+        sums[(day_of(job.end), job.user, job.queue)][2] += 1
+    return [{"day": d, "user_name": u, "queue": q, "gpu_seconds": g, "cpu_seconds": c, "jobs": int(n)}
+            for (d, u, q), (g, c, n) in sorted(sums.items())]

@@ -1,0 +1,90 @@
+"""The history RPCs (ListHistory, GetUsage): check the request, query the store off the event loop,
+convert its rows. Any replica serves them (the store is shared); users need no database credentials,
+and see what `get jobs` shows them: every job."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from synapse.proto import api_pb2, types_pb2
+
+#: The final states a history query may filter on.
+STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+#: What usage may be grouped by.
+USAGE_BY = ("user", "queue", "day")
+
+
+class BadRequest(ValueError):
+    """A history request the store must not be asked; the message names the field."""
+
+
+class Unavailable(RuntimeError):
+    """The store failed to answer; the message says why."""
+
+
+async def _ask(history: Any, method: str, *args: Any) -> Any:
+    from synapse.history.store import StoreError  # SQLAlchemy: loaded by masters with a store only
+
+    try:
+        return await asyncio.to_thread(getattr(history.store, method), *args)
+    except StoreError as exc:
+        raise Unavailable(str(exc)) from None
+
+
+def request_problem(request: api_pb2.ListHistoryRequest) -> str:
+    if request.state and request.state not in STATES:
+        return f"state: must be one of {', '.join(STATES)}, not {request.state!r}"
+    if request.since and request.until and request.until <= request.since:
+        return "until: must be after since"
+    if request.limit > 5000:
+        return "limit: at most 5000"
+    return ""
+
+
+async def list_history(history: Any, request: api_pb2.ListHistoryRequest) -> api_pb2.ListHistoryReply:
+    """The matching jobs (raises BadRequest, or Unavailable when the store fails)."""
+    from synapse.history.store import JobQuery
+
+    problem = request_problem(request)
+    if problem:
+        raise BadRequest(problem)
+    query = JobQuery(user=request.user, queue=request.queue, state=request.state, job_id=request.job_id,
+                     since=request.since, until=request.until, limit=request.limit or 1000,
+                     after_end=request.after_end, after_id=request.after_id)
+    rows, more = await _ask(history, "jobs", query)
+    return api_pb2.ListHistoryReply(jobs=[_job(r) for r in rows], more=more)
+
+
+async def usage(history: Any, request: api_pb2.GetUsageRequest) -> api_pb2.GetUsageReply:
+    by = request.by or "user"
+    if by not in USAGE_BY:
+        raise BadRequest(f"by: must be one of {', '.join(USAGE_BY)}, not {request.by!r}")
+    if request.since and request.until and request.until <= request.since:
+        raise BadRequest("until: must be after since")
+    rows = await _ask(history, "usage", by, request.since, request.until)
+    return api_pb2.GetUsageReply(rows=[
+        api_pb2.UsageRow(key=r["key"], gpu_hours=(r["gpu_seconds"] or 0.0) / 3600,
+                         cpu_hours=(r["cpu_seconds"] or 0.0) / 3600, jobs=int(r["jobs"] or 0)) for r in rows])
+
+
+def _resources(row: dict[str, Any]) -> types_pb2.Resources:
+    return types_pb2.Resources(cpu_millis=row["cpu_millis"], memory_bytes=row["memory_bytes"], gpu=row["gpus"])
+
+
+def _nodes(text: str) -> list[str]:
+    return text.split(",") if text else []
+
+
+def _job(row: dict[str, Any]) -> api_pb2.HistoryJob:
+    return api_pb2.HistoryJob(
+        job_id=row["job_id"], name=row["name"], user=row["user_name"], queue=row["queue"], priority=row["priority"],
+        submit=row["submit_at"], eligible=row["eligible_at"], start=row["start_at"], end=row["end_at"],
+        state=row["state"], reason=row["reason"], detail=row["detail"], exit_code=row["exit_code"],
+        attempts=row["attempts"], tasks=row["tasks"], nodes=_nodes(row["nodes"]), resources=_resources(row),
+        gpu_seconds=row["gpu_seconds"], cpu_seconds=row["cpu_seconds"], time_limit_s=row["time_limit"],
+        cancelled_by=row["cancelled_by"], preemptions=row["preemptions"],
+        runs=[api_pb2.HistoryRun(attempt=r["attempt"], start=r["start_at"], running=r["running_at"], end=r["end_at"],
+                                 nodes=_nodes(r["nodes"]), tasks=r["tasks"], resources=_resources(r),
+                                 outcome=r["outcome"], reason=r["reason"], exit_code=r["exit_code"],
+                                 gpu_seconds=r["gpu_seconds"], cpu_seconds=r["cpu_seconds"]) for r in row["runs"]])

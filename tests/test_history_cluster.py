@@ -1,0 +1,147 @@
+"""Job history on a real cluster: three masters and two workers on loopback, the default SQLite store
+in the data dir. Jobs that succeed, fail and are cancelled appear in `synctl history` exactly once,
+also when the leader is killed with SIGKILL while jobs finish; a job past its retention still
+answers `describe`; `-o sacct` imports into the simulator; `usage` sums the GPU-hours."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from synapse.client.master_client import ClientError
+from synapse.core import codec
+from synapse.core.model import JobSpec, Resources
+from synapse.sim.main import main as sim_main
+from tests.test_dashboard import fetch
+from tests.test_gang_execution import wait_for
+from tests.test_metrics import get
+from tests.test_synctl import synctl
+
+
+def submit(cluster, name: str, command: list[str], gpu: int = 1) -> str:
+    spec = JobSpec(name=name, tasks=1, resources=Resources(100, 64 << 20, gpu), command=tuple(command))
+    return cluster.client.submit(codec.job_spec_to_proto(spec))
+
+
+def history(cluster, *args: str) -> list[dict]:
+    out = synctl(cluster, "history", "--limit", "0", "-o", "json", *args)
+    assert out.exit_code == 0, out.output
+    return json.loads(out.output)
+
+
+def archived_ids(cluster) -> set[str]:
+    """The jobs `synctl history` lists; none while the store is not there yet."""
+    out = synctl(cluster, "history", "--limit", "0", "-o", "json")
+    return {j["id"] for j in json.loads(out.output)} if out.exit_code == 0 else set()
+
+
+@pytest.mark.slow
+def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_cluster, tmp_path):
+    cluster = make_cluster(masters=3, workers=2, gpus=2, job_retention="2s")
+    expected = {submit(cluster, "ok", ["true"]): "SUCCEEDED", submit(cluster, "bad", ["sh", "-c", "exit 3"]): "FAILED"}
+    long = submit(cluster, "long", ["sleep", "60"])
+    wait_for(lambda: cluster.client.get_job(long).status == "RUNNING", what="the long job to run")
+    cluster.client.cancel(long)
+    expected[long] = "CANCELLED"
+    # jobs finishing while the leader dies: some end before the kill, some after
+    for i in range(8):
+        expected[submit(cluster, f"brief{i}", ["sleep", str(0.2 * (i % 4))])] = "SUCCEEDED"
+    time.sleep(0.5)
+    leader = cluster.wait_leader()
+    cluster.kill_master(leader)
+    cluster.wait_leader(exclude=leader)
+    cluster.restart_master(leader)
+
+    def archived() -> dict[str, str]:
+        return {j["id"]: j["state"] for j in history(cluster)}
+
+    wait_for(lambda: set(archived()) >= set(expected), timeout=60, what="every job in history")
+    assert {k: v for k, v in archived().items() if k in expected} == expected
+    rows = sqlite3.connect(cluster.data_dir / "history.sqlite").execute(
+        "select job_id, count(*) from history_jobs group by job_id").fetchall()
+    assert sorted(job_id for job_id, _ in rows) == sorted(expected) and all(n == 1 for _, n in rows)
+    bad = next(j for j in history(cluster, "--state", "failed"))
+    assert (bad["reason"], bad["exit_code"], bad["attempts"], len(bad["runs"])) == ("Error", 3, 1, 1)
+    cancelled = history(cluster, "--job", long)[0]
+    assert cancelled["reason"] == "Cancelled" and cancelled["cancelled_by"] == "admin"
+
+    # past its retention (2 s from the archive; swept every 10 s) the state forgets it; describe still answers
+    ok = next(job_id for job_id, state in expected.items() if state == "SUCCEEDED")
+
+    def forgotten() -> bool:
+        try:
+            cluster.client.get_job(ok)
+        except ClientError:
+            return True
+        return False
+
+    wait_for(forgotten, timeout=40, what="the job to be forgotten")
+    described = synctl(cluster, "describe", "job", ok)
+    assert described.exit_code == 0 and "from history: SUCCEEDED (Completed)" in described.output, described.output
+    assert synctl(cluster, "describe", "job", "no-such-job").exit_code == 2
+
+    sacct = tmp_path / "month.txt"
+    out = synctl(cluster, "history", "-o", "sacct", "--since", "1d")
+    assert out.exit_code == 0, out.output
+    sacct.write_text(out.output)
+    imported = CliRunner().invoke(sim_main, ["import-sacct", str(sacct), "-o", str(tmp_path / "t.csv")])
+    assert imported.exit_code == 0, imported.output
+    trace_rows = (tmp_path / "t.csv").read_text().strip().splitlines()
+    assert len([r for r in trace_rows if r and not r.startswith("#")]) - 1 == len(expected)  # all ran on a GPU
+
+    usage = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
+    assert [u["key"] for u in usage] == ["default"] and usage[0]["jobs"] == len(expected)
+    assert usage[0]["gpu_hours"] > 0
+    http = cluster.master(cluster.wait_leader())["http_address"]
+    status, _, page = fetch(http, "/history?state=FAILED", cluster.token)
+    assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page
+    status, _, page = fetch(http, "/history?sort=user&order=asc&days=1", cluster.token)
+    assert status == 200 and all(job_id in page for job_id in expected)
+    status, _, page = fetch(http, "/usage?days=2", cluster.token)
+    assert status == 200 and '<rect class="bar"' in page and "GPU-hours</title>" in page and "default" in page
+    assert synctl(cluster, "history", "--since", "last week").exit_code == 2
+    assert "--state: must be one of" in synctl(cluster, "history", "--state", "done").output
+
+
+@pytest.mark.slow
+def test_a_postgres_store_down_at_start_and_restarted_mid_run_loses_and_doubles_nothing(make_cluster, postgres):
+    import sqlalchemy as sa
+
+    url = postgres.create("cluster_history")
+    postgres.stop()  # unreachable when the masters start: they start, serve and schedule all the same
+    try:
+        cluster = make_cluster(masters=3, workers=1, gpus=4, history=url)
+        first = [submit(cluster, f"early{i}", ["true"]) for i in range(4)]
+        wait_for(lambda: all(cluster.client.get_job(j).status == "SUCCEEDED" for j in first), timeout=30,
+                 what="jobs to finish with the store down")
+        leader = cluster.master(cluster.wait_leader())
+        status, body = get(leader["http_address"], "/readyz?verbose")
+        assert status == 200 and "[+]history ok (lagging: history store" in body, body
+        assert "synapse_history_store_failing 1.0" in get(leader["http_address"], "/metrics")[1]
+        down = synctl(cluster, "history")
+        assert down.exit_code == 2 and "history store unavailable" in down.output, down.output
+        assert "Connection refused" in down.output, down.output
+        postgres.start()
+        wait_for(lambda: archived_ids(cluster) >= set(first), timeout=60, what="the backlog archived")
+        second = [submit(cluster, f"late{i}", ["sleep", "0.5"]) for i in range(4)]
+        postgres.stop()  # the database restarts while these finish
+        wait_for(lambda: all(cluster.client.get_job(j).status == "SUCCEEDED" for j in second), timeout=30,
+                 what="jobs to finish during the restart")
+        postgres.start()
+        wait_for(lambda: archived_ids(cluster) >= set(first + second), timeout=60,
+                 what="every job archived")
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("select job_id, count(*) from history_jobs group by job_id")).fetchall()
+            cursor = conn.execute(sa.text("select upto from history_cursor")).scalar()
+        engine.dispose()
+        assert sorted(r[0] for r in rows) == sorted(first + second) and all(r[1] == 1 for r in rows)
+        assert cursor == len(first + second)
+        wait_for(lambda: "synapse_history_unarchived_jobs 0.0" in get(leader["http_address"], "/metrics")[1],
+                 what="nothing left unarchived")
+    finally:
+        postgres.start()

@@ -1,0 +1,163 @@
+"""History in the pure core: archive numbering and runs in apply, the export decision, retention and
+the unarchived cap in the leader's brain. No database, no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from synapse.core import codec, history
+from synapse.core import commands as c
+from synapse.core.fsm import ClusterState
+from synapse.core.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose
+from synapse.core.model import EndReason, JobStatus, Placement
+from synapse.core.snapshot import encode
+from tests.helpers import checked, cluster, spec
+
+N0, N1 = "r0-n0", "r0-n1"
+
+
+def run_job(state: ClusterState, job_id: str, nodes: list[str], *, at: float, code: int = 0, cause: str = "",
+            **kw) -> None:
+    """Submit (if new), place on whole nodes, start, and exit every task with `code`."""
+    if job_id not in state.jobs:
+        checked(state, c.SubmitJob(at=at, job_id=job_id, request_id=job_id, spec=spec(tasks=len(nodes), **kw)))
+    job = state.jobs[job_id]
+    checked(state, c.CommitPlan(at=at + 1, job_id=job_id, attempt=job.attempt, placements=tuple(
+        Placement(i, n, tuple(range(8)), i) for i, n in enumerate(nodes))))
+    for t in job.tasks:
+        checked(state, c.TaskStarted(at=at + 2, job_id=job_id, attempt=job.attempt, index=t.index, node_id=t.node_id))
+    for t in list(job.tasks):
+        checked(state, c.TaskExited(at=at + 12, job_id=job_id, attempt=t.attempt, index=t.index, node_id=t.node_id,
+                                    exit_code=code, cause=cause))
+
+
+def scenario() -> ClusterState:
+    """A success, a failure retried once then failed for good, a job cancelled while pending."""
+    state = cluster(racks=1, nodes_per_rack=2)
+    run_job(state, "ok", [N0, N1], at=100)
+    run_job(state, "bad", [N0], at=200, code=3, max_restarts=1)
+    assert state.jobs["bad"].status is JobStatus.PENDING  # requeued for its one restart
+    run_job(state, "bad", [N1], at=300, code=137, cause=EndReason.OOM_KILLED)
+    checked(state, c.SubmitJob(at=400, job_id="never", request_id="never", spec=spec()))
+    checked(state, c.CancelJob(at=410, job_id="never", by="alice"))
+    return state
+
+
+def test_finished_jobs_are_numbered_in_the_order_they_end_with_one_run_per_placed_attempt():
+    state = scenario()
+    assert [(state.jobs[j].archive_seq, state.jobs[j].status) for j in ("ok", "bad", "never")] == [
+        (1, JobStatus.SUCCEEDED), (2, JobStatus.FAILED), (3, JobStatus.CANCELLED)]
+    assert state.unarchived == {1: "ok", 2: "bad", 3: "never"} and state.archive_seq == 3
+    ok, bad, never = (state.jobs[j] for j in ("ok", "bad", "never"))
+    (run,) = ok.runs
+    assert (run.attempt, run.placed_at, run.started_at, run.ended_at, run.nodes) == (1, 101, 102, 112, (N0, N1))
+    assert (run.outcome, run.exit_code, run.gpu_seconds, run.cpu_seconds) == (EndReason.COMPLETED, 0, 2 * 8 * 11,
+                                                                              2 * 1.0 * 11)
+    assert [(r.attempt, r.outcome, r.exit_code, r.nodes) for r in bad.runs] == [
+        (1, EndReason.ERROR, 3, (N0,)), (2, EndReason.OOM_KILLED, 137, (N1,))]
+    assert never.runs == []
+
+
+def test_history_exported_marks_jobs_archived_up_to_its_cursor_and_never_beyond_the_last():
+    state = scenario()
+    assert not checked(state, c.HistoryExported(at=500, upto=4)).ok  # job 4 has not ended
+    assert checked(state, c.HistoryExported(at=500, upto=2)).value == "2"
+    assert (state.archived_upto, state.unarchived) == (2, {3: "never"})
+    assert (state.jobs["ok"].archived_at, state.jobs["never"].archived_at) == (500, 0)
+    assert checked(state, c.HistoryExported(at=600, upto=1)).value == "0"  # an older cursor: nothing
+    assert state.archived_upto == 2 and state.jobs["ok"].archived_at == 500
+
+
+def test_the_archive_bookkeeping_survives_a_snapshot_and_an_older_snapshot_is_numbered_by_end():
+    state = scenario()
+    checked(state, c.HistoryExported(at=500, upto=1))
+    again = ClusterState.from_snapshot(state.to_snapshot())
+    assert again.digest() == state.digest()
+    assert (again.unarchived, again.archived_upto, again.jobs["bad"].runs) == (
+        state.unarchived, 1, state.jobs["bad"].runs)
+    old = encode(state)
+    del old["archive"]
+    for jd in old["jobs"]:
+        for key in ("runs", "archive_seq", "archived_at"):
+            del jd[key]
+    before = ClusterState.from_snapshot(old)
+    assert before.unarchived == {1: "ok", 2: "bad", 3: "never"} and before.archive_seq == 3
+
+
+def test_export_batches_follow_the_store_cursor():
+    state = scenario()
+    first = history.export_batch(state, 0, limit=2)
+    assert [r.job_id for r in first.records] == ["ok", "bad"] and (first.upto, first.more) == (2, True)
+    rest = history.export_batch(state, 2, limit=2)
+    assert [r.job_id for r in rest.records] == ["never"] and (rest.upto, rest.more) == (3, False)
+    # the store committed 3 but the proposal was lost: nothing to write, only the cursor to propose
+    lost = history.export_batch(state, 3)
+    assert (lost.records, lost.upto) == ((), 3)
+    checked(state, c.HistoryExported(at=1, upto=3))
+    assert history.export_batch(state, 3) == history.ExportBatch((), 3)
+    assert "ahead" in history.export_batch(state, 9).problem
+
+
+def test_a_job_record_holds_the_accounting_fields():
+    state = scenario()
+    bad = history.job_record(state.jobs["bad"])
+    assert (bad.state, bad.reason, bad.exit_code, bad.attempts, bad.start, bad.end, bad.nodes) == (
+        "FAILED", EndReason.OOM_KILLED, 137, 2, 201, 312, (N1,))
+    assert bad.gpu_seconds == 8 * 11 * 2 and bad.wait == 1 and bad.elapsed == 111
+    never = history.job_record(state.jobs["never"])
+    assert (never.state, never.reason, never.start, never.cancelled_by, never.runs) == (
+        "CANCELLED", EndReason.CANCELLED, 0, "alice", ())
+
+
+def brain(**config) -> LeaderState:
+    return LeaderState(LeaderConfig(heartbeat_timeout=1e9, **config))
+
+
+def proposals(out) -> list[c.Command]:
+    return [i.cmd for i in out if isinstance(i, Propose)]
+
+
+def test_with_history_retention_counts_from_the_archive_and_never_forgets_an_unarchived_job():
+    state = scenario()
+    leader = brain(job_retention=100, history=True, max_unarchived=10)
+    assert proposals(leader.handle(state, MonitorDue(at=10_000, mono=0))) == []  # none archived yet
+    checked(state, c.HistoryExported(at=9_950, upto=2))
+    out = proposals(leader.handle(state, MonitorDue(at=10_000, mono=100)))
+    assert out == []  # archived 50 s ago: retention counts from there
+    out = proposals(leader.handle(state, MonitorDue(at=10_051, mono=200)))
+    assert out == [c.ForgetJobs(at=10_051, job_ids=("ok", "bad"))]
+    without = brain(job_retention=100)  # no history store: from the end, as before
+    assert proposals(without.handle(scenario(), MonitorDue(at=10_000, mono=0))) == [
+        c.ForgetJobs(at=10_000, job_ids=("ok", "bad", "never"))]
+
+
+def test_beyond_the_cap_the_oldest_unarchived_go_loudly():
+    state = scenario()
+    leader = brain(job_retention=0, history=True, max_unarchived=1)
+    out = proposals(leader.handle(state, MonitorDue(at=1000, mono=0)))
+    assert out == [c.HistoryOverflow(at=1000, job_ids=("ok", "bad"))]
+    assert checked(state, out[0]).value == "2"
+    assert state.history_dropped == 2 and set(state.jobs) == {"never"} and state.unarchived == {3: "never"}
+    event = state.cluster_events[-1]
+    assert (event.type, event.reason) == ("Warning", "HistoryDropped") and "ok, bad" in event.message
+
+
+def test_forgetting_a_job_drops_it_from_the_unarchived():
+    state = scenario()
+    checked(state, c.ForgetJobs(at=1, job_ids=("ok",)))
+    assert state.unarchived == {2: "bad", 3: "never"}
+
+
+@pytest.mark.parametrize("cmd", [c.HistoryExported(at=1.5, upto=7, term=3),
+                                 c.HistoryOverflow(at=2, job_ids=("a", "b"), term=3),
+                                 c.SetUsageHalfLife(at=3, half_life=86400.0, term=3)])
+def test_the_new_commands_round_trip_and_need_command_set_version_2(cmd):
+    assert codec.decode_command(codec.encode_command(cmd)) == cmd
+    assert codec.KIND_VERSIONS[type(cmd)] == 2
+
+
+def test_day_shares_split_an_interval_over_utc_days():
+    day = 1_700_006_400.0  # 2023-11-15T00:00:00Z
+    assert history.day_shares(day - 3600, day + 3 * 3600) == [("2023-11-14", 0.25), ("2023-11-15", 0.75)]
+    assert history.day_shares(day + 10, day + 10) == [("2023-11-15", 1.0)]
+
