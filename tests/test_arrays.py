@@ -13,7 +13,9 @@ from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.leader_state import LeaderState, Propose, Proposed, RoundDue
 from synapse.core.model import JobStatus
+from synapse.core.scheduler import schedule_round
 from synapse.master.dispatch import assignments_for_node
+from synapse.sim.policies import easy
 from tests.helpers import checked, cluster, spec
 
 
@@ -189,3 +191,15 @@ def test_arrays_travel_as_their_own_command_kind_at_version_2():
     state = ClusterState()
     refused = state.apply(c.SubmitJob(at=1.0, job_id="A", request_id="r", spec=array_spec("0-9")))
     assert not refused.ok and "SubmitWorkflowJob" in refused.error
+
+
+def test_a_round_that_plans_more_elements_then_reserves_for_a_blocked_gang_does_not_fail():
+    """The drain clock reads the time limit of every plan of the round, the array's next elements
+    (not jobs yet) among them; the simulator's EASY reservation too."""
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-3", gpu=8, time_limit=600.0)
+    checked(state, c.SubmitJob(at=2.0, job_id="J", request_id="rJ", by="bob", spec=spec(name="j")))
+    result = schedule_round(state, 3.0)
+    assert [p.job_id for p in result.plans] == ["A_0", "A_1"]
+    assert result.waiting["J"].code == "Resources" and result.reservation.starts_at == 603.0
+    assert [p.job_id for p in easy(state, 3.0).plans] == ["A_0", "A_1"]

@@ -947,6 +947,15 @@ class ClusterState:
         for _, job_id in self.pending.islice(start):
             yield self.jobs[job_id]
 
+    def spec_of(self, job_id: str) -> JobSpec | None:
+        """The spec of a job, or of an array element that is not a job yet (a round may plan one)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.spec
+        element = split_element_id(job_id)
+        array = self.arrays.get(element[0]) if element is not None else None
+        return array.spec if array is not None else None
+
     def tasks_on_node(self, node_id: str) -> list[tuple[Task, bool]]:
         """Live tasks on a node with whether each is still wanted (False: it must be stopped)."""
         out = []

@@ -142,7 +142,10 @@ class LeaderLoops:
                 full = True  # the periodic round looks at every job (time moves backfill windows)
             dirty.clear()
             started = time.monotonic()
-            await self.schedule_once(full)
+            try:
+                await self.schedule_once(full)
+            except Exception:  # noqa: BLE001 - a bad round must not end scheduling for the whole term
+                log.exception("scheduling round failed term=%d; the next round tries again", self.term)
             await asyncio.sleep(max(0.0, SCHEDULE_MIN_INTERVAL_S - (time.monotonic() - started)))
 
     async def schedule_once(self, full: bool = True) -> None:
