@@ -174,7 +174,7 @@ def test_a_finished_array_is_forgotten_with_its_final_state_kept():
     run_round(state, LeaderState(), 2.0)
     finish(state, "A_0")
     finish(state, "A_1")
-    assert checked(state, c.ForgetJobs(at=9e9, job_ids=("A", "A_0", "A_1"))).value == "3"
+    assert checked(state, c.ArchiveJobs(at=9e9, job_ids=("A", "A_0", "A_1"))).value == "3"
     assert not state.arrays and not state.jobs
     assert state.finished == {"A": "SUCCEEDED", "A_0": "SUCCEEDED", "A_1": "SUCCEEDED"}
 

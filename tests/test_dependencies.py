@@ -98,7 +98,7 @@ def test_a_dependency_holds_after_its_upstream_is_forgotten():
     submit(state, "train", after=[("ok", "pre")])
     run_round(state, brain, 2.0)
     finish(state, "pre")
-    assert checked(state, c.ForgetJobs(at=7200.0, job_ids=("pre",))).value == "1"
+    assert checked(state, c.ArchiveJobs(at=7200.0, job_ids=("pre",))).value == "1"
     assert "pre" not in state.jobs and state.finished == {"pre": "SUCCEEDED"}
     assert submit(state, "eval", after=[("ok", "pre")], at=7200.0).ok  # long after: still known
     restored = ClusterState.from_snapshot(state.to_snapshot())

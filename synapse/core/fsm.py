@@ -119,7 +119,7 @@ class ClusterState:
             c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
             c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
             c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
-            c.ForgetJobs: self._forget_jobs, c.AddUser: self._add_user,
+            c.ForgetJobs: self._forget_jobs, c.ArchiveJobs: self._archive_jobs, c.AddUser: self._add_user,
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
@@ -670,6 +670,11 @@ class ClusterState:
         return Result(True)
 
     def _forget_jobs(self, cmd: c.ForgetJobs) -> Result:
+        """Version 1, as every release applies it: drop ended jobs, keep nothing of them."""
+        return Result(True, value=str(sum(1 for job_id in cmd.job_ids if self._drop_ended(job_id) is not None)))
+
+    def _archive_jobs(self, cmd: c.ArchiveJobs) -> Result:
+        """Drop ended jobs and arrays, keeping each one's final status for dependencies on it."""
         forgotten = 0
         for job_id in cmd.job_ids:
             array = self.arrays.get(job_id)
@@ -681,15 +686,21 @@ class ClusterState:
                 self._record_final(job_id, array.status(False).value)
                 forgotten += 1
                 continue
-            job = self.jobs.get(job_id)
-            if job is None or not job.status.terminal:
-                continue
-            del self.jobs[job_id]
-            if job.request_id and self.job_by_request.get(job.request_id) == job_id:
-                del self.job_by_request[job.request_id]
-            self._record_final(job_id, job.status.value)
-            forgotten += 1
+            job = self._drop_ended(job_id)
+            if job is not None:
+                self._record_final(job_id, job.status.value)
+                forgotten += 1
         return Result(True, value=str(forgotten))
+
+    def _drop_ended(self, job_id: str) -> Job | None:
+        """Remove an ended job and free its request id; None (nothing changed) if it is not one."""
+        job = self.jobs.get(job_id)
+        if job is None or not job.status.terminal:
+            return None
+        del self.jobs[job_id]
+        if job.request_id and self.job_by_request.get(job.request_id) == job_id:
+            del self.job_by_request[job.request_id]
+        return job
 
     def _record_final(self, job_id: str, status: str) -> None:
         """Keep a forgotten job's final status for dependencies on it (bounded, oldest dropped first)."""

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from synapse.core import admission, dependencies, preemption
+from synapse.core import admission, codec, dependencies, preemption
 from synapse.core import commands as c
 from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
@@ -101,6 +101,9 @@ class MonitorDue:
 
     at: float
     mono: float
+    #: the command-set version every member applies (synapse.master.raft.RaftNode.cluster_version):
+    #: from 2, forgotten jobs keep their final states (ArchiveJobs) and arrays are forgotten too
+    cluster_version: int = codec.BASE_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,14 +350,22 @@ class LeaderState:
         return out + self._forget(state, s)
 
     def _forget(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
-        """Forget finished jobs older than the retention period (Slurm's MinJobAge)."""
+        """Forget finished jobs older than the retention period (Slurm's MinJobAge).
+
+        Once every member applies version 2, as ArchiveJobs (final states kept for dependencies,
+        arrays too); before, as the version-1 ForgetJobs every release applies, and only plain jobs
+        (arrays and their elements exist only once the cluster is at version 2: they wait for it)."""
         retention = self.config.job_retention
         if not retention or s.mono - self.last_sweep < RETENTION_SWEEP_S:
             return []
         self.last_sweep = s.mono
-        expired = [j.id for j in state.jobs.values() if j.status.terminal and s.at - j.finished_at > retention]
-        expired += [a.id for a in state.arrays.values() if a.done and s.at - a.finished_at > retention]
-        return [Propose(c.ForgetJobs(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
+        archive = s.cluster_version >= codec.KIND_VERSIONS[c.ArchiveJobs]
+        expired = [j.id for j in state.jobs.values()
+                   if j.status.terminal and s.at - j.finished_at > retention and (archive or not j.array_id)]
+        if archive:
+            expired += [a.id for a in state.arrays.values() if a.done and s.at - a.finished_at > retention]
+        kind = c.ArchiveJobs if archive else c.ForgetJobs
+        return [Propose(kind(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
                 for i in range(0, len(expired), FORGET_CHUNK)]
 
     def _heartbeat(self, state: ClusterState, s: Heartbeat) -> list[Instruction]:

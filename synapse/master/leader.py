@@ -164,7 +164,8 @@ class LeaderLoops:
 
     async def check_once(self) -> None:
         """Silent nodes, time limits and retention, by the brain's verdict."""
-        await self.carry_out(self._handle(MonitorDue(at=time.time(), mono=time.monotonic())))
+        await self.carry_out(self._handle(MonitorDue(at=time.time(), mono=time.monotonic(),
+                                                     cluster_version=self.master.raft.cluster_version())))
 
     def heard(self, node_id: str, health: HealthReport | None = None) -> str:
         """A node was heard from (heartbeat or registration); its status in the state ('' if unknown).
