@@ -162,3 +162,42 @@ def test_a_job_held_by_its_dependency_plans_no_preemption():
     cmds = run_round(state, brain, 5000.0)
     assert not [x for x in cmds if isinstance(x, c.Preempt)]
     assert ("a1", "Dependency") in [(e.job_id, e.code) for x in cmds for e in x.entries]
+
+
+def test_a_dependency_never_met_ends_the_whole_array_at_once():
+    """One FailAttempt fails the queued element, counts every other as failed and makes no more."""
+    state = cluster(racks=1, nodes_per_rack=2)
+    brain = LeaderState()
+    submit(state, "P")
+    run_round(state, brain, 2.0)
+    finish(state, "P", code=1, at=3.0)
+    s = dataclasses.replace(spec(name="sweep"), array="0-99", after=(("ok", "P"),))
+    checked(state, c.SubmitWorkflowJob(at=4.0, job_id="A", request_id="rA", spec=s))
+    cmds = run_round(state, brain, 5.0)
+    assert [(type(x).__name__, x.job_id, x.cause) for x in cmds] == [("FailAttempt", "A_0", d.NEVER_SATISFIED)]
+    array = state.arrays["A"]
+    assert array.done and array.failed == 100 and array.status(False) is JobStatus.FAILED
+    assert [j for j in state.jobs if j.startswith("A_")] == ["A_0"] and not state.pending
+    assert run_round(state, brain, 6.0) == []
+    assert d.upstream_status(state, "A_50") == "FAILED" and d.upstream_status(state, "A") == "FAILED"
+    restored = ClusterState.from_snapshot(state.to_snapshot())
+    assert d.upstream_status(restored, "A_50") == "FAILED" and restored.digest() == state.digest()
+
+
+def test_an_element_cancelled_before_it_started_reads_cancelled_after_the_array_moved_past_it():
+    state = cluster(racks=1, nodes_per_rack=2)
+    brain = LeaderState()
+    submit_array(state, "0-3", throttle=1)
+    checked(state, c.CancelJob(at=2.0, job_id="A_2"))
+    at = 3.0
+    while not state.arrays["A"].done:
+        for cmd in run_round(state, brain, at):
+            if isinstance(cmd, c.CommitPlan):
+                finish(state, cmd.job_id, at=at)
+        at += 1
+        assert at < 20
+    array = state.arrays["A"]
+    assert (array.succeeded, array.cancelled_count, array.remaining()) == (3, 1, 0)
+    assert d.upstream_status(state, "A_2") == "CANCELLED"
+    submit(state, "B", after=[("any", "A_2")], at=at)
+    assert [x.job_id for x in run_round(state, brain, at + 1)] == ["B"]

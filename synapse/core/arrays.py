@@ -134,8 +134,11 @@ class JobArray:
     throttle: int  #: the most elements with a gang at once (0: no limit); SetArrayThrottle changes it
     next: int = 0  #: position of the next index that is not yet a job
     rep: str = ""  #: the materialised element that was never placed yet, "" if none
-    skipped: set[int] = field(default_factory=set)  #: indices at or past `next` cancelled before becoming jobs
+    #: indices cancelled before becoming jobs (kept once `next` passes them: they read CANCELLED)
+    skipped: set[int] = field(default_factory=set)
     cancelled: bool = False  #: `cancel ID`: no more elements become jobs
+    #: a dependency can never be met: no more elements become jobs, and those that never did count as FAILED
+    never_satisfied: bool = False
     succeeded: int = 0  #: elements ended SUCCEEDED (and so on); counted by apply when an element ends
     failed: int = 0
     cancelled_count: int = 0
@@ -177,7 +180,7 @@ class JobArray:
             rep = split_element_id(self.rep)
             if rep is not None:
                 out.append((rep[1], rep[1], 1))
-        if self.skipped:  # rare (cancel ID_7 of an element not yet a job): spell the rest out
+        if self.skipped_ahead():  # rare (cancel ID_7 of an element not yet a job): spell the rest out
             rest = [self.index_at(p) for p in range(self.next, self.count) if self.index_at(p) not in self.skipped]
             return compress(sorted({*(r[0] for r in out), *rest}))
         if self.next < self.count:
@@ -193,7 +196,11 @@ class JobArray:
 
     def remaining(self) -> int:
         """Elements not yet jobs and not cancelled."""
-        return self.count - self.next - len(self.skipped)
+        return self.count - self.next - self.skipped_ahead()
+
+    def skipped_ahead(self) -> int:
+        """Cancelled indices that `next` has not passed yet."""
+        return sum(1 for index in self.skipped if self.position_of(index) >= self.next) if self.skipped else 0
 
     @property
     def ended(self) -> int:

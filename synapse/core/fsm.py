@@ -401,7 +401,6 @@ class ClusterState:
             index = array.index_at(array.next)
             array.next += 1
             if index in array.skipped:
-                array.skipped.discard(index)
                 continue
             self.job_seq += 1
             job = Job(id=element_id(array.id, index), spec=array.spec, request_id="", submitted_at=array.submitted_at,
@@ -477,7 +476,6 @@ class ClusterState:
             return Result(True, value=f"already {array.status(False).value}")
         array.cancelled = True
         array.cancelled_count += array.remaining()
-        array.skipped.clear()
         array.next = array.count
         for job_id in sorted(self.array_live.get(array.id, ())):
             self._cancel_job(dataclasses.replace(cmd, job_id=job_id))
@@ -660,6 +658,12 @@ class ClusterState:
                 return Result.rejected(f"job {job.id} is PENDING; only a final failure applies")
             if cmd.cause:  # e.g. DependencyNeverSatisfied (a version-2 job: see codec.KIND_VERSIONS)
                 job.failure_cause, job.failure = cmd.cause, f"{cmd.cause}: {cmd.reason}"
+            array = self.arrays.get(job.array_id) if job.array_id else None
+            if array is not None and cmd.cause == dependencies.NEVER_SATISFIED:
+                # Every element shares the dependency: the array ends with it, not one element a round.
+                array.never_satisfied = True
+                array.failed += array.remaining()
+                array.next = array.count
             self._finish(job, JobStatus.FAILED, f"failed: {cmd.reason}", cmd.at)
             return Result(True)
         if cmd.final:

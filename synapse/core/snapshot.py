@@ -216,14 +216,16 @@ def _last_event_at(job: Job, kinds: tuple[str, ...]) -> float:
 def _array_to_dict(a: JobArray) -> dict[str, Any]:
     return {"id": a.id, "spec": _spec_to_dict(a.spec), "request_id": a.request_id, "user": a.user,
             "submitted_at": a.submitted_at, "seq": a.seq, "throttle": a.throttle, "next": a.next, "rep": a.rep,
-            "skipped": sorted(a.skipped), "cancelled": a.cancelled, "succeeded": a.succeeded, "failed": a.failed,
+            "skipped": sorted(a.skipped), "cancelled": a.cancelled,
+            "never_satisfied": a.never_satisfied, "succeeded": a.succeeded, "failed": a.failed,
             "cancelled_count": a.cancelled_count, "finished_at": a.finished_at}
 
 
 def _array_from_dict(d: dict[str, Any]) -> JobArray:
     return JobArray(id=d["id"], spec=_spec_from_dict(d["spec"]), request_id=d["request_id"], user=d["user"],
                     submitted_at=d["submitted_at"], seq=d["seq"], throttle=d["throttle"], next=d["next"],
-                    rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"], succeeded=d["succeeded"],
+                    rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"],
+                    never_satisfied=d.get("never_satisfied", False), succeeded=d["succeeded"],
                     failed=d["failed"], cancelled_count=d["cancelled_count"], finished_at=d["finished_at"])
 
 
