@@ -149,6 +149,15 @@ def test_a_singleton_waits_while_a_job_of_its_name_and_user_runs():
     assert [x.job_id for x in run_round(state, brain, 4.0)] == ["s2"]
 
 
+def test_a_singleton_waits_for_a_job_of_its_name_planned_earlier_in_the_same_round():
+    state = cluster(racks=1, nodes_per_rack=4)
+    brain = LeaderState()
+    submit(state, "n1", name="train")  # not a singleton itself, but it holds the name once placed
+    submit(state, "s", name="train", singleton=True)
+    assert [x.job_id for x in run_round(state, brain, 2.0)] == ["n1"]
+    assert [(e.job_id, e.code) for x in run_round(state, brain, 3.0) for e in x.entries] == [("s", "Singleton")]
+
+
 def test_a_job_held_by_its_dependency_plans_no_preemption():
     state = cluster(racks=1, nodes_per_rack=2)
     checked(state, c.ApplyQueues(at=0, queues=(Queue("a", guaranteed=Resources(0, 0, 16)), Queue("b"))))
