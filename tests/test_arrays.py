@@ -8,7 +8,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array
+from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array, split_element_id
 from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.leader_state import LeaderState, Propose, Proposed, RoundDue
@@ -65,10 +65,29 @@ def test_index_specs_parse_as_slurm_writes_them(text, canonical, count):
 @pytest.mark.parametrize(("text", "why"), [
     ("", "is empty"), ("a-b", "cannot read 'a-b'"), ("5-1", "ends before it starts"), ("0-9%0", "throttle"),
     ("0-9%x", "throttle"), ("0-20000", "more than 10000 elements"), ("0-9:0", "step"), ("1,,2", "cannot read ''"),
+    ("0-9%\u00b2", "throttle"), ("\u00b2", "cannot read"), ("0-\u0663", "cannot read"),
 ])
 def test_bad_index_specs_are_refused_with_the_reason(text, why):
     with pytest.raises(ArraySpecError, match=why):
         parse_array(text, limit=10_000)
+
+
+@pytest.mark.parametrize(("job_id", "parts"), [
+    ("A_7", ("A", 7)), ("my_job_0", ("my_job", 0)), ("A_10", ("A", 10)),
+    ("A_01", None), ("A_00", None), ("A_\u00b2", None), ("A_\u0663", None), ("A_", None), ("_7", None), ("A", None),
+])
+def test_an_element_id_is_read_only_as_element_id_writes_it(job_id, parts):
+    assert split_element_id(job_id) == parts
+
+
+def test_a_dependency_or_cancel_naming_an_element_id_that_is_not_one_is_refused_not_raised():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-3", gpu=8)
+    for bad in ("A_01", "A_\u00b2"):
+        refused = state.apply(c.SubmitWorkflowJob(at=2.0, job_id="B", request_id="rB", spec=dataclasses.replace(
+            spec(name="b"), after=(("ok", bad),))))
+        assert not refused.ok and f"unknown job {bad}" in refused.error
+        assert state.apply(c.CancelJob(at=2.0, job_id=bad)).code is c.Rejection.NOT_FOUND
 
 
 def test_a_job_file_array_is_checked_against_the_field_and_the_cluster_limit():

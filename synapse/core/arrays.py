@@ -27,7 +27,9 @@ DEFAULT_MAX_ARRAY_SIZE = 10_000
 MAX_INDEX = 10_000_000
 #: The longest index spec accepted.
 MAX_SPEC_CHARS = 10_000
-_PART_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+#: ASCII digits only (`\d` takes other scripts' digits too, which int() may refuse)
+_PART_RE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
+_NUMBER_RE = re.compile(r"[0-9]+")
 
 Ranges = tuple[tuple[int, int, int], ...]  #: (first, last, step), ascending and disjoint
 
@@ -46,12 +48,12 @@ def parse_array(text: str, limit: int = MAX_ARRAY_SIZE) -> tuple[Ranges, int]:
     body, pct, throttle_text = text.partition("%")
     throttle = 0
     if pct:
-        if not throttle_text.isdigit() or int(throttle_text) < 1:
+        if not _NUMBER_RE.fullmatch(throttle_text) or int(throttle_text) < 1:
             raise ArraySpecError(f"throttle after % must be a whole number of at least 1, not {throttle_text!r}")
         throttle = int(throttle_text)
     indices: set[int] = set()
     for part in body.replace(" ", "").split(","):
-        m = _PART_RE.match(part)
+        m = _PART_RE.fullmatch(part)
         if not m:
             raise ArraySpecError(f"cannot read {part!r}: use ranges (0-99), steps (0-15:4), lists (1,3,7) "
                                  "and %N for the most running at once")
@@ -114,9 +116,10 @@ def element_id(array_id: str, index: int) -> str:
 
 
 def split_element_id(job_id: str) -> tuple[str, int] | None:
-    """(array id, index) of an element id `ID_INDEX`, or None if it does not look like one."""
+    """(array id, index) of an element id `ID_INDEX`, or None if it does not look like one (the
+    index as `element_id` writes it: ASCII digits, no leading zero)."""
     head, sep, tail = job_id.rpartition("_")
-    if not sep or not head or not tail.isdigit() or len(tail) > 8:
+    if not sep or not head or len(tail) > 8 or not _NUMBER_RE.fullmatch(tail) or tail != str(int(tail)):
         return None
     return head, int(tail)
 
