@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -222,3 +223,18 @@ def test_a_round_that_plans_more_elements_then_reserves_for_a_blocked_gang_does_
     assert [p.job_id for p in result.plans] == ["A_0", "A_1"]
     assert result.waiting["J"].code == "Resources" and result.reservation.starts_at == 603.0
     assert [p.job_id for p in easy(state, 3.0).plans] == ["A_0", "A_1"]
+
+
+@pytest.mark.parametrize(("array", "throttle", "why"), [
+    ("0-9%2", 0, "give the throttle apart"),  # the throttle would be dropped silently
+    ("", 4, "a throttle (%N) needs an index spec"),
+    ("0-1000000", 0, "more than 1000000 elements"),
+])
+def test_apply_refuses_what_the_endpoint_refuses(array, throttle, why):
+    state = cluster(racks=1, nodes_per_rack=2)
+    s = dataclasses.replace(spec(name="sweep"), array=array, array_throttle=throttle)
+    refused = state.apply(c.SubmitWorkflowJob(at=1.0, job_id="A", request_id="rA", spec=s))
+    assert not refused.ok and why in refused.error
+    with pytest.raises(JobFileError, match=re.escape(why)):
+        check_spec(s)
+    assert not state.arrays and not state.jobs

@@ -24,9 +24,10 @@ from sortedcontainers import SortedList
 
 from synapse.core import codec, dependencies, elastic, snapshot
 from synapse.core import commands as c
-from synapse.core.arrays import ArraySpecError, JobArray, element_id, split_element_id
+from synapse.core.arrays import MAX_ARRAY_SIZE, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
 from synapse.core.identity import groups_problem, user_name_problem
+from synapse.core.jobspec import JobFileError, check_workflow
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     DEFAULT_LABEL,
@@ -351,30 +352,24 @@ class ClusterState:
         return Result(True, value=job.id)
 
     def _workflow_problem(self, cmd: c.SubmitJob) -> str:
-        """Why a submission's array or dependencies cannot be accepted against this state, or ''."""
+        """Why a submission's array or dependencies cannot be accepted against this state, or ''.
+
+        The same rules as the endpoint's (jobspec.check_workflow), but for the array size: the
+        cluster file's max_array_size is configuration, not replicated state, so apply holds
+        arrays to the absolute MAX_ARRAY_SIZE only (the endpoint refuses beyond the cluster's)."""
         spec = cmd.spec
         if spec.has_workflow and not isinstance(cmd, c.SubmitWorkflowJob):
             return "arrays and dependencies need a SubmitWorkflowJob command"
-        if spec.array:
-            try:
-                JobArray(id=cmd.job_id, spec=spec, request_id="", user="", submitted_at=0.0, seq=0, throttle=0)
-            except ArraySpecError as exc:
-                return f"array: {exc}"
-        if spec.array_throttle < 0:
-            return "array: the throttle must not be negative"
-        if not 0 <= spec.tasks_min <= spec.tasks or not 0 <= spec.resize_interval:
-            return "tasks.min must be between 1 and tasks.max, and resize_interval not negative"
-        problem = dependencies.after_problem(spec.after)
-        if problem:
-            return f"after: {problem}"
+        try:
+            check_workflow(spec, MAX_ARRAY_SIZE)
+        except JobFileError as exc:
+            return str(exc)
         for _kind, upstream in spec.after:
             if upstream == cmd.job_id or split_element_id(upstream) is not None and \
                     split_element_id(upstream)[0] == cmd.job_id:  # type: ignore[index]
                 return f"after: job {upstream} is this job itself"
             if not dependencies.known(self, upstream):
                 return f"after: unknown job {upstream}"
-        if spec.on_unsatisfiable not in ("", *dependencies.ON_UNSATISFIABLE):
-            return f"on_unsatisfiable: must be fail or wait, not {spec.on_unsatisfiable!r}"
         return ""
 
     def _submit_array(self, cmd: c.SubmitJob) -> Result:
