@@ -160,6 +160,14 @@ def test_the_throttle_changes_while_the_array_runs():
     assert not checked(state, c.SetArrayThrottle(at=3.0, job_id="nope", throttle=3)).ok
 
 
+def test_a_throttle_change_names_who_made_it():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-9", throttle=1)
+    for throttle, text in ((3, "at most 3 element(s) running (by bob)"), (0, "no limit on running elements (by bob)")):
+        checked(state, c.SetArrayThrottle(at=3.0, job_id="A", throttle=throttle, by="bob"))
+        assert state.cluster_events[-1].message == text
+
+
 def test_each_element_gets_its_array_ids_in_its_environment():
     state = cluster(racks=1, nodes_per_rack=2)
     submit_array(state, "3,5", gpu=8)

@@ -442,7 +442,7 @@ class ClusterState:
             return Result.rejected(f"array {array.id} has ended")
         array.throttle = cmd.throttle
         self.emit(cmd.at, "Normal", "job", "ArrayThrottled", array.id,
-                  f"at most {cmd.throttle} element(s) running" if cmd.throttle else "no limit on running elements"
+                  (f"at most {cmd.throttle} element(s) running" if cmd.throttle else "no limit on running elements")
                   + (f" (by {cmd.by})" if cmd.by else ""))
         return Result(True, value=str(cmd.throttle))
 
