@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array
+from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array, split_element_id
 from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.leader_state import LeaderState, Propose, Proposed, RoundDue
 from synapse.core.model import JobStatus
+from synapse.core.scheduler import schedule_round
 from synapse.master.dispatch import assignments_for_node
+from synapse.sim.policies import easy
 from tests.helpers import checked, cluster, spec
 
 
@@ -63,10 +66,29 @@ def test_index_specs_parse_as_slurm_writes_them(text, canonical, count):
 @pytest.mark.parametrize(("text", "why"), [
     ("", "is empty"), ("a-b", "cannot read 'a-b'"), ("5-1", "ends before it starts"), ("0-9%0", "throttle"),
     ("0-9%x", "throttle"), ("0-20000", "more than 10000 elements"), ("0-9:0", "step"), ("1,,2", "cannot read ''"),
+    ("0-9%\u00b2", "throttle"), ("\u00b2", "cannot read"), ("0-\u0663", "cannot read"),
 ])
 def test_bad_index_specs_are_refused_with_the_reason(text, why):
     with pytest.raises(ArraySpecError, match=why):
         parse_array(text, limit=10_000)
+
+
+@pytest.mark.parametrize(("job_id", "parts"), [
+    ("A_7", ("A", 7)), ("my_job_0", ("my_job", 0)), ("A_10", ("A", 10)),
+    ("A_01", None), ("A_00", None), ("A_\u00b2", None), ("A_\u0663", None), ("A_", None), ("_7", None), ("A", None),
+])
+def test_an_element_id_is_read_only_as_element_id_writes_it(job_id, parts):
+    assert split_element_id(job_id) == parts
+
+
+def test_a_dependency_or_cancel_naming_an_element_id_that_is_not_one_is_refused_not_raised():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-3", gpu=8)
+    for bad in ("A_01", "A_\u00b2"):
+        refused = state.apply(c.SubmitWorkflowJob(at=2.0, job_id="B", request_id="rB", spec=dataclasses.replace(
+            spec(name="b"), after=(("ok", bad),))))
+        assert not refused.ok and f"unknown job {bad}" in refused.error
+        assert state.apply(c.CancelJob(at=2.0, job_id=bad)).code is c.Rejection.NOT_FOUND
 
 
 def test_a_job_file_array_is_checked_against_the_field_and_the_cluster_limit():
@@ -138,6 +160,14 @@ def test_the_throttle_changes_while_the_array_runs():
     assert not checked(state, c.SetArrayThrottle(at=3.0, job_id="nope", throttle=3)).ok
 
 
+def test_a_throttle_change_names_who_made_it():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-9", throttle=1)
+    for throttle, text in ((3, "at most 3 element(s) running (by bob)"), (0, "no limit on running elements (by bob)")):
+        checked(state, c.SetArrayThrottle(at=3.0, job_id="A", throttle=throttle, by="bob"))
+        assert state.cluster_events[-1].message == text
+
+
 def test_each_element_gets_its_array_ids_in_its_environment():
     state = cluster(racks=1, nodes_per_rack=2)
     submit_array(state, "3,5", gpu=8)
@@ -172,7 +202,7 @@ def test_a_finished_array_is_forgotten_with_its_final_state_kept():
     run_round(state, LeaderState(), 2.0)
     finish(state, "A_0")
     finish(state, "A_1")
-    assert checked(state, c.ForgetJobs(at=9e9, job_ids=("A", "A_0", "A_1"))).value == "3"
+    assert checked(state, c.ArchiveJobs(at=9e9, job_ids=("A", "A_0", "A_1"))).value == "3"
     assert not state.arrays and not state.jobs
     assert state.finished == {"A": "SUCCEEDED", "A_0": "SUCCEEDED", "A_1": "SUCCEEDED"}
 
@@ -189,3 +219,30 @@ def test_arrays_travel_as_their_own_command_kind_at_version_2():
     state = ClusterState()
     refused = state.apply(c.SubmitJob(at=1.0, job_id="A", request_id="r", spec=array_spec("0-9")))
     assert not refused.ok and "SubmitWorkflowJob" in refused.error
+
+
+def test_a_round_that_plans_more_elements_then_reserves_for_a_blocked_gang_does_not_fail():
+    """The drain clock reads the time limit of every plan of the round, the array's next elements
+    (not jobs yet) among them; the simulator's EASY reservation too."""
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit_array(state, "0-3", gpu=8, time_limit=600.0)
+    checked(state, c.SubmitJob(at=2.0, job_id="J", request_id="rJ", by="bob", spec=spec(name="j")))
+    result = schedule_round(state, 3.0)
+    assert [p.job_id for p in result.plans] == ["A_0", "A_1"]
+    assert result.waiting["J"].code == "Resources" and result.reservation.starts_at == 603.0
+    assert [p.job_id for p in easy(state, 3.0).plans] == ["A_0", "A_1"]
+
+
+@pytest.mark.parametrize(("array", "throttle", "why"), [
+    ("0-9%2", 0, "give the throttle apart"),  # the throttle would be dropped silently
+    ("", 4, "a throttle (%N) needs an index spec"),
+    ("0-1000000", 0, "more than 1000000 elements"),
+])
+def test_apply_refuses_what_the_endpoint_refuses(array, throttle, why):
+    state = cluster(racks=1, nodes_per_rack=2)
+    s = dataclasses.replace(spec(name="sweep"), array=array, array_throttle=throttle)
+    refused = state.apply(c.SubmitWorkflowJob(at=1.0, job_id="A", request_id="rA", spec=s))
+    assert not refused.ok and why in refused.error
+    with pytest.raises(JobFileError, match=re.escape(why)):
+        check_spec(s)
+    assert not state.arrays and not state.jobs

@@ -24,6 +24,7 @@ ALL_COMMANDS = [
     c.FailAttempt(at=8, term=4, job_id="j1", attempt=2, reason="time limit", final=True),
     c.Barrier(at=9, term=4, reason="read"),
     c.ForgetJobs(at=10, term=4, job_ids=("j1", "j2")),
+    c.ArchiveJobs(at=10, term=4, job_ids=("j1", "A")),
     c.AddUser(at=11, by="admin", name="alice", role=Role.ADMIN, groups=("team-a", "ml"), token_hash="ab" * 32),
     c.SetUserToken(at=12, by="alice", name="alice", token_hash="cd" * 32),
     c.RemoveUser(at=13, by="admin", name="alice"),

@@ -98,7 +98,7 @@ def test_a_dependency_holds_after_its_upstream_is_forgotten():
     submit(state, "train", after=[("ok", "pre")])
     run_round(state, brain, 2.0)
     finish(state, "pre")
-    assert checked(state, c.ForgetJobs(at=7200.0, job_ids=("pre",))).value == "1"
+    assert checked(state, c.ArchiveJobs(at=7200.0, job_ids=("pre",))).value == "1"
     assert "pre" not in state.jobs and state.finished == {"pre": "SUCCEEDED"}
     assert submit(state, "eval", after=[("ok", "pre")], at=7200.0).ok  # long after: still known
     restored = ClusterState.from_snapshot(state.to_snapshot())
@@ -149,6 +149,15 @@ def test_a_singleton_waits_while_a_job_of_its_name_and_user_runs():
     assert [x.job_id for x in run_round(state, brain, 4.0)] == ["s2"]
 
 
+def test_a_singleton_waits_for_a_job_of_its_name_planned_earlier_in_the_same_round():
+    state = cluster(racks=1, nodes_per_rack=4)
+    brain = LeaderState()
+    submit(state, "n1", name="train")  # not a singleton itself, but it holds the name once placed
+    submit(state, "s", name="train", singleton=True)
+    assert [x.job_id for x in run_round(state, brain, 2.0)] == ["n1"]
+    assert [(e.job_id, e.code) for x in run_round(state, brain, 3.0) for e in x.entries] == [("s", "Singleton")]
+
+
 def test_a_job_held_by_its_dependency_plans_no_preemption():
     state = cluster(racks=1, nodes_per_rack=2)
     checked(state, c.ApplyQueues(at=0, queues=(Queue("a", guaranteed=Resources(0, 0, 16)), Queue("b"))))
@@ -162,3 +171,42 @@ def test_a_job_held_by_its_dependency_plans_no_preemption():
     cmds = run_round(state, brain, 5000.0)
     assert not [x for x in cmds if isinstance(x, c.Preempt)]
     assert ("a1", "Dependency") in [(e.job_id, e.code) for x in cmds for e in x.entries]
+
+
+def test_a_dependency_never_met_ends_the_whole_array_at_once():
+    """One FailAttempt fails the queued element, counts every other as failed and makes no more."""
+    state = cluster(racks=1, nodes_per_rack=2)
+    brain = LeaderState()
+    submit(state, "P")
+    run_round(state, brain, 2.0)
+    finish(state, "P", code=1, at=3.0)
+    s = dataclasses.replace(spec(name="sweep"), array="0-99", after=(("ok", "P"),))
+    checked(state, c.SubmitWorkflowJob(at=4.0, job_id="A", request_id="rA", spec=s))
+    cmds = run_round(state, brain, 5.0)
+    assert [(type(x).__name__, x.job_id, x.cause) for x in cmds] == [("FailAttempt", "A_0", d.NEVER_SATISFIED)]
+    array = state.arrays["A"]
+    assert array.done and array.failed == 100 and array.status(False) is JobStatus.FAILED
+    assert [j for j in state.jobs if j.startswith("A_")] == ["A_0"] and not state.pending
+    assert run_round(state, brain, 6.0) == []
+    assert d.upstream_status(state, "A_50") == "FAILED" and d.upstream_status(state, "A") == "FAILED"
+    restored = ClusterState.from_snapshot(state.to_snapshot())
+    assert d.upstream_status(restored, "A_50") == "FAILED" and restored.digest() == state.digest()
+
+
+def test_an_element_cancelled_before_it_started_reads_cancelled_after_the_array_moved_past_it():
+    state = cluster(racks=1, nodes_per_rack=2)
+    brain = LeaderState()
+    submit_array(state, "0-3", throttle=1)
+    checked(state, c.CancelJob(at=2.0, job_id="A_2"))
+    at = 3.0
+    while not state.arrays["A"].done:
+        for cmd in run_round(state, brain, at):
+            if isinstance(cmd, c.CommitPlan):
+                finish(state, cmd.job_id, at=at)
+        at += 1
+        assert at < 20
+    array = state.arrays["A"]
+    assert (array.succeeded, array.cancelled_count, array.remaining()) == (3, 1, 0)
+    assert d.upstream_status(state, "A_2") == "CANCELLED"
+    submit(state, "B", after=[("any", "A_2")], at=at)
+    assert [x.job_id for x in run_round(state, brain, at + 1)] == ["B"]

@@ -371,6 +371,29 @@ def test_a_snapshot_from_before_users_still_loads():
     assert restored.users == {} and restored.jobs["j1"].user == ""
 
 
+def test_snapshots_are_version_2_and_a_version_1_snapshot_still_loads():
+    """Version 2 added arrays, final states and the workflow fields: an older release, which reads
+    version 1 only, refuses such a snapshot rather than dropping them; this one reads both."""
+    state = cluster(racks=1, nodes_per_rack=1)
+    checked(state, c.SubmitJob(at=10, job_id="j1", request_id="r1", spec=spec()))
+    checked(state, c.CancelJob(at=11, job_id="j1"))
+    new = state.to_snapshot()
+    assert new["version"] == 2 and ClusterState.from_snapshot(new).digest() == state.digest()
+    old = state.to_snapshot()  # as version 1 wrote it: none of version 2's records
+    old["version"] = 1
+    del old["arrays"], old["finished"]
+    for job in old["jobs"]:
+        for key in ("array_id", "array_index", "failure_cause", "resizes"):
+            del job[key]
+        for key in ("array", "array_throttle", "after", "singleton", "on_unsatisfiable", "tasks_min",
+                    "resize_interval"):
+            del job["spec"][key]
+    assert ClusterState.from_snapshot(old).digest() == state.digest()
+    for version in (0, 3, None):
+        with pytest.raises(ValueError, match="unsupported snapshot version"):
+            ClusterState.from_snapshot({**new, "version": version})
+
+
 def test_cluster_events_are_typed_ordered_and_survive_a_snapshot():
     state = cluster(racks=1, nodes_per_rack=2)
     checked(state, c.SubmitJob(at=10, by="alice", job_id="j1", request_id="r1", spec=spec(tasks=1)))

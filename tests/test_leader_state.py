@@ -6,6 +6,8 @@ leader's driver and the simulator do, and a fixture checks the brain's own invar
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from synapse.core import commands as c
@@ -217,6 +219,20 @@ def test_finished_jobs_are_forgotten_after_their_retention_in_chunks(make, monke
     assert cmds(out) == [c.ForgetJobs(at=200, job_ids=("a", "b")), c.ForgetJobs(at=200, job_ids=("c",))]
     d.commit(out)
     assert d.state.jobs == {}
+
+
+def test_final_states_are_kept_only_once_every_member_applies_version_2(make):
+    """Before, retention proposes the version-1 ForgetJobs (older replicas keep no final states)
+    and leaves arrays and their elements for later; then ArchiveJobs, arrays included."""
+    d = make(job_retention=100)
+    submit(d.state, "a", gpu=8)
+    checked(d.state, c.CancelJob(at=10, job_id="a"))
+    checked(d.state, c.SubmitWorkflowJob(at=0, job_id="A", request_id="rA", spec=dataclasses.replace(
+        spec(name="sweep"), array="0-1")))
+    checked(d.state, c.CancelJob(at=10, job_id="A"))
+    assert cmds(d.handle(MonitorDue(at=200, mono=0, cluster_version=1))) == [c.ForgetJobs(at=200, job_ids=("a",))]
+    assert cmds(d.handle(MonitorDue(at=200, mono=10, cluster_version=2))) == [
+        c.ArchiveJobs(at=200, job_ids=("a", "A_0", "A"))]
 
 
 def test_retention_zero_keeps_every_job(make):

@@ -13,6 +13,7 @@ release that does not know it.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -75,6 +76,25 @@ def test_an_older_release_refuses_a_newer_kind_however_it_is_labelled():
     mislabelled.version = 1
     with pytest.raises(codec.CodecError, match=f"AddUser commands need command-set version {N}"):
         codec.decode_command(mislabelled.SerializeToString(), OLDER)
+
+
+def test_a_version_1_forget_jobs_applies_as_older_releases_do():
+    """It keeps no final state and leaves arrays alone; ArchiveJobs (version 2) keeps them."""
+    state = ClusterState()
+    state.apply(REGISTER)
+    for job_id in ("j", "k"):
+        state.apply(c.SubmitJob(at=2, job_id=job_id, request_id="r" + job_id, spec=spec(name=job_id)))
+        state.apply(c.CancelJob(at=3, job_id=job_id))
+    array = dataclasses.replace(spec(name="a"), array="0-1")
+    state.apply(c.SubmitWorkflowJob(at=2, job_id="A", request_id="rA", spec=array))
+    state.apply(c.CancelJob(at=3, job_id="A"))
+    assert state.apply(c.ForgetJobs(at=4, job_ids=("j", "A", "nope"))).value == "1"
+    assert "j" not in state.jobs and "rj" not in state.job_by_request and "A" in state.arrays
+    assert state.finished == {}
+    assert codec.KIND_VERSIONS[c.ForgetJobs] == codec.BASE_VERSION
+    assert codec.KIND_VERSIONS[c.ArchiveJobs] == 2
+    assert state.apply(c.ArchiveJobs(at=5, job_ids=("k", "A"))).value == "2"
+    assert state.finished == {"k": "CANCELLED", "A": "CANCELLED"}
 
 
 def _batch_with_one_unknown() -> bytes:

@@ -27,7 +27,9 @@ DEFAULT_MAX_ARRAY_SIZE = 10_000
 MAX_INDEX = 10_000_000
 #: The longest index spec accepted.
 MAX_SPEC_CHARS = 10_000
-_PART_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+#: ASCII digits only (`\d` takes other scripts' digits too, which int() may refuse)
+_PART_RE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
+_NUMBER_RE = re.compile(r"[0-9]+")
 
 Ranges = tuple[tuple[int, int, int], ...]  #: (first, last, step), ascending and disjoint
 
@@ -46,12 +48,12 @@ def parse_array(text: str, limit: int = MAX_ARRAY_SIZE) -> tuple[Ranges, int]:
     body, pct, throttle_text = text.partition("%")
     throttle = 0
     if pct:
-        if not throttle_text.isdigit() or int(throttle_text) < 1:
+        if not _NUMBER_RE.fullmatch(throttle_text) or int(throttle_text) < 1:
             raise ArraySpecError(f"throttle after % must be a whole number of at least 1, not {throttle_text!r}")
         throttle = int(throttle_text)
     indices: set[int] = set()
     for part in body.replace(" ", "").split(","):
-        m = _PART_RE.match(part)
+        m = _PART_RE.fullmatch(part)
         if not m:
             raise ArraySpecError(f"cannot read {part!r}: use ranges (0-99), steps (0-15:4), lists (1,3,7) "
                                  "and %N for the most running at once")
@@ -114,9 +116,10 @@ def element_id(array_id: str, index: int) -> str:
 
 
 def split_element_id(job_id: str) -> tuple[str, int] | None:
-    """(array id, index) of an element id `ID_INDEX`, or None if it does not look like one."""
+    """(array id, index) of an element id `ID_INDEX`, or None if it does not look like one (the
+    index as `element_id` writes it: ASCII digits, no leading zero)."""
     head, sep, tail = job_id.rpartition("_")
-    if not sep or not head or not tail.isdigit() or len(tail) > 8:
+    if not sep or not head or len(tail) > 8 or not _NUMBER_RE.fullmatch(tail) or tail != str(int(tail)):
         return None
     return head, int(tail)
 
@@ -134,8 +137,11 @@ class JobArray:
     throttle: int  #: the most elements with a gang at once (0: no limit); SetArrayThrottle changes it
     next: int = 0  #: position of the next index that is not yet a job
     rep: str = ""  #: the materialised element that was never placed yet, "" if none
-    skipped: set[int] = field(default_factory=set)  #: indices at or past `next` cancelled before becoming jobs
+    #: indices cancelled before becoming jobs (kept once `next` passes them: they read CANCELLED)
+    skipped: set[int] = field(default_factory=set)
     cancelled: bool = False  #: `cancel ID`: no more elements become jobs
+    #: a dependency can never be met: no more elements become jobs, and those that never did count as FAILED
+    never_satisfied: bool = False
     succeeded: int = 0  #: elements ended SUCCEEDED (and so on); counted by apply when an element ends
     failed: int = 0
     cancelled_count: int = 0
@@ -177,7 +183,7 @@ class JobArray:
             rep = split_element_id(self.rep)
             if rep is not None:
                 out.append((rep[1], rep[1], 1))
-        if self.skipped:  # rare (cancel ID_7 of an element not yet a job): spell the rest out
+        if self.skipped_ahead():  # rare (cancel ID_7 of an element not yet a job): spell the rest out
             rest = [self.index_at(p) for p in range(self.next, self.count) if self.index_at(p) not in self.skipped]
             return compress(sorted({*(r[0] for r in out), *rest}))
         if self.next < self.count:
@@ -193,7 +199,11 @@ class JobArray:
 
     def remaining(self) -> int:
         """Elements not yet jobs and not cancelled."""
-        return self.count - self.next - len(self.skipped)
+        return self.count - self.next - self.skipped_ahead()
+
+    def skipped_ahead(self) -> int:
+        """Cancelled indices that `next` has not passed yet."""
+        return sum(1 for index in self.skipped if self.position_of(index) >= self.next) if self.skipped else 0
 
     @property
     def ended(self) -> int:

@@ -51,7 +51,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     # Arrays and dependencies. CancelJob of an array and a final FailAttempt's cause on a pending
     # job apply differently here, but only to jobs and arrays that version-2 submissions created,
     # which no older replica can hold: those kinds keep version 1.
-    c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2,
+    c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2, c.ArchiveJobs: 2,
     c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
     c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
 })
@@ -193,6 +193,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
                 job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final, cause=cmd.cause))
         case c.Barrier():
             env.barrier.CopyFrom(commands_pb2.Barrier(reason=cmd.reason))
+        case c.ArchiveJobs():
+            env.archive_jobs.CopyFrom(commands_pb2.ForgetJobs(job_ids=list(cmd.job_ids)))
         case c.ForgetJobs():
             env.forget_jobs.CopyFrom(commands_pb2.ForgetJobs(job_ids=list(cmd.job_ids)))
         case c.SetReplica():
@@ -321,6 +323,8 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.Barrier(reason=env.barrier.reason, **base)
         case "forget_jobs":
             return c.ForgetJobs(job_ids=tuple(env.forget_jobs.job_ids), **base)
+        case "archive_jobs":
+            return c.ArchiveJobs(job_ids=tuple(env.archive_jobs.job_ids), **base)
         case "set_replica":
             b = env.set_replica
             return c.SetReplica(id=b.id, raft_address=b.raft_address, api_address=b.api_address,

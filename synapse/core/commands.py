@@ -181,6 +181,13 @@ class ForgetJobs(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ArchiveJobs(ForgetJobs):
+    """ForgetJobs that also forgets ended arrays and keeps each forgotten job's and array's final
+    status for dependencies on it (command-set version 2: a version-1 ForgetJobs keeps none, as
+    older replicas apply it)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AddUser(Command):
     """A new user; the token's keyed hash only (the token never enters the log)."""
 

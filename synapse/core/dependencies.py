@@ -104,7 +104,8 @@ def after_problem(after: tuple[tuple[str, str], ...]) -> str:
 
 def upstream_status(state: ClusterState, upstream: str) -> str:
     """The upstream's status as the state knows it: a job's, an array's, an element's not yet a
-    job (PENDING, or CANCELLED if its array was), a forgotten job's final one; '' if unknown."""
+    job (PENDING; CANCELLED if it or its array was cancelled first; FAILED if its array ended on a
+    dependency never met), a forgotten job's final one; '' if unknown."""
     job = state.jobs.get(upstream)
     if job is not None:
         return job.status.value
@@ -117,9 +118,14 @@ def upstream_status(state: ClusterState, upstream: str) -> str:
     element = split_element_id(upstream)
     if element is not None:
         array = state.arrays.get(element[0])
-        if array is not None and array.position_of(element[1]) >= 0:
-            cancelled = array.cancelled or element[1] in array.skipped
-            return JobStatus.CANCELLED.value if cancelled else JobStatus.PENDING.value
+        position = array.position_of(element[1]) if array is not None else -1
+        if array is not None and position >= 0:
+            if array.cancelled or element[1] in array.skipped:
+                return JobStatus.CANCELLED.value
+            if position >= array.next:
+                return JobStatus.PENDING.value
+            if array.never_satisfied:
+                return JobStatus.FAILED.value
     return ""
 
 

@@ -51,6 +51,7 @@ class Gate:
         self.state = state
         self._running: dict[str, int] = {}  #: array id -> elements holding a gang, with this round's plans
         self._names: set[tuple[str, str]] | None = None  #: (user, name) of jobs holding a gang, when needed
+        self._planned: set[tuple[str, str]] = set()  #: (user, name) of the jobs this round planned
 
     def held(self, job: Job) -> Held | None:
         """Why `job` may not take part in this round, or None."""
@@ -72,7 +73,7 @@ class Gate:
             if array is not None and array.throttle and self.running(job.array_id) >= array.throttle:
                 return Held(THROTTLE, f"array {array.id} has {self.running(job.array_id)} element(s) running, "
                                       f"its throttle (%{array.throttle})")
-        if spec.singleton and (job.user, spec.name) in self.names():
+        if spec.singleton and ((job.user, spec.name) in self._planned or (job.user, spec.name) in self.names()):
             return Held(SINGLETON, f"singleton: another job named {spec.name} of user {job.user or '-'} is running")
         return None
 
@@ -83,6 +84,7 @@ class Gate:
         return self._running[array_id]
 
     def names(self) -> set[tuple[str, str]]:
+        """(user, name) of the jobs holding a gang in the state (this round's plans are apart)."""
         if self._names is None:
             self._names = {(j.user, j.spec.name) for j in self.state.jobs.values() if j.status.has_gang}
         return self._names
@@ -91,8 +93,7 @@ class Gate:
         """The round planned `job` (or an element under its id): count it against throttles and singletons."""
         if job.array_id:
             self._running[job.array_id] = self.running(job.array_id) + 1
-        if self._names is not None:
-            self._names.add((job.user, job.spec.name))
+        self._planned.add((job.user, job.spec.name))
 
     def next_elements(self, job: Job) -> list[Job]:
         """After the queued element `job` is planned: the array's next elements this round may plan,

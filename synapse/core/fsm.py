@@ -24,9 +24,10 @@ from sortedcontainers import SortedList
 
 from synapse.core import codec, dependencies, elastic, fairshare, snapshot
 from synapse.core import commands as c
-from synapse.core.arrays import ArraySpecError, JobArray, element_id, split_element_id
+from synapse.core.arrays import MAX_ARRAY_SIZE, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
 from synapse.core.identity import groups_problem, user_name_problem
+from synapse.core.jobspec import JobFileError, check_workflow
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     DEFAULT_LABEL,
@@ -139,7 +140,7 @@ class ClusterState:
             c.TaskStarted: self._task_started, c.TaskExited: self._task_exited,
             c.CancelJob: self._cancel_job, c.FailAttempt: self._fail_attempt,
             c.Barrier: lambda cmd: Result(True), c.SetReplica: self._set_replica,
-            c.ForgetJobs: self._forget_jobs, c.AddUser: self._add_user,
+            c.ForgetJobs: self._forget_jobs, c.ArchiveJobs: self._archive_jobs, c.AddUser: self._add_user,
             c.SetUserToken: self._set_user_token, c.RemoveUser: self._remove_user,
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
@@ -415,30 +416,24 @@ class ClusterState:
         return Result(True, value=job.id)
 
     def _workflow_problem(self, cmd: c.SubmitJob) -> str:
-        """Why a submission's array or dependencies cannot be accepted against this state, or ''."""
+        """Why a submission's array or dependencies cannot be accepted against this state, or ''.
+
+        The same rules as the endpoint's (jobspec.check_workflow), but for the array size: the
+        cluster file's max_array_size is configuration, not replicated state, so apply holds
+        arrays to the absolute MAX_ARRAY_SIZE only (the endpoint refuses beyond the cluster's)."""
         spec = cmd.spec
         if spec.has_workflow and not isinstance(cmd, c.SubmitWorkflowJob):
             return "arrays and dependencies need a SubmitWorkflowJob command"
-        if spec.array:
-            try:
-                JobArray(id=cmd.job_id, spec=spec, request_id="", user="", submitted_at=0.0, seq=0, throttle=0)
-            except ArraySpecError as exc:
-                return f"array: {exc}"
-        if spec.array_throttle < 0:
-            return "array: the throttle must not be negative"
-        if not 0 <= spec.tasks_min <= spec.tasks or not 0 <= spec.resize_interval:
-            return "tasks.min must be between 1 and tasks.max, and resize_interval not negative"
-        problem = dependencies.after_problem(spec.after)
-        if problem:
-            return f"after: {problem}"
+        try:
+            check_workflow(spec, MAX_ARRAY_SIZE)
+        except JobFileError as exc:
+            return str(exc)
         for _kind, upstream in spec.after:
             if upstream == cmd.job_id or split_element_id(upstream) is not None and \
                     split_element_id(upstream)[0] == cmd.job_id:  # type: ignore[index]
                 return f"after: job {upstream} is this job itself"
             if not dependencies.known(self, upstream):
                 return f"after: unknown job {upstream}"
-        if spec.on_unsatisfiable not in ("", *dependencies.ON_UNSATISFIABLE):
-            return f"on_unsatisfiable: must be fail or wait, not {spec.on_unsatisfiable!r}"
         return ""
 
     def _submit_array(self, cmd: c.SubmitJob) -> Result:
@@ -465,7 +460,6 @@ class ClusterState:
             index = array.index_at(array.next)
             array.next += 1
             if index in array.skipped:
-                array.skipped.discard(index)
                 continue
             self.job_seq += 1
             job = Job(id=element_id(array.id, index), spec=array.spec, request_id="", submitted_at=array.submitted_at,
@@ -512,7 +506,7 @@ class ClusterState:
             return Result.rejected(f"array {array.id} has ended")
         array.throttle = cmd.throttle
         self.emit(cmd.at, "Normal", "job", "ArrayThrottled", array.id,
-                  f"at most {cmd.throttle} element(s) running" if cmd.throttle else "no limit on running elements"
+                  (f"at most {cmd.throttle} element(s) running" if cmd.throttle else "no limit on running elements")
                   + (f" (by {cmd.by})" if cmd.by else ""))
         return Result(True, value=str(cmd.throttle))
 
@@ -541,7 +535,6 @@ class ClusterState:
             return Result(True, value=f"already {array.status(False).value}")
         array.cancelled = True
         array.cancelled_count += array.remaining()
-        array.skipped.clear()
         array.next = array.count
         for job_id in sorted(self.array_live.get(array.id, ())):
             self._cancel_job(dataclasses.replace(cmd, job_id=job_id))
@@ -724,6 +717,12 @@ class ClusterState:
                 return Result.rejected(f"job {job.id} is PENDING; only a final failure applies")
             if cmd.cause:  # e.g. DependencyNeverSatisfied (a version-2 job: see codec.KIND_VERSIONS)
                 job.failure_cause, job.failure = cmd.cause, f"{cmd.cause}: {cmd.reason}"
+            array = self.arrays.get(job.array_id) if job.array_id else None
+            if array is not None and cmd.cause == dependencies.NEVER_SATISFIED:
+                # Every element shares the dependency: the array ends with it, not one element a round.
+                array.never_satisfied = True
+                array.failed += array.remaining()
+                array.next = array.count
             self._finish(job, JobStatus.FAILED, f"failed: {cmd.reason}", cmd.at)
             return Result(True)
         if cmd.final:
@@ -734,6 +733,11 @@ class ClusterState:
         return Result(True)
 
     def _forget_jobs(self, cmd: c.ForgetJobs) -> Result:
+        """Version 1, as every release applies it: drop ended jobs, keep nothing of them."""
+        return Result(True, value=str(sum(1 for job_id in cmd.job_ids if self._drop_ended(job_id) is not None)))
+
+    def _archive_jobs(self, cmd: c.ArchiveJobs) -> Result:
+        """Drop ended jobs and arrays, keeping each one's final status for dependencies on it."""
         forgotten = 0
         for job_id in cmd.job_ids:
             array = self.arrays.get(job_id)
@@ -745,13 +749,19 @@ class ClusterState:
                 self._record_final(job_id, array.status(False).value)
                 forgotten += 1
                 continue
-            job = self.jobs.get(job_id)
-            if job is None or not job.status.terminal:
-                continue
-            self._drop_job(job)
-            self._record_final(job_id, job.status.value)
-            forgotten += 1
+            job = self._drop_ended(job_id)
+            if job is not None:
+                self._record_final(job_id, job.status.value)
+                forgotten += 1
         return Result(True, value=str(forgotten))
+
+    def _drop_ended(self, job_id: str) -> Job | None:
+        """Remove an ended job and free its request id; None (nothing changed) if it is not one."""
+        job = self.jobs.get(job_id)
+        if job is None or not job.status.terminal:
+            return None
+        self._drop_job(job)
+        return job
 
     def _record_final(self, job_id: str, status: str) -> None:
         """Keep a forgotten job's final status for dependencies on it (bounded, oldest dropped first)."""
@@ -760,6 +770,7 @@ class ClusterState:
             del self.finished[next(iter(self.finished))]
 
     def _drop_job(self, job: Job) -> None:
+        """Remove a job, its place among the unarchived (derived) and its request id."""
         del self.jobs[job.id]
         self.unarchived.pop(job.archive_seq, None)
         if job.request_id and self.job_by_request.get(job.request_id) == job.id:
@@ -1086,6 +1097,15 @@ class ClusterState:
         """PENDING jobs in queue order (priority, then submission time), from position `start`."""
         for _, job_id in self.pending.islice(start):
             yield self.jobs[job_id]
+
+    def spec_of(self, job_id: str) -> JobSpec | None:
+        """The spec of a job, or of an array element that is not a job yet (a round may plan one)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.spec
+        element = split_element_id(job_id)
+        array = self.arrays.get(element[0]) if element is not None else None
+        return array.spec if array is not None else None
 
     def tasks_on_node(self, node_id: str) -> list[tuple[Task, bool]]:
         """Live tasks on a node with whether each is still wanted (False: it must be stopped)."""

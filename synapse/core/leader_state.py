@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from synapse.core import admission, dependencies, preemption
+from synapse.core import admission, codec, dependencies, preemption
 from synapse.core import commands as c
 from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
@@ -109,6 +109,9 @@ class MonitorDue:
 
     at: float
     mono: float
+    #: the command-set version every member applies (synapse.master.raft.RaftNode.cluster_version):
+    #: from 2, forgotten jobs keep their final states (ArchiveJobs) and arrays are forgotten too
+    cluster_version: int = codec.BASE_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,12 +362,17 @@ class LeaderState:
 
     def _forget(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
         """Forget finished jobs older than the retention period (Slurm's MinJobAge); with a history
-        store, only those it holds, counted from when it held them, unless the unarchived outgrow their cap."""
+        store, only those it holds, counted from when it held them, unless the unarchived outgrow their cap.
+
+        Once every member applies version 2, as ArchiveJobs (final states kept for dependencies,
+        arrays too); before, as the version-1 ForgetJobs every release applies, and only plain jobs
+        (arrays and their elements exist only once the cluster is at version 2: they wait for it)."""
         retention, history = self.config.job_retention, self.config.history
         if not (retention or history) or s.mono - self.last_sweep < RETENTION_SWEEP_S:
             return []
         self.last_sweep = s.mono
         out: list[Instruction] = []
+        archive = s.cluster_version >= codec.KIND_VERSIONS[c.ArchiveJobs]
         if history:
             overflow = len(state.unarchived) - self.config.max_unarchived
             if overflow > 0:
@@ -374,11 +382,15 @@ class LeaderState:
                 out += [Propose(c.HistoryOverflow(at=s.at, job_ids=tuple(oldest[i:i + FORGET_CHUNK])))
                         for i in range(0, len(oldest), FORGET_CHUNK)]
             expired = [j.id for j in state.jobs.values()
-                       if j.status.terminal and j.archived_at and s.at - j.archived_at > retention] if retention else []
+                       if j.status.terminal and j.archived_at and s.at - j.archived_at > retention
+                       and (archive or not j.array_id)] if retention else []
         else:
-            expired = [j.id for j in state.jobs.values() if j.status.terminal and s.at - j.finished_at > retention]
-        expired += [a.id for a in state.arrays.values() if a.done and retention and s.at - a.finished_at > retention]
-        return out + [Propose(c.ForgetJobs(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
+            expired = [j.id for j in state.jobs.values()
+                       if j.status.terminal and s.at - j.finished_at > retention and (archive or not j.array_id)]
+        if archive and retention:
+            expired += [a.id for a in state.arrays.values() if a.done and s.at - a.finished_at > retention]
+        kind = c.ArchiveJobs if archive else c.ForgetJobs
+        return out + [Propose(kind(at=s.at, job_ids=tuple(expired[i:i + FORGET_CHUNK])))
                       for i in range(0, len(expired), FORGET_CHUNK)]
 
     def _heartbeat(self, state: ClusterState, s: Heartbeat) -> list[Instruction]:

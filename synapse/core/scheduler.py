@@ -313,7 +313,8 @@ def _local_spec(view: ClusterView, job: Job, now: float, tuning: Tuning, rack_fi
 
 class _DrainClock:
     """When each node is expected to be empty: the latest time limit of the tasks on it (inf when
-    one has none), counting this round's plans as started now. Computed per node on demand."""
+    one has none), counting this round's plans (array elements not yet jobs among them) as started
+    now. Computed per node on demand."""
 
     def __init__(self, state: ClusterState, now: float, plans: list[Plan]) -> None:
         self.state, self.now, self.plans = state, now, plans
@@ -323,7 +324,8 @@ class _DrainClock:
 
     def empty_at(self, node_id: str) -> float:
         for plan in self.plans[self._seen_plans:]:
-            limit = self.state.jobs[plan.job_id].spec.time_limit
+            spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
+            limit = spec.time_limit if spec is not None else 0.0
             end = self.now + limit if limit else math.inf
             for p in plan.placements:
                 self._planned[p.node_id] = max(self._planned.get(p.node_id, self.now), end)

@@ -4,8 +4,8 @@
 replicas, cluster events and the counters); `decode` reads it back and rebuilds every derived index
 (capacity index, pending queue, live tasks, queue usage, held nodes, token and request lookups) the
 way apply keeps them. Records are written in a fixed order, so equal states give equal snapshots and
-equal digests on every replica. The format is versioned (SNAPSHOT_VERSION); a snapshot of another
-version is refused, never guessed at.
+equal digests on every replica. The format is versioned (SNAPSHOT_VERSION); a snapshot of a version
+it does not read (READABLE_VERSIONS) is refused, never guessed at.
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ from synapse.core.model import (
     User,
 )
 
-#: The version of the format `encode` writes; `decode` refuses any other.
-SNAPSHOT_VERSION = 1
+#: The version of the format `encode` writes. 2 added arrays, the final states of forgotten jobs
+#: and the workflow and elastic fields of jobs: a release that reads only version 1 would drop them,
+#: so it refuses a version-2 snapshot instead.
+SNAPSHOT_VERSION = 2
+#: The versions `decode` reads (a version-1 snapshot holds none of version 2's records: they are
+#: read at their defaults); any other is refused.
+READABLE_VERSIONS = (1, 2)
 
 
 def encode(state: Any) -> dict[str, Any]:
@@ -74,7 +79,7 @@ def encode(state: Any) -> dict[str, Any]:
 def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) -> Any:
     """The state a snapshot holds, built on `new_state(levels)` (the ClusterState class: fsm imports
     this module, so this one may not import fsm), with its derived indexes rebuilt."""
-    if data.get("version") != SNAPSHOT_VERSION:
+    if data.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
     state = new_state(tuple(data["levels"]))
     state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
@@ -262,14 +267,16 @@ def _last_event_at(job: Job, kinds: tuple[str, ...]) -> float:
 def _array_to_dict(a: JobArray) -> dict[str, Any]:
     return {"id": a.id, "spec": _spec_to_dict(a.spec), "request_id": a.request_id, "user": a.user,
             "submitted_at": a.submitted_at, "seq": a.seq, "throttle": a.throttle, "next": a.next, "rep": a.rep,
-            "skipped": sorted(a.skipped), "cancelled": a.cancelled, "succeeded": a.succeeded, "failed": a.failed,
+            "skipped": sorted(a.skipped), "cancelled": a.cancelled,
+            "never_satisfied": a.never_satisfied, "succeeded": a.succeeded, "failed": a.failed,
             "cancelled_count": a.cancelled_count, "finished_at": a.finished_at}
 
 
 def _array_from_dict(d: dict[str, Any]) -> JobArray:
     return JobArray(id=d["id"], spec=_spec_from_dict(d["spec"]), request_id=d["request_id"], user=d["user"],
                     submitted_at=d["submitted_at"], seq=d["seq"], throttle=d["throttle"], next=d["next"],
-                    rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"], succeeded=d["succeeded"],
+                    rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"],
+                    never_satisfied=d.get("never_satisfied", False), succeeded=d["succeeded"],
                     failed=d["failed"], cancelled_count=d["cancelled_count"], finished_at=d["finished_at"])
 
 

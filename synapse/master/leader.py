@@ -149,7 +149,10 @@ class LeaderLoops:
                 full = True  # the periodic round looks at every job (time moves backfill windows)
             dirty.clear()
             started = time.monotonic()
-            await self.schedule_once(full)
+            try:
+                await self.schedule_once(full)
+            except Exception:  # noqa: BLE001 - a bad round must not end scheduling for the whole term
+                log.exception("scheduling round failed term=%d; the next round tries again", self.term)
             await asyncio.sleep(max(0.0, SCHEDULE_MIN_INTERVAL_S - (time.monotonic() - started)))
 
     async def schedule_once(self, full: bool = True) -> None:
@@ -168,7 +171,8 @@ class LeaderLoops:
 
     async def check_once(self) -> None:
         """Silent nodes, time limits and retention, by the brain's verdict."""
-        await self.carry_out(self._handle(MonitorDue(at=time.time(), mono=time.monotonic())))
+        await self.carry_out(self._handle(MonitorDue(at=time.time(), mono=time.monotonic(),
+                                                     cluster_version=self.master.raft.cluster_version())))
 
     def heard(self, node_id: str, health: HealthReport | None = None) -> str:
         """A node was heard from (heartbeat or registration); its status in the state ('' if unknown).

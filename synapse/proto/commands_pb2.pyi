@@ -55,6 +55,7 @@ class Command(_message.Message):
     SUBMIT_WORKFLOW_JOB_FIELD_NUMBER: _builtins.int
     SET_ARRAY_THROTTLE_FIELD_NUMBER: _builtins.int
     RESIZE_GANG_FIELD_NUMBER: _builtins.int
+    ARCHIVE_JOBS_FIELD_NUMBER: _builtins.int
     CREATE_JOIN_TOKEN_FIELD_NUMBER: _builtins.int
     REVOKE_JOIN_TOKEN_FIELD_NUMBER: _builtins.int
     JOIN_NODE_FIELD_NUMBER: _builtins.int
@@ -124,6 +125,10 @@ class Command(_message.Message):
     @_builtins.property
     def resize_gang(self) -> Global___ResizeGang: ...
     @_builtins.property
+    def archive_jobs(self) -> Global___ForgetJobs:
+        """ForgetJobs that keeps the final states (synapse.core.commands.ArchiveJobs)"""
+
+    @_builtins.property
     def create_join_token(self) -> Global___CreateJoinToken: ...
     @_builtins.property
     def revoke_join_token(self) -> Global___RevokeJoinToken: ...
@@ -167,6 +172,7 @@ class Command(_message.Message):
         submit_workflow_job: Global___SubmitJob | None = ...,
         set_array_throttle: Global___SetArrayThrottle | None = ...,
         resize_gang: Global___ResizeGang | None = ...,
+        archive_jobs: Global___ForgetJobs | None = ...,
         create_join_token: Global___CreateJoinToken | None = ...,
         revoke_join_token: Global___RevokeJoinToken | None = ...,
         join_node: Global___JoinNode | None = ...,
@@ -174,11 +180,11 @@ class Command(_message.Message):
         history_overflow: Global___HistoryOverflow | None = ...,
         set_usage_half_life: Global___SetUsageHalfLife | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

@@ -179,7 +179,9 @@ def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: flo
             limit = state.jobs[task.job_id].spec.time_limit
             ends.append(((task.started_at or now) + limit if limit else math.inf, node_id, task.resources.gpu))
     for plan in result.plans:  # started this round: not in the state yet
-        planned = state.jobs[plan.job_id].spec
+        planned = state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
+        if planned is None:
+            continue
         at = now + planned.time_limit if planned.time_limit else math.inf
         ends += [(at, p.node_id, planned.resources.gpu) for p in plan.placements]
     ends.sort()
