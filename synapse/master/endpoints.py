@@ -117,8 +117,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             caller = self._known(token, common_name, node)
         if caller is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "unknown token" if token else "missing credentials: give a token (--token or "
-                                "SYNAPSE_TOKEN)")
+                                "unknown token" if token else
+                                f"not a valid credential for node {node[0][:MAX_ID_CHARS]} in this cluster" if all(node)
+                                else "missing credentials: give a token (--token or SYNAPSE_TOKEN)")
         why = denial(method, caller)
         if why:
             log.info("permission denied method=%s user=%s", method, caller.name)
