@@ -98,12 +98,16 @@ def wait_for(what: str, check, timeout: float, proc: subprocess.Popen, log: Path
     raise AssertionError(f"no {what} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def _as_from_a_terminal() -> None:
-    """The signals at their defaults, as a program started from a terminal has them: a test run
-    under nohup, or in the background of a script, inherits SIGHUP or SIGINT ignored, and a
-    program rightly keeps ignoring a signal it was started ignoring (synapse.local.interrupts)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+#: Starts a program with the signals at their defaults, as a program started from a terminal has
+#: them: a test run under nohup, or in the background of a script, inherits SIGHUP or SIGINT
+#: ignored, and a program rightly keeps ignoring a signal it was started ignoring
+#: (synapse.local.interrupts). A fresh interpreter resets them and execs the program, rather than a
+#: preexec_fn: that forces a plain fork of this process, whose gRPC channels' fork handlers can
+#: crash the child before its exec (grpc/grpc#43055: "epoll_wait error: Bad file descriptor").
+AS_FROM_A_TERMINAL = [sys.executable, "-c",
+                      "import os, signal, sys\n"
+                      "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(sig, signal.SIG_DFL)\n"
+                      "os.execv(sys.argv[1], sys.argv[1:])"]
 
 
 class Program:
@@ -111,9 +115,9 @@ class Program:
 
     def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=open(log, "wb"),
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})}, preexec_fn=_as_from_a_terminal)
+        self.proc = subprocess.Popen([*AS_FROM_A_TERMINAL, *argv], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                     stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
