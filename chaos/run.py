@@ -479,8 +479,8 @@ def _main() -> None:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
-                    "nemesis_errors", "history_archived", "history_jobs", "history_problems", "failed_checks", "outage_by_kind",
-                    "failover_s", "seconds", "history"):
+                    "nemesis_errors", "history_archived", "history_jobs", "history_problems", "failed_checks",
+                    "outage_by_kind", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)
