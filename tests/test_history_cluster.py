@@ -101,6 +101,8 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page
     status, _, page = fetch(http, "/history?sort=user&order=asc&days=1", cluster.token)
     assert status == 200 and all(job_id in page for job_id in expected)
+    status, _, page = fetch(http, f"/jobs/{ok}", cluster.token)
+    assert status == 200 and "Past its retention" in page and "SUCCEEDED (Completed)" in page, page
     status, _, page = fetch(http, "/usage?days=2", cluster.token)
     assert status == 200 and '<rect class="bar"' in page and "GPU-hours</title>" in page and "default" in page
     assert synctl(cluster, "history", "--since", "last week").exit_code == 2
