@@ -16,7 +16,7 @@ jobs of the last 30 days, the first page of 1,000) and `synctl usage --by queue 
 with random users; p50 and p99 are the store call's own time, without gRPC (target: p99 <= 200 ms
 over 1,000,000 jobs).
 
-SQLite is a file in a temporary directory; PostgreSQL is a throwaway server (tests/postgres.py),
+SQLite is a file in a temporary directory; PostgreSQL is a throwaway server (synapse/local/postgres.py),
 or skipped, saying why, where it cannot run.
 """
 
@@ -40,7 +40,7 @@ from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.history import JobRecord, RunRecord, export_batch  # noqa: E402
 from synapse.core.model import JobSpec, Placement, Resources  # noqa: E402
 from synapse.history.store import HistoryStore, JobQuery, _job_row, _run_row, _usage, jobs, runs, usage_daily  # noqa: E402
-from tests.postgres import PostgresServer, unavailable  # noqa: E402
+from synapse.local.postgres import PostgresServer, unavailable  # noqa: E402
 
 DAY = 86400.0
 NOW = 1_790_000_000.0

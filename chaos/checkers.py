@@ -191,6 +191,34 @@ def log_conflicts(data_dirs: Iterable[str | Path]) -> list[str]:
     return [f"raft index {i}: the replicas hold {n} different entries" for i, n in variants.items() if n > 1]
 
 
+def history_exactly_once(final: dict[str, Any], rows: list[tuple[str, str, int]],
+                         runs: dict[str, int]) -> list[str]:
+    """Every job the cluster finished is in the history store once, with its true final state and
+    one row per run; the store holds no other job. `rows`: (job id, state, attempts) of its jobs
+    table; `runs`: job id -> rows in its runs table."""
+    problems = []
+    seen: dict[str, int] = {}
+    for job_id, _state, _attempts in rows:
+        seen[job_id] = seen.get(job_id, 0) + 1
+    stored = {job_id: (state, attempts) for job_id, state, attempts in rows}
+    for job_id, job in sorted(final.items()):
+        if not job.status.terminal:
+            if job_id in stored:
+                problems.append(f"{job_id}: in the store but {job.status.value} in the cluster")
+            continue
+        if job_id not in stored:
+            problems.append(f"{job_id}: finished {job.status.value}, missing from the store")
+        elif seen[job_id] != 1:
+            problems.append(f"{job_id}: {seen[job_id]} rows")
+        elif stored[job_id] != (job.status.value, job.attempt):
+            problems.append(f"{job_id}: stored as {stored[job_id]}, the cluster says ({job.status.value}, "
+                            f"{job.attempt})")
+        elif runs.get(job_id, 0) != len(job.runs):
+            problems.append(f"{job_id}: {runs.get(job_id, 0)} run rows, the cluster kept {len(job.runs)} runs")
+    problems += [f"{job_id}: in the store, unknown to the cluster" for job_id in sorted(set(stored) - set(final))]
+    return problems
+
+
 def converged(replicas: list[dict[str, Any]]) -> bool:
     """Replicas with the same applied count have the same digest (and all reached the top count)."""
     if not replicas or any(not r.get("digest") for r in replicas):

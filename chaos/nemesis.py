@@ -47,6 +47,9 @@ class Target:
     tearing_down: threading.Event = field(default_factory=threading.Event)
     #: the masters the run started with (heal restores this membership); empty: not tracked
     initial_masters: list[dict] = field(default_factory=list)
+    #: the history store's PostgreSQL server (synapse.local.postgres), when the run has one
+    database: Any = None
+    db_downtime: float = 4.0  #: how long a stopped database stays down
 
     # -- processes --
 
@@ -480,12 +483,27 @@ def restart_worker(t: Target, rng: random.Random, history: History, gpus: int = 
     return _record(history, "restart-worker", [w["id"]], start)
 
 
+def restart_database(t: Target, rng: random.Random, history: History) -> dict:
+    """The history store's PostgreSQL stops (fast shutdown: connections cut) and starts again after
+    a while; meanwhile finished jobs wait in the replicated state, and nothing may be lost or doubled."""
+    start = time.time()
+    if t.database is None:
+        return _record(history, "restart-database", [], start, skipped="no PostgreSQL store in this run")
+    t.database.stop()
+    time.sleep(t.db_downtime * rng.uniform(0.5, 1.5))
+    t.database.start()
+    return _record(history, "restart-database", ["postgresql"], start)
+
+
 NEMESES: dict[str, Nemesis] = {
     "kill-leader": kill_leader, "kill-follower": kill_follower, "kill-minority": kill_minority,
     "pause-leader": pause_leader, "partition-leader": partition_leader, "restart-masters": restart_masters,
     "kill-worker": kill_worker, "restart-worker": restart_worker,
     "partition-follower": partition_follower, "grow-shrink": grow_and_shrink, "replace-follower": replace_follower,
+    "restart-database": restart_database,
 }
+#: Faults of the history store: a lane of their own (a database fails apart from masters and machines).
+DATABASE_FAULTS = frozenset({"restart-database"})
 #: Machine faults act on workers only, so they run in their own lane, concurrently with the master
 #: faults (machines and masters fail independently); every other kind is a master fault.
 MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker"})
@@ -507,4 +525,8 @@ STEADY_LEADER_S = 3.0
 
 def unavailable(kind: str) -> str:
     """'' if this machine can inject `kind`, else why not (a runner skips it with this message)."""
+    if kind in DATABASE_FAULTS:
+        from synapse.local.postgres import unavailable as postgres_unavailable
+
+        return postgres_unavailable()
     return netns_unavailable() if kind in NEEDS_NETNS else ""

@@ -29,13 +29,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
-from chaos.nemesis import MACHINE_FAULTS, MEMBERSHIP_FAULTS, NEEDS_NETNS, NEMESES, Target, unavailable  # noqa: E402
+from chaos.nemesis import (  # noqa: E402
+    DATABASE_FAULTS,
+    MACHINE_FAULTS,
+    MEMBERSHIP_FAULTS,
+    NEEDS_NETNS,
+    NEMESES,
+    Target,
+    unavailable,
+)
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.core import codec
 from synapse.core.model import JobSpec, PackMode, Queue, Resources, TopologySpec  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.local import interrupts  # noqa: E402
 from synapse.local.netns import MasterNet  # noqa: E402
+from synapse.local.postgres import PostgresServer  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
 from synapse.worker.agent import TASK_JOURNAL  # noqa: E402
 
@@ -232,12 +241,22 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     data_dir = out / "cluster"
     # Jobs are never forgotten during a run: the checkers compare every acknowledged job with the end.
     spare = 2 if MEMBERSHIP_FAULTS & set(kinds) and masters == 3 else 0  # room to grow 3 -> 5
-    state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters + spare), heartbeat=0.5,
-                     job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)), spare_masters=spare)
+    # With database faults, the history store is a PostgreSQL server of the run's own (else SQLite).
+    database = PostgresServer() if DATABASE_FAULTS & set(kinds) else None
+    store_url = database.create("history") if database is not None else ""
+    try:
+        state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters + spare), heartbeat=0.5,
+                         job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)), spare_masters=spare,
+                         history=store_url)
+    except BaseException:
+        if database is not None:
+            database.destroy()
+        raise
+    store_url = store_url or f"sqlite:///{data_dir.resolve() / 'history.sqlite'}"
     members = sorted(m["raft_address"] for m in state["masters"])
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20),
-                    initial_masters=[dict(m) for m in state["masters"]])
+                    initial_masters=[dict(m) for m in state["masters"]], database=database)
     half = Resources(0, 0, workers * GPUS // 2)
     target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
         codec.queue_to_proto(Queue(name, guaranteed=half, preemption_rules=("reclaim", "priority")))
@@ -245,8 +264,9 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
     threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], history, stop, seed, submitted,
                                                        lock)) for i in range(clients)]
-    lanes = {"masters": [k for k in kinds if k not in MACHINE_FAULTS],
-             "machines": [k for k in kinds if k in MACHINE_FAULTS]}
+    lanes = {"masters": [k for k in kinds if k not in MACHINE_FAULTS | DATABASE_FAULTS],
+             "machines": [k for k in kinds if k in MACHINE_FAULTS],
+             "database": [k for k in kinds if k in DATABASE_FAULTS]}
     for lane, lane_kinds in lanes.items():
         if lane_kinds:
             threads.append(threading.Thread(target=nemesis_loop, name=f"nemesis-{lane}",
@@ -263,6 +283,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         settle(target.client, [w["id"] for w in state["workers"]], timeout=HEARTBEAT_TIMEOUT + STOP_GRACE + 60)
         replicas = replica_records(target)
         final_members = target.members()
+        archived = archive_caught_up(target, timeout=60)
         for r in replicas:
             history.write("replica", **r)
     finally:
@@ -274,12 +295,19 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         target.tearing_down.set()
         local.down(data_dir)
+        if sys.exc_info()[1] is not None and database is not None:
+            database.destroy()  # the run ends here: no store to check
         if interrupted:  # a fault under way may poll the stopped cluster until its own deadline
             for t in threads:
                 t.join(timeout=INTERRUPTED_JOIN_S / len(threads))
         else:
             _join(threads)
     ended = time.time()
+    try:
+        stored, stored_runs = read_store(store_url)
+    finally:
+        if database is not None:
+            database.destroy()
     for record in worker_task_records(data_dir, state["workers"]):
         history.write("task", **{k: v for k, v in record.items() if k != "type"})
     history.close()
@@ -337,6 +365,9 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # themselves: grow and shrink back, replace with the same id).
         "members_ok": final_members == members,
         "overcommit_details": overcommits[:10],
+        # Every job the cluster finished, in the history store exactly once with its true final state.
+        "history_archived": archived, "history_jobs": len(stored),
+        "history_problems": checkers.history_exactly_once(final, stored, stored_runs)[:10],
     }
     checks = {
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
@@ -348,6 +379,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "heals_judged": len(cuts) < MIN_CUTS_FOR_SHARE or report["heals_judged"] * 2 >= len(cuts),
         "members_ok": report["members_ok"],
         "nemesis_errors": not report["nemesis_errors"],
+        "history_exactly_once": archived and not report["history_problems"],
     }
     report["failed_checks"] = [name for name, held in checks.items() if not held]
     report["ok"] = not report["failed_checks"]
@@ -356,6 +388,38 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
 
 #: Follower partitions a run needs before the share of judged heals is checked.
 MIN_CUTS_FOR_SHARE = 4
+
+
+def archive_caught_up(target: Target, timeout: float) -> bool:
+    """Wait until the history exporter has archived every finished job (the leader's metric)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leader = target.leader()
+        if leader is not None and leader.get("http_address"):
+            try:
+                with urllib.request.urlopen(f"http://{leader['http_address']}/metrics", timeout=2) as reply:
+                    if "synapse_history_unarchived_jobs 0.0" in reply.read().decode():
+                        return True
+            except OSError:
+                pass
+        time.sleep(0.5)
+    return False
+
+
+def read_store(url: str) -> tuple[list[tuple[str, str, int]], dict[str, int]]:
+    """(job id, state, attempts) of every job in the history store, and its run rows per job."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = [tuple(r) for r in conn.execute(sa.text("select job_id, state, attempts from history_jobs"))]
+            runs = dict(conn.execute(sa.text("select job_id, count(*) from history_runs group by job_id")).all())
+    finally:
+        engine.dispose()
+    return rows, runs
 
 
 def _tell(text: str) -> None:
@@ -415,7 +479,8 @@ def _main() -> None:
         for key in ("faults", "fault_kinds", "ops", "acked", "preemptions", "lost", "overcommits", "partial_gangs",
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
-                    "nemesis_errors", "failed_checks", "outage_by_kind", "failover_s", "seconds", "history"):
+                    "nemesis_errors", "history_archived", "history_jobs", "history_problems", "failed_checks",
+                    "outage_by_kind", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

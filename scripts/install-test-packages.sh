@@ -3,7 +3,7 @@
 # browser test, tests/test_browser.py), bubblewrap (the sandboxed-runtime example and its test,
 # tests/test_isolation.py), prometheus (its `prometheus` and `promtool`: the alert rules' unit
 # tests and a real Prometheus scraping a local cluster, tests/test_prometheus.py) and postgresql (the
-# history store's second backend: tests/postgres.py starts a throwaway server from its binaries; the
+# history store's second backend: synapse/local/postgres.py starts a throwaway server from its binaries; the
 # package's own cluster is not used). The distribution's packages only, never a downloaded build, and one
 # apt-get update for all. Where they cannot be installed (no root, no apt), it says why and exits
 # 0: those tests then skip with that reason.

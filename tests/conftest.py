@@ -169,8 +169,8 @@ def make_cluster(tmp_path):
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A PostgreSQL server of the tests' own (tests/postgres.py), or a skip saying why there is none."""
-    from tests.postgres import PostgresServer, unavailable
+    """A PostgreSQL server of the tests' own (synapse/local/postgres.py), or a skip saying why there is none."""
+    from synapse.local.postgres import PostgresServer, unavailable
 
     why = unavailable()
     if why:

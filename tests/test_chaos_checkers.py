@@ -112,3 +112,20 @@ def test_log_conflicts_compares_the_range_every_journal_keeps(tmp_path):
     assert checkers.log_conflicts([a, b, c]) == []
     d = journal("d", base[:3] + [(4, 2, b"\x00other")])  # a different entry at index 4
     assert checkers.log_conflicts([a, d]) == ["raft index 4: the replicas hold 2 different entries"]
+
+
+def test_history_exactly_once_finds_missing_doubled_wrong_and_unknown_jobs():
+    from tests.test_history_core import scenario
+
+    final = scenario().jobs  # ok SUCCEEDED (1 run), bad FAILED (2 attempts, 2 runs), never CANCELLED (no run)
+    good = [("ok", "SUCCEEDED", 1), ("bad", "FAILED", 2), ("never", "CANCELLED", 1)]
+    runs = {"ok": 1, "bad": 2}
+    assert checkers.history_exactly_once(final, good, runs) == []
+    assert checkers.history_exactly_once(final, good[:2], runs) == ["never: finished CANCELLED, missing from the store"]
+    assert checkers.history_exactly_once(final, good + [good[0]], runs) == ["ok: 2 rows"]
+    assert checkers.history_exactly_once(final, [("ok", "FAILED", 1), *good[1:]], runs) == [
+        "ok: stored as ('FAILED', 1), the cluster says (SUCCEEDED, 1)"]
+    assert checkers.history_exactly_once(final, good, {"ok": 1, "bad": 1}) == [
+        "bad: 1 run rows, the cluster kept 2 runs"]
+    assert checkers.history_exactly_once(final, good + [("ghost", "FAILED", 1)], runs) == [
+        "ghost: in the store, unknown to the cluster"]

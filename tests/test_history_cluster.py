@@ -1,12 +1,12 @@
-"""Job history on a real cluster: three masters and two workers on loopback, the default SQLite store
-in the data dir. Jobs that succeed, fail and are cancelled appear in `synctl history` exactly once,
-also when the leader is killed with SIGKILL while jobs finish; a job past its retention still
-answers `describe`; `-o sacct` imports into the simulator; `usage` sums the GPU-hours."""
+"""Job history on a real cluster: three masters and two workers on loopback, with the default SQLite
+store in the data dir and with a PostgreSQL server of the tests' own. Jobs that succeed, fail and
+are cancelled appear in `synctl history` exactly once, also when the leader is killed with SIGKILL
+while jobs finish; a job past its retention still answers `describe`; `-o sacct` imports into the
+simulator; `usage` sums the GPU-hours."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import pytest
@@ -39,9 +39,30 @@ def archived_ids(cluster) -> set[str]:
     return {j["id"] for j in json.loads(out.output)} if out.exit_code == 0 else set()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request) -> str:
+    """The history store of a cluster: '' (synapse-local's SQLite default) or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return ""
+    return request.getfixturevalue("postgres").create(f"c{int(time.time() * 1000)}")
+
+
+def stored_rows(cluster, url: str) -> list[tuple[str, int]]:
+    """(job id, rows) of the store's jobs table."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url or f"sqlite:///{cluster.data_dir / 'history.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("select job_id, count(*) from history_jobs group by job_id"))
+            return [tuple(r) for r in rows]
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.slow
-def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_cluster, tmp_path):
-    cluster = make_cluster(masters=3, workers=2, gpus=2, job_retention="2s")
+def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_cluster, tmp_path, store_url):
+    cluster = make_cluster(masters=3, workers=2, gpus=2, job_retention="2s", history=store_url)
     expected = {submit(cluster, "ok", ["true"]): "SUCCEEDED", submit(cluster, "bad", ["sh", "-c", "exit 3"]): "FAILED"}
     long = submit(cluster, "long", ["sleep", "60"])
     wait_for(lambda: cluster.client.get_job(long).status == "RUNNING", what="the long job to run")
@@ -61,8 +82,7 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
 
     wait_for(lambda: set(archived()) >= set(expected), timeout=60, what="every job in history")
     assert {k: v for k, v in archived().items() if k in expected} == expected
-    rows = sqlite3.connect(cluster.data_dir / "history.sqlite").execute(
-        "select job_id, count(*) from history_jobs group by job_id").fetchall()
+    rows = stored_rows(cluster, store_url)
     assert sorted(job_id for job_id, _ in rows) == sorted(expected) and all(n == 1 for _, n in rows)
     bad = next(j for j in history(cluster, "--state", "failed"))
     assert (bad["reason"], bad["exit_code"], bad["attempts"], len(bad["runs"])) == ("Error", 3, 1, 1)
@@ -101,6 +121,8 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page
     status, _, page = fetch(http, "/history?sort=user&order=asc&days=1", cluster.token)
     assert status == 200 and all(job_id in page for job_id in expected)
+    status, _, page = fetch(http, f"/jobs/{ok}", cluster.token)
+    assert status == 200 and "Past its retention" in page and "SUCCEEDED (Completed)" in page, page
     status, _, page = fetch(http, "/usage?days=2", cluster.token)
     assert status == 200 and '<rect class="bar"' in page and "GPU-hours</title>" in page and "default" in page
     assert synctl(cluster, "history", "--since", "last week").exit_code == 2

@@ -161,3 +161,23 @@ def test_day_shares_split_an_interval_over_utc_days():
     assert history.day_shares(day - 3600, day + 3 * 3600) == [("2023-11-14", 0.25), ("2023-11-15", 0.75)]
     assert history.day_shares(day + 10, day + 10) == [("2023-11-15", 1.0)]
 
+
+
+def test_a_preempted_run_is_its_own_record_and_the_job_keeps_its_place():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SubmitJob(at=1, job_id="low", request_id="low", spec=spec(tasks=1)))
+    checked(state, c.CommitPlan(at=2, job_id="low", attempt=1, placements=(Placement(0, N0, tuple(range(8)), 0),)))
+    checked(state, c.TaskStarted(at=3, job_id="low", attempt=1, index=0, node_id=N0))
+    checked(state, c.SubmitJob(at=4, job_id="high", request_id="high", spec=spec(tasks=1, priority=5)))
+    checked(state, c.Preempt(at=5, job_id="high", attempt=1, rule="priority", nodes=(N0,),
+                             victims=(c.Victim("low", 1, 30.0),)))
+    checked(state, c.TaskExited(at=9, job_id="low", attempt=1, index=0, node_id=N0, exit_code=143))
+    run_job(state, "low", [N1], at=20)  # its second attempt runs to the end
+    low = state.jobs["low"]
+    assert [(r.attempt, r.outcome, r.exit_code, r.placed_at, r.ended_at) for r in low.runs] == [
+        (1, EndReason.PREEMPTED, 143, 2, 9), (2, EndReason.COMPLETED, 0, 21, 32)]
+    assert "preempted by job high" in low.runs[0].reason
+    record = history.job_record(low)
+    assert (record.state, record.reason, record.attempts, record.preemptions, record.start) == (
+        "SUCCEEDED", EndReason.COMPLETED, 2, 1, 2)
+    assert record.gpu_seconds == 8 * 7 + 8 * 11  # both runs held their GPUs

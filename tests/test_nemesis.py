@@ -275,3 +275,29 @@ def test_isolate_on_a_loopback_cluster_says_how_to_get_one_it_can_cut(tmp_path):
     (tmp_path / "cluster.json").write_text(json.dumps({"masters": [], "workers": [], "token": "t"}))
     result = CliRunner().invoke(synapse_local, ["isolate", "--data-dir", str(tmp_path), "m1"])
     assert result.exit_code != 0 and "up --netns" in result.output
+
+
+def test_restart_database_stops_the_store_then_starts_it_again(postgres, tmp_path):
+    import psycopg
+
+    def answers() -> bool:
+        try:
+            with psycopg.connect(f"host=127.0.0.1 port={postgres.port} user=postgres dbname=postgres",
+                                 connect_timeout=1):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    target = Target(tmp_path, {"masters": [], "workers": []}, None, database=postgres, db_downtime=1.0)
+    history = History(tmp_path / "h.jsonl")
+    assert answers()
+    seen_down = []
+    fault = threading.Thread(target=lambda: NEMESES["restart-database"](target, random.Random(1), history))
+    fault.start()
+    while fault.is_alive():
+        seen_down.append(not answers())
+        time.sleep(0.1)
+    fault.join()
+    history.close()
+    assert any(seen_down) and answers()
+    assert [r["kind"] for r in read(tmp_path / "h.jsonl") if r["type"] == "fault"] == ["restart-database"]

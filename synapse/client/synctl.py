@@ -675,17 +675,20 @@ UNTIL = click.option("--until", default="", help="until this long ago or this UT
 @click.option("--job", "job_id", default="", help="only this job")
 @SINCE
 @UNTIL
-@click.option("--limit", default=1000, show_default=True, help="at most this many jobs (0: all)")
+@click.option("--limit", type=int, default=None,
+              help="at most this many jobs, 0 for all [default: 1000 for a table, all otherwise]")
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml", "sacct"]), default="table",
               show_default=True, help="output format; sacct: `sacct --parsable2` with Open XDMoD's fields")
 @click.option("--noheader", is_flag=True, help="with -o sacct: no header line (as XDMoD's shredder wants)")
 @click.option("--duplicates", is_flag=True, help="with -o sacct: a line for every run, not only the last")
 @click.option("--cluster", "cluster_name", default="synapse", show_default=True, help="with -o sacct: Cluster")
 @click.pass_obj
-def history(obj: Context, user: str, queue: str, state: str, job_id: str, since: str, until: str, limit: int,
-            output: str, noheader: bool, duplicates: bool, cluster_name: str) -> None:
+def history(obj: Context, user: str, queue: str, state: str, job_id: str, since: str, until: str,
+            limit: int | None, output: str, noheader: bool, duplicates: bool, cluster_name: str) -> None:
     """Finished jobs from the history store, by end time (times in UTC)."""
     start, end = _times(since, until)
+    if limit is None:
+        limit = 1000 if output == "table" else 0
     state = state.upper()
     if state and state not in TERMINAL:
         fail(f"--state: must be one of {', '.join(sorted(TERMINAL))}, not {state!r}", 2)
@@ -700,6 +703,8 @@ def history(obj: Context, user: str, queue: str, state: str, job_id: str, since:
         reply = run(lambda r=request: obj.client.call("ListHistory", r, try_timeout=30))
         jobs += reply.jobs
         if not reply.more or not reply.jobs or (limit and len(jobs) >= limit):
+            if reply.more and output == "table":
+                click.echo(f"(the first {len(jobs)} jobs; --limit 0 for all)", err=True)
             break
         after_end, after_id = reply.jobs[-1].end, reply.jobs[-1].job_id
     if output == "sacct":

@@ -177,7 +177,7 @@ class ClusterState:
     def apply(self, cmd: c.Command) -> Result:
         """Apply one command. Deterministic; never raises; a rejection changes nothing."""
         self.applied += 1
-        if not isinstance(cmd, (c.SubmitJob, c.Barrier, c.PendingReasons)):  # none changes capacity
+        if not isinstance(cmd, (c.SubmitJob, c.Barrier, c.PendingReasons, c.HistoryExported)):  # none changes capacity
             self.other_changes += 1
         try:
             if cmd.term:

@@ -234,7 +234,7 @@ class ClusterEvent(NamedTuple):
     seq: int  #: the cursor: 1, 2, 3… across the cluster's life
     at: float
     type: str  #: Normal | Warning
-    topic: str  #: job | node
+    topic: str  #: job | node | history
     reason: str  #: stable: JobSubmitted, GangPlaced, TaskStarted, TaskExited, NodeDown, Preempted…
     object_id: str  #: the job or node id
     message: str

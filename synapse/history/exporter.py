@@ -56,10 +56,13 @@ class History:
         self.exported = 0  #: job rows this process wrote (new ones); exporter only
         self.errors = 0  #: failed store attempts of this process; exporter only
         self.last_purge = 0.0  #: monotonic time of the last purge; exporter only
+        #: the store's cursor was found behind what the cluster knows archived (another store: a
+        #: SQLite file per machine, a restored backup): the jobs numbered in between are not in it
+        self.gap = ""
 
     def lag_reason(self, unarchived: int) -> str:
         """Why history lags behind the cluster, or '' (read on any thread)."""
-        why = []
+        why = [self.gap] if self.gap else []
         if self.error:
             why.append(f"history store {redacted(self.settings.url)} failing since "
                        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.error_since))}: {self.error}")
@@ -95,6 +98,12 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
             if cursor is None:
                 await asyncio.to_thread(history.store.migrate)
                 cursor = await asyncio.to_thread(history.store.cursor)
+                with master.lock:
+                    archived = master.state.archived_upto
+                if cursor < archived:
+                    history.gap = (f"the store lacks finished jobs {cursor + 1}..{archived}, which the cluster "
+                                   "archived in another store (a SQLite file per machine? a restored backup?)")
+                    log.warning("history store behind the cluster: %s", history.gap)
             with master.lock:
                 batch = export_batch(master.state, cursor)
                 archived = master.state.archived_upto

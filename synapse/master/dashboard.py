@@ -250,8 +250,13 @@ class Dashboard:
         with self.m.lock:
             state = self.m.state
             job = state.jobs.get(job_id)
-            if job is None:
-                return 404, _page("Not found", f"<p>No job {escape(job_id)}.</p>")
+        if job is None:
+            archived = dashboard_history.archived_job(self.m.history, job_id, _facts, _table, _when)
+            if archived:
+                return 200, _page(f"Job {job_id}", archived)
+            return 404, _page("Not found", f"<p>No job {escape(job_id)}.</p>")
+        with self.m.lock:
+            state = self.m.state
             spec = job.spec
             gang = [(t.rank, t.index, t.node_id, topology_path(state.nodes[t.node_id].topology)
                      if t.node_id in state.nodes else "-", t.gpus, t.state.value) for t in job.tasks]

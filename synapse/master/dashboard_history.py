@@ -85,6 +85,30 @@ def history_page(history: Any, args: dict[str, str], table, when, job_link) -> s
     return form + nav + table(headers, body)
 
 
+def archived_job(history: Any, job_id: str, facts, table, when) -> str:
+    """The body of /jobs/ID for a job the state forgot, from the store; '' if it holds none either."""
+    if history is None:
+        return ""
+    from synapse.history.store import JobQuery, StoreError
+
+    try:
+        rows, _ = history.store.jobs(JobQuery(job_id=job_id, limit=1))
+    except StoreError:
+        return ""
+    if not rows:
+        return ""
+    r = rows[0]
+    body = facts([["Name", escape(r["name"])], ["State", f"{r['state']} ({escape(r['reason'])})"],
+                  ["Why", escape(r["detail"]) or "-"], ["Queue", escape(r["queue"])],
+                  ["User", escape(r["user_name"] or "-")], ["Exit code", str(r["exit_code"])],
+                  ["Gang", f"{r['tasks']} task(s) x {r['gpus']} GPU(s)"], ["Submitted", when(r["submit_at"])],
+                  ["Ended", when(r["end_at"])], ["GPU-hours", f"{r['gpu_seconds'] / 3600:.2f}"]])
+    runs = [[str(x["attempt"]), when(x["start_at"]), when(x["end_at"]), escape(x["outcome"]), str(x["exit_code"]),
+             escape(x["nodes"]), escape(x["reason"]) or "-"] for x in r["runs"]]
+    return ('<p class="muted">Past its retention: from the history store.</p>' + body + "<h2>Runs</h2>"
+            + table(["Attempt", "Start", "End", "Outcome", "Exit", "Nodes", "Reason"], runs))
+
+
 def usage_page(history: Any, args: dict[str, str], table) -> str:
     """The body of /usage: a chart of GPU-hours per queue per day, and the totals per queue and user."""
     missing = _unavailable(history)

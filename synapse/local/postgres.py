@@ -1,6 +1,6 @@
-"""A throwaway PostgreSQL server for the history tests and bench/history.py: Debian's `postgresql`
-package (scripts/install-test-packages.sh), initdb into a temporary directory, listening on
-127.0.0.1 on a free port and a private socket directory, stopped and removed afterwards.
+"""A throwaway PostgreSQL server for the history tests, bench/history.py and the chaos suite: Debian's
+`postgresql` package (scripts/install-test-packages.sh), initdb into a temporary directory, listening
+on 127.0.0.1 on a free port and a private socket directory, stopped and removed afterwards.
 
 PostgreSQL refuses to run as root: as root, the server runs as the `postgres` user the package
 creates (runuser). Where it cannot run, `unavailable()` says why and the callers skip."""
