@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests use, if they are not there yet: chromium (the dashboard's
-# browser test, tests/test_browser.py) and bubblewrap (the sandboxed-runtime example and its test,
-# tests/test_isolation.py). The distribution's packages only, never a downloaded build, and one
+# browser test, tests/test_browser.py), bubblewrap (the sandboxed-runtime example and its test,
+# tests/test_isolation.py) and python3-torch (the PyTorch examples, tests/test_examples_torch.py). The distribution's packages only, never a downloaded build, and one
 # apt-get update for all. Where they cannot be installed (no root, no apt), it says why and exits
 # 0: those tests then skip with that reason.
 set -u
@@ -9,6 +9,9 @@ missing=()
 for pair in chromium:chromium bwrap:bubblewrap; do  # command:package
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
+# Debian's torch (CPU) for the PyTorch examples and their tests (tests/test_examples_torch.py), for
+# the system interpreter: the tests run the examples with it when the test interpreter lacks torch.
+/usr/bin/python3 -c "import torch" >/dev/null 2>&1 || missing+=(python3-torch)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi
