@@ -14,7 +14,8 @@ chain of 1,000 jobs, each `after: {ok: [previous]}`, run on the pure state with 
 how many rounds pass between a job's end and its dependent's plan (target: the next round), and how
 long that round takes. A real leader runs a round at most SCHEDULE_MIN_INTERVAL_S (20 ms) after a
 change, so the dependent's start follows its upstream's end by that plus one round.
-Targets: (a) <= 1 s; (b) p99 < 50 ms; (d) every dependent planned in the first round, <= 0.1 s.
+Targets: (a) <= 1 s; (b) p99 < 50 ms; (d) every dependent planned in the first round, <= 0.1 s. Rounds
+are timed on the wall clock and, since the machine is shared, in the round's own CPU time too.
 """
 
 from __future__ import annotations
@@ -84,13 +85,15 @@ def fill(state: ClusterState, at: float) -> None:
                                         placements=(Placement(0, node_id, tuple(range(8)), 0),))).ok
 
 
-def round_times(state: ClusterState, rounds: int, at: float) -> list[float]:
-    brain, out = LeaderState(), []
+def round_times(state: ClusterState, rounds: int, at: float) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of each of `rounds` rounds (CPU time: the machine is shared)."""
+    brain, wall, cpu = LeaderState(), [], []
     for i in range(rounds):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         brain.handle(state, RoundDue(at=at + i))
-        out.append(time.perf_counter() - started)
-    return out
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.thread_time() - cpu_started)
+    return wall, cpu
 
 
 def rounds_with_pending_elements(elements: int, rounds: int) -> dict[str, float]:
@@ -98,7 +101,7 @@ def rounds_with_pending_elements(elements: int, rounds: int) -> dict[str, float]
     fill(state, 1.0)
     state.apply(c.SubmitWorkflowJob(at=2.0, job_id="A", request_id="A", spec=job_spec("sweep", gpu=1,
                                                                                       array=f"0-{elements - 1}")))
-    blocked = round_times(state, rounds, 3.0)
+    blocked, blocked_cpu = round_times(state, rounds, 3.0)
     room = new_state(16, 16)
     room.apply(c.SubmitWorkflowJob(at=2.0, job_id="A", request_id="A", spec=job_spec("sweep", gpu=8,
                                                                                      array=f"0-{elements - 1}")))
@@ -111,6 +114,7 @@ def rounds_with_pending_elements(elements: int, rounds: int) -> dict[str, float]
     planned = sum(1 for i in out if isinstance(i, Propose) and isinstance(i.cmd, c.CommitPlan))
     return {"round_blocked_p50_ms": round(statistics.median(blocked) * 1000, 3),
             "round_blocked_p99_ms": round(percentile(blocked, 0.99) * 1000, 3),
+            "round_blocked_cpu_p99_ms": round(percentile(blocked_cpu, 0.99) * 1000, 3),
             "round_placing_p50_ms": round(statistics.median(placing) * 1000, 3),
             "round_placing_max_ms": round(max(placing) * 1000, 3), "round_placing_plans": planned}
 
@@ -148,13 +152,13 @@ def dependency_chain(length: int) -> dict[str, float]:
     for i in range(1, length):
         assert state.apply(c.SubmitWorkflowJob(at=1.0, job_id=f"j{i}", request_id=f"j{i}",
                                                spec=job_spec("chain", after=(("ok", f"j{i - 1}"),)))).ok
-    brain, at, rounds_after_end, seconds = LeaderState(), 2.0, [], []
+    brain, at, rounds_after_end, seconds, cpu = LeaderState(), 2.0, [], [], []
     waiting_rounds = 0
     for i in range(length):
         while True:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             out = brain.handle(state, RoundDue(at=at, full=False))
-            elapsed = time.perf_counter() - started
+            elapsed, cpu_elapsed = time.perf_counter() - started, time.thread_time() - cpu_started
             at += 0.001
             waiting_rounds += 1
             plans = [p.cmd for p in out if isinstance(p, Propose) and isinstance(p.cmd, c.CommitPlan)]
@@ -165,6 +169,7 @@ def dependency_chain(length: int) -> dict[str, float]:
                 assert [p.job_id for p in plans] == [f"j{i}"], plans
                 rounds_after_end.append(waiting_rounds)
                 seconds.append(elapsed)
+                cpu.append(cpu_elapsed)
                 waiting_rounds = 0
                 break
             assert waiting_rounds < 5, f"job j{i} not planned"
@@ -174,7 +179,8 @@ def dependency_chain(length: int) -> dict[str, float]:
         state.apply(c.TaskExited(at=at, job_id=job.id, attempt=1, index=0, node_id=task.node_id, exit_code=0))
     return {"chain_jobs": length, "chain_rounds_to_start_max": max(rounds_after_end),
             "chain_round_p50_ms": round(statistics.median(seconds) * 1000, 3),
-            "chain_round_p99_ms": round(percentile(seconds, 0.99) * 1000, 3)}
+            "chain_round_p99_ms": round(percentile(seconds, 0.99) * 1000, 3),
+            "chain_round_cpu_p99_ms": round(percentile(cpu, 0.99) * 1000, 3)}
 
 
 def main() -> None:

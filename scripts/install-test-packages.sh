@@ -2,9 +2,10 @@
 # Installs the Debian packages some tests use, if they are not there yet: chromium (the dashboard's
 # browser test, tests/test_browser.py), bubblewrap (the sandboxed-runtime example and its test,
 # tests/test_isolation.py), prometheus (its `prometheus` and `promtool`: the alert rules' unit
-# tests and a real Prometheus scraping a local cluster, tests/test_prometheus.py) and postgresql (the
-# history store's second backend: synapse/local/postgres.py starts a throwaway server from its binaries; the
-# package's own cluster is not used). The distribution's packages only, never a downloaded build, and one
+# tests and a real Prometheus scraping a local cluster, tests/test_prometheus.py), postgresql (the
+# history store's second backend: synapse/local/postgres.py starts a throwaway server from its
+# binaries; the package's own cluster is not used) and python3-torch (the PyTorch examples,
+# tests/test_examples_torch.py). The distribution's packages only, never a downloaded build, and one
 # apt-get update for all. Where they cannot be installed (no root, no apt), it says why and exits
 # 0: those tests then skip with that reason.
 set -u
@@ -14,6 +15,9 @@ for pair in chromium:chromium bwrap:bubblewrap prometheus:prometheus promtool:pr
 done
 # Debian keeps PostgreSQL's server binaries off PATH, under /usr/lib/postgresql/VERSION/bin.
 command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+# Debian's torch (CPU) for the PyTorch examples and their tests (tests/test_examples_torch.py), for
+# the system interpreter: the tests run the examples with it when the test interpreter lacks torch.
+/usr/bin/python3 -c "import torch" >/dev/null 2>&1 || missing+=(python3-torch)
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 if [ "${#missing[@]}" -eq 0 ] || [ -z "${missing[0]}" ]; then
   exit 0

@@ -48,9 +48,10 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.CommitPlan: 1, c.TaskStarted: 1, c.TaskExited: 1, c.CancelJob: 1, c.FailAttempt: 1, c.Barrier: 1,
     c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
     c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
-    # Arrays and dependencies. CancelJob of an array and a final FailAttempt's cause on a pending
-    # job apply differently here, but only to jobs and arrays that version-2 submissions created,
-    # which no older replica can hold: those kinds keep version 1.
+    # Arrays, dependencies, elastic gangs. CancelJob of an array, a final FailAttempt's cause on a
+    # pending job, a CommitPlan of an elastic gang's size and a Preempt that shrinks one apply
+    # differently here, but only to jobs and arrays that version-2 submissions created, which no
+    # older replica can hold: those kinds keep version 1.
     c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2, c.ArchiveJobs: 2,
     c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
     c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
