@@ -247,6 +247,25 @@ def test_metrics_of_a_known_replay():
     assert m["by_size"]["2-8"]["max_wait_s"] == 50
 
 
+def test_idle_gpus_and_big_gang_waits_are_put_down_to_their_causes():
+    """a holds one node (8 GPUs) until t=1,000; the 64-GPU gang b needs all 8 nodes and reserves
+    them: 56 GPUs drain, reserved, for 1,000 s while b waits holding its reservation; d's
+    submission at t=1,100 closes the window (b runs 1,000-1,100 on every GPU)."""
+    jobs = [job("a", 0, 8, 1000, 1000), job("b", 0, 64, 100, 100), job("d", 1100, 1, 10)]
+    m = summarize(replay(Trace(jobs, SMALL), SMALL, POLICIES["synapse"]))
+    assert m["idle_gpu_hours"] == pytest.approx({"no_demand": 0, "reserved": 56 * 1000 / 3600, "rack_wait": 0,
+                                                 "no_fit": 0})
+    assert m["big_gang_wait_hours"] == pytest.approx({"reserved": 1000 / 3600, "rack_wait": 0, "queued": 0})
+    # EASY's reservation is seen the same way (its one reservation, the head's).
+    m = summarize(replay(Trace(jobs, SMALL), SMALL, POLICIES["easy"]))
+    assert m["idle_gpu_hours"]["reserved"] == pytest.approx(56 * 1000 / 3600)
+    # Nothing waiting: free GPUs are idle for want of work (d ends at 1,110, after the window).
+    alone = [job("a", 0, 8, 1000, 1000), job("d", 500, 1, 10)]
+    m = summarize(replay(Trace(alone, SMALL), SMALL, POLICIES["synapse"]))
+    assert m["idle_gpu_hours"] == pytest.approx({"no_demand": 56 * 500 / 3600, "reserved": 0, "rack_wait": 0,
+                                                 "no_fit": 0})
+
+
 def test_quantiles_intervals_and_claims():
     assert quantile([1, 2, 3, 4], 0.5) == 2.5 and math.isnan(quantile([], 0.5))
     mean, half = confidence([10, 12, 14])

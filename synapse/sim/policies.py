@@ -136,6 +136,8 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
         if reserved is None:
             if not _start(result, view, job):
                 shadow, reserved = _easy_reservation(state, view, job, now, result)
+                result.reservations = (Reservation(job.id, job.attempt, (), reserved, shadow, now),)
+                result.reservation = result.reservations[0]
             continue
         ends_first = bool(job.spec.time_limit) and now + job.spec.time_limit <= shadow
         shape = (*_shape(job.spec), ends_first)
