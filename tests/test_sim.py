@@ -207,18 +207,33 @@ def test_the_flat_ablation_cannot_see_racks():
 
 
 def test_synapse_waits_a_bounded_time_for_a_rack_and_the_strict_ablation_for_ever():
-    # 3 nodes busy in each rack, then a 2-node gang: 2 nodes are free, but in different racks.
-    jobs = [job(f"f{i}", 0, 8, 100) for i in range(6)] + [job("gang", 1, 16, 10)]
+    # Eight one-node jobs fill the racks one after the other; the last of each rack ends at t=50.
+    # A 2-node gang at t=60: 2 nodes are free, but in different racks. Nothing has a time limit,
+    # so when a rack frees is unknown: the gang waits for one (the fixed locality wait).
+    def filled(rest):
+        return [job(f"f{i}", 0, 8, 50 if i in (3, 7) else rest) for i in range(8)] + [job("gang", 60, 16, 10)]
     for policy in ("synapse", "synapse-strict"):
-        gang = run(jobs, policy)["gang"]
+        gang = run(filled(100), policy)["gang"]
         assert gang.racks == 1 and gang.start == 100, policy
     # The busy nodes stay busy past the locality wait: synapse then splits the gang, strict waits.
     long = TUNING.locality_wait_s + 1000
-    jobs = [job(f"f{i}", 0, 8, long) for i in range(6)] + [job("gang", 1, 16, 10)]
-    gang = run(jobs, "synapse")["gang"]
-    assert gang.racks == 2 and gang.start == 1 + TUNING.locality_wait_s
-    strict = run(jobs, "synapse-strict")["gang"]
+    gang = run(filled(long), "synapse")["gang"]
+    assert gang.racks == 2 and gang.start == 60 + TUNING.locality_wait_s
+    strict = run(filled(long), "synapse-strict")["gang"]
     assert strict.racks == 1 and strict.start == long
+
+
+def test_the_head_gang_splits_when_a_rack_is_expected_too_late():
+    """As above, but every job gives its time limit: the racks are expected free at t=10,000, and
+    the gang (limit 600 s), split, would be done by 60 + 600 / 0.9: it starts split at once. With a
+    limit of 10 h it waits for a rack."""
+    def filled(limit):
+        return [job(f"f{i}", 0, 8, 50 if i in (3, 7) else 10_000, 10_000) for i in range(8)] + \
+            [job("gang", 60, 16, 10, limit)]
+    gang = run(filled(600), "synapse")["gang"]
+    assert gang.racks == 2 and gang.start == 60
+    gang = run(filled(36_000), "synapse")["gang"]
+    assert gang.racks == 1 and gang.start == 10_000
 
 
 def test_big_gangs_starve_under_greedy_but_not_under_fifo():
