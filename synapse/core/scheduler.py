@@ -27,8 +27,8 @@ admitted, see synapse.core.admission):
   waits for the jobs that end first, not for whatever long job sits on the emptiest nodes. A node
   an earlier reservation holds counts as empty only from when that gang is expected to be done
   with it (its start + time limit; never, without one): with every blocked gang reserving
-  (`CONSERVATIVE`), this is conservative backfill. The head's reservation is carried to the next round and
-  kept while its nodes accept work, unless another choice is expected to start clearly earlier
+  (`CONSERVATIVE`), this is conservative backfill. The head's reservation is carried to the next
+  round and kept while its nodes accept work, unless another choice is expected to start clearly earlier
   (`Tuning.switch_margin`): reserved nodes only drain, so a kept reservation only gets closer,
   and each move gains the margin — no flip-flop, and the head gang cannot be starved.
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
@@ -394,10 +394,10 @@ def _split_pays(state: ClusterState, view: ClusterView, job: Job, local: JobSpec
     """Whether a gang waiting for one domain (`local`, its one-domain form) should rather split:
     run split (at `spread_factor` of its speed) from its expected start split (now if
     `fits_split`, else when the nodes that free first anywhere hold it), it would be done before
-    one domain is expected to be free for it. Expected starts come from the time
-    limits of the tasks running (the drain clock) and the earlier reservations (`until`); when
-    that is unknown (a task without a time limit), the fixed wait decides. A gang without a time
-    limit is taken to run `Tuning.locality_wait_s`."""
+    one domain is expected to be free for it. Expected starts come from the time limits of the
+    tasks running (the drain clock) and the earlier reservations (`until`); when that is unknown
+    (a task without a time limit), the fixed wait decides. A gang without a time limit is taken to
+    run `Tuning.locality_wait_s`."""
     limit = job.spec.time_limit
     if not limit:
         limit = tuning.locality_wait_s
