@@ -37,6 +37,17 @@ def test_tightest_rack_keeps_the_emptier_rack_whole():
     assert nodes_of(result) == ["r1-n1", "r1-n2", "r1-n3"]  # r1 has exactly 3 whole nodes left
 
 
+def test_a_one_node_job_fills_the_fullest_rack_among_equally_tight_nodes():
+    """Every free node is as tight as the others (8 GPUs free); r1 already has a busy node, so the
+    job goes there (r0-n0 comes first by name) and r0 stays whole for a 4-node gang."""
+    state = cluster(racks=2, nodes_per_rack=4)
+    occupy(state, "r1-n0", 8)
+    assert nodes_of(place(view(state), "j", 1, spec(tasks=1))) == ["r1-n1"]
+    # The tightest node still comes first, whatever its rack: 2 GPUs free on r0-n3.
+    occupy(state, "r0-n3", 6)
+    assert nodes_of(place(view(state), "k", 1, spec(tasks=1, gpu=2))) == ["r0-n3"]
+
+
 def test_small_tasks_share_one_node_when_it_holds_them():
     state = cluster(racks=2, nodes_per_rack=4)
     occupy(state, "r0-n2", 5)  # 3 GPUs left on r0-n2: the tightest node for 3 one-GPU tasks

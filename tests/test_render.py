@@ -75,8 +75,8 @@ Events:
   01:00:00  Submitted  queued
   01:01:01  Scheduled  on n1,n2"""
     assert render.jobs_table([job]).split("\n") == [
-        "ID   NAME   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED",
-        "j-1  train  alice  RUNNING  1        2      4         01:00:00"]
+        "ID   NAME   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED  WAIT",
+        "j-1  train  alice  RUNNING  1        2      4         01:00:00   1m"]
     assert render.job_event_line(running_job().events[1]) == "01:01:01  Scheduled  on n1,n2"
 
 
@@ -88,6 +88,18 @@ def test_describe_a_pending_job_says_why_it_waits():
     assert lines[1] == "Status:     PENDING (cancelled by bob)"
     assert lines[-4:] == ["Waiting:    short of gpu in every rack", "  - r1: 8 gpu", "Reserved:   nodes n1,n2",
                           "Events:"]
+
+
+def test_get_jobs_shows_how_long_each_job_waits():
+    """WAIT: a pending job's wait so far (up to `now`), a started one's wait until it started."""
+    base = render.job_dict(api_pb2.JobInfo(id="j-3", spec=codec.job_spec_to_proto(spec(tasks=1, name="p")),
+                                           status="PENDING", submitted_at=1000.0))
+    rows = [base, {**base, "id": "j-4", "status": "RUNNING", "started_at": 1045.0},
+            {**base, "id": "j-5", "status": "CANCELLED"}]
+    waits = [line.split()[-1] for line in render.jobs_table(rows, now=1000.0 + 2 * 86400 + 4 * 3600 + 59).split("\n")]
+    assert waits == ["WAIT", "2d04h", "45s", "-"]
+    assert [render.span(s) for s in (-3, 59, 61, 3599, 3600 + 5 * 60, 86399)] == ["0s", "59s", "1m", "59m", "1h05m",
+                                                                                  "23h59m"]
 
 
 def test_nodes_show_use_over_capacity_and_why_they_take_no_tasks():

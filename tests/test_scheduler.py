@@ -1,13 +1,14 @@
 """Queue policy: order, reservation of the head blocked gang, backfill, and no starvation."""
 
 import dataclasses
+import functools
 import math
 import random
 
 from synapse.core import commands as c
 from synapse.core.model import JobStatus, Placement, Plan
 from synapse.core.placement import ClusterView, place
-from synapse.core.scheduler import TUNING, schedule_round
+from synapse.core.scheduler import CONSERVATIVE, TUNING, schedule_round
 from synapse.core.sim import Simulator, uniform_cluster
 from tests.helpers import spec
 
@@ -274,10 +275,13 @@ def test_the_next_blocked_gangs_reserve_other_nodes_and_backfill_respects_each()
 
 
 def test_a_preferred_gang_waits_a_bounded_time_for_one_rack():
-    """Delay scheduling: 2 free nodes, one in each rack. A 2-node gang that would fit one rack
-    waits for it; once its locality wait is over it takes the split placement. A gang larger than
-    any rack is split at once."""
-    s = sim(racks=2, nodes_per_rack=2)
+    """Delay scheduling (the fixed wait alone): 2 free nodes, one in each rack. A 2-node gang that
+    would fit one rack waits for it; once its locality wait is over it takes the split placement.
+    A gang larger than any rack is split at once."""
+    fixed = dataclasses.replace(TUNING, weigh_locality=False)
+    s = Simulator(policy=functools.partial(schedule_round, tuning=fixed))
+    for cmd in uniform_cluster(racks_per_block=2, nodes_per_rack=2):
+        assert s.apply(cmd).ok
     occupy_until(s, {"r0-n0": 10_000_000, "r1-n0": 10_000_000})
     gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
     result = s.schedule()
@@ -285,9 +289,9 @@ def test_a_preferred_gang_waits_a_bounded_time_for_one_rack():
     wait = TUNING.locality_wait_s
     assert 0 < wait < math.inf
     s.advance(until=wait - 1)
-    assert schedule_round(s.state, s.now).plans == []
+    assert schedule_round(s.state, s.now, tuning=fixed).plans == []
     s.advance(until=wait)
-    plans = schedule_round(s.state, s.now).plans
+    plans = schedule_round(s.state, s.now, tuning=fixed).plans
     assert [p.job_id for p in plans] == [gang]
     assert {p.node_id for p in plans[0].placements} == {"r0-n1", "r1-n1"}
 
@@ -303,3 +307,76 @@ def test_a_preferred_gang_that_fits_one_rack_now_starts_at_once():
     gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
     plans = s.schedule().plans
     assert [p.job_id for p in plans] == [gang] and {p.node_id for p in plans[0].placements} == {"r1-n0", "r1-n1"}
+
+
+def test_the_head_gang_splits_now_when_split_it_would_be_done_before_a_rack_frees():
+    """One free node in each rack, the others busy until t=10,000. A 2-node gang with a 1 h limit,
+    split, is expected to be done by 3600 / 0.9 = 4,000 s: it starts split now. With a 10 h limit
+    (done split at 40,000) it waits for one rack, and reserves one (expected free at 10,000)."""
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
+    gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
+    result = schedule_round(s.state, s.now)
+    assert result.plans == [Plan(gang, 1, (Placement(0, "r0-n1", tuple(range(8)), 0),
+                                           Placement(1, "r1-n1", tuple(range(8)), 1)))]
+
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
+    long = s.submit(spec(tasks=2, time_limit=36_000), duration=10)
+    result = schedule_round(s.state, s.now)
+    assert result.plans == [] and "waiting for one rack" in result.waiting[long].message
+    held = result.reservation
+    assert (held.job_id, held.domain, held.nodes, held.starts_at) == \
+        (long, ("z0", "b0", "r0"), {"r0-n0", "r0-n1"}, 10_000)
+    # Without a time limit, the gang is taken to run as long as the locality wait (48 h): it waits.
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
+    unknown = s.submit(spec(tasks=2), duration=10)
+    assert schedule_round(s.state, s.now).waiting[unknown].code == "Resources"
+
+
+def test_a_head_gang_that_splits_reserves_the_nodes_that_free_first_anywhere():
+    """No rack has 2 nodes free before t=50,000 (r0) or 60,000 (r1), but r0-n0 and r1-n0 free at
+    t=100 and 200: split, the gang is expected done by 200 + 4,000 s. It reserves those two
+    nodes across racks, expected to start at 200."""
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 100, "r0-n1": 50_000, "r1-n0": 200, "r1-n1": 60_000})
+    gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
+    result = schedule_round(s.state, s.now)
+    held = result.reservation
+    assert result.plans == [] and "waiting for one" not in result.waiting[gang].message
+    assert (held.job_id, held.domain, held.nodes, held.starts_at, held.ends_at) == \
+        (gang, (), {"r0-n0", "r1-n0"}, 200, 3800)
+
+
+def test_a_gang_beyond_the_reservations_keeps_the_fixed_rack_wait():
+    """With one reservation, taken by a 3-node gang, a 2-node gang that could start split on the
+    reserved nodes (its limit ends before they are needed) is not the one the queue waits for:
+    it waits for one rack, as before."""
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
+    wide = s.submit(spec(tasks=3, time_limit=3600), duration=10)
+    gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
+    result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, reservations=1))
+    assert [r.job_id for r in result.reservations] == [wide] and result.plans == []
+    assert "waiting for one rack" in result.waiting[gang].message
+
+
+def test_conservative_backfill_reserves_for_every_blocked_gang_one_after_another():
+    """Every node busy until t=100. Conservative backfill: the first whole-cluster gang (limit
+    1,000) reserves the 4 nodes from 100 to 1,100; the second (limit 500) the same nodes from 1,100
+    to 1,600; the third (no limit) from 1,600 on, for good. A one-node job ending at t=90 could
+    backfill, but no node is free."""
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {n: 100 for n in sorted(s.state.nodes)})
+    first = s.submit(spec(tasks=4, time_limit=1000), duration=10)
+    second = s.submit(spec(tasks=4, time_limit=500), duration=10)
+    third = s.submit(spec(tasks=4), duration=10)
+    result = schedule_round(s.state, s.now, tuning=CONSERVATIVE)
+    nodes = frozenset(s.state.nodes)
+    assert [(r.job_id, r.nodes, r.starts_at, r.ends_at) for r in result.reservations] == \
+        [(first, nodes, 100, 1100), (second, nodes, 1100, 1600), (third, nodes, 1600, math.inf)]
+    # A gang behind them all reserves nothing: the third holds the nodes for good.
+    fourth = s.submit(spec(tasks=1, time_limit=90), duration=10)
+    result = schedule_round(s.state, s.now, tuning=CONSERVATIVE)
+    assert result.plans == [] and fourth not in {r.job_id for r in result.reservations}

@@ -207,18 +207,33 @@ def test_the_flat_ablation_cannot_see_racks():
 
 
 def test_synapse_waits_a_bounded_time_for_a_rack_and_the_strict_ablation_for_ever():
-    # 3 nodes busy in each rack, then a 2-node gang: 2 nodes are free, but in different racks.
-    jobs = [job(f"f{i}", 0, 8, 100) for i in range(6)] + [job("gang", 1, 16, 10)]
+    # Eight one-node jobs fill the racks one after the other; the last of each rack ends at t=50.
+    # A 2-node gang at t=60: 2 nodes are free, but in different racks. Nothing has a time limit,
+    # so when a rack frees is unknown: the gang waits for one (the fixed locality wait).
+    def filled(rest):
+        return [job(f"f{i}", 0, 8, 50 if i in (3, 7) else rest) for i in range(8)] + [job("gang", 60, 16, 10)]
     for policy in ("synapse", "synapse-strict"):
-        gang = run(jobs, policy)["gang"]
+        gang = run(filled(100), policy)["gang"]
         assert gang.racks == 1 and gang.start == 100, policy
     # The busy nodes stay busy past the locality wait: synapse then splits the gang, strict waits.
     long = TUNING.locality_wait_s + 1000
-    jobs = [job(f"f{i}", 0, 8, long) for i in range(6)] + [job("gang", 1, 16, 10)]
-    gang = run(jobs, "synapse")["gang"]
-    assert gang.racks == 2 and gang.start == 1 + TUNING.locality_wait_s
-    strict = run(jobs, "synapse-strict")["gang"]
+    gang = run(filled(long), "synapse")["gang"]
+    assert gang.racks == 2 and gang.start == 60 + TUNING.locality_wait_s
+    strict = run(filled(long), "synapse-strict")["gang"]
     assert strict.racks == 1 and strict.start == long
+
+
+def test_the_head_gang_splits_when_a_rack_is_expected_too_late():
+    """As above, but every job gives its time limit: the racks are expected free at t=10,000, and
+    the gang (limit 600 s), split, would be done by 60 + 600 / 0.9: it starts split at once. With a
+    limit of 10 h it waits for a rack."""
+    def filled(limit):
+        return [job(f"f{i}", 0, 8, 50 if i in (3, 7) else 10_000, 10_000) for i in range(8)] + \
+            [job("gang", 60, 16, 10, limit)]
+    gang = run(filled(600), "synapse")["gang"]
+    assert gang.racks == 2 and gang.start == 60
+    gang = run(filled(36_000), "synapse")["gang"]
+    assert gang.racks == 1 and gang.start == 10_000
 
 
 def test_big_gangs_starve_under_greedy_but_not_under_fifo():
@@ -245,6 +260,25 @@ def test_metrics_of_a_known_replay():
     # Submissions span [0, 50]: a holds all 64 GPUs throughout.
     assert m["utilisation"] == pytest.approx(1.0)
     assert m["by_size"]["2-8"]["max_wait_s"] == 50
+
+
+def test_idle_gpus_and_big_gang_waits_are_put_down_to_their_causes():
+    """a holds one node (8 GPUs) until t=1,000; the 64-GPU gang b needs all 8 nodes and reserves
+    them: 56 GPUs drain, reserved, for 1,000 s while b waits holding its reservation; d's
+    submission at t=1,100 closes the window (b runs 1,000-1,100 on every GPU)."""
+    jobs = [job("a", 0, 8, 1000, 1000), job("b", 0, 64, 100, 100), job("d", 1100, 1, 10)]
+    m = summarize(replay(Trace(jobs, SMALL), SMALL, POLICIES["synapse"]))
+    assert m["idle_gpu_hours"] == pytest.approx({"no_demand": 0, "reserved": 56 * 1000 / 3600, "rack_wait": 0,
+                                                 "no_fit": 0})
+    assert m["big_gang_wait_hours"] == pytest.approx({"reserved": 1000 / 3600, "rack_wait": 0, "queued": 0})
+    # EASY's reservation is seen the same way (its one reservation, the head's).
+    m = summarize(replay(Trace(jobs, SMALL), SMALL, POLICIES["easy"]))
+    assert m["idle_gpu_hours"]["reserved"] == pytest.approx(56 * 1000 / 3600)
+    # Nothing waiting: free GPUs are idle for want of work (d ends at 1,110, after the window).
+    alone = [job("a", 0, 8, 1000, 1000), job("d", 500, 1, 10)]
+    m = summarize(replay(Trace(alone, SMALL), SMALL, POLICIES["synapse"]))
+    assert m["idle_gpu_hours"] == pytest.approx({"no_demand": 56 * 500 / 3600, "reserved": 0, "rack_wait": 0,
+                                                 "no_fit": 0})
 
 
 def test_quantiles_intervals_and_claims():

@@ -83,11 +83,32 @@ def _array_dict(info: api_pb2.JobInfo, spec: Any) -> dict[str, Any] | None:
     return out
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> str:
-    return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED"],
+def span(seconds: float) -> str:
+    """A duration as people read it: 45s, 12m, 3h05m, 2d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def waited(j: dict[str, Any], now: float) -> str:
+    """How long a job has waited: so far while pending, until its start once started."""
+    if j["status"] == "PENDING":
+        return span(now - j["submitted_at"])
+    return span(j["started_at"] - j["submitted_at"]) if j["started_at"] else "-"
+
+
+def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> str:
+    """`get jobs`; WAIT is measured up to `now` (default: this machine's clock) for pending jobs."""
+    now = time.time() if now is None else now
+    return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED", "WAIT"],
                  [[j["array"]["line_id"] if j["array"] else j["id"], j["name"], j["user"] or "-", j["status"],
                    j["attempt"], j["tasks_requested"],
-                   j["resources"]["gpu"], when(j["submitted_at"])] for j in jobs])
+                   j["resources"]["gpu"], when(j["submitted_at"]), waited(j, now)] for j in jobs])
 
 
 def job_description(j: dict[str, Any]) -> str:

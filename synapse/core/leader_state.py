@@ -444,8 +444,9 @@ class LeaderState:
         """Raise AssertionError if the leader's memory contradicts itself or the state (tests call
         it after every scenario)."""
         if self.last_round is not None:
-            nodes = [r.nodes for r in self.last_round.reservations]
-            assert all(not (a & b) for i, a in enumerate(nodes) for b in nodes[i + 1:]), "reservations overlap"
+            held = self.last_round.reservations
+            assert all(not (a.nodes & b.nodes) or a.ends_at <= b.starts_at
+                       for i, a in enumerate(held) for b in held[i + 1:]), "reservations overlap in time"
             head = self.last_round.reservation
             assert head is None or head == self.last_round.reservations[0] or not self.last_round.reservations, \
                 "the head reservation is not the first"

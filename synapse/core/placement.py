@@ -277,18 +277,32 @@ def _fill_rack(view: ClusterView, stats: DomainStats, n: int, per_task: Resource
 
 def _fill_single_node(view: ClusterView, stats: DomainStats, n: int, per_task: Resources,
                       exclude: set[str] = frozenset()) -> list[tuple[str, int]]:  # type: ignore[assignment]
-    """The tightest node of the domain that holds all `n` tasks, looking at a bounded number."""
+    """The tightest node of the domain that holds all `n` tasks, looking at a bounded number.
+
+    Across racks (a domain above them), among the nodes as tight as the tightest, the one in the
+    rack with the fewest free GPUs: a job that fits one node fills racks already in use and
+    leaves the emptier racks whole for the gangs that need one."""
     looked = 0
+    best: tuple[int, str] | None = None  #: (free GPUs of its rack, node) of the tightest nodes so far
+    tight = None  #: the free GPUs of the tightest node that holds them
+    leaf = len(view.levels)
     for entry in view.entries(stats, start=n * per_task.gpu):
         node_id = entry[3]
         if node_id in exclude:
             continue
+        if tight is not None and entry[0] != tight:
+            break
         if view.tasks_fit(node_id, per_task) >= n:
-            return [(node_id, n)]
+            if len(stats.key) == leaf:
+                return [(node_id, n)]
+            tight = entry[0]
+            rack = view.free_total(view.nodes[node_id].topology[:leaf]).gpu
+            if best is None or rack < best[0]:
+                best = (rack, node_id)
         looked += 1
         if looked >= SINGLE_NODE_SCAN:
             break
-    return []
+    return [(best[1], n)] if best is not None else []
 
 
 def _plan(view: ClusterView, job_id: str, attempt: int, per_task: Resources,

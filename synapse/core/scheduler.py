@@ -16,12 +16,19 @@ admitted, see synapse.core.admission):
   after its submission; after that it takes a split placement, and a gang no such domain can hold
   is split at once. Waiting is what keeps gangs in one rack: when a gang finally fits, it is
   usually in the holes the others left, across racks. The wait is bounded, so no gang starves.
+  A gang that would hold a reservation (below) does not wait when waiting does not pay: if, run
+  split at `Tuning.spread_factor` of its speed, it is expected to be done (start + time limit /
+  spread_factor) before one domain is expected to be free for it, it takes the split placement
+  now, or reserves the nodes that free first anywhere (`_split_pays`). The queue waits behind
+  such a gang, so its rack wait is everyone's.
 * The first `Tuning.reservations` gangs that do not fit (but would fit the idle cluster) each get a
-  **reservation**, on nodes no earlier reservation holds: in the lowest-level domain that holds the
-  gang when idle, the nodes expected to be empty first by the time limits of their tasks (then
-  those with the most room now). So a gang waits for the jobs that end first, not for whatever
-  long job sits on the emptiest nodes. The head's reservation is carried to the next round and
-  kept while its nodes accept work, unless another choice is expected to start clearly earlier
+  **reservation**: in the lowest-level domain that holds the gang when idle, the nodes expected to
+  be empty first by the time limits of their tasks (then those with the most room now). So a gang
+  waits for the jobs that end first, not for whatever long job sits on the emptiest nodes. A node
+  an earlier reservation holds counts as empty only from when that gang is expected to be done
+  with it (its start + time limit; never, without one): with every blocked gang reserving
+  (`CONSERVATIVE`), this is conservative backfill. The head's reservation is carried to the next
+  round and kept while its nodes accept work, unless another choice is expected to start clearly earlier
   (`Tuning.switch_margin`): reserved nodes only drain, so a kept reservation only gets closer,
   and each move gains the margin — no flip-flop, and the head gang cannot be starved.
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
@@ -33,11 +40,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from synapse.core.admission import admission_key, max_block, pool_of
-from synapse.core.elastic import at_size, least, place_largest
+from synapse.core.elastic import at_size, is_elastic, least, place_largest
 from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
@@ -55,6 +62,9 @@ class Reservation:
     nodes: frozenset[str]
     starts_at: float  #: when the reserved nodes are expected to be empty; inf when unknown
     chosen_at: float = 0.0  #: when the choice was last weighed against the alternatives
+    #: when the gang is expected to be done with them (start + its time limit; inf when unknown):
+    #: a later gang's reservation may take the same nodes from then on
+    ends_at: float = math.inf
 
     def describe(self) -> str:
         start = "unknown" if math.isinf(self.starts_at) else f"{self.starts_at:.0f}"
@@ -71,7 +81,10 @@ PENDING_REASONS = ("DependencyNeverSatisfied", "Unschedulable", "QueueAtMax", "D
 class Tuning:
     """The queue policy's knobs; `TUNING` is what the leader runs (the simulator may ablate)."""
 
-    reservations: int = 2  #: blocked gangs, in queue order, that reserve nodes each round
+    #: blocked gangs, in queue order, that reserve nodes each round (a later one takes nodes an
+    #: earlier one holds only from when that one is expected to end: with every blocked gang
+    #: reserving, this is conservative backfill)
+    reservations: int = 2
     #: a kept reservation moves only for a start expected this much earlier: a share of its own
     #: remaining wait, and at least `switch_min_s`
     switch_share: float = 0.1
@@ -81,14 +94,23 @@ class Tuning:
     #: runs one per change); a switch needs `switch_min_s` anyway, so nothing is lost in between
     reevaluate_s: float = 5.0
     #: delay scheduling: how long after its submission a preferred gang waits for one domain of
-    #: its pack level before it takes a split placement
+    #: its pack level before it takes a split placement, at most
     locality_wait_s: float = 48 * 3600.0
+    #: within that wait, a gang that would hold a reservation splits when, run split, it is
+    #: expected to be done before one domain is expected to be free for it (start split + time
+    #: limit / spread_factor < start in one domain; see _split_pays); off: the fixed wait alone
+    weigh_locality: bool = True
+    spread_factor: float = 0.9  #: the speed of a gang split across domains, relative to one packed
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
 
 
 TUNING = Tuning()
+#: Conservative backfill (what Slurm's backfill plugin runs), a baseline: every blocked gang
+#: reserves, weighed at every round, and no gang waits for one rack.
+CONSERVATIVE = Tuning(reservations=1 << 30, switch_share=0.0, switch_min_s=0.0, reevaluate_s=0.0,
+                      locality_wait_s=0.0, weigh_locality=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +232,8 @@ def schedule_round(state: ClusterState, now: float,
         spec = job.spec if hold else _local_spec(view, job, now, tuning, rack_fit)
         may_use = tuple(_ends_before(job.spec, r, now) for r in reservations)
         shape = (job.id,) if hold else _shape(spec, may_use)
+        if spec is not job.spec and tuning.weigh_locality:
+            shape = (*shape, job.spec.time_limit)  # whether it splits depends on its time limit
         if shape in failed:
             result.waiting[job.id] = failed[shape]
             result.examined.append(job.id)
@@ -224,6 +248,14 @@ def schedule_round(state: ClusterState, now: float,
             plan = place_largest(view, job.id, job.attempt, spec)
         view.set_blocked(blocked)
         plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
+        depth = None  #: where a reservation for it may go (None: the lowest domain that holds it)
+        if plan is None and spec is not job.spec and tuning.weigh_locality \
+                and len(reservations) < tuning.reservations:  # it would hold a reservation
+            split = place_largest(view, job.id, job.attempt, job.spec)
+            until = dict.fromkeys(blocked, math.inf) | _reserved_until(reservations)
+            if _split_pays(state, view, job, spec, split is not None, until, clock, tuning):
+                spec, plan, depth = job.spec, split, 0
+                shape = _shape(spec, may_use)
         if plan is not None:
             result.plans.append(plan)
             view.claim(plan, job.spec.resources)
@@ -242,8 +274,9 @@ def schedule_round(state: ClusterState, now: float,
                 (), f"waits for the gangs it preempted ({', '.join(hold.victims)}) to stop; "
                     f"{', '.join(hold.nodes)} held for it", "Preempting", spec, view.blocked)
             continue
-        spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
-        reason = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning)
+        if is_elastic(spec):
+            spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
+        reason = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning, depth)
         result.waiting[job.id] = failed[shape] = WaitReason((), *reason, spec=spec, blocked=view.blocked)
         result.examined.append(job.id)
     result.reservation = reservations[0] if reservations else None
@@ -263,15 +296,16 @@ def _ends_before(spec: JobSpec, reservation: Reservation, now: float) -> bool:
 
 def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
                     reservations: list[Reservation], previous: Reservation | None, clock: _DrainClock,
-                    tuning: Tuning) -> tuple[str, str]:
+                    tuning: Tuning, depth: int | None = None) -> tuple[str, str]:
     """Reserve nodes for a gang that does not fit, if it is among the first blocked ones; the
-    message and code of why it waits. The new reservation is appended to `reservations`."""
-    local = " (waiting for one " + spec.topology.pack + ")" if spec is not job.spec else ""
+    message and code of why it waits. The new reservation is appended to `reservations`;
+    `depth` the level it goes at (None: the lowest domain that holds the gang)."""
+    local = " (waiting for one " + spec.topology.pack + ")" if spec.topology != job.spec.topology else ""
     if len(reservations) >= tuning.reservations:
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
-    taken = frozenset().union(*(r.nodes for r in reservations))
-    reservation = _reserve(state, view, job, spec, previous, taken, clock, tuning, sticky=not reservations)
+    reservation = _reserve(state, view, job, spec, previous, _reserved_until(reservations), clock, tuning,
+                           sticky=not reservations, depth=depth)
     if reservation is None:
         if _closest_depth(view, spec) is None:
             return "can never fit: no domain it may use is large enough even when idle", "Unschedulable"
@@ -339,28 +373,68 @@ class _DrainClock:
         return max((self.empty_at(n) for n in nodes), default=self.now)
 
 
+def _reserved_until(reservations: Iterable[Reservation]) -> dict[str, float]:
+    """Node -> when the reservations holding it are expected to be done with it."""
+    until: dict[str, float] = {}
+    for r in reservations:
+        for node_id in r.nodes:
+            until[node_id] = max(until.get(node_id, r.ends_at), r.ends_at)
+    return until
+
+
 def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, previous: Reservation | None,
-             taken: frozenset[str], clock: _DrainClock, tuning: Tuning, sticky: bool = True) -> Reservation | None:
+             until: Mapping[str, float], clock: _DrainClock, tuning: Tuning, sticky: bool = True,
+             depth: int | None = None) -> Reservation | None:
     """The nodes expected to hold the gang earliest, avoiding other reservations' nodes.
 
     The previous round's reservation of the same job and attempt is kept unless another choice is
     expected to start clearly earlier (Tuning.switch_margin): reserved nodes only drain, so a kept
     reservation only gets closer, and a switch always gains at least the margin — no flip-flop.
     The alternatives are weighed every `Tuning.reevaluate_s` only. Only the head's reservation is
-    sticky; the others take the best choice whenever the alternatives are weighed."""
+    sticky; the others take the best choice whenever the alternatives are weighed. `until`: the
+    nodes earlier reservations hold, and until when (inf: for good)."""
     now = clock.now
+    limit = job.spec.time_limit or math.inf
     valid = (previous is not None and previous.job_id == job.id and previous.attempt == job.attempt
-             and all(state.index.contains(n) and n not in taken for n in previous.nodes))
+             and all(state.index.contains(n) and not math.isinf(until.get(n, 0.0)) for n in previous.nodes))
+    kept_start = max(clock.nodes_empty_at(previous.nodes), *(until.get(n, now) for n in previous.nodes)) \
+        if valid else math.inf
     if valid and now - previous.chosen_at < tuning.reevaluate_s:
-        return dataclasses.replace(previous, starts_at=clock.nodes_empty_at(previous.nodes))
-    best = _earliest(state, view, spec, taken, clock)
+        return dataclasses.replace(previous, starts_at=kept_start, ends_at=kept_start + limit)
+    best = _earliest(state, view, spec, until, clock, depth)
     if not valid:
-        return None if best is None else Reservation(job.id, job.attempt, *best, chosen_at=now)
-    kept_start = clock.nodes_empty_at(previous.nodes)
+        return None if best is None else Reservation(job.id, job.attempt, *best, chosen_at=now,
+                                                     ends_at=best[2] + limit)
     margin = tuning.switch_margin(kept_start - now) if sticky else 0.0
     if best is not None and best[2] < kept_start - margin:
-        return Reservation(job.id, job.attempt, *best, chosen_at=now)
-    return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now)
+        return Reservation(job.id, job.attempt, *best, chosen_at=now, ends_at=best[2] + limit)
+    return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now,
+                       ends_at=kept_start + limit)
+
+
+def _split_pays(state: ClusterState, view: ClusterView, job: Job, local: JobSpec, fits_split: bool,
+                until: Mapping[str, float], clock: _DrainClock, tuning: Tuning) -> bool:
+    """Whether a gang waiting for one domain (`local`, its one-domain form) should rather split:
+    run split (at `spread_factor` of its speed) from its expected start split (now if
+    `fits_split`, else when the nodes that free first anywhere hold it), it would be done before
+    one domain is expected to be free for it. Expected starts come from the time limits of the
+    tasks running (the drain clock) and the earlier reservations (`until`); when that is unknown
+    (a task without a time limit), the fixed wait decides. A gang without a time limit is taken to
+    run `Tuning.locality_wait_s`."""
+    limit = job.spec.time_limit
+    if not limit:
+        limit = tuning.locality_wait_s
+    one = _earliest(state, view, local, until, clock)
+    if one is None:
+        return fits_split
+    if math.isinf(one[2]):
+        return False  # when one domain frees is unknown: the fixed wait decides
+    if fits_split:
+        split_at = clock.now
+    else:
+        anywhere = _earliest(state, view, job.spec, until, clock, 0)
+        split_at = anywhere[2] if anywhere is not None else math.inf
+    return split_at + limit / tuning.spread_factor < one[2]
 
 
 def _closest_depth(view: ClusterView, spec: JobSpec) -> int | None:
@@ -375,16 +449,19 @@ def _closest_depth(view: ClusterView, spec: JobSpec) -> int | None:
     return None
 
 
-def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, taken: frozenset[str],
-              clock: _DrainClock) -> tuple[Domain, frozenset[str], float] | None:
+def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapping[str, float],
+              clock: _DrainClock, depth: int | None = None) -> tuple[Domain, frozenset[str], float] | None:
     """(domain, nodes, expected start) of the choice expected to hold the gang first.
 
     From the lowest level where a domain holds the gang when idle upwards (a level up only when
     other reservations leave no domain of that level enough nodes): in each domain, the nodes
     expected to be empty first, then with the most room now; across domains, the earliest start,
     then the most room now, then the domain's name (deterministic). With no time limits known,
-    every start is inf and this is "the domain closest to fitting, its emptiest nodes"."""
-    depth = _closest_depth(view, spec)
+    every start is inf and this is "the domain closest to fitting, its emptiest nodes". A node in
+    `until` counts as empty no earlier than that (earlier reservations; inf: never). A `depth`
+    given starts the search there instead (0: the nodes of the whole cluster that free first)."""
+    if depth is None:
+        depth = _closest_depth(view, spec)
     if depth is None:
         return None
     per_task, n = spec.resources, spec.tasks
@@ -402,8 +479,9 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, taken: froz
             for rack in racks:
                 for _, _, _, node_id in state.index.domains[rack].entries:  # type: ignore[union-attr]
                     when_empty = per_task.count_in(state.nodes[node_id].capacity)
-                    if when_empty > 0 and node_id not in taken:
-                        candidates.append((clock.empty_at(node_id), -view.tasks_fit(node_id, per_task),
+                    after = until.get(node_id, clock.now)
+                    if when_empty > 0 and not math.isinf(after):
+                        candidates.append((max(clock.empty_at(node_id), after), -view.tasks_fit(node_id, per_task),
                                            -when_empty, node_id))
             chosen, room, now_room, starts = [], 0, 0, clock.now
             for at, neg_fit, neg_empty, node_id in sorted(candidates):

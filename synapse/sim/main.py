@@ -182,7 +182,8 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
 @click.option("--report", "report_dir", help="Also write an HTML report with plots into this directory.")
 @click.option("--tuning", default="", metavar="KEY=VALUE,...",
               help="Change the knobs of Synapse's policies (synapse.core.scheduler.Tuning: reservations, "
-                   "locality_wait_s, switch_share, switch_min_s, reevaluate_s), for ablations.")
+                   "locality_wait_s, weigh_locality, spread_factor, switch_share, switch_min_s, reevaluate_s), "
+                   "for ablations.")
 @click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",
               help="Replay only the jobs of at least N GPUs, as if nothing else were submitted (64: the big "
                    "gangs alone, how little they could wait with the cluster to themselves).")

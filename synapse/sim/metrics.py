@@ -21,6 +21,8 @@ Definitions (the README's "Evaluation" section repeats them):
 * dependencies (when the trace has `after`): `dependency_delay_*` is start - ready over the
   dependent jobs that started, ready being when their last upstream ended; `never_started` counts
   jobs that ended without running (a dependency that could never be met).
+* idle_gpu_hours: the idle GPU-hours of the submission window by cause (replay.IDLE_CAUSES);
+  big_gang_wait_hours: the big gangs' waits summed, by what they waited in (replay.BIG_WAIT_STATES).
 * per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
   p99 wait; `jain_fairness` of the queues' used share over their weight (1: exactly fair).
 """
@@ -31,9 +33,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from synapse.sim.replay import JobRecord, RunResult
+from synapse.sim.replay import BIG_GANG_GPUS, JobRecord, RunResult
 
-BIG_GANG_GPUS = 64
 SIZE_CLASSES = (("1", 1, 1), ("2-8", 2, 8), ("16-32", 9, 32), ("64-128", 33, 128), ("256+", 129, 1 << 30))
 SLOWDOWN_FLOOR_S = 10.0
 #: Two-sided 95 % Student t quantiles by degrees of freedom (beyond the table: 1.96).
@@ -132,6 +133,8 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
         "by_size": _by_size(started),
         "preemptions": run.preemptions,
         "lost_gpu_hours": sum((stop - begin) * r.gpus for r in run.records for begin, stop in r.preempted) / 3600,
+        "idle_gpu_hours": {cause: s / 3600 for cause, s in run.idle.items()},
+        "big_gang_wait_hours": {what: s / 3600 for what, s in run.big_wait.items()},
     }
     delays = [r.start - r.ready for r in started if not math.isnan(r.ready)]
     if delays or any(not math.isnan(r.ready) for r in records):

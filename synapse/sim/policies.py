@@ -11,6 +11,11 @@ signature, so every policy goes through the same state machine and `placement.pl
 * `easy` — EASY backfilling, Slurm's default behaviour roughly: the head job gets one reservation
   on the nodes that free up first by the running jobs' time limits; a job behind it may start
   on those nodes only if its own time limit ends before the reservation starts.
+* `conservative` — conservative backfilling, what Slurm's backfill plugin runs: every blocked job
+  keeps a reservation (a later one may take an earlier one's nodes only from when that one is
+  expected to end), so nothing starts that is expected to delay a job ahead of it; no rack wait.
+  It is Synapse's `schedule_round` with those knobs (`scheduler.CONSERVATIVE`), so it shares its
+  reservation code.
 * `synapse-flat` — the ablation: the real policy on a cluster whose topology it cannot see (every
   node registered in one rack, in an order that says nothing about the real racks).
 * `synapse-strict` — the other ablation: every gang that fits in a rack requires one rack
@@ -29,7 +34,16 @@ from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec
 from synapse.core.placement import ClusterView, place
-from synapse.core.scheduler import TUNING, Reservation, RoundMemo, RoundResult, Tuning, WaitReason, schedule_round
+from synapse.core.scheduler import (
+    CONSERVATIVE,
+    TUNING,
+    Reservation,
+    RoundMemo,
+    RoundResult,
+    Tuning,
+    WaitReason,
+    schedule_round,
+)
 from synapse.core.sim import QueuePolicy
 
 
@@ -76,8 +90,9 @@ def tuned(policy: Policy, text: str) -> Policy:
         changes[key] = value
     tuning = dataclasses.replace(policy.tuning, **changes)  # type: ignore[arg-type]
     if tuning.reservations < 1 or min(tuning.locality_wait_s, tuning.switch_min_s, tuning.reevaluate_s,
-                                      tuning.switch_share) < 0:
-        raise ValueError("--tuning: reservations must be at least 1, and times and shares not negative")
+                                      tuning.switch_share) < 0 or not 0 < tuning.spread_factor <= 1:
+        raise ValueError("--tuning: reservations must be at least 1, times and shares not negative, "
+                         "and spread_factor in (0, 1]")
     return dataclasses.replace(policy, round=functools.partial(schedule_round, tuning=tuning), tuning=tuning)
 
 
@@ -154,6 +169,8 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
         if reserved is None:
             if not _start(result, view, job, gate):
                 shadow, reserved = _easy_reservation(state, view, job, now, result)
+                result.reservations = (Reservation(job.id, job.attempt, (), reserved, shadow, now),)
+                result.reservation = result.reservations[0]
             continue
         ends_first = bool(job.spec.time_limit) and now + job.spec.time_limit <= shadow
         shape = (*_shape(job.spec), ends_first)
@@ -206,6 +223,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("fifo", fifo, "strict first come, first served: the head job blocks the queue"),
     Policy("greedy", greedy, "anything that fits starts, no reservation"),
     Policy("easy", easy, "EASY backfill: one reservation for the head job, backfill what ends before it"),
+    Policy("conservative", functools.partial(schedule_round, tuning=CONSERVATIVE),
+           "conservative backfill: every blocked job keeps a reservation", tuning=CONSERVATIVE),
     Policy("synapse", schedule_round, "Synapse's queue policy: rack-aware reservation, backfill by time limit",
            preempts=True),
     Policy("synapse-flat", schedule_round, "ablation: Synapse's policy, blind to racks", topology_visible=False,

@@ -34,6 +34,14 @@ FULL_ROUND_AFTER_S = 1.0
 TIME_LIMIT_EXIT = 143
 #: Default speed of a gang split across racks, relative to one packed in a rack.
 SPREAD_FACTOR = 0.9
+#: Big gangs: 64 GPUs or more.
+BIG_GANG_GPUS = 64
+#: Why a GPU sat idle after a round: no job waiting; on nodes reserved for a blocked gang (they
+#: drain); a gang waiting for one rack could have started split on them; no waiting job fits them.
+IDLE_CAUSES = ("no_demand", "reserved", "rack_wait", "no_fit")
+#: Where a big gang's wait went: holding a reservation; waiting for one rack; neither (behind
+#: the reservations of others, or no reservation left for it).
+BIG_WAIT_STATES = ("reserved", "rack_wait", "queued")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +76,10 @@ class RunResult:
     queues: tuple[Queue, ...] = ()
     unfinished: list[str] = field(default_factory=list)
     preemptions: int = 0  #: Preempt commands committed
+    #: GPU-seconds left idle between the first and the last submission, by cause (IDLE_CAUSES)
+    idle: dict[str, float] = field(default_factory=dict)
+    #: seconds big gangs spent pending, summed over them, by what they waited in (BIG_WAIT_STATES)
+    big_wait: dict[str, float] = field(default_factory=dict)
 
 
 class Replay(Simulator):
@@ -83,6 +95,10 @@ class Replay(Simulator):
         self.racks: dict[str, int] = {}  #: job id -> racks its gang spans
         self.rack_of: dict[str, int] = {}  #: node id -> its real rack, whatever was registered
         self._jobs = {j.id: j for j in trace.jobs}
+        self.idle = dict.fromkeys(IDLE_CAUSES, 0.0)  #: see RunResult.idle
+        self.big_wait = dict.fromkeys(BIG_WAIT_STATES, 0.0)  #: see RunResult.big_wait
+        #: what the last round left, held until the next event: (idle GPUs by cause, big gangs by state)
+        self._after_round: tuple[dict[str, int], dict[str, int]] = ({}, {})
         # Node names in an order unrelated to racks, so a policy blind to racks is blind indeed
         # (placement breaks ties by node id).
         names = list(range(shape.nodes))
@@ -158,6 +174,7 @@ class Replay(Simulator):
             at = min(arrival, math.inf if end is None else end, wakeups[0] if wakeups else math.inf)
             if math.isinf(at):
                 break
+            self._account(at, jobs[0].submit, self.trace.horizon)
             events += self.advance(at)
             while i < len(jobs) and jobs[i].submit <= at:
                 if jobs[i].tasks_on(self.shape) > 1:
@@ -171,11 +188,45 @@ class Replay(Simulator):
                 events += 1
             self.schedule(full=self.now - last_round >= FULL_ROUND_AFTER_S)
             last_round = self.now
+            self._after_round = self._classify()
         return RunResult(policy=self.spec_policy.name, shape=self.shape, records=self._records(),
                          round_seconds=self.round_seconds, events=events,
                          wall_seconds=time.perf_counter() - started, horizon=self.trace.horizon,
                          spread_factor=self.spread_factor, queues=self.queues,
-                         unfinished=[j.id for j in self.state.pending_jobs()], preemptions=len(self.preemptions))
+                         unfinished=[j.id for j in self.state.pending_jobs()], preemptions=len(self.preemptions),
+                         idle=self.idle, big_wait=self.big_wait)
+
+    def _classify(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Idle GPUs by cause and big pending gangs by state, as the last round left them."""
+        state, last = self.state, self.leader.last_round
+        free = state.index.root().free_gpu
+        if not state.pending:
+            return {"no_demand": free}, {}
+        reservations = last.reservations if last is not None else ()
+        reserved_ids = {r.job_id for r in reservations}
+        in_reserve = sum(state.nodes[n].free.gpu for n in set().union(*(r.nodes for r in reservations)))
+        rest = free - in_reserve
+        waiting = last.waiting if last is not None else {}
+        rack_waiting = {job_id for job_id, w in waiting.items()
+                        if w.spec is not None and w.spec.topology != state.jobs[job_id].spec.topology}
+        split_now = any(state.jobs[j].spec.total.gpu <= rest for j in rack_waiting)
+        idle = {"reserved": in_reserve, "rack_wait" if split_now else "no_fit": rest}
+        big: dict[str, int] = {}
+        for job in state.pending_jobs():
+            if job.spec.total.gpu >= BIG_GANG_GPUS:
+                key = "reserved" if job.id in reserved_ids else "rack_wait" if job.id in rack_waiting else "queued"
+                big[key] = big.get(key, 0) + 1
+        return idle, big
+
+    def _account(self, until: float, window_start: float, window_end: float) -> None:
+        """Count what the last round left over [now, until): idle GPUs inside the submission window
+        (as utilisation counts), big gangs' waits throughout."""
+        idle, big = self._after_round
+        for what, count in big.items():
+            self.big_wait[what] += count * (until - self.now)
+        span = min(until, window_end) - max(self.now, window_start)
+        for cause, gpus in idle.items() if span > 0 else ():
+            self.idle[cause] += gpus * span
 
     def _records(self) -> list[JobRecord]:
         out = []
