@@ -8,8 +8,9 @@ its own cost: the request's decode, the spec's decode and validation, the propos
 (command, group-commit batch, checksum), the apply of the entry on a replica (checksum, decode,
 state machine), the scheduling round a batch of submissions triggers (and the PendingReasons
 entry it proposes, applied), and the log line. The state starts with `--submits` jobs pending
-and no nodes, as bench/ha.py's cluster does in its middle, and the collector set as in a master. Not measured here: gRPC's own work per
-call (bench/grpc_floor.py), the Raft transport, the journal's fsync. Times are this process's CPU
+and no nodes, as bench/ha.py's cluster does in its middle, and the collector set as in a master.
+Not measured here: gRPC's own work per call (bench/grpc_floor.py), the Raft transport, the
+journal's fsync. Times are this process's CPU
 time (not wall time, which other work on a shared machine stretches), each step's best of
 `--repeat` runs.
 """
