@@ -887,6 +887,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def WatchAssignments(self, request, context):
         await self._worker_identity(request.node_id, context)
         term = await self._leader(context)
+        log.info("assignments watched node=%s term=%d", request.node_id, term)  # chaos timelines read it
         lost = self.m.leadership_lost()
         last_sent = None
         while not lost.is_set() and self.m.ready_leader_term() == term:

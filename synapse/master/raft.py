@@ -27,6 +27,7 @@ import collections
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -503,4 +504,10 @@ class RaftNode:
 
     def destroy(self) -> None:
         self.sync.destroy()
+
+    def wait_destroyed(self, timeout: float) -> None:
+        """Wait, at most `timeout` seconds, for the tick thread to close the journal after `destroy`."""
+        deadline = time.monotonic() + timeout
+        while self.sync.tick_thread_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         logging.getLogger("pysyncobj.syncobj").removeHandler(self.dump_watch)
