@@ -270,16 +270,23 @@ def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[floa
     started serving (restarted, journal replayed); `leader`, the first election won; `ready`, that
     leader's barrier committed; `write`, a client's first acknowledged submission after that (or
     after the fault, with no leader change); `workers`, every worker's assignment stream open on
-    that leader; and `outage`, as `outage` measures it."""
+    that leader; and `outage`, as `outage` measures it. A step counts up to the next fault of the
+    same lane (the master faults' or the machine faults')."""
     ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
     writes = sorted(r["complete"] for r in ops if r["status"] == "ok" and r["f"] == "submit")
     marks = sorted(marks, key=lambda m: m[0])
     nodes = set(nodes)
+    from chaos.nemesis import MACHINE_FAULTS
+
     out = []
     for f in faults:
         if "skipped" in f["detail"] or "error" in f["detail"] or f["start"] >= workload_ended:
             continue
-        start, limit = f["start"], min(f["end"] + OUTAGE_TAIL_S, workload_ended)
+        start = f["start"]
+        # Until the next fault of its lane (master or machine faults): what follows is that one's.
+        lane = f["kind"] in MACHINE_FAULTS
+        following = [g["start"] for g in faults if g["start"] > start and (g["kind"] in MACHINE_FAULTS) == lane]
+        limit = min(f["end"] + OUTAGE_TAIL_S, workload_ended, *following)
         serving, leader = _first(marks, "serving", start, limit), _first(marks, "leader", start, limit)
         ready = _first(marks, "ready", leader[0], limit, leader[1].get("term")) if leader else None
         since = ready[0] if ready else start
