@@ -8,7 +8,8 @@ its own cost: the request's decode, the spec's decode and validation, the propos
 (command, group-commit batch, checksum), the apply of the entry on a replica (checksum, decode,
 state machine), the scheduling round a batch of submissions triggers (and the PendingReasons
 entry it proposes, applied), and the log line. The state starts with `--submits` jobs pending
-and no nodes, as bench/ha.py's cluster does in its middle, and the collector set as in a master.
+and no nodes, as bench/ha.py's cluster does in its middle, with logging and the collector set as
+in a master.
 Not measured here: gRPC's own work per call (bench/grpc_floor.py), the Raft transport, the
 journal's fsync. Times are this process's CPU
 time (not wall time, which other work on a shared machine stretches), each step's best of
@@ -28,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse.common.collector import tune_for_large_state  # noqa: E402
+from synapse.common.logs import configure  # noqa: E402
 from synapse.core import codec  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
 from synapse.core.fsm import ClusterState  # noqa: E402
@@ -101,7 +103,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a second, same code path: 200 submissions")
     args = parser.parse_args()
-    tune_for_large_state()  # as a master does
+    configure("bench")  # logging and the collector set as in a master
+    tune_for_large_state()
     if args.quick:
         args.submits, args.repeat = 200, 1
     runs = [measure(args.submits, args.batch) for _ in range(args.repeat)]
