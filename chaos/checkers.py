@@ -263,6 +263,10 @@ def master_log_marks(text: str) -> list[tuple[float, str, dict[str, str]]]:
     return out
 
 
+#: A worker a machine fault stopped is counted out of a timeline's `workers` until this long after it.
+WORKER_BACK_S = 5.0
+
+
 def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[float, str, dict[str, str]]],
                      nodes: Iterable[str], workload_ended: float) -> list[dict]:
     """Per fault, seconds from its injection to each step of the recovery that follows it (None
@@ -270,8 +274,9 @@ def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[floa
     started serving (restarted, journal replayed); `leader`, the first election won; `ready`, that
     leader's barrier committed; `write`, a client's first acknowledged submission after that (or
     after the fault, with no leader change); `workers`, every worker's assignment stream open on
-    that leader; and `outage`, as `outage` measures it. A step counts up to the next fault of the
-    same lane (the master faults' or the machine faults')."""
+    that leader (but those a machine fault had down meanwhile); and `outage`, as `outage` measures
+    it. A step counts up to the next fault of the same lane (the master faults' or the machine
+    faults')."""
     ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
     writes = sorted(r["complete"] for r in ops if r["status"] == "ok" and r["f"] == "submit")
     marks = sorted(marks, key=lambda m: m[0])
@@ -297,8 +302,12 @@ def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[floa
             for t, m, fields in marks:
                 if m == "watch" and ready[0] <= t <= limit and fields.get("term") == ready[1].get("term"):
                     opened.setdefault(fields.get("node", ""), t)
-            if nodes and nodes <= set(opened):
-                workers = max(opened[n] for n in nodes)
+            # Workers a machine fault had down or restarting meanwhile re-attach on their own schedule.
+            hit = {w for g in faults if g["kind"] in MACHINE_FAULTS and g["start"] <= limit
+                   and g["end"] + WORKER_BACK_S >= start for w in g.get("targets", ())}
+            expected = nodes - hit
+            if expected and expected <= set(opened):
+                workers = max(opened[n] for n in expected)
         steps = {"serving": serving[0] if serving else None, "leader": leader[0] if leader else None,
                  "ready": ready[0] if ready else None, "write": write, "workers": workers}
         out.append({"kind": f["kind"], "start": start,

@@ -137,10 +137,12 @@ def test_outage_timeline_from_the_masters_logs():
            {"f": "submit", "status": "ok", "complete": t0 + 1.1}, {"f": "submit", "status": "ok", "complete": t0 + 1.3},
            {"f": "get", "status": "ok", "complete": t0 + 1.6}]
     faults = [{"kind": "kill-leader", "start": t0, "end": t0 + 1.5, "detail": {}},
-              {"kind": "pause-leader", "start": t0 + 8.0, "end": t0 + 10.0, "detail": {}}]
-    [first, _] = checkers.outage_timelines(faults, ops, marks, ["w1", "w2"], workload_ended=t0 + 20)
-    # The first election after the fault, its barrier, the first write after that, both workers'
-    # streams on that leader; the restarted master's start; not the next fault's election.
+              {"kind": "pause-leader", "start": t0 + 8.0, "end": t0 + 10.0, "detail": {}},
+              {"kind": "kill-worker", "targets": ["w3"], "start": t0 + 0.5, "end": t0 + 2.0, "detail": {}}]
+    [first, _, _] = checkers.outage_timelines(faults, ops, marks, ["w1", "w2", "w3"], workload_ended=t0 + 20)
+    # The first election after the fault, its barrier, the first write after that, the workers'
+    # streams on that leader (w3, down meanwhile, left out); the restarted master's start; not the
+    # next fault's election.
     assert first == {"kind": "kill-leader", "start": t0, "serving": 3.0, "leader": 0.9, "ready": 0.95, "write": 1.1,
                      "workers": 1.5, "outage": 1.0}
     summary = checkers.timeline_summary([first])
