@@ -260,3 +260,108 @@ def outages_by_kind(ok_times: list[float], faults: list[dict], workload_ended: f
         out[kind] = {"n": len(values), "median_s": values[len(values) // 2],
                      "p99_s": values[min(len(values) - 1, int(0.99 * len(values)))], "max_s": values[-1]}
     return out
+
+
+# ---- where an outage's time goes -----------------------------------------------------------------
+
+#: Master log lines a fault's timeline reads, by what their message starts with.
+_MARKS = {"master serving": "serving", "leadership gained": "leader", "leader ready": "ready",
+          "assignments watched": "watch"}
+
+
+def master_log_marks(text: str) -> list[tuple[float, str, dict[str, str]]]:
+    """(time, mark, key=value fields) of the lines of one master's log that a timeline needs:
+    `serving` (started, journal replayed), `leader` (won an election), `ready` (its barrier
+    committed) and `watch` (a worker's assignment stream opened on it)."""
+    from datetime import datetime
+
+    out = []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        message = rest.split(": ", 1)[1] if ": " in rest else ""
+        mark = next((m for prefix, m in _MARKS.items() if message.startswith(prefix)), None)
+        if mark is None:
+            continue
+        try:
+            at = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f").timestamp()  # the log's local time
+        except ValueError:
+            continue
+        fields = dict(word.split("=", 1) for word in message.split() if "=" in word)
+        out.append((at, mark, fields))
+    return out
+
+
+#: A worker a machine fault stopped is counted out of a timeline's `workers` until this long after it.
+WORKER_BACK_S = 5.0
+
+
+def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[float, str, dict[str, str]]],
+                     nodes: Iterable[str], workload_ended: float) -> list[dict]:
+    """Per fault, seconds from its injection to each step of the recovery that follows it (None
+    when the step did not happen within the outage's bound): `serving`, the first master that
+    started serving (restarted, journal replayed); `leader`, the first election won; `ready`, that
+    leader's barrier committed; `write`, a client's first acknowledged submission after that (or
+    after the fault, with no leader change); `workers`, every worker's assignment stream open on
+    that leader (but those a machine fault had down meanwhile); and `outage`, as `outage` measures
+    it. A step counts up to the next fault of the same lane (the master faults' or the machine
+    faults')."""
+    ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
+    writes = sorted(r["complete"] for r in ops if r["status"] == "ok" and r["f"] == "submit")
+    marks = sorted(marks, key=lambda m: m[0])
+    nodes = set(nodes)
+    from chaos.nemesis import MACHINE_FAULTS
+
+    out = []
+    for f in faults:
+        if "skipped" in f["detail"] or "error" in f["detail"] or f["start"] >= workload_ended:
+            continue
+        start = f["start"]
+        # Until the next fault of its lane (master or machine faults): what follows is that one's.
+        lane = f["kind"] in MACHINE_FAULTS
+        following = [g["start"] for g in faults if g["start"] > start and (g["kind"] in MACHINE_FAULTS) == lane]
+        limit = min(f["end"] + OUTAGE_TAIL_S, workload_ended, *following)
+        serving, leader = _first(marks, "serving", start, limit), _first(marks, "leader", start, limit)
+        ready = _first(marks, "ready", leader[0], limit, leader[1].get("term")) if leader else None
+        since = ready[0] if ready else start
+        write = next((t for t in writes if since < t <= limit), None)
+        workers = None
+        if ready:
+            opened: dict[str, float] = {}
+            for t, m, fields in marks:
+                if m == "watch" and ready[0] <= t <= limit and fields.get("term") == ready[1].get("term"):
+                    opened.setdefault(fields.get("node", ""), t)
+            # Workers a machine fault had down or restarting meanwhile re-attach on their own schedule.
+            hit = {w for g in faults if g["kind"] in MACHINE_FAULTS and g["start"] <= limit
+                   and g["end"] + WORKER_BACK_S >= start for w in g.get("targets", ())}
+            expected = nodes - hit
+            if expected and expected <= set(opened):
+                workers = max(opened[n] for n in expected)
+        steps = {"serving": serving[0] if serving else None, "leader": leader[0] if leader else None,
+                 "ready": ready[0] if ready else None, "write": write, "workers": workers}
+        out.append({"kind": f["kind"], "start": start,
+                     **{k: None if t is None else round(t - start, 3) for k, t in steps.items()},
+                     "outage": outage(ok_times, start, f["end"], workload_ended)})
+    return out
+
+
+def _first(marks: list[tuple[float, str, dict[str, str]]], mark: str, after: float, limit: float,
+           term: str | None = None) -> tuple[float, dict[str, str]] | None:
+    """The first `mark` in [after, limit] (of that term, if given)."""
+    return next(((t, fields) for t, m, fields in marks
+                 if m == mark and after <= t <= limit and (term is None or fields.get("term") == term)), None)
+
+
+def timeline_summary(timelines: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per fault kind and step: how many faults reached it, and the median and p99 of its time."""
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for t in timelines:
+        by_kind[t["kind"]].append(t)
+    out: dict[str, dict[str, dict]] = {}
+    for kind, rows in sorted(by_kind.items()):
+        out[kind] = {}
+        for step in ("serving", "leader", "ready", "write", "workers", "outage"):
+            values = sorted(r[step] for r in rows if r[step] is not None)
+            if values:
+                out[kind][step] = {"n": len(values), "median_s": values[len(values) // 2],
+                                   "p99_s": values[min(len(values) - 1, int(0.99 * len(values)))]}
+    return out

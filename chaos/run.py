@@ -323,6 +323,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     ops = [r for r in records if r["type"] == "op"]
     ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
     faults = [r for r in records if r["type"] == "fault"]
+    marks = [mark for path in sorted((data_dir / "logs").glob("*.log"))
+             for mark in checkers.master_log_marks(path.read_text(errors="replace"))]
+    timelines = checkers.outage_timelines(faults, ops, marks, [w["id"] for w in state["workers"]], workload_ended)
+    (out / "timelines.json").write_text(json.dumps(timelines, indent=1))
     failover = []
     for f in faults:
         if f["kind"] in ("kill-leader", "pause-leader", "partition-leader", "restart-masters", "kill-minority"):
@@ -354,6 +358,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "failover_s": failover, "seconds": round(ended - started, 1), "history": str(out / "history.jsonl"),
         # Per fault kind, the longest stretch without a successful operation from its start.
         "outage_by_kind": checkers.outages_by_kind(ok_times, faults, workload_ended),
+        # Per fault kind, where the outage's time went: seconds from the fault to a master serving
+        # again, a leader elected, its barrier committed, a client's first write, every worker's
+        # stream on the new leader (each fault's in timelines.json beside the history).
+        "outage_timeline": checkers.timeline_summary(timelines),
         # Follower partitions (chaos.nemesis.judge_heal): leader changes caused by the heal (PreVote
         # keeps this at 0), judged where the leader held through the cut; the cuts where it did
         # not; and cut-off followers whose term went past the rest's (PreVote forbids it).
@@ -480,7 +488,7 @@ def _main() -> None:
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
                     "nemesis_errors", "history_archived", "history_jobs", "history_problems", "failed_checks",
-                    "outage_by_kind", "failover_s", "seconds", "history"):
+                    "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

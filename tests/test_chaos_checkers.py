@@ -129,3 +129,38 @@ def test_history_exactly_once_finds_missing_doubled_wrong_and_unknown_jobs():
         "bad: 1 run rows, the cluster kept 2 runs"]
     assert checkers.history_exactly_once(final, good + [("ghost", "FAILED", 1)], runs) == [
         "ghost: in the store, unknown to the cluster"]
+
+
+def test_outage_timeline_from_the_masters_logs():
+    from datetime import datetime
+
+    def line(at, replica, logger, message):
+        stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(at * 1000) % 1000:03d}"
+        return f"{stamp} INFO synapse-master[{replica}] {logger}: {message}"
+
+    t0 = 1_800_000_000.0
+    log = "\n".join([
+        line(t0 + 0.9, "m2", "synapse.master.replica", "leadership gained term=4 replica=m2"),
+        line(t0 + 0.95, "m2", "synapse.master.leader", "leader ready term=4 nodes=2"),
+        line(t0 + 1.2, "m2", "synapse.master.endpoints", "assignments watched node=w1 term=4"),
+        line(t0 + 1.5, "m2", "synapse.master.endpoints", "assignments watched node=w2 term=4"),
+        line(t0 + 1.7, "m2", "synapse.master.endpoints", "job submitted job=x request=r tasks=1 user=u"),
+        line(t0 + 3.0, "m1", "synapse.master.main", "master serving replica=m1 api=a raft=r http=- partners=p"),
+        line(t0 + 9.0, "m1", "synapse.master.replica", "leadership gained term=5 replica=m1"),  # the next fault's
+    ])
+    marks = checkers.master_log_marks(log)
+    assert [m for _, m, _ in marks] == ["leader", "ready", "watch", "watch", "serving", "leader"]
+    ops = [{"f": "get", "status": "ok", "complete": t0 - 0.1}, {"f": "get", "status": "ok", "complete": t0 + 1.0},
+           {"f": "submit", "status": "ok", "complete": t0 + 1.1}, {"f": "submit", "status": "ok", "complete": t0 + 1.3},
+           {"f": "get", "status": "ok", "complete": t0 + 1.6}]
+    faults = [{"kind": "kill-leader", "start": t0, "end": t0 + 1.5, "detail": {}},
+              {"kind": "pause-leader", "start": t0 + 8.0, "end": t0 + 10.0, "detail": {}},
+              {"kind": "kill-worker", "targets": ["w3"], "start": t0 + 0.5, "end": t0 + 2.0, "detail": {}}]
+    [first, _, _] = checkers.outage_timelines(faults, ops, marks, ["w1", "w2", "w3"], workload_ended=t0 + 20)
+    # The first election after the fault, its barrier, the first write after that, the workers'
+    # streams on that leader (w3, down meanwhile, left out); the restarted master's start; not the
+    # next fault's election.
+    assert first == {"kind": "kill-leader", "start": t0, "serving": 3.0, "leader": 0.9, "ready": 0.95, "write": 1.1,
+                     "workers": 1.5, "outage": 1.0}
+    summary = checkers.timeline_summary([first])
+    assert summary["kill-leader"]["ready"] == {"n": 1, "median_s": 0.95, "p99_s": 0.95}

@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 #: seconds against replicas that were serving again. Masters restart; retry the link quickly.
 RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
              ("grpc.max_reconnect_backoff_ms", 500))
+#: A try's budget: a replica that has not answered by then (a stalled leader) is left for the
+#: next one. The others elect a leader within about 1 s of a stall; at 1.5 s, clients were the
+#: last to learn of it (chaos `pause-leader`: the first write came 0.6 s after the new leader was ready).
+TRY_S = 1.0
 #: A try's budget for the listings, which carry a whole cluster's jobs or nodes.
 LISTING_TRY_S = 10.0
 
@@ -212,7 +216,7 @@ class MasterClient:
     """A failover-aware client for a list of master API addresses."""
 
     def __init__(self, addresses: str | list[str], token: str = "", *, deadline: float = 30.0,
-                 try_timeout: float = 1.5, backoff: tuple[float, float] = (0.05, 0.25),
+                 try_timeout: float = TRY_S, backoff: tuple[float, float] = (0.05, 0.25),
                  tls: TLSFiles | None = None) -> None:
         self.addresses = parse_addresses(addresses)  #: a redirect to a leader not listed adds it
         if not self.addresses:

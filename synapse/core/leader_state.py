@@ -250,8 +250,10 @@ class LeaderState:
         """Grow running elastic gangs that room now allows, in queue order, while nothing waits ahead
         of them (a round that placed nothing; a gang held back by a dependency or throttle does not
         count as waiting for room), at most one resize in flight per gang."""
-        growing = [j for j in state.jobs.values() if j.status is JobStatus.RUNNING and is_elastic(j.spec)
-                   and len(j.tasks) < j.spec.tasks and j.id not in self.resizing]
+        # A RUNNING gang has live tasks: look at those, not at every job the state keeps.
+        live = {job_id for keys in state.live_tasks.values() for job_id, _attempt, _index in keys}
+        growing = [j for j in map(state.jobs.get, live) if j is not None and j.status is JobStatus.RUNNING
+                   and is_elastic(j.spec) and len(j.tasks) < j.spec.tasks and j.id not in self.resizing]
         if not growing:
             return []
         waiting = [state.jobs[j].queue_key() for j, w in result.waiting.items()

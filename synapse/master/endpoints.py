@@ -166,7 +166,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"replica {self.m.replica.id}: less than {self.m.config.min_free_disk} bytes free "
                                 "under its data dir; writes are refused until there is room")
-        outcomes = await asyncio.gather(*(self.m.propose(cmd) for cmd in cmds), return_exceptions=True)
+        if len(cmds) == 1:  # most calls: no task per command
+            try:
+                outcomes = [await self.m.propose(cmds[0])]
+            except ProposeError as exc:
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(*(self.m.propose(cmd) for cmd in cmds), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, ProposeError):
                 await self._abort_proposal(outcome, context)
@@ -882,6 +888,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def WatchAssignments(self, request, context):
         await self._worker_identity(request.node_id, context)
         term = await self._leader(context)
+        log.info("assignments watched node=%s term=%d", request.node_id, term)  # chaos timelines read it
         lost = self.m.leadership_lost()
         last_sent = None
         while not lost.is_set() and self.m.ready_leader_term() == term:

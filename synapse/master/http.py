@@ -182,13 +182,19 @@ class _Server(ThreadingHTTPServer):
         self.token_key = token_key(master.config.raft_password)
 
 
+#: How often the HTTP thread checks for a stop.
+STOP_POLL_S = 0.05
+
+
 class HTTPService:
     """The HTTP server of one replica, on its own thread."""
 
     def __init__(self, address: str, master: Master, metrics: Metrics) -> None:
         host, _, port = address.rpartition(":")
         self.server = _Server((host, int(port)), master, metrics)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+        #: stop() waits up to one poll interval (the default 0.5 s was half of a master's stop)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(STOP_POLL_S,), name="http",
+                                       daemon=True)
 
     def start(self) -> None:
         self.thread.start()
