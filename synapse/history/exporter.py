@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.history import EXPORT_BATCH, export_batch
 from synapse.history.settings import HistorySettings
@@ -117,6 +118,11 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
                           batch.upto, time.perf_counter() - started)
                 cursor = batch.upto
             if batch.upto > archived:
+                if master.raft.cluster_version() < codec.KIND_VERSIONS[c.HistoryExported]:
+                    # A new leader has not heard every member's version yet (or one still runs an
+                    # older release): the rows are in the store; the cursor's entry waits for it.
+                    await asyncio.sleep(RETRY_FIRST_S)
+                    continue
                 result = await loops.propose(c.HistoryExported(at=time.time(), upto=batch.upto))
                 if result is None or not result.ok:
                     cursor = None  # re-read: the state or the store may have moved
