@@ -113,9 +113,11 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     trace_rows = (tmp_path / "t.csv").read_text().strip().splitlines()
     assert len([r for r in trace_rows if r and not r.startswith("#")]) - 1 == len(expected)  # all ran on a GPU
 
-    usage = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
+    report = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
+    usage = report["usage"]
     assert [u["key"] for u in usage] == ["default"] and usage[0]["jobs"] == len(expected)
     assert usage[0]["gpu_hours"] > 0
+    assert set(report["cluster"]["total"]) == {"gpu", "cpu"}  # sampled every 30 s: maybe no day yet
     http = cluster.master(cluster.wait_leader())["http_address"]
     status, _, page = fetch(http, "/history?state=FAILED", cluster.token)
     assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page
