@@ -2,7 +2,7 @@
 store in the data dir and with a PostgreSQL server of the tests' own. Jobs that succeed, fail and
 are cancelled appear in `synctl history` exactly once, also when the leader is killed with SIGKILL
 while jobs finish; a job past its retention still answers `describe`; `-o sacct` imports into the
-simulator; `usage` sums the GPU-hours."""
+simulator; `usage` sums the GPU-hours and reports the cluster's utilisation, sampled by the leader."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ def stored_rows(cluster, url: str) -> list[tuple[str, int]]:
 
 @pytest.mark.slow
 def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_cluster, tmp_path, store_url):
+    begun = time.time()
     cluster = make_cluster(masters=3, workers=2, gpus=2, job_retention="2s", history=store_url)
     expected = {submit(cluster, "ok", ["true"]): "SUCCEEDED", submit(cluster, "bad", ["sh", "-c", "exit 3"]): "FAILED"}
     long = submit(cluster, "long", ["sleep", "60"])
@@ -113,9 +114,18 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     trace_rows = (tmp_path / "t.csv").read_text().strip().splitlines()
     assert len([r for r in trace_rows if r and not r.startswith("#")]) - 1 == len(expected)  # all ran on a GPU
 
-    usage = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
+    report = json.loads(synctl(cluster, "usage", "--by", "queue", "--since", "1d", "-o", "json").output)
+    usage = report["usage"]
     assert [u["key"] for u in usage] == ["default"] and usage[0]["jobs"] == len(expected)
     assert usage[0]["gpu_hours"] > 0
+    def utilisation() -> dict | None:  # the leader samples every 30 s; the first only starts the clock
+        total = json.loads(synctl(cluster, "usage", "-o", "json").output)["cluster"]["total"]
+        return total if sum(v for k, v in total["gpu"].items() if k.endswith("_hours")) > 0 else None
+
+    total = wait_for(utilisation, timeout=75, what="a cluster utilisation sample", every=1.0)
+    gpu_hours = sum(v for k, v in total["gpu"].items() if k.endswith("_hours"))
+    # two workers of 2 GPUs, never counted before the first sample nor twice across the leader kill
+    assert gpu_hours <= (time.time() - begun) * 4 / 3600, total
     http = cluster.master(cluster.wait_leader())["http_address"]
     status, _, page = fetch(http, "/history?state=FAILED", cluster.token)
     assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page

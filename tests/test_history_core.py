@@ -9,9 +9,9 @@ from synapse.core import codec, history
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
 from synapse.core.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose
-from synapse.core.model import EndReason, JobStatus, Placement
+from synapse.core.model import EndReason, JobStatus, Node, NodeStatus, Placement, Resources
 from synapse.core.snapshot import encode
-from tests.helpers import checked, cluster, spec
+from tests.helpers import GI, checked, cluster, spec
 
 N0, N1 = "r0-n0", "r0-n1"
 
@@ -181,3 +181,37 @@ def test_a_preempted_run_is_its_own_record_and_the_job_keeps_its_place():
     assert (record.state, record.reason, record.attempts, record.preemptions, record.start) == (
         "SUCCEEDED", EndReason.COMPLETED, 2, 1, 2)
     assert record.gpu_seconds == 8 * 7 + 8 * 11  # both runs held their GPUs
+
+
+def node(name: str, *, used_gpu: int = 0, down: bool = False, cordoned: bool = False) -> Node:
+    return Node(id=name, address="", topology=(), capacity=Resources(cpu=64_000, memory=GI, gpu=8),
+                used=Resources(cpu=used_gpu * 1000, gpu=used_gpu), status=NodeStatus.DOWN if down else NodeStatus.READY,
+                schedulable=not cordoned)
+
+
+def test_a_cluster_sample_counts_gpus_allocated_idle_and_down():
+    sample = history.cluster_sample([node("busy", used_gpu=6), node("free"), node("dead", used_gpu=2, down=True),
+                                     node("cordoned", used_gpu=3, cordoned=True)])
+    # a cordoned node's tasks still hold their GPUs; its free ones count as down, as a DOWN node's all
+    assert sample == history.ClusterSample(allocated_gpus=9, idle_gpus=2 + 8, down_gpus=8 + 5,
+                                           allocated_cpu=9000, idle_cpu=58_000 + 64_000, down_cpu=64_000 + 61_000)
+    assert history.cluster_sample([]) == history.ClusterSample()
+
+
+def test_utilization_rows_count_the_time_since_the_last_sample_capped_and_split_at_midnight():
+    sample = history.ClusterSample(allocated_gpus=3, idle_gpus=1, down_gpus=4, allocated_cpu=2000)
+    day = 1_700_006_400.0  # 2023-11-15T00:00:00Z
+    (row,) = history.utilization_rows(sample, last=day + 100, now=day + 130)
+    assert row == {"day": "2023-11-15", "allocated_gpu_seconds": 90.0, "idle_gpu_seconds": 30.0,
+                   "down_gpu_seconds": 120.0, "allocated_cpu_seconds": 60.0, "idle_cpu_seconds": 0.0,
+                   "down_cpu_seconds": 0.0}
+    # a sample across midnight goes to both days, each its own seconds
+    before, after = history.utilization_rows(sample, last=day - 10, now=day + 20)
+    assert (before["day"], before["allocated_gpu_seconds"], after["day"], after["allocated_gpu_seconds"]) == (
+        "2023-11-14", 30.0, "2023-11-15", 60.0)
+    # a gap after a failover counts for at most max_gap; nothing before the first sample, nor twice
+    (capped,) = history.utilization_rows(sample, last=day + 100, now=day + 10_000, max_gap=90)
+    assert capped["idle_gpu_seconds"] == 90.0
+    assert history.utilization_rows(sample, last=0.0, now=day) == []
+    assert history.utilization_rows(sample, last=day, now=day) == []
+    assert history.utilization_rows(sample, last=day + 5, now=day) == []

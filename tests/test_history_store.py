@@ -10,6 +10,8 @@ import sqlalchemy as sa
 
 from synapse.core import history
 from synapse.history.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
     CursorMoved,
     HistoryStore,
     JobQuery,
@@ -17,6 +19,7 @@ from synapse.history.store import (
     check_url,
     jobs,
     runs,
+    schema_table,
     usage_daily,
 )
 from tests.test_history_core import scenario
@@ -49,7 +52,7 @@ def counts(store: HistoryStore) -> tuple[int, int, float, int]:
 
 
 def test_migrating_twice_is_harmless(store):
-    assert store.migrate() == 1 and store.cursor() == 0
+    assert store.migrate() == SCHEMA_VERSION == 2 and store.cursor() == 0
 
 
 def test_an_export_written_twice_writes_each_row_once(store):
@@ -189,3 +192,59 @@ def test_times_are_durations_back_from_now_or_utc_dates():
     for bad in ("yesterday", "2023-13-40", "-3d"):
         with pytest.raises(TimeError, match=r"^--since: .* is neither a duration"):
             parse_time(bad, "--since", now=0)
+
+
+DAY = 1_700_006_400.0  # 2023-11-15T00:00:00Z
+
+
+def test_a_version_1_store_migrates_to_the_cluster_tables(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    with HistoryStore(url).engine.begin() as conn:  # as the release before wrote it
+        schema_table.create(conn)
+        MIGRATIONS[0][1](conn)
+        conn.execute(schema_table.insert().values(version=1))
+    old = HistoryStore(url)
+    assert old.migrate() == 1 and old.cursor() == 0
+    assert old.add_utilization(history.ClusterSample(idle_gpus=8), DAY) == 0.0  # starts the clock
+    assert old.add_utilization(history.ClusterSample(idle_gpus=8), DAY + 30) == 30.0
+    assert [d["idle_gpu_seconds"] for d in old.cluster_usage(0, 0)] == [240.0]
+    old.close()
+
+
+def test_cluster_utilization_adds_each_sample_to_its_days_once(store):
+    sample = history.ClusterSample(allocated_gpus=6, idle_gpus=2, down_gpus=8, allocated_cpu=4000, idle_cpu=1000)
+    assert store.add_utilization(sample, DAY - 40) == 0.0  # the first sample only starts the clock
+    assert store.add_utilization(sample, DAY - 10) == 30.0
+    assert store.add_utilization(sample, DAY + 20) == 30.0  # split at midnight: 10 s and 20 s
+    assert store.add_utilization(sample, DAY + 20) == 0.0  # another leader at the same instant: nothing twice
+    assert store.add_utilization(sample, DAY + 15) == 0.0  # a deposed leader's late sample: nothing
+    assert store.add_utilization(history.ClusterSample(down_gpus=16), DAY + 10_000, max_gap=90) == 90.0
+    days = store.cluster_usage(0, 0)
+    assert [d["day"] for d in days] == ["2023-11-14", "2023-11-15"]
+    assert [(d["allocated_gpu_seconds"], d["idle_gpu_seconds"], d["down_gpu_seconds"]) for d in days] == [
+        (6 * 40, 2 * 40, 8 * 40), (6 * 20, 2 * 20, 8 * 20 + 16 * 90)]
+    assert [(d["allocated_cpu_seconds"], d["idle_cpu_seconds"], d["down_cpu_seconds"]) for d in days] == [
+        (4 * 40, 40, 0), (4 * 20, 20, 0)]
+    assert [d["day"] for d in store.cluster_usage(DAY, 0)] == ["2023-11-15"]
+    assert store.cluster_usage(0, DAY - 1) == days[:1]
+
+
+def test_get_usage_carries_the_cluster_days_and_their_total(store):
+    import asyncio
+
+    from synapse.master import history_api
+    from synapse.proto import api_pb2
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.store = store
+    store.add_utilization(history.ClusterSample(allocated_gpus=2), DAY - 3600)
+    store.add_utilization(history.ClusterSample(allocated_gpus=2, idle_gpus=6), DAY + 36, max_gap=7200)
+    reply = asyncio.run(history_api.usage(holder, api_pb2.GetUsageRequest(by="day")))
+    assert [(d.day, d.allocated_gpu_hours, d.idle_gpu_hours) for d in reply.cluster_days] == [
+        ("2023-11-14", 2.0, 6.0), ("2023-11-15", 0.02, pytest.approx(0.06))]
+    total = reply.cluster_total
+    assert (total.day, total.allocated_gpu_hours, total.idle_gpu_hours, total.down_gpu_hours) == (
+        "", 2.02, pytest.approx(6.06), 0.0)

@@ -215,3 +215,44 @@ def test_users_and_a_token_shown_once():
         "export SYNAPSE_TOKEN=s3cret")
     assert render.task_log("a\nb\n", 1, prefix=True) == "[task 1] a\n[task 1] b\n"
     assert render.task_log("a\nb", 1, prefix=False) == "a\nb"
+
+
+def usage_reply() -> api_pb2.GetUsageReply:
+    day1 = api_pb2.ClusterUsage(day="2026-11-01", allocated_gpu_hours=96.0, idle_gpu_hours=24.0, down_gpu_hours=72.0,
+                                allocated_cpu_hours=100.0, idle_cpu_hours=300.0)
+    day2 = api_pb2.ClusterUsage(day="2026-11-02", allocated_gpu_hours=180.5, idle_gpu_hours=11.5,
+                                allocated_cpu_hours=50.0, idle_cpu_hours=50.0, down_cpu_hours=100.0)
+    total = api_pb2.ClusterUsage(allocated_gpu_hours=276.5, idle_gpu_hours=35.5, down_gpu_hours=72.0,
+                                 allocated_cpu_hours=150.0, idle_cpu_hours=350.0, down_cpu_hours=100.0)
+    return api_pb2.GetUsageReply(rows=[api_pb2.UsageRow(key="research", gpu_hours=276.5, cpu_hours=150.0, jobs=12)],
+                                 cluster_days=[day1, day2], cluster_total=total)
+
+
+def test_usage_shows_the_cluster_utilisation_per_day_and_over_the_period():
+    from synapse.client import accounting
+
+    report = accounting.usage_report(usage_reply())
+    assert accounting.usage_report_table(report, "queue").split("\n") == [
+        "QUEUE     GPU-HOURS  CPU-HOURS  JOBS",
+        "research  276.500    150.000    12",
+        "TOTAL     276.500    150.000    12",
+        "",
+        "Cluster utilisation (GPU-hours, sampled by the leader)",
+        "DAY (UTC)   ALLOCATED  IDLE    DOWN    GPU ALLOC  CPU ALLOC",
+        "2026-11-01  96.000     24.000  72.000  50.0%      25.0%",
+        "2026-11-02  180.500    11.500  0.000   94.0%      25.0%",
+        "TOTAL       276.500    35.500  72.000  72.0%      25.0%"]
+    assert report["cluster"]["total"] == {
+        "gpu": {"allocated_hours": 276.5, "idle_hours": 35.5, "down_hours": 72.0, "allocated_percent": 72.0},
+        "cpu": {"allocated_hours": 150.0, "idle_hours": 350.0, "down_hours": 100.0, "allocated_percent": 25.0}}
+    assert json.loads(render.formatted(report, "json", str))["cluster"]["days"][1] == {
+        "day": "2026-11-02",
+        "gpu": {"allocated_hours": 180.5, "idle_hours": 11.5, "down_hours": 0.0, "allocated_percent": 94.0},
+        "cpu": {"allocated_hours": 50.0, "idle_hours": 50.0, "down_hours": 100.0, "allocated_percent": 25.0}}
+    assert render.formatted(report, "yaml", str).split("\n")[:12] == [
+        "usage:", "- key: research", "  gpu_hours: 276.5", "  cpu_hours: 150.0", "  jobs: 12", "cluster:",
+        "  days:", "  - day: '2026-11-01'", "    gpu:", "      allocated_hours: 96.0", "      idle_hours: 24.0",
+        "      down_hours: 72.0"]
+    empty = accounting.usage_report(api_pb2.GetUsageReply())
+    assert accounting.usage_report_table(empty, "user").split("\n") == [
+        "USER  GPU-HOURS  CPU-HOURS  JOBS", "", "Cluster utilisation: no samples in the period"]

@@ -172,9 +172,43 @@ def usage_dicts(reply: api_pb2.GetUsageReply) -> list[dict[str, Any]]:
             for r in reply.rows]
 
 
+def cluster_dict(u: api_pb2.ClusterUsage) -> dict[str, Any]:
+    """One day's (or the period's) cluster utilisation, hours rounded to the thousandth."""
+    out: dict[str, Any] = {"day": u.day} if u.day else {}
+    for kind in ("gpu", "cpu"):
+        hours = {state: getattr(u, f"{state}_{kind}_hours") for state in ("allocated", "idle", "down")}
+        total = sum(hours.values())
+        out[kind] = {**{f"{state}_hours": round(h, 3) for state, h in hours.items()},
+                     "allocated_percent": round(100 * hours["allocated"] / total, 1) if total else 0.0}
+    return out
+
+
+def usage_report(reply: api_pb2.GetUsageReply) -> dict[str, Any]:
+    """What `synctl usage -o json|yaml` prints: the usage rows and the cluster's utilisation."""
+    return {"usage": usage_dicts(reply), "cluster": {"days": [cluster_dict(d) for d in reply.cluster_days],
+                                                     "total": cluster_dict(reply.cluster_total)}}
+
+
 def usage_table(rows: list[dict[str, Any]], by: str) -> str:
     total = ["TOTAL", f"{sum(r['gpu_hours'] for r in rows):.3f}", f"{sum(r['cpu_hours'] for r in rows):.3f}",
              sum(r["jobs"] for r in rows)]
     return table([by.upper(), "GPU-HOURS", "CPU-HOURS", "JOBS"],
                  [[r["key"] or "-", f"{r['gpu_hours']:.3f}", f"{r['cpu_hours']:.3f}", r["jobs"]] for r in rows]
                  + ([total] if rows else []))
+
+
+def _utilization_row(label: str, u: dict[str, Any]) -> list[str]:
+    gpu, cpu = u["gpu"], u["cpu"]
+    return [label, f"{gpu['allocated_hours']:.3f}", f"{gpu['idle_hours']:.3f}", f"{gpu['down_hours']:.3f}",
+            f"{gpu['allocated_percent']:.1f}%", f"{cpu['allocated_percent']:.1f}%"]
+
+
+def usage_report_table(report: dict[str, Any], by: str) -> str:
+    """The usage table, then the cluster's GPU utilisation per UTC day and over the period."""
+    cluster = report["cluster"]
+    if not cluster["days"]:
+        return usage_table(report["usage"], by) + "\n\nCluster utilisation: no samples in the period"
+    return (usage_table(report["usage"], by) + "\n\nCluster utilisation (GPU-hours, sampled by the leader)\n"
+            + table(["DAY (UTC)", "ALLOCATED", "IDLE", "DOWN", "GPU ALLOC", "CPU ALLOC"],
+                    [_utilization_row(d["day"], d) for d in cluster["days"]]
+                    + [_utilization_row("TOTAL", cluster["total"])]))

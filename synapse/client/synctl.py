@@ -722,10 +722,11 @@ def history(obj: Context, user: str, queue: str, state: str, job_id: str, since:
 @OUTPUT
 @click.pass_obj
 def usage(obj: Context, by: str, since: str, until: str, output: str) -> None:
-    """GPU-hours and CPU-hours allocated, per user, queue or day, from the history store."""
+    """GPU-hours and CPU-hours allocated, per user, queue or day, and the cluster's utilisation
+    (allocated, idle, down) per day, from the history store."""
     start, end = _times(since, until)
     reply = run(lambda: obj.client.call("GetUsage", api_pb2.GetUsageRequest(by=by, since=start, until=end)))
-    emit(accounting.usage_dicts(reply), output, lambda rows: accounting.usage_table(rows, by))
+    emit(accounting.usage_report(reply), output, lambda report: accounting.usage_report_table(report, by))
 
 
 if __name__ == "__main__":

@@ -7,18 +7,28 @@ the rows; `export_batch` reads the state and that cursor and says which records 
 cursor comes after them. Rows are upserted on their natural keys (job id; job id and attempt), so
 writing a batch twice (a leader that died between the store's commit and its proposal) changes
 nothing. synapse.history.exporter carries it out; nothing here does I/O.
+
+Cluster utilisation (as Slurm's `sreport cluster utilization`) is not in the log: the leader samples
+the nodes every `UTILIZATION_EVERY_S` (`cluster_sample`) and adds the time since the store's last
+sample, at most `UTILIZATION_MAX_GAP_S`, times each state's GPUs and CPUs to the UTC days it spans
+(`utilization_rows`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from synapse.core.model import EndReason, Job, JobStatus, Run
+from synapse.core.model import EndReason, Job, JobStatus, Node, NodeStatus, Run
 
 #: Records written per store transaction, at most.
 EXPORT_BATCH = 2000
+#: How often the leader samples the cluster's utilisation.
+UTILIZATION_EVERY_S = 30.0
+#: The longest time one sample counts for: a longer gap (no leader, a store down) is not counted.
+UTILIZATION_MAX_GAP_S = 3 * UTILIZATION_EVERY_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,3 +176,55 @@ def day_shares(start: float, end: float) -> list[tuple[str, float]]:
 def day_of(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).date().isoformat()
 
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSample:
+    """The cluster's GPUs and CPUs (millicores) by state at one instant."""
+
+    allocated_gpus: int = 0  #: given to tasks, on any node still up
+    idle_gpus: int = 0  #: free on nodes that accept work
+    down_gpus: int = 0  #: on DOWN nodes, and free on cordoned or draining ones
+    allocated_cpu: int = 0
+    idle_cpu: int = 0
+    down_cpu: int = 0
+
+
+def cluster_sample(nodes: Iterable[Node]) -> ClusterSample:
+    """Allocated, idle and down GPUs and CPUs of these nodes (call under the state's lock)."""
+    alloc_g = idle_g = down_g = alloc_c = idle_c = down_c = 0
+    for node in nodes:
+        cap, used = node.capacity, node.used
+        if node.status is NodeStatus.DOWN:
+            down_g += cap.gpu
+            down_c += cap.cpu
+            continue
+        alloc_g += min(used.gpu, cap.gpu)
+        alloc_c += min(used.cpu, cap.cpu)
+        free_g, free_c = max(0, cap.gpu - used.gpu), max(0, cap.cpu - used.cpu)
+        if node.schedulable:
+            idle_g += free_g
+            idle_c += free_c
+        else:
+            down_g += free_g
+            down_c += free_c
+    return ClusterSample(alloc_g, idle_g, down_g, alloc_c, idle_c, down_c)
+
+
+def utilization_rows(sample: ClusterSample, last: float, now: float,
+                     max_gap: float = UTILIZATION_MAX_GAP_S) -> list[dict[str, Any]]:
+    """GPU- and CPU-seconds (CPU in core-seconds) to add per UTC day for `sample` held from the
+    last sample at `last` until `now`, counting at most `max_gap` back from now; [] if none
+    (`last` 0: no sample before, the time before is unknown)."""
+    start = max(last, now - max_gap)
+    if not last or now <= start:
+        return []
+    rows = []
+    for day, share in day_shares(start, now):
+        seconds = (now - start) * share
+        rows.append({"day": day, "allocated_gpu_seconds": sample.allocated_gpus * seconds,
+                     "idle_gpu_seconds": sample.idle_gpus * seconds, "down_gpu_seconds": sample.down_gpus * seconds,
+                     "allocated_cpu_seconds": sample.allocated_cpu / 1000 * seconds,
+                     "idle_cpu_seconds": sample.idle_cpu / 1000 * seconds,
+                     "down_cpu_seconds": sample.down_cpu / 1000 * seconds})
+    return rows

@@ -9,6 +9,10 @@ the next leader reads the store's cursor, finds nothing newer to write and propo
 alone; rows written twice are upserts of the same values. While the store is unreachable the loop
 retries with backoff, and finished jobs wait in the replicated state (up to the cap, see
 `LeaderState._forget`); `History.lag_reason` says why for logs, metrics and `readyz?verbose`.
+
+Beside it, `utilization_loop` samples the nodes every UTILIZATION_EVERY_S and adds the seconds since
+the store's last sample to the day's cluster row (`HistoryStore.add_utilization`): utilisation is
+not in the log, so a failover or a store outage loses what is beyond UTILIZATION_MAX_GAP_S.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Protocol
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.history import EXPORT_BATCH, export_batch
+from synapse.core.history import EXPORT_BATCH, UTILIZATION_EVERY_S, cluster_sample, export_batch
 from synapse.history.settings import HistorySettings
 from synapse.history.store import CursorMoved, HistoryStore, StoreError, redacted
 
@@ -159,3 +163,22 @@ async def _purge_if_due(history: History) -> None:
     purged = await asyncio.to_thread(history.store.purge, time.time() - retention)
     if purged:
         log.info("history purged jobs=%d retention_s=%.0f", purged, retention)
+
+
+async def utilization_loop(loops: ExportDriver, history: History, every: float = UTILIZATION_EVERY_S) -> None:
+    """Sample the cluster's utilisation into the store for as long as this term lasts."""
+    master = loops.master
+    failing = False
+    while not loops.stopped:
+        with master.lock:
+            sample = cluster_sample(master.state.nodes.values())
+        try:
+            await asyncio.to_thread(history.store.add_utilization, sample, time.time())
+            if failing:
+                log.info("cluster utilisation sampled again")
+            failing = False
+        except StoreError as exc:  # the exporter reports the store's failures; the sample is lost
+            if not failing:
+                log.info("cluster utilisation not sampled: %s", exc)
+            failing = True
+        await asyncio.sleep(min(every, RETRY_FIRST_S * 4) if failing else every)  # soon: the exporter may migrate

@@ -3,10 +3,13 @@
     history: {url: sqlite:////var/lib/synapse/history.sqlite}       # the embedded default
     history: {url: postgresql+psycopg://synapse@db/synapse}         # masters on several machines
 
-Four tables: `history_jobs` (one row per job, key job_id), `history_runs` (one per placed attempt,
+Six tables: `history_jobs` (one row per job, key job_id), `history_runs` (one per placed attempt,
 key job_id + attempt), `history_usage_daily` (GPU- and CPU-seconds per UTC day, user and queue: what
-`synctl usage` reads, kept when old rows are purged) and `history_cursor` (the archive sequence
-number up to which the store holds every finished job). `export` writes a batch and moves the cursor
+`synctl usage` reads, kept when old rows are purged), `history_cursor` (the archive sequence
+number up to which the store holds every finished job), and, from schema version 2,
+`history_cluster_daily` (allocated, idle and down GPU- and CPU-seconds per UTC day, sampled by the
+leader) with `history_cluster_sampled` (when the last sample was added, so that two leaders never
+count the same seconds). `export` writes a batch and moves the cursor
 in one transaction, and only from the cursor it was computed against: rows are upserted on their
 natural keys and a run's usage is added only when its row is new, so a batch written twice changes
 nothing, and a batch that fails moves nothing.
@@ -30,7 +33,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from synapse.core.history import JobRecord, RunRecord, day_of, day_shares
+from synapse.core.history import (
+    UTILIZATION_MAX_GAP_S,
+    ClusterSample,
+    JobRecord,
+    RunRecord,
+    day_of,
+    day_shares,
+    utilization_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +132,22 @@ cursor_table = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
 )
 
+#: The seconds columns of `history_cluster_daily`, in the order reports show them.
+CLUSTER_COLUMNS = ("allocated_gpu_seconds", "idle_gpu_seconds", "down_gpu_seconds",
+                   "allocated_cpu_seconds", "idle_cpu_seconds", "down_cpu_seconds")
+
+cluster_daily = sa.Table(
+    "history_cluster_daily", metadata,
+    sa.Column("day", sa.String(10), primary_key=True),  # UTC, YYYY-MM-DD
+    *(sa.Column(name, sa.Double, nullable=False) for name in CLUSTER_COLUMNS),
+)
+
+cluster_sampled = sa.Table(
+    "history_cluster_sampled", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("at", sa.Double, nullable=False),  # the end of the last sample added (0: none yet)
+)
+
 schema_table = sa.Table("history_schema", metadata, sa.Column("version", sa.Integer, primary_key=True))
 
 
@@ -130,8 +157,14 @@ def _v1(conn: Connection) -> None:
     conn.execute(cursor_table.insert().values(id=1, upto=0, updated_at=0.0))
 
 
+def _v2(conn: Connection) -> None:
+    for table in (cluster_daily, cluster_sampled):
+        table.create(conn, checkfirst=True)
+    conn.execute(cluster_sampled.insert().values(id=1, at=0.0))
+
+
 #: Schema versions in order: (version, step). Append; never edit a released step.
-MIGRATIONS = ((1, _v1),)
+MIGRATIONS = ((1, _v1), (2, _v2))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -297,6 +330,30 @@ class HistoryStore:
             from sqlalchemy.dialects.sqlite import insert
         return insert(table)
 
+    def add_utilization(self, sample: ClusterSample, now: float, max_gap: float = UTILIZATION_MAX_GAP_S) -> float:
+        """Add `sample` held since the last sample (at most `max_gap`) to the days' cluster rows,
+        and mark `now` sampled, in one transaction; returns the seconds counted (0 when another
+        leader has sampled up to now already)."""
+        self._ready()
+        try:
+            with self.engine.begin() as conn:
+                last = conn.execute(sa.select(cluster_sampled.c.at).where(cluster_sampled.c.id == 1)).scalar() or 0.0
+                rows = utilization_rows(sample, last, now, max_gap)
+                if not rows and last:  # sampled up to now already
+                    return 0.0
+                # the first sample only starts the clock: the cluster's time before it is unknown
+                moved = conn.execute(cluster_sampled.update().where(cluster_sampled.c.id == 1)
+                                     .where(cluster_sampled.c.at == last).values(at=now)).rowcount
+                if moved != 1 or not rows:  # another leader sampled meanwhile: its seconds stand
+                    return 0.0
+                insert = self._insert(cluster_daily)
+                conn.execute(insert.on_conflict_do_update(
+                    index_elements=[cluster_daily.c.day],
+                    set_={name: cluster_daily.c[name] + insert.excluded[name] for name in CLUSTER_COLUMNS}), rows)
+                return now - max(last, now - max_gap)
+        except SQLAlchemyError as exc:
+            raise StoreError(_why(exc)) from None
+
     def purge(self, before: float) -> int:
         """Delete jobs and runs that ended before `before` (the daily usage stays); returns jobs deleted."""
         self._ready()
@@ -353,10 +410,19 @@ class HistoryStore:
                           sa.func.sum(usage_daily.c.cpu_seconds).label("cpu_seconds"),
                           sa.func.sum(usage_daily.c.jobs).label("jobs"))
                 .group_by(*columns).order_by(*columns))
+        return self._days(stmt, usage_daily.c.day, since, until)
+
+    def cluster_usage(self, since: float, until: float) -> list[dict[str, Any]]:
+        """The cluster's allocated, idle and down GPU- and CPU-seconds per UTC day over [since, until]."""
+        self._ready()
+        return self._days(sa.select(cluster_daily).order_by(cluster_daily.c.day), cluster_daily.c.day, since, until)
+
+    def _days(self, stmt: sa.Select, day: sa.Column, since: float, until: float) -> list[dict[str, Any]]:
+        """The rows of `stmt` on the UTC days [since, until] (0: unbounded)."""
         if since:
-            stmt = stmt.where(usage_daily.c.day >= day_of(since))
+            stmt = stmt.where(day >= day_of(since))
         if until:
-            stmt = stmt.where(usage_daily.c.day <= day_of(until))
+            stmt = stmt.where(day <= day_of(until))
         try:
             with self.engine.connect() as conn:
                 return _dicts(conn.execute(stmt))

@@ -63,9 +63,22 @@ async def usage(history: Any, request: api_pb2.GetUsageRequest) -> api_pb2.GetUs
     if request.since and request.until and request.until <= request.since:
         raise BadRequest("until: must be after since")
     rows = await _ask(history, "usage", by, request.since, request.until)
-    return api_pb2.GetUsageReply(rows=[
-        api_pb2.UsageRow(key=r["key"], gpu_hours=(r["gpu_seconds"] or 0.0) / 3600,
-                         cpu_hours=(r["cpu_seconds"] or 0.0) / 3600, jobs=int(r["jobs"] or 0)) for r in rows])
+    days = await _ask(history, "cluster_usage", request.since, request.until)
+    return api_pb2.GetUsageReply(
+        rows=[api_pb2.UsageRow(key=r["key"], gpu_hours=(r["gpu_seconds"] or 0.0) / 3600,
+                               cpu_hours=(r["cpu_seconds"] or 0.0) / 3600, jobs=int(r["jobs"] or 0)) for r in rows],
+        cluster_days=[_cluster(d["day"], d) for d in days],
+        cluster_total=_cluster("", {name: sum(d[name] or 0.0 for d in days) for name in _CLUSTER_FIELDS}))
+
+
+#: The store's cluster columns (seconds) and the reply's fields (hours) they fill.
+_CLUSTER_FIELDS = {f"{state}_{kind}_seconds": f"{state}_{kind}_hours"
+                   for kind in ("gpu", "cpu") for state in ("allocated", "idle", "down")}
+
+
+def _cluster(day: str, row: dict[str, Any]) -> api_pb2.ClusterUsage:
+    return api_pb2.ClusterUsage(day=day, **{hours: (row[seconds] or 0.0) / 3600
+                                            for seconds, hours in _CLUSTER_FIELDS.items()})
 
 
 def _resources(row: dict[str, Any]) -> types_pb2.Resources:

@@ -98,9 +98,13 @@ class LeaderLoops:
         self._spawn(self.carry_out(out))
         self._tasks += [asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._monitor_loop())]
         if self.master.history is not None:
-            from synapse.history.exporter import export_loop  # SQLAlchemy: loaded with a history store only
+            from synapse.history.exporter import (  # SQLAlchemy: loaded with a history store only
+                export_loop,
+                utilization_loop,
+            )
 
-            self._tasks.append(asyncio.create_task(export_loop(self, self.master.history)))
+            self._tasks += [asyncio.create_task(export_loop(self, self.master.history)),
+                            asyncio.create_task(utilization_loop(self, self.master.history))]
 
     # ---- feeding the brain, carrying out what it says ------------------------------------------------
 

@@ -2348,20 +2348,75 @@ class UsageRow(_message.Message):
 Global___UsageRow: _TypeAlias = UsageRow  # noqa: Y015
 
 @_typing.final
+class ClusterUsage(_message.Message):
+    """The cluster's GPU- and CPU-hours by state over one UTC day (or the period), sampled by the leader.
+    Allocated: given to tasks; idle: free on nodes that accept work; down: on DOWN nodes, and free
+    on cordoned or draining ones. CPU in core-hours.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAY_FIELD_NUMBER: _builtins.int
+    ALLOCATED_GPU_HOURS_FIELD_NUMBER: _builtins.int
+    IDLE_GPU_HOURS_FIELD_NUMBER: _builtins.int
+    DOWN_GPU_HOURS_FIELD_NUMBER: _builtins.int
+    ALLOCATED_CPU_HOURS_FIELD_NUMBER: _builtins.int
+    IDLE_CPU_HOURS_FIELD_NUMBER: _builtins.int
+    DOWN_CPU_HOURS_FIELD_NUMBER: _builtins.int
+    day: _builtins.str
+    """YYYY-MM-DD; '' for the period's total"""
+    allocated_gpu_hours: _builtins.float
+    idle_gpu_hours: _builtins.float
+    down_gpu_hours: _builtins.float
+    allocated_cpu_hours: _builtins.float
+    idle_cpu_hours: _builtins.float
+    down_cpu_hours: _builtins.float
+    def __init__(
+        self,
+        *,
+        day: _builtins.str = ...,
+        allocated_gpu_hours: _builtins.float = ...,
+        idle_gpu_hours: _builtins.float = ...,
+        down_gpu_hours: _builtins.float = ...,
+        allocated_cpu_hours: _builtins.float = ...,
+        idle_cpu_hours: _builtins.float = ...,
+        down_cpu_hours: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated_cpu_hours", b"allocated_cpu_hours", "allocated_gpu_hours", b"allocated_gpu_hours", "day", b"day", "down_cpu_hours", b"down_cpu_hours", "down_gpu_hours", b"down_gpu_hours", "idle_cpu_hours", b"idle_cpu_hours", "idle_gpu_hours", b"idle_gpu_hours"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterUsage: _TypeAlias = ClusterUsage  # noqa: Y015
+
+@_typing.final
 class GetUsageReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ROWS_FIELD_NUMBER: _builtins.int
+    CLUSTER_DAYS_FIELD_NUMBER: _builtins.int
+    CLUSTER_TOTAL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageRow]: ...
+    @_builtins.property
+    def cluster_days(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterUsage]:
+        """one per UTC day sampled in the period"""
+
+    @_builtins.property
+    def cluster_total(self) -> Global___ClusterUsage:
+        """the sum of cluster_days"""
+
     def __init__(
         self,
         *,
         rows: _abc.Iterable[Global___UsageRow] | None = ...,
+        cluster_days: _abc.Iterable[Global___ClusterUsage] | None = ...,
+        cluster_total: Global___ClusterUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster_total", b"cluster_total"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_days", b"cluster_days", "cluster_total", b"cluster_total", "rows", b"rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
