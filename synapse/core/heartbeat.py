@@ -8,8 +8,8 @@ Workers heartbeat to their link shard (synapse.core.shards), a replica that send
 digest every second: per node heard since its last digest, how long ago. The leader keeps, per
 node, its last heartbeat and the shard that vouched for it last. A node's silence counts from its
 last heartbeat while that shard's digests keep coming; once they stop (the replica died, or is cut
-off from the leader), its nodes' silence counts from the shard's last digest instead: a full
-timeout for their workers to move to another replica, never a NodeDown for the shard's fault.
+off from the leader), its nodes get `move_window` from the shard's last digest (at least a full
+timeout) for their workers to move to another replica: never a NodeDown for the shard's fault.
 
 Heartbeats also carry the worker's health check result; `health_change` turns a report that
 differs from the replicated state into the one command that records it (cordoning the node, or
@@ -30,9 +30,11 @@ MAX_HEALTH_MESSAGE = 200
 class HeartbeatTracker:
     """Last heartbeat per node, on the leader's monotonic clock."""
 
-    def __init__(self, timeout: float, shard_silence: float = 3.0) -> None:
+    def __init__(self, timeout: float, shard_silence: float = 3.0, move_window: float = 0.0) -> None:
         self.timeout = timeout
         self.shard_silence = shard_silence  #: a shard whose digests stopped this long is silent
+        #: how long after a silent shard's last digest its nodes may take to be heard elsewhere
+        self.move_window = max(timeout, move_window)
         self._last: dict[str, float] = {}  #: node id -> last heartbeat (monotonic seconds)
         self._via: dict[str, str] = {}  #: node id -> the shard that reported its last heartbeat
         self._shard_last: dict[str, float] = {}  #: shard -> when its last digest arrived (monotonic)
@@ -73,7 +75,7 @@ class HeartbeatTracker:
             shard = self._via.get(node_id)
             if shard is not None:
                 heard = self._shard_last.get(shard, now)
-                if now - heard > self.shard_silence and now - heard <= self.timeout:
+                if now - heard > self.shard_silence and now - heard <= self.move_window:
                     continue  # its shard went silent: its worker has a full timeout to move
             out.append((node_id, now - last))
         return out

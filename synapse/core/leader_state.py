@@ -76,8 +76,9 @@ class LeaderConfig:
     """What a leader is told once, for its whole term."""
 
     heartbeat_timeout: float = 10.0  #: a READY node silent this long goes DOWN
-    #: a link shard whose digests stopped this long is silent: its nodes get a full timeout to move
-    shard_silence: float = 3.0
+    shard_silence: float = 3.0  #: a link shard whose digests stopped this long is silent
+    #: a silent shard's nodes may take this long (at least the timeout) from its last digest to move
+    shard_move: float = 0.0
     #: finished jobs are forgotten this long after they end (with history: after the store holds
     #: them); 0 keeps them
     job_retention: float = 3600.0
@@ -197,7 +198,8 @@ class LeaderState:
     def __init__(self, config: LeaderConfig = LeaderConfig()) -> None:
         self.config = config  #: fixed for the term
         #: last heartbeat per node (monotonic); handle only
-        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout, config.shard_silence)
+        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout, config.shard_silence,
+                                           config.shard_move)
         self.last_round: RoundResult | None = None  #: the last round's result; handle only, replaced whole
         #: the reservations handed to the next round (every blocked gang's, or the head's alone for a
         #: policy that keeps one); handle only
