@@ -86,7 +86,9 @@ class LinkShard:
         """Recompute the map from the members this replica is linked to and the leader it follows."""
         raft = self.m.raft
         members = [self.m.replica.api] + [api for api in map(self.m.api_of_raft, raft.connected_partners()) if api]
-        leader = self.m.leader_api_address()
+        # During an election no leader is known: keep the last one (gone, or about to be confirmed),
+        # so the map does not hand the nodes to every replica in turn.
+        leader = self.m.leader_api_address() or self.map.leader
         if (tuple(sorted(set(members))), leader) != self.map.key():
             self.map = ShardMap(members, leader)
             log.info("shard map members=%s leader=%s", ",".join(self.map.members), leader or "-")
