@@ -63,7 +63,7 @@ class SimNode:
         self.id = f"sim-{index:05d}"
         self.addresses = addresses
         self.metadata: tuple[tuple[str, str], ...] = ()
-        self.shard = ranked(self.id, addresses)[0]  #: where heartbeats go first (replies correct it)
+        self.replicas = ranked(self.id, addresses)  #: where heartbeats go, in order (replies correct it)
         self.shard_moved = asyncio.Event()
         self.known = (0, 0)  #: newest (term, version) of assignments seen
         self.beat_ok = 0.0  #: monotonic time of the last answered heartbeat
@@ -73,8 +73,12 @@ class SimNode:
         self.moves = 0  #: times its shard changed
         self.alive = True  #: False once the benchmark stops it (dead-node detection)
 
+    @property
+    def shard(self) -> str:
+        return self.replicas[0]
+
     def order(self) -> list[str]:
-        return [self.shard] + [a for a in ranked(self.id, self.addresses) if a != self.shard]
+        return self.replicas + [a for a in self.addresses if a not in self.replicas]
 
 
 class Sim:
@@ -135,10 +139,11 @@ class Sim:
                     continue
                 node.beat_ok, node.beat_by = time.monotonic(), address
                 self.absorbed[address] += 1
-                if reply.shard and reply.shard != node.shard:
-                    node.shard = reply.shard
-                    node.moves += 1
-                    node.shard_moved.set()
+                if reply.order and list(reply.order) != node.replicas:
+                    if reply.order[0] != node.shard:
+                        node.moves += 1
+                        node.shard_moved.set()
+                    node.replicas = list(reply.order)
                 break
             await asyncio.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - sent)))
 

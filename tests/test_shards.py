@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from synapse.core.shards import ShardMap, hosts, ranked, shard_of
+from synapse.core.shards import ShardMap, hosts, order_of, ranked, shard_of
 
 MEMBERS = ["m1:7001", "m2:7002", "m3:7003", "m4:7004", "m5:7005"]
 NODES = [f"node-{i:05d}" for i in range(5000)]
@@ -60,3 +60,14 @@ def test_shard_map_memoizes_the_same_answer():
     assert smap.key() == (tuple(MEMBERS), "m5:7005")
     for n in NODES[:300]:
         assert smap.shard_of(n) == smap.shard_of(n) == shard_of(n, MEMBERS, "m5:7005") != "m5:7005"
+        assert smap.order_of(n) == tuple(order_of(n, MEMBERS, "m5:7005"))
+
+
+def test_the_order_puts_the_leader_last_and_spreads_a_dead_shards_nodes():
+    three = MEMBERS[:3]
+    for n in NODES[:300]:
+        order = order_of(n, three, leader="m1:7001")
+        assert sorted(order) == sorted(three) and order[-1] == "m1:7001" and order[0] == shard_of(n, three, "m1:7001")
+    # with m2 dead, its nodes' next choices are the other hosts (in their own order), never the leader first
+    seconds = Counter(order_of(n, MEMBERS, "m1:7001")[1] for n in NODES if shard_of(n, MEMBERS, "m1:7001") == "m2:7002")
+    assert set(seconds) == {"m3:7003", "m4:7004", "m5:7005"}

@@ -9,7 +9,10 @@ follower to leave them to (its liveness work is then only the followers' digests
 change moves the nodes of the follower that became leader, and only those.
 
 Members are named by their API addresses, which workers know (their master list) and replicas know
-(the cluster file and the replicated directory). Pure: no clock, no I/O.
+(the cluster file and the replicated directory). The map is a function of the configured members
+and the leader, not of which replicas answer right now: a replica that dies keeps its place, and
+its workers, finding it silent, go on to the next replica of their own order (which the map also
+gives them), so replicas never disagree about the map while links flap. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -41,22 +44,32 @@ def shard_of(node_id: str, members: Iterable[str], leader: str = "") -> str:
     return order[0] if order else ""
 
 
+def order_of(node_id: str, members: Iterable[str], leader: str = "") -> list[str]:
+    """Where a node goes: its shard, then the other shard hosts in its own order (so the nodes of a
+    replica that died spread over the others), the leader last."""
+    members = sorted(set(members))
+    order = ranked(node_id, hosts(members, leader))
+    return order + [m for m in members if m not in order]
+
+
 class ShardMap:
-    """`shard_of` for one member list and leader, memoized per node (a replica asks on every heartbeat)."""
+    """`order_of` for one member list and leader, memoized per node (a replica asks on every heartbeat)."""
 
     def __init__(self, members: Iterable[str], leader: str = "") -> None:
         self.members = tuple(sorted(set(members)))  #: every replica's API address
         self.leader = leader  #: the leader's API address ('' if unknown)
-        self._hosts = hosts(self.members, leader)
-        self._memo: dict[str, str] = {}  #: node id -> its shard; filled by shard_of only
+        self._memo: dict[str, tuple[str, ...]] = {}  #: node id -> its order; filled by order_of only
 
     def key(self) -> tuple[tuple[str, ...], str]:
         """What the map is a function of: a replica rebuilds it when this changes."""
         return self.members, self.leader
 
+    def order_of(self, node_id: str) -> tuple[str, ...]:
+        order = self._memo.get(node_id)
+        if order is None:
+            order = self._memo[node_id] = tuple(order_of(node_id, self.members, self.leader))
+        return order
+
     def shard_of(self, node_id: str) -> str:
-        shard = self._memo.get(node_id)
-        if shard is None:
-            order = ranked(node_id, self._hosts)
-            shard = self._memo[node_id] = order[0] if order else ""
-        return shard
+        order = self.order_of(node_id)
+        return order[0] if order else ""

@@ -887,8 +887,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         names the node's shard, where the worker sends its next heartbeat."""
         await self._worker_identity(request.node_id, context)
         await self._attachable(context)
-        status, shard = self.m.shard.absorb(request)
-        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(), shard=shard)
+        status, order = self.m.shard.absorb(request)
+        if not status and not self.m.ready_leader_term():
+            # Only the leader may tell a worker to register again: a follower may not have applied
+            # the registration yet (or be catching up), and a storm of re-registrations would follow.
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"replica {self.m.replica.id} does not hold node {request.node_id} (yet); try another")
+        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(),
+                                      shard=order[0] if order else "", order=order)
 
     async def ReportLiveness(self, request, context):
         """A link shard's digest, for the leader's brain."""

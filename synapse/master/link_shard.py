@@ -9,10 +9,10 @@ brain decides expiry from the digests (synapse.core.heartbeat); on the leader it
 handed to its brain without a call.
 
 A replica hears a worker that is not its shard's too (never refused: it absorbs the heartbeat, and
-its reply names the node's shard, where the worker goes next). A replica with no leader in reach,
-or whose digests stopped getting through, stops serving workers (UNAVAILABLE), so they move to
-another replica within a heartbeat or two, before the leader's timeout: its silence is the
-leader's cue to give their nodes that time.
+its reply names the node's shard, where the worker goes next, and the order of replicas to try
+when that one does not answer). A replica with no link to a leader for `cut_off` stops serving
+workers (UNAVAILABLE), so they move to another replica within a heartbeat or two, before the
+leader's timeout: its silence is the leader's cue to give their nodes that time.
 
 Runs on the replica's event loop only; no lock of its own.
 """
@@ -74,7 +74,8 @@ class LinkShard:
         #: node id -> its last heartbeat that calls for a change, not yet forwarded
         self.changes: dict[str, api_pb2.HeartbeatRequest] = {}
         self.map = ShardMap([master.replica.api])  #: rebuilt by refresh_map when members or leader change
-        self.reached_leader = time.monotonic()  #: when a digest last reached the leader (or this replica led)
+        #: when this replica last led or had a link to a leader (serving() and the digest loop)
+        self.leader_contact = time.monotonic()
         self.absorbed = 0  #: heartbeats absorbed (a metric)
         self.digests = 0  #: digests delivered (a metric)
         self._wake = asyncio.Event()  #: set when a change waits to be forwarded
@@ -83,9 +84,8 @@ class LinkShard:
     # ---- the map -----------------------------------------------------------------------------------
 
     def refresh_map(self) -> None:
-        """Recompute the map from the members this replica is linked to and the leader it follows."""
-        raft = self.m.raft
-        members = [self.m.replica.api] + [api for api in map(self.m.api_of_raft, raft.connected_partners()) if api]
+        """Recompute the map from the configured members and the leader this replica follows."""
+        members = [self.m.replica.api] + [api for api in map(self.m.api_of_raft, self.m.raft.partners()) if api]
         # During an election no leader is known: keep the last one (gone, or about to be confirmed),
         # so the map does not hand the nodes to every replica in turn.
         leader = self.m.leader_api_address() or self.map.leader
@@ -94,29 +94,36 @@ class LinkShard:
             log.info("shard map members=%s leader=%s", ",".join(self.map.members), leader or "-")
 
     def serving(self) -> bool:
-        """Whether workers may attach here: it leads, or it follows a leader its digests reach."""
+        """Whether workers may attach here: it leads, or it has had a link to a leader within the
+        cut-off (an election passes unnoticed; a replica cut off from the others lets its workers go).
+        A slow digest alone does not send workers away: moving thousands at once would only move
+        the load onto the others."""
         if self.m.stopping:
             return False
-        if self.m.ready_leader_term():
+        if self.m.ready_leader_term() or self.m.leader_api_address():
+            self.leader_contact = time.monotonic()
             return True
-        return bool(self.m.leader_api_address()) and time.monotonic() - self.reached_leader < self.timings.cut_off
+        return time.monotonic() - self.leader_contact < self.timings.cut_off
 
     # ---- heartbeats ----------------------------------------------------------------------------------
 
-    def absorb(self, request: api_pb2.HeartbeatRequest) -> tuple[str, str]:
-        """Take one heartbeat in; (the node's status in this replica's state, its shard)."""
+    def absorb(self, request: api_pb2.HeartbeatRequest) -> tuple[str, tuple[str, ...]]:
+        """Take one heartbeat in; (the node's status in this replica's state, '' if it holds no such
+        node, and the replicas it should try in order: its shard first)."""
         node_id = request.node_id
-        self.heard[node_id] = time.monotonic()
-        self.absorbed += 1
         with self.m.lock:
             node = self.m.state.nodes.get(node_id)
-            status = node.status.value if node is not None else ""
-            change = node is not None and (node.status is NodeStatus.DOWN or health_change(
-                node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None)
+            if node is None:
+                return "", self.map.order_of(node_id)
+            change = node.status is NodeStatus.DOWN or health_change(
+                node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None
+            status = node.status.value
+        self.heard[node_id] = time.monotonic()
+        self.absorbed += 1
         if change:
             self.changes[node_id] = request
             self._wake.set()
-        return status, self.map.shard_of(node_id)
+        return status, self.map.order_of(node_id)
 
     # ---- digests -------------------------------------------------------------------------------------
 
@@ -169,7 +176,7 @@ class LinkShard:
         loops = self.m.leader_loops
         if loops is not None and self.m.ready_leader_term():
             loops.digest(digest)
-            self.reached_leader = time.monotonic()
+            self.leader_contact = time.monotonic()
             self.digests += 1
             return
         leader = self.m.leader_api_address()
@@ -182,7 +189,7 @@ class LinkShard:
         stub = api_pb2_grpc.MasterStub(self._channel[1])
         await stub.ReportLiveness(digest, timeout=max(1.0, self.timings.digest),
                                   metadata=((REPLICA_CREDENTIAL_KEY, self.m.replica_credential()),))
-        self.reached_leader = time.monotonic()
+        self.leader_contact = time.monotonic()
         self.digests += 1
 
     async def close(self) -> None:

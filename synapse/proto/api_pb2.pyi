@@ -974,21 +974,27 @@ class HeartbeatReply(_message.Message):
     NODE_STATUS_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
     SHARD_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     node_status: _builtins.str
     """READY, DOWN, or UNKNOWN (register again)"""
     term: _builtins.int
     shard: _builtins.str
     """API address of the replica whose link shard the node belongs to"""
+    @_builtins.property
+    def order(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the replicas the node tries, in order, when its shard does not answer"""
+
     def __init__(
         self,
         *,
         node_status: _builtins.str = ...,
         term: _builtins.int = ...,
         shard: _builtins.str = ...,
+        order: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_status", b"node_status", "shard", b"shard", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_status", b"node_status", "order", b"order", "shard", b"shard", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -110,9 +110,10 @@ class WorkerAgent:
         #: the assignment stream's client: it pauses up to 1 s between rounds of failed reconnections
         self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls, backoff=(0.05, 1.0))
         self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
-        #: the API address of the replica whose link shard this node belongs to: a guess from the
-        #: master list until a heartbeat's reply names it; written by the heartbeat thread only
-        self.shard = ranked(node_id, self.client.addresses)[0]
+        #: the replicas this node's heartbeats and watch go to, in order, its link shard first: its
+        #: own order over the master list until a heartbeat's reply gives the cluster's; replaced
+        #: whole by the heartbeat thread only
+        self.replica_order = ranked(node_id, self.client.addresses)
         self.shard_moved = threading.Event()  #: the shard changed since the watch stream was opened
         self.reports_ready = threading.Event()
         #: what RegisterNode returned (kept in CREDENTIAL_FILE): it proves calls come from this node,
@@ -279,9 +280,11 @@ class WorkerAgent:
     # ---- threads talking to the master ---------------------------------------------------------
 
     def replicas_in_order(self) -> list[str]:
-        """Where this node's heartbeats and watch go: its shard, then the others in its own order
-        (synapse.core.shards), so the workers of a replica that died spread over the others."""
-        return [self.shard] + [a for a in ranked(self.node_id, self.client.addresses) if a != self.shard]
+        """Where this node's heartbeats and watch go: its shard, then the others in the order the
+        masters gave (synapse.core.shards: the workers of a replica that died spread over the
+        others, the leader last), then any replica that order does not name."""
+        order = self.replica_order
+        return order + [a for a in self.client.addresses if a not in order]
 
     def _watch_loop(self) -> None:
         """Hold the assignment stream from the node's shard (any replica serves it); the client moves
@@ -326,12 +329,13 @@ class WorkerAgent:
                                          order=self.replicas_in_order)
                 self.metrics.heartbeat.observe(time.monotonic() - sent)
                 self.heartbeat_ok = True
-                if reply.shard and reply.shard != self.shard:
-                    log.info("link shard node=%s from=%s to=%s", self.node_id, self.shard, reply.shard)
-                    if reply.shard not in self.client.addresses:
-                        self.client.addresses.append(reply.shard)
-                    self.shard = reply.shard
-                    self.shard_moved.set()
+                if reply.order and list(reply.order) != self.replica_order:
+                    if reply.order[0] != self.replica_order[0]:
+                        log.info("link shard node=%s from=%s to=%s", self.node_id, self.replica_order[0],
+                                 reply.order[0])
+                        self.shard_moved.set()
+                    self.client.addresses += [a for a in reply.order if a not in self.client.addresses]
+                    self.replica_order = list(reply.order)
                 if reply.node_status == "UNKNOWN":
                     self._register()
             except (ClientError, ClusterUnavailable) as exc:
