@@ -8,8 +8,9 @@ Simulated workers are light (asyncio, all in this process, sharing a few channel
 speak the real protocol: each registers with a join token and keeps the node credential it gets,
 heartbeats every 5 s to its link shard (synapse.core.shards: the replica a heartbeat's reply
 names; its own rendezvous order over the master list while it has no answer), and holds a
-WatchAssignments stream from that replica, moved when the shard changes and reopened after a
-jittered pause when it breaks, as synapse.worker.agent does. Reported:
+WatchAssignments stream from that replica, moved when the shard changes (or answers again) and
+reopened after a random pause of up to two heartbeat intervals when it breaks, as
+synapse.worker.agent does. Reported:
 
 (a) steady state: CPU of each replica over a window, minus its idle CPU before any node existed;
     per heartbeat (each replica's CPU over the heartbeats it absorbed) and per node; the leader's
@@ -144,6 +145,8 @@ class Sim:
                         node.moves += 1
                         node.shard_moved.set()
                     node.replicas = list(reply.order)
+                if address == node.shard != node.watch_by:
+                    node.shard_moved.set()  # the shard answers again (restarted): the stream goes back to it
                 break
             await asyncio.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - sent)))
 
@@ -153,7 +156,7 @@ class Sim:
             for address in node.order():
                 if delivered:  # a stream that broke after delivering: reopen after a jittered pause
                     delivered = False
-                    await asyncio.sleep(random.uniform(0, HEARTBEAT_S))
+                    await asyncio.sleep(random.uniform(0, 2 * HEARTBEAT_S))
                 node.shard_moved.clear()
                 call = self.stub(address, node).WatchAssignments(api_pb2.WatchAssignmentsRequest(
                     node_id=node.id, known_term=node.known[0], known_version=node.known[1]), metadata=node.metadata)
@@ -323,13 +326,14 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=5.0, help="idle window before any node, seconds")
     parser.add_argument("--dead", type=int, default=5, help="nodes stopped for dead-node detection")
     parser.add_argument("--fault-limit", type=float, default=60.0, help="longest wait after a kill -9")
+    parser.add_argument("--keep", default="", help="run the cluster in this directory and keep its logs")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="60 nodes, short windows: the code path, not figures")
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.window, args.idle, args.dead, args.fault_limit = 60, 5.0, 2.0, 2, 40.0
     with tempfile.TemporaryDirectory(prefix="synapse-bench-scale-") as tmp:
-        data_dir = Path(tmp) / "cluster"
+        data_dir = Path(args.keep or tmp) / "cluster"
         # 5 s heartbeats (timeout 15 s), as the targets; history off: liveness only.
         state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3), heartbeat=HEARTBEAT_S, history="none")
         try:

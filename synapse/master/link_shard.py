@@ -78,6 +78,7 @@ class LinkShard:
         self.leader_contact = time.monotonic()
         self.absorbed = 0  #: heartbeats absorbed (a metric)
         self.digests = 0  #: digests delivered (a metric)
+        self.failures = 0  #: digests not delivered since the last one that was
         self._wake = asyncio.Event()  #: set when a change waits to be forwarded
         self._channel: tuple[str, grpc.aio.Channel] | None = None  #: (leader API address, channel to it)
 
@@ -157,7 +158,10 @@ class LinkShard:
             except TimeoutError:
                 pass
             self._wake.clear()
-            self.refresh_map()
+            try:
+                self.refresh_map()
+            except Exception:  # noqa: BLE001 - pysyncobj's status read off its thread: keep the last map
+                log.exception("shard map not refreshed shard=%s", self.m.replica.api)
             full = time.monotonic() >= next_digest
             if full:
                 next_digest = time.monotonic() + self.timings.digest
@@ -167,8 +171,13 @@ class LinkShard:
                 self.changes = {}
             try:
                 await self.deliver(digest)
+                if self.failures:
+                    log.info("digests delivered again shard=%s after_failures=%d", digest.shard, self.failures)
+                self.failures = 0
             except Exception as exc:  # noqa: BLE001 - any failure: the news goes with the next digest
-                log.debug("digest not delivered shard=%s error=%s", digest.shard, exc)
+                if not self.failures:
+                    log.warning("digest not delivered shard=%s error=%s", digest.shard, str(exc)[:200])
+                self.failures += 1
                 self.give_back(digest)
 
     async def deliver(self, digest: api_pb2.LivenessDigest) -> None:

@@ -298,7 +298,7 @@ class WorkerAgent:
             self.shard_moved.clear()
             try:
                 for message in self.watch_client.watch("WatchAssignments", request, stop=self.stopping,
-                                                       order=self.replicas_in_order, jitter=self.heartbeat_interval):
+                                                       order=self.replicas_in_order, jitter=2 * self.heartbeat_interval):
                     self.events.put(ws.AssignmentsReceived(
                         message.term, message.version,
                         tuple(codec.assignment_from_proto(a) for a in message.tasks), message.node_status))
@@ -336,6 +336,8 @@ class WorkerAgent:
                         self.shard_moved.set()
                     self.client.addresses += [a for a in reply.order if a not in self.client.addresses]
                     self.replica_order = list(reply.order)
+                if self.client.answered == self.replica_order[0] != self.watch_client.answered:
+                    self.shard_moved.set()  # the shard answers again (restarted): the stream goes back to it
                 if reply.node_status == "UNKNOWN":
                     self._register()
             except (ClientError, ClusterUnavailable) as exc:
