@@ -2,7 +2,7 @@
 
     python bench/scale.py --nodes 3000          # a table
     python bench/scale.py --nodes 3000 --json   # the figures as one JSON object
-    python bench/scale.py --quick               # CI: 60 nodes, short phases, same code path
+    python bench/scale.py --quick               # CI: 60 nodes, 1 s heartbeats, short phases, same code path
 
 Simulated workers are light (asyncio, all in this process, sharing a few channels per replica) but
 speak the real protocol: each registers with a join token and keeps the node credential it gets,
@@ -50,7 +50,7 @@ from synapse.core.shards import ranked  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2  # noqa: E402
 
-HEARTBEAT_S = 5.0
+HEARTBEAT_S = 5.0  #: the workers' heartbeat interval (--heartbeat; --quick runs at 1 s)
 #: Simulated workers per channel (one HTTP/2 connection carries that many heartbeats and streams).
 NODES_PER_CHANNEL = 500
 TRY_S = 1.5  #: a heartbeat try's budget, as the worker's client
@@ -320,22 +320,25 @@ def cpu_seconds_self() -> float:
 
 
 def main() -> None:
+    global HEARTBEAT_S
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--window", type=float, default=30.0, help="steady-state window, seconds")
     parser.add_argument("--idle", type=float, default=5.0, help="idle window before any node, seconds")
     parser.add_argument("--dead", type=int, default=5, help="nodes stopped for dead-node detection")
     parser.add_argument("--fault-limit", type=float, default=60.0, help="longest wait after a kill -9")
+    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_S, help="heartbeat interval, seconds")
     parser.add_argument("--keep", default="", help="run the cluster in this directory and keep its logs")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="60 nodes, short windows: the code path, not figures")
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.window, args.idle, args.dead, args.fault_limit = 60, 5.0, 2.0, 2, 40.0
+        args.nodes, args.window, args.idle, args.dead, args.fault_limit, args.heartbeat = 60, 3.0, 1.0, 2, 30.0, 1.0
+    HEARTBEAT_S = args.heartbeat
     with tempfile.TemporaryDirectory(prefix="synapse-bench-scale-") as tmp:
         data_dir = Path(args.keep or tmp) / "cluster"
         # 5 s heartbeats (timeout 15 s), as the issue's targets; history off: liveness only.
-        state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3), heartbeat=HEARTBEAT_S, history="none")
+        state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3), heartbeat=args.heartbeat, history="none")
         try:
             report = asyncio.run(run(args, state, data_dir))
         finally:
