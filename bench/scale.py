@@ -45,7 +45,7 @@ from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
-from synapse.common.auth import client_metadata, node_metadata  # noqa: E402
+from synapse.common.auth import node_metadata  # noqa: E402
 from synapse.core.shards import ranked  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2  # noqa: E402
@@ -215,8 +215,9 @@ async def kill_and_reattach(state: dict, data_dir: Path, sim: Sim, client: Maste
             false_down |= {n.id for n in live if seen.get(n.id) == "DOWN"}
         except Exception:  # noqa: BLE001 - no leader for a moment (the leader's kill)
             pass
-        if done_at is None and all(n.beat_ok > killed_at and n.watch_ok > killed_at and n.beat_by != victim["api_address"]
-                                   and n.watch_by != victim["api_address"] for n in live):
+        gone = victim["api_address"]
+        if done_at is None and all(n.beat_ok > killed_at and n.watch_ok > killed_at and n.beat_by != gone
+                                   and n.watch_by != gone for n in live):
             done_at = time.monotonic()
         if done_at is not None and time.monotonic() - done_at > HEARTBEAT_S:
             break  # and a heartbeat's worth more, to see no NodeDown follow
@@ -256,7 +257,8 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
     replicas = {r: {"role": role[r], "cpu_cores": round(cpu[r], 3), "idle_cores": round(idle[r], 3),
                     "nodes": held[r], "heartbeats_per_s": round(beats[r] / span, 1),
                     "us_per_heartbeat": round(1e6 * (cpu[r] - idle[r]) * span / beats[r], 1) if beats[r] else None,
-                    "ms_per_s_per_1000_nodes": round(1e6 * (cpu[r] - idle[r]) / max(1, held[r]), 2) if held[r] else None}
+                    "ms_per_s_per_1000_nodes":
+                        round(1e6 * (cpu[r] - idle[r]) / max(1, held[r]), 2) if held[r] else None}
                 for r in pids}
     leader_id = next(r for r in pids if role[r] == "leader")
     followers = [r for r in pids if role[r] == "follower"]
@@ -289,7 +291,7 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
     leader_kill = await kill_and_reattach(state, data_dir, sim, client, leader, args.fault_limit)
     await sim.close()
     client.close()
-    elections.close() if hasattr(elections, "close") else None
+    elections.client.close()
     per_node_follower_us = 1e6 * follower_per_node
     report = {
         "nodes": args.nodes, "heartbeat_s": HEARTBEAT_S, "register_s": round(registered_s, 2),
@@ -364,7 +366,8 @@ def print_table(r: dict) -> None:
           f"{'ms/s per 1k nodes':>18}")
     for rid, x in sorted(r["replicas"].items()):
         print(f"{rid:8} {x['role']:9} {x['cpu_cores']:6.3f} {x['idle_cores']:6.3f} {x['nodes']:6d} "
-              f"{x['heartbeats_per_s']:7.1f} {x['us_per_heartbeat'] or 0:7.1f} {x['ms_per_s_per_1000_nodes'] or 0:18.2f}")
+              f"{x['heartbeats_per_s']:7.1f} {x['us_per_heartbeat'] or 0:7.1f} "
+              f"{x['ms_per_s_per_1000_nodes'] or 0:18.2f}")
     print(f"load generator (this process): {r['load_generator_cores']} cores; leader's marginal "
           f"{r['leader_marginal_cores']} cores = {100 * r['leader_share_of_cluster_marginal']:.0f} % of the cluster's")
     d = r["dead_node_detect_s"]

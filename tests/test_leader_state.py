@@ -113,8 +113,9 @@ def test_the_freshest_report_of_any_shard_counts(make):
     d.handle(LivenessDigest("A", at=21, mono=21), LivenessDigest("B", at=21, mono=21))
     assert cmds(d.handle(MonitorDue(at=21, mono=21))) == []  # N0: 10 s since 11 (through B), N1: 9.5
     d.handle(LivenessDigest("A", at=22, mono=22), LivenessDigest("B", at=22, mono=22))
-    assert cmds(d.handle(MonitorDue(at=22, mono=22))) == [c.NodeDown(at=22, node_id=N0, reason="no heartbeat for 11.0s"),
-                                                          c.NodeDown(at=22, node_id=N1, reason="no heartbeat for 10.5s")]
+    assert cmds(d.handle(MonitorDue(at=22, mono=22))) == [
+        c.NodeDown(at=22, node_id=N0, reason="no heartbeat for 11.0s"),
+        c.NodeDown(at=22, node_id=N1, reason="no heartbeat for 10.5s")]
 
 
 def test_a_silent_shard_gives_its_nodes_a_full_timeout_to_move(make):
@@ -142,7 +143,8 @@ def test_a_new_leader_forgets_the_old_digests(make):
     d.handle(Started(at=50, mono=50))  # as after a re-election: a full timeout from now
     assert cmds(d.handle(MonitorDue(at=60, mono=60))) == []
     d.handle(LivenessDigest("A", at=61, mono=61, ages=((N0, 0.0),)))
-    assert cmds(d.handle(MonitorDue(at=61, mono=61))) == [c.NodeDown(at=61, node_id=N1, reason="no heartbeat for 11.0s")]
+    assert cmds(d.handle(MonitorDue(at=61, mono=61))) == [
+        c.NodeDown(at=61, node_id=N1, reason="no heartbeat for 11.0s")]
 
 
 def test_a_node_never_heard_of_starts_its_grace_when_first_seen(make):

@@ -34,7 +34,6 @@ from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
-from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem

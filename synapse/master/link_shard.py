@@ -29,7 +29,6 @@ import grpc
 
 from synapse.common.auth import REPLICA_CREDENTIAL_KEY
 from synapse.core.heartbeat import health_change
-from synapse.core.leader_state import HealthReport
 from synapse.core.model import NodeStatus
 from synapse.core.shards import ShardMap
 from synapse.proto import api_pb2, api_pb2_grpc
@@ -76,8 +75,6 @@ class LinkShard:
         self.map = ShardMap([master.replica.api])  #: rebuilt by refresh_map when members or leader change
         #: when this replica last led or had a link to a leader (serving() and the digest loop)
         self.leader_contact = time.monotonic()
-        self.absorbed = 0  #: heartbeats absorbed (a metric)
-        self.digests = 0  #: digests delivered (a metric)
         self.failures = 0  #: digests not delivered since the last one that was
         self._wake = asyncio.Event()  #: set when a change waits to be forwarded
         self._channel: tuple[str, grpc.aio.Channel] | None = None  #: (leader API address, channel to it)
@@ -120,7 +117,6 @@ class LinkShard:
                 node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None
             status = node.status.value
         self.heard[node_id] = time.monotonic()
-        self.absorbed += 1
         if change:
             self.changes[node_id] = request
             self._wake.set()
@@ -186,7 +182,6 @@ class LinkShard:
         if loops is not None and self.m.ready_leader_term():
             loops.digest(digest)
             self.leader_contact = time.monotonic()
-            self.digests += 1
             return
         leader = self.m.leader_api_address()
         if not leader or leader == self.m.replica.api:
@@ -199,14 +194,8 @@ class LinkShard:
         await stub.ReportLiveness(digest, timeout=max(1.0, self.timings.digest),
                                   metadata=((REPLICA_CREDENTIAL_KEY, self.m.replica_credential()),))
         self.leader_contact = time.monotonic()
-        self.digests += 1
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel[1].close()
             self._channel = None
-
-
-def health_of(request: api_pb2.HeartbeatRequest) -> HealthReport:
-    """The health report a heartbeat carries."""
-    return HealthReport(request.unhealthy, request.health_message, request.drain_on_failure)

@@ -444,11 +444,6 @@ class RaftNode:
         prefix = "partner_node_status_server_"
         return sorted(k[len(prefix):] for k in self.status() if k.startswith(prefix))
 
-    def connected_partners(self) -> list[str]:
-        """Raft addresses of the other current members this replica has a live link to."""
-        prefix = "partner_node_status_server_"
-        return sorted(k[len(prefix):] for k, v in self.status().items() if k.startswith(prefix) and v == 2)
-
     def is_leader(self) -> bool:
         return self.sync._isLeader()
 

@@ -298,7 +298,8 @@ class WorkerAgent:
             self.shard_moved.clear()
             try:
                 for message in self.watch_client.watch("WatchAssignments", request, stop=self.stopping,
-                                                       order=self.replicas_in_order, jitter=2 * self.heartbeat_interval):
+                                                       order=self.replicas_in_order,
+                                                       jitter=2 * self.heartbeat_interval):
                     self.events.put(ws.AssignmentsReceived(
                         message.term, message.version,
                         tuple(codec.assignment_from_proto(a) for a in message.tasks), message.node_status))
