@@ -5,13 +5,14 @@ the replica a worker is attached to moves it without a NodeDown."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 
 import grpc
 import pytest
 
-from synapse.common.auth import node_metadata
+from synapse.common.auth import REPLICA_CREDENTIAL_KEY, node_metadata
 from synapse.core import codec
 from synapse.core.shards import shard_of
 from synapse.proto import api_pb2
@@ -73,6 +74,31 @@ def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_dig
         assert time.monotonic() < deadline, "a node heard again at a follower did not come back up"
         stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=5)
         time.sleep(0.2)
+
+
+def test_only_a_replica_sends_digests(make_cluster):
+    cluster = make_cluster()
+    leader = cluster.master(cluster.wait_leader())
+    stub = cluster.client.stub(leader["api_address"])
+    credential = register(cluster.client, "n1").node_credential
+    digest = api_pb2.LivenessDigest(shard="x:1", node_ids=["n1"], ages_ms=[0])
+    with pytest.raises(grpc.RpcError) as err:  # a worker's credential may not
+        stub.ReportLiveness(digest, metadata=node_metadata("n1", credential), timeout=5)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as err:  # a made-up replica credential is no one
+        stub.ReportLiveness(digest, metadata=((REPLICA_CREDENTIAL_KEY, "0" * 64),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    password = (cluster.data_dir / "secrets" / "raft-password").read_text().strip()
+    replica = hashlib.sha256(b"synapse-replica-credential\0" + password.encode()).hexdigest()
+    with pytest.raises(grpc.RpcError) as err:  # one age per node
+        stub.ReportLiveness(api_pb2.LivenessDigest(shard="x:1", node_ids=["n1"]),
+                            metadata=((REPLICA_CREDENTIAL_KEY, replica),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert stub.ReportLiveness(digest, metadata=((REPLICA_CREDENTIAL_KEY, replica),), timeout=5).term > 0
+    user = cluster.client.call("AddUser", api_pb2.AddUserRequest(name="alice", role="user")).token
+    with pytest.raises(grpc.RpcError) as err:  # nor a user's token
+        stub.ReportLiveness(digest, metadata=(("authorization", f"Bearer {user}"),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_a_follower_serves_assignments_and_refuses_no_worker(make_cluster):
