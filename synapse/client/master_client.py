@@ -132,7 +132,7 @@ class Failover:
     def _new_round(self) -> None:
         first = self.client.leader if self.follows_leader else self.served
         if self.preferred is not None:
-            self.order = self.preferred()
+            self.order = list(self.preferred())
         else:
             self.order = [self.to] if self.to else ([first] if first else []) + [
                 a for a in self.client.addresses if a != first]
