@@ -20,6 +20,10 @@ synapse.worker.agent does. Reported:
 (c) kill -9 of a follower, then (after it is restarted and caught up) of the leader: the time until
     every live worker has had a heartbeat answered and a watch message from a live replica after
     the kill, how many moved, and false NodeDowns (a live node DOWN at any point after the kill).
+(d) on the pure state, before the cluster starts (no sockets: the leader brain's own round, as
+    bench/workflows.py measures it): --state-nodes nodes (20,000 by default), every one busy, and
+    1,000 pending 64 x 8 gangs: the scheduling round's p50 / p99, the state's snapshot size, and
+    the time to write and to read that snapshot.
 Targets (issue 26, at 20,000 nodes, 5 s heartbeats): the leader's liveness work <= 0.10 core, each
 follower <= 0.5; DOWN within 20 s p99; all workers re-attached within 30 s of a leader kill, no false
 DOWN. The per-node costs measured here say what 20,000 nodes need (printed at the end).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import statistics
@@ -43,9 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpc  # noqa: E402
 from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, percentile  # noqa: E402
+from workflows import fill, job_spec, new_state, round_times  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
 from synapse.common.auth import node_metadata  # noqa: E402
+from synapse.core import commands as c  # noqa: E402
+from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.shards import ranked  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2  # noqa: E402
@@ -184,6 +192,26 @@ class Sim:
         for pool in self.channels.values():
             for channel in pool:
                 await channel.close()
+
+
+def scheduling_at_size(nodes: int, gangs: int, rounds: int) -> dict:
+    """(d): rounds over a full cluster of `nodes` with `gangs` pending 64 x 8 gangs; the snapshot."""
+    state = new_state(racks=max(1, nodes // 32), nodes_per_rack=32)
+    fill(state, at=1.0)
+    for i in range(gangs):
+        spec = dataclasses.replace(job_spec(f"gang{i}"), tasks=64)
+        assert state.apply(c.SubmitJob(at=2.0, job_id=f"gang{i}", request_id=f"gang{i}", spec=spec)).ok
+    times = round_times(state, rounds, at=3.0)
+    started = time.perf_counter()
+    text = json.dumps(state.to_snapshot())
+    written = time.perf_counter() - started
+    started = time.perf_counter()
+    ClusterState.from_snapshot(json.loads(text))
+    read = time.perf_counter() - started
+    return {"nodes": len(state.nodes), "pending_gangs": gangs, "rounds": rounds,
+            "round_p50_s": round(statistics.median(times), 4), "round_p99_s": round(percentile(times, 0.99), 4),
+            "snapshot_mb": round(len(text) / 1e6, 2), "snapshot_write_s": round(written, 3),
+            "snapshot_read_s": round(read, 3)}
 
 
 def statuses(client: MasterClient) -> dict[str, str]:
@@ -330,13 +358,17 @@ def main() -> None:
     parser.add_argument("--dead", type=int, default=5, help="nodes stopped for dead-node detection")
     parser.add_argument("--fault-limit", type=float, default=60.0, help="longest wait after a kill -9")
     parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_S, help="heartbeat interval, seconds")
+    parser.add_argument("--state-nodes", type=int, default=20000, help="(d): nodes of the pure state")
+    parser.add_argument("--rounds", type=int, default=20, help="(d): scheduling rounds timed")
     parser.add_argument("--keep", default="", help="run the cluster in this directory and keep its logs")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="60 nodes, short windows: the code path, not figures")
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.window, args.idle, args.dead, args.fault_limit, args.heartbeat = 60, 3.0, 1.0, 2, 30.0, 1.0
+        args.state_nodes, args.rounds = 640, 3
     HEARTBEAT_S = args.heartbeat
+    scheduling = scheduling_at_size(args.state_nodes, 1000 if not args.quick else 50, args.rounds)
     with tempfile.TemporaryDirectory(prefix="synapse-bench-scale-") as tmp:
         data_dir = Path(args.keep or tmp) / "cluster"
         # 5 s heartbeats (timeout 15 s), as the issue's targets; history off: liveness only.
@@ -345,6 +377,7 @@ def main() -> None:
             report = asyncio.run(run(args, state, data_dir))
         finally:
             local.down(data_dir)
+    report["scheduling"] = scheduling
     if args.json:
         print(json.dumps(report))
     else:
@@ -377,6 +410,10 @@ def print_table(r: dict) -> None:
         k = r[name]
         print(f"kill -9 {name[5:]}: every live worker answered and watching again after {k['reattached_s']} s, "
               f"{k['moved']} shard moves, {k['false_node_downs']} false NodeDowns")
+    d = r["scheduling"]
+    print(f"pure state, {d['nodes']} busy nodes, {d['pending_gangs']} pending 64 x 8 gangs: round p50 "
+          f"{d['round_p50_s']} s, p99 {d['round_p99_s']} s ({d['rounds']} rounds); snapshot {d['snapshot_mb']} MB, "
+          f"written in {d['snapshot_write_s']} s, read in {d['snapshot_read_s']} s")
     z = r["at_20000_nodes"]
     print(f"at 20,000 nodes (linear in the per-node costs above): leader {z['leader_cores_if_linear']} cores; "
           f"each follower {z['per_follower_cores_3_replicas']} cores with 3 replicas, "
