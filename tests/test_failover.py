@@ -178,6 +178,12 @@ def test_a_call_in_a_given_order_goes_to_the_first_that_answers_and_leaves_the_l
     assert [a for a, _ in replicas.tries] == ["b", "c", "b"] and c.leader == "a" and c.answered == "b"
 
 
+def test_a_call_in_a_given_order_follows_a_redirect_from_an_older_replica():
+    c, replicas = client({"a": ["from the leader"], "b": [Refusal(FAILED_PRECONDITION, "not the leader", leader="a")]})
+    assert c.call("Heartbeat", "req", order=lambda: ["b", "a"]) == "from the leader"
+    assert [a for a, _ in replicas.tries] == ["b", "a"]
+
+
 def test_a_stream_that_delivered_reopens_after_a_jittered_pause(monkeypatch):
     pauses: list[float] = []
     monkeypatch.setattr("synapse.client.master_client.random.uniform", lambda low, high: high / 2)

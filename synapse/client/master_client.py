@@ -191,7 +191,9 @@ class Failover:
         if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
             raise TLSError(code, f"{address}: TLS failed: {details}") from None
         hint = leader_hint(error)
-        if code == grpc.StatusCode.FAILED_PRECONDITION and hint and self.follows_leader:
+        # A call in a given order follows a redirect too: a replica of an older release sends a
+        # worker's heartbeat to the leader (masters are upgraded before their workers, or not).
+        if code == grpc.StatusCode.FAILED_PRECONDITION and hint and (self.follows_leader or self.preferred):
             self.last_error = f"{address}: {details}"
             self.failed.add(address)
             if hint not in self.failed and self.redirects < 2 * len(self.client.addresses):
