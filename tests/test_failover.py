@@ -167,3 +167,34 @@ def test_leaving_a_stream_cancels_it():
     for _message in c.watch("WatchAssignments", lambda: "req"):
         break
     assert stream.cancelled
+
+
+def test_a_call_in_a_given_order_goes_to_the_first_that_answers_and_leaves_the_leader_alone():
+    c, replicas = client({"a": ["from a"], "b": [Refusal(UNAVAILABLE, "down"), "from b"], "c": ["from c"]})
+    c.leader = "a"
+    order = ["b", "c", "a"]  # a worker's link shard first (synapse.core.shards), the leader last
+    assert c.call("Heartbeat", "req", order=lambda: order) == "from c"
+    assert c.call("Heartbeat", "req", order=lambda: order) == "from b"
+    assert [a for a, _ in replicas.tries] == ["b", "c", "b"] and c.leader == "a" and c.answered == "b"
+
+
+def test_a_call_in_a_given_order_follows_a_redirect_from_an_older_replica():
+    c, replicas = client({"a": ["from the leader"], "b": [Refusal(FAILED_PRECONDITION, "not the leader", leader="a")]})
+    assert c.call("Heartbeat", "req", order=lambda: ["b", "a"]) == "from the leader"
+    assert [a for a, _ in replicas.tries] == ["b", "a"]
+
+
+def test_a_stream_that_delivered_reopens_after_a_jittered_pause(monkeypatch):
+    pauses: list[float] = []
+    monkeypatch.setattr("synapse.client.master_client.random.uniform", lambda low, high: high / 2)
+    stop = threading.Event()
+    stop.wait = lambda timeout=None: pauses.append(timeout) or False  # type: ignore[method-assign]
+    c, replicas = client({"a": [Stream(["m1"], Refusal(UNAVAILABLE, "a died")),
+                                Stream([], Refusal(UNAVAILABLE, "down"))],
+                          "b": [Stream([], Refusal(UNAVAILABLE, "b not yet")), Stream(["m2"], None)]})
+    messages = list(c.watch("WatchAssignments", lambda: "req", stop=stop, order=lambda: ["a", "b"], jitter=4.0))
+    assert messages == ["m1", "m2"]
+    # a pause (half the jitter here) before reopening after the break; then only the short pause
+    # after a whole round failed
+    assert pauses[0] == 2.0 and pauses[1] < 0.01 and len(pauses) == 2
+    assert [a for a, _ in replicas.tries] == ["a", "b", "a", "b"]

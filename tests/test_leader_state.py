@@ -18,6 +18,7 @@ from synapse.core.leader_state import (
     Heartbeat,
     LeaderConfig,
     LeaderState,
+    LivenessDigest,
     MonitorDue,
     Propose,
     Proposed,
@@ -90,6 +91,62 @@ def test_a_new_leader_gives_every_node_a_full_timeout_then_declares_the_silent_o
     assert cmds(d.handle(MonitorDue(at=110, mono=1010))) == []  # exactly the timeout: not yet
     assert cmds(d.handle(MonitorDue(at=111, mono=1011))) == [
         c.NodeDown(at=111, node_id=N0, reason="no heartbeat for 11.0s")]
+
+
+def test_digests_keep_nodes_up_and_a_node_silent_on_its_shard_goes_down(make):
+    d = make(heartbeat_timeout=10, shard_silence=3)
+    d.handle(Started(at=100, mono=1000))
+    for t in range(1001, 1021):  # shard A hears N0 every 5 s; it last heard N1 at 1003
+        ages = ((N0, (t - 1001) % 5),) + (((N1, 0.0),) if t == 1003 else ())
+        assert d.handle(LivenessDigest("A", at=t - 900, mono=t, ages=ages)) == []
+        out = cmds(d.handle(MonitorDue(at=t - 900, mono=t)))
+        assert out == ([c.NodeDown(at=114, node_id=N1, reason="no heartbeat for 11.0s")] if t == 1014 else [])
+        for cmd in out:
+            checked(d.state, cmd)
+    assert d.state.nodes[N0].status is NodeStatus.READY
+
+
+def test_the_freshest_report_of_any_shard_counts(make):
+    d = make(heartbeat_timeout=10, shard_silence=3)
+    d.handle(Started(at=0, mono=0))
+    d.handle(LivenessDigest("A", at=12, mono=12, ages=((N0, 9.0), (N1, 0.5))),
+             LivenessDigest("B", at=12, mono=12, ages=((N0, 1.0),)),
+             LivenessDigest("A", at=13, mono=13, ages=((N0, 10.0),)))  # an older report changes nothing
+    d.handle(LivenessDigest("A", at=21, mono=21), LivenessDigest("B", at=21, mono=21))
+    assert cmds(d.handle(MonitorDue(at=21, mono=21))) == []  # N0: 10 s since 11 (through B), N1: 9.5
+    d.handle(LivenessDigest("A", at=22, mono=22), LivenessDigest("B", at=22, mono=22))
+    assert cmds(d.handle(MonitorDue(at=22, mono=22))) == [
+        c.NodeDown(at=22, node_id=N0, reason="no heartbeat for 11.0s"),
+        c.NodeDown(at=22, node_id=N1, reason="no heartbeat for 10.5s")]
+
+
+def test_a_silent_shard_gives_its_nodes_a_full_timeout_to_move(make):
+    d = make(heartbeat_timeout=10, shard_silence=3)
+    d.handle(Started(at=0, mono=0))
+    for t in range(1, 21):  # B keeps sending digests (with nothing in them) all along
+        d.handle(LivenessDigest("B", at=t, mono=t))
+    d.handle(LivenessDigest("A", at=5, mono=5, ages=((N0, 2.0), (N1, 0.0))))
+    # A's digests stopped at 5: its nodes' silence counts from then, not from their last beats
+    assert cmds(d.handle(MonitorDue(at=14, mono=14))) == []
+    d.handle(LivenessDigest("B", at=11, mono=11, ages=((N1, 0.0),)))  # N1's worker moved to B
+    assert cmds(d.handle(MonitorDue(at=15, mono=15))) == []
+    down = cmds(d.handle(MonitorDue(at=16, mono=16)))
+    assert down == [c.NodeDown(at=16, node_id=N0, reason="no heartbeat for 13.0s")]
+    checked(d.state, down[0])
+    assert cmds(d.handle(MonitorDue(at=21, mono=21))) == []  # N1 heard through B at 11
+    assert cmds(d.handle(MonitorDue(at=21.5, mono=21.5))) == [
+        c.NodeDown(at=21.5, node_id=N1, reason="no heartbeat for 10.5s")]
+
+
+def test_a_new_leader_forgets_the_old_digests(make):
+    d = make(heartbeat_timeout=10, shard_silence=3)
+    d.handle(Started(at=0, mono=0))
+    d.handle(LivenessDigest("A", at=1, mono=1, ages=((N0, 0.0), (N1, 0.0))))
+    d.handle(Started(at=50, mono=50))  # as after a re-election: a full timeout from now
+    assert cmds(d.handle(MonitorDue(at=60, mono=60))) == []
+    d.handle(LivenessDigest("A", at=61, mono=61, ages=((N0, 0.0),)))
+    assert cmds(d.handle(MonitorDue(at=61, mono=61))) == [
+        c.NodeDown(at=61, node_id=N1, reason="no heartbeat for 11.0s")]
 
 
 def test_a_node_never_heard_of_starts_its_grace_when_first_seen(make):

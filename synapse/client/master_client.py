@@ -113,10 +113,14 @@ class Failover:
 
     def __init__(self, client: MasterClient, deadline: float | None, *, to: str | None = None,
                  leader: bool = True, stop: threading.Event | None = None,
-                 retry: frozenset[grpc.StatusCode] = _RETRY_CODES) -> None:
+                 retry: frozenset[grpc.StatusCode] = _RETRY_CODES,
+                 order: Callable[[], list[str]] | None = None) -> None:
         self.client = client  #: whose addresses, leader, backoff and credentials the tries use
         self.to = to  #: the one replica a per-replica read goes to, or None
-        self.follows_leader = leader and not to  #: an answer comes from the leader, and a redirect is followed
+        #: the replicas to try in this order, asked afresh each round (a worker's link shard first), or None
+        self.preferred = order
+        #: an answer comes from the leader, and a redirect is followed
+        self.follows_leader = leader and not to and order is None
         self.budget = deadline  #: seconds to keep trying (after a stream's last message), or None
         self.end = None if deadline is None else time.monotonic() + deadline
         self.stop = stop  #: when set, no further try starts and pauses end
@@ -131,8 +135,11 @@ class Failover:
 
     def _new_round(self) -> None:
         first = self.client.leader if self.follows_leader else self.served
-        self.order = [self.to] if self.to else ([first] if first else []) + [
-            a for a in self.client.addresses if a != first]
+        if self.preferred is not None:
+            self.order = list(self.preferred())
+        else:
+            self.order = [self.to] if self.to else ([first] if first else []) + [
+                a for a in self.client.addresses if a != first]
         self.failed = set()
         self.redirects = 0
 
@@ -161,6 +168,7 @@ class Failover:
 
     def succeeded(self, address: str) -> None:
         """`address` answered: it is the leader, unless any replica may answer."""
+        self.client.answered = address
         if self.to:
             return
         if self.follows_leader:
@@ -187,7 +195,9 @@ class Failover:
         if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
             raise TLSError(code, f"{address}: TLS failed: {details}") from None
         hint = leader_hint(error)
-        if code == grpc.StatusCode.FAILED_PRECONDITION and hint and self.follows_leader:
+        # A call in a given order follows a redirect too: a replica of an older release sends a
+        # worker's heartbeat to the leader (masters are upgraded before their workers, or not).
+        if code == grpc.StatusCode.FAILED_PRECONDITION and hint and (self.follows_leader or self.preferred):
             self.last_error = f"{address}: {details}"
             self.failed.add(address)
             if hint not in self.failed and self.redirects < 2 * len(self.client.addresses):
@@ -227,6 +237,7 @@ class MasterClient:
         self.try_timeout = try_timeout  #: budget of one try
         self.backoff = backoff  #: (first, largest) pause after a full round of failures
         self.leader: str | None = None  #: the address that last answered as leader
+        self.answered: str | None = None  #: the address that last answered a call or a stream
         self._channels: dict[str, grpc.Channel] = {}
 
     def close(self) -> None:
@@ -256,11 +267,12 @@ class MasterClient:
         return channel
 
     def call(self, method: str, request: Any, *, deadline: float | None = None, to: str | None = None,
-             try_timeout: float | None = None) -> Any:
-        """Call `method` on the leader (or on `to` only, for per-replica reads), with failover.
+             try_timeout: float | None = None, order: Callable[[], list[str]] | None = None) -> Any:
+        """Call `method` on the leader (or on `to` only, for per-replica reads; or on the first of
+        `order()` that answers, for calls any replica serves), with failover.
         A try that gets no answer within `try_timeout` (a leader whose process stalls) moves on to
         the next replica: the short default bounds an outage; large listings pass a longer one."""
-        tries = Failover(self, deadline if deadline is not None else self.deadline, to=to)
+        tries = Failover(self, deadline if deadline is not None else self.deadline, to=to, order=order)
         per_try = try_timeout or self.try_timeout
         while (address := tries.next()) is not None:
             try:
@@ -275,14 +287,26 @@ class MasterClient:
 
     def watch(self, method: str, request: Callable[[], Any], *, leader: bool = True,
               deadline: float | None = None, try_timeout: float | None = None,
-              stop: threading.Event | None = None) -> Iterator[Any]:
+              stop: threading.Event | None = None, order: Callable[[], list[str]] | None = None,
+              jitter: float = 0.0) -> Iterator[Any]:
         """Hold a server stream open across failovers and yield its messages; ends when the stream does.
 
         `request()` builds the request for each (re)connection, so a caller resumes where it was.
-        `leader`: only the leader serves the stream (else any replica). `deadline`: how long to try
-        without a message (None: until `stop` is set); `try_timeout`: a bound on one stream."""
-        tries = Failover(self, deadline, leader=leader, stop=stop, retry=_STREAM_RETRY_CODES)
+        `leader`: only the leader serves the stream (else any replica; `order()`: which first).
+        `deadline`: how long to try without a message (None: until `stop` is set); `try_timeout`: a
+        bound on one stream. `jitter`: a stream that broke after delivering is reopened after a
+        random pause of up to that many seconds, so thousands of workers whose replica died do not
+        all come back in the same instant."""
+        tries = Failover(self, deadline, leader=leader, stop=stop, retry=_STREAM_RETRY_CODES, order=order)
+        delivered = False
         while (address := tries.next()) is not None:
+            if delivered and jitter > 0:
+                delivered = False
+                pause = random.uniform(0, jitter)
+                if stop is not None:
+                    stop.wait(pause)
+                else:
+                    time.sleep(pause)
             timeout = None if try_timeout is None else min(try_timeout, tries.remaining())
             stream = getattr(self.stub(address), method)(request(), timeout=timeout, metadata=self.metadata)
             opened = time.monotonic()
@@ -290,6 +314,7 @@ class MasterClient:
                 for message in stream:
                     tries.succeeded(address)
                     tries.held(address)
+                    delivered = True
                     yield message
                 return
             except grpc.RpcError as exc:

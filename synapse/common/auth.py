@@ -16,6 +16,8 @@ LEADER_METADATA_KEY = "synapse-leader"
 NODE_CREDENTIAL_KEY = "synapse-node-credential"
 #: Metadata key of the node a credential is for (it makes the credential an identity on its own).
 NODE_ID_KEY = "synapse-node-id"
+#: Metadata key of a master replica's credential, for the calls replicas make to their leader.
+REPLICA_CREDENTIAL_KEY = "synapse-replica-credential"
 
 
 def client_metadata(token: str) -> tuple[tuple[str, str], ...]:

@@ -4,6 +4,13 @@ Only transitions are proposed (a node silent for longer than the timeout goes DO
 leader knows nothing of the old one's clock, so it gives every node a full grace period first.
 The clock is passed in, so the tracker is tested without sleeping.
 
+Workers heartbeat to their link shard (synapse.core.shards), a replica that sends the leader a
+digest every second: per node heard since its last digest, how long ago. The leader keeps, per
+node, its last heartbeat and the shard that vouched for it last. A node's silence counts from its
+last heartbeat while that shard's digests keep coming; once they stop (the replica died, or is cut
+off from the leader), its nodes get `move_window` from the shard's last digest (at least a full
+timeout) for their workers to move to another replica: never a NodeDown for the shard's fault.
+
 Heartbeats also carry the worker's health check result; `health_change` turns a report that
 differs from the replicated state into the one command that records it (cordoning the node, or
 lifting the cordon its health check set).
@@ -23,17 +30,36 @@ MAX_HEALTH_MESSAGE = 200
 class HeartbeatTracker:
     """Last heartbeat per node, on the leader's monotonic clock."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, shard_silence: float = 3.0, move_window: float = 0.0) -> None:
         self.timeout = timeout
+        self.shard_silence = shard_silence  #: a shard whose digests stopped this long is silent
+        #: how long after a silent shard's last digest its nodes may take to be heard elsewhere
+        self.move_window = max(timeout, move_window)
         self._last: dict[str, float] = {}  #: node id -> last heartbeat (monotonic seconds)
+        self._via: dict[str, str] = {}  #: node id -> the shard that reported its last heartbeat
+        self._shard_last: dict[str, float] = {}  #: shard -> when its last digest arrived (monotonic)
 
     def beat(self, node_id: str, now: float) -> None:
+        """The leader heard the node itself (its registration, or a heartbeat it absorbed)."""
         self._last[node_id] = now
+        self._via.pop(node_id, None)
+
+    def digest(self, shard: str, now: float, ages: Iterable[tuple[str, float]]) -> None:
+        """A shard's digest: each node it heard since its last one, and how many seconds ago."""
+        self._shard_last[shard] = now
+        last, via = self._last, self._via
+        for node_id, age in ages:
+            at = now - age
+            if at >= last.get(node_id, -1e300):
+                last[node_id] = at
+                via[node_id] = shard
 
     def grace(self, node_ids: Iterable[str], now: float) -> None:
         """Start every node's silence count from now (on gaining leadership)."""
         for node_id in node_ids:
             self._last[node_id] = now
+        self._via.clear()
+        self._shard_last.clear()
 
     def expired(self, ready_nodes: Iterable[str], now: float) -> list[tuple[str, float]]:
         """READY nodes silent for longer than the timeout, with how long they have been silent.
@@ -44,12 +70,19 @@ class HeartbeatTracker:
         out = []
         for node_id in ready_nodes:
             last = self._last.setdefault(node_id, now)
-            if now - last > self.timeout:
-                out.append((node_id, now - last))
+            if now - last <= self.timeout:
+                continue
+            shard = self._via.get(node_id)
+            if shard is not None:
+                heard = self._shard_last.get(shard, now)
+                if now - heard > self.shard_silence and now - heard <= self.move_window:
+                    continue  # its shard went silent: its worker has a full timeout to move
+            out.append((node_id, now - last))
         return out
 
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)
+        self._via.pop(node_id, None)
 
 
 def health_change(node: Node | None, unhealthy: bool, message: str, drain: bool,

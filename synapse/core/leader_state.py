@@ -24,7 +24,11 @@ What it decides:
   forgotten (with a history store: counted from when the store held them, and never before, unless
   the unarchived jobs outgrow their cap: then the oldest go with HistoryOverflow, a Warning event).
 * **Heartbeats** (`Heartbeat`): a node the state holds DOWN comes back up, and a health report that
-  differs from the state is recorded; one proposal at a time per node for each.
+  differs from the state is recorded; one proposal at a time per node for each. Replicas absorb
+  their link shard's heartbeats and forward only those that call for such a change.
+* **Liveness digests** (`LivenessDigest`): a shard's nodes heard since its last digest, with how
+  long ago; they feed heartbeat expiry (synapse.core.heartbeat: a shard whose digests stop gives
+  its nodes a full timeout to move before any is declared DOWN).
 
 Readers (the API, metrics, the dashboard) see it only through `LeaderView`. They may run on other
 threads, so every attribute a view reads is replaced whole, never changed in place.
@@ -72,6 +76,9 @@ class LeaderConfig:
     """What a leader is told once, for its whole term."""
 
     heartbeat_timeout: float = 10.0  #: a READY node silent this long goes DOWN
+    shard_silence: float = 3.0  #: a link shard whose digests stopped this long is silent
+    #: a silent shard's nodes may take this long (at least the timeout) from its last digest to move
+    shard_move: float = 0.0
     #: finished jobs are forgotten this long after they end (with history: after the store holds
     #: them); 0 keeps them
     job_retention: float = 3600.0
@@ -134,6 +141,16 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class LivenessDigest:
+    """A link shard's digest: the nodes it heard since its last one, each with the seconds since."""
+
+    shard: str  #: the replica that sends it (its API address)
+    at: float
+    mono: float  #: when it arrived, on the leader's monotonic clock
+    ages: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Proposed:
     """The outcome of a `Propose`: `ok` when its command committed and applied without rejection."""
 
@@ -142,7 +159,7 @@ class Proposed:
     value: str = ""  #: the command's result value (e.g. how many jobs a ForgetJobs forgot)
 
 
-Stimulus = Started | RoundDue | MonitorDue | Heartbeat | Proposed
+Stimulus = Started | RoundDue | MonitorDue | Heartbeat | LivenessDigest | Proposed
 
 
 # ---- instructions ---------------------------------------------------------------------------------
@@ -184,7 +201,8 @@ class LeaderState:
     def __init__(self, config: LeaderConfig = LeaderConfig()) -> None:
         self.config = config  #: fixed for the term
         #: last heartbeat per node (monotonic); handle only
-        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout)
+        self.heartbeats = HeartbeatTracker(config.heartbeat_timeout, config.shard_silence,
+                                           config.shard_move)
         self.last_round: RoundResult | None = None  #: the last round's result; handle only, replaced whole
         #: the reservations handed to the next round (every blocked gang's, or the head's alone for a
         #: policy that keeps one); handle only
@@ -203,7 +221,7 @@ class LeaderState:
         self.failing: set[tuple[str, int]] = set()
         self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
             Started: self._started, RoundDue: self._round, MonitorDue: self._monitor,
-            Heartbeat: self._heartbeat, Proposed: self._proposed,
+            Heartbeat: self._heartbeat, LivenessDigest: self._digest, Proposed: self._proposed,
         }
 
     def handle(self, state: ClusterState, *stimuli: Stimulus) -> list[Instruction]:
@@ -410,6 +428,10 @@ class LeaderState:
                 self.proposed_health.add(s.node_id)
                 out.append(Propose(cmd))
         return out
+
+    def _digest(self, state: ClusterState, s: LivenessDigest) -> list[Instruction]:
+        self.heartbeats.digest(s.shard, s.mono, s.ages)
+        return []
 
     def _proposed(self, state: ClusterState, s: Proposed) -> list[Instruction]:
         cmd = s.proposal.cmd

@@ -9,6 +9,8 @@ token stops working as soon as its removal applies:
   registration returns that node's credential (an HMAC of its id under a key only masters derive);
 * a node's credential with its id (metadata `synapse-node-id`) is that node's identity: it may
   re-register, heartbeat, watch and report for that node, and nothing else;
+* a replica's credential (an HMAC under the Raft password) lets a replica send its link shard's
+  liveness digest to the leader, and nothing else;
 * a user token (`synctl user add`) is looked up by its keyed hash (HMAC-SHA256 under a key derived
   from the Raft password, which clients and workers never see): the state, a snapshot or the log
   hold no usable token, and a stolen copy cannot even be checked against guesses offline;
@@ -54,12 +56,16 @@ ACCESS: dict[str, Role] = {
     # also takes a join token (JOIN_CALLS)
     "RegisterNode": Role.ADMIN, "Heartbeat": Role.ADMIN, "WatchAssignments": Role.ADMIN,
     "ReportTaskEvents": Role.ADMIN,
+    # replicas: a replica's credential (REPLICA_CALLS)
+    "ReportLiveness": Role.ADMIN,
     "CreateJoinToken": Role.ADMIN, "ListJoinTokens": Role.ADMIN, "RevokeJoinToken": Role.ADMIN,
 }
 #: All that a node's credential may call (each for its own node only; the endpoint checks the id).
 NODE_CALLS = frozenset({"RegisterNode", "Heartbeat", "WatchAssignments", "ReportTaskEvents"})
 #: All that a join token may call.
 JOIN_CALLS = frozenset({"RegisterNode"})
+#: All that a replica's credential may call.
+REPLICA_CALLS = frozenset({"ReportLiveness"})
 
 #: Why each admin-only RPC is admin-only, for the PERMISSION_DENIED message.
 _ADMIN_BECAUSE = {
@@ -68,7 +74,7 @@ _ADMIN_BECAUSE = {
     "AddUser": "user management", "RemoveUser": "user management", "ListUsers": "user management",
     "ApplyQueues": "queue management", "DeleteQueue": "queue management",
     "RegisterNode": "worker calls", "Heartbeat": "worker calls", "WatchAssignments": "worker calls",
-    "ReportTaskEvents": "worker calls",
+    "ReportTaskEvents": "worker calls", "ReportLiveness": "replica calls",
     "CreateJoinToken": "join tokens", "ListJoinTokens": "join tokens", "RevokeJoinToken": "join tokens",
 }
 
@@ -87,6 +93,7 @@ class Identity:
     bootstrap: bool = False  #: the cluster token's admin (or an open cluster's anonymous caller)
     node: str = ""  #: the node whose credential this is ("" for people)
     join_token: str = ""  #: the id of the join token this is ("" for people)
+    replica: bool = False  #: a master replica (its credential), for replica-to-leader calls only
 
     @property
     def is_admin(self) -> bool:
@@ -95,7 +102,7 @@ class Identity:
     @property
     def confined(self) -> bool:
         """A node's or a join token's identity: worker calls only, never a person's."""
-        return bool(self.node or self.join_token)
+        return bool(self.node or self.join_token or self.replica)
 
 
 #: The caller of the RPC being served (set by the handler wrapper in endpoints.add_to_server).
@@ -103,6 +110,7 @@ CALLER: ContextVar[Identity] = ContextVar("synapse_caller")
 
 BOOTSTRAP = Identity(BOOTSTRAP_ADMIN, Role.ADMIN, bootstrap=True)
 OPEN = Identity(ANONYMOUS, Role.ADMIN, bootstrap=True)
+REPLICA = Identity("replica", Role.USER, replica=True)
 
 
 def token_key(raft_password: str) -> bytes:
@@ -125,9 +133,12 @@ def new_join_token() -> str:
 
 
 def identify(master: Master, key: bytes, token: str, common_name: str = "", node_id: str = "",
-             node_credential: str = "") -> Identity | None:
+             node_credential: str = "", replica_credential: str = "") -> Identity | None:
     """The identity these credentials name in this replica's state, if any (see the module doc)."""
     config = master.config
+    if replica_credential:
+        return REPLICA if hmac.compare_digest(replica_credential.encode(),
+                                              master.replica_credential().encode()) else None
     if token:
         if config.token and hmac.compare_digest(token.encode(), config.token.encode()):
             return BOOTSTRAP
@@ -156,7 +167,7 @@ def identify(master: Master, key: bytes, token: str, common_name: str = "", node
 def denial(method: str, caller: Identity) -> str:
     """Why `caller` may not call `method`, or '' if it may."""
     if caller.confined:
-        allowed = NODE_CALLS if caller.node else JOIN_CALLS
+        allowed = NODE_CALLS if caller.node else REPLICA_CALLS if caller.replica else JOIN_CALLS
         if method in allowed:
             return ""
         return (f"{caller.name} may not call {method}: "

@@ -21,14 +21,19 @@ import time
 import grpc
 
 from synapse.common import tickets
-from synapse.common.auth import LEADER_METADATA_KEY, METADATA_KEY, NODE_CREDENTIAL_KEY, NODE_ID_KEY
+from synapse.common.auth import (
+    LEADER_METADATA_KEY,
+    METADATA_KEY,
+    NODE_CREDENTIAL_KEY,
+    NODE_ID_KEY,
+    REPLICA_CREDENTIAL_KEY,
+)
 from synapse.common.tls import peer_common_name
 from synapse.core import codec, dependencies, elastic, fairshare, preemption
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec
-from synapse.core.leader_state import HealthReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
@@ -93,8 +98,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 
     # ---- identities ----------------------------------------------------------------------------
 
-    def _known(self, token: str, common_name: str, node: tuple[str, str] = ("", "")) -> Identity | None:
-        return identify(self.m, self._token_key, token, common_name, *node)
+    def _known(self, token: str, common_name: str, node: tuple[str, str] = ("", ""),
+               replica: str = "") -> Identity | None:
+        return identify(self.m, self._token_key, token, common_name, *node, replica_credential=replica)
 
     async def authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Identity:
         """The caller, or abort: UNAUTHENTICATED for unknown credentials, PERMISSION_DENIED when
@@ -111,10 +117,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer <token>'")
         common_name = peer_common_name(context) if self.m.config.user_certs else ""
         node = (str(metadata.get(NODE_ID_KEY, "")), str(metadata.get(NODE_CREDENTIAL_KEY, "")))
-        caller = self._known(token, common_name, node)
+        replica = str(metadata.get(REPLICA_CREDENTIAL_KEY, ""))
+        caller = self._known(token, common_name, node, replica)
         if caller is None and (token or common_name) and not self.m.ready_leader_term():
             await self._leader(context)  # redirects, or returns once this replica leads
-            caller = self._known(token, common_name, node)
+            caller = self._known(token, common_name, node, replica)
         if caller is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "unknown token" if token else
@@ -872,27 +879,59 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         log.info("join token revoked id=%s by=%s", request.id, self.caller().name)
         return api_pb2.RevokeJoinTokenReply()
 
+    async def _attachable(self, context: grpc.aio.ServicerContext) -> None:
+        """Workers attach to any replica that leads or follows a leader its digests reach; one cut
+        off answers UNAVAILABLE, so its workers move on (synapse.master.link_shard)."""
+        if self.m.stopping:
+            await self._abort_stopping(context)
+        if not self.m.shard.serving():
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"replica {self.m.replica.id} has no leader in reach; attach to another")
+
     async def Heartbeat(self, request, context):
+        """Absorbed by this replica's link shard, whichever replica it is (never refused): the reply
+        names the node's shard, where the worker sends its next heartbeat."""
         await self._worker_identity(request.node_id, context)
+        await self._attachable(context)
+        status, order = self.m.shard.absorb(request)
+        if not status and not self.m.ready_leader_term():
+            # Only the leader may tell a worker to register again: a follower may not have applied
+            # the registration yet (or be catching up), and a storm of re-registrations would follow.
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"replica {self.m.replica.id} does not hold node {request.node_id} (yet); try another")
+        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(),
+                                      shard=order[0] if order else "", order=order)
+
+    async def ReportLiveness(self, request, context):
+        """A link shard's digest, for the leader's brain."""
         term = await self._leader(context)
+        if len(request.node_ids) != len(request.ages_ms):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_ids and ages_ms: one age per node")
         loops = self.m.leader_loops
         if loops is not None:
-            status = loops.heard(request.node_id, HealthReport(request.unhealthy, request.health_message,
-                                                               request.drain_on_failure))
-        else:
-            with self.m.lock:
-                node = self.m.state.nodes.get(request.node_id)
-                status = node.status.value if node else ""
-        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=term)
+            loops.digest(request)
+        return api_pb2.LivenessDigestReply(term=term)
 
     async def WatchAssignments(self, request, context):
+        """Served by any replica from its applied state (workers watch from their shard's). A
+        replica first waits until it has applied what the worker has seen, so (term, version)
+        never goes back for the worker when it moves from one replica to another."""
         await self._worker_identity(request.node_id, context)
-        term = await self._leader(context)
-        log.info("assignments watched node=%s term=%d", request.node_id, term)  # chaos timelines read it
-        lost = self.m.leadership_lost()
+        await self._attachable(context)
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while self.m.state.applied < request.known_version:
+            if time.monotonic() > deadline:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"replica {self.m.replica.id} has not applied version {request.known_version} yet")
+            try:
+                await asyncio.wait_for(self.m.state_changed().wait(), 0.1)
+            except TimeoutError:
+                pass
+        log.info("assignments watched node=%s term=%d", request.node_id, self.m.raft.term())  # chaos timelines
         last_sent = None
-        while not lost.is_set() and self.m.ready_leader_term() == term:
+        while self.m.shard.serving():
             changed = self.m.node_event(request.node_id)
+            term = self.m.raft.term()
             with self.m.lock:
                 state = self.m.state
                 node = state.nodes.get(request.node_id)
@@ -911,8 +950,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 last_sent = None  # keepalive: send the current list again
         if self.m.stopping:
             await self._abort_stopping(context)
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"replica {self.m.replica.id} stopped leading; reconnect to the new leader")
+        await context.abort(grpc.StatusCode.UNAVAILABLE,
+                            f"replica {self.m.replica.id} has no leader in reach; attach to another")
 
     async def ReportTaskEvents(self, request, context):
         await self._worker_identity(request.node_id, context)

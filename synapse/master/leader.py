@@ -31,6 +31,7 @@ from synapse.core.leader_state import (
     LeaderConfig,
     LeaderState,
     LeaderView,
+    LivenessDigest,
     MonitorDue,
     Propose,
     Proposed,
@@ -38,6 +39,7 @@ from synapse.core.leader_state import (
     RoundDue,
     Started,
 )
+from synapse.master.link_shard import ShardTimings
 from synapse.master.raft import ProposeError
 
 if TYPE_CHECKING:
@@ -66,8 +68,10 @@ class LeaderLoops:
         config = master.config
         #: the term's decisions; touched only on the event loop, under the master lock
         history = master.history
+        shards = ShardTimings.of(config.heartbeat_interval)
         self.brain = LeaderState(LeaderConfig(
-            heartbeat_timeout=config.heartbeat_timeout, job_retention=config.job_retention,
+            heartbeat_timeout=config.heartbeat_timeout, shard_silence=shards.silence, shard_move=shards.move,
+            job_retention=config.job_retention,
             history=history is not None, usage_half_life=config.fair_share_half_life,
             max_unarchived=history.settings.max_unarchived if history is not None else 0))
         self.view: LeaderView = self.brain  #: what endpoints, metrics and the dashboard read
@@ -188,3 +192,15 @@ class LeaderLoops:
         if out:
             self._spawn(self.carry_out(out))
         return status
+
+    def digest(self, digest) -> None:
+        """A link shard's digest (an api_pb2.LivenessDigest): its changes as heartbeats, its ages as
+        one stimulus; what the brain proposes goes out without holding the caller."""
+        now, mono = time.time(), time.monotonic()
+        stimuli: list = [Heartbeat(h.node_id, now, mono, HealthReport(h.unhealthy, h.health_message,
+                                                                       h.drain_on_failure)) for h in digest.changes]
+        stimuli.append(LivenessDigest(digest.shard, now, mono, tuple(zip(
+            digest.node_ids, (age / 1000 for age in digest.ages_ms), strict=True))))
+        out = self._handle(*stimuli)
+        if out:
+            self._spawn(self.carry_out(out))

@@ -39,6 +39,7 @@ from synapse.master.durability import check_journal
 from synapse.master.endpoints import MasterServicer, add_to_server
 from synapse.master.http import HTTPService, leader_ready
 from synapse.master.leader import LeaderLoops
+from synapse.master.link_shard import LinkShard
 from synapse.master.metrics import Metrics
 from synapse.master.raft import RaftNode, RaftTimeouts, raft_config
 from synapse.master.replica import Master
@@ -111,6 +112,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         from synapse.history.exporter import History  # SQLAlchemy, for masters with a history store
 
         master.history = History(config.history)  # connects at first use: a store down never stops a start
+    master.shard = LinkShard(master)
     master.loop = asyncio.get_running_loop()
     raft.bind_loop(master.loop)
     raft.replicated.listener = master.on_applied
@@ -140,6 +142,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(master.watch_leadership(LeaderLoops))
     guard = asyncio.create_task(master.watchdog(stop))
+    shard = asyncio.create_task(master.shard.run(stop))
     pulse = asyncio.create_task(_report_health(master, health))
     systemd.notify("READY=1")
     await stop.wait()
@@ -150,6 +153,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         timer.daemon = True
         timer.start()
     pulse.cancel()
+    shard.cancel()
+    await master.shard.close()
     await health.enter_graceful_shutdown()
     guard.cancel()
     log.info("master stopping replica=%s", replica_id)

@@ -20,6 +20,9 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
+import grpc
+
+from synapse.common.tls import channel_credentials
 from synapse.core import commands as c
 from synapse.core.leader_state import HealthReport, LeaderView
 from synapse.master.config import ClusterConfig
@@ -51,6 +54,9 @@ class LeaderWork(Protocol):
     def heard(self, node_id: str, health: HealthReport | None = None) -> str:
         """A node was heard from; its status in the state ('' if unknown)."""
 
+    def digest(self, digest) -> None:
+        """A link shard's liveness digest (synapse.master.link_shard) for the brain."""
+
 
 class Master:
     """The state of one replica process that is not replicated: leadership, watchers, loops."""
@@ -77,6 +83,9 @@ class Master:
         #: the history store and its exporter's status (synapse.history.exporter.History), or None
         #: when the cluster file configures none; set by main
         self.history = None
+        #: this replica's link shard (synapse.master.link_shard.LinkShard, which reads this object):
+        #: the heartbeats of its share of the nodes; set by main
+        self.shard = None
 
     # ---- proposing and reading -----------------------------------------------------------------
 
@@ -111,6 +120,16 @@ class Master:
         (keyed by the Raft password, which clients and workers never see)."""
         key = hashlib.sha256(b"synapse-node-credential\0" + self.config.raft_password.encode()).digest()
         return hmac.new(key, node_id.encode(), hashlib.sha256).hexdigest()
+
+    def replica_credential(self) -> str:
+        """The credential replicas present to each other's API (their liveness digests)."""
+        return hashlib.sha256(b"synapse-replica-credential\0" + self.config.raft_password.encode()).hexdigest()
+
+    def api_channel(self, address: str) -> grpc.aio.Channel:
+        """An asyncio channel to another replica's API (with this replica's certificate under TLS)."""
+        if self.config.tls.enabled:
+            return grpc.aio.secure_channel(address, channel_credentials(self.config.tls_of(self.replica.id)))
+        return grpc.aio.insecure_channel(address)
 
     def new_job_id(self, name: str) -> str:
         return f"{name[:40]}-{uuid.uuid4().hex[:8]}"

@@ -973,22 +973,91 @@ class HeartbeatReply(_message.Message):
 
     NODE_STATUS_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
+    SHARD_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     node_status: _builtins.str
     """READY, DOWN, or UNKNOWN (register again)"""
     term: _builtins.int
+    shard: _builtins.str
+    """API address of the replica whose link shard the node belongs to"""
+    @_builtins.property
+    def order(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the replicas the node tries, in order, when its shard does not answer"""
+
     def __init__(
         self,
         *,
         node_status: _builtins.str = ...,
         term: _builtins.int = ...,
+        shard: _builtins.str = ...,
+        order: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_status", b"node_status", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_status", b"node_status", "order", b"order", "shard", b"shard", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatReply: _TypeAlias = HeartbeatReply  # noqa: Y015
+
+@_typing.final
+class LivenessDigest(_message.Message):
+    """What a link shard tells the leader every second: the nodes it heard since its last digest (each
+    with the milliseconds since), and the heartbeats that call for a change in the state (a node
+    back up, a health report that differs from the state).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_FIELD_NUMBER: _builtins.int
+    NODE_IDS_FIELD_NUMBER: _builtins.int
+    AGES_MS_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    shard: _builtins.str
+    """the sending replica's API address"""
+    @_builtins.property
+    def node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def ages_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one per node id"""
+
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatRequest]: ...
+    def __init__(
+        self,
+        *,
+        shard: _builtins.str = ...,
+        node_ids: _abc.Iterable[_builtins.str] | None = ...,
+        ages_ms: _abc.Iterable[_builtins.int] | None = ...,
+        changes: _abc.Iterable[Global___HeartbeatRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ages_ms", b"ages_ms", "changes", b"changes", "node_ids", b"node_ids", "shard", b"shard"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LivenessDigest: _TypeAlias = LivenessDigest  # noqa: Y015
+
+@_typing.final
+class LivenessDigestReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TERM_FIELD_NUMBER: _builtins.int
+    term: _builtins.int
+    """the leader's term"""
+    def __init__(
+        self,
+        *,
+        term: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["term", b"term"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LivenessDigestReply: _TypeAlias = LivenessDigestReply  # noqa: Y015
 
 @_typing.final
 class WatchAssignmentsRequest(_message.Message):

@@ -159,6 +159,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.FromString,
                 _registered_method=True)
+        self.ReportLiveness = channel.unary_unary(
+                '/synapse.v1.Master/ReportLiveness',
+                request_serializer=synapse_dot_proto_dot_api__pb2.LivenessDigest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.LivenessDigestReply.FromString,
+                _registered_method=True)
         self.UpdateJob = channel.unary_unary(
                 '/synapse.v1.Master/UpdateJob',
                 request_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
@@ -352,6 +357,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportLiveness(self, request, context):
+        """Replicas: a link shard's liveness digest to the leader (a replica's credential only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UpdateJob(self, request, context):
         """Arrays: change a running array's throttle.
         """
@@ -518,6 +530,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportTaskEvents,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.SerializeToString,
+            ),
+            'ReportLiveness': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLiveness,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.LivenessDigest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.LivenessDigestReply.SerializeToString,
             ),
             'UpdateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateJob,
@@ -1225,6 +1242,33 @@ class Master:
             '/synapse.v1.Master/ReportTaskEvents',
             synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLiveness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ReportLiveness',
+            synapse_dot_proto_dot_api__pb2.LivenessDigest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.LivenessDigestReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,9 +2,11 @@
 starts and stops task processes, reports their starts and exits.
 
 Threads, each feeding events into one queue that the main loop drains in order:
-* watch: holds a WatchAssignments stream to the leader, which the client reopens (following
-  redirects) whenever it breaks, so a leader change never stops the worker or its tasks;
-* heartbeat: one RPC per interval; re-registers when the leader does not know the node;
+* watch: holds a WatchAssignments stream to the node's link shard (the replica that serves it, any
+  replica in a pinch), which the client reopens elsewhere, after a jittered pause, whenever it
+  breaks, so a replica's death never stops the worker or its tasks nor brings all workers back at once;
+* heartbeat: one RPC per interval to the node's link shard (synapse.core.shards; the reply names
+  it, and the worker follows); re-registers when the masters do not know the node;
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
@@ -33,6 +35,7 @@ from synapse.common.auth import METADATA_KEY, client_metadata, node_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
 from synapse.core.model import Assignment, Resources
+from synapse.core.shards import ranked
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
 from synapse.worker import state as ws
@@ -107,6 +110,11 @@ class WorkerAgent:
         #: the assignment stream's client: it pauses up to 1 s between rounds of failed reconnections
         self.watch_client = MasterClient(masters, token, deadline=10.0, tls=tls, backoff=(0.05, 1.0))
         self.report_client = MasterClient(masters, token, deadline=10.0, tls=tls)
+        #: the replicas this node's heartbeats and watch go to, in order, its link shard first: its
+        #: own order over the master list until a heartbeat's reply gives the cluster's; replaced
+        #: whole by the heartbeat thread only
+        self.replica_order = ranked(node_id, self.client.addresses)
+        self.shard_moved = threading.Event()  #: the shard changed since the watch stream was opened
         self.reports_ready = threading.Event()
         #: what RegisterNode returned (kept in CREDENTIAL_FILE): it proves calls come from this node,
         #: and checks log tickets
@@ -271,21 +279,34 @@ class WorkerAgent:
 
     # ---- threads talking to the master ---------------------------------------------------------
 
+    def replicas_in_order(self) -> list[str]:
+        """Where this node's heartbeats and watch go: its shard, then the others in the order the
+        masters gave (synapse.core.shards: the workers of a replica that died spread over the
+        others, the leader last), then any replica that order does not name."""
+        order = self.replica_order
+        return order + [a for a in self.client.addresses if a not in order]
+
     def _watch_loop(self) -> None:
-        """Hold the leader's assignment stream; the client follows the leader across failovers."""
+        """Hold the assignment stream from the node's shard (any replica serves it); the client moves
+        it elsewhere when it breaks, and the loop moves it back when the shard changes."""
         def request() -> api_pb2.WatchAssignmentsRequest:
             term, version = self.state.known
             return api_pb2.WatchAssignmentsRequest(node_id=self.node_id, known_term=term, known_version=version)
 
         while not self.stopping.is_set():
             pause = WATCH_REOPEN_S
+            self.shard_moved.clear()
             try:
-                for message in self.watch_client.watch("WatchAssignments", request, stop=self.stopping):
+                for message in self.watch_client.watch("WatchAssignments", request, stop=self.stopping,
+                                                       order=self.replicas_in_order,
+                                                       jitter=2 * self.heartbeat_interval):
                     self.events.put(ws.AssignmentsReceived(
                         message.term, message.version,
                         tuple(codec.assignment_from_proto(a) for a in message.tasks), message.node_status))
                     if self.stopping.is_set():
                         return
+                    if self.shard_moved.is_set():
+                        break  # reopen at the new shard (the next message, at the latest, says so)
             except AuthError as exc:
                 log.error("watch refused: %s", exc.message)
                 pause = WATCH_REFUSED_S
@@ -305,9 +326,19 @@ class WorkerAgent:
                 request = api_pb2.HeartbeatRequest(node_id=self.node_id, unhealthy=not self.healthy,
                                                    health_message=self.health_message,
                                                    drain_on_failure=self.drain_on_failure)
-                reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0))
+                reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0),
+                                         order=self.replicas_in_order)
                 self.metrics.heartbeat.observe(time.monotonic() - sent)
                 self.heartbeat_ok = True
+                if reply.order and list(reply.order) != self.replica_order:
+                    if reply.order[0] != self.replica_order[0]:
+                        log.info("link shard node=%s from=%s to=%s", self.node_id, self.replica_order[0],
+                                 reply.order[0])
+                        self.shard_moved.set()
+                    self.client.addresses += [a for a in reply.order if a not in self.client.addresses]
+                    self.replica_order = list(reply.order)
+                if self.client.answered == self.replica_order[0] != self.watch_client.answered:
+                    self.shard_moved.set()  # the shard answers again (restarted): the stream goes back to it
                 if reply.node_status == "UNKNOWN":
                     self._register()
             except (ClientError, ClusterUnavailable) as exc:

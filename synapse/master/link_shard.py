@@ -1,0 +1,201 @@
+"""This replica's link shard: the heartbeats of the nodes whose shard it is, absorbed in memory.
+
+Borg's design (SCALE.md): every replica talks to a subset of the workers, chosen by
+synapse.core.shards, and passes the leader only what matters. A heartbeat here is a dict write. Every
+second (at most) this replica sends the leader one `LivenessDigest`: each node heard since the last digest
+with the milliseconds since, plus the heartbeats that call for a change in the state (a DOWN node
+heard, a health report that differs from the applied state), which also go at once. The leader's
+brain decides expiry from the digests (synapse.core.heartbeat); on the leader itself the digest is
+handed to its brain without a call.
+
+A replica hears a worker that is not its shard's too (never refused: it absorbs the heartbeat, and
+its reply names the node's shard, where the worker goes next, and the order of replicas to try
+when that one does not answer). A replica with no link to a leader for `cut_off` stops serving
+workers (UNAVAILABLE), so they move to another replica within a heartbeat or two, before the
+leader's timeout: its silence is the leader's cue to give their nodes that time.
+
+Runs on the replica's event loop only; no lock of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from synapse.common.auth import REPLICA_CREDENTIAL_KEY
+from synapse.core.heartbeat import health_change
+from synapse.core.model import NodeStatus
+from synapse.core.shards import ShardMap
+from synapse.proto import api_pb2, api_pb2_grpc
+
+if TYPE_CHECKING:
+    from synapse.master.replica import Master
+
+log = logging.getLogger(__name__)
+
+#: A change (a node back up, a health report) waits at most this long to be gathered with others.
+CHANGE_DELAY_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ShardTimings:
+    """The link shards' clocks, from the cluster's heartbeat interval (README, Failover)."""
+
+    digest: float  #: a shard sends its digest this often (also its sign of life)
+    silence: float  #: the leader holds a shard silent after this long without its digest
+    #: a follower whose digests have not reached a leader for this long stops serving workers
+    #: (longer than an election, so a leader change moves no worker)
+    cut_off: float
+    move: float  #: a silent shard's nodes may take this long, from its last digest, to be heard elsewhere
+
+    @classmethod
+    def of(cls, heartbeat_interval: float) -> ShardTimings:
+        digest = min(1.0, heartbeat_interval / 2)
+        cut_off = max(3.0, heartbeat_interval)
+        return cls(digest=digest, silence=3 * digest, cut_off=cut_off,
+                   move=cut_off + 2 * heartbeat_interval + digest)
+#: Largest digest sent at once (node ids are at most 256 characters: well under the 4 MiB cap).
+MAX_DIGEST_NODES = 10_000
+
+
+class LinkShard:
+    """Heartbeats absorbed since the last digest, the changes to forward, and the shard map."""
+
+    def __init__(self, master: Master) -> None:
+        self.m = master
+        self.timings = ShardTimings.of(master.config.heartbeat_interval)
+        self.heard: dict[str, float] = {}  #: node id -> monotonic time of its last heartbeat since the digest
+        #: node id -> its last heartbeat that calls for a change, not yet forwarded
+        self.changes: dict[str, api_pb2.HeartbeatRequest] = {}
+        self.map = ShardMap([master.replica.api])  #: rebuilt by refresh_map when members or leader change
+        #: when this replica last led or had a link to a leader (serving() and the digest loop)
+        self.leader_contact = time.monotonic()
+        self.failures = 0  #: digests not delivered since the last one that was
+        self._wake = asyncio.Event()  #: set when a change waits to be forwarded
+        self._channel: tuple[str, grpc.aio.Channel] | None = None  #: (leader API address, channel to it)
+
+    # ---- the map -----------------------------------------------------------------------------------
+
+    def refresh_map(self) -> None:
+        """Recompute the map from the configured members and the leader this replica follows."""
+        members = [self.m.replica.api] + [api for api in map(self.m.api_of_raft, self.m.raft.partners()) if api]
+        # During an election no leader is known: keep the last one (gone, or about to be confirmed),
+        # so the map does not hand the nodes to every replica in turn.
+        leader = self.m.leader_api_address() or self.map.leader
+        if (tuple(sorted(set(members))), leader) != self.map.key():
+            self.map = ShardMap(members, leader)
+            log.info("shard map members=%s leader=%s", ",".join(self.map.members), leader or "-")
+
+    def serving(self) -> bool:
+        """Whether workers may attach here: it leads, or it has had a link to a leader within the
+        cut-off (an election passes unnoticed; a replica cut off from the others lets its workers go).
+        A slow digest alone does not send workers away: moving thousands at once would only move
+        the load onto the others."""
+        if self.m.stopping:
+            return False
+        if self.m.ready_leader_term() or self.m.leader_api_address():
+            self.leader_contact = time.monotonic()
+            return True
+        return time.monotonic() - self.leader_contact < self.timings.cut_off
+
+    # ---- heartbeats ----------------------------------------------------------------------------------
+
+    def absorb(self, request: api_pb2.HeartbeatRequest) -> tuple[str, tuple[str, ...]]:
+        """Take one heartbeat in; (the node's status in this replica's state, '' if it holds no such
+        node, and the replicas it should try in order: its shard first)."""
+        node_id = request.node_id
+        with self.m.lock:
+            node = self.m.state.nodes.get(node_id)
+            if node is None:
+                return "", self.map.order_of(node_id)
+            change = node.status is NodeStatus.DOWN or health_change(
+                node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None
+            status = node.status.value
+        self.heard[node_id] = time.monotonic()
+        if change:
+            self.changes[node_id] = request
+            self._wake.set()
+        return status, self.map.order_of(node_id)
+
+    # ---- digests -------------------------------------------------------------------------------------
+
+    def take(self) -> api_pb2.LivenessDigest:
+        """The digest of what was heard since the last one (which it empties)."""
+        now = time.monotonic()
+        heard, self.heard = self.heard, {}
+        changes, self.changes = self.changes, {}
+        if len(heard) > MAX_DIGEST_NODES:  # the rest goes with the next digest, a moment later
+            items = list(heard.items())
+            heard, self.heard = dict(items[:MAX_DIGEST_NODES]), dict(items[MAX_DIGEST_NODES:])
+        return api_pb2.LivenessDigest(shard=self.m.replica.api, node_ids=list(heard),
+                                      ages_ms=[int((now - t) * 1000) for t in heard.values()],
+                                      changes=list(changes.values()))
+
+    def give_back(self, digest: api_pb2.LivenessDigest) -> None:
+        """A digest that did not reach the leader: its news goes with the next one."""
+        now = time.monotonic()
+        for node_id, age in zip(digest.node_ids, digest.ages_ms, strict=True):
+            self.heard.setdefault(node_id, now - age / 1000)
+        for change in digest.changes:
+            self.changes.setdefault(change.node_id, change)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send a digest every `timings.digest`, and soon after any change, to whichever replica leads."""
+        next_digest = time.monotonic()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_digest - time.monotonic()))
+                await asyncio.sleep(CHANGE_DELAY_S)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.refresh_map()
+            except Exception:  # noqa: BLE001 - pysyncobj's status read off its thread: keep the last map
+                log.exception("shard map not refreshed shard=%s", self.m.replica.api)
+            full = time.monotonic() >= next_digest
+            if full:
+                next_digest = time.monotonic() + self.timings.digest
+            digest = self.take() if full else api_pb2.LivenessDigest(
+                shard=self.m.replica.api, changes=list(self.changes.values()))
+            if not full:
+                self.changes = {}
+            try:
+                await self.deliver(digest)
+                if self.failures:
+                    log.info("digests delivered again shard=%s after_failures=%d", digest.shard, self.failures)
+                self.failures = 0
+            except Exception as exc:  # noqa: BLE001 - any failure: the news goes with the next digest
+                if not self.failures:
+                    log.warning("digest not delivered shard=%s error=%s", digest.shard, str(exc)[:200])
+                self.failures += 1
+                self.give_back(digest)
+
+    async def deliver(self, digest: api_pb2.LivenessDigest) -> None:
+        """Hand the digest to this replica's brain if it leads, else send it to the leader."""
+        loops = self.m.leader_loops
+        if loops is not None and self.m.ready_leader_term():
+            loops.digest(digest)
+            self.leader_contact = time.monotonic()
+            return
+        leader = self.m.leader_api_address()
+        if not leader or leader == self.m.replica.api:
+            raise ConnectionError("no leader to send the digest to")
+        if self._channel is None or self._channel[0] != leader:
+            if self._channel is not None:
+                await self._channel[1].close()
+            self._channel = (leader, self.m.api_channel(leader))
+        stub = api_pb2_grpc.MasterStub(self._channel[1])
+        await stub.ReportLiveness(digest, timeout=max(1.0, self.timings.digest),
+                                  metadata=((REPLICA_CREDENTIAL_KEY, self.m.replica_credential()),))
+        self.leader_contact = time.monotonic()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel[1].close()
+            self._channel = None

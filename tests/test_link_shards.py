@@ -1,0 +1,162 @@
+"""Link shards on a real cluster: any replica absorbs a heartbeat and names the node's shard, the
+leader learns liveness from the followers' digests alone, followers serve assignments, and killing
+the replica a worker is attached to moves it without a NodeDown."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import time
+
+import grpc
+import pytest
+
+from synapse.common.auth import REPLICA_CREDENTIAL_KEY, node_metadata
+from synapse.core import codec
+from synapse.core.shards import shard_of
+from synapse.proto import api_pb2
+from tests.helpers import spec
+from tests.test_master_ha import proto_spec, register, wait_status
+
+
+def running(tasks: int, *command: str) -> api_pb2.JobSpec:
+    return codec.job_spec_to_proto(dataclasses.replace(spec(tasks=tasks, gpu=8), command=command))
+
+
+def heartbeat(stub, metadata, node_id: str = "n1") -> api_pb2.HeartbeatReply:
+    """A heartbeat answered by this replica (one that has not applied the registration yet says
+    UNAVAILABLE, and only the leader says UNKNOWN)."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            return stub.Heartbeat(api_pb2.HeartbeatRequest(node_id=node_id), metadata=metadata, timeout=5)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def statuses(cluster) -> dict[str, str]:
+    return {n.id: n.status for n in cluster.client.list_nodes()}
+
+
+def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_digests(make_cluster):
+    cluster = make_cluster()
+    leader = cluster.master(cluster.wait_leader())
+    credential = register(cluster.client, "n1").node_credential
+    metadata = node_metadata("n1", credential)
+    shard = shard_of("n1", cluster.addresses, leader["api_address"])
+    assert shard != leader["api_address"]  # the leader hosts no shard while it has followers
+    # every replica answers (none refuses), and each names the same shard
+    for m in cluster.state["masters"]:
+        reply = heartbeat(cluster.client.stub(m["api_address"]), metadata)
+        assert reply.shard == shard and reply.node_status == "READY"
+    # heartbeats to the other follower alone, for twice the 3 s timeout: the node stays READY
+    other = next(m["api_address"] for m in cluster.state["masters"]
+                 if m["api_address"] not in (shard, leader["api_address"]))
+    stub = cluster.client.stub(other)
+    end = time.monotonic() + 6
+    while time.monotonic() < end:
+        assert stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=5).shard == shard
+        assert statuses(cluster)["n1"] == "READY"
+        time.sleep(0.5)
+    # silent everywhere: DOWN within the timeout, a digest and a monitor tick
+    silent = time.monotonic()
+    while statuses(cluster)["n1"] != "DOWN":
+        assert time.monotonic() - silent < 6, "a silent node was never declared DOWN"
+        time.sleep(0.1)
+    assert time.monotonic() - silent > 2.5
+    # heard again at a follower: back up (the change goes to the leader at once)
+    stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=5)
+    deadline = time.monotonic() + 3
+    while statuses(cluster)["n1"] != "READY":
+        assert time.monotonic() < deadline, "a node heard again at a follower did not come back up"
+        stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=5)
+        time.sleep(0.2)
+
+
+def test_only_a_replica_sends_digests(make_cluster):
+    cluster = make_cluster()
+    leader = cluster.master(cluster.wait_leader())
+    stub = cluster.client.stub(leader["api_address"])
+    credential = register(cluster.client, "n1").node_credential
+    digest = api_pb2.LivenessDigest(shard="x:1", node_ids=["n1"], ages_ms=[0])
+    with pytest.raises(grpc.RpcError) as err:  # a worker's credential may not
+        stub.ReportLiveness(digest, metadata=node_metadata("n1", credential), timeout=5)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as err:  # a made-up replica credential is no one
+        stub.ReportLiveness(digest, metadata=((REPLICA_CREDENTIAL_KEY, "0" * 64),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    password = (cluster.data_dir / "secrets" / "raft-password").read_text().strip()
+    replica = hashlib.sha256(b"synapse-replica-credential\0" + password.encode()).hexdigest()
+    with pytest.raises(grpc.RpcError) as err:  # one age per node
+        stub.ReportLiveness(api_pb2.LivenessDigest(shard="x:1", node_ids=["n1"]),
+                            metadata=((REPLICA_CREDENTIAL_KEY, replica),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert stub.ReportLiveness(digest, metadata=((REPLICA_CREDENTIAL_KEY, replica),), timeout=5).term > 0
+    user = cluster.client.call("AddUser", api_pb2.AddUserRequest(name="alice", role="user")).token
+    with pytest.raises(grpc.RpcError) as err:  # nor a user's token
+        stub.ReportLiveness(digest, metadata=(("authorization", f"Bearer {user}"),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_follower_serves_assignments_and_refuses_no_worker(make_cluster):
+    cluster = make_cluster()
+    leader = cluster.master(cluster.wait_leader())
+    credential = register(cluster.client, "n1").node_credential
+    metadata = node_metadata("n1", credential)
+    follower = next(m for m in cluster.state["masters"] if m["id"] != leader["id"])
+    stub = cluster.client.stub(follower["api_address"])
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.3):
+            try:
+                stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=2)
+            except grpc.RpcError:
+                pass
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        job_id = cluster.client.submit(proto_spec(tasks=1, gpu=8))
+        stream = stub.WatchAssignments(api_pb2.WatchAssignmentsRequest(node_id="n1"), metadata=metadata, timeout=10)
+        for message in stream:
+            if any(t.job_id == job_id for t in message.tasks):
+                assert message.node_status == "READY" and message.version > 0
+                break
+        stream.cancel()
+        # a worker that has seen a newer version than a replica holds waits for it, never goes back
+        job = wait_status(cluster.client, job_id, {"SCHEDULED"})
+        assert job.tasks[0].node_id == "n1"
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in stub.WatchAssignments(api_pb2.WatchAssignmentsRequest(node_id="n1", known_version=10 ** 9),
+                                           metadata=metadata, timeout=10):
+                raise AssertionError("a replica served a version older than the worker's")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        stop.set()
+        beating.join()
+
+
+def test_killing_the_replica_a_worker_is_attached_to_moves_it_without_a_node_down(make_cluster):
+    cluster = make_cluster(workers=4, racks=1)
+    leader = cluster.master(cluster.wait_leader())
+    workers = [w["id"] for w in cluster.state["workers"]]
+    shards = {w: shard_of(w, cluster.addresses, leader["api_address"]) for w in workers}
+    victim_api = max(set(shards.values()), key=lambda a: sum(1 for s in shards.values() if s == a))
+    victim = next(m for m in cluster.state["masters"] if m["api_address"] == victim_api)
+    job_id = cluster.client.submit(running(4, "sleep", "12"))
+    wait_status(cluster.client, job_id, {"RUNNING"}, timeout=30)
+    cluster.kill_master(victim["id"])
+    # three timeouts with the replica gone: no NodeDown, the gang keeps running
+    end = time.monotonic() + 9
+    while time.monotonic() < end:
+        assert set(statuses(cluster).values()) == {"READY"}, statuses(cluster)
+        assert cluster.client.get_job(job_id).status == "RUNNING"
+        time.sleep(0.3)
+    # the moved workers watch elsewhere: a new job reaches them and ends
+    second = cluster.client.submit(running(4, "true"))
+    assert wait_status(cluster.client, second, {"SUCCEEDED"}, timeout=30).status == "SUCCEEDED"
+    assert wait_status(cluster.client, job_id, {"SUCCEEDED"}, timeout=30).status == "SUCCEEDED"
