@@ -46,12 +46,19 @@ def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_dig
     leader = cluster.master(cluster.wait_leader())
     credential = register(cluster.client, "n1").node_credential
     metadata = node_metadata("n1", credential)
-    shard = shard_of("n1", cluster.addresses, leader["api_address"])
-    assert shard != leader["api_address"]  # the leader hosts no shard while it has followers
-    # every replica answers (none refuses), and each names the same shard
-    for m in cluster.state["masters"]:
-        reply = heartbeat(cluster.client.stub(m["api_address"]), metadata)
-        assert reply.shard == shard and reply.node_status == "READY"
+    # every replica answers (none refuses), and each names the same shard, never the leader while
+    # it has followers (asked again if an election on this busy machine moved the leader meanwhile)
+    deadline = time.monotonic() + 10
+    while True:
+        shard = shard_of("n1", cluster.addresses, leader["api_address"])
+        replies = [heartbeat(cluster.client.stub(m["api_address"]), metadata) for m in cluster.state["masters"]]
+        if all(r.shard == shard and r.node_status == "READY" and list(r.order)[-1] == leader["api_address"]
+               for r in replies) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+        leader = cluster.master(cluster.wait_leader())
+    assert [(r.shard, r.node_status) for r in replies] == [(shard, "READY")] * 3
+    assert shard != leader["api_address"] and list(replies[0].order)[-1] == leader["api_address"]
     # heartbeats to the other follower alone, for twice the 3 s timeout: the node stays READY
     other = next(m["api_address"] for m in cluster.state["masters"]
                  if m["api_address"] not in (shard, leader["api_address"]))

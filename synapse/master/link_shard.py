@@ -83,7 +83,12 @@ class LinkShard:
 
     def refresh_map(self) -> None:
         """Recompute the map from the configured members and the leader this replica follows."""
-        members = [self.m.replica.api] + [api for api in map(self.m.api_of_raft, self.m.raft.partners()) if api]
+        try:
+            partners = self.m.raft.partners()
+        except Exception:  # noqa: BLE001 - pysyncobj's status read off its thread: keep the last map
+            log.exception("shard map not refreshed shard=%s", self.m.replica.api)
+            return
+        members = [self.m.replica.api] + [api for api in map(self.m.api_of_raft, partners) if api]
         # During an election no leader is known: keep the last one (gone, or about to be confirmed),
         # so the map does not hand the nodes to every replica in turn.
         leader = self.m.leader_api_address() or self.map.leader
@@ -109,6 +114,9 @@ class LinkShard:
         """Take one heartbeat in; (the node's status in this replica's state, '' if it holds no such
         node, and the replicas it should try in order: its shard first)."""
         node_id = request.node_id
+        leader = self.m.leader_api_address()
+        if leader and leader != self.map.leader:  # a new leader: the map follows it at once
+            self.refresh_map()
         with self.m.lock:
             node = self.m.state.nodes.get(node_id)
             if node is None:
@@ -154,10 +162,7 @@ class LinkShard:
             except TimeoutError:
                 pass
             self._wake.clear()
-            try:
-                self.refresh_map()
-            except Exception:  # noqa: BLE001 - pysyncobj's status read off its thread: keep the last map
-                log.exception("shard map not refreshed shard=%s", self.m.replica.api)
+            self.refresh_map()
             full = time.monotonic() >= next_digest
             if full:
                 next_digest = time.monotonic() + self.timings.digest
