@@ -201,7 +201,7 @@ def scheduling_at_size(nodes: int, gangs: int, rounds: int) -> dict:
     for i in range(gangs):
         spec = dataclasses.replace(job_spec(f"gang{i}"), tasks=64)
         assert state.apply(c.SubmitJob(at=2.0, job_id=f"gang{i}", request_id=f"gang{i}", spec=spec)).ok
-    times = round_times(state, rounds, at=3.0)
+    times, cpu = round_times(state, rounds, at=3.0)
     started = time.perf_counter()
     text = json.dumps(state.to_snapshot())
     written = time.perf_counter() - started
@@ -210,6 +210,7 @@ def scheduling_at_size(nodes: int, gangs: int, rounds: int) -> dict:
     read = time.perf_counter() - started
     return {"nodes": len(state.nodes), "pending_gangs": gangs, "rounds": rounds,
             "round_p50_s": round(statistics.median(times), 4), "round_p99_s": round(percentile(times, 0.99), 4),
+            "round_cpu_p99_s": round(percentile(cpu, 0.99), 4),
             "snapshot_mb": round(len(text) / 1e6, 2), "snapshot_write_s": round(written, 3),
             "snapshot_read_s": round(read, 3)}
 
