@@ -253,7 +253,9 @@ def test_a_plan_survives_a_leader_failover_and_a_victim_that_ignores_sigterm_is_
         info = wait_status(cl.client, a_job, {"RUNNING"}, timeout=30)
         waited = time.monotonic() - preempted_at
         assert waited >= 3.0, f"the preemptor ran {waited:.1f}s after the plan: the victim's grace was not kept"
-        assert waited < 9.0, f"{waited:.1f}s: the victim was killed at the worker's default grace, not its own 4 s"
+        # Its own 4 s grace, not the default 30 s: the rest (the failover, the victim's exit reported to
+        # the new leader, the preemptor placed, started and reported) took 4-5 s on a loaded machine.
+        assert waited < 20.0, f"{waited:.1f}s: the victim was not killed at its own 4 s grace"
         victim = cl.client.get_job(victims[0])
         assert sum(1 for e in victim.events if e.kind == "Preempted") == 1  # no second plan
         assert victim.attempts[0].nodes[0] == info.tasks[0].node_id  # the held node went to the preemptor
