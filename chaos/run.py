@@ -242,12 +242,16 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     # Jobs are never forgotten during a run: the checkers compare every acknowledged job with the end.
     spare = 2 if MEMBERSHIP_FAULTS & set(kinds) and masters == 3 else 0  # room to grow 3 -> 5
     # With database faults, the history store is a PostgreSQL server of the run's own (else SQLite).
+    # Masters in network namespaces have a loopback of their own: they reach it by its Unix socket.
+    netns = bool(NEEDS_NETNS & set(kinds))
     database = PostgresServer() if DATABASE_FAULTS & set(kinds) else None
-    store_url = database.create("history") if database is not None else ""
+    store_url = ""
+    if database is not None:
+        store_url = database.create("history")
+        store_url = database.socket_url("history") if netns else store_url
     try:
         state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters + spare), heartbeat=0.5,
-                         job_retention="0", netns=bool(NEEDS_NETNS & set(kinds)), spare_masters=spare,
-                         history=store_url)
+                         job_retention="0", netns=netns, spare_masters=spare, history=store_url)
     except BaseException:
         if database is not None:
             database.destroy()

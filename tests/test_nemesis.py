@@ -301,3 +301,30 @@ def test_restart_database_stops_the_store_then_starts_it_again(postgres, tmp_pat
     history.close()
     assert any(seen_down) and answers()
     assert [r["kind"] for r in read(tmp_path / "h.jsonl") if r["type"] == "fault"] == ["restart-database"]
+
+
+def test_masters_in_namespaces_are_refused_a_store_on_loopback(tmp_path):
+    """A chaos run with database and partition faults gave its masters (each in a network namespace
+    with a loopback of its own) a store on 127.0.0.1: no master ever reached it and no job was
+    archived. `up` now refuses that before it builds anything."""
+    import click
+
+    url = "postgresql+psycopg://postgres@127.0.0.1:5432/history"
+    with pytest.raises(click.ClickException, match="cannot reach a database on loopback"):
+        local.up(tmp_path, 3, 1, 1, 1, 45000, netns=True, history=url)
+    assert not (tmp_path / local.NETNS_LEDGER).exists() and not (tmp_path / "cluster.json").exists()
+
+
+def test_the_store_socket_url_reaches_the_same_database(postgres):
+    import sqlalchemy as sa
+
+    from synapse.history.store import check_url
+
+    postgres.create("by_socket")
+    engine = sa.create_engine(check_url(postgres.socket_url("by_socket")))
+    try:
+        with engine.connect() as conn:
+            over_socket, db = conn.execute(sa.text("select inet_server_addr() is null, current_database()")).one()
+    finally:
+        engine.dispose()
+    assert over_socket and db == "by_socket"

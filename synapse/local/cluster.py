@@ -36,6 +36,7 @@ from synapse.local.netns import MasterNet, Unavailable
 from synapse.proto import api_pb2
 
 READY_TIMEOUT_S = 60.0
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: The tags of every network `up --netns` made in a data dir, written before the network is built.
 NETNS_LEDGER = "netns-tags"
 #: Present from the start of `down` until the next `up`: `restart` refuses to start anything then.
@@ -164,6 +165,21 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         path.write_text(secrets.token_urlsafe(32) + "\n")
         os.chmod(path, 0o600)
     token = token_file.read_text().strip()
+    history_url = ""
+    if history != "none":
+        from sqlalchemy.engine import make_url
+
+        from synapse.history.store import check_url  # refused here, not after a minute of a master failing
+
+        try:
+            history_url = check_url(history or f"sqlite:///{data_dir / 'history.sqlite'}")
+        except ValueError as exc:
+            raise click.ClickException(f"--history: {exc}") from None
+        if netns and make_url(history_url).host in LOOPBACK_HOSTS:
+            # Each namespace has a loopback of its own: the masters would never reach the store.
+            raise click.ClickException("--history: masters in network namespaces cannot reach a database "
+                                       "on loopback; give its Unix socket (postgresql+psycopg://USER@/DB"
+                                       "?host=SOCKET_DIR) or an address the bridge routes to")
     ids = [f"m{i + 1}" for i in range(masters)]
     try:
         spares = [f"m{masters + i + 1}" for i in range(spare_masters)]
@@ -181,13 +197,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
         "durability": durability, "min_free_disk": min_free_disk, "job_retention": job_retention,
         "replicas": replicas}
-    if history != "none":
-        from synapse.history.store import check_url  # refused here, not after a minute of a master failing
-
-        try:
-            doc["history"] = {"url": check_url(history or f"sqlite:///{data_dir / 'history.sqlite'}")}
-        except ValueError as exc:
-            raise click.ClickException(f"--history: {exc}") from None
+    if history_url:
+        doc["history"] = {"url": history_url}
     tls_dir = data_dir / "tls"
     if tls:
         generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)],

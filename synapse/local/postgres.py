@@ -1,6 +1,9 @@
 """A throwaway PostgreSQL server for the history tests, bench/history.py and the chaos suite: Debian's
 `postgresql` package (scripts/install-test-packages.sh), initdb into a temporary directory, listening
 on 127.0.0.1 on a free port and a private socket directory, stopped and removed afterwards.
+`url(db)` reaches it over TCP on loopback; `socket_url(db)` over its Unix socket, which a process in
+another network namespace (the masters of a `--netns` cluster) still reaches: namespaces part the
+network, not the file system.
 
 PostgreSQL refuses to run as root: as root, the server runs as the `postgres` user the package
 creates (runuser). Where it cannot run, `unavailable()` says why and the callers skip."""
@@ -72,6 +75,10 @@ class PostgresServer:
 
     def url(self, db: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{db}"
+
+    def socket_url(self, db: str = "postgres") -> str:
+        """The same database through the server's Unix socket (its directory, `-k`)."""
+        return f"postgresql+psycopg://postgres@/{db}?host={self.dir}&port={self.port}"
 
     def create(self, db: str) -> str:
         import psycopg
