@@ -266,13 +266,14 @@ def outages_by_kind(ok_times: list[float], faults: list[dict], workload_ended: f
 
 #: Master log lines a fault's timeline reads, by what their message starts with.
 _MARKS = {"master serving": "serving", "leadership gained": "leader", "leader ready": "ready",
-          "assignments watched": "watch"}
+          "assignments watched": "watch", "node declared down": "down"}
 
 
 def master_log_marks(text: str) -> list[tuple[float, str, dict[str, str]]]:
     """(time, mark, key=value fields) of the lines of one master's log that a timeline needs:
     `serving` (started, journal replayed), `leader` (won an election), `ready` (its barrier
-    committed) and `watch` (a worker's assignment stream opened on it)."""
+    committed), `watch` (a worker's assignment stream opened on it) and `down` (a NodeDown it
+    committed as leader)."""
     from datetime import datetime
 
     out = []
@@ -342,6 +343,22 @@ def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[floa
                      **{k: None if t is None else round(t - start, 3) for k, t in steps.items()},
                      "outage": outage(ok_times, start, f["end"], workload_ended)})
     return out
+
+
+def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str, str]]],
+                     timeout: float) -> list[str]:
+    """NodeDowns no machine fault explains: a node declared DOWN outside [start, end + timeout +
+    WORKER_BACK_S] of every kill or restart of its worker. A master fault (a leader killed, a shard's
+    replica cut off, every master restarted) must never cost a live node its tasks."""
+    from chaos.nemesis import MACHINE_FAULTS
+
+    hits: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for f in faults:
+        if f["kind"] in MACHINE_FAULTS:
+            for node in f.get("targets", ()):
+                hits[node].append((f["start"], f["end"] + timeout + WORKER_BACK_S))
+    return [f"{fields.get('node', '?')} at {t:.3f} (term {fields.get('term', '?')})" for t, m, fields in marks
+            if m == "down" and not any(a <= t <= b for a, b in hits.get(fields.get("node", ""), ()))]
 
 
 def _first(marks: list[tuple[float, str, dict[str, str]]], mark: str, after: float, limit: float,

@@ -164,3 +164,26 @@ def test_outage_timeline_from_the_masters_logs():
                      "workers": 1.5, "outage": 1.0}
     summary = checkers.timeline_summary([first])
     assert summary["kill-leader"]["ready"] == {"n": 1, "median_s": 0.95, "p99_s": 0.95}
+
+
+def test_false_node_downs_are_those_no_worker_fault_explains():
+    from datetime import datetime
+
+    t0 = 1_800_000_000.0
+
+    def down(at, node):
+        stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(at * 1000) % 1000:03d}"
+        return (f"{stamp} WARNING synapse-master[m1] synapse.master.leader: "
+                f"node declared down node={node} term=3 reason=no heartbeat for 3.1s")
+
+    faults = [{"kind": "kill-worker", "targets": ["w1"], "start": t0, "end": t0 + 1.5, "detail": {}},
+              {"kind": "kill-leader", "targets": ["m2"], "start": t0 + 20, "end": t0 + 21, "detail": {}}]
+    marks = checkers.master_log_marks("\n".join([
+        down(t0 + 3.2, "w1"),   # its worker was killed: explained
+        down(t0 + 22.0, "w2"),  # a leader's death took a live node down: false
+        down(t0 + 30.0, "w1"),  # long after its worker came back: false
+    ]))
+    assert [m for _, m, _ in marks] == ["down"] * 3
+    found = checkers.false_node_downs(faults, marks, timeout=3.0)
+    assert len(found) == 2 and found[0].startswith("w2 at") and found[1].startswith("w1 at"), found
+    assert checkers.false_node_downs(faults, marks[:1], timeout=3.0) == []

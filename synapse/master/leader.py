@@ -139,6 +139,8 @@ class LeaderLoops:
             return None
         if not result.ok:
             log.info("leader proposal rejected cmd=%s error=%s", type(cmd).__name__, result.error)
+        elif isinstance(cmd, c.NodeDown):  # the chaos checker holds every one against a machine fault
+            log.warning("node declared down node=%s term=%d reason=%s", cmd.node_id, self.term, cmd.reason)
         return result
 
     def _spawn(self, work: Coroutine) -> None:
