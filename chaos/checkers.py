@@ -304,22 +304,24 @@ def outage_timelines(faults: list[dict], ops: list[dict], marks: list[tuple[floa
     leader's barrier committed; `write`, a client's first acknowledged submission after that (or
     after the fault, with no leader change); `workers`, every worker's assignment stream open on
     that leader (but those a machine fault had down meanwhile); and `outage`, as `outage` measures
-    it. A step counts up to the next fault of the same lane (the master faults' or the machine
-    faults')."""
+    it. A step counts up to the next fault of the same lane (the master faults', the machine
+    faults' or the database's)."""
     ok_times = sorted(r["complete"] for r in ops if r["status"] == "ok")
     writes = sorted(r["complete"] for r in ops if r["status"] == "ok" and r["f"] == "submit")
     marks = sorted(marks, key=lambda m: m[0])
     nodes = set(nodes)
-    from chaos.nemesis import MACHINE_FAULTS
+    from chaos.nemesis import DATABASE_FAULTS, MACHINE_FAULTS
+
+    def lane(kind: str) -> str:
+        return "machines" if kind in MACHINE_FAULTS else "database" if kind in DATABASE_FAULTS else "masters"
 
     out = []
     for f in faults:
         if "skipped" in f["detail"] or "error" in f["detail"] or f["start"] >= workload_ended:
             continue
         start = f["start"]
-        # Until the next fault of its lane (master or machine faults): what follows is that one's.
-        lane = f["kind"] in MACHINE_FAULTS
-        following = [g["start"] for g in faults if g["start"] > start and (g["kind"] in MACHINE_FAULTS) == lane]
+        # Until the next fault of its lane (master, machine or database faults): what follows is that one's.
+        following = [g["start"] for g in faults if g["start"] > start and lane(g["kind"]) == lane(f["kind"])]
         limit = min(f["end"] + OUTAGE_TAIL_S, workload_ended, *following)
         serving, leader = _first(marks, "serving", start, limit), _first(marks, "leader", start, limit)
         ready = _first(marks, "ready", leader[0], limit, leader[1].get("term")) if leader else None

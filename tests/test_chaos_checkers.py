@@ -155,8 +155,11 @@ def test_outage_timeline_from_the_masters_logs():
            {"f": "get", "status": "ok", "complete": t0 + 1.6}]
     faults = [{"kind": "kill-leader", "start": t0, "end": t0 + 1.5, "detail": {}},
               {"kind": "pause-leader", "start": t0 + 8.0, "end": t0 + 10.0, "detail": {}},
-              {"kind": "kill-worker", "targets": ["w3"], "start": t0 + 0.5, "end": t0 + 2.0, "detail": {}}]
-    [first, _, _] = checkers.outage_timelines(faults, ops, marks, ["w1", "w2", "w3"], workload_ended=t0 + 20)
+              {"kind": "kill-worker", "targets": ["w3"], "start": t0 + 0.5, "end": t0 + 2.0, "detail": {}},
+              # the database's own lane: it does not end the master fault's window
+              {"kind": "restart-database", "targets": ["postgresql"], "start": t0 + 0.2, "end": t0 + 4.0,
+               "detail": {}}]
+    [first, _, _, _] = checkers.outage_timelines(faults, ops, marks, ["w1", "w2", "w3"], workload_ended=t0 + 20)
     # The first election after the fault, its barrier, the first write after that, the workers'
     # streams on that leader (w3, down meanwhile, left out); the restarted master's start; not the
     # next fault's election.
