@@ -13,6 +13,7 @@ from synapse.common.auth import LEADER_METADATA_KEY
 OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class Refusal(grpc.RpcError):
@@ -54,6 +55,7 @@ class Replicas:
     def __init__(self, script: dict[str, list]) -> None:
         self.script = script
         self.tries: list[tuple[str, object]] = []  #: (address, request) of every try, in order
+        self.budgets: list[tuple[str, float]] = []  #: (address, timeout) of every try, in order
 
     def stub(self, address: str):
         replicas = self
@@ -62,6 +64,7 @@ class Replicas:
             def __getattr__(self, method):
                 def invoke(request, timeout=None, metadata=()):
                     replicas.tries.append((address, request))
+                    replicas.budgets.append((address, timeout))
                     answers = replicas.script[address]
                     answer = answers.pop(0) if len(answers) > 1 else answers[0]
                     if isinstance(answer, Refusal):
@@ -198,3 +201,31 @@ def test_a_stream_that_delivered_reopens_after_a_jittered_pause(monkeypatch):
     # after a whole round failed
     assert pauses[0] == 2.0 and pauses[1] < 0.01 and len(pauses) == 2
     assert [a for a, _ in replicas.tries] == ["a", "b", "a", "b"]
+
+
+def test_a_replica_that_let_a_try_run_out_is_tried_last_and_briefly_until_it_answers():
+    """Chaos pause-leader: every round began with the paused leader and spent a whole try on it."""
+    c, replicas = client({"a": [Refusal(DEADLINE_EXCEEDED, "stalled")], "b": [Refusal(UNAVAILABLE, "no leader"), "b"],
+                          "c": [Refusal(UNAVAILABLE, "no leader")]})
+    c.leader = "a"
+    assert c.call("SubmitJob", "req") == "b"
+    # The stalled leader's first try had the full budget; in the next round it came last, briefly.
+    assert replicas.budgets == [("a", 1.0), ("b", 1.0), ("c", 1.0), ("b", 1.0)]
+    assert c.suspected() == {"a"}
+    replicas.script["b"] = [Refusal(UNAVAILABLE, "no leader")]
+    replicas.budgets.clear()
+    with pytest.raises(ClusterUnavailable):
+        c.call("SubmitJob", "req", deadline=2.5)
+    # Within one call the suspect's budget doubles (a live but slow leader still gets its full try).
+    budgets = [t for a, t in replicas.budgets if a == "a"]
+    assert [a for a, _ in replicas.budgets[:3]] == ["b", "c", "a"]
+    assert budgets[:3] == [0.25, 0.5, 1.0] and all(t <= 1.0 for t in budgets), replicas.budgets
+    replicas.script["a"] = ["a"]
+    assert c.call("GetJob", "req") == "a" and c.suspected() == set()
+
+
+def test_a_listing_keeps_its_long_try_on_a_suspect():
+    c, replicas = client({"a": ["a"], "b": ["b"]})
+    c.suspects["a"] = float("inf")
+    assert c.call("ListJobs", "req", try_timeout=10.0, to="a", deadline=20.0) == "a"
+    assert replicas.budgets == [("a", 10.0)]

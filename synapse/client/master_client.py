@@ -40,6 +40,15 @@ RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_ba
 TRY_S = 1.0
 #: A try's budget for the listings, which carry a whole cluster's jobs or nodes.
 LISTING_TRY_S = 10.0
+#: A replica that let a try run out is a suspect for this long (longer than an election): it is
+#: tried last in each round, and with a short budget, since it is likely stalled (SIGSTOP, a
+#: machine swapping). Chaos `pause-leader` showed why: every round began again with the paused
+#: leader and spent a whole try on it, a second after the others had a leader. An answer clears it.
+SUSPECT_S = 3.0
+#: A short call's first budget on a suspect: enough for a live leader's commit, little to lose on a
+#: stalled one. It doubles at each try on it within one call, up to the full budget, so a slow but
+#: live leader wrongly suspected still answers.
+SUSPECT_TRY_S = 0.25
 
 #: Codes after which another replica (or the same one later) may succeed. RESOURCE_EXHAUSTED (a
 #: full disk or command queue) is the leader's own answer: every replica would send us back to it,
@@ -131,6 +140,7 @@ class Failover:
         self.order: list[str] = []  #: this round's addresses still to try
         self.failed: set[str] = set()  #: addresses that failed in this round: hints to them are stale
         self.redirects = 0  #: redirects followed in this round (bounded: hints may be stale)
+        self.suspect_budget: dict[str, float] = {}  #: a suspect's next try budget in this call
         self._new_round()
 
     def _new_round(self) -> None:
@@ -140,8 +150,19 @@ class Failover:
         else:
             self.order = [self.to] if self.to else ([first] if first else []) + [
                 a for a in self.client.addresses if a != first]
+        suspects = self.client.suspected()
+        self.order.sort(key=lambda a: a in suspects)  # stable: the rest keep their order
         self.failed = set()
         self.redirects = 0
+
+    def budget_for(self, address: str, per_try: float) -> float:
+        """One try's budget on `address`: short on a suspect (SUSPECT_TRY_S, doubling at each try on
+        it), unless the call needs long tries (listings); never beyond the call's deadline."""
+        budget = per_try
+        if per_try <= TRY_S and address in self.client.suspected():
+            budget = self.suspect_budget.get(address, SUSPECT_TRY_S)
+            self.suspect_budget[address] = min(2 * budget, per_try)
+        return min(budget, per_try, self.remaining())
 
     def remaining(self) -> float:
         return math.inf if self.end is None else self.end - time.monotonic()
@@ -169,6 +190,7 @@ class Failover:
     def succeeded(self, address: str) -> None:
         """`address` answered: it is the leader, unless any replica may answer."""
         self.client.answered = address
+        self.client.suspects.pop(address, None)
         if self.to:
             return
         if self.follows_leader:
@@ -212,6 +234,8 @@ class Failover:
             self.failed.add(address)
             if self.client.leader == address:
                 self.client.leader = None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and self.remaining() > 0:
+                self.client.suspects[address] = time.monotonic() + SUSPECT_S  # its try ran out, not the call
             return
         raise ClientError(code, details) from None
 
@@ -238,7 +262,14 @@ class MasterClient:
         self.backoff = backoff  #: (first, largest) pause after a full round of failures
         self.leader: str | None = None  #: the address that last answered as leader
         self.answered: str | None = None  #: the address that last answered a call or a stream
+        #: address -> monotonic time until which it is a suspect (a try to it ran out; SUSPECT_S)
+        self.suspects: dict[str, float] = {}
         self._channels: dict[str, grpc.Channel] = {}
+
+    def suspected(self) -> set[str]:
+        """The addresses that are suspects now (SUSPECT_S)."""
+        now = time.monotonic()
+        return {a for a, until in list(self.suspects.items()) if until > now}  # other threads add to it
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -277,7 +308,7 @@ class MasterClient:
         while (address := tries.next()) is not None:
             try:
                 reply = getattr(self.stub(address), method)(
-                    request, timeout=min(per_try, tries.remaining()), metadata=self.metadata)
+                    request, timeout=tries.budget_for(address, per_try), metadata=self.metadata)
             except grpc.RpcError as exc:
                 tries.failed_try(address, exc)
                 continue
