@@ -122,6 +122,7 @@ class SafeSyncObj(SyncObj):
     PREVOTE = True  #: off only to show, in a test, what happens without it
     PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
     REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
+    PREVOTE_YIELDS = True  #: the same, for standing aside in a contest of pre-votes (see _yield_to)
     #: A member whose version was last heard longer ago than this counts as unknown (not upgraded).
     VERSION_HEARD_S = 2.0
 
@@ -305,6 +306,7 @@ class SafeSyncObj(SyncObj):
         conf = self._SyncObj__conf
         lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
         mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+        theirs = (message.get("last_log_term", -1), message.get("last_log_index", -1))
         now = monotonic()
         granted = (isinstance(message.get("term"), int) and message["term"] > self.raftCurrentTerm
                    and self._SyncObj__raftState != _RAFT_STATE.LEADER
@@ -312,9 +314,31 @@ class SafeSyncObj(SyncObj):
                    # back from a cut, it has heard from no leader for the whole cut: it first
                    # gives the leader, if there is one, a minimum election timeout to reach it
                    and (not self.REJOIN_WAIT or now - self._rejoined >= conf.raftMinTimeout)
-                   and (message.get("last_log_term", -1), message.get("last_log_index", -1)) >= mine)
+                   and theirs >= mine)
+        if granted and self.PREVOTE_YIELDS:
+            granted = self._yield_to(node, message["term"], theirs > mine, now)
         self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
                                              "granted": granted, "current_term": self.raftCurrentTerm})
+
+    def _yield_to(self, node, term: int, ahead: bool, now: float) -> bool:
+        """Whether to grant a pre-vote the log rules allow; if so, stand aside for the asker.
+
+        Two replicas whose timers fire within a message's time of each other both won their
+        pre-votes and split the real vote: a term lost, and a second timeout (1.7-2.6 s elections
+        in the chaos run, where a tick can wait tens of ms for the GIL). So a replica about to
+        campaign, or asking for the same term itself, yields only to a lower address (one of the
+        two goes first; an asker whose log is ahead is always granted: its own round could never
+        win that asker's vote). A replica that grants gives up its own round and holds its timer
+        for a minimum election timeout, so the asker's vote request finds it still a follower.
+        Timers decide who campaigns, never what is safe: votes keep Raft's rules."""
+        contest = not ahead and (self._campaign or (self._prevote_term >= term
+                                                    and node.address > self._SyncObj__selfNode.address))
+        if contest:
+            return False
+        self._prevote_term, self._campaign = 0, False
+        self._SyncObj__raftElectionDeadline = max(self._SyncObj__raftElectionDeadline,
+                                                  now + self._SyncObj__conf.raftMinTimeout)
+        return True
 
     def _count_prevote(self, node, message: dict) -> None:
         current = message.get("current_term")
