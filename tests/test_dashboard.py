@@ -14,7 +14,7 @@ import pytest
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
 from synapse.core.scheduler import PENDING_REASONS
-from synapse.master.dashboard import PALETTE, NodeMark, gang_class, heatmap
+from synapse.master.dashboard import PALETTE, NodeMark, gang_classes, heatmap
 from tests.test_master_ha import wait_status
 
 pytestmark = pytest.mark.slow
@@ -90,23 +90,33 @@ def test_the_heatmap_colours_gangs_marks_kept_nodes_and_escapes_ids():
               "owner": {0: (evil, 0), 1: (evil, 1), 2: ("other-2", 0)}, "address": ""},
              {"id": "w2", "rack": "r1", "status": "READY", "schedulable": True, "gpus": 2, "used": 0, "owner": {},
               "address": ""}]
-    html = heatmap(nodes, {"w2": [NodeMark(waiting, "reserved by the scheduler")]}, "a follower's note")
+    colours = gang_classes([evil, "other-2"])
+    html = heatmap(nodes, colours, {"w2": [NodeMark(waiting, "reserved by the scheduler")]}, "a follower's note")
     assert "<script>" not in html and "<img" not in html
     page = Page(html)
     assert page.scripts == 0
     by_gpu = {(c["data-node"], c["data-gpu"]): c for c in page.gpu_cells}
     assert by_gpu["w1", "0"]["title"] == f"w1 GPU 0: job {evil} task 0"  # unescaped by the parser: exact
-    assert by_gpu["w1", "1"]["class"].split() == ["gpu", "used", gang_class(evil)]
-    assert by_gpu["w1", "2"]["class"].split() == ["gpu", "used", gang_class("other-2")]
+    assert by_gpu["w1", "1"]["class"].split() == ["gpu", "used", colours[evil]]
+    assert by_gpu["w1", "2"]["class"].split() == ["gpu", "used", colours["other-2"]] != ["gpu", "used", colours[evil]]
     assert by_gpu["w1", "3"]["class"].split() == ["gpu", "free"]
     assert by_gpu["w2", "0"]["class"].split() == ["gpu", "free", "reserved"]
     assert by_gpu["w2", "0"]["title"] == f"w2 GPU 0: free; kept for job {waiting}: reserved by the scheduler"
     kept = [r for r in page.rows if "reserved" in r["class"].split()]
     assert [r["cells"][0] for r in kept] == ["w2"] and kept[0]["cells"][-1] == f"for {waiting}"
     assert "a follower&#x27;s note" in html
-    # the colour of a gang is the same on every replica and every load, and a class the stylesheet has
-    assert gang_class("train-0a1b2c3d") == gang_class("train-0a1b2c3d")
-    assert len({gang_class(f"job-{i}") for i in range(200)}) == len(PALETTE)
+    assert f'<span class="swatch {colours[evil]}"' in html  # the legend
+
+
+def test_gang_colours_are_stable_and_distinct_while_the_palette_lasts():
+    ids = [f"job-{i}" for i in range(3 * len(PALETTE))]
+    own = {j: gang_classes([j])[j] for j in ids}  # a gang alone: its hash slot, on every replica and load
+    assert own == {j: gang_classes([j])[j] for j in ids} and set(own.values()) == {f"g{i}" for i in range(len(PALETTE))}
+    assert len(set(gang_classes(ids[:len(PALETTE)]).values())) == len(PALETTE)  # no two alike
+    assert set(gang_classes(ids).values()) == set(own.values())  # past the palette, colours repeat
+    older, younger = next((a, b) for a in ids for b in ids if a != b and own[a] == own[b])
+    both = gang_classes([older, younger])
+    assert both[older] == own[older] and both[younger] != own[younger]  # the younger gives way
 
 
 def test_the_dashboard(make_cluster):
@@ -139,7 +149,7 @@ def test_the_dashboard(make_cluster):
     assert len(nodes_page.gpu_cells) == 16  # one cell per GPU: 2 nodes x 8
     used = [c for c in nodes_page.gpu_cells if "used" in c["class"]]
     assert len(used) == 8  # 2 tasks x 4 GPUs
-    assert {c["class"].split()[-1] for c in used} == {gang_class(job)}  # the gang's colour
+    assert {c["class"].split()[-1] for c in used} == {gang_classes([job])[job]}  # the gang's colour
     assert {re.sub(r" \d+$", "", c["title"].split(": ", 1)[1]) for c in used} == {f"job {job} task"}
     detail = fetch(address, f"/jobs/{job}", cluster.token)[2]
     assert "SECRET=***" in detail and "Gang" in detail
@@ -181,7 +191,7 @@ def test_the_dashboard(make_cluster):
                for r in kept), [(r["title"], r["cells"][-1]) for r in kept]
     hatched = [c for c in nodes_page.gpu_cells if c["class"].split() == ["gpu", "free", "reserved"]]
     assert len(hatched) == 8 and all(f"kept for job {big}" in c["title"] for c in hatched)
-    assert {c["class"].split()[-1] for c in nodes_page.gpu_cells if "used" in c["class"]} == {gang_class(job)}
+    assert {c["class"].split()[-1] for c in nodes_page.gpu_cells if "used" in c["class"]} == {gang_classes([job])[job]}
 
     def reason(page: Page, job_id: str) -> str:
         row = page.row_of(job_id)

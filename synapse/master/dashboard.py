@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
     from synapse.master.replica import Master
 
 PAGE_SIZE = 50
-#: One colour per gang on the heatmap, picked by a hash of the job id (the same on every replica and
-#: every load): dark enough against the page, and none near free (grey), down (red) or cordoned
-#: (amber). Two gangs may share one; the cell's title names the gang.
+#: The heatmap's gang colours (see gang_classes): dark enough against the page, and none near free
+#: (grey), down (red) or cordoned (amber).
 PALETTE = ("#0969da", "#1a7f37", "#8250df", "#6e4b2a", "#bf3989", "#0a7c8c", "#3d4f9f", "#5a6d1f", "#7d2e61",
            "#1b5e3b", "#2f6f9f", "#6639ba")
 STYLE = """
@@ -109,19 +109,32 @@ class NodeMark:
     why: str  #: what keeps it, for people
 
 
-def gang_class(job_id: str) -> str:
-    """The heatmap's colour class of a gang: a stable hash of its id into PALETTE."""
-    return f"g{zlib.crc32(job_id.encode()) % len(PALETTE)}"
+def gang_classes(gangs: Iterable[str]) -> dict[str, str]:
+    """Each gang's colour class on the heatmap, `gangs` oldest first: its own slot in PALETTE (a hash
+    of its id: the same on every replica and every load) unless an older gang on the page took it,
+    then the next free one. So up to len(PALETTE) gangs never share a colour, a gang keeps its
+    colour while it runs unless an older one it gave way to ends, and past that many gangs colours
+    repeat (each cell's title names its gang)."""
+    taken: set[int] = set()
+    out: dict[str, str] = {}
+    for job_id in gangs:
+        slot = zlib.crc32(job_id.encode()) % len(PALETTE)
+        while slot in taken and len(taken) < len(PALETTE):
+            slot = (slot + 1) % len(PALETTE)
+        taken.add(slot)
+        out[job_id] = f"g{slot}"
+    return out
 
 
 #: The legend lists at most this many gangs (each cell's title names its gang anyway).
 LEGEND_GANGS = 40
 
 
-def heatmap(nodes: list[dict], marks: dict[str, list[NodeMark]], note: str = "") -> str:
+def heatmap(nodes: list[dict], colours: dict[str, str], marks: dict[str, list[NodeMark]], note: str = "") -> str:
     """The nodes page: per rack a node x GPU table, each GPU in the colour of the gang holding it
-    (its job id and task index as the cell's title), nodes kept for a waiting gang outlined (their
-    free GPUs hatched) and named beside the row; a legend of states, gangs and the kept nodes."""
+    (`colours`, from gang_classes; its job id and task index as the cell's title), nodes kept for a
+    waiting gang outlined (their free GPUs hatched) and named beside the row; a legend of states,
+    gangs and the kept nodes."""
     racks: dict[str, list[dict]] = {}
     for n in nodes:
         racks.setdefault(n["rack"], []).append(n)
@@ -136,7 +149,7 @@ def heatmap(nodes: list[dict], marks: dict[str, list[NodeMark]], note: str = "")
             for g in range(n["gpus"]):
                 holder = n["owner"].get(g)
                 if holder is not None:
-                    cls, what = f"used {gang_class(holder[0])}", f"job {holder[0]} task {holder[1]}"
+                    cls, what = f"used {colours[holder[0]]}", f"job {holder[0]} task {holder[1]}"
                 else:
                     cls, what = klass or ("free reserved" if kept else "free"), klass or "free"
                 cells.append(f'<td class="gpu {cls}" data-node="{escape(n["id"])}" data-gpu="{g}"'
@@ -152,9 +165,9 @@ def heatmap(nodes: list[dict], marks: dict[str, list[NodeMark]], note: str = "")
               '<span class="swatch free"></span> free <span class="swatch reserved"></span> free, kept for a '
               'waiting gang (the node is outlined) '
               '<span class="swatch cordoned"></span> cordoned <span class="swatch down"></span> down</p>')
-    gangs = sorted({holder[0] for n in nodes for holder in n["owner"].values()})
+    gangs = list(colours)
     if gangs:
-        shown = "".join(f'<span class="swatch {gang_class(j)}" title="{escape(j)}"></span> {_job_link(j)} '
+        shown = "".join(f'<span class="swatch {colours[j]}" title="{escape(j)}"></span> {_job_link(j)} '
                         for j in gangs[:LEGEND_GANGS])
         more = f" and {len(gangs) - LEGEND_GANGS} more" if len(gangs) > LEGEND_GANGS else ""
         legend += f'<p class="gangs">Gangs: {shown}{more}</p>'
@@ -300,7 +313,12 @@ class Dashboard:
 
     def nodes(self) -> str:
         marks, note = self._marks()
-        return _page("Nodes", heatmap(self._nodes(), marks, note))
+        nodes = self._nodes()
+        with self.m.lock:
+            jobs = self.m.state.jobs
+            gangs = sorted({job for n in nodes for job, _ in n["owner"].values()},
+                           key=lambda j: (jobs[j].seq if j in jobs else 0, j))
+        return _page("Nodes", heatmap(nodes, gang_classes(gangs), marks, note))
 
     def node(self, node_id: str) -> tuple[int, str]:
         node = next((n for n in self._nodes() if n["id"] == node_id), None)
