@@ -26,6 +26,8 @@ from synapse.core.quantity import format_wait
 from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
+    from synapse.core.model import Job
+    from synapse.core.scheduler import WaitReason
     from synapse.master.replica import Master
 
 PAGE_SIZE = 50
@@ -236,7 +238,7 @@ class Dashboard:
             return out
 
     @staticmethod
-    def _why_waiting(job, reason) -> tuple[str, str]:
+    def _why_waiting(job: Job, reason: WaitReason | None) -> tuple[str, str]:
         """A pending job's typed wait reason (a PENDING_REASONS code) and its detail: the leader's
         last round when this replica leads, else what the leader last recorded in the log (the code,
         and the message of the Waiting event that recorded it)."""
@@ -284,8 +286,8 @@ class Dashboard:
         if view is None:
             leader = self.m.leader_api_address()
             note = ("This replica follows the leader: the scheduler's reservations are the leader's decisions, "
-                    "remade every round and not replicated, so only preemption holds are marked here. The leader's "
-                    f"dashboard ({leader or 'no leader known'}) marks both.")
+                    "remade every round and not replicated, so only preemption holds are marked here. Open this "
+                    f"page on the leader (API address {leader or 'unknown: no leader known'}) to see both.")
         return marks, note
 
     # ---- pages ---------------------------------------------------------------------------------
