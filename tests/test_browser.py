@@ -1,5 +1,7 @@
 """Every dashboard page in a real headless Chromium (Debian's, installed by
-scripts/install-test-packages.sh): no console error, no CSP violation, and a screenshot of each.
+scripts/install-test-packages.sh): no console error, no CSP violation, and a screenshot of each;
+on the heatmap each gang's GPUs show in its colour with its id as the title and the nodes reserved
+for a waiting gang are outlined and hatched, and the jobs page shows each pending job's wait and why.
 
 Chromium is driven through the DevTools protocol (websocket-client): the token goes in an
 Authorization header set for every request, as a reverse proxy or a script would send it.
@@ -12,6 +14,7 @@ import base64
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -22,6 +25,9 @@ import pytest
 
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
+from synapse.core.scheduler import PENDING_REASONS
+from synapse.master.dashboard import PALETTE, gang_classes
+from tests.test_dashboard import fetch
 from tests.test_master_ha import wait_status
 
 pytestmark = pytest.mark.slow
@@ -106,12 +112,30 @@ def chromium(tmp_path):
             proc.wait()
 
 
+def rgb(colour: str) -> str:
+    """'#0969da' as getComputedStyle gives it: 'rgb(9, 105, 218)'."""
+    return "rgb({}, {}, {})".format(*(int(colour[i:i + 2], 16) for i in (1, 3, 5)))
+
+
 def test_every_page_renders_in_chromium_without_errors(make_cluster, chromium, tmp_path):
     cluster = make_cluster(workers=4, racks=2)
-    job = cluster.client.submit(codec.job_spec_to_proto(JobSpec(
-        name="train", tasks=2, resources=Resources(1000, 1 << 30, 8), command=("sleep", "60"))))
+
+    def submit(name: str, tasks: int, gpu: int) -> str:
+        return cluster.client.submit(codec.job_spec_to_proto(JobSpec(
+            name=name, tasks=tasks, resources=Resources(1000, 1 << 30, gpu), command=("sleep", "60"))))
+
+    job, evaluation = submit("train", 2, 8), submit("eval", 1, 4)
     wait_status(cluster.client, job, {"RUNNING"})
-    address = cluster.state["masters"][0]["http_address"]
+    wait_status(cluster.client, evaluation, {"RUNNING"})
+    # a gang of every node cannot start while those run: the leader reserves the nodes for it, and a
+    # small job may not backfill onto them
+    big, small = submit("big-gang", 4, 8), submit("small", 1, 2)
+    address = cluster.master(cluster.wait_leader())["http_address"]  # the leader knows the reservations
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (
+            fetch(address, "/nodes", cluster.token)[2].count('<tr class="reserved">') < 4
+            or '<b class="reason">BehindReservation</b>' not in fetch(address, "/jobs", cluster.token)[2]):
+        time.sleep(0.2)
     shots = Path(os.environ.get("SYNAPSE_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
 
@@ -121,6 +145,7 @@ def test_every_page_renders_in_chromium_without_errors(make_cluster, chromium, t
     chromium.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
     pages = {"overview": "/", "nodes": "/nodes", "node": "/nodes/w1", "queues": "/queues", "jobs": "/jobs",
              "job": f"/jobs/{job}", "masters": "/masters"}
+    seen: dict[str, object] = {}
     for name, path in pages.items():
         chromium.events.clear()
         chromium.call("Page.navigate", url=f"http://{address}{path}")
@@ -131,6 +156,47 @@ def test_every_page_renders_in_chromium_without_errors(make_cluster, chromium, t
         shot = chromium.call("Page.captureScreenshot", format="png")
         (shots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
         assert problems(chromium.events) == [], (path, problems(chromium.events))
+        if name in ("nodes", "jobs"):
+            seen[name] = json.loads(chromium.call("Runtime.evaluate", expression=LOOKS[name])["result"]["value"])
     cells = chromium.call("Runtime.evaluate", expression="document.location.pathname")  # still alive
     assert cells["result"]["value"] == "/masters"
-    cluster.client.cancel(job)
+
+    # the heatmap as the browser draws it: gang colours from the stylesheet (the CSP allows no
+    # inline style), titles, the reserved nodes outlined and their free GPUs hatched
+    gpus, reserved_rows = seen["nodes"]["cells"], seen["nodes"]["reserved"]
+    assert len(gpus) == 32 and sorted(reserved_rows) == ["w1", "w2", "w3", "w4"], seen["nodes"]
+    holders, colours = {job: 16, evaluation: 4}, gang_classes([job, evaluation])  # train is the older
+    assert len({c["background"] for c in gpus if c["job"]}) == 2  # one colour per gang
+    for gang, count in holders.items():
+        mine = [c for c in gpus if c["job"] == gang]
+        assert len(mine) == count, (gang, gpus)
+        colour = rgb(PALETTE[int(colours[gang][1:])])
+        assert all(c["background"] == colour and re.search(f"job {gang} task \\d", c["title"]) for c in mine), mine
+    free = [c for c in gpus if not c["job"]]
+    assert len(free) == 12 and all("repeating-linear-gradient" in c["image"] for c in free), free
+    assert all(c["outline"] == "solid" and f"kept for job {big}" in c["title"] for c in gpus), gpus
+    assert big in seen["nodes"]["legend"] and job in seen["nodes"]["legend"]
+
+    # the jobs page: each pending job's wait so far and its typed reason
+    rows = {r[0].split()[0]: r for r in seen["jobs"]}
+    for pending in (big, small):
+        assert rows[pending][1] == "PENDING" and re.fullmatch(r"\d+[smhd].*", rows[pending][6]), rows[pending]
+        assert rows[pending][7].split()[0] in PENDING_REASONS, rows[pending]
+    assert rows[small][7].startswith("BehindReservation"), rows[small]
+    for j in (job, evaluation, big, small):
+        cluster.client.cancel(j)
+
+
+#: What the test reads from a page, as JSON, through the DevTools protocol.
+LOOKS = {
+    "nodes": """JSON.stringify({
+        cells: [...document.querySelectorAll('td.gpu')].map(c => {
+            const s = getComputedStyle(c);
+            return {job: c.dataset.job || "", title: c.title, background: s.backgroundColor,
+                    image: s.backgroundImage, outline: s.outlineStyle};
+        }),
+        reserved: [...document.querySelectorAll('tr.reserved th')].map(h => h.textContent),
+        legend: [...document.querySelectorAll('p.gangs a, ul.kept a')].map(a => a.textContent).join(' ')})""",
+    "jobs": """JSON.stringify([...document.querySelectorAll('tbody tr')].map(
+        r => [...r.cells].map(c => c.textContent)))""",
+}

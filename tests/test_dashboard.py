@@ -1,7 +1,10 @@
-"""The dashboard on a real cluster: token, methods, CSP, every page parsed, the heatmap, redaction."""
+"""The dashboard on a real cluster: token, methods, CSP, every page parsed, the heatmap (gang colours,
+nodes reserved for a waiting gang), the jobs page's wait and reason, redaction."""
 
 from __future__ import annotations
 
+import re
+import time
 import urllib.error
 import urllib.request
 from html.parser import HTMLParser
@@ -10,6 +13,8 @@ import pytest
 
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
+from synapse.core.scheduler import PENDING_REASONS
+from synapse.master.dashboard import PALETTE, NodeMark, gang_classes, heatmap
 from tests.test_master_ha import wait_status
 
 pytestmark = pytest.mark.slow
@@ -36,13 +41,16 @@ def fetch(address: str, path: str, token: str = "", method: str = "GET", data: b
 
 
 class Page(HTMLParser):
-    """Collects what the tests look at: GPU cells, links, and that the document parses."""
+    """Collects what the tests look at: GPU cells, links, table rows (their class, head's title and
+    cells' text), and that the document parses."""
 
     def __init__(self, text: str) -> None:
         super().__init__()
         self.gpu_cells: list[dict] = []
         self.links: list[str] = []
         self.scripts = 0
+        self.rows: list[dict] = []  #: {"class", "title" (of its th), "cells": [text of each th/td]}
+        self.in_cell = False
         self.feed(text)
         self.close()
 
@@ -54,6 +62,61 @@ class Page(HTMLParser):
             self.links.append(a["href"])
         if tag == "script":
             self.scripts += 1
+        if tag == "tr":
+            self.rows.append({"class": a.get("class") or "", "title": "", "cells": []})
+        if tag in ("td", "th") and self.rows:
+            self.rows[-1]["cells"].append("")
+            self.in_cell = True
+            if tag == "th" and a.get("title"):
+                self.rows[-1]["title"] = a["title"]
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.in_cell = False
+
+    def handle_data(self, data):
+        if self.in_cell:
+            self.rows[-1]["cells"][-1] += data
+
+    def row_of(self, text: str) -> dict | None:
+        """The first row whose first cell contains `text`."""
+        return next((r for r in self.rows if r["cells"] and text in r["cells"][0]), None)
+
+
+def test_the_heatmap_colours_gangs_marks_kept_nodes_and_escapes_ids():
+    """Job ids cannot hold '<' through the API (names are checked), but the page must not trust that."""
+    evil, waiting = "<script>alert(1)</script>-1", 'big"><img src=x onerror=alert(1)>'
+    nodes = [{"id": "w1", "rack": "r0", "status": "READY", "schedulable": True, "gpus": 4, "used": 3,
+              "owner": {0: (evil, 0), 1: (evil, 1), 2: ("other-2", 0)}, "address": ""},
+             {"id": "w2", "rack": "r1", "status": "READY", "schedulable": True, "gpus": 2, "used": 0, "owner": {},
+              "address": ""}]
+    colours = gang_classes([evil, "other-2"])
+    html = heatmap(nodes, colours, {"w2": [NodeMark(waiting, "reserved by the scheduler")]}, "a follower's note")
+    assert "<script>" not in html and "<img" not in html
+    page = Page(html)
+    assert page.scripts == 0
+    by_gpu = {(c["data-node"], c["data-gpu"]): c for c in page.gpu_cells}
+    assert by_gpu["w1", "0"]["title"] == f"w1 GPU 0: job {evil} task 0"  # unescaped by the parser: exact
+    assert by_gpu["w1", "1"]["class"].split() == ["gpu", "used", colours[evil]]
+    assert by_gpu["w1", "2"]["class"].split() == ["gpu", "used", colours["other-2"]] != ["gpu", "used", colours[evil]]
+    assert by_gpu["w1", "3"]["class"].split() == ["gpu", "free"]
+    assert by_gpu["w2", "0"]["class"].split() == ["gpu", "free", "reserved"]
+    assert by_gpu["w2", "0"]["title"] == f"w2 GPU 0: free; kept for job {waiting}: reserved by the scheduler"
+    kept = [r for r in page.rows if "reserved" in r["class"].split()]
+    assert [r["cells"][0] for r in kept] == ["w2"] and kept[0]["cells"][-1] == f"for {waiting}"
+    assert "a follower&#x27;s note" in html
+    assert f'<span class="swatch {colours[evil]}"' in html  # the legend
+
+
+def test_gang_colours_are_stable_and_distinct_while_the_palette_lasts():
+    ids = [f"job-{i}" for i in range(3 * len(PALETTE))]
+    own = {j: gang_classes([j])[j] for j in ids}  # a gang alone: its hash slot, on every replica and load
+    assert own == {j: gang_classes([j])[j] for j in ids} and set(own.values()) == {f"g{i}" for i in range(len(PALETTE))}
+    assert len(set(gang_classes(ids[:len(PALETTE)]).values())) == len(PALETTE)  # no two alike
+    assert set(gang_classes(ids).values()) == set(own.values())  # past the palette, colours repeat
+    older, younger = next((a, b) for a in ids for b in ids if a != b and own[a] == own[b])
+    both = gang_classes([older, younger])
+    assert both[older] == own[older] and both[younger] != own[younger]  # the younger gives way
 
 
 def test_the_dashboard(make_cluster):
@@ -82,9 +145,12 @@ def test_the_dashboard(make_cluster):
         assert status == 200, (path, body[:200])
         page = Page(body)
         assert page.scripts == 0 and "hunter2" not in body, path
-    heatmap = Page(fetch(address, "/nodes", cluster.token)[2])
-    assert len(heatmap.gpu_cells) == 16  # one cell per GPU: 2 nodes x 8
-    assert sum(1 for c in heatmap.gpu_cells if "used" in c["class"]) == 8  # 2 tasks x 4 GPUs
+    nodes_page = Page(fetch(address, "/nodes", cluster.token)[2])
+    assert len(nodes_page.gpu_cells) == 16  # one cell per GPU: 2 nodes x 8
+    used = [c for c in nodes_page.gpu_cells if "used" in c["class"]]
+    assert len(used) == 8  # 2 tasks x 4 GPUs
+    assert {c["class"].split()[-1] for c in used} == {gang_classes([job])[job]}  # the gang's colour
+    assert {re.sub(r" \d+$", "", c["title"].split(": ", 1)[1]) for c in used} == {f"job {job} task"}
     detail = fetch(address, f"/jobs/{job}", cluster.token)[2]
     assert "SECRET=***" in detail and "Gang" in detail
     assert fetch(address, "/jobs/nope", cluster.token)[0] == 404
@@ -96,4 +162,54 @@ def test_the_dashboard(make_cluster):
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert fetch(address, "/", cookie=cookie.split(";")[0])[0] == 200
     assert fetch(address, "/login", method="POST", data=b"token=wrong")[0] == 401
-    cluster.client.cancel(job)
+
+    # A reservation for real: a gang of two whole nodes cannot start while visible-job runs, so the
+    # leader reserves both nodes for it; a one-GPU job behind it may not backfill onto them.
+    def submit(name: str, tasks: int, gpu: int) -> str:
+        return cluster.client.submit(codec.job_spec_to_proto(JobSpec(
+            name=name, tasks=tasks, resources=Resources(1000, 1 << 30, gpu), command=("sleep", "60"))))
+
+    big, small = submit("big-gang", 2, 8), submit("small", 1, 1)
+    leader = cluster.master(cluster.wait_leader())["http_address"]
+    follower = next(m["http_address"] for m in cluster.state["masters"] if m["http_address"] != leader)
+
+    def poll(address: str, path: str, done) -> Page:
+        deadline = time.monotonic() + 15
+        while True:
+            page = Page(fetch(address, path, cluster.token)[2])
+            if done(page) or time.monotonic() > deadline:
+                return page
+            time.sleep(0.2)
+
+    def reserved_rows(page: Page) -> list[dict]:
+        return [r for r in page.rows if "reserved" in r["class"].split()]
+
+    nodes_page = poll(leader, "/nodes", reserved_rows)
+    kept = reserved_rows(nodes_page)
+    assert sorted(r["cells"][0] for r in kept) == ["w1", "w2"], nodes_page.rows
+    assert all(f"kept for job {big}: reserved by the scheduler" in r["title"] and r["cells"][-1] == f"for {big}"
+               for r in kept), [(r["title"], r["cells"][-1]) for r in kept]
+    hatched = [c for c in nodes_page.gpu_cells if c["class"].split() == ["gpu", "free", "reserved"]]
+    assert len(hatched) == 8 and all(f"kept for job {big}" in c["title"] for c in hatched)
+    assert {c["class"].split()[-1] for c in nodes_page.gpu_cells if "used" in c["class"]} == {gang_classes([job])[job]}
+
+    def reason(page: Page, job_id: str) -> str:
+        row = page.row_of(job_id)
+        return row["cells"][7].split()[0] if row and row["cells"][7].strip() else ""
+
+    jobs_page = poll(leader, "/jobs", lambda p: {reason(p, big), reason(p, small)} <= set(PENDING_REASONS))
+    for pending in (big, small):
+        cells = jobs_page.row_of(pending)["cells"]
+        assert cells[1] == "PENDING" and re.fullmatch(r"\d+[smhd](\d\d[mh])?", cells[6]), cells
+        assert cells[7].split()[0] in PENDING_REASONS, cells
+    assert "nodes kept for it" in jobs_page.row_of(big)["cells"][7]
+    running = jobs_page.row_of(job)["cells"]
+    assert running[1] == "RUNNING" and re.fullmatch(r"\d+s", running[6]) and running[7] == "", running
+
+    # A follower knows the reasons the leader recorded in the log, not the reservations.
+    followed = poll(follower, "/jobs", lambda p: reason(p, big) in PENDING_REASONS)
+    assert reason(followed, big) in PENDING_REASONS
+    follower_nodes = fetch(follower, "/nodes", cluster.token)[2]
+    assert "only preemption holds are marked here" in follower_nodes and not reserved_rows(Page(follower_nodes))
+    for j in (big, small, job):
+        cluster.client.cancel(j)

@@ -248,6 +248,7 @@ def test_reservations_carry_from_round_to_round(make):
     d.commit(d.handle(RoundDue(at=6)))
     head = d.brain.head_reservation()
     assert head is not None and head.job_id == "big" and head.starts_at == 105
+    assert d.brain.reservations()[0] == head  # what the dashboard's heatmap marks
     d.handle(RoundDue(at=7))
     assert d.brain.head_reservation().nodes == head.nodes
 

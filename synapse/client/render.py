@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from synapse.core import codec
-from synapse.core.quantity import format_cpu, format_memory
+from synapse.core.quantity import format_cpu, format_memory, format_wait
 from synapse.proto import api_pb2
 
 
@@ -83,23 +83,9 @@ def _array_dict(info: api_pb2.JobInfo, spec: Any) -> dict[str, Any] | None:
     return out
 
 
-def span(seconds: float) -> str:
-    """A duration as people read it: 45s, 12m, 3h05m, 2d04h."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def waited(j: dict[str, Any], now: float) -> str:
     """How long a job has waited: so far while pending, until its start once started."""
-    if j["status"] == "PENDING":
-        return span(now - j["submitted_at"])
-    return span(j["started_at"] - j["submitted_at"]) if j["started_at"] else "-"
+    return format_wait(j["status"] == "PENDING", j["submitted_at"], j["started_at"], now)
 
 
 def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> str:

@@ -191,6 +191,9 @@ class LeaderView(Protocol):
     def head_reservation(self) -> Reservation | None:
         """The head blocked gang's reservation, from the last round."""
 
+    def reservations(self) -> tuple[Reservation, ...]:
+        """Every blocked gang's reservation from the last round, the head's first."""
+
     def waiting(self) -> dict[str, WaitReason]:
         """Every pending job's wait reason from the last round (do not change it)."""
 
@@ -238,6 +241,12 @@ class LeaderState:
 
     def head_reservation(self) -> Reservation | None:
         return self.last_round.reservation if self.last_round is not None else None
+
+    def reservations(self) -> tuple[Reservation, ...]:
+        last = self.last_round
+        if last is None:
+            return ()
+        return last.reservations or ((last.reservation,) if last.reservation is not None else ())
 
     def waiting(self) -> dict[str, WaitReason]:
         return self._waiting

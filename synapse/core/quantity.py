@@ -1,4 +1,5 @@
-"""Parsing of resource quantities and durations as users write them in job files and flags.
+"""Parsing of resource quantities and durations as users write them in job files and flags, and
+their short forms for people (synctl's tables, the dashboard).
 
 Internally cpu is an integer number of millicores, memory an integer number of bytes and time a
 float number of seconds: integers keep the replicated arithmetic exact on every replica.
@@ -82,3 +83,22 @@ def format_memory(num_bytes: int) -> str:
 def format_cpu(millicores: int) -> str:
     """`16` for whole cores, else `500m`."""
     return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people read it: 45s, 12m, 3h05m, 2d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_wait(pending: bool, submitted_at: float, started_at: float, now: float) -> str:
+    """How long a job has waited: so far while pending, until its start once started ('-' before)."""
+    if pending:
+        return format_duration(now - submitted_at)
+    return format_duration(started_at - submitted_at) if started_at else "-"

@@ -1,7 +1,8 @@
 """The read-only web dashboard every master serves: server-rendered HTML, no JavaScript at all.
 
-Pages: `/` overview, `/nodes` (a rack x node x GPU heatmap), `/nodes/ID` (a node's timeline),
-`/queues`, `/jobs` (filter, sort, paginate), `/jobs/ID` (gang map, events, why it waits),
+Pages: `/` overview, `/nodes` (a rack x node x GPU heatmap: each GPU in its gang's colour, nodes
+reserved or held for a waiting gang marked), `/nodes/ID` (a node's timeline), `/queues`, `/jobs`
+(filter, sort, paginate; each pending job's wait and why), `/jobs/ID` (gang map, events, why it waits),
 `/masters` (this replica's Raft view), `/history` and `/usage` (from the history store,
 synapse.master.dashboard_history). Every page is rendered from this replica's applied state,
 read under the state lock into plain values first. Everything shown is escaped; job environment
@@ -10,19 +11,30 @@ values are never shown. `synapse.master.http` serves it behind the token (or the
 
 from __future__ import annotations
 
+import math
 import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
 from synapse.core import fairshare
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
+from synapse.core.quantity import format_wait
 from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
+    from synapse.core.model import Job
+    from synapse.core.scheduler import WaitReason
     from synapse.master.replica import Master
 
 PAGE_SIZE = 50
+#: The heatmap's gang colours (see gang_classes): dark enough against the page, and none near free
+#: (grey), down (red) or cordoned (amber).
+PALETTE = ("#0969da", "#1a7f37", "#8250df", "#6e4b2a", "#bf3989", "#0a7c8c", "#3d4f9f", "#5a6d1f", "#7d2e61",
+           "#1b5e3b", "#2f6f9f", "#6639ba")
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
 header{background:#1b1f24;padding:8px 16px}header a{color:#e6edf3;margin-right:16px;text-decoration:none}
@@ -31,9 +43,13 @@ td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}th a{color:inheri
 .gpu{width:14px;height:14px;padding:0}.used{background:#1f883d}.free{background:#d0d7de}
 .down{background:#cf222e}.cordoned{background:#bf8700}.rack{display:inline-block;vertical-align:top;margin-right:16px}
 .muted{color:#656d76}.Warning{color:#cf222e}form.inline{display:inline}
-"""
+tr.reserved td.gpu{outline:2px solid #1b1f24;outline-offset:-2px}
+td.gpu.free.reserved,.swatch.reserved{background:repeating-linear-gradient(45deg,#d0d7de 0 3px,#fff 3px 6px)}
+td.note{border:0;font-size:12px}.swatch{display:inline-block;width:14px;height:14px;vertical-align:middle}
+""" + "".join(f".g{i}{{background:{colour}}}" for i, colour in enumerate(PALETTE)) + "\n"
 SORTS = {"submitted": lambda j: j["submitted_at"], "name": lambda j: j["name"], "state": lambda j: j["state"],
-         "queue": lambda j: j["queue"], "user": lambda j: j["user"], "gpus": lambda j: j["gpus"]}
+         "queue": lambda j: j["queue"], "user": lambda j: j["user"], "gpus": lambda j: j["gpus"],
+         "wait": lambda j: j["wait_s"], "reason": lambda j: j["reason"]}
 
 
 def _page(title: str, body: str) -> str:
@@ -64,6 +80,17 @@ def _job_link(job_id: str) -> str:
     return f'<a href="/jobs/{quote(job_id)}">{escape(job_id)}</a>'
 
 
+def _reason_cell(job: dict) -> str:
+    """A pending job's typed wait reason, its detail, and whether nodes are kept for it."""
+    if job["state"] != JobStatus.PENDING.value:
+        return ""
+    code = (f'<b class="reason">{escape(job["reason"])}</b>' if job["reason"]
+            else '<span class="muted">not yet known</span>')
+    detail = f" {escape(job['why'])}" if job["why"] else ""
+    kept = ' <span class="muted">(nodes kept for it: see Nodes)</span>' if job["reserved"] else ""
+    return code + detail + kept
+
+
 def _node_link(node_id: str) -> str:
     return f'<a href="/nodes/{quote(node_id)}">{escape(node_id)}</a>'
 
@@ -74,6 +101,88 @@ def login_page(message: str = "") -> str:
                             '<input type="password" name="token" autocomplete="current-password"></label> '
                             '<button type="submit">Sign in</button></form>'
                             '<p class="muted">Or send <code>Authorization: Bearer TOKEN</code>.</p>')
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMark:
+    """A node kept for a waiting gang: by the scheduler's reservation or by a preemption's hold."""
+
+    job_id: str
+    why: str  #: what keeps it, for people
+
+
+def gang_classes(gangs: Iterable[str]) -> dict[str, str]:
+    """Each gang's colour class on the heatmap, `gangs` oldest first: its own slot in PALETTE (a hash
+    of its id: the same on every replica and every load) unless an older gang on the page took it,
+    then the next free one. So up to len(PALETTE) gangs never share a colour, a gang keeps its
+    colour while it runs unless an older one it gave way to ends, and past that many gangs colours
+    repeat (each cell's title names its gang)."""
+    taken: set[int] = set()
+    out: dict[str, str] = {}
+    for job_id in gangs:
+        slot = zlib.crc32(job_id.encode()) % len(PALETTE)
+        while slot in taken and len(taken) < len(PALETTE):
+            slot = (slot + 1) % len(PALETTE)
+        taken.add(slot)
+        out[job_id] = f"g{slot}"
+    return out
+
+
+#: The legend lists at most this many gangs (each cell's title names its gang anyway).
+LEGEND_GANGS = 40
+
+
+def heatmap(nodes: list[dict], colours: dict[str, str], marks: dict[str, list[NodeMark]], note: str = "") -> str:
+    """The nodes page: per rack a node x GPU table, each GPU in the colour of the gang holding it
+    (`colours`, from gang_classes; its job id and task index as the cell's title), nodes kept for a
+    waiting gang outlined (their free GPUs hatched) and named beside the row; a legend of states,
+    gangs and the kept nodes."""
+    racks: dict[str, list[dict]] = {}
+    for n in nodes:
+        racks.setdefault(n["rack"], []).append(n)
+    blocks = []
+    for rack, members in sorted(racks.items()):
+        rows = []
+        for n in members:
+            kept = marks.get(n["id"], [])
+            kept_text = "".join(f"; kept for job {m.job_id}: {m.why}" for m in kept)
+            klass = "down" if n["status"] != NodeStatus.READY.value else ("cordoned" if not n["schedulable"] else "")
+            cells = []
+            for g in range(n["gpus"]):
+                holder = n["owner"].get(g)
+                if holder is not None:
+                    cls, what = f"used {colours[holder[0]]}", f"job {holder[0]} task {holder[1]}"
+                else:
+                    cls, what = klass or ("free reserved" if kept else "free"), klass or "free"
+                cells.append(f'<td class="gpu {cls}" data-node="{escape(n["id"])}" data-gpu="{g}"'
+                             + (f' data-job="{escape(holder[0])}"' if holder else "")
+                             + f' title="{escape(n["id"])} GPU {g}: {escape(what + kept_text)}"></td>')
+            side = ('<td class="note">for ' + ", ".join(_job_link(m.job_id) for m in kept) + "</td>") if kept else ""
+            row_class = ' class="reserved"' if kept else ""
+            head_title = f' title="{escape(kept_text[2:])}"' if kept else ""
+            rows.append(f"<tr{row_class}><th{head_title}>{_node_link(n['id'])}</th>{''.join(cells)}{side}</tr>")
+        blocks.append(f'<div class="rack"><h2>{escape(rack)}</h2><table class="heatmap">{"".join(rows)}</table>'
+                      "</div>")
+    legend = ('<p><span class="swatch used"></span> used (in its gang\'s colour) '
+              '<span class="swatch free"></span> free <span class="swatch reserved"></span> free, kept for a '
+              'waiting gang (the node is outlined) '
+              '<span class="swatch cordoned"></span> cordoned <span class="swatch down"></span> down</p>')
+    gangs = list(colours)
+    if gangs:
+        shown = "".join(f'<span class="swatch {colours[j]}" title="{escape(j)}"></span> {_job_link(j)} '
+                        for j in gangs[:LEGEND_GANGS])
+        more = f" and {len(gangs) - LEGEND_GANGS} more" if len(gangs) > LEGEND_GANGS else ""
+        legend += f'<p class="gangs">Gangs: {shown}{more}</p>'
+    waiting: dict[str, list[tuple[str, str]]] = {}
+    for node_id, kept in sorted(marks.items()):
+        for m in kept:
+            waiting.setdefault(m.job_id, []).append((node_id, m.why))
+    if waiting:
+        legend += "<p>Kept for waiting gangs:</p><ul class=\"kept\">" + "".join(
+            f"<li>{_job_link(job)}: {', '.join(_node_link(node) for node, _ in kept)} "
+            f"({escape('; '.join(sorted({why for _, why in kept})))})</li>" for job, kept in sorted(waiting.items())) \
+            + "</ul>"
+    return (f'<p class="muted">{escape(note)}</p>' if note else "") + legend + "".join(blocks)
 
 
 class Dashboard:
@@ -109,11 +218,34 @@ class Dashboard:
     # ---- reads (under the lock, into plain values) ---------------------------------------------
 
     def _jobs(self) -> list[dict]:
+        now = time.time()
+        view = self.m.leader_view()
+        waiting = view.waiting() if view is not None else {}
+        reserving = {r.job_id for r in view.reservations()} if view is not None else set()
         with self.m.lock:
             state = self.m.state
-            return [{"id": j.id, "name": j.spec.name, "state": j.status.value, "queue": state.queue_of(j),
-                     "user": j.user or "-", "gpus": j.spec.total.gpu, "tasks": j.spec.tasks, "attempt": j.attempt,
-                     "submitted_at": j.submitted_at} for j in state.jobs.values()]
+            out = []
+            for j in state.jobs.values():
+                pending = j.status is JobStatus.PENDING
+                code, why = self._why_waiting(j, waiting.get(j.id)) if pending else ("", "")
+                out.append({"id": j.id, "name": j.spec.name, "state": j.status.value, "queue": state.queue_of(j),
+                            "user": j.user or "-", "gpus": j.spec.total.gpu, "tasks": j.spec.tasks,
+                            "attempt": j.attempt, "submitted_at": j.submitted_at,
+                            # the same figure as synctl's WAIT: from submission, so far while pending
+                            "wait": format_wait(pending, j.submitted_at, j.started_at, now),
+                            "wait_s": (now if pending else j.started_at or j.submitted_at) - j.submitted_at,
+                            "reason": code, "why": why, "reserved": j.id in reserving or j.id in state.holds})
+            return out
+
+    @staticmethod
+    def _why_waiting(job: Job, reason: WaitReason | None) -> tuple[str, str]:
+        """A pending job's typed wait reason (a PENDING_REASONS code) and its detail: the leader's
+        last round when this replica leads, else what the leader last recorded in the log (the code,
+        and the message of the Waiting event that recorded it)."""
+        if reason is not None:
+            return reason.code, reason.message
+        recorded = next((e.message for e in reversed(job.events) if e.kind == "Waiting"), "")
+        return job.pending_reason, recorded.removeprefix(f"{job.pending_reason}: ")
 
     def _nodes(self) -> list[dict]:
         with self.m.lock:
@@ -123,11 +255,40 @@ class Dashboard:
                 owner = {}
                 for task, _ in state.tasks_on_node(node.id):
                     for gpu in task.gpus:
-                        owner[gpu] = task.job_id
+                        owner[gpu] = (task.job_id, task.index)
                 out.append({"id": node.id, "rack": topology_path(node.topology), "status": node.status.value,
                             "schedulable": node.schedulable, "gpus": node.capacity.gpu, "used": node.used.gpu,
                             "owner": owner, "address": node.address})
             return out
+
+    def _marks(self) -> tuple[dict[str, list[NodeMark]], str]:
+        """Nodes kept for waiting gangs, and a note when this replica cannot know them all.
+
+        Preemption holds are replicated, so every replica marks them. The scheduler's reservations
+        are the leader's alone: remade every round and never written to the log (that would grow
+        it with every round), so a follower cannot show them. An operator who opens a follower's
+        page expects what the cluster does, not an empty map: the page says that the leader's page
+        shows them rather than marking nothing silently."""
+        with self.m.lock:
+            holds = list(self.m.state.holds.values())
+        view = self.m.leader_view()
+        marks: dict[str, list[NodeMark]] = {}
+        for r in view.reservations() if view is not None else ():
+            start = "unknown" if math.isinf(r.starts_at) else _when(r.starts_at)
+            why = f"reserved by the scheduler in {topology_path(r.domain)}, expected free at {start}"
+            for node_id in sorted(r.nodes):
+                marks.setdefault(node_id, []).append(NodeMark(r.job_id, why))
+        for h in holds:
+            for node_id in h.nodes:
+                marks.setdefault(node_id, []).append(
+                    NodeMark(h.job_id, f"held while its preemption victims stop ({', '.join(h.victims)})"))
+        note = ""
+        if view is None:
+            leader = self.m.leader_api_address()
+            note = ("This replica follows the leader: the scheduler's reservations are the leader's decisions, "
+                    "remade every round and not replicated, so only preemption holds are marked here. Open this "
+                    f"page on the leader (API address {leader or 'unknown: no leader known'}) to see both.")
+        return marks, note
 
     # ---- pages ---------------------------------------------------------------------------------
 
@@ -153,26 +314,13 @@ class Dashboard:
                      + "<h2>Running jobs</h2>" + _table(["Job", "Name", "State", "Queue", "User", "GPUs"], job_rows))
 
     def nodes(self) -> str:
-        racks: dict[str, list[dict]] = {}
-        for n in self._nodes():
-            racks.setdefault(n["rack"], []).append(n)
-        blocks = []
-        for rack, members in sorted(racks.items()):
-            rows = []
-            for n in members:
-                klass = "down" if n["status"] != NodeStatus.READY.value else ("cordoned" if not n["schedulable"]
-                                                                              else "")
-                cells = "".join(
-                    f'<td class="gpu {"used" if g in n["owner"] else (klass or "free")}" data-node="{escape(n["id"])}"'
-                    f' data-gpu="{g}" title="{escape(n["id"])} GPU {g}: '
-                    f'{escape(n["owner"].get(g, klass or "free"))}"></td>' for g in range(n["gpus"]))
-                rows.append(f"<tr><th>{_node_link(n['id'])}</th>{cells}</tr>")
-            blocks.append(f'<div class="rack"><h2>{escape(rack)}</h2><table class="heatmap">{"".join(rows)}</table>'
-                          "</div>")
-        legend = ('<p><span class="gpu used">&nbsp;&nbsp;</span> used <span class="gpu free">&nbsp;&nbsp;</span> free '
-                  '<span class="gpu cordoned">&nbsp;&nbsp;</span> cordoned <span class="gpu down">&nbsp;&nbsp;</span> '
-                  "down</p>")
-        return _page("Nodes", legend + "".join(blocks))
+        marks, note = self._marks()
+        nodes = self._nodes()
+        with self.m.lock:
+            jobs = self.m.state.jobs
+            gangs = sorted({job for n in nodes for job, _ in n["owner"].values()},
+                           key=lambda j: (jobs[j].seq if j in jobs else 0, j))
+        return _page("Nodes", heatmap(nodes, gang_classes(gangs), marks, note))
 
     def node(self, node_id: str) -> tuple[int, str]:
         node = next((n for n in self._nodes() if n["id"] == node_id), None)
@@ -181,7 +329,7 @@ class Dashboard:
         with self.m.lock:
             events = [e for e in self.m.state.cluster_events
                       if (e.topic == "node" and e.object_id == node_id) or f" on {node_id}" in e.message][-200:]
-        jobs = sorted(set(node["owner"].values()))
+        jobs = sorted({job for job, _ in node["owner"].values()})
         rows = [[_when(e.at), f'<span class="{e.type}">{escape(e.reason)}</span>',
                  _job_link(e.object_id) if e.topic == "job" else escape(e.object_id), escape(e.message)]
                 for e in reversed(events)]
@@ -231,9 +379,10 @@ class Dashboard:
 
         headers = [f'<a href="{escape(link(sort=key, order=flip(key)))}">{label}</a>'
                    for key, label in (("name", "Name"), ("state", "State"), ("queue", "Queue"), ("user", "User"),
-                                      ("gpus", "GPUs"), ("submitted", "Submitted"))]
+                                      ("gpus", "GPUs"), ("submitted", "Submitted"), ("wait", "Wait"),
+                                      ("reason", "Why waiting"))]
         rows = [[_job_link(j["id"]) + f" {escape(j['name'])}", j["state"], escape(j["queue"]), escape(j["user"]),
-                 str(j["gpus"]), _when(j["submitted_at"])] for j in shown]
+                 str(j["gpus"]), _when(j["submitted_at"]), j["wait"], _reason_cell(j)] for j in shown]
         options = "".join(f'<option value="{s.value}"{" selected" if args.get("state") == s.value else ""}>'
                           f"{s.value}</option>" for s in JobStatus)
         form = (f'<form method="get" action="/jobs">State <select name="state"><option value="">any</option>{options}'
