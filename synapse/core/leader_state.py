@@ -535,3 +535,4 @@ class LeaderState:
         assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"
         assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"
         assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"
+        assert self.mass_silence_since is not None or not self.held_silent, "nodes held with no mass silence"
