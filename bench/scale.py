@@ -327,7 +327,8 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
         above, above_alone = cpu[r] - idle[r], alone[r] - idle[r]
         x["us_per_heartbeat_alone"] = round(1e6 * above_alone * span_alone / beats_alone[r], 1) \
             if beats_alone[r] else None
-        x["watch_share"] = round(max(0.0, 1 - above_alone / above), 3) if above > 0 and beats[r] else None
+        # not clamped: a negative share is the noise of two windows on a shared machine, shown as such
+        x["watch_share"] = round(1 - above_alone / above, 3) if above > 0 and beats[r] else None
     await settle(sim, 2 * HEARTBEAT_S)
 
     # (b) dead-node detection
