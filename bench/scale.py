@@ -15,6 +15,10 @@ synapse.worker.agent does. Reported:
 (a) steady state: CPU of each replica over a window, minus its idle CPU before any node existed;
     per heartbeat (each replica's CPU over the heartbeats it absorbed) and per node; the leader's
     share. The load generator shares the 2 cores with the cluster: its own CPU is printed too.
+    Then a second window of the same length with every watch stream closed (heartbeats alone):
+    a replica's CPU per heartbeat without its streams, and the streams' share of its steady CPU
+    (their keepalives: one message per node every WATCH_REFRESH_S). The difference of two windows
+    on a shared machine: noisy at small sizes.
 (b) dead-node detection: a few nodes stop; from each one's last answered heartbeat to DOWN in the
     leader's state (polled every 0.5 s, so +-0.5 s).
 (c) kill -9 of a follower, then (after it is restarted and caught up) of the leader: the time until
@@ -99,7 +103,7 @@ class Sim:
         self.nodes: list[SimNode] = []
         self.absorbed: dict[str, int] = {a: 0 for a in addresses}  #: heartbeats answered, per replica
         self.failed_beats = 0
-        self.tasks: dict[str, list[asyncio.Task]] = {}
+        self.tasks: dict[str, list[asyncio.Task | None]] = {}  #: node id -> [heartbeats, watch (None: paused)]
 
     def stub(self, address: str, node: SimNode) -> api_pb2_grpc.MasterStub:
         pool = self.channels.setdefault(address, [])
@@ -130,10 +134,23 @@ class Sim:
         for node in self.nodes:
             self.tasks[node.id] = [asyncio.create_task(self.heartbeats(node)), asyncio.create_task(self.watch(node))]
 
+    def pause_watches(self) -> None:
+        """Close every watch stream (heartbeats go on)."""
+        for tasks in self.tasks.values():
+            tasks.pop().cancel()
+            tasks.append(None)
+
+    def resume_watches(self) -> None:
+        for node in self.nodes:
+            tasks = self.tasks.get(node.id)
+            if tasks is not None and tasks[-1] is None:
+                tasks[-1] = asyncio.create_task(self.watch(node))
+
     def stop_node(self, node: SimNode) -> None:
         node.alive = False
         for task in self.tasks.pop(node.id, []):
-            task.cancel()
+            if task is not None:
+                task.cancel()
 
     async def heartbeats(self, node: SimNode) -> None:
         await asyncio.sleep(random.uniform(0, HEARTBEAT_S))
@@ -187,7 +204,8 @@ class Sim:
     async def close(self) -> None:
         for tasks in self.tasks.values():
             for task in tasks:
-                task.cancel()
+                if task is not None:
+                    task.cancel()
         await asyncio.sleep(0.1)
         for pool in self.channels.values():
             for channel in pool:
@@ -294,6 +312,25 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
     leader_marginal = max(0.0, cpu[leader_id] - idle[leader_id])
     follower_per_node = statistics.mean(max(0.0, cpu[r] - idle[r]) / max(1, held[r]) for r in followers)
 
+    # (a) again, heartbeats alone: what the watch streams' keepalives cost
+    sim.pause_watches()
+    await asyncio.sleep(1.0)  # the streams' ends are handled
+    with elections.phase("heartbeats alone"):
+        before = {r: cpu_seconds(p) for r, p in pids.items()}
+        absorbed0, start = dict(sim.absorbed), time.monotonic()
+        await asyncio.sleep(args.window)
+        span_alone = time.monotonic() - start
+        alone = {r: (cpu_seconds(p) - before[r]) / span_alone for r, p in pids.items()}
+    sim.resume_watches()
+    beats_alone = {r: sim.absorbed[api[r]] - absorbed0[api[r]] for r in pids}
+    for r, x in replicas.items():
+        above, above_alone = cpu[r] - idle[r], alone[r] - idle[r]
+        x["us_per_heartbeat_alone"] = round(1e6 * above_alone * span_alone / beats_alone[r], 1) \
+            if beats_alone[r] else None
+        # not clamped: a negative share is the noise of two windows on a shared machine, shown as such
+        x["watch_share"] = round(1 - above_alone / above, 3) if above > 0 and beats[r] else None
+    await settle(sim, 2 * HEARTBEAT_S)
+
     # (b) dead-node detection
     victims = random.sample([n for n in sim.nodes], k=min(args.dead, len(sim.nodes)))
     last_beat = {n.id: n.beat_ok for n in victims}
@@ -397,11 +434,12 @@ def print_table(r: dict) -> None:
     print(f"{r['nodes']} simulated nodes, {r['heartbeat_s']:.0f} s heartbeats, 3 replicas (registered in "
           f"{r['register_s']} s with a join token); steady window {r['window_s']} s")
     print(f"{'replica':8} {'role':9} {'cores':>6} {'idle':>6} {'nodes':>6} {'hb/s':>7} {'us/hb':>7} "
-          f"{'ms/s per 1k nodes':>18}")
+          f"{'ms/s per 1k nodes':>18} {'us/hb, no watches':>18} {'watch share':>11}")
     for rid, x in sorted(r["replicas"].items()):
+        share = f"{100 * x['watch_share']:.0f} %" if x["watch_share"] is not None else "-"
         print(f"{rid:8} {x['role']:9} {x['cpu_cores']:6.3f} {x['idle_cores']:6.3f} {x['nodes']:6d} "
               f"{x['heartbeats_per_s']:7.1f} {x['us_per_heartbeat'] or 0:7.1f} "
-              f"{x['ms_per_s_per_1000_nodes'] or 0:18.2f}")
+              f"{x['ms_per_s_per_1000_nodes'] or 0:18.2f} {x['us_per_heartbeat_alone'] or 0:18.1f} {share:>11}")
     print(f"load generator (this process): {r['load_generator_cores']} cores; leader's marginal "
           f"{r['leader_marginal_cores']} cores = {100 * r['leader_share_of_cluster_marginal']:.0f} % of the cluster's")
     d = r["dead_node_detect_s"]

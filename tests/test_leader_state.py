@@ -354,3 +354,72 @@ def test_without_queues_or_with_preemption_off_nothing_is_preempted(make):
     start(d.state, "b1", [N0, N1], at=0)
     submit(d.state, "a1", tasks=2, gpu=8, queue="a", at=5000)
     assert not any(isinstance(x, c.Preempt) for x in cmds(d.handle(RoundDue(at=5000))))
+
+
+# ---- the mass-silence guard ----------------------------------------------------------------------
+
+
+def heard_every_5s(d: Driver, nodes: list[str], until: float) -> None:
+    """Each node beats every 5 s, the beats spread over the interval, up to `until` (exclusive)."""
+    beats = sorted((start + k * 5.0, node) for i, node in enumerate(nodes)
+                   for start in (i * 5.0 / len(nodes),) for k in range(int(until // 5) + 1) if start + k * 5.0 < until)
+    d.handle(*(Heartbeat(node, at=t, mono=t) for t, node in beats))
+
+
+def monitor(d: Driver, t: float) -> list[c.Command]:
+    """One monitor pass at `t`; its NodeDowns applied."""
+    out = cmds(d.handle(MonitorDue(at=t, mono=t)))
+    for cmd in out:
+        checked(d.state, cmd)
+    return out
+
+
+def test_nodes_all_silent_at_once_are_held_for_a_further_timeout_then_declared(make):
+    d = make(cluster(racks=3, nodes_per_rack=8), heartbeat_timeout=10)
+    nodes = sorted(d.state.nodes)
+    d.handle(Started(at=0, mono=0))
+    heard_every_5s(d, nodes, until=20)  # then the leader hears no one: its own link is the likelier fault
+    for t in range(21, 36):  # without the guard the first nodes would go DOWN at 26
+        assert monitor(d, t) == [], t
+        last_beats = [15 + i * 5 / len(nodes) for i in range(len(nodes))]
+        assert d.brain.held_silent == sum(1 for beat in last_beats if t - beat > 10), t
+    assert d.brain.mass_silence_since == 26
+    down = monitor(d, 36.5)  # the silence lasted a further timeout: every silent node goes at once
+    assert sorted(x.node_id for x in down) == nodes
+    assert d.brain.held_silent == 0
+
+
+def test_a_mass_silence_that_ends_within_the_hold_declares_no_one(make):
+    d = make(cluster(racks=3, nodes_per_rack=8), heartbeat_timeout=10)
+    nodes = sorted(d.state.nodes)
+    d.handle(Started(at=0, mono=0))
+    heard_every_5s(d, nodes, until=20)
+    assert [monitor(d, t) for t in range(21, 30)] == [[]] * 9
+    assert d.brain.held_silent > 0
+    d.handle(LivenessDigest("A", at=30, mono=30, ages=tuple((n, 0.5) for n in nodes)))  # the view is back
+    assert monitor(d, 30) == [] and d.brain.held_silent == 0 and d.brain.mass_silence_since is None
+    assert [monitor(d, t) for t in range(31, 40)] == [[]] * 9
+
+
+def test_a_minority_of_nodes_silent_at_once_goes_down_at_the_timeout(make):
+    d = make(cluster(racks=3, nodes_per_rack=8), heartbeat_timeout=10)
+    nodes = sorted(d.state.nodes)
+    rack = [n for n in nodes if n.startswith("r1-")]  # a rack loses power: a real fault, acted on at once
+    d.handle(Started(at=0, mono=0))
+    heard_every_5s(d, rack, until=20)
+    heard_every_5s(d, [n for n in nodes if n not in rack], until=60)
+    down = {x.node_id: t for t in range(21, 40) for x in monitor(d, t)}
+    assert set(down) == set(rack) and max(down.values()) <= 30
+    assert d.brain.mass_silence_since is None and d.brain.held_silent == 0
+
+
+def test_a_stalled_leader_holds_the_nodes_its_late_digests_then_vouch_for(make):
+    d = make(cluster(racks=3, nodes_per_rack=8), heartbeat_timeout=10)
+    nodes = sorted(d.state.nodes)
+    d.handle(Started(at=0, mono=0))
+    heard_every_5s(d, nodes, until=20)
+    # the leader's process stalls from 20 to 45: its first pass after sees everyone silent ...
+    assert monitor(d, 45) == [] and d.brain.held_silent == len(nodes)
+    # ... then the digests that waited for it arrive: no one was silent after all
+    d.handle(LivenessDigest("A", at=45, mono=45, ages=tuple((n, 1.0) for n in nodes)))
+    assert [monitor(d, t) for t in range(46, 50)] == [[]] * 4 and d.brain.held_silent == 0

@@ -18,6 +18,7 @@ from synapse.core.shards import shard_of
 from synapse.proto import api_pb2
 from tests.helpers import spec
 from tests.test_master_ha import proto_spec, register, wait_status
+from tests.test_metrics import scrape, value
 
 
 def running(tasks: int, *command: str) -> api_pb2.JobSpec:
@@ -41,6 +42,11 @@ def statuses(cluster) -> dict[str, str]:
     return {n.id: n.status for n in cluster.client.list_nodes()}
 
 
+def metrics_by_api(cluster) -> dict[str, dict]:
+    """Every replica's scraped metrics, by its API address."""
+    return {m["api_address"]: scrape(m["http_address"]) for m in cluster.state["masters"]}
+
+
 def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_digests(make_cluster):
     cluster = make_cluster()
     leader = cluster.master(cluster.wait_leader())
@@ -59,6 +65,10 @@ def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_dig
         leader = cluster.master(cluster.wait_leader())
     assert [(r.shard, r.node_status) for r in replies] == [(shard, "READY")] * 3
     assert shard != leader["api_address"] and list(replies[0].order)[-1] == leader["api_address"]
+    # each replica counts what it absorbed; the ones that are not n1's shard count redirects
+    for api, families in metrics_by_api(cluster).items():
+        absorbed, redirected = (value(families, f"synapse_shard_{n}") for n in ("heartbeats", "redirects"))
+        assert absorbed >= 1 and (redirected < absorbed if api == shard else redirected >= 1), (api, shard)
     # heartbeats to the other follower alone, for twice the 3 s timeout: the node stays READY
     other = next(m["api_address"] for m in cluster.state["masters"]
                  if m["api_address"] not in (shard, leader["api_address"]))
@@ -68,6 +78,8 @@ def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_dig
         assert stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=5).shard == shard
         assert statuses(cluster)["n1"] == "READY"
         time.sleep(0.5)
+    attached = {api: value(f, "synapse_shard_nodes") for api, f in metrics_by_api(cluster).items()}
+    assert attached == {api: 1 if api == other else 0 for api in attached}  # heard within the 3 s timeout
     # silent everywhere: DOWN within the timeout, a digest and a monitor tick
     silent = time.monotonic()
     while statuses(cluster)["n1"] != "DOWN":
@@ -163,6 +175,13 @@ def test_killing_the_replica_a_worker_is_attached_to_moves_it_without_a_node_dow
         assert set(statuses(cluster).values()) == {"READY"}, statuses(cluster)
         assert cluster.client.get_job(job_id).status == "RUNNING"
         time.sleep(0.3)
+    # the leader counts the dead shard's silence; its workers are attached to the other follower now
+    survivor = next(m for m in cluster.state["masters"] if m["id"] not in (leader["id"], victim["id"]))
+    silence = scrape(leader["http_address"])
+    assert value(silence, "synapse_leader_shard_silence_seconds", shard=victim_api) > 8
+    assert value(silence, "synapse_leader_shard_silence_seconds", shard=survivor["api_address"]) < 3
+    assert value(silence, "synapse_nodes_held_silent") == 0
+    assert value(scrape(survivor["http_address"]), "synapse_shard_nodes") == len(workers)
     # the moved workers watch elsewhere: a new job reaches them and ends
     second = cluster.client.submit(running(4, "true"))
     assert wait_status(cluster.client, second, {"SUCCEEDED"}, timeout=30).status == "SUCCEEDED"

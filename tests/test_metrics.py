@@ -85,6 +85,26 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     assert value(scraped["m1"], "synapse_gpus") == 16
     leader = cluster.wait_leader()
     assert value(scraped[leader], "synapse_api_requests", method="SubmitJob", code="OK") >= 1
+    # link shards: the followers absorb the 2 workers' heartbeats (the first comes after a random
+    # pause) and reach the leader every second
+    followers = [rid for rid in scraped if rid != leader]
+    deadline = time.monotonic() + 10
+    while True:
+        shards = {rid: scrape(address) for rid, address in http.items()}
+        if sum(value(shards[rid], "synapse_shard_nodes") for rid in followers) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sum(value(shards[rid], "synapse_shard_heartbeats") for rid in followers) >= 2
+    assert sum(value(shards[rid], "synapse_shard_nodes") for rid in followers) >= 2
+    apis = {m["id"]: m["api_address"] for m in cluster.state["masters"]}
+    silences = {s.labels["shard"]: s.value for s in shards[leader]["synapse_leader_shard_silence_seconds"].samples}
+    assert set(silences) == {apis[rid] for rid in followers} and max(silences.values()) < 3, silences
+    assert value(shards[leader], "synapse_nodes_held_silent") == 0
+    for rid in followers:
+        assert value(shards[rid], "synapse_shard_serving") == 1
+        assert value(shards[rid], "synapse_shard_digests", result="delivered") >= 1
+        assert value(shards[rid], "synapse_shard_last_digest_age_seconds") < 3
+        assert not shards[rid]["synapse_leader_shard_silence_seconds"].samples  # the leader's alone
     for families in scraped.values():  # every replica saw the gang placed and started
         assert {s.name: s.value for s in families["synapse_queue_wait_seconds"].samples}[
             "synapse_queue_wait_seconds_count"] >= 1

@@ -11,6 +11,10 @@ last heartbeat while that shard's digests keep coming; once they stop (the repli
 off from the leader), its nodes get `move_window` from the shard's last digest (at least a full
 timeout) for their workers to move to another replica: never a NodeDown for the shard's fault.
 
+A leader whose own view is broken (its network to the workers, a stall of its process) sees every
+node fall silent at once; `Silence.late` lets it tell that apart from machines dying
+(synapse.core.leader_state's mass-silence guard).
+
 Heartbeats also carry the worker's health check result; `health_change` turns a report that
 differs from the replicated state into the one command that records it (cordoning the node, or
 lifting the cordon its health check set).
@@ -19,6 +23,7 @@ lifting the cordon its health check set).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from synapse.core import commands as c
 from synapse.core.model import Node
@@ -27,17 +32,30 @@ from synapse.core.model import Node
 MAX_HEALTH_MESSAGE = 200
 
 
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """One look at the READY nodes' heartbeats."""
+
+    expired: list[tuple[str, float]]  #: nodes silent past the timeout, with how long
+    late: int  #: nodes silent past `late_after` (the expired among them), none excused by its shard's silence
+
+
 class HeartbeatTracker:
     """Last heartbeat per node, on the leader's monotonic clock."""
 
-    def __init__(self, timeout: float, shard_silence: float = 3.0, move_window: float = 0.0) -> None:
+    def __init__(self, timeout: float, shard_silence: float = 3.0, move_window: float = 0.0,
+                 late_after: float = 0.0) -> None:
         self.timeout = timeout
+        #: a node silent this long counts as late (0: half the timeout); see `silence`
+        self.late_after = min(late_after or timeout / 2, timeout)
         self.shard_silence = shard_silence  #: a shard whose digests stopped this long is silent
         #: how long after a silent shard's last digest its nodes may take to be heard elsewhere
         self.move_window = max(timeout, move_window)
         self._last: dict[str, float] = {}  #: node id -> last heartbeat (monotonic seconds)
         self._via: dict[str, str] = {}  #: node id -> the shard that reported its last heartbeat
-        self._shard_last: dict[str, float] = {}  #: shard -> when its last digest arrived (monotonic)
+        #: shard -> when its last digest arrived (monotonic); digest and grace only
+        self._shard_last: dict[str, float] = {}
+        self.since = 0.0  #: when this leader started counting (grace), on the same clock
 
     def beat(self, node_id: str, now: float) -> None:
         """The leader heard the node itself (its registration, or a heartbeat it absorbed)."""
@@ -59,26 +77,39 @@ class HeartbeatTracker:
         for node_id in node_ids:
             self._last[node_id] = now
         self._via.clear()
-        self._shard_last.clear()
+        self._shard_last = {}
+        self.since = now
 
-    def expired(self, ready_nodes: Iterable[str], now: float) -> list[tuple[str, float]]:
-        """READY nodes silent for longer than the timeout, with how long they have been silent.
+    def shard_silences(self, shards: Iterable[str], now: float) -> dict[str, float]:
+        """Seconds since each shard's last digest reached this leader (since it started counting,
+        for one that has sent none yet). Safe to call from another thread."""
+        last = dict(self._shard_last)  # one copy in C, under the GIL: whole even while a digest lands
+        return {shard: now - last.get(shard, self.since) for shard in shards}
 
-        A node never heard of (e.g. registered through another leader an instant ago) starts its
-        grace period now rather than expiring at once.
+    def silence(self, ready_nodes: Iterable[str], now: float) -> Silence:
+        """READY nodes silent for longer than the timeout, with how long, and how many are late.
+
+        A node is late once silent for `late_after`: when a fault silences many nodes at once,
+        their heartbeats were spread over one interval, so by the time the first of them expires
+        every one is late (with `late_after` at most the timeout less the interval), while a
+        healthy node is late only for the moment its next heartbeat is on its way. A node never
+        heard of (e.g. registered through another leader an instant ago) starts its grace period
+        now rather than expiring at once.
         """
-        out = []
+        out, late = [], 0
         for node_id in ready_nodes:
             last = self._last.setdefault(node_id, now)
-            if now - last <= self.timeout:
+            if now - last <= self.late_after:
                 continue
             shard = self._via.get(node_id)
             if shard is not None:
                 heard = self._shard_last.get(shard, now)
                 if now - heard > self.shard_silence and now - heard <= self.move_window:
                     continue  # its shard went silent: its worker has a full timeout to move
-            out.append((node_id, now - last))
-        return out
+            late += 1
+            if now - last > self.timeout:
+                out.append((node_id, now - last))
+        return Silence(out, late)
 
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)

@@ -23,6 +23,11 @@ What it decides:
   a running attempt past its time limit fails for good; finished jobs past their retention are
   forgotten (with a history store: counted from when the store held them, and never before, unless
   the unarchived jobs outgrow their cap: then the oldest go with HistoryOverflow, a Warning event).
+  The mass-silence guard (Kubernetes' node lifecycle controller stops evicting when most of a
+  zone goes unready at once): when more than `mass_silence_share` of the READY nodes, and more
+  than `mass_silence_min`, are late at a pass that would declare nodes DOWN, the fault is more
+  likely the leader's own view (its network, a stall) than the machines, so it holds them; only a
+  silence that lasts `mass_silence_hold` longer gets them declared.
 * **Heartbeats** (`Heartbeat`): a node the state holds DOWN comes back up, and a health report that
   differs from the state is recorded; one proposal at a time per node for each. Replicas absorb
   their link shard's heartbeats and forward only those that call for such a change.
@@ -49,7 +54,7 @@ from synapse.core import commands as c
 from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
 from synapse.core.fsm import ClusterState
-from synapse.core.heartbeat import HeartbeatTracker, health_change
+from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
 from synapse.core.model import JobStatus, NodeStatus
 from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
@@ -79,6 +84,17 @@ class LeaderConfig:
     shard_silence: float = 3.0  #: a link shard whose digests stopped this long is silent
     #: a silent shard's nodes may take this long (at least the timeout) from its last digest to move
     shard_move: float = 0.0
+    #: a node silent this long counts toward a mass silence (0: half the timeout); at most the
+    #: timeout less the heartbeat interval, so all the nodes of a sudden silence count at once
+    late_after: float = 0.0
+    #: the guard holds expiring nodes while more than this share of the READY nodes is late ...
+    mass_silence_share: float = 0.5
+    #: ... and more than this many (a rack of a small cluster going dark is declared at once, and
+    #: a 3-node test cluster never trips it)
+    mass_silence_min: int = 10
+    #: a mass silence must last this much longer (from when the guard engaged) for its nodes to
+    #: go DOWN (0: one heartbeat timeout)
+    mass_silence_hold: float = 0.0
     #: finished jobs are forgotten this long after they end (with history: after the store holds
     #: them); 0 keeps them
     job_retention: float = 3600.0
@@ -197,6 +213,13 @@ class LeaderView(Protocol):
     def waiting(self) -> dict[str, WaitReason]:
         """Every pending job's wait reason from the last round (do not change it)."""
 
+    def shard_silences(self, shards: Iterable[str], now: float) -> dict[str, float]:
+        """Seconds since each link shard's last digest reached the leader (`now`: monotonic)."""
+
+    @property
+    def held_silent(self) -> int:
+        """Silent nodes the mass-silence guard held back from DOWN at the last monitor pass."""
+
 
 class LeaderState:
     """One leadership term's memory and decisions. Mutated only through `handle`."""
@@ -205,7 +228,11 @@ class LeaderState:
         self.config = config  #: fixed for the term
         #: last heartbeat per node (monotonic); handle only
         self.heartbeats = HeartbeatTracker(config.heartbeat_timeout, config.shard_silence,
-                                           config.shard_move)
+                                           config.shard_move, config.late_after)
+        #: monotonic time the mass-silence guard engaged, or None while it is off; handle only
+        self.mass_silence_since: float | None = None
+        #: silent nodes the guard held back from DOWN at the last monitor pass; handle only (a metric)
+        self.held_silent = 0
         self.last_round: RoundResult | None = None  #: the last round's result; handle only, replaced whole
         #: the reservations handed to the next round (every blocked gang's, or the head's alone for a
         #: policy that keeps one); handle only
@@ -250,6 +277,9 @@ class LeaderState:
 
     def waiting(self) -> dict[str, WaitReason]:
         return self._waiting
+
+    def shard_silences(self, shards: Iterable[str], now: float) -> dict[str, float]:
+        return self.heartbeats.shard_silences(shards, now)
 
     # ---- stimuli -----------------------------------------------------------------------------------
 
@@ -377,7 +407,7 @@ class LeaderState:
     def _monitor(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
         out: list[Instruction] = []
         ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
-        for node_id, silent in self.heartbeats.expired(ready, s.mono):
+        for node_id, silent in self._declarable(self.heartbeats.silence(ready, s.mono), len(ready), s.mono):
             log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
             out.append(Propose(c.NodeDown(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
         for job in state.jobs.values():
@@ -388,6 +418,30 @@ class LeaderState:
                                                  reason=f"time limit of {limit:.0f}s exceeded", final=True,
                                                  cause="TimeLimit")))
         return out + self._forget(state, s)
+
+    def _declarable(self, silence: Silence, ready: int, now: float) -> list[tuple[str, float]]:
+        """The expired nodes to declare DOWN now: all of them, unless a mass silence holds them."""
+        config = self.config
+        hold = config.mass_silence_hold or config.heartbeat_timeout
+        mass = silence.late > config.mass_silence_min and silence.late > config.mass_silence_share * ready
+        if not mass:
+            if self.mass_silence_since is not None:
+                log.warning("mass silence over late=%d ready=%d held_s=%.1f", silence.late, ready,
+                            now - self.mass_silence_since)
+            self.mass_silence_since, self.held_silent = None, 0
+            return silence.expired
+        if not silence.expired:  # late, none expired yet: nothing to hold (a stall that ends in time)
+            self.held_silent = 0
+            return []
+        if self.mass_silence_since is None:
+            self.mass_silence_since = now
+            log.warning("mass silence late=%d ready=%d expired=%d; holding NodeDowns for %.1fs (the leader's "
+                        "own view is the likelier fault)", silence.late, ready, len(silence.expired), hold)
+        if now - self.mass_silence_since > hold:
+            self.held_silent = 0
+            return silence.expired
+        self.held_silent = len(silence.expired)
+        return []
 
     def _forget(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
         """Forget finished jobs older than the retention period (Slurm's MinJobAge); with a history
@@ -490,3 +544,4 @@ class LeaderState:
         assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"
         assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"
         assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"
+        assert self.mass_silence_since is not None or not self.held_silent, "nodes held with no mass silence"

@@ -71,6 +71,7 @@ class LeaderLoops:
         shards = ShardTimings.of(config.heartbeat_interval)
         self.brain = LeaderState(LeaderConfig(
             heartbeat_timeout=config.heartbeat_timeout, shard_silence=shards.silence, shard_move=shards.move,
+            late_after=max(config.heartbeat_timeout / 2, config.heartbeat_timeout - config.heartbeat_interval),
             job_retention=config.job_retention,
             history=history is not None, usage_half_life=config.fair_share_half_life,
             max_unarchived=history.settings.max_unarchived if history is not None else 0))

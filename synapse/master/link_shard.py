@@ -14,7 +14,8 @@ when that one does not answer). A replica with no link to a leader for `cut_off`
 workers (UNAVAILABLE), so they move to another replica within a heartbeat or two, before the
 leader's timeout: its silence is the leader's cue to give their nodes that time.
 
-Runs on the replica's event loop only; no lock of its own.
+Runs on the replica's event loop only; no lock of its own. Its counters are plain numbers that
+metrics (synapse.master.metrics, on the HTTP thread) read whole.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ class LinkShard:
         #: when this replica last led or had a link to a leader (serving() and the digest loop)
         self.leader_contact = time.monotonic()
         self.failures = 0  #: digests not delivered since the last one that was
+        #: node id -> monotonic time of its last heartbeat here, pruned of nodes silent for a
+        #: heartbeat timeout every timeout (`attached`); absorb and run only
+        self.seen: dict[str, float] = {}
+        self.absorbed = 0  #: heartbeats absorbed (of nodes the state holds); absorb only
+        self.redirects = 0  #: of those, heartbeats of nodes whose shard is another replica's; absorb only
+        self.delivered = 0  #: digests that reached the leader's brain; run only
+        self.failed = 0  #: digests that did not; run only
+        self.delivered_at = time.monotonic()  #: when the last digest reached a leader (start: when none yet)
         self._wake = asyncio.Event()  #: set when a change waits to be forwarded
         self._channel: tuple[str, grpc.aio.Channel] | None = None  #: (leader API address, channel to it)
 
@@ -124,11 +133,25 @@ class LinkShard:
             change = node.status is NodeStatus.DOWN or health_change(
                 node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None
             status = node.status.value
-        self.heard[node_id] = time.monotonic()
+        self.heard[node_id] = self.seen[node_id] = time.monotonic()
         if change:
             self.changes[node_id] = request
             self._wake.set()
-        return status, self.map.order_of(node_id)
+        order = self.map.order_of(node_id)
+        self.absorbed += 1
+        if order and order[0] != self.m.replica.api:
+            self.redirects += 1
+        return status, order
+
+    def attached(self) -> int:
+        """Nodes heard here within the heartbeat timeout (may be called from any thread)."""
+        horizon = time.monotonic() - self.m.config.heartbeat_timeout
+        return sum(1 for at in list(self.seen.values()) if at >= horizon)  # one copy in C, under the GIL
+
+    def _prune(self) -> None:
+        """Forget the nodes not heard here for a heartbeat timeout (they moved, or died)."""
+        horizon = time.monotonic() - self.m.config.heartbeat_timeout
+        self.seen = {node_id: at for node_id, at in self.seen.items() if at >= horizon}
 
     # ---- digests -------------------------------------------------------------------------------------
 
@@ -154,7 +177,7 @@ class LinkShard:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Send a digest every `timings.digest`, and soon after any change, to whichever replica leads."""
-        next_digest = time.monotonic()
+        next_digest = next_prune = time.monotonic()
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self._wake.wait(), max(0.0, next_digest - time.monotonic()))
@@ -166,6 +189,9 @@ class LinkShard:
             full = time.monotonic() >= next_digest
             if full:
                 next_digest = time.monotonic() + self.timings.digest
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + self.m.config.heartbeat_timeout
+                self._prune()
             digest = self.take() if full else api_pb2.LivenessDigest(
                 shard=self.m.replica.api, changes=list(self.changes.values()))
             if not full:
@@ -175,10 +201,13 @@ class LinkShard:
                 if self.failures:
                     log.info("digests delivered again shard=%s after_failures=%d", digest.shard, self.failures)
                 self.failures = 0
+                self.delivered += 1
+                self.delivered_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - any failure: the news goes with the next digest
                 if not self.failures:
                     log.warning("digest not delivered shard=%s error=%s", digest.shard, str(exc)[:200])
                 self.failures += 1
+                self.failed += 1
                 self.give_back(digest)
 
     async def deliver(self, digest: api_pb2.LivenessDigest) -> None:

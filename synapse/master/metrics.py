@@ -2,10 +2,10 @@
 
 State gauges (jobs, GPUs, nodes, queues) are computed from the replicated state when scraped, so
 every replica that has caught up reports the same values, and nothing can drift from the truth.
-Raft gauges describe this replica. Counters (API calls) live in the process. No label carries a
-job, task, user or node id: cardinality stays bounded by the cluster's shape (states, queues,
-racks, methods, codes). `cluster-configs/prometheus/metrics.yaml` is the contract a test holds
-this module to.
+Raft and link-shard gauges describe this replica. Counters (API calls) live in the process. No
+label carries a job, task, user or node id: cardinality stays bounded by the cluster's shape
+(states, queues, racks, methods, codes, replicas). `cluster-configs/prometheus/metrics.yaml` is
+the contract a test holds this module to.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from synapse.core import commands as c
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
 from synapse.core.scheduler import PENDING_REASONS
+from synapse.core.shards import hosts
 from synapse.master.durability import FSYNC_SECONDS
 
 #: Histogram buckets, seconds: for work on the scale of milliseconds, and of a queue's wait.
@@ -40,6 +41,36 @@ class StateCollector(Collector):
         yield from self._raft()
         yield from self._state()
         yield from self._history()
+        yield from self._shard()
+
+    def _shard(self):
+        """This replica's link shard, and on the leader what it hears of every shard."""
+        shard, view = self.m.shard, self.m.leader_view()
+        if shard is None:  # main makes it before serving metrics
+            return
+        yield _gauge("synapse_shard_nodes", "nodes whose heartbeats this replica absorbed within the heartbeat timeout",
+                     shard.attached())
+        yield _counter("synapse_shard_heartbeats_total", "heartbeats this replica absorbed", shard.absorbed)
+        yield _counter("synapse_shard_redirects_total", "heartbeats absorbed of nodes whose shard is another "
+                       "replica's (the reply sends them there)", shard.redirects)
+        digests = CounterMetricFamily("synapse_shard_digests", "liveness digests this replica sent the leader, "
+                                      "by result", labels=["result"])
+        digests.add_metric(["delivered"], shard.delivered)
+        digests.add_metric(["failed"], shard.failed)
+        yield digests
+        yield _gauge("synapse_shard_last_digest_age_seconds", "seconds since this replica's last digest reached a "
+                     "leader (since it started, if none has)", time.monotonic() - shard.delivered_at)
+        yield _gauge("synapse_shard_serving", "1 while this replica lets workers attach (it leads or reaches a leader)",
+                     1 if shard.serving() else 0)
+        silence = GaugeMetricFamily("synapse_leader_shard_silence_seconds", "seconds since each link shard's last "
+                                    "digest reached this leader (leader only)", labels=["shard"])
+        if view is not None:
+            shards = hosts(shard.map.members, self.m.replica.api)
+            for name, seconds in sorted(view.shard_silences(shards, time.monotonic()).items()):
+                silence.add_metric([name], seconds)
+        yield silence
+        yield _gauge("synapse_nodes_held_silent", "silent nodes the mass-silence guard holds back from DOWN "
+                     "(leader only)", view.held_silent if view is not None else 0)
 
     def _history(self):
         history = self.m.history
