@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slow
 #   d      backfills beside c's reservation (ends by 6 s); e, the whole cluster too, waits behind c
 #   f      a rack gang: backfills into rack0 once a ends (ends by 14 s), ahead of c and e
 #   c, e   start one after the other as the cluster empties
-#   g,h,i  submitted at once on the idle cluster: start together, two one-node jobs on one node
-#   j      the whole cluster, behind h; k backfills into rack0 once g and i are done
+#   g,x,y  submitted at once on the idle cluster: start together, x beside g in rack0, y in rack1
+#   m      a rack gang: when g ends, one node is free in each rack; it waits 3 s for rack0 rather
+#          than run split (EASY, greedy and conservative start it split there)
+#   j      the whole cluster, behind m: starts when y ends
 TRACE = """\
 # synapse-sim trace v1
 # cluster: nodes=4 gpus_per_node=8 racks=2
@@ -41,11 +43,11 @@ c,1,32,4,4,8,0,,,,
 d,2,8,1,2,4,0,,,,
 e,3,32,4,3,30,0,,,,
 f,5,16,2,4,8,0,,,,
-g,21,4,1,3,6,0,,,,
-h,21,16,2,6,12,0,,,,
-i,21,4,1,3,6,0,,,,
+g,21,8,1,3,6,0,,,,
+x,21,8,1,6,12,0,,,,
+y,21,8,1,9,18,0,,,,
+m,21.5,16,2,2,20,0,,,,
 j,22,32,4,2,4,0,,,,
-k,23.5,16,2,2,4,0,,,,
 """
 #: Starts this far apart are one round's, on the real cluster (its rounds follow each commit).
 TOGETHER_S = 1.0
@@ -73,10 +75,10 @@ def decisions(starts: dict[str, float], nodes: dict[str, frozenset[str]], rack_o
                      {job: frozenset(rack_of[n] for n in ns) for job, ns in nodes.items()})
 
 
-def simulated(trace: tracefile.Trace) -> tuple[Decisions, list[tuple[str, str]]]:
+def simulated(trace: tracefile.Trace, policy: str = "synapse") -> tuple[Decisions, list[tuple[str, str]]]:
     """The replay's decisions, and its nodes (id, rack) in id order. No spread penalty: the real
     tasks sleep as long wherever they run."""
-    sim = Replay(trace, trace.shape, POLICIES["synapse"], spread_factor=1.0)
+    sim = Replay(trace, trace.shape, POLICIES[policy], spread_factor=1.0)
     run = sim.replay()
     assert not run.unfinished
     records = {r.id: r for r in run.records}
@@ -122,11 +124,14 @@ def renamed(d: Decisions, names: dict[str, str]) -> Decisions:
 def test_the_simulator_and_a_real_cluster_decide_alike(make_cluster):
     trace = tracefile.parse(TRACE)
     expected, sim_layout = simulated(trace)
-    # The trace does exercise the policy: a reservation held against jobs that would not end in
-    # time (e, j), a backfill into it (d and f before c), gangs started in one round.
+    # The trace does exercise the policy: a reservation held against a job that would not end in
+    # time (e), backfills into it (d and f before c), gangs started in one round, a rack wait; and
+    # the baselines decide otherwise on it (m split, 3 s earlier).
     order = [job for group in expected.groups for job in sorted(group)]
     assert order.index("d") < order.index("f") < order.index("c") < order.index("e")
-    assert order.index("k") < order.index("j") and frozenset("ghi") in expected.groups
+    assert frozenset("gxy") in expected.groups and len(expected.racks["m"]) == 1
+    for baseline in ("easy", "greedy", "conservative"):
+        assert simulated(trace, baseline)[0] != expected
 
     cluster = make_cluster(masters=1, workers=4, racks=2, gpus=8)
     sim = Replay(trace, trace.shape, POLICIES["synapse"])  # only its job specs are used
