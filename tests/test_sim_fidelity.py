@@ -124,9 +124,9 @@ def renamed(d: Decisions, names: dict[str, str]) -> Decisions:
 def test_the_simulator_and_a_real_cluster_decide_alike(make_cluster):
     trace = tracefile.parse(TRACE)
     expected, sim_layout = simulated(trace)
-    # The trace does exercise the policy: a reservation held against a job that would not end in
-    # time (e), backfills into it (d and f before c), gangs started in one round, a rack wait; and
-    # the baselines decide otherwise on it (m split, 3 s earlier).
+    # The trace does exercise the policy: a whole-cluster reservation (c) with backfills beside it
+    # (d and f start before it), gangs started at once, a rack wait; and the baselines decide
+    # otherwise on it (m split, 3 s earlier).
     order = [job for group in expected.groups for job in sorted(group)]
     assert order.index("d") < order.index("f") < order.index("c") < order.index("e")
     assert frozenset("gxy") in expected.groups and len(expected.racks["m"]) == 1
