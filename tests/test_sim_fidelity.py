@@ -139,9 +139,8 @@ def test_the_simulator_and_a_real_cluster_decide_alike(make_cluster):
 
     # The two clusters alike: nodes in id order sit in racks in the same pattern (placement breaks
     # ties by id), so the n-th node of one stands for the n-th of the other, and its rack for its rack.
-    assert len(sim_layout) == len(real_layout)
     names: dict[str, str] = {}
-    for (sim_node, sim_rack), (real_node, real_rack) in zip(sim_layout, real_layout):
+    for (sim_node, sim_rack), (real_node, real_rack) in zip(sim_layout, real_layout, strict=True):
         names[sim_node] = real_node
         assert names.setdefault(sim_rack, real_rack) == real_rack, (sim_layout, real_layout)
     assert len(set(names.values())) == len(names), (sim_layout, real_layout)
