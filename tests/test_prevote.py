@@ -8,6 +8,7 @@ without PreVote, raises its term at every election timeout and deposes the leade
 from __future__ import annotations
 
 import time
+from time import monotonic
 
 import pytest
 
@@ -255,3 +256,44 @@ def test_two_timers_firing_together_elect_a_leader_in_one_term(tmp_path):
 def test_without_yielding_the_same_timers_split_the_vote(tmp_path):
     terms = [timers_fire_together(tmp_path / str(i), NoYield)[0] for i in range(3)]
     assert max(terms) > 1, terms
+
+
+def first_timer_at_the_longest_timeout(tmp_path, cls) -> float:
+    """The leader stops; one follower's timer fires just past the longest election timeout (the
+    other's later). Seconds from that follower's pre-vote to a leader."""
+    addrs, nodes = start(tmp_path, cls)
+    try:
+        old = elect(nodes)
+        first, second = [n for i, n in enumerate(nodes) if i != old]
+        tick([first, second], 0.05)
+        conf = first._SyncObj__conf
+        for n in (first, second):
+            n._SyncObj__raftElectionDeadline = float("inf")
+        tick([first, second], conf.raftMaxTimeout + 0.05)  # nobody speaks: the silence of a dead leader
+        second._SyncObj__raftElectionDeadline = time.monotonic() + 2.0
+        first._SyncObj__raftElectionDeadline = started = time.monotonic()
+        for _ in range(60):
+            tick([first, second], 0.02)
+            if first._isLeader() or second._isLeader():
+                return time.monotonic() - started
+        return float("inf")
+    finally:
+        for node in nodes:
+            node.destroy()
+
+
+class CutAtMaxTimeout(SafeSyncObj):
+    """The rejoin wait's bound before: a silence of one longest election timeout counted as a cut."""
+
+    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802
+        if monotonic() - self._heard_any > self._SyncObj__conf.raftMaxTimeout and self._heard_any > float("-inf"):
+            self._rejoined = monotonic()
+        return super()._SyncObj__onMessageReceived(node, message)
+
+
+def test_a_pre_vote_after_a_dead_leader_s_longest_timeout_is_not_taken_for_a_healed_cut(tmp_path):
+    assert first_timer_at_the_longest_timeout(tmp_path, SafeSyncObj) < 0.3
+
+
+def test_with_the_old_bound_that_pre_vote_is_refused_and_the_election_waits_a_timeout(tmp_path):
+    assert first_timer_at_the_longest_timeout(tmp_path, CutAtMaxTimeout) >= 0.5

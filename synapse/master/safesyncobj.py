@@ -143,11 +143,12 @@ class SafeSyncObj(SyncObj):
         self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
         self._leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
         self._heard_any = float("-inf")  #: when any peer's message last arrived
-        #: when a peer's message arrived after a silence longer than an election timeout (a cut
+        #: when a peer's message arrived after a silence longer than a live cluster keeps (a cut
         #: healed): the replica waits a while for the leader before it grants a pre-vote
         self._rejoined = float("-inf")
         self._last_tick = 0.0  #: when the previous tick ended
         self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
+        self._lost_logged = float("-inf")  #: when a lost round was last logged (once per leader lost)
         self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
         self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
         self._add_link: Callable | None = None
@@ -283,6 +284,10 @@ class SafeSyncObj(SyncObj):
             return True
         if self._prevote_term:
             self.prevotes_denied += 1
+            if self._lost_logged < self._leader_contact:  # the first since a leader: an election delayed
+                self._lost_logged = now
+                log.info("pre-vote round lost term=%d yes=%d of=%d", self._prevote_term, len(self._prevotes),
+                         len(self._SyncObj__otherNodes) + 1)
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         self._prevote_term = self.raftCurrentTerm + 1
         self._prevotes = frozenset({self._SyncObj__selfNode})
@@ -411,8 +416,14 @@ class SafeSyncObj(SyncObj):
 
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
         now = monotonic()
-        if now - self._heard_any > self._SyncObj__conf.raftMaxTimeout and self._heard_any > float("-inf"):
-            self._rejoined = now  # the first word after a silence (not the first ever: a start is no cut)
+        conf = self._SyncObj__conf
+        # The first word after a silence longer than a live cluster keeps (not the first ever: a
+        # start is no cut). A leader's death silences a follower too, until another follower's
+        # timer fires, up to raftMaxTimeout later: with that as the bound, a pre-vote arriving a
+        # moment after it was taken for a healed cut and refused, and the election took a second
+        # timeout (1.6-1.7 s in a 30-minute chaos run).
+        if now - self._heard_any > conf.raftMaxTimeout + conf.raftMinTimeout and self._heard_any > float("-inf"):
+            self._rejoined = now
         self._heard_any = now
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "next_node_idx":  # a follower's answer to an AppendEntries
