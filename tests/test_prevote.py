@@ -258,9 +258,9 @@ def test_without_yielding_the_same_timers_split_the_vote(tmp_path):
     assert max(terms) > 1, terms
 
 
-def first_timer_at_the_longest_timeout(tmp_path, cls) -> float:
-    """The leader stops; one follower's timer fires just past the longest election timeout (the
-    other's later). Seconds from that follower's pre-vote to a leader."""
+def first_timer_at_the_longest_timeout(tmp_path, cls, quiet: float | None = None) -> float:
+    """The leader stops; one follower's timer fires just past the longest election timeout, or
+    after `quiet` seconds (the other's later). Seconds from that follower's pre-vote to a leader."""
     addrs, nodes = start(tmp_path, cls)
     try:
         old = elect(nodes)
@@ -269,7 +269,7 @@ def first_timer_at_the_longest_timeout(tmp_path, cls) -> float:
         conf = first._SyncObj__conf
         for n in (first, second):
             n._SyncObj__raftElectionDeadline = float("inf")
-        tick([first, second], conf.raftMaxTimeout + 0.05)  # nobody speaks: the silence of a dead leader
+        tick([first, second], quiet or conf.raftMaxTimeout + 0.05)  # the silence of a dead leader
         second._SyncObj__raftElectionDeadline = time.monotonic() + 2.0
         first._SyncObj__raftElectionDeadline = started = time.monotonic()
         for _ in range(60):
@@ -285,6 +285,8 @@ def first_timer_at_the_longest_timeout(tmp_path, cls) -> float:
 class CutAtMaxTimeout(SafeSyncObj):
     """The rejoin wait's bound before: a silence of one longest election timeout counted as a cut."""
 
+    KEEPALIVE_S = 0  # as before it, too: the followers' keepalives would end the silence
+
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802
         if monotonic() - self._heard_any > self._SyncObj__conf.raftMaxTimeout and self._heard_any > float("-inf"):
             self._rejoined = monotonic()
@@ -297,3 +299,20 @@ def test_a_pre_vote_after_a_dead_leader_s_longest_timeout_is_not_taken_for_a_hea
 
 def test_with_the_old_bound_that_pre_vote_is_refused_and_the_election_waits_a_timeout(tmp_path):
     assert first_timer_at_the_longest_timeout(tmp_path, CutAtMaxTimeout) >= 0.5
+
+
+class NoKeepalive(SafeSyncObj):
+    KEEPALIVE_S = 0
+
+
+def test_a_pre_vote_crosses_a_link_the_followers_left_quiet_for_longer_than_its_timeout(tmp_path):
+    """Followers never talk to each other, and pysyncobj drops a link on which nothing was read for
+    its connectionTimeout (5 s) when it next sends on it: the first pre-vote after a quiet spell
+    was dropped unsent. The keepalives every second keep the link read."""
+    quiet = 6.0
+    assert quiet > raft_config(bind_address="127.0.0.1:1", data_dir=str(tmp_path), password="pw").connectionTimeout
+    assert first_timer_at_the_longest_timeout(tmp_path / "a", SafeSyncObj, quiet=quiet) < 0.3
+
+
+def test_without_keepalives_that_pre_vote_is_lost(tmp_path):
+    assert first_timer_at_the_longest_timeout(tmp_path / "a", NoKeepalive, quiet=6.0) >= 0.5

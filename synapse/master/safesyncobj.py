@@ -119,6 +119,12 @@ class SafeSyncObj(SyncObj):
 
     #: A tick this much later than the previous one's end means this thread did not run meanwhile.
     STALL_S = 0.1
+    #: Every replica says something to each peer this often. pysyncobj drops a connection on which
+    #: nothing was read for `connectionTimeout` (5 s), and checks only when it next sends on it;
+    #: followers never talk to each other, so the first pre-vote after a leader's death found the
+    #: link between them idle for longer, dropped it unsent, and the election waited a second
+    #: round (elections of 1.4-1.9 s in a 30-minute chaos run). 0 turns it off (tests).
+    KEEPALIVE_S = 1.0
     PREVOTE = True  #: off only to show, in a test, what happens without it
     PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
     REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
@@ -149,6 +155,7 @@ class SafeSyncObj(SyncObj):
         self._last_tick = 0.0  #: when the previous tick ended
         self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
         self._lost_logged = float("-inf")  #: when a lost round was last logged (once per leader lost)
+        self._keepalive_sent = 0.0  #: when this replica last said something to every peer (KEEPALIVE_S)
         self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
         self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
         self._add_link: Callable | None = None
@@ -259,6 +266,10 @@ class SafeSyncObj(SyncObj):
                 self._SyncObj__raftElectionDeadline = deadline
         self.role = (self._SyncObj__raftState == _RAFT_STATE.LEADER, self.raftCurrentTerm)
         self._last_tick = monotonic()
+        if self.KEEPALIVE_S and self._last_tick - self._keepalive_sent >= self.KEEPALIVE_S:
+            self._keepalive_sent = self._last_tick
+            for node in self._SyncObj__otherNodes:  # a release without it ignores the unknown type
+                self._SyncObj__transport.send(node, {"type": "keepalive"})
 
     def _after_stall(self, gap: float) -> None:
         self._poller.poll(0)  # what arrived meanwhile: heartbeats, votes, answers
@@ -429,6 +440,8 @@ class SafeSyncObj(SyncObj):
         if kind == "next_node_idx":  # a follower's answer to an AppendEntries
             version = message.get("command_version")
             self._versions[node] = (version if isinstance(version, int) else 0, now)
+        if kind == "keepalive":
+            return None  # read: the link lives (and this replica is not cut off: see _rejoined)
         if kind == "pre_vote":
             return self._answer_prevote(node, message)
         if kind == "pre_vote_response":
