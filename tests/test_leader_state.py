@@ -93,6 +93,22 @@ def test_a_new_leader_gives_every_node_a_full_timeout_then_declares_the_silent_o
         c.NodeDown(at=111, node_id=N0, reason="no heartbeat for 11.0s")]
 
 
+def test_a_new_leader_gives_workers_of_a_cut_off_replica_the_move_window(make):
+    """A worker attached to the old leader, partitioned from the others, heartbeats there until
+    that replica's cut-off and only then moves: a full timeout from the election was too short for
+    it (a false NodeDown in a 30-minute chaos run). A node heard by the leader itself counts from then."""
+    d = make(heartbeat_timeout=10, shard_move=16)
+    d.handle(Started(at=100, mono=1000))
+    d.handle(Heartbeat(N1, at=101, mono=1001))
+    assert cmds(d.handle(MonitorDue(at=111, mono=1011))) == []
+    down = cmds(d.handle(MonitorDue(at=112, mono=1012)))
+    assert down == [c.NodeDown(at=112, node_id=N1, reason="no heartbeat for 11.0s")]
+    checked(d.state, down[0])
+    assert cmds(d.handle(MonitorDue(at=116, mono=1016))) == []  # N0: the move window has not passed
+    assert cmds(d.handle(MonitorDue(at=117, mono=1017))) == [
+        c.NodeDown(at=117, node_id=N0, reason="no heartbeat for 11.0s")]
+
+
 def test_digests_keep_nodes_up_and_a_node_silent_on_its_shard_goes_down(make):
     d = make(heartbeat_timeout=10, shard_silence=3)
     d.handle(Started(at=100, mono=1000))

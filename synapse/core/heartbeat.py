@@ -73,9 +73,15 @@ class HeartbeatTracker:
                 via[node_id] = shard
 
     def grace(self, node_ids: Iterable[str], now: float) -> None:
-        """Start every node's silence count from now (on gaining leadership)."""
+        """Start every node's silence count afresh (on gaining leadership): none expires before
+        `move_window` from now. A worker attached to a replica that the fault cut off (the old
+        leader, partitioned) keeps heartbeating there until that replica's cut-off and only then
+        moves: a full timeout from the election was too short for it (chaos: a false NodeDown
+        3.0 s after a partitioned leader's successor took over, at a 3 s timeout and a 4.25 s
+        move window)."""
+        counted_from = now + self.move_window - self.timeout
         for node_id in node_ids:
-            self._last[node_id] = now
+            self._last[node_id] = counted_from
         self._via.clear()
         self._shard_last = {}
         self.since = now
