@@ -3,6 +3,7 @@
     synapse-sim generate --mix gang-heavy --load 0.9 --days 7 -o t.csv
     synapse-sim import-sacct sacct.txt -o t.csv
     synapse-sim run t.csv --policies fifo,greedy,easy,synapse --json
+    synapse-sim run t.csv --policies easy,synapse --jitter 60     # the noise floor of the comparison
     synapse-sim sweep --loads 0.7,0.9,1.1 --seeds 1,2,3 --report out/
 """
 
