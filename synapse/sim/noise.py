@@ -69,8 +69,7 @@ class Versus:
 
     ratios: tuple[float, ...]  #: policy / baseline on each copy, the trace as given first; nan where undefined
     at_or_below: int  #: copies on which the policy's value is at or below the baseline's
-    at_or_above: int  #: copies on which it is at or above (a tie counts in both)
-    copies: int  #: copies on which both have a value
+    at_or_above: int  #: copies on which it is at or above (a tie counts in both; a copy without both values in neither)
 
     @property
     def low(self) -> float:
@@ -86,7 +85,7 @@ def versus(values: Sequence[float], baseline: Sequence[float]) -> Versus:
     pairs = [(v, b) for v, b in zip(values, baseline, strict=True) if not (math.isnan(v) or math.isnan(b))]
     ratios = tuple(v / b if b and not (math.isnan(v) or math.isnan(b)) else math.nan
                    for v, b in zip(values, baseline, strict=True))
-    return Versus(ratios, sum(v <= b for v, b in pairs), sum(v >= b for v, b in pairs), len(pairs))
+    return Versus(ratios, sum(v <= b for v, b in pairs), sum(v >= b for v, b in pairs))
 
 
 def values_of(summaries: Sequence[dict], key: str) -> list[float]:
