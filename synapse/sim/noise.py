@@ -73,18 +73,19 @@ class Versus:
 
     @property
     def low(self) -> float:
+        """The least ratio; nan if no copy has one."""
         return min((r for r in self.ratios if not math.isnan(r)), default=math.nan)
 
     @property
     def high(self) -> float:
+        """The greatest ratio; nan if no copy has one."""
         return max((r for r in self.ratios if not math.isnan(r)), default=math.nan)
 
 
 def versus(values: Sequence[float], baseline: Sequence[float]) -> Versus:
     """The policy's values against the baseline's, on the same copies in the same order."""
     pairs = [(v, b) for v, b in zip(values, baseline, strict=True) if not (math.isnan(v) or math.isnan(b))]
-    ratios = tuple(v / b if b and not (math.isnan(v) or math.isnan(b)) else math.nan
-                   for v, b in zip(values, baseline, strict=True))
+    ratios = tuple(v / b if b else math.nan for v, b in zip(values, baseline, strict=True))  # nan stays nan
     return Versus(ratios, sum(v <= b for v, b in pairs), sum(v >= b for v, b in pairs))
 
 
