@@ -3,6 +3,7 @@
     synapse-sim generate --mix gang-heavy --load 0.9 --days 7 -o t.csv
     synapse-sim import-sacct sacct.txt -o t.csv
     synapse-sim run t.csv --policies fifo,greedy,easy,synapse --json
+    synapse-sim run t.csv --policies easy,synapse --jitter 60     # the noise floor of the comparison
     synapse-sim sweep --loads 0.7,0.9,1.1 --seeds 1,2,3 --report out/
 """
 
@@ -21,8 +22,9 @@ from synapse.core.queues import QueueFileError, parse_queue_file
 from synapse.sim import trace as tracefile
 from synapse.sim.generate import MIXES, Recipe, generate
 from synapse.sim.metrics import summarize
+from synapse.sim.noise import NOISE_METRICS, jittered, noise_floor, spread, values_of, versus
 from synapse.sim.policies import DEFAULT_POLICIES, POLICIES, parse_policies, tuned
-from synapse.sim.replay import SPREAD_FACTOR, replay
+from synapse.sim.replay import SPREAD_FACTOR, RunResult, replay
 from synapse.sim.trace import ClusterShape, Trace, TraceError
 
 PROG = "synapse-sim"
@@ -167,6 +169,13 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
     return queues
 
 
+def _above_zero(_ctx, _param, value: float | None) -> float | None:
+    """--jitter's check: seconds above 0, a finite number."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value:g} is not a number of seconds above 0")
+    return value
+
+
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--policies", default=",".join(DEFAULT_POLICIES), show_default=True,
@@ -187,10 +196,17 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
 @click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",
               help="Replay only the jobs of at least N GPUs, as if nothing else were submitted (64: the big "
                    "gangs alone, how little they could wait with the cluster to themselves).")
+@click.option("--jitter", "jitter_s", type=float, callback=_above_zero, metavar="SECONDS",
+              help="The noise floor: also replay copies of the trace with each submission later by U(0, SECONDS), "
+                   "and give each metric's range over them and each policy's ratio to the first one, copy by copy.")
+@click.option("--repeats", type=click.IntRange(min=1), default=None, help="Jittered copies, with --jitter [4].")
+@click.option("--jitter-seed", type=int, default=None, help="Seed of the copies' shifts, with --jitter [1].")
 @_shape_options
 def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, min_gpus,
-        nodes, gpus_per_node, racks):
+        jitter_s, repeats, jitter_seed, nodes, gpus_per_node, racks):
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
+    if jitter_s is None and (repeats is not None or jitter_seed is not None):
+        fail(PROG, "--repeats and --jitter-seed go with --jitter SECONDS")
     try:
         chosen = parse_policies(policies)
         if tuning:
@@ -201,17 +217,53 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
         queues = load_queues(queues_path, trace)
     except (TraceError, ValueError) as exc:
         fail(PROG, str(exc))
-    runs = [replay(trace, shape, p, spread_factor=spread_factor, queues=queues) for p in chosen]
-    summaries = {r.policy: summarize(r, warmup=warmup_hours * 3600) for r in runs}
+
+    def replays(t: Trace) -> list[RunResult]:
+        return [replay(t, shape, p, spread_factor=spread_factor, queues=queues) for p in chosen]
+
+    def summarized(rs: list[RunResult]) -> dict[str, dict]:
+        return {r.policy: summarize(r, warmup=warmup_hours * 3600) for r in rs}
+
+    runs = replays(trace)
+    summaries = summarized(runs)
     only = f" (only those of {min_gpus}+ GPUs)" if min_gpus else ""
     text = table(summaries, f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}")
+    noise = None
+    if jitter_s is not None:
+        seed = 1 if jitter_seed is None else jitter_seed
+        copies = [summarized(replays(t)) for t in jittered(trace, jitter_s, repeats or 4, seed)]
+        noise = noise_floor(summaries, copies, seconds=jitter_s, seed=seed)
+    noise_text = noise_table(noise) if noise else ""
     if report_dir:
-        _report(report_dir, runs, summaries, f"{Path(trace_path).name}{only} on {shape.describe()}", text)
+        _report(report_dir, runs, summaries, f"{Path(trace_path).name}{only} on {shape.describe()}", text + noise_text)
     if as_json:
-        click.echo(json.dumps({"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
-                               "tuning": tuning, "min_gpus": min_gpus, "policies": _json_safe(summaries)}, indent=2))
+        out = {"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
+               "tuning": tuning, "min_gpus": min_gpus, "policies": _json_safe(summaries)}
+        if noise:
+            out["jitter"] = _json_safe(noise)
+        click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(text + queue_table(summaries))
+        click.echo(text + queue_table(summaries) + noise_text)
+
+
+def noise_table(noise: dict) -> str:
+    """Per metric: each policy on the trace as given, its range over the jittered copies, and its
+    ratio to the baseline (range over all copies, and on how many it is at or below / above)."""
+    copies, baseline, n = noise["copies"], noise["baseline"], noise["repeats"] + 1
+    out = [f"\nnoise floor: {n - 1} copies of the trace, each submission later by U(0, {noise['seconds']:g} s) "
+           f"(seed {noise['seed']}); ratios to {baseline} over all {n} copies, the trace as given included\n"]
+    for heading, key, scale, form in NOISE_METRICS:
+        base = values_of(copies[baseline], key)
+        rows = [["policy", "as given", "jittered", f"/ {baseline}", f"<= {baseline}", f">= {baseline}"]]
+        for name, summaries in copies.items():
+            s = spread(values_of(summaries, key))
+            row = [name, _cell(s.given, scale, form), _span(s.low, s.high, scale, form)]
+            if name != baseline:
+                v = versus(values_of(summaries, key), base)
+                row += [_span(v.low, v.high, 1, "{:.2f}"), f"{v.at_or_below}/{n}", f"{v.at_or_above}/{n}"]
+            rows.append(row + [""] * (6 - len(row)))
+        out.append(_aligned(heading, rows))
+    return "\n".join(out)
 
 
 def _report(directory, runs, summaries, title, text, sweep=None) -> None:
@@ -261,12 +313,24 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
 def table(summaries: dict[str, dict], caption: str) -> str:
     rows = [["policy", *(h for h, *_ in TABLE)]]
     for name, s in summaries.items():
-        rows.append([name, *(("-" if s[k] is None or math.isnan(s[k]) else f.format(s[k] / scale))
-                             for _, k, scale, f in TABLE)])
+        rows.append([name, *(_cell(s[k], scale, f) for _, k, scale, f in TABLE)])
+    return _aligned(caption, rows)
+
+
+def _cell(value: float | None, scale: float, form: str) -> str:
+    return "-" if value is None or math.isnan(value) else form.format(value / scale)
+
+
+def _span(low: float, high: float, scale: float, form: str) -> str:
+    return "-" if math.isnan(low) else f"{_cell(low, scale, form)}–{_cell(high, scale, form)}"
+
+
+def _aligned(caption: str, rows: list[list[str]]) -> str:
+    """The caption, then the rows in columns: the first left-aligned, the others right-aligned."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths,
                                                                                                   strict=True)))
-             for r in rows]
+             .rstrip() for r in rows]
     return "\n".join([caption, *lines]) + "\n"
 
 
