@@ -254,6 +254,25 @@ def test_a_kept_reservation_moves_only_for_a_clearly_earlier_start():
     assert (again.domain, again.nodes, again.starts_at) == (moved.domain, moved.nodes, moved.starts_at)
 
 
+def test_a_kept_reservation_trades_a_draining_node_for_one_that_emptied_early():
+    """Jobs end before their time limits: when a node of the reservation's domain empties early, the
+    kept reservation holds it instead of a node still draining (its start only gets earlier), so a
+    long job cannot refill it while the gang waits on a node with hours to run."""
+    s = sim(racks=1, nodes_per_rack=4)
+    occupy_until(s, {"r0-n0": 100, "r0-n1": 200, "r0-n2": 1000, "r0-n3": 1000})
+    big = s.submit(spec(tasks=2), duration=10)
+    first = s.schedule().reservation
+    assert first.job_id == big and first.nodes == {"r0-n0", "r0-n1"} and first.starts_at == 200
+    end_tasks_on(s, ["r0-n2"])  # its job ends 1000 s ahead of its limit
+    long = s.submit(spec(tasks=1, time_limit=5000), duration=5000)
+    every_round = dataclasses.replace(TUNING, reevaluate_s=0)
+    result = schedule_round(s.state, s.now, first, tuning=every_round)
+    kept = result.reservation
+    # 100 s earlier is within the margin: the same domain, no move, but the emptied node is held.
+    assert kept.domain == first.domain and kept.nodes == {"r0-n0", "r0-n2"} and kept.starts_at == 100
+    assert long not in {p.job_id for p in result.plans}
+
+
 def test_the_next_blocked_gangs_reserve_other_nodes_and_backfill_respects_each():
     s = sim(racks=2, nodes_per_rack=4)
     occupy_until(s, {n: 100 for n in sorted(s.state.nodes)})

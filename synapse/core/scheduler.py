@@ -30,7 +30,10 @@ admitted, see synapse.core.admission):
   (`CONSERVATIVE`), this is conservative backfill. The head's reservation is carried to the next
   round and kept while its nodes accept work, unless another choice is expected to start clearly earlier
   (`Tuning.switch_margin`): reserved nodes only drain, so a kept reservation only gets closer,
-  and each move gains the margin — no flip-flop, and the head gang cannot be starved.
+  and each move gains the margin — no flip-flop, and the head gang cannot be starved. A kept
+  reservation stays in its domain but holds the nodes expected to be empty first there now: jobs
+  end before their time limits, and a node that emptied early takes the place of one still
+  draining (which would otherwise go on holding the gang back while the empty one is refilled).
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
   job's `time_limit` ends before that reservation is expected to start (known only when every
   task on its nodes has a time limit itself; otherwise those nodes stay untouched).
@@ -390,6 +393,7 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
     The previous round's reservation of the same job and attempt is kept unless another choice is
     expected to start clearly earlier (Tuning.switch_margin): reserved nodes only drain, so a kept
     reservation only gets closer, and a switch always gains at least the margin — no flip-flop.
+    Kept, it moves to the nodes of its domain expected to be empty first (its start no later).
     The alternatives are weighed every `Tuning.reevaluate_s` only. Only the head's reservation is
     sticky; the others take the best choice whenever the alternatives are weighed. `until`: the
     nodes earlier reservations hold, and until when (inf: for good)."""
@@ -408,6 +412,11 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
     margin = tuning.switch_margin(kept_start - now) if sticky else 0.0
     if best is not None and best[2] < kept_start - margin:
         return Reservation(job.id, job.attempt, *best, chosen_at=now, ends_at=best[2] + limit)
+    # Kept in its domain, on the nodes expected to be empty first there now: a node that emptied
+    # ahead of its time limit takes the place of one still draining (the start is no later).
+    fresh = _earliest(state, view, spec, until, clock, within=previous.domain)
+    if fresh is not None and fresh[2] <= kept_start:
+        return Reservation(job.id, job.attempt, *fresh, chosen_at=now, ends_at=fresh[2] + limit)
     return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now,
                        ends_at=kept_start + limit)
 
@@ -450,7 +459,8 @@ def _closest_depth(view: ClusterView, spec: JobSpec) -> int | None:
 
 
 def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapping[str, float],
-              clock: _DrainClock, depth: int | None = None) -> tuple[Domain, frozenset[str], float] | None:
+              clock: _DrainClock, depth: int | None = None,
+              within: Domain | None = None) -> tuple[Domain, frozenset[str], float] | None:
     """(domain, nodes, expected start) of the choice expected to hold the gang first.
 
     From the lowest level where a domain holds the gang when idle upwards (a level up only when
@@ -459,8 +469,11 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapp
     then the most room now, then the domain's name (deterministic). With no time limits known,
     every start is inf and this is "the domain closest to fitting, its emptiest nodes". A node in
     `until` counts as empty no earlier than that (earlier reservations; inf: never). A `depth`
-    given starts the search there instead (0: the nodes of the whole cluster that free first)."""
-    if depth is None:
+    given starts the search there instead (0: the nodes of the whole cluster that free first); a
+    domain `within` searches that domain alone."""
+    if within is not None:
+        depth = len(within)
+    elif depth is None:
         depth = _closest_depth(view, spec)
     if depth is None:
         return None
@@ -471,7 +484,7 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapp
     leaf = len(state.levels)
     for d in range(depth, lowest - 1, -1):
         options = []
-        for key in view.index.by_depth[d]:
+        for key in view.index.by_depth[d] if within is None else (within,):
             if view.bound(key, per_task, when_empty=True) < n:
                 continue
             candidates = []
@@ -495,6 +508,8 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapp
         if options:
             starts, _, key, nodes = min(options, key=lambda o: o[:3])
             return key, nodes, starts
+        if within is not None:
+            return None
     return None
 
 
