@@ -414,7 +414,8 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
         return Reservation(job.id, job.attempt, *best, chosen_at=now, ends_at=best[2] + limit)
     # Kept in its domain, on the nodes expected to be empty first there now: a node that emptied
     # ahead of its time limit takes the place of one still draining (the start is no later).
-    fresh = _earliest(state, view, spec, until, clock, within=previous.domain)
+    fresh = best if best is not None and best[0] == previous.domain else \
+        _earliest(state, view, spec, until, clock, within=previous.domain)
     if fresh is not None and fresh[2] <= kept_start:
         return Reservation(job.id, job.attempt, *fresh, chosen_at=now, ends_at=fresh[2] + limit)
     return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now,
