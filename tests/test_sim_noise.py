@@ -133,6 +133,20 @@ def test_run_with_jitter_adds_the_copies_and_ratios_to_the_json(trace_file):
     assert any(c["mean_wait_s"] != noise["copies"]["easy"][0]["mean_wait_s"] for c in noise["copies"]["easy"][1:])
 
 
+def test_run_with_jitter_on_several_workers_gives_the_same_figures(trace_file):
+    """--workers replays the copies in other processes (a tuned policy and queue-less trace pickled
+    there and back): every decision-made figure equals the one-process run's."""
+    args = ("run", str(trace_file), "--policies", "easy,synapse", "--tuning", "reservations=1", "--json",
+            "--jitter", "60", "--repeats", "3")
+    one = json.loads(invoke(*args).output)["jitter"]
+    two = json.loads(invoke(*args, "--workers", "2").output)["jitter"]
+    timing = {"wall_s", "sched_p99_ms", "sched_mean_ms"}
+    strip = lambda copies: [{k: v for k, v in c.items() if k not in timing} for c in copies]  # noqa: E731
+    for policy in ("easy", "synapse"):
+        assert strip(two["copies"][policy]) == strip(one["copies"][policy])
+    assert two["ratios"] == one["ratios"]
+
+
 def test_run_with_jitter_puts_the_noise_tables_in_the_report(trace_file, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "report"
@@ -148,8 +162,10 @@ def test_run_with_jitter_puts_the_noise_tables_in_the_report(trace_file, tmp_pat
     (["--jitter", "nan"], "'--jitter'"),
     (["--jitter", "soon"], "'--jitter'"),
     (["--jitter", "60", "--repeats", "0"], "'--repeats'"),
-    (["--repeats", "3"], "--repeats and --jitter-seed go with --jitter"),
-    (["--jitter-seed", "3"], "--repeats and --jitter-seed go with --jitter"),
+    (["--repeats", "3"], "--repeats, --jitter-seed and --workers go with --jitter"),
+    (["--jitter-seed", "3"], "--repeats, --jitter-seed and --workers go with --jitter"),
+    (["--workers", "2"], "--repeats, --jitter-seed and --workers go with --jitter"),
+    (["--jitter", "60", "--workers", "0"], "'--workers'"),
 ])
 def test_bad_jitter_values_name_the_option(trace_file, args, message):
     result = CliRunner().invoke(main, ["run", str(trace_file), "--policies", "easy", *args])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import click
@@ -201,12 +202,14 @@ def _above_zero(_ctx, _param, value: float | None) -> float | None:
                    "and give each metric's range over them and each policy's ratio to the first one, copy by copy.")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Jittered copies, with --jitter [4].")
 @click.option("--jitter-seed", type=int, default=None, help="Seed of the copies' shifts, with --jitter [1].")
+@click.option("--workers", type=click.IntRange(1, 64), default=None,
+              help="Jittered copies replayed at once (processes), with --jitter [1].")
 @_shape_options
 def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, min_gpus,
-        jitter_s, repeats, jitter_seed, nodes, gpus_per_node, racks):
+        jitter_s, repeats, jitter_seed, workers, nodes, gpus_per_node, racks):
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
-    if jitter_s is None and (repeats is not None or jitter_seed is not None):
-        fail(PROG, "--repeats and --jitter-seed go with --jitter SECONDS")
+    if jitter_s is None and (repeats is not None or jitter_seed is not None or workers is not None):
+        fail(PROG, "--repeats, --jitter-seed and --workers go with --jitter SECONDS")
     try:
         chosen = parse_policies(policies)
         if tuning:
@@ -218,20 +221,20 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
     except (TraceError, ValueError) as exc:
         fail(PROG, str(exc))
 
-    def replays(t: Trace) -> list[RunResult]:
-        return [replay(t, shape, p, spread_factor=spread_factor, queues=queues) for p in chosen]
-
-    def summarized(rs: list[RunResult]) -> dict[str, dict]:
-        return {r.policy: summarize(r, warmup=warmup_hours * 3600) for r in rs}
-
-    runs = replays(trace)
-    summaries = summarized(runs)
+    runs = _replays(trace, shape, chosen, spread_factor, queues)
+    summaries = _summarized(runs, warmup_hours * 3600)
     only = f" (only those of {min_gpus}+ GPUs)" if min_gpus else ""
     text = table(summaries, f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}")
     noise = None
     if jitter_s is not None:
         seed = 1 if jitter_seed is None else jitter_seed
-        copies = [summarized(replays(t)) for t in jittered(trace, jitter_s, repeats or 4, seed)]
+        cases = [(t, shape, chosen, spread_factor, queues, warmup_hours * 3600)
+                 for t in jittered(trace, jitter_s, repeats or 4, seed)]
+        if (workers or 1) > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                copies = list(pool.map(_copy_summaries, cases))
+        else:
+            copies = [_copy_summaries(case) for case in cases]
         noise = noise_floor(summaries, copies, seconds=jitter_s, seed=seed)
     noise_text = noise_table(noise) if noise else ""
     if report_dir:
@@ -244,6 +247,22 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(text + queue_table(summaries) + noise_text)
+
+
+def _replays(trace: Trace, shape: ClusterShape, policies: list, spread_factor: float,
+             queues: tuple) -> list[RunResult]:
+    return [replay(trace, shape, p, spread_factor=spread_factor, queues=queues) for p in policies]
+
+
+def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, dict]:
+    return {r.policy: summarize(r, warmup=warmup_s) for r in runs}
+
+
+def _copy_summaries(case: tuple) -> dict[str, dict]:
+    """One jittered copy through every policy, summarised (a module-level function: --workers
+    sends it to other processes)."""
+    trace, shape, policies, spread_factor, queues, warmup_s = case
+    return _summarized(_replays(trace, shape, policies, spread_factor, queues), warmup_s)
 
 
 def noise_table(noise: dict) -> str:
