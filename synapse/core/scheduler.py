@@ -473,19 +473,21 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapp
     given starts the search there instead (0: the nodes of the whole cluster that free first); a
     domain `within` searches that domain alone."""
     if within is not None:
-        depth = len(within)
-    elif depth is None:
-        depth = _closest_depth(view, spec)
-    if depth is None:
-        return None
+        levels: list[tuple[int, Iterable[Domain]]] = [(len(within), (within,))]
+    else:
+        if depth is None:
+            depth = _closest_depth(view, spec)
+        if depth is None:
+            return None
+        lowest = 0
+        if spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
+            lowest = min(pack_depth(view.levels, spec.topology.pack), len(view.levels))
+        levels = [(d, view.index.by_depth[d]) for d in range(depth, lowest - 1, -1)]
     per_task, n = spec.resources, spec.tasks
-    lowest = 0
-    if spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
-        lowest = min(pack_depth(view.levels, spec.topology.pack), len(view.levels))
     leaf = len(state.levels)
-    for d in range(depth, lowest - 1, -1):
+    for d, keys in levels:
         options = []
-        for key in view.index.by_depth[d] if within is None else (within,):
+        for key in keys:
             if view.bound(key, per_task, when_empty=True) < n:
                 continue
             candidates = []
@@ -509,8 +511,6 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapp
         if options:
             starts, _, key, nodes = min(options, key=lambda o: o[:3])
             return key, nodes, starts
-        if within is not None:
-            return None
     return None
 
 
