@@ -357,20 +357,27 @@ class _DrainClock:
         self.state, self.now, self.plans = state, now, plans
         self._seen_plans = 0
         self._planned: dict[str, float] = {}  #: node -> latest end of this round's plans on it
-        self._at: dict[str, float] = {}  #: node -> expected empty, from committed tasks alone
+        self._at: dict[str, float] = {}  #: node -> expected empty, this round's plans counted
 
     def empty_at(self, node_id: str) -> float:
+        if len(self.plans) > self._seen_plans:
+            self._count_plans()
+        at = self._at.get(node_id)
+        if at is None:
+            at = self._at[node_id] = max(_expected_free_at(self.state, (node_id,), self.now),
+                                         self._planned.get(node_id, self.now))
+        return at
+
+    def _count_plans(self) -> None:
         for plan in self.plans[self._seen_plans:]:
             spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
             limit = spec.time_limit if spec is not None else 0.0
             end = self.now + limit if limit else math.inf
             for p in plan.placements:
                 self._planned[p.node_id] = max(self._planned.get(p.node_id, self.now), end)
+                if p.node_id in self._at:
+                    self._at[p.node_id] = max(self._at[p.node_id], end)
         self._seen_plans = len(self.plans)
-        at = self._at.get(node_id)
-        if at is None:
-            at = self._at[node_id] = _expected_free_at(self.state, (node_id,), self.now)
-        return max(at, self._planned.get(node_id, self.now))
 
     def nodes_empty_at(self, nodes: Iterable[str]) -> float:
         return max((self.empty_at(n) for n in nodes), default=self.now)
@@ -485,32 +492,64 @@ def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapp
         levels = [(d, view.index.by_depth[d]) for d in range(depth, lowest - 1, -1)]
     per_task, n = spec.resources, spec.tasks
     leaf = len(state.levels)
+    holds: dict[Resources, int] = {}  #: node capacity -> tasks it holds when empty
     for d, keys in levels:
         options = []
         for key in keys:
             if view.bound(key, per_task, when_empty=True) < n:
                 continue
-            candidates = []
+            candidates = []  #: (expected empty, node, tasks it holds when empty)
             racks = [key] if d == leaf else [k for k in state.index.by_depth[leaf] if k[:d] == key]
             for rack in racks:
                 for _, _, _, node_id in state.index.domains[rack].entries:  # type: ignore[union-attr]
-                    when_empty = per_task.count_in(state.nodes[node_id].capacity)
+                    capacity = state.nodes[node_id].capacity
+                    when_empty = holds.get(capacity)
+                    if when_empty is None:
+                        when_empty = holds[capacity] = per_task.count_in(capacity)
                     after = until.get(node_id, clock.now)
                     if when_empty > 0 and not math.isinf(after):
-                        candidates.append((max(clock.empty_at(node_id), after), -view.tasks_fit(node_id, per_task),
-                                           -when_empty, node_id))
-            chosen, room, now_room, starts = [], 0, 0, clock.now
-            for at, neg_fit, neg_empty, node_id in sorted(candidates):
-                chosen.append(node_id)
-                room -= neg_empty
-                now_room -= neg_fit
-                starts = max(starts, at)
-                if room >= n:
-                    options.append((starts, -now_room, key, frozenset(chosen)))
-                    break
+                        candidates.append((max(clock.empty_at(node_id), after), node_id, when_empty))
+            found = _first_to_hold(view, per_task, n, candidates)
+            if found is not None:
+                options.append((max(found[0], clock.now), key, found[1]))
         if options:
-            starts, _, key, nodes = min(options, key=lambda o: o[:3])
+            starts = min(o[0] for o in options)
+            first = [o for o in options if o[0] == starts]
+            if len(first) > 1:  # what fits now breaks the tie (worked out for these alone)
+                first.sort(key=lambda o: (-sum(view.tasks_fit(node_id, per_task) for node_id in o[2]), o[1]))
+            _, key, nodes = first[0]
             return key, nodes, starts
+    return None
+
+
+def _first_to_hold(view: ClusterView, per_task: Resources, n: int,
+                   candidates: list[tuple[float, str, int]]) -> tuple[float, frozenset[str]] | None:
+    """The nodes expected to hold `n` tasks first, in the order (expected empty, most tasks that fit
+    now, most when empty, id), and their expected start.
+
+    Only the order within the group of nodes that completes the set depends on what fits now, so
+    that is worked out for that group alone, not for every candidate."""
+    candidates.sort()
+    chosen: list[str] = []
+    room = i = 0
+    while i < len(candidates):
+        at = candidates[i][0]
+        j = i
+        while j < len(candidates) and candidates[j][0] == at:
+            j += 1
+        group = candidates[i:j]
+        group_room = sum(c[2] for c in group)
+        if room + group_room < n:  # every node of the group is taken, in any order
+            chosen += [node_id for _, node_id, _ in group]
+            room += group_room
+            i = j
+            continue
+        for _, neg_empty, node_id in sorted((-view.tasks_fit(node_id, per_task), -when_empty, node_id)
+                                            for _, node_id, when_empty in group):
+            chosen.append(node_id)
+            room -= neg_empty
+            if room >= n:
+                return at, frozenset(chosen)
     return None
 
 
