@@ -229,6 +229,21 @@ def test_reservation_takes_the_nodes_expected_to_free_first():
     assert res.nodes == {"r0-n0", "r0-n1"} and res.starts_at == 110
 
 
+def test_among_nodes_expected_free_at_once_the_reservation_takes_those_with_room_now():
+    """Every node is expected to be empty at t=100, but two of r1's run half-node jobs and take a
+    task each now: a 3-task gang (two nodes when empty) reserves those two, in r1, not the first
+    nodes by name."""
+    s = sim(racks=2, nodes_per_rack=4)
+    occupy_until(s, {n: 100 for n in s.state.nodes if n not in ("r1-n1", "r1-n3")})
+    for node_id in ("r1-n1", "r1-n3"):
+        job_id = s.submit(spec(tasks=1, gpu=4, time_limit=100), duration=100)
+        s.commit(Plan(job_id, 1, (Placement(0, node_id, (0, 1, 2, 3), 0),)))
+    gang = s.submit(spec(tasks=3, gpu=4), duration=10)
+    res = s.schedule().reservation
+    assert res.job_id == gang and res.starts_at == 100
+    assert res.domain == ("z0", "b0", "r1") and res.nodes == {"r1-n1", "r1-n3"}
+
+
 def test_a_kept_reservation_moves_only_for_a_clearly_earlier_start():
     s = sim(racks=2, nodes_per_rack=2)
     occupy_until(s, {"r0-n0": 1000, "r0-n1": 1000, "r1-n0": 2000, "r1-n1": 2000})
