@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from concurrent.futures import ProcessPoolExecutor
@@ -228,13 +229,14 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
     noise = None
     if jitter_s is not None:
         seed = 1 if jitter_seed is None else jitter_seed
-        cases = [(t, shape, chosen, spread_factor, queues, warmup_hours * 3600)
-                 for t in jittered(trace, jitter_s, repeats or 4, seed)]
+        traces = jittered(trace, jitter_s, repeats or 4, seed)
+        one_copy = functools.partial(_copy_summaries, shape=shape, policies=chosen, spread_factor=spread_factor,
+                                     queues=queues, warmup_s=warmup_hours * 3600)
         if (workers or 1) > 1:
             with ProcessPoolExecutor(workers) as pool:
-                copies = list(pool.map(_copy_summaries, cases))
+                copies = list(pool.map(one_copy, traces))
         else:
-            copies = [_copy_summaries(case) for case in cases]
+            copies = [one_copy(t) for t in traces]
         noise = noise_floor(summaries, copies, seconds=jitter_s, seed=seed)
     noise_text = noise_table(noise) if noise else ""
     if report_dir:
@@ -258,10 +260,10 @@ def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, dict]:
     return {r.policy: summarize(r, warmup=warmup_s) for r in runs}
 
 
-def _copy_summaries(case: tuple) -> dict[str, dict]:
+def _copy_summaries(trace: Trace, *, shape: ClusterShape, policies: list, spread_factor: float, queues: tuple,
+                    warmup_s: float) -> dict[str, dict]:
     """One jittered copy through every policy, summarised (a module-level function: --workers
     sends it to other processes)."""
-    trace, shape, policies, spread_factor, queues, warmup_s = case
     return _summarized(_replays(trace, shape, policies, spread_factor, queues), warmup_s)
 
 
