@@ -13,9 +13,11 @@ import signal
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from synapse.client.master_client import MasterClient
+from synapse.common.tls import TLSFiles, channel_credentials, issue_worker
 from synapse.local import cluster as local
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet
@@ -55,7 +57,45 @@ class LocalCluster:
         self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5, **settings)
         self.token = self.state["token"]
         self.addresses = [m["api_address"] for m in self.state["masters"]]
-        self.client = MasterClient(self.addresses, self.token, deadline=30)
+        self.tls = local.client_tls(self.state)  #: the client's TLS files (TLS is on unless tls=False)
+        #: what a synctl of this cluster needs in its environment (masters, token, and the TLS files)
+        self.env = local.client_env(self.state)
+        self.client = self.new_client(deadline=30)
+
+    def new_client(self, addresses: list[str] | None = None, **kw) -> MasterClient:
+        """A client of this cluster (of `addresses`, by default all masters), with its TLS files."""
+        return MasterClient(addresses or self.addresses, self.token, tls=self.tls, **kw)
+
+    def node_tls(self, node_id: str) -> TLSFiles:
+        """On a TLS cluster, the files of a certificate issued to `node_id` (signed by the cluster's
+        CA on first use), as a worker started by hand presents; none on a plain cluster."""
+        if not self.tls.enabled:
+            return TLSFiles()
+        tls_dir = Path(self.tls.ca).parent
+        if not (tls_dir / f"worker-{node_id}.pem").exists():
+            issue_worker(tls_dir, node_id)
+        cert = tls_dir / f"worker-{node_id}"
+        return TLSFiles(self.tls.ca, f"{cert}.pem", f"{cert}-key.pem")
+
+    def worker_tls_argv(self, node_id: str) -> list[str]:
+        """The TLS options of `synapse-worker` for a worker started by hand as `node_id`."""
+        files = self.node_tls(node_id)
+        return ["--ca", files.ca, "--cert", files.cert, "--key", files.key] if files.enabled else []
+
+    def node_client(self, node_id: str, **kw) -> MasterClient:
+        """A client with the admin token presenting `node_id`'s certificate (on a TLS cluster):
+        what registering a node by hand, or acting as one, needs."""
+        files = self.node_tls(node_id)
+        return MasterClient(self.addresses, self.token, tls=files if files.enabled else self.tls, **kw)
+
+    def channel(self, address: str, node_id: str = "", as_node: str = "") -> grpc.Channel:
+        """A gRPC channel to a master (or to worker `node_id`'s log service, whose certificate names
+        the node) with this cluster's client TLS files, or `as_node`'s certificate."""
+        if not self.tls.enabled:
+            return grpc.insecure_channel(address)
+        files = self.node_tls(as_node) if as_node else self.tls
+        options = [("grpc.ssl_target_name_override", node_id)] if node_id else []
+        return grpc.secure_channel(address, channel_credentials(files), options=options)
 
     def master(self, replica_id: str) -> dict:
         return next(m for m in self.state["masters"] if m["id"] == replica_id)

@@ -20,13 +20,13 @@ pytestmark = pytest.mark.slow
 
 
 def synctl(cluster, *args, masters=None):
-    env = {"SYNAPSE_MASTERS": masters or ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}
+    env = {**cluster.env, "SYNAPSE_MASTERS": masters or ",".join(cluster.addresses)}
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 
 def test_watch_prints_json_lines_within_seconds_of_a_submission(make_cluster):
     cluster = make_cluster(workers=1, racks=1)
-    env = {**os.environ, "SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}
+    env = {**os.environ, **cluster.env}
     watcher = subprocess.Popen([sys.executable, "-m", "synapse.client.synctl", "get", "events", "--watch", "-o",
                                 "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:

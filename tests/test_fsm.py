@@ -192,7 +192,7 @@ def test_failure_stops_gang_then_requeues_then_fails():
     start_all(state, "j1")
     exit_task(state, "j1", 1, code=1)
     exit_task(state, "j1", 0, code=-15)
-    assert job.status is JobStatus.FAILED and "no restarts left (2 attempt(s))" in job.events[-1].message
+    assert job.status is JobStatus.FAILED and "no restarts left (max_restarts 1, all used)" in job.events[-1].message
 
 
 def test_node_down_loses_its_tasks_and_requeues():
@@ -206,6 +206,50 @@ def test_node_down_loses_its_tasks_and_requeues():
     assert state.nodes["r0-n0"].used == Resources() and state.nodes["r0-n0"].status is NodeStatus.DOWN
     exit_task(state, "j1", 1, code=-15)
     assert job.status is JobStatus.PENDING and job.attempt == 2
+
+
+def test_a_lost_node_requeues_its_gangs_at_their_place_uncharged():
+    """NodeLost (version 3): not the job's fault, so even max_restarts 0 comes back, ahead of what
+    arrived since, and the event says why; the older NodeDown still charges (old logs replay alike)."""
+    state = cluster()
+    submit(state, "j1", tasks=2, max_restarts=0)
+    submit(state, "later", tasks=1)
+    commit(state, "j1", whole_nodes("r0-n0", "r0-n1"))
+    start_all(state, "j1")
+    checked(state, c.NodeLost(at=50, term=2, node_id="r0-n0", reason="no heartbeat for 10s"))
+    job = state.jobs["j1"]
+    assert job.status is JobStatus.STOPPING and job.tasks[1].state.live  # the survivor stops first
+    exit_task(state, "j1", 1, code=-15)
+    assert (job.status, job.attempt, job.restarts_used(), job.requeues) == (JobStatus.PENDING, 2, 0, 1)
+    assert [j for _, j in sorted(state.pending)][0] == "j1"  # its place, before "later"
+    assert [e.kind for e in job.events].count("Requeued") == 1
+    assert "not charged to max_restarts" in job.events[-1].message and "r0-n0" in job.events[-1].message
+    assert job.runs[-1].outcome == "NodeLost"
+
+    old = cluster()
+    submit(old, "j1", tasks=1, max_restarts=0)
+    commit(old, "j1", whole_nodes("r0-n0"))
+    checked(old, c.NodeDown(at=50, term=2, node_id="r0-n0"))
+    assert old.jobs["j1"].status is JobStatus.FAILED
+
+
+def test_a_drain_is_one_command_that_stops_every_gang_on_the_node_uncharged():
+    state = cluster()
+    submit(state, "a", tasks=2, max_restarts=0)
+    commit(state, "a", whole_nodes("r0-n0", "r0-n1"))
+    start_all(state, "a")
+    result = checked(state, c.DrainNode(at=60, by="admin", node_id="r0-n1"))
+    assert result.value == "a"
+    node = state.nodes["r0-n1"]
+    assert not node.schedulable and node.cordon_reason == "drained by admin"
+    job = state.jobs["a"]
+    assert job.status is JobStatus.STOPPING and job.stop_cause == "Drained" and job.stop_grace > 0
+    exit_task(state, "a", 0, code=-15)
+    exit_task(state, "a", 1, code=-15)
+    assert (job.status, job.attempt, job.restarts_used()) == (JobStatus.PENDING, 2, 0)
+    assert job.tasks == [] and job.runs[-1].outcome == "Drained"
+    assert checked(state, c.DrainNode(at=61, node_id="r0-n1")).value == ""  # nothing left to stop
+    assert not state.apply(c.DrainNode(at=62, node_id="nope")).ok
 
 
 def test_cancel_pending_and_running():

@@ -85,7 +85,7 @@ def test_a_worker_with_gpus_auto_is_labelled_and_gets_only_its_models_jobs(make_
     argv = [sys.executable, "-m", "synapse.worker", "--masters", ",".join(cluster.addresses), "--token",
             cluster.token, "--node-id", "gpu1", "--data-dir", str(tmp_path / "gpu1"), "--gpus", "auto",
             "--cpus", "4", "--memory", "8Gi", "--address", "127.0.0.1", "--heartbeat-interval", "0.5",
-            "--stop-tasks-on-exit"]
+            "--stop-tasks-on-exit", *cluster.worker_tls_argv("gpu1")]
     with open(tmp_path / "gpu1.log", "wb") as log:
         worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PATH": path})
     try:
@@ -94,15 +94,14 @@ def test_a_worker_with_gpus_auto_is_labelled_and_gets_only_its_models_jobs(make_
             time.sleep(0.1)
         (node,) = [n for n in cluster.client.list_nodes() if n.id == "gpu1"]
         assert node.capacity.gpu == 2 and dict(node.labels)["gpu_model"] == "H100"
-        args = ["--masters", ",".join(cluster.addresses), "--token", cluster.token]
-        listed = CliRunner().invoke(synctl, [*args, "get", "nodes"]).output
+        listed = CliRunner().invoke(synctl, ["get", "nodes"], env=cluster.env).output
         assert "gpu_model=H100" in listed
         jobs = {}
         for model in ("H100", "A100"):
             job_file = tmp_path / f"{model}.yaml"
             job_file.write_text(f"name: on-{model}\nresources: {{gpu: 1, memory: 64Mi}}\ngpu_model: {model}\n"
                                 "command: [sh, -c, 'echo $CUDA_VISIBLE_DEVICES']\n")
-            out = CliRunner().invoke(synctl, [*args, "submit", str(job_file)])
+            out = CliRunner().invoke(synctl, ["submit", str(job_file)], env=cluster.env)
             assert out.exit_code == 0, out.output
             jobs[model] = out.output.split()[0]
         deadline = time.monotonic() + 20

@@ -64,7 +64,8 @@ def test_failing_check_cordons_within_two_intervals_and_passing_uncordons(make_c
     argv = [sys.executable, "-m", "synapse.worker", "--masters", ",".join(cluster.addresses),
             "--token", cluster.token, "--node-id", "hw1", "--data-dir", str(tmp_path / "hw1"), "--gpus", "0",
             "--cpus", "4", "--memory", "8Gi", "--address", "127.0.0.1", "--heartbeat-interval", "0.5",
-            "--health-check", str(check), "--health-interval", str(INTERVAL), "--stop-tasks-on-exit"]
+            "--health-check", str(check), "--health-interval", str(INTERVAL), "--stop-tasks-on-exit",
+            *cluster.worker_tls_argv("hw1")]
     with open(tmp_path / "hw1.log", "wb") as log:
         worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -77,10 +78,9 @@ def test_failing_check_cordons_within_two_intervals_and_passing_uncordons(make_c
         info = node(cluster, "hw1")
         assert info.cordon_reason == "health check failed: GPU 3 fell off the bus"
         assert info.health == "GPU 3 fell off the bus"
-        synctl_args = ["--masters", ",".join(cluster.addresses), "--token", cluster.token]
-        listed = CliRunner().invoke(synctl, [*synctl_args, "get", "nodes"]).output
+        listed = CliRunner().invoke(synctl, ["get", "nodes"], env=cluster.env).output
         assert "health check failed: GPU 3 fell off the bus" in listed
-        described = CliRunner().invoke(synctl, [*synctl_args, "describe", "node", "hw1"]).output
+        described = CliRunner().invoke(synctl, ["describe", "node", "hw1"], env=cluster.env).output
         assert "Schedulable:  no: health check failed: GPU 3 fell off the bus" in described
         assert "Isolation:" in described
 
@@ -90,7 +90,7 @@ def test_failing_check_cordons_within_two_intervals_and_passing_uncordons(make_c
         assert node(cluster, "hw1").cordon_reason == "" and node(cluster, "hw1").health == ""
 
         # An admin's cordon outlives the health check failing and passing again.
-        result = CliRunner().invoke(synctl, [*synctl_args, "cordon", "hw1", "--reason", "firmware update"])
+        result = CliRunner().invoke(synctl, ["cordon", "hw1", "--reason", "firmware update"], env=cluster.env)
         assert result.exit_code == 0, result.output
         broken.touch()
         wait_node(cluster, "hw1", lambda n: n.health == "GPU 3 fell off the bus", 4 * INTERVAL, "the failure")

@@ -23,7 +23,7 @@ SLEEPER = ["--name", "sleeper", "--tasks", "1", "--cpu", "1", "--mem", "1Gi", "-
 
 
 def synctl(cluster, token, *args, masters=None):
-    env = {"SYNAPSE_MASTERS": masters or ",".join(cluster.addresses), "SYNAPSE_TOKEN": token}
+    env = {**cluster.env, "SYNAPSE_MASTERS": masters or ",".join(cluster.addresses), "SYNAPSE_TOKEN": token}
     return CliRunner().invoke(main, ["--timeout", "15", *args], env=env, catch_exceptions=False)
 
 
@@ -122,7 +122,7 @@ def test_logs_are_for_the_owner_and_admins_and_tickets_open_one_task_only(cluste
 
     access = cluster.client.call("LogAccess", api_pb2.LogAccessRequest(job_id=job_id))
     ticket = access.tickets[0]
-    with grpc.insecure_channel(ticket.address) as channel:
+    with cluster.channel(ticket.address, node_id=ticket.node_id) as channel:
         stub = api_pb2_grpc.WorkerStub(channel)
 
         def read(**fields):

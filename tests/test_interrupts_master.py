@@ -24,7 +24,7 @@ def test_masters_stopped_while_streams_and_calls_wait_log_no_traceback(make_clus
     ended: list[str] = []
     channels = []
     for address in cluster.addresses:  # event streams that wait for the next event, on every master
-        channel = grpc.insecure_channel(address)
+        channel = cluster.channel(address)
         channels.append(channel)
         stream = api_pb2_grpc.MasterStub(channel).WatchEvents(api_pb2.WatchEventsRequest(follow=True),
                                                                metadata=(("authorization", f"Bearer {cluster.token}"),))

@@ -363,12 +363,10 @@ def test_oom_killed_task_fails_its_job_and_spares_its_neighbour(make_cluster, tm
     (pid,) = [t["handle"]["pid"] for t in state["tasks"] if t["assignment"]["job_id"] == neighbour]
     assert Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     # synctl shows the reason per task, and which task failed first.
-    out = CliRunner().invoke(synctl, ["--masters", ",".join(cluster.addresses), "--token", cluster.token,
-                                      "describe", "job", hog, "-o", "json"])
+    out = CliRunner().invoke(synctl, ["describe", "job", hog, "-o", "json"], env=cluster.env)
     described = json.loads(out.output)
     assert described["tasks"][0]["reason"] == "OOMKilled" and "OOMKilled" in described["failure"]
-    table = CliRunner().invoke(synctl, ["--masters", ",".join(cluster.addresses), "--token", cluster.token,
-                                        "describe", "job", hog]).output
+    table = CliRunner().invoke(synctl, ["describe", "job", hog], env=cluster.env).output
     assert "OOMKilled" in table and "Failed:" in table
 
     # A restarted agent re-adopts the live task with its cgroup; a cancel then ends it Cancelled and

@@ -133,7 +133,8 @@ def test_a_workers_files_give_a_caller_nothing_but_that_nodes_calls(make_cluster
     mode = stat.S_IMODE(os.stat(cluster.worker_dir("w1") / CREDENTIAL_FILE).st_mode)
     assert mode == 0o600
 
-    stub = cluster.client.stub(cluster.client.leader)
+    # On a TLS cluster the thief also holds the worker's certificate.
+    stub = api_pb2_grpc.MasterStub(cluster.channel(cluster.client.leader, as_node="w1"))
     cap = types_pb2.Resources(cpu_millis=1000, memory_bytes=1 << 30, gpu=1)
     as_w1 = node_metadata("w1", credential)
     forbidden = [
@@ -177,14 +178,14 @@ def test_a_workers_files_give_a_caller_nothing_but_that_nodes_calls(make_cluster
             urllib.request.urlopen(request, timeout=5)
         assert refused.value.code == 401
     (w1,) = [n for n in cluster.client.list_nodes() if n.id == "w1"]
-    logs = api_pb2_grpc.WorkerStub(grpc.insecure_channel(w1.address))
+    logs = api_pb2_grpc.WorkerStub(cluster.channel(w1.address, node_id="w1", as_node="w1"))
     for metadata in ((), client_metadata(join), as_w1):
         assert attempt(logs, "ReadLog", api_pb2.ReadLogRequest(job_id=job_id, attempt=1, index=0),
                        metadata) == grpc.StatusCode.UNAUTHENTICATED
 
 
 def cli(cluster, *args: str) -> str:
-    result = CliRunner().invoke(synctl, ["--masters", ",".join(cluster.addresses), "--token", cluster.token, *args])
+    result = CliRunner().invoke(synctl, list(args), env=cluster.env)
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -198,6 +199,8 @@ def test_a_worker_joins_with_a_one_use_token_and_restarts_on_its_own_credential(
     assert 3500 < made["expires_at"] - time.time() <= 3600
     token_file = tmp_path / "join-token"
     token_file.write_text(made["token"] + "\n")
+
+    cluster.node_tls("wj")  # its certificate, on a TLS cluster, where worker_argv finds it
 
     def start() -> int:
         pid = local._spawn(local.worker_argv(cluster.data_dir, ",".join(cluster.addresses), token_file, "wj",
@@ -214,7 +217,8 @@ def test_a_worker_joins_with_a_one_use_token_and_restarts_on_its_own_credential(
     assert (listed["id"], listed["uses"], listed["max_uses"], listed["nodes"]) == (made["id"], 1, 1, ["wj"])
     assert "token" not in listed and made["id"] in cli(cluster, "node", "token", "list")
     # The token is spent: it registers nothing more, not even a node that does not exist yet.
-    stub = cluster.client.stub(cluster.client.leader)
+    # (With a certificate issued to that node: what is refused is the spent token.)
+    stub = api_pb2_grpc.MasterStub(cluster.channel(cluster.client.leader, as_node="intruder"))
     cap = types_pb2.Resources(cpu_millis=1000, memory_bytes=1 << 30, gpu=1)
     assert attempt(stub, "RegisterNode", api_pb2.RegisterNodeRequest(
         node_id="intruder", address="127.0.0.1:1", topology=["r"], capacity=cap),
@@ -237,6 +241,7 @@ def test_a_worker_joins_with_a_one_use_token_and_restarts_on_its_own_credential(
     other = json.loads(cli(cluster, "node", "token", "create", "-o", "json"))
     assert other["max_uses"] is None and 86300 < other["expires_at"] - time.time() <= 86400
     assert cli(cluster, "node", "token", "revoke", other["id"]).strip() == f"join token {other['id']} revoked"
+    stub = api_pb2_grpc.MasterStub(cluster.channel(cluster.client.leader, as_node="late"))
     assert attempt(stub, "RegisterNode", api_pb2.RegisterNodeRequest(
         node_id="late", address="127.0.0.1:1", topology=["r"], capacity=cap),
         client_metadata(other["token"])) == grpc.StatusCode.UNAUTHENTICATED
@@ -249,6 +254,5 @@ def test_a_worker_joins_with_a_one_use_token_and_restarts_on_its_own_credential(
     assert {made["id"], brief["id"]} <= listed_ids and other["id"] not in listed_ids and len(listed_ids) == 3
     # Join tokens are the admin's: a user may not even list them.
     alice = cluster.client.call("AddUser", api_pb2.AddUserRequest(name="alice")).token
-    denied = CliRunner().invoke(synctl, ["--masters", ",".join(cluster.addresses), "--token", alice,
-                                         "node", "token", "list"])
+    denied = CliRunner().invoke(synctl, ["node", "token", "list"], env={**cluster.env, "SYNAPSE_TOKEN": alice})
     assert denied.exit_code == 5 and "join tokens need the admin role" in denied.output

@@ -18,10 +18,12 @@ def proto_spec(**kw):
     return codec.job_spec_to_proto(spec(**kw))
 
 
-def register(client, node_id, rack="r1", gpus=8):
-    return client.call("RegisterNode", api_pb2.RegisterNodeRequest(
-        node_id=node_id, address="127.0.0.1:1", topology=[rack],
-        capacity=types_pb2.Resources(cpu_millis=64000, memory_bytes=1 << 36, gpu=gpus)))
+def register(cluster, node_id, rack="r1", gpus=8):
+    """Register a node by hand, as the admin presenting a certificate issued to the node (TLS)."""
+    with cluster.node_client(node_id) as client:
+        return client.call("RegisterNode", api_pb2.RegisterNodeRequest(
+            node_id=node_id, address="127.0.0.1:1", topology=[rack],
+            capacity=types_pb2.Resources(cpu_millis=64000, memory_bytes=1 << 36, gpu=gpus)))
 
 
 def test_follower_names_the_leader_and_client_follows(make_cluster):
@@ -35,7 +37,7 @@ def test_follower_names_the_leader_and_client_follows(make_cluster):
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert dict(err.value.trailing_metadata())["synapse-leader"] == cluster.master(leader)["api_address"]
     # Through a client that only knows the follower, the submission still lands.
-    only_follower = MasterClient([follower["api_address"]], cluster.token)
+    only_follower = cluster.new_client([follower["api_address"]])
     job_id = only_follower.submit(proto_spec(), request_id="via-follower")
     assert only_follower.get_job(job_id).status == "PENDING"
     assert only_follower.leader == cluster.master(leader)["api_address"]
@@ -56,7 +58,7 @@ def test_kill_leader_then_submit_succeeds_and_request_id_is_idempotent(make_clus
 
 def test_full_restart_keeps_every_acknowledged_job(make_cluster):
     cluster = make_cluster()
-    register(cluster.client, "n1")
+    register(cluster, "n1")
     acked = [cluster.client.submit(proto_spec(tasks=1, gpu=8), request_id=f"r{i}") for i in range(20)]
     before = {j.id: j.status for j in cluster.client.list_jobs()}
     assert set(before) == set(acked) and list(before.values()).count("SCHEDULED") == 1
@@ -77,13 +79,13 @@ def test_full_restart_keeps_every_acknowledged_job(make_cluster):
 
 def test_node_without_heartbeats_goes_down_and_gang_is_requeued(make_cluster):
     cluster = make_cluster()
-    credentials = {n: register(cluster.client, n, rack=r).node_credential for n, r in (("n1", "r1"), ("n2", "r2"))}
+    credentials = {n: register(cluster, n, rack=r).node_credential for n, r in (("n1", "r1"), ("n2", "r2"))}
     job_id = cluster.client.submit(proto_spec(tasks=1, gpu=8, max_restarts=1))
     job = wait_status(cluster.client, job_id, {"SCHEDULED"})
     # Only n2 keeps heartbeating: the node holding the task goes DOWN after the 3 s timeout.
     lost_node = job.tasks[0].node_id
     alive = "n2" if lost_node == "n1" else "n1"
-    worker = MasterClient(cluster.addresses, cluster.token)
+    worker = cluster.node_client(alive)
     worker.metadata = worker.metadata + (("synapse-node-credential", credentials[alive]),)
     import time
     deadline = time.monotonic() + 20
@@ -117,7 +119,7 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     from synapse.local.cluster import free_base_port
 
     cluster = make_cluster()
-    env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}
+    env = dict(cluster.env)
     config_path = cluster.data_dir / "cluster.yaml"
     before = cluster.client.submit(proto_spec(), request_id="before-growth")
     for replica_id in ("m4", "m5"):
@@ -141,7 +143,7 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     for victim in victims:
         cluster.kill_master(victim)
     survivors = [m["api_address"] for m in cluster.state["masters"] if m["id"] not in victims]
-    client = MasterClient(survivors, cluster.token, deadline=20)
+    client = cluster.new_client(survivors, deadline=20)
     after = client.submit(proto_spec(), request_id="after-two-losses")
     assert {j.id for j in client.list_jobs()} == {before, after}
     # Replace a dead replica: remove it from the membership.
@@ -169,7 +171,7 @@ def test_finished_jobs_are_forgotten_after_the_retention(tmp_path):
     data_dir = tmp_path / "retention"
     state = local.up(data_dir, 3, 0, 1, 8, free_base_port(3), heartbeat=0.5, job_retention="1s")
     try:
-        client = MasterClient([m["api_address"] for m in state["masters"]], state["token"])
+        client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], tls=local.client_tls(state))
         done = client.submit(proto_spec(), request_id="short-lived")
         client.cancel(done)
         waiting = client.submit(proto_spec(), request_id="still-pending")

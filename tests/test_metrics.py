@@ -151,7 +151,6 @@ def test_every_master_serves_metrics_and_health(make_cluster):
 
 @pytest.mark.slow
 def test_grpc_health_names_exactly_one_serving_leader(make_cluster):
-    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from synapse.master.main import LEADER_SERVICE
@@ -162,7 +161,7 @@ def test_grpc_health_names_exactly_one_serving_leader(make_cluster):
     def statuses() -> dict[str, int]:
         out = {}
         for m in cluster.state["masters"]:
-            with grpc.insecure_channel(m["api_address"]) as channel:
+            with cluster.channel(m["api_address"]) as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
                 assert stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status == 1
                 out[m["id"]] = stub.Check(health_pb2.HealthCheckRequest(service=LEADER_SERVICE), timeout=5).status

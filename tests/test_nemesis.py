@@ -11,7 +11,7 @@ import pytest
 
 from chaos.history import History, read
 from chaos.nemesis import NEMESES, Target, judge_heal
-from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
+from synapse.client.master_client import ClientError, ClusterUnavailable
 from synapse.core import codec
 from synapse.local import cluster as local
 from synapse.local import netns
@@ -132,7 +132,7 @@ def test_partition_leader_cuts_the_leader_off_from_its_peers_only(make_cluster, 
     stop = threading.Event()
 
     def watch():
-        writer = MasterClient(cluster.addresses, cluster.token, deadline=2)
+        writer = cluster.new_client(deadline=2)
         while not stop.is_set():
             try:
                 job = writer.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=0, name="during")))

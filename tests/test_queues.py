@@ -95,7 +95,7 @@ def test_apply_is_all_or_nothing_and_delete_waits_for_the_jobs():
 # ---- a real cluster -----------------------------------------------------------------------------
 
 def synctl(cluster, token, *args):
-    env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": token}
+    env = {**cluster.env, "SYNAPSE_TOKEN": token}
     return CliRunner().invoke(main, ["--timeout", "15", *args], env=env, catch_exceptions=False)
 
 

@@ -107,7 +107,9 @@ def test_a_worker_may_act_only_for_its_own_node(make_cluster):
     from synapse.common.auth import client_metadata
     from synapse.proto import api_pb2, types_pb2
 
-    cluster = make_cluster()
+    # The node credentials alone, beneath mTLS (which test_tls_cluster_with_mtls_workers covers,
+    # and which would refuse these calls earlier, for the certificate): plain mode.
+    cluster = make_cluster(tls=False)
     cap = types_pb2.Resources(cpu_millis=1000, memory_bytes=1 << 30, gpu=1)
     creds = {n: cluster.client.call("RegisterNode", api_pb2.RegisterNodeRequest(
         node_id=n, address="127.0.0.1:1", topology=["r1"], capacity=cap)).node_credential for n in ("a", "b")}

@@ -23,14 +23,14 @@ max_restarts: 1
 
 
 def synctl(cluster, *args, **kw):
-    env = {"SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token} if cluster else {}
+    env = dict(cluster.env) if cluster else {}
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False, **kw)
 
 
 @pytest.mark.slow
 def test_synctl_end_to_end(make_cluster, tmp_path):
     cluster = make_cluster()
-    register(cluster.client, "n1", rack="r1")
+    register(cluster, "n1", rack="r1")
     job_file = tmp_path / "job.yaml"
     job_file.write_text(JOB)
     out = synctl(cluster, "submit", str(job_file), "--request-id", "fixed", "-o", "json")
@@ -76,7 +76,7 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
 
     unknown = synctl(cluster, "describe", "job", "no-such-job")
     assert unknown.exit_code == 2 and "not found: unknown job no-such-job" in unknown.output
-    bad_token = CliRunner().invoke(main, ["get", "jobs"], env={"SYNAPSE_MASTERS": cluster.addresses[0],
+    bad_token = CliRunner().invoke(main, ["get", "jobs"], env={**cluster.env, "SYNAPSE_MASTERS": cluster.addresses[0],
                                                                "SYNAPSE_TOKEN": "wrong"})
     assert bad_token.exit_code == 4 and "authentication failed" in bad_token.output
     impossible = synctl(cluster, "submit", "--gpu", "64", "--", "x")

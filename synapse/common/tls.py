@@ -3,10 +3,12 @@
     synapse-master gen-certs --out DIR --hosts 127.0.0.1,localhost,m1.example --workers w1,w2
 
 writes `ca.pem` (+ `ca-key.pem`), `server.pem` / `server-key.pem` (valid for every --hosts name
-or IP, used by every master), `client.pem` / `client-key.pem` (for synctl, optional), for each
-worker `worker-<id>.pem` / `worker-<id>-key.pem` whose common name (and DNS name) is the node id
-(it is also the worker's log-service certificate), and with `--users` a `user-<name>.pem` per user
-whose common name is the user name (for `tls.user_certs`).
+or IP, used by every master, for serving and for calling each other), `client.pem` /
+`client-key.pem` (for synctl, optional), for each worker `worker-<id>.pem` /
+`worker-<id>-key.pem` whose common name (and DNS name) is the node id (it is also the worker's
+log-service certificate), and with `--users` a `user-<name>.pem` per user whose common name is
+the user name (for `tls.user_certs`). With `--add`, it signs only the --workers and --users
+certificates, with the CA already in DIR (a node or user that joins later).
 
 With `tls.require_worker_certs`, every caller must present a certificate signed by the CA (gRPC
 for Python cannot ask for a client certificate without requiring one), and a worker's calls are
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,29 +64,71 @@ def peer_common_name(context: grpc.ServicerContext) -> str:
     return names[0].decode() if names else ""
 
 
+def _key_pem(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _save(path: Path, data: bytes, private: bool = False) -> Path:
+    """Write a PEM file; a private key is readable by its owner only, from its first byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    if private:
+        os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+def issue(out: Path, name: str, common_name: str, roles: tuple[str, ...], sans: list[str] = (),
+          days: int = 365) -> list[Path]:
+    """Sign `NAME.pem` / `NAME-key.pem` with the CA in `out` (ca.pem, ca-key.pem) for `roles`
+    ("server", "client"); how `generate` makes every leaf, and how a node added later gets its own."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((out / "ca-key.pem").read_bytes(), password=None)
+    usages = {"server": ExtendedKeyUsageOID.SERVER_AUTH, "client": ExtendedKeyUsageOID.CLIENT_AUTH}
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+               .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
+               .add_extension(x509.ExtendedKeyUsage([usages[r] for r in roles]), critical=False))
+    if sans:
+        entries = []
+        for host in sans:
+            try:
+                entries.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                entries.append(x509.DNSName(host))
+        builder = builder.add_extension(x509.SubjectAlternativeName(entries), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return [_save(out / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM)),
+            _save(out / f"{name}-key.pem", _key_pem(key), private=True)]
+
+
+def issue_worker(out: Path, node_id: str, days: int = 365) -> list[Path]:
+    """`worker-ID.pem` for node `node_id`, signed by the CA in `out`. It is also the worker's log
+    service's certificate: clients check that it names the node."""
+    return issue(out, f"worker-{node_id}", node_id, ("client", "server"), [node_id], days)
+
+
 def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365,
              users: tuple[str, ...] = ()) -> list[Path]:
     """A development CA plus server, client and per-worker certificates (see the module docstring)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import NameOID
 
     out.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
-    written: list[Path] = []
-
-    def save(name: str, data: bytes, private: bool = False) -> None:
-        path = out / name
-        path.write_bytes(data)
-        if private:
-            path.chmod(0o600)
-        written.append(path)
-
-    def key_pem(key) -> bytes:
-        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())
-
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Synapse development CA")])
     ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -91,34 +136,14 @@ def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365,
                .not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
                .sign(ca_key, hashes.SHA256()))
-    save("ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM))
-    save("ca-key.pem", key_pem(ca_key), private=True)
-
-    def leaf(name: str, common_name: str, usages, sans: list[str]) -> None:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-                   .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
-                   .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False))
-        if sans:
-            entries = []
-            for host in sans:
-                try:
-                    entries.append(x509.IPAddress(ipaddress.ip_address(host)))
-                except ValueError:
-                    entries.append(x509.DNSName(host))
-            builder = builder.add_extension(x509.SubjectAlternativeName(entries), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        save(f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM))
-        save(f"{name}-key.pem", key_pem(key), private=True)
-
-    leaf("server", hosts[0] if hosts else "synapse-master", [ExtendedKeyUsageOID.SERVER_AUTH], hosts)
-    leaf("client", "synctl", [ExtendedKeyUsageOID.CLIENT_AUTH], [])
+    written = [_save(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM)),
+               _save(out / "ca-key.pem", _key_pem(ca_key), private=True)]
+    # Masters serve the API and call each other's (a follower sends its link shard's digest to the
+    # leader, presenting this same certificate), so theirs is both a server and a client certificate.
+    written += issue(out, "server", hosts[0] if hosts else "synapse-master", ("server", "client"), hosts, days)
+    written += issue(out, "client", "synctl", ("client",), [], days)
     for worker in workers:
-        # A worker's certificate is also its log service's: clients check it names the node.
-        leaf(f"worker-{worker}", worker, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
-             [worker])
+        written += issue_worker(out, worker, days)
     for user in users:
-        leaf(f"user-{user}", user, [ExtendedKeyUsageOID.CLIENT_AUTH], [])
+        written += issue(out, f"user-{user}", user, ("client",), [], days)
     return written

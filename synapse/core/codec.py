@@ -55,6 +55,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2, c.ArchiveJobs: 2,
     c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
     c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
+    # Node loss and drains requeue gangs uncharged: an older replica would fail them (or charge them).
+    c.NodeLost: 3, c.DrainNode: 3,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -158,6 +160,10 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
     match cmd:
         case c.RegisterNode():
             env.register_node.CopyFrom(register_node_to_proto(cmd))
+        case c.NodeLost():
+            env.node_lost.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
+        case c.DrainNode():
+            env.drain_node.CopyFrom(commands_pb2.DrainNode(node_id=cmd.node_id, reason=cmd.reason, cordon=cmd.cordon))
         case c.NodeDown():
             env.node_down.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
         case c.NodeUp():
@@ -277,6 +283,11 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return register_node_from_proto(env.register_node, base)
         case "node_down":
             return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
+        case "node_lost":
+            return c.NodeLost(node_id=env.node_lost.node_id, reason=env.node_lost.reason, **base)
+        case "drain_node":
+            b = env.drain_node
+            return c.DrainNode(node_id=b.node_id, reason=b.reason, cordon=b.cordon, **base)
         case "node_up":
             return c.NodeUp(node_id=env.node_up.node_id, **base)
         case "set_schedulable":

@@ -61,6 +61,23 @@ class NodeDown(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLost(NodeDown):
+    """A NodeDown after which the node's gangs requeue at their place in the queue without using up
+    a restart (command-set version 3): an older replica would fail them, so it is its own kind."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainNode(Command):
+    """Cordon a node (an admin's drain; a health check's drain has its cordon already: `cordon`
+    False) and stop every gang with a task on it, in one command: each requeues at its place,
+    uncharged, and an elastic gang that keeps its minimum without the node shrinks instead."""
+
+    node_id: str
+    reason: str = ""
+    cordon: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeUp(Command):
     node_id: str
 

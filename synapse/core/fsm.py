@@ -145,6 +145,7 @@ class ClusterState:
             c.ApplyQueues: self._apply_queues, c.DeleteQueue: self._delete_queue,
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
             c.SetNodeHealth: self._set_node_health, c.SubmitWorkflowJob: self._submit_job,
+            c.NodeLost: self._node_down, c.DrainNode: self._drain_node,
             c.SetArrayThrottle: self._set_array_throttle, c.ResizeGang: self._resize_gang,
             c.CreateJoinToken: self._create_join_token,
             c.RevokeJoinToken: self._revoke_join_token, c.JoinNode: self._join_node,
@@ -287,11 +288,14 @@ class ClusterState:
         node.status, node.status_changed_at = NodeStatus.DOWN, cmd.at
         reason = f"node {node.id} down" + (f": {cmd.reason}" if cmd.reason else "")
         self.emit(cmd.at, "Warning", "node", "NodeDown", node.id, reason)
+        # A NodeLost (version 3) requeues the gangs uncharged; a NodeDown of an older leader fails them.
+        uncharged = isinstance(cmd, c.NodeLost)
         for job_id, _attempt, index in sorted(self.live_tasks[node.id]):
             job = self.jobs[job_id]
             task = job.tasks[index]
             self._end_task(task, TaskState.LOST, None, cmd.at, EndReason.NODE_LOST, reason)
-            self._stop_attempt(job, f"failed: task {index} lost ({reason})", cmd.at,
+            self._stop_attempt(job, f"{'' if uncharged else 'failed: '}task {index} lost ({reason})", cmd.at,
+                               cause=EndReason.NODE_LOST if uncharged else "",
                                failure=f"task {index} (rank {task.rank}) on {node.id}: NodeLost: "
                                        f"{cmd.reason or 'node declared down'}")
             self._maybe_end_attempt(job, cmd.at)
@@ -356,6 +360,39 @@ class ClusterState:
                                        failure=f"node {node.id} of task {task.index} unhealthy: {message}")
         return Result(True)
 
+    def _drain_node(self, cmd: c.DrainNode) -> Result:
+        """Cordon the node (with `cordon`) and stop every gang with a wanted task on it, each with
+        its grace: it requeues at its place without using up a restart, or, an elastic gang that
+        keeps its minimum without the node, shrinks. Returns the ids of the gangs stopped."""
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return Result.not_found(f"unknown node {cmd.node_id}")
+        by = f" by {cmd.by}" if cmd.by else ""
+        reason = f"node {node.id} drained{by}" + (f": {cmd.reason}" if cmd.reason else "")
+        if cmd.cordon:
+            if node.schedulable or node.health_cordon:
+                self.emit(cmd.at, "Normal", "node", "NodeCordoned", node.id, f"draining{by}")
+            node.schedulable, node.cordon_reason, node.health_cordon = False, f"drained{by}", False
+            self.index.update(node)
+        stopped = []
+        for job_id in sorted({t.job_id for t, wanted in self.tasks_on_node(node.id) if wanted}):
+            job = self.jobs[job_id]
+            if job.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+                continue
+            job.stop_grace = job.spec.grace or DEFAULT_GRACE_S
+            kept = sum(1 for t in job.tasks if t.node_id != node.id)
+            if elastic.is_elastic(job.spec) and kept >= job.spec.tasks_min:
+                self._stop_attempt(job, f"shrinking from {len(job.tasks)} to {kept} task(s): {reason}", cmd.at,
+                                   cause=EndReason.RESIZED)
+                self._event(job, cmd.at, "Shrinking", f"{reason}: {len(job.tasks)} -> {kept} task(s); "
+                                                      f"grace {job.stop_grace:g}s")
+            else:
+                self._stop_attempt(job, reason, cmd.at, cause=EndReason.DRAINED)
+            stopped.append(job_id)
+        self.emit(cmd.at, "Normal", "node", "NodeDrained", node.id,
+                  reason + (f"; stopping {', '.join(stopped)}" if stopped else "; no gang to stop"))
+        return Result(True, value=",".join(stopped))
+
     def _set_replica(self, cmd: c.SetReplica) -> Result:
         if not cmd.id:
             return Result.rejected("replica id must not be empty")
@@ -412,7 +449,7 @@ class ClusterState:
             self.job_by_request[cmd.request_id] = job.id
         self.pending.add((job.queue_key(), job.id))
         self._event(job, cmd.at, "Submitted", (f"by {cmd.by}: " if cmd.by else "")
-                    + f"{cmd.spec.tasks} task(s), attempt 1 of {cmd.spec.max_restarts + 1}")
+                    + f"{cmd.spec.tasks} task(s), max_restarts {cmd.spec.max_restarts}")
         return Result(True, value=job.id)
 
     def _workflow_problem(self, cmd: c.SubmitJob) -> str:
@@ -1018,15 +1055,21 @@ class ClusterState:
         elif job.stop_cause == EndReason.PREEMPTED:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
+        elif job.stop_cause in (EndReason.NODE_LOST, EndReason.DRAINED):
+            job.requeues += 1
+            self._requeue_unfailed(job, at, f"after {job.stop_reason}")
+        elif job.final_failure:
+            self._finish(job, JobStatus.FAILED, f"{job.stop_reason}; not retried", at)
         elif job.restarts_used() >= job.restarts_allowed():
-            self._finish(job, JobStatus.FAILED,
-                         f"{job.stop_reason}; no restarts left ({job.attempt} attempt(s))", at)
+            self._finish(job, JobStatus.FAILED, f"{job.stop_reason}; no restarts left (max_restarts "
+                                                f"{job.restarts_allowed()}, all used)", at)
         else:
             job.attempt += 1
             job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
             job.stop_cause, job.pending_since = "", at
             self.pending.add((job.queue_key(), job.id))
-            self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
+            self._event(job, at, "Requeued", f"attempt {job.attempt}: restart {job.restarts_used()} of "
+                                             f"{job.restarts_allowed()}")
 
     def _requeue_unfailed(self, job: Job, at: float, why: str) -> None:
         """Requeue an attempt that did not fail (preempted, resized): the next attempt keeps the
@@ -1036,7 +1079,7 @@ class ClusterState:
         job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
         job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
         self.pending.add((job.queue_key(), job.id))
-        self._event(job, at, "Requeued", f"attempt {job.attempt} {why}")
+        self._event(job, at, "Requeued", f"attempt {job.attempt} {why}; not charged to max_restarts")
 
     def _record_run(self, job: Job) -> None:
         """Keep the accounting record of the attempt whose tasks are all gone."""

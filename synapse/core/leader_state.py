@@ -246,6 +246,8 @@ class LeaderState:
         self.proposed_up: set[str] = set()  #: nodes a NodeUp is on its way for; handle only
         self.proposed_health: set[str] = set()  #: nodes a SetNodeHealth is on its way for; handle only
         self.last_sweep = -math.inf  #: monotonic time of the last retention sweep; handle only
+        #: the command-set version every member applies, as the last MonitorDue said; handle only
+        self.cluster_version = codec.BASE_VERSION
         self.resizing: set[str] = set()  #: elastic gangs a ResizeGang is on its way for; handle only
         #: (job, attempt) a FailAttempt for an unsatisfiable dependency is on its way for; handle only
         self.failing: set[tuple[str, int]] = set()
@@ -406,10 +408,13 @@ class LeaderState:
 
     def _monitor(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
         out: list[Instruction] = []
+        self.cluster_version = s.cluster_version
+        # From version 3 a lost node's gangs requeue uncharged (NodeLost); before, as every release does.
+        down = c.NodeLost if s.cluster_version >= codec.KIND_VERSIONS[c.NodeLost] else c.NodeDown
         ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
         for node_id, silent in self._declarable(self.heartbeats.silence(ready, s.mono), len(ready), s.mono):
             log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
-            out.append(Propose(c.NodeDown(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
+            out.append(Propose(down(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
         for job in state.jobs.values():
             limit = job.spec.time_limit
             if job.status is JobStatus.RUNNING and limit and s.at - job.started_at > limit:
@@ -489,6 +494,12 @@ class LeaderState:
             cmd = health_change(node, s.health.unhealthy, s.health.message, s.health.drain, s.at)
             if cmd is not None:
                 self.proposed_health.add(s.node_id)
+                if isinstance(cmd, c.SetNodeHealth) and cmd.drain \
+                        and self.cluster_version >= codec.KIND_VERSIONS[c.DrainNode]:
+                    # The cordon as a health cordon, then the drain that requeues its gangs uncharged.
+                    out.append(Propose(dataclasses.replace(cmd, drain=False)))
+                    cmd = c.DrainNode(at=s.at, node_id=s.node_id, cordon=False,
+                                      reason=f"health check failed: {cmd.message}")
                 out.append(Propose(cmd))
         return out
 

@@ -177,6 +177,12 @@ class EndReason(enum.StrEnum):
     PREEMPTED = "Preempted"  #: stopped to make room for another gang
     CANCELLED = "Cancelled"  #: stopped because its job was cancelled
     RESIZED = "Resized"  #: stopped so that its elastic gang restarts at another size
+    DRAINED = "Drained"  #: stopped because its node (or another node of its gang) was drained
+
+
+#: The reasons an attempt ends that are not the job's fault: it requeues at its place in the queue
+#: and uses up none of its restarts (`max_restarts` counts the job's own failures only).
+UNCHARGED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.PREEMPTED, EndReason.RESIZED})
 
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
@@ -293,6 +299,8 @@ class Job:
     array_index: int = -1  #: its index in that array
     failure_cause: str = ""  #: the typed cause when the cluster failed it outright (DependencyNeverSatisfied)
     resizes: int = 0  #: attempts ended to resize its elastic gang; they use up none of its restarts
+    #: attempts ended because a node of its gang was lost or drained; they use up none of its restarts
+    requeues: int = 0
     runs: list[Run] = field(default_factory=list)  #: its ended attempts that were placed, oldest first; apply only
     #: its place in the order jobs finished (1, 2, 3… across the cluster), given when it ends; the
     #: history exporter's cursor counts these; 0 while unfinished; apply only
@@ -303,7 +311,7 @@ class Job:
         return 0 if self.final_failure else self.spec.max_restarts
 
     def restarts_used(self) -> int:
-        return self.attempt - 1 - self.preemptions - self.resizes
+        return self.attempt - 1 - self.preemptions - self.resizes - self.requeues
 
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""

@@ -82,6 +82,16 @@ def is_ours(pid: int, data_dir: Path) -> bool:
     return str(data_dir) in _cmdline(pid)
 
 
+def process_env(environ: dict[str, str] | os._Environ, mark: str) -> dict[str, str]:
+    """The environment of a process `up` starts: the caller's, less every `SYNAPSE_*` variable
+    (a token or CA of another cluster pasted into this shell must not become a worker's credential,
+    nor a setting of that shell the cluster's; each process gets its own from the cluster's files),
+    plus the data dir's mark. Only the test hooks (`SYNAPSE_TEST_*`) pass."""
+    env = {k: v for k, v in environ.items() if not k.startswith("SYNAPSE_") or k.startswith("SYNAPSE_TEST_")}
+    env[reaper.MARK] = mark
+    return env
+
+
 def _spawn(argv: list[str], log_path: Path, data_dir: Path | None = None) -> int:
     """Start a process of the cluster in `data_dir` (by default the log's: DIR/logs/ID.log) in its
     own session, marked with the data dir in its environment (see synapse.local.reaper)."""
@@ -89,7 +99,7 @@ def _spawn(argv: list[str], log_path: Path, data_dir: Path | None = None) -> int
     mark = str((data_dir or log_path.parent.parent).resolve())
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, reaper.MARK: mark})
+                                start_new_session=True, env=process_env(os.environ, mark))
     return proc.pid
 
 
@@ -125,6 +135,19 @@ def client_tls(state: dict[str, Any]) -> TLSFiles:
     return TLSFiles(state.get("ca", ""), state.get("cert", ""), state.get("key", ""))
 
 
+def client_env(state: dict[str, Any]) -> dict[str, str]:
+    """The `SYNAPSE_*` variables a client of this local cluster needs (what `up` prints to export)."""
+    env = {"SYNAPSE_MASTERS": ",".join(m["api_address"] for m in state["masters"]), "SYNAPSE_TOKEN": state["token"]}
+    if state.get("ca"):
+        env.update(SYNAPSE_CA=state["ca"], SYNAPSE_CERT=state["cert"], SYNAPSE_KEY=state["key"])
+    return env
+
+
+def _save_state(data_dir: Path, state: dict[str, Any]) -> None:
+    """Write cluster.json, readable by its owner only: it holds the admin token."""
+    _write_secret(data_dir / "cluster.json", json.dumps(state, indent=2))
+
+
 def load_state(data_dir: Path) -> dict[str, Any]:
     path = data_dir / "cluster.json"
     if not path.exists():
@@ -133,12 +156,13 @@ def load_state(data_dir: Path) -> dict[str, Any]:
 
 
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
-       heartbeat: float = 1.0, tls: bool = False, durability: str = "fsync",
+       heartbeat: float = 1.0, tls: bool = True, durability: str = "fsync",
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
        user_certs: tuple[str, ...] = (), spare_masters: int = 0, history: str = "") -> dict[str, Any]:
-    """Start a local cluster; returns what cluster.json records. With `netns`, each master runs in
-    its own network namespace with its own address (see synapse.netns; needs root). With
-    `user_certs` (and `tls`), client certificates for these user names, and `tls.user_certs` on.
+    """Start a local cluster (TLS on unless `tls` is False); returns what cluster.json records.
+    With `netns`, each master runs in its own network namespace with its own address (see
+    synapse.netns; needs root). With `user_certs` (and `tls`), client certificates for these user
+    names, and `tls.user_certs` on.
     `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into.
     `history`: the history store's URL; "" is a SQLite file in the data dir (shared by its masters);
     "none" keeps no history."""
@@ -162,8 +186,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     os.chmod(secrets_dir, 0o700)
     token_file, password_file = secrets_dir / "token", secrets_dir / "raft-password"
     for path in (token_file, password_file):
-        path.write_text(secrets.token_urlsafe(32) + "\n")
-        os.chmod(path, 0o600)
+        _write_secret(path, secrets.token_urlsafe(32))
     token = token_file.read_text().strip()
     history_url = ""
     if history != "none":
@@ -215,14 +238,14 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
                              "key": str(tls_dir / "client-key.pem") if tls else ""}
     if net:
         state["netns"] = net.to_dict()
-        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))  # so `down` removes it
+        _save_state(data_dir, state)  # so `down` removes it
     for r in replicas:
         argv = master_argv(config_path, r["id"])
         pid = _spawn(net.command(r["id"], argv) if net else argv, data_dir / "logs" / f"{r['id']}.log")
         state["masters"].append({"id": r["id"], "api_address": r["api"], "raft_address": r["raft"],
                                  "http_address": r["http"], "pid": pid,
                                  "data_dir": str(data_dir / "masters" / r["id"])})
-    (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+    _save_state(data_dir, state)
     addresses = ",".join(r["api"] for r in replicas)
     client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S, tls=client_tls(state))
     try:
@@ -234,7 +257,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
             pid = _spawn(worker_argv(data_dir, addresses, join_file, worker_id, rack, gpus, heartbeat),
                          data_dir / "logs" / f"{worker_id}.log")
             state["workers"].append({"id": worker_id, "pid": pid, "rack": rack})
-        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+        _save_state(data_dir, state)
         _wait_for_workers(client, [w["id"] for w in state["workers"]])
     except (ClientError, ClusterUnavailable, click.ClickException) as exc:
         down(data_dir)
@@ -262,7 +285,9 @@ def _join_token(client: MasterClient) -> str:
 
 
 def _write_secret(path: Path, value: str) -> None:
+    """Write a file only its owner may read (also when an older copy was readable by others)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(value + "\n")
 
@@ -306,7 +331,7 @@ def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: i
             argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
                                data_dir / "secrets" / JOIN_TOKEN_FILE, proc["id"], proc["rack"], gpus, heartbeat)
         proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
-        (data_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+        _save_state(data_dir, state)
 
 
 def _pids(state: dict[str, Any]) -> list[int]:

@@ -13,7 +13,7 @@ import yaml
 from synapse.client.master_client import MasterClient
 from synapse.core import codec
 from synapse.core.jobspec import parse_job
-from synapse.local.cluster import down, up
+from synapse.local.cluster import client_tls, down, up
 
 DEMO_JOB = """\
 name: demo-train
@@ -33,14 +33,14 @@ command:
 def demo(data_dir: Path, base_port: int, say=click.echo) -> bool:
     """The narrated tour: cluster up, a rack-packed gang, the leader killed mid-run, SUCCEEDED."""
     data_dir = data_dir.resolve()
-    say(f"1. Starting a local cluster: 3 masters (Raft), 4 workers on 2 racks, 8 fake GPUs each "
+    say(f"1. Starting a local cluster: 3 masters (Raft), 4 workers on 2 racks, 8 fake GPUs each, TLS on "
         f"(files in {data_dir}) ...")
     started = time.monotonic()
     state = up(data_dir, 3, 4, 2, 8, base_port, heartbeat=1.0)
     ok = False
     try:
         addresses = [m["api_address"] for m in state["masters"]]
-        client = MasterClient(addresses, state["token"], deadline=30)
+        client = MasterClient(addresses, state["token"], deadline=30, tls=client_tls(state))
         client.list_nodes()  # finds the leader
         leader_id = client.replica_status(client.leader or addresses[0]).id
         say(f"   ready in {time.monotonic() - started:.1f}s; leader is {leader_id}; workers: "

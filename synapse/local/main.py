@@ -1,13 +1,19 @@
 """`synapse-local`: a whole cluster on this machine, as separate background processes.
 
-    synapse-local up --masters 3 --workers 4 --racks 2 --gpus-per-worker 8 --data-dir ./synapse-local
-    synapse-local status --data-dir ./synapse-local
-    synapse-local down --data-dir ./synapse-local
+    synapse-local up --masters 3 --workers 4 --racks 2 --gpus-per-worker 8
+    synapse-local status
+    synapse-local down
     synapse-local demo
+
+TLS is the normal mode: `up` makes a development CA (TLS for the API and the dashboard, mTLS for
+the workers); `--insecure` runs in plaintext, for a test that needs it, and says so loudly. The
+data dir defaults to an absolute path (`$XDG_STATE_HOME/synapse-local`, else
+`~/.local/state/synapse-local`), so `status` and `down` find the cluster from any directory.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,12 +24,20 @@ import click
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.local import interrupts
-from synapse.local.cluster import NETNS_LEDGER, client_tls, down, is_alive, is_ours, load_state, up
+from synapse.local.cluster import NETNS_LEDGER, client_env, client_tls, down, is_alive, is_ours, load_state, up
 from synapse.local.demo import demo
 from synapse.local.netns import MasterNet
 
-DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-                        default=Path("synapse-local"), show_default=True, help="where the cluster keeps its files")
+
+def default_data_dir() -> Path:
+    """Where a local cluster keeps its files unless told otherwise: absolute, the same from any directory."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "synapse-local"
+
+
+DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=default_data_dir,
+                        show_default="$XDG_STATE_HOME/synapse-local, else ~/.local/state/synapse-local",
+                        help="where the cluster keeps its files")
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)
@@ -40,25 +54,33 @@ def main() -> None:
 @click.option("--gpus-per-worker", default=8, show_default=True, help="fake GPUs each worker announces")
 @click.option("--base-port", default=7000, show_default=True, help="API ports from here, Raft ports from +100")
 @click.option("--heartbeat", default=1.0, show_default=True, help="worker heartbeat interval, seconds")
-@click.option("--tls", is_flag=True, help="generate a development CA: TLS for the API, mTLS for workers")
+@click.option("--insecure", is_flag=True,
+              help="no TLS: plaintext API, dashboard and worker calls (tests of plain mode only)")
+@click.option("--tls", is_flag=True, hidden=True, help="TLS is the default; accepted for older scripts")
 @click.option("--user-cert", "user_certs", multiple=True,
-              help="with --tls: a client certificate for this user name (repeatable); its CN names the user")
+              help="a client certificate for this user name (repeatable); its CN names the user")
 @click.option("--netns", is_flag=True,
               help="each master in its own network namespace and address (root), so `isolate` can cut it off")
 @click.option("--history", default="", metavar="URL",
               help="history store: sqlite:////PATH or postgresql+psycopg://USER@HOST/DB; default a SQLite file "
                    "in the data dir; 'none' keeps no history")
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
-           heartbeat: float, tls: bool, user_certs: tuple[str, ...], netns: bool, history: str) -> None:
-    """Start the cluster in the background; returns once it is ready."""
+           heartbeat: float, insecure: bool, tls: bool, user_certs: tuple[str, ...], netns: bool,
+           history: str) -> None:
+    """Start the cluster in the background (TLS on); returns once it is ready."""
+    if insecure and tls:
+        raise click.UsageError("--insecure and --tls contradict each other")
+    if insecure:
+        _echo("WARNING: --insecure: the API, the dashboard and the workers' calls are plaintext, and anyone "
+              "who can reach these ports sees the tokens. Use it only for tests of plain mode.", err=True)
     with _stopped_on_interrupt(data_dir, "stopping what `up` started"):
-        state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, tls, netns=netns,
-                   user_certs=user_certs, history=history)
-    addresses = ",".join(m["api_address"] for m in state["masters"])
+        state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, not insecure,
+                   netns=netns, user_certs=user_certs, history=history)
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")
-    ca = f" SYNAPSE_CA={state['ca']} SYNAPSE_CERT={state['cert']} SYNAPSE_KEY={state['key']}" if state["ca"] else ""
-    click.echo(f"export SYNAPSE_MASTERS={addresses} SYNAPSE_TOKEN={state['token']}{ca}")
+    scheme = "https" if state["ca"] else "http"
+    click.echo(f"dashboard: {scheme}://{state['masters'][0]['http_address']}/ (sign in with the token)")
+    click.echo("export " + " ".join(f"{k}={v}" for k, v in client_env(state).items()))
 
 
 @contextmanager

@@ -470,10 +470,16 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         return api_pb2.SetSchedulableReply()
 
     async def DrainNode(self, request, context):
-        """Cordon the node, then stop (and requeue) every gang with a task on it."""
+        """Cordon the node and stop every gang with a task on it: they requeue at their place,
+        uncharged (one DrainNode command; a cluster not yet at version 3 takes one per gang)."""
         await self._check_id(request.node_id, "node_id", context)
         term = await self._leader(context)
         by = self.caller().name
+        if self.m.raft.cluster_version() >= codec.KIND_VERSIONS[c.DrainNode]:
+            result = await self._propose(c.DrainNode(at=time.time(), term=term, by=by, node_id=request.node_id),
+                                         context)
+            await self._ok_or_abort(result, context)
+            return api_pb2.DrainNodeReply(jobs_stopped=[j for j in (result.value or "").split(",") if j])
         result = await self._propose(c.SetSchedulable(at=time.time(), by=by, node_id=request.node_id,
                                                       schedulable=False), context)
         await self._ok_or_abort(result, context)

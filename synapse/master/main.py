@@ -32,7 +32,7 @@ from synapse.common import systemd
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.collector import tune_for_large_state
 from synapse.common.logs import configure
-from synapse.common.tls import generate, server_credentials
+from synapse.common.tls import generate, issue, issue_worker, server_credentials
 from synapse.core import codec
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
@@ -270,10 +270,19 @@ def rebuild_cmd(config_path: str, replica_id: str) -> None:
 @click.option("--workers", default="", help="worker node ids to make client certificates for, comma-separated")
 @click.option("--users", default="", help="user names to make client certificates for (tls.user_certs)")
 @click.option("--days", type=int, default=365, show_default=True, help="validity of the certificates")
-def gen_certs_cmd(out: str, hosts: str, workers: str, users: str, days: int) -> None:
+@click.option("--add", is_flag=True,
+              help="sign only the --workers and --users certificates with the CA already in --out")
+def gen_certs_cmd(out: str, hosts: str, workers: str, users: str, days: int, add: bool) -> None:
     """Write a development CA and certificates (see synapse/common/tls.py)."""
-    written = generate(Path(out), [h for h in hosts.split(",") if h], [w for w in workers.split(",") if w], days,
-                       tuple(u for u in users.split(",") if u))
+    worker_ids = [w for w in workers.split(",") if w]
+    user_names = tuple(u for u in users.split(",") if u)
+    if add:
+        if not (Path(out) / "ca-key.pem").exists():
+            raise click.ClickException(f"--add: no CA in {out} (ca.pem and ca-key.pem)")
+        written = [p for w in worker_ids for p in issue_worker(Path(out), w, days)]
+        written += [p for u in user_names for p in issue(Path(out), f"user-{u}", u, ("client",), [], days)]
+    else:
+        written = generate(Path(out), [h for h in hosts.split(",") if h], worker_ids, days, user_names)
     for path in written:
         click.echo(path)
 

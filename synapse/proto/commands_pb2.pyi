@@ -62,6 +62,8 @@ class Command(_message.Message):
     HISTORY_EXPORTED_FIELD_NUMBER: _builtins.int
     HISTORY_OVERFLOW_FIELD_NUMBER: _builtins.int
     SET_USAGE_HALF_LIFE_FIELD_NUMBER: _builtins.int
+    NODE_LOST_FIELD_NUMBER: _builtins.int
+    DRAIN_NODE_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -140,6 +142,14 @@ class Command(_message.Message):
     def history_overflow(self) -> Global___HistoryOverflow: ...
     @_builtins.property
     def set_usage_half_life(self) -> Global___SetUsageHalfLife: ...
+    @_builtins.property
+    def node_lost(self) -> Global___NodeDown:
+        """Command-set version 3 (what is not the job's fault requeues it, uncharged): numbers 80-89.
+        a NodeDown whose gangs requeue uncharged (synapse.core.commands.NodeLost)
+        """
+
+    @_builtins.property
+    def drain_node(self) -> Global___DrainNode: ...
     def __init__(
         self,
         *,
@@ -179,12 +189,14 @@ class Command(_message.Message):
         history_exported: Global___HistoryExported | None = ...,
         history_overflow: Global___HistoryOverflow | None = ...,
         set_usage_half_life: Global___SetUsageHalfLife | None = ...,
+        node_lost: Global___NodeDown | None = ...,
+        drain_node: Global___DrainNode | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -440,6 +452,33 @@ class NodeDown(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NodeDown: _TypeAlias = NodeDown  # noqa: Y015
+
+@_typing.final
+class DrainNode(_message.Message):
+    """Cordon a node (unless `cordon` is false) and stop every gang on it; they requeue at their place."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CORDON_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    reason: _builtins.str
+    cordon: _builtins.bool
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        cordon: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cordon", b"cordon", "node_id", b"node_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainNode: _TypeAlias = DrainNode  # noqa: Y015
 
 @_typing.final
 class NodeUp(_message.Message):
