@@ -674,7 +674,11 @@ class ClusterState:
         self.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
                   f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}: "
                   f"{reason}" + (f" ({message})" if message else ""))
-        if cmd.exit_code != 0:
+        if reason == EndReason.MASTER_PORT_IN_USE:
+            # Rank 0 never started; the clash is its node's, so the attempt stops without failing
+            # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
+            self._stop_attempt(job, message, cmd.at, cause=EndReason.MASTER_PORT_IN_USE)
+        elif cmd.exit_code != 0:
             why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
             self._stop_attempt(job, f"failed: {why}", cmd.at,
                                failure=f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}"
@@ -1018,6 +1022,9 @@ class ClusterState:
         elif job.stop_cause == EndReason.PREEMPTED:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
+        elif job.stop_cause == EndReason.MASTER_PORT_IN_USE:
+            job.port_conflicts += 1
+            self._requeue_unfailed(job, at, f"with another MASTER_PORT ({job.stop_reason})")
         elif job.restarts_used() >= job.restarts_allowed():
             self._finish(job, JobStatus.FAILED,
                          f"{job.stop_reason}; no restarts left ({job.attempt} attempt(s))", at)
@@ -1029,9 +1036,9 @@ class ClusterState:
             self._event(job, at, "Requeued", f"attempt {job.attempt} of {job.restarts_allowed() + 1}")
 
     def _requeue_unfailed(self, job: Job, at: float, why: str) -> None:
-        """Requeue an attempt that did not fail (preempted, resized): the next attempt keeps the
-        job's place in its queue (the queue key is the original submission time) and uses up none
-        of its restarts."""
+        """Requeue an attempt that did not fail (preempted, resized, its MASTER_PORT taken): the next
+        attempt keeps the job's place in its queue (the queue key is the original submission time)
+        and uses up none of its restarts."""
         job.attempt += 1
         job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
         job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
@@ -1141,6 +1148,8 @@ def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
         return EndReason.OOM_KILLED, cmd.reason
     if job.status is JobStatus.STOPPING and job.stop_cause:
         return job.stop_cause, job.stop_reason
+    if cmd.cause == EndReason.MASTER_PORT_IN_USE:
+        return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
     if cmd.cause in WORKER_REASONS:
         cause = cmd.cause
     else:

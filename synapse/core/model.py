@@ -177,11 +177,13 @@ class EndReason(enum.StrEnum):
     PREEMPTED = "Preempted"  #: stopped to make room for another gang
     CANCELLED = "Cancelled"  #: stopped because its job was cancelled
     RESIZED = "Resized"  #: stopped so that its elastic gang restarts at another size
+    #: rank 0's rendezvous port was in use on its node, so rank 0 never started (synapse.core.rendezvous)
+    MASTER_PORT_IN_USE = "MasterPortInUse"
 
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
 WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
-                            EndReason.COMMAND_NOT_FOUND})
+                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE})
 
 
 class TaskState(enum.StrEnum):
@@ -293,6 +295,9 @@ class Job:
     array_index: int = -1  #: its index in that array
     failure_cause: str = ""  #: the typed cause when the cluster failed it outright (DependencyNeverSatisfied)
     resizes: int = 0  #: attempts ended to resize its elastic gang; they use up none of its restarts
+    #: attempts ended because rank 0's MASTER_PORT was in use on its node; they use up none of its
+    #: restarts; apply only
+    port_conflicts: int = 0
     runs: list[Run] = field(default_factory=list)  #: its ended attempts that were placed, oldest first; apply only
     #: its place in the order jobs finished (1, 2, 3… across the cluster), given when it ends; the
     #: history exporter's cursor counts these; 0 while unfinished; apply only
@@ -303,7 +308,7 @@ class Job:
         return 0 if self.final_failure else self.spec.max_restarts
 
     def restarts_used(self) -> int:
-        return self.attempt - 1 - self.preemptions - self.resizes
+        return self.attempt - 1 - self.preemptions - self.resizes - self.port_conflicts
 
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""

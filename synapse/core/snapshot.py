@@ -217,6 +217,7 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
             "pending_since": j.pending_since, "placed_at": j.placed_at, "array_id": j.array_id,
             "array_index": j.array_index, "failure_cause": j.failure_cause, "resizes": j.resizes,
+            "port_conflicts": j.port_conflicts,
             "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq, "archived_at": j.archived_at}
 
 
@@ -243,7 +244,7 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               preempted_at=tuple(d.get("preempted_at", ())), pending_reason=d.get("pending_reason", ""),
               stop_cause=d.get("stop_cause", ""), failure=d.get("failure", ""), array_id=d.get("array_id", ""),
               array_index=d.get("array_index", -1), failure_cause=d.get("failure_cause", ""),
-              resizes=d.get("resizes", 0),
+              resizes=d.get("resizes", 0), port_conflicts=d.get("port_conflicts", 0),
               runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
               archived_at=d.get("archived_at", 0.0))
     if "pending_since" in d:
