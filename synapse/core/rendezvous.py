@@ -18,9 +18,9 @@ bind the port just before it starts the task (the other ranks only connect to it
 it does not start rank 0 and reports it ended `MasterPortInUse` ("MASTER_PORT N in use on node X").
 That stops the attempt, and the job is requeued at its next attempt, with a new port, using none of
 its restarts: the clash is the node's, not the job's. The gang's other ranks may have started by
-then; they are stopped with the attempt, and until then they try to reach a rank 0 that never
-listens. This costs one attempt, rarely, instead of a round trip to the leader before every gang
-starts (rank 0's worker confirming the port before the others are told it). What this check cannot
+then; they are stopped with the attempt, and until then they knock at a port that whatever holds
+it answers, or not. This costs one attempt, rarely, instead of a round trip to the leader before
+every gang starts (rank 0's worker confirming the port before the others are told it). What this check cannot
 see is a process that binds the port in the moment between it and the task's own bind; outside the
 ephemeral range only another program binding that very port can.
 """
