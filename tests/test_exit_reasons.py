@@ -107,6 +107,35 @@ def test_a_lost_node_ends_its_tasks_as_node_lost():
     assert job.failure == "task 1 (rank 1) on r0-n1: NodeLost: no heartbeat for 10.0s"
 
 
+def test_a_taken_master_port_requeues_the_gang_with_no_restart_used():
+    """Rank 0's worker found its MASTER_PORT taken and never started it: the attempt stops without
+    failing, and the job (max_restarts 0) is requeued at attempt 2, i.e. with another port."""
+    state = cluster()
+    checked(state, c.SubmitJob(at=10, job_id="j1", request_id="j1", spec=spec(tasks=2)))
+    checked(state, c.CommitPlan(at=20, job_id="j1", attempt=1, placements=tuple(
+        Placement(i, n, tuple(range(8)), i) for i, n in enumerate((N0, N1)))))
+    checked(state, c.TaskStarted(at=30, job_id="j1", attempt=1, index=1, node_id=N1))
+    exited(state, 0, 127, "MasterPortInUse", "MASTER_PORT 23456 in use on node r0-n0")
+    job = state.jobs["j1"]
+    assert job.status is JobStatus.STOPPING and job.failure == ""
+    assert reasons(state)[0] == "MasterPortInUse"
+    assert job.tasks[0].reason_message == "MASTER_PORT 23456 in use on node r0-n0"  # no exit code: it never ran
+    exited(state, 1, 143, "Signal")  # rank 1, stopped with the attempt
+    assert job.status is JobStatus.PENDING and job.attempt == 2
+    assert job.requeues == 1 and job.restarts_used() == 0
+    assert job.runs[-1].outcome == "MasterPortInUse"
+    assert job.events[-1].message == ("attempt 2 after MASTER_PORT 23456 in use on node r0-n0; "
+                                      "not charged to max_restarts")
+    again = ClusterState.from_snapshot(state.to_snapshot())
+    assert again.digest() == state.digest() and again.jobs["j1"].requeues == 1
+    # A real failure of the next attempt still ends a job that has no restarts.
+    checked(state, c.CommitPlan(at=50, job_id="j1", attempt=2, placements=tuple(
+        Placement(i, n, tuple(range(8)), i) for i, n in enumerate((N0, N1)))))
+    exited(state, 0, 1, "Error", at=60)
+    exited(state, 1, 143, "Signal", at=60)
+    assert job.status is JobStatus.FAILED
+
+
 def test_reasons_survive_a_snapshot():
     state = cluster()
     running_gang(state)

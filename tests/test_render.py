@@ -81,6 +81,16 @@ Events:
     assert render.job_event_line(running_job().events[1]) == "01:01:01  Scheduled  on n1,n2"
 
 
+def test_describe_a_failed_job_says_where_to_read_the_failing_tasks_output():
+    info = running_job()
+    info.status, info.failure = "STOPPING", "task 1 (rank 1) on n2: OOMKilled: memory limit 4Gi"
+    lines = render.job_description(render.job_dict(info)).split("\n")
+    assert lines[9:11] == ["Failed:     task 1 (rank 1) on n2: OOMKilled: memory limit 4Gi",
+                           "Output:     synctl logs j-1 --attempt 1 --task 1"]
+    info.tasks[0].reason = "Error"  # two tasks failed of themselves: no one task to point at
+    assert "Output:     synctl logs j-1 --attempt 1" in render.job_description(render.job_dict(info)).split("\n")
+
+
 def test_describe_a_pending_job_says_why_it_waits():
     info = api_pb2.JobInfo(id="j-2", spec=codec.job_spec_to_proto(spec(tasks=3, gpu=8, name="big")),
                            status="PENDING", waiting="short of gpu in every rack", shortfalls=["r1: 8 gpu"],

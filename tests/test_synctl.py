@@ -8,6 +8,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from synapse.client.jobfile import load_job_file
 from synapse.client.synctl import main
 from synapse.core import codec
 from tests.test_master_ha import register, wait_status
@@ -103,6 +104,18 @@ def test_invalid_job_file_names_the_field(tmp_path, text, field):
     path.write_text(text)
     out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", str(path)])
     assert out.exit_code == 2 and f"invalid job file {path}: {field}:" in out.output, out.output
+
+
+def test_a_job_files_dot_slash_paths_are_made_absolute_against_its_directory(tmp_path, monkeypatch):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "job.yaml").write_text(
+        "name: a\ncommand: [python3, ./train.py, --data, ../data/x, -c, './q', .hidden]\n"
+        "env: {OUT: ./out, MODE: fast, LIB: ../lib/}\n")
+    monkeypatch.chdir(tmp_path)  # a relative path to the file, from elsewhere
+    spec = load_job_file("jobs/job.yaml")
+    assert spec.command == ("python3", f"{tmp_path}/jobs/train.py", "--data", f"{tmp_path}/data/x", "-c",
+                            f"{tmp_path}/jobs/q", ".hidden")
+    assert dict(spec.env) == {"OUT": f"{tmp_path}/jobs/out", "MODE": "fast", "LIB": f"{tmp_path}/lib/"}
 
 
 def test_missing_job_file_and_missing_masters(tmp_path):

@@ -12,14 +12,15 @@ from synapse.worker.state import (
     Start,
     TaskExited,
     TaskStarted,
+    TaskStartFailed,
     Tick,
     WorkerState,
 )
 
 
-def assignment(job="j", attempt=1, index=0, stop=False):
+def assignment(job="j", attempt=1, index=0, stop=False, port=29500):
     return Assignment(job_id=job, attempt=attempt, index=index, rank=index, world_size=2, local_rank=0,
-                      local_world_size=1, node_rank=index, master_addr="h", master_port=29500, gpus=(0,),
+                      local_world_size=1, node_rank=index, master_addr="h", master_port=port, gpus=(0,),
                       command=("true",), env=(), stop=stop)
 
 
@@ -85,3 +86,27 @@ def test_stop_while_starting_signals_once_started():
 def test_task_unknown_to_the_state_is_killed():
     s = WorkerState()
     assert s.handle(TaskStarted(("x", 1, 0), HANDLE), now=0) == [Signal(("x", 1, 0), HANDLE, signal.SIGKILL)]
+
+
+def test_a_started_rank_0_of_another_attempt_holds_its_master_port():
+    s = WorkerState()
+    a, b = assignment(job="a", port=23456), assignment(job="b", port=23456)
+    s.handle(AssignmentsReceived(1, 1, (a, b, assignment(job="a", index=1, port=23456))), now=0)
+    assert s.master_port_holder(a) is None and s.master_port_holder(b) is None  # neither started yet
+    s.handle(TaskStarted(a.key, HANDLE), now=0)
+    assert s.master_port_holder(b) == a.key
+    assert s.master_port_holder(a) is None  # its own attempt's does not count
+    assert s.master_port_holder(assignment(job="b", attempt=2, port=23457)) is None
+    assert s.master_port_holder(assignment(job="a", attempt=2, port=23456)) == a.key  # an old attempt does
+    s.handle(TaskExited(a.key, 0), now=1)
+    assert s.master_port_holder(b) is None
+
+
+def test_a_rank_0_not_started_for_its_port_reports_that_cause():
+    s = WorkerState()
+    a = assignment()
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    s.handle(TaskStartFailed(a.key, "MASTER_PORT 29500 in use on node n", "MasterPortInUse"), now=0)
+    assert s.unreported == [Report(a.key, started=False, exit_code=127, reason="MASTER_PORT 29500 in use on node n",
+                                   cause="MasterPortInUse")]
+    assert a.key in s.done and not s.tasks

@@ -8,10 +8,10 @@ holds the same weights (it exits 1 if not). Output, one line per event, `key=val
     start rank=0 world_size=2 step=0 resumed=0
     done rank=0 world_size=2 steps=40 loss=0.0123 weights=<sha256 of the weights>
 
-With `--checkpoint DIR` (a directory every rank can read), rank 0 saves the model and optimizer
-after every step, and a new run resumes from the last step saved, whatever its world size: an
-elastic gang that Synapse restarts larger (or smaller) carries on where it stopped. `--step-sleep`
-slows each step down, so that a test can watch a run grow.
+With `--checkpoint DIR` (a directory every rank can read; rank 0 creates it), rank 0 saves the
+model and optimizer after every step, and a new run resumes from the last step saved, whatever its
+world size: an elastic gang that Synapse restarts larger (or smaller) carries on where it stopped.
+`--step-sleep` slows each step down, so that a test can watch a run grow.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def main() -> int:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step = saved["step"]
+    if checkpoint is not None and rank == 0:
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
     ddp = DistributedDataParallel(model)
     print(f"start rank={rank} world_size={world} step={step} resumed={int(step > 0)}", flush=True)
 

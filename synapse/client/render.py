@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from synapse.core import codec
+from synapse.core.model import EndReason
 from synapse.core.quantity import format_cpu, format_memory, format_wait
 from synapse.proto import api_pb2
 
@@ -40,6 +41,10 @@ def when(ts: float | None) -> str:
 
 
 # ---- jobs ----------------------------------------------------------------------------------------
+
+#: The reasons a task fails for of itself: a failed job whose attempt has one such task points at its
+#: log (not Signal: a task stopped because another of its gang failed ends so too).
+OWN_FAILURES = frozenset({EndReason.ERROR, EndReason.OOM_KILLED, EndReason.COMMAND_NOT_FOUND})
 
 def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
     spec = codec.job_spec_from_proto(info.spec)
@@ -127,6 +132,10 @@ def job_description(j: dict[str, Any]) -> str:
         lines.append(f"Reserved:   {j['reservation']}")
     if j["failure"]:
         lines.append(f"Failed:     {j['failure']}")
+        if j["tasks"]:  # the output is for the job's owner and admins: describe says where to read it
+            failed = [t["index"] for t in j["tasks"] if t["reason"] in OWN_FAILURES]
+            task = f" --task {failed[0]}" if len(failed) == 1 else ""
+            lines.append(f"Output:     synctl logs {j['id']} --attempt {j['attempt']}{task}")
     if j["tasks"]:
         lines += ["Tasks:", "  " + table(["INDEX", "RANK", "NODE", "GPUS", "STATE", "EXIT", "REASON"], [
             [t["index"], t["rank"], t["node"], ",".join(map(str, t["gpus"])) or "-", t["state"],

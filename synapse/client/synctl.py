@@ -21,7 +21,7 @@ import grpc
 import yaml
 
 from synapse.client import accounting, render
-from synapse.client.jobfile import load_job_file
+from synapse.client.jobfile import load_job_file, resolve_paths
 from synapse.client.master_client import (
     AuthError,
     ClientError,
@@ -147,7 +147,8 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
                                                                      "image"))
     try:
         if shorthand:
-            spec = parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags))
+            spec = resolve_paths(parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags)),
+                                 os.getcwd())
         elif job_file:
             spec = load_job_file(job_file)
         else:

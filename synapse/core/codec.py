@@ -61,7 +61,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
 #: knows it (synapse.master.endpoints), and apply stays the same on every replica.
-CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2})
+CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2,
+                                                      EndReason.MASTER_PORT_IN_USE: 3})
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
 COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values())
 #: The version every release applies (the first command set): commands of it are never held back.

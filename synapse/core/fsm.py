@@ -34,6 +34,7 @@ from synapse.core.model import (
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
     JOIN_TOKEN_NODES,
+    REQUEUED_CAUSES,
     WORKER_REASONS,
     ClusterEvent,
     EndReason,
@@ -711,7 +712,11 @@ class ClusterState:
         self.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
                   f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}: "
                   f"{reason}" + (f" ({message})" if message else ""))
-        if cmd.exit_code != 0:
+        if reason == EndReason.MASTER_PORT_IN_USE:
+            # Rank 0 never started; the clash is its node's, so the attempt stops without failing
+            # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
+            self._stop_attempt(job, message, cmd.at, cause=EndReason.MASTER_PORT_IN_USE)
+        elif cmd.exit_code != 0:
             why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
             self._stop_attempt(job, f"failed: {why}", cmd.at,
                                failure=f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}"
@@ -1055,7 +1060,7 @@ class ClusterState:
         elif job.stop_cause == EndReason.PREEMPTED:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
-        elif job.stop_cause in (EndReason.NODE_LOST, EndReason.DRAINED):
+        elif job.stop_cause in REQUEUED_CAUSES:
             job.requeues += 1
             self._requeue_unfailed(job, at, f"after {job.stop_reason}")
         elif job.final_failure:
@@ -1072,9 +1077,9 @@ class ClusterState:
                                              f"{job.restarts_allowed()}")
 
     def _requeue_unfailed(self, job: Job, at: float, why: str) -> None:
-        """Requeue an attempt that did not fail (preempted, resized): the next attempt keeps the
-        job's place in its queue (the queue key is the original submission time) and uses up none
-        of its restarts."""
+        """Requeue an attempt that did not fail (preempted, resized, its MASTER_PORT taken): the next
+        attempt keeps the job's place in its queue (the queue key is the original submission time)
+        and uses up none of its restarts."""
         job.attempt += 1
         job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
         job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
@@ -1184,6 +1189,8 @@ def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
         return EndReason.OOM_KILLED, cmd.reason
     if job.status is JobStatus.STOPPING and job.stop_cause:
         return job.stop_cause, job.stop_reason
+    if cmd.cause == EndReason.MASTER_PORT_IN_USE:
+        return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
     if cmd.cause in WORKER_REASONS:
         cause = cmd.cause
     else:

@@ -178,16 +178,19 @@ class EndReason(enum.StrEnum):
     CANCELLED = "Cancelled"  #: stopped because its job was cancelled
     RESIZED = "Resized"  #: stopped so that its elastic gang restarts at another size
     DRAINED = "Drained"  #: stopped because its node (or another node of its gang) was drained
+    #: rank 0's rendezvous port was in use on its node, so rank 0 never started (synapse.core.rendezvous)
+    MASTER_PORT_IN_USE = "MasterPortInUse"
 
 
-#: The reasons an attempt ends that are not the job's fault: it requeues at its place in the queue
-#: and uses up none of its restarts (`max_restarts` counts the job's own failures only).
-UNCHARGED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.PREEMPTED, EndReason.RESIZED})
+#: The causes besides preemption and resizing that end an attempt through no fault of the job: it
+#: requeues at its place in the queue and uses up none of its restarts (`Job.requeues`);
+#: `max_restarts` counts the job's own failures only.
+REQUEUED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.MASTER_PORT_IN_USE})
 
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
 WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
-                            EndReason.COMMAND_NOT_FOUND})
+                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE})
 
 
 class TaskState(enum.StrEnum):
@@ -299,7 +302,8 @@ class Job:
     array_index: int = -1  #: its index in that array
     failure_cause: str = ""  #: the typed cause when the cluster failed it outright (DependencyNeverSatisfied)
     resizes: int = 0  #: attempts ended to resize its elastic gang; they use up none of its restarts
-    #: attempts ended because a node of its gang was lost or drained; they use up none of its restarts
+    #: attempts ended by what is not the job's fault besides preemption and resizing (a node of its
+    #: gang lost or drained, rank 0's MASTER_PORT in use: REQUEUED_CAUSES); they use up none of its restarts
     requeues: int = 0
     runs: list[Run] = field(default_factory=list)  #: its ended attempts that were placed, oldest first; apply only
     #: its place in the order jobs finished (1, 2, 3… across the cluster), given when it ends; the

@@ -7,21 +7,10 @@ message, or a leader, therefore loses nothing: the next list says everything aga
 
 from __future__ import annotations
 
-import zlib
-
 from synapse.core.elastic import is_elastic
 from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job
-
-#: torchrun's default rendezvous port is 29500; each attempt gets its own port above it so two
-#: gangs whose rank 0 share a node are unlikely to collide.
-MASTER_PORT_BASE = 29500
-MASTER_PORT_SPAN = 10000
-
-
-def master_port(job_id: str, attempt: int) -> int:
-    """The rendezvous port of one attempt: deterministic, so every rank computes the same."""
-    return MASTER_PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % MASTER_PORT_SPAN
+from synapse.core.rendezvous import master_port
 
 
 def host_of(address: str) -> str:

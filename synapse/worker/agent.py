@@ -34,7 +34,8 @@ from synapse.common import tickets
 from synapse.common.auth import METADATA_KEY, client_metadata, node_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
-from synapse.core.model import Assignment, Resources
+from synapse.core.model import Assignment, EndReason, Resources
+from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
@@ -42,7 +43,7 @@ from synapse.worker import state as ws
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
-from synapse.worker.runtime import Handle, ProcessRuntime, alive
+from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,12 @@ class WorkerAgent:
         stale = self.runtime.sweep({t.handle.cgroup for t in self.state.tasks.values() if t.handle})
         if stale:
             log.info("removed task cgroups of no known task count=%d names=%s", len(stale), ",".join(stale[:10]))
+        ephemeral = ephemeral_ports()
+        overlap = ephemeral_overlap(*ephemeral) if ephemeral else range(0)
+        if overlap:
+            log.warning("ephemeral ports overlap rendezvous ports node=%s ephemeral=%d-%d overlap=%d-%d: an outgoing "
+                        "connection may take a gang's MASTER_PORT; start net.ipv4.ip_local_port_range at %d or above",
+                        self.node_id, *ephemeral, overlap.start, overlap.stop - 1, MASTER_PORTS.stop)
         self._register()
         loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report")]
         if self.health is not None:
@@ -231,6 +238,13 @@ class WorkerAgent:
         # task this worker forgets and would start a second time (see _load_state).
         seen = time.monotonic()
         self._save_state()
+        clash = self._master_port_clash(a)
+        if clash:
+            self.metrics.exits.labels("start_failed").inc()
+            log.warning("rank 0 not started task=%s reason=%s", a.key, clash)
+            self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, clash, EndReason.MASTER_PORT_IN_USE),
+                                              time.monotonic()))
+            return
         try:
             handle = self.runtime.start(a)
         except OSError as exc:
@@ -243,6 +257,17 @@ class WorkerAgent:
                  a.rank, handle.pid)
         self._journal("start", a, pid=handle.pid)
         self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+
+    def _master_port_clash(self, a: Assignment) -> str:
+        """Why rank 0 must not start here ("" if it may): its MASTER_PORT is taken on this node, by a
+        rank 0 of another attempt that this worker started or by any other process."""
+        if a.rank != 0 or not a.master_port:
+            return ""
+        holder = self.state.master_port_holder(a)
+        if holder is None and not port_in_use(a.master_port):
+            return ""
+        by = f" (by task {holder[0]}.{holder[1]}.{holder[2]})" if holder else ""
+        return f"MASTER_PORT {a.master_port} in use on node {self.node_id}{by}"
 
     def _journal(self, event: str, a: Assignment, **fields: object) -> None:
         """Append a task's start or end to the task journal (TASK_JOURNAL)."""

@@ -13,14 +13,19 @@ does one whose command the template hides (a sandbox's private /tmp over a venv'
 With cgroups (`isolation.py`) every task gets a cgroup of its own, made before the shim starts and
 joined by the shim before the command runs; the cgroup says whether the OOM killer ended the task,
 and is removed once the task's end has been read.
+
+Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
+(`port_in_use`; why and what follows: synapse.core.rendezvous).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -33,6 +38,8 @@ from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, 
 PROBE_TIMEOUT_S = 10.0
 #: The task shim (POSIX sh): records the task's pid and exit status; see the script's header.
 SHIM = Path(__file__).with_name("shim.sh")
+#: Where Linux keeps the range it takes the local ports of outgoing connections from.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def task_id(a: Assignment) -> str:
@@ -51,6 +58,40 @@ def task_env(a: Assignment) -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, a.gpus)),
     })
     return env
+
+
+def port_in_use(port: int) -> bool:
+    """True if a server could not listen on `port` on this machine now. The probe binds the port
+    with the option torch's TCPStore sets (SO_REUSEADDR: a server's own old connections do not
+    count, a connection that holds the port as its local one does), on the IPv6 wildcard accepting
+    IPv4 too, so a socket on any address of either family is seen; on IPv4's wildcard where the
+    machine has no IPv6. It holds the port for a moment only."""
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+                continue  # IPv6 without an address to bind, say: try IPv4
+            return False
+    return False
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """This machine's ephemeral port range (low, high), or None where it cannot be read."""
+    try:
+        low, high = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
 
 
 @dataclass(frozen=True, slots=True)

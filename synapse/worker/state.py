@@ -19,7 +19,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from synapse.core.model import Assignment
+from synapse.core.model import Assignment, EndReason
 from synapse.worker.runtime import Handle
 
 Key = tuple[str, int, int]
@@ -45,6 +45,7 @@ class TaskStarted:
 class TaskStartFailed:
     key: Key
     reason: str
+    cause: str = EndReason.ERROR  #: MasterPortInUse when rank 0's port was taken (it never started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class WorkerState:
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return []
             case TaskStartFailed():
-                self._exited(event.key, 127, event.reason, "Error")
+                self._exited(event.key, 127, event.reason, event.cause)
                 return []
             case TaskExited():
                 self._exited(event.key, event.exit_code, event.reason, event.cause)
@@ -178,6 +179,17 @@ class WorkerState:
                 task.killed = True
                 out.append(Signal(key, task.handle, signal.SIGKILL))
         return out
+
+    def master_port_holder(self, a: Assignment) -> Key | None:
+        """A started rank 0 of another attempt that this worker runs with `a`'s MASTER_PORT: its
+        rendezvous may hold the port, or may be about to bind it (the agent checks before it starts
+        a rank 0; synapse.core.rendezvous)."""
+        for key, task in sorted(self.tasks.items()):
+            other = task.assignment
+            if (task.handle is not None and other.rank == 0 and other.master_port == a.master_port
+                    and key[:2] != a.key[:2]):
+                return key
+        return None
 
     def running(self) -> list[LocalTask]:
         """Tasks with a process to watch."""
