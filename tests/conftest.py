@@ -55,7 +55,7 @@ class LocalCluster:
         self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5, **settings)
         self.token = self.state["token"]
         self.addresses = [m["api_address"] for m in self.state["masters"]]
-        self.client = MasterClient(self.addresses, self.token, deadline=30)
+        self.client = MasterClient(self.addresses, self.token, deadline=30, tls=local.client_tls(self.state))
 
     def master(self, replica_id: str) -> dict:
         return next(m for m in self.state["masters"] if m["id"] == replica_id)
