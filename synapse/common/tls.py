@@ -137,7 +137,10 @@ def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365,
         save(f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM))
         save(f"{name}-key.pem", key_pem(key), private=True)
 
-    leaf("server", hosts[0] if hosts else "synapse-master", [ExtendedKeyUsageOID.SERVER_AUTH], hosts)
+    # A master also presents its certificate as a client, to the leader's API (its link shard's
+    # liveness digests), which with require_worker_certs asks for one: it must allow client auth too.
+    leaf("server", hosts[0] if hosts else "synapse-master",
+         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], hosts)
     leaf("client", "synctl", [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     for worker in workers:
         # A worker's certificate is also its log service's: clients check it names the node.
