@@ -216,6 +216,17 @@ def test_sign_out_revokes_the_session_here_and_clears_the_cookie(served):
     assert served.get("/", cookie=other)[0] == 200
 
 
+def test_a_form_posted_from_another_site_signs_nobody_in_or_out(served):
+    _, cookie = sign_in(served, ADMIN_TOKEN)
+    for path, data in (("/login", f"token={ADMIN_TOKEN}".encode()), ("/logout", b"")):
+        request = urllib.request.Request(f"{http_base(served.address, served.ca)[0]}{path}", data=data,
+                                         headers={"Sec-Fetch-Site": "cross-site", "Cookie": cookie})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5, context=http_base(served.address, served.ca)[1])
+        assert refused.value.code == 403 and "Set-Cookie" not in refused.value.headers
+    assert served.get("/", cookie=cookie)[0] == 200
+
+
 def test_a_session_is_judged_like_its_token_on_every_request(served):
     """Removing a user ends their sessions at once, as it ends their token; the role is the token's."""
     _, cookie = sign_in(served, ALICE_TOKEN)

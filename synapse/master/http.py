@@ -186,9 +186,13 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self) -> None:  # noqa: N802 - the base class's name
-        """The sign-in form (a token for a session) and the sign-out button; nothing else posts."""
+        """The sign-in form (a token for a session) and the sign-out button; nothing else posts. A
+        form another site makes the browser post is refused (Sec-Fetch-Site: browsers set it, scripts
+        need not; Origin cannot serve, as the pages' no-referrer policy makes it "null")."""
         path = urlsplit(self.path).path
-        if path == "/login":
+        if self.headers.get("Sec-Fetch-Site", "") == "cross-site":
+            self._send(403, b"a form from another site may not sign in or out here\n")
+        elif path == "/login":
             self._login()
         elif path == "/logout":
             self.server.sessions.close(self._session_id())
@@ -258,7 +262,7 @@ class _Server(ThreadingHTTPServer):
                 self._refuse_plain(request)
                 return
             secure = self.tls.wrap_socket(request, server_side=True)  # closes the socket if it fails
-        except (OSError, ssl.SSLError):
+        except OSError:  # ssl.SSLError among them
             return  # a failed handshake or a client gone: nothing to answer
         try:
             super().finish_request(secure, client_address)
