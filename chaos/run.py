@@ -410,12 +410,15 @@ def archive_caught_up(target: Target, timeout: float) -> bool:
     """Wait until the history exporter has archived every finished job (the leader's metric)."""
     import urllib.request
 
+    from synapse.common.tls import http_base
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         leader = target.leader()
         if leader is not None and leader.get("http_address"):
+            base, context = http_base(leader["http_address"], target.state.get("ca", ""))
             try:
-                with urllib.request.urlopen(f"http://{leader['http_address']}/metrics", timeout=2) as reply:
+                with urllib.request.urlopen(f"{base}/metrics", timeout=2, context=context) as reply:
                     if "synapse_history_unarchived_jobs 0.0" in reply.read().decode():
                         return True
             except OSError:

@@ -1,16 +1,21 @@
 """Every dashboard page in a real headless Chromium (Debian's, installed by
-scripts/install-test-packages.sh): no console error, no CSP violation, and a screenshot of each;
-on the heatmap each gang's GPUs show in its colour with its id as the title and the nodes reserved
-for a waiting gang are outlined and hatched, and the jobs page shows each pending job's wait and why.
+scripts/install-test-packages.sh), over HTTPS on a TLS cluster: sign-in through the form gives a
+session cookie (HttpOnly, Secure, SameSite=Strict, no token in it), every page loads on that cookie
+alone with no console error, no CSP violation, and a screenshot of each; on the heatmap each gang's
+GPUs show in its colour with its id as the title and the nodes reserved for a waiting gang are
+outlined and hatched, the jobs page shows each pending job's wait and why, and Sign out ends it.
 
-Chromium is driven through the DevTools protocol (websocket-client): the token goes in an
-Authorization header set for every request, as a reverse proxy or a script would send it.
+Chromium is driven through the DevTools protocol (websocket-client). It trusts the masters'
+certificate by its public key only (`--ignore-certificate-errors-spki-list`, the master's key pinned:
+any other certificate still fails), not by ignoring certificate errors: Chromium on Linux reads
+trusted CAs from an NSS database, and filling one needs certutil, which the test machines lack.
 Screenshots go to $SYNAPSE_SCREENSHOTS if set, else to the test's temporary directory.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import os
@@ -82,15 +87,30 @@ def problems(events: list[dict]) -> list[str]:
     return out
 
 
+def spki_pin(cert: Path) -> str:
+    """A certificate's public key as Chromium's --ignore-certificate-errors-spki-list takes it:
+    base64 of the SHA-256 of its SubjectPublicKeyInfo."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = x509.load_pem_x509_certificate(cert.read_bytes()).public_key()
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
 @pytest.fixture
 def chromium(tmp_path):
+    """Starts headless Chromium with extra flags (once per test) and returns its DevTools client."""
     if CHROMIUM is None:
         pytest.skip("no chromium: scripts/install-test-packages.sh installs Debian's package (needs root and apt)")
-    profile = tmp_path / "profile"
-    proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                             "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    started: list[tuple[subprocess.Popen, DevTools | None]] = []
+
+    def start(*flags: str) -> DevTools:
+        profile = tmp_path / "profile"
+        proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                 "--remote-debugging-port=0", f"--user-data-dir={profile}", *flags, "about:blank"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started.append((proc, None))
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not port_file.exists() and time.monotonic() < deadline:
@@ -101,9 +121,13 @@ def chromium(tmp_path):
         with urllib.request.urlopen(request, timeout=10) as reply:
             target = json.loads(reply.read())
         tools = DevTools(target["webSocketDebuggerUrl"])
-        yield tools
-        tools.close()
-    finally:
+        started[-1] = (proc, tools)
+        return tools
+
+    yield start
+    for proc, tools in started:
+        if tools is not None:
+            tools.close()
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -118,7 +142,8 @@ def rgb(colour: str) -> str:
 
 
 def test_every_page_renders_in_chromium_without_errors(make_cluster, chromium, tmp_path):
-    cluster = make_cluster(workers=4, racks=2)
+    cluster = make_cluster(workers=4, racks=2, tls=True)
+    ca = cluster.state["ca"]
 
     def submit(name: str, tasks: int, gpu: int) -> str:
         return cluster.client.submit(codec.job_spec_to_proto(JobSpec(
@@ -133,33 +158,63 @@ def test_every_page_renders_in_chromium_without_errors(make_cluster, chromium, t
     address = cluster.master(cluster.wait_leader())["http_address"]  # the leader knows the reservations
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (
-            fetch(address, "/nodes", cluster.token)[2].count('<tr class="reserved">') < 4
-            or '<b class="reason">BehindReservation</b>' not in fetch(address, "/jobs", cluster.token)[2]):
+            fetch(address, "/nodes", cluster.token, ca=ca)[2].count('<tr class="reserved">') < 4
+            or '<b class="reason">BehindReservation</b>' not in fetch(address, "/jobs", cluster.token, ca=ca)[2]):
         time.sleep(0.2)
     shots = Path(os.environ.get("SYNAPSE_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
 
+    browser = chromium(f"--ignore-certificate-errors-spki-list={spki_pin(cluster.data_dir / 'tls' / 'server.pem')}")
     for domain in ("Page", "Runtime", "Log", "Network"):
-        chromium.call(f"{domain}.enable")
-    chromium.call("Network.setExtraHTTPHeaders", headers={"Authorization": f"Bearer {cluster.token}"})
-    chromium.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+        browser.call(f"{domain}.enable")
+    browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+
+    def run(expression: str):
+        return browser.call("Runtime.evaluate", expression=expression)["result"].get("value")
+
+    def load(url: str = "", click: str = "") -> None:
+        """Navigate to `url`, or click the `click` element, and wait for the page it leads to."""
+        browser.events.clear()
+        if url:
+            browser.call("Page.navigate", url=url)
+        else:
+            run(f"document.querySelector({json.dumps(click)}).click()")
+        browser.wait_for("Page.loadEventFired")
+
+    # sign in as a person would: type the token into the form, once
+    load(f"https://{address}/login")
+    assert problems(browser.events) == [] and run("document.title").startswith("Sign in")
+    run("document.querySelector('input[name=token]').focus()")
+    browser.call("Input.insertText", text=cluster.token)
+    load(click="form[action='/login'] button")
+    assert run("document.location.pathname") == "/" and run("document.title").startswith("Overview")
+    (cookie,) = browser.call("Network.getCookies", urls=[f"https://{address}/"])["cookies"]
+    assert cookie["name"].startswith("synapse_session_") and cluster.token not in json.dumps(cookie)
+    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert 7.9 * 3600 < cookie["expires"] - time.time() <= 8 * 3600
+    assert run("document.cookie") == ""  # HttpOnly: no script could read it
     pages = {"overview": "/", "nodes": "/nodes", "node": "/nodes/w1", "queues": "/queues", "jobs": "/jobs",
              "job": f"/jobs/{job}", "masters": "/masters"}
     seen: dict[str, object] = {}
-    for name, path in pages.items():
-        chromium.events.clear()
-        chromium.call("Page.navigate", url=f"http://{address}{path}")
-        chromium.wait_for("Page.loadEventFired")
+    for name, path in pages.items():  # on the session cookie alone
+        load(f"https://{address}{path}")
         time.sleep(0.2)  # late console messages
-        title = chromium.call("Runtime.evaluate", expression="document.title")["result"]["value"]
-        assert "Synapse" in title, (path, title)
-        shot = chromium.call("Page.captureScreenshot", format="png")
+        title = run("document.title")
+        assert "Synapse" in title and "Sign in" not in title, (path, title)
+        shot = browser.call("Page.captureScreenshot", format="png")
         (shots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
-        assert problems(chromium.events) == [], (path, problems(chromium.events))
+        assert problems(browser.events) == [], (path, problems(browser.events))
         if name in ("nodes", "jobs"):
-            seen[name] = json.loads(chromium.call("Runtime.evaluate", expression=LOOKS[name])["result"]["value"])
-    cells = chromium.call("Runtime.evaluate", expression="document.location.pathname")  # still alive
-    assert cells["result"]["value"] == "/masters"
+            seen[name] = json.loads(run(LOOKS[name]))
+    assert run("document.location.pathname") == "/masters"  # still alive
+
+    # Sign out: the session ends on the master, and the cookie is gone
+    load(click="form.signout button")
+    assert run("document.location.pathname") == "/login"
+    assert browser.call("Network.getCookies", urls=[f"https://{address}/"])["cookies"] == []
+    assert fetch(address, "/", cookie=f"{cookie['name']}={cookie['value']}", ca=ca)[0] == 401  # revoked, not forgotten
+    load(f"https://{address}/")
+    assert run("document.title").startswith("Sign in")
 
     # the heatmap as the browser draws it: gang colours from the stylesheet (the CSP allows no
     # inline style), titles, the reserved nodes outlined and their free GPUs hatched

@@ -127,13 +127,13 @@ def test_finished_jobs_are_archived_exactly_once_across_a_leader_kill(make_clust
     # two workers of 2 GPUs, never counted before the first sample nor twice across the leader kill
     assert gpu_hours <= (time.time() - begun) * 4 / 3600, total
     http = cluster.master(cluster.wait_leader())["http_address"]
-    status, _, page = fetch(http, "/history?state=FAILED", cluster.token)
+    status, _, page = fetch(http, "/history?state=FAILED", cluster.token, ca=cluster.state["ca"])
     assert status == 200 and bad["id"] in page and ok not in page and "<script" not in page
-    status, _, page = fetch(http, "/history?sort=user&order=asc&days=1", cluster.token)
+    status, _, page = fetch(http, "/history?sort=user&order=asc&days=1", cluster.token, ca=cluster.state["ca"])
     assert status == 200 and all(job_id in page for job_id in expected)
-    status, _, page = fetch(http, f"/jobs/{ok}", cluster.token)
+    status, _, page = fetch(http, f"/jobs/{ok}", cluster.token, ca=cluster.state["ca"])
     assert status == 200 and "Past its retention" in page and "SUCCEEDED (Completed)" in page, page
-    status, _, page = fetch(http, "/usage?days=2", cluster.token)
+    status, _, page = fetch(http, "/usage?days=2", cluster.token, ca=cluster.state["ca"])
     assert status == 200 and '<rect class="bar"' in page and "GPU-hours</title>" in page and "default" in page
     assert synctl(cluster, "history", "--since", "last week").exit_code == 2
     assert "--state: must be one of" in synctl(cluster, "history", "--state", "done").output
@@ -151,9 +151,9 @@ def test_a_postgres_store_down_at_start_and_restarted_mid_run_loses_and_doubles_
         wait_for(lambda: all(cluster.client.get_job(j).status == "SUCCEEDED" for j in first), timeout=30,
                  what="jobs to finish with the store down")
         leader = cluster.master(cluster.wait_leader())
-        status, body = get(leader["http_address"], "/readyz?verbose")
+        status, body = get(leader["http_address"], "/readyz?verbose", ca=cluster.state["ca"])
         assert status == 200 and "[+]history ok (lagging: history store" in body, body
-        assert "synapse_history_store_failing 1.0" in get(leader["http_address"], "/metrics")[1]
+        assert "synapse_history_store_failing 1.0" in get(leader["http_address"], "/metrics", ca=cluster.state["ca"])[1]
         down = synctl(cluster, "history")
         assert down.exit_code == 2 and "history store unavailable" in down.output, down.output
         assert "Connection refused" in down.output, down.output
@@ -173,7 +173,8 @@ def test_a_postgres_store_down_at_start_and_restarted_mid_run_loses_and_doubles_
         engine.dispose()
         assert sorted(r[0] for r in rows) == sorted(first + second) and all(r[1] == 1 for r in rows)
         assert cursor == len(first + second)
-        wait_for(lambda: "synapse_history_unarchived_jobs 0.0" in get(leader["http_address"], "/metrics")[1],
+        wait_for(lambda: "synapse_history_unarchived_jobs 0.0" in get(leader["http_address"], "/metrics",
+                                                                      ca=cluster.state["ca"])[1],
                  what="nothing left unarchived")
     finally:
         postgres.start()

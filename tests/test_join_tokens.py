@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from synapse.client.synctl import main as synctl
 from synapse.common.auth import client_metadata, node_metadata
+from synapse.common.tls import http_base
 from synapse.core import codec, snapshot
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
@@ -171,11 +172,11 @@ def test_a_workers_files_give_a_caller_nothing_but_that_nodes_calls(make_cluster
     users = cluster.client.call("ListUsers", api_pb2.ListUsersRequest()).users
     assert "mallory" not in {u.name for u in users}
     # Nor do they open the dashboard, or another job's task logs on the worker itself.
-    leader_http = cluster.master(cluster.wait_leader())["http_address"]
+    base, context = http_base(cluster.master(cluster.wait_leader())["http_address"], cluster.state["ca"])
     for secret in (join, credential):
-        request = urllib.request.Request(f"http://{leader_http}/", headers={"Authorization": f"Bearer {secret}"})
+        request = urllib.request.Request(f"{base}/", headers={"Authorization": f"Bearer {secret}"})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=5)
+            urllib.request.urlopen(request, timeout=5, context=context)
         assert refused.value.code == 401
     (w1,) = [n for n in cluster.client.list_nodes() if n.id == "w1"]
     logs = api_pb2_grpc.WorkerStub(cluster.channel(w1.address, node_id="w1", as_node="w1"))

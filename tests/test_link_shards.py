@@ -44,7 +44,7 @@ def statuses(cluster) -> dict[str, str]:
 
 def metrics_by_api(cluster) -> dict[str, dict]:
     """Every replica's scraped metrics, by its API address."""
-    return {m["api_address"]: scrape(m["http_address"]) for m in cluster.state["masters"]}
+    return {m["api_address"]: scrape(m["http_address"], ca=cluster.state["ca"]) for m in cluster.state["masters"]}
 
 
 def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_digests(make_cluster):
@@ -177,11 +177,11 @@ def test_killing_the_replica_a_worker_is_attached_to_moves_it_without_a_node_dow
         time.sleep(0.3)
     # the leader counts the dead shard's silence; its workers are attached to the other follower now
     survivor = next(m for m in cluster.state["masters"] if m["id"] not in (leader["id"], victim["id"]))
-    silence = scrape(leader["http_address"])
+    silence = scrape(leader["http_address"], ca=cluster.state["ca"])
     assert value(silence, "synapse_leader_shard_silence_seconds", shard=victim_api) > 8
     assert value(silence, "synapse_leader_shard_silence_seconds", shard=survivor["api_address"]) < 3
     assert value(silence, "synapse_nodes_held_silent") == 0
-    assert value(scrape(survivor["http_address"]), "synapse_shard_nodes") == len(workers)
+    assert value(scrape(survivor["http_address"], ca=cluster.state["ca"]), "synapse_shard_nodes") == len(workers)
     # the moved workers watch elsewhere: a new job reaches them and ends
     second = cluster.client.submit(running(4, "true"))
     assert wait_status(cluster.client, second, {"SUCCEEDED"}, timeout=30).status == "SUCCEEDED"

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from synapse.common.tls import http_base
 from synapse.core import codec
 from tests.helpers import spec
 from tests.test_master_ha import wait_status
@@ -22,17 +23,19 @@ CONTRACT, WORKER_CONTRACT = CONTRACTS["metrics"], CONTRACTS["worker_metrics"]
 ALERTS = yaml.safe_load((ROOT / "cluster-configs" / "prometheus" / "alerts.yaml").read_text())
 
 
-def get(address: str, path: str, method: str = "GET") -> tuple[int, str]:
-    request = urllib.request.Request(f"http://{address}{path}", method=method)
+def get(address: str, path: str, method: str = "GET", ca: str = "") -> tuple[int, str]:
+    """A request to a master's or a worker's HTTP port; a master's of a TLS cluster with its `ca`."""
+    base, context = http_base(address, ca)
+    request = urllib.request.Request(base + path, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=5, context=context) as reply:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
 
 
-def scrape(address: str) -> dict:
-    status, text = get(address, "/metrics")
+def scrape(address: str, ca: str = "") -> dict:
+    status, text = get(address, "/metrics", ca=ca)
     assert status == 200
     return {f.name: f for f in text_string_to_metric_families(text)}
 
@@ -70,10 +73,11 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     cluster = make_cluster(workers=2)
     cluster.wait_leader()
     http = {m["id"]: m["http_address"] for m in cluster.state["masters"]}
+    ca = cluster.state["ca"]  # HTTPS on a TLS cluster
     job = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=2)))
     wait_status(cluster.client, job, {"SUCCEEDED"})  # settled: no replica may see it end between scrapes
     cluster.converged_digest()
-    scraped = {rid: scrape(address) for rid, address in http.items()}
+    scraped = {rid: scrape(address, ca=ca) for rid, address in http.items()}
     for rid, families in scraped.items():
         holds_to(CONTRACT, families, rid)
     assert sorted(value(f, "synapse_raft_is_leader") for f in scraped.values()) == [0, 0, 1]
@@ -90,7 +94,7 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     followers = [rid for rid in scraped if rid != leader]
     deadline = time.monotonic() + 10
     while True:
-        shards = {rid: scrape(address) for rid, address in http.items()}
+        shards = {rid: scrape(address, ca=ca) for rid, address in http.items()}
         if sum(value(shards[rid], "synapse_shard_nodes") for rid in followers) >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -122,16 +126,16 @@ def test_every_master_serves_metrics_and_health(make_cluster):
         "synapse_journal_fsync_seconds_count"] >= 1
 
     for rid, address in http.items():
-        assert get(address, "/livez") == (200, "ok\n")
-        status, body = get(address, "/readyz?verbose")
+        assert get(address, "/livez", ca=ca) == (200, "ok\n")
+        status, body = get(address, "/readyz?verbose", ca=ca)
         assert status == 200 and "[+]raft-leader-known ok" in body and "[+]storage ok" in body
-        assert get(address, "/readyz/leader")[0] == (200 if rid == leader else 503)
-        assert get(address, "/metrics", method="POST")[0] == 405
-        assert get(address, "/nowhere")[0] == 401  # the dashboard wants a token first
+        assert get(address, "/readyz/leader", ca=ca)[0] == (200 if rid == leader else 503)
+        assert get(address, "/metrics", method="POST", ca=ca)[0] == 405
+        assert get(address, "/nowhere", ca=ca)[0] == 401  # the dashboard wants a token first
 
-    before = scrape(http[leader])
+    before = scrape(http[leader], ca=ca)
     cluster.client.list_nodes()
-    after = scrape(http[leader])
+    after = scrape(http[leader], ca=ca)
     for name in ("synapse_api_requests",):  # counters only grow
         for sample in before[name].samples:
             assert value(after, name, **sample.labels) >= sample.value
@@ -140,11 +144,12 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     try:
         new = cluster.wait_leader(exclude=leader)
         deadline = time.monotonic() + 10
-        while get(http[new], "/readyz/leader")[0] != 200 and time.monotonic() < deadline:
+        while get(http[new], "/readyz/leader", ca=ca)[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.1)
-        ready = [rid for rid, address in http.items() if rid != leader and get(address, "/readyz/leader")[0] == 200]
+        ready = [rid for rid, address in http.items()
+                 if rid != leader and get(address, "/readyz/leader", ca=ca)[0] == 200]
         assert ready == [new]
-        assert value(scrape(http[new]), "synapse_raft_leader_changes_seen") >= 1
+        assert value(scrape(http[new], ca=ca), "synapse_raft_leader_changes_seen") >= 1
     finally:
         cluster.restart_master(leader)
 

@@ -1,7 +1,8 @@
 """The operator's Prometheus kit (cluster-configs/prometheus, cluster-configs/grafana): the rules
-pass promtool and their unit tests, the example scrape config names the jobs the rules expect, a
-real Prometheus scraping a real local cluster sees SynapseNoLeader and SynapseMasterDown fire and
-resolve, and the Grafana dashboard queries only what a master exposes.
+pass promtool and their unit tests, the example scrape configs (plain, and HTTPS for a TLS cluster)
+name the jobs the rules expect, a real Prometheus scraping a real local cluster sees SynapseNoLeader
+and SynapseMasterDown fire and resolve, a real Prometheus scrapes a TLS cluster's masters over
+HTTPS with the CA, and the Grafana dashboard queries only what a master exposes.
 
 Prometheus and promtool are Debian's `prometheus` (scripts/install-test-packages.sh); without them
 the tests that need them skip, saying so."""
@@ -32,6 +33,7 @@ KIT = ROOT / "cluster-configs" / "prometheus"
 ALERTS = yaml.safe_load((KIT / "alerts.yaml").read_text())
 RULES = [r for g in ALERTS["groups"] for r in g["rules"]]
 SCRAPE = yaml.safe_load((KIT / "prometheus.yml").read_text())
+SCRAPE_TLS = yaml.safe_load((KIT / "prometheus-tls.yml").read_text())  #: for a cluster with `tls:`
 DASHBOARD = json.loads((ROOT / "cluster-configs" / "grafana" / "synapse.json").read_text())
 
 
@@ -55,6 +57,13 @@ def test_the_scrape_config_names_every_job_the_rules_match():
     matched = {job for r in RULES for job in re.findall(r'job="([^"]+)"', r["expr"])}
     assert matched and matched <= jobs, matched - jobs
     assert jobs == {"synapse-master", "synapse-worker"} and SCRAPE["rule_files"] == ["alerts.yaml"]
+
+
+def test_the_tls_scrape_config_differs_only_in_the_masters_scheme_and_ca():
+    tls = json.loads(json.dumps(SCRAPE_TLS))
+    (masters,) = [c for c in tls["scrape_configs"] if c["job_name"] == "synapse-master"]
+    assert masters.pop("scheme") == "https" and set(masters.pop("tls_config")) == {"ca_file"}
+    assert tls == SCRAPE
 
 
 def test_the_example_scrapes_the_http_address_of_every_master_of_the_example_cluster():
@@ -82,6 +91,7 @@ def test_the_rules_and_the_scrape_config_pass_promtool():
     promtool = tool("promtool")
     assert f"SUCCESS: {len(RULES)} rules found" in run(promtool, "check", "rules", "alerts.yaml")
     assert "is valid prometheus config file syntax" in run(promtool, "check", "config", "prometheus.yml")
+    assert "is valid prometheus config file syntax" in run(promtool, "check", "config", "prometheus-tls.yml")
     assert "SUCCESS" in run(promtool, "test", "rules", "alerts_test.yaml")
 
 
@@ -109,14 +119,17 @@ def api(address: str, path: str) -> dict:
         return json.loads(reply.read())["data"]
 
 
-def local_copy(tmp_path: Path, masters: list[str], workers: list[str]) -> Path:
+def local_copy(tmp_path: Path, masters: list[str], workers: list[str], ca: str = "") -> Path:
     """The shipped scrape config and rules, pointed at a local cluster, with 1 s intervals and every
-    `for:` cut to 2 s so that firing and resolving take seconds."""
-    config = json.loads(json.dumps(SCRAPE))
+    `for:` cut to 2 s so that firing and resolving take seconds. With the cluster's `ca`: the TLS
+    scrape config, with that CA."""
+    config = json.loads(json.dumps(SCRAPE_TLS if ca else SCRAPE))
     config["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
     targets = {"synapse-master": masters, "synapse-worker": workers}
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": targets[job["job_name"]]}]
+        if "tls_config" in job:
+            job["tls_config"]["ca_file"] = ca
     tmp_path.mkdir(parents=True, exist_ok=True)
     rules = json.loads(json.dumps(ALERTS))
     for rule in (r for g in rules["groups"] for r in g["rules"]):
@@ -133,28 +146,44 @@ def firing(address: str) -> set[tuple[str, str]]:
             for a in api(address, "/api/v1/alerts")["alerts"] if a["state"] == "firing"}
 
 
+def start_prometheus(tmp_path: Path, config: Path) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus on `config`; (its process, its address)."""
+    address = f"127.0.0.1:{free_port()}"
+    log = open(tmp_path / "prometheus.log", "wb")
+    proc = subprocess.Popen([tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address={address}", "--log.level=warn"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.close()  # the child holds its own copy
+    return proc, address
+
+
+def wait_all_up(address: str, count: int) -> list[dict]:
+    """The active targets once Prometheus has scraped all `count` of them successfully."""
+    targets: list[dict] = []
+
+    def all_up() -> bool:
+        nonlocal targets
+        try:
+            targets = api(address, "/api/v1/targets")["activeTargets"]
+        except OSError:
+            return False
+        return len(targets) == count and all(t["health"] == "up" for t in targets)
+
+    wait_for(all_up, 30, what="Prometheus to scrape every master and the worker")
+    return targets
+
+
 @pytest.mark.slow
 def test_a_real_prometheus_sees_no_leader_and_master_down_fire_and_resolve(make_cluster, tmp_path):
-    prometheus = tool("prometheus")
+    tool("prometheus")
     cluster = make_cluster(workers=1, racks=1)
     leader = cluster.wait_leader()
     http = {m["id"]: m["http_address"] for m in cluster.state["masters"]}
     worker_http = (cluster.worker_dir("w1") / "http-address").read_text().strip()
-    config = local_copy(tmp_path / "prom", list(http.values()), [worker_http])
-    address = f"127.0.0.1:{free_port()}"
-    log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address={address}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    config = local_copy(tmp_path / "prom", list(http.values()), [worker_http], ca=cluster.state["ca"])
+    proc, address = start_prometheus(tmp_path, config)
     try:
-        def all_up() -> bool:
-            try:
-                targets = api(address, "/api/v1/targets")["activeTargets"]
-            except OSError:
-                return False
-            return len(targets) == 4 and all(t["health"] == "up" for t in targets)
-
-        wait_for(all_up, 30, what="Prometheus to scrape every master and the worker")
+        wait_all_up(address, 4)
         time.sleep(4)  # two `for:` periods of rule evaluations over a healthy cluster
         assert firing(address) == set()
 
@@ -179,7 +208,24 @@ def test_a_real_prometheus_sees_no_leader_and_master_down_fire_and_resolve(make_
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-        log.close()
+
+
+@pytest.mark.slow
+def test_a_real_prometheus_scrapes_a_tls_clusters_masters_over_https_with_its_ca(make_cluster, tmp_path):
+    tool("prometheus")
+    cluster = make_cluster(workers=1, racks=1, tls=True)
+    http = [m["http_address"] for m in cluster.state["masters"]]
+    worker_http = (cluster.worker_dir("w1") / "http-address").read_text().strip()
+    config = local_copy(tmp_path / "prom", http, [worker_http], ca=cluster.state["ca"])
+    proc, address = start_prometheus(tmp_path, config)
+    try:
+        targets = wait_all_up(address, 4)
+        assert sorted(t["scrapeUrl"] for t in targets if t["labels"]["job"] == "synapse-master") == [
+            f"https://{a}/metrics" for a in sorted(http)]
+        assert api(address, "/api/v1/query?query=count(synapse_raft_is_leader)")["result"][0]["value"][1] == "3"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 # ---- the Grafana dashboard ------------------------------------------------------------------------
@@ -209,8 +255,8 @@ def test_every_metric_the_dashboard_queries_is_in_the_exposition(make_cluster):
     worker = (cluster.worker_dir("w1") / "http-address").read_text().strip()
     contract = {m["name"]: m for m in CONTRACTS["metrics"] + CONTRACTS["worker_metrics"]}
     labels: dict[str, set[str]] = {"up": set()}  # Prometheus's own; job and instance it adds to all
-    for address in (leader, worker):
-        status, text = get(address, "/metrics")
+    for address, ca in ((leader, cluster.state["ca"]), (worker, "")):
+        status, text = get(address, "/metrics", ca=ca)
         assert status == 200
         for family in text_string_to_metric_families(text):  # a family with no sample yet counts too
             if family.name not in contract:  # the client library's own, and *_created

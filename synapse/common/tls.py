@@ -13,6 +13,9 @@ certificates, with the CA already in DIR (a node or user that joins later).
 With `tls.require_worker_certs`, every caller must present a certificate signed by the CA (gRPC
 for Python cannot ask for a client certificate without requiring one), and a worker's calls are
 accepted only for the node its certificate names. synctl then uses `client.pem`.
+
+A master's HTTP port (the dashboard, /metrics, health) serves HTTPS with the same server
+certificate when `tls` is on; whatever reads it verifies against the CA (`http_base`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +60,26 @@ def server_credentials(files: TLSFiles, require_client_certs: bool) -> grpc.Serv
 def channel_credentials(files: TLSFiles) -> grpc.ChannelCredentials:
     ca, cert, key = files.read()
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def http_server_context(files: TLSFiles) -> ssl.SSLContext:
+    """HTTPS for a master's HTTP port, with its own certificate. It asks for no client certificate:
+    browsers, Prometheus and load balancers present none, and the dashboard signs people in itself."""
+    if not (files.cert and files.key):
+        raise ValueError("tls: a master needs both cert and key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(files.cert, files.key)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+def http_base(address: str, ca: str = "") -> tuple[str, ssl.SSLContext | None]:
+    """The URL prefix of a master's HTTP port (host:port) and the TLS context to open it with:
+    https verified against the cluster's CA file when there is one, else plain http and None."""
+    if not ca:
+        return f"http://{address}", None
+    return f"https://{address}", ssl.create_default_context(cafile=ca)
 
 
 def peer_common_name(context: grpc.ServicerContext) -> str:

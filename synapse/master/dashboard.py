@@ -6,7 +6,7 @@ reserved or held for a waiting gang marked), `/nodes/ID` (a node's timeline), `/
 `/masters` (this replica's Raft view), `/history` and `/usage` (from the history store,
 synapse.master.dashboard_history). Every page is rendered from this replica's applied state,
 read under the state lock into plain values first. Everything shown is escaped; job environment
-values are never shown. `synapse.master.http` serves it behind the token (or the login cookie).
+values are never shown. `synapse.master.http` serves it behind the token (or a signed-in session).
 """
 
 from __future__ import annotations
@@ -45,17 +45,21 @@ td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}th a{color:inheri
 .muted{color:#656d76}.Warning{color:#cf222e}form.inline{display:inline}
 tr.reserved td.gpu{outline:2px solid #1b1f24;outline-offset:-2px}
 td.gpu.free.reserved,.swatch.reserved{background:repeating-linear-gradient(45deg,#d0d7de 0 3px,#fff 3px 6px)}
-td.note{border:0;font-size:12px}.swatch{display:inline-block;width:14px;height:14px;vertical-align:middle}
+td.note{border:0;font-size:12px}form.signout{display:inline;float:right}.swatch{display:inline-block;width:14px;height:14px;vertical-align:middle}
 """ + "".join(f".g{i}{{background:{colour}}}" for i, colour in enumerate(PALETTE)) + "\n"
 SORTS = {"submitted": lambda j: j["submitted_at"], "name": lambda j: j["name"], "state": lambda j: j["state"],
          "queue": lambda j: j["queue"], "user": lambda j: j["user"], "gpus": lambda j: j["gpus"],
          "wait": lambda j: j["wait_s"], "reason": lambda j: j["reason"]}
 
 
-def _page(title: str, body: str) -> str:
+#: The header's sign-out button: it ends this replica's session (POST, so no link prefetch signs one out).
+SIGN_OUT = '<form class="signout" method="post" action="/logout"><button type="submit">Sign out</button></form>'
+
+
+def _page(title: str, body: str, sign_out: bool = True) -> str:
     nav = "".join(f'<a href="{href}">{name}</a>' for href, name in (
         ("/", "Overview"), ("/nodes", "Nodes"), ("/queues", "Queues"), ("/jobs", "Jobs"), ("/history", "History"),
-        ("/usage", "Usage"), ("/masters", "Masters")))
+        ("/usage", "Usage"), ("/masters", "Masters"))) + (SIGN_OUT if sign_out else "")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)} · Synapse</title>'
             f'<link rel="stylesheet" href="/static/style.css"></head><body><header>{nav}</header>'
             f"<main><h1>{escape(title)}</h1>{body}</main></body></html>")
@@ -100,7 +104,8 @@ def login_page(message: str = "") -> str:
     return _page("Sign in", f'{note}<form method="post" action="/login"><label>Token '
                             '<input type="password" name="token" autocomplete="current-password"></label> '
                             '<button type="submit">Sign in</button></form>'
-                            '<p class="muted">Or send <code>Authorization: Bearer TOKEN</code>.</p>')
+                            '<p class="muted">Or send <code>Authorization: Bearer TOKEN</code>. A sign-in holds '
+                            'on this master only.</p>', sign_out=False)
 
 
 @dataclass(frozen=True, slots=True)

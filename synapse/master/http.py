@@ -4,17 +4,31 @@
     GET /livez            200 while the process serves (not stopping for corrupt data or a full disk)
     GET /readyz           200 when every check passes, else 503; ?verbose lists each check
     GET /readyz/leader    200 only on the leader, with its loops ready and a majority in contact
-    GET / … (dashboard)   synapse.master.dashboard, for a token (Authorization: Bearer, or the
-                          HttpOnly cookie POST /login sets); 401 with a sign-in form otherwise
+    GET / … (dashboard)   synapse.master.dashboard, for a token (Authorization: Bearer) or a signed-in
+                          session's cookie; 401 with a sign-in form otherwise
+    POST /login           a token for a session (synapse.master.dashboard_sessions): the cookie holds
+                          a random session id, never the token; HttpOnly, SameSite=Strict, Secure on HTTPS
+    POST /logout          ends the session here and clears the cookie
+
+With `tls` in the cluster file the port speaks HTTPS only, with the master's certificate (no client
+certificate asked), so neither a bearer token nor a session id crosses the network in the clear;
+a plain-HTTP request gets a 400 that says so and is never read as a request. Without `tls` it is
+plain HTTP, as the API is.
 
 It runs on its own threads (the standard library's ThreadingHTTPServer): a scrape reads the state
 under the same lock as gRPC reads, and never waits on the asyncio loop, so it still answers while
-the loop is busy. GET only (and POST /login); anything else is 405. Pages carry a strict
-Content-Security-Policy: no script, styles from this server only.
+the loop is busy. The TLS handshake happens on the connection's own thread, so a slow or silent
+client never holds up the others. GET only (and the two POSTs); anything else is 405. Pages carry a
+strict Content-Security-Policy: no script, styles from this server only.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import socket
+import ssl
+import sys
 import threading
 from http import HTTPStatus
 from http.cookies import SimpleCookie
@@ -24,14 +38,28 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from synapse.common.tls import TLSFiles, http_server_context
 from synapse.master.access import identify, token_key
 from synapse.master.dashboard import STYLE, Dashboard, login_page
+from synapse.master.dashboard_sessions import Sessions
+
+log = logging.getLogger(__name__)
 
 #: The dashboard's pages run no script and load nothing from elsewhere.
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
-#: The cookie the sign-in form sets (HttpOnly: no script could read it, and the pages have none).
-COOKIE = "synapse_token"
+#: How long a connection may take, TLS handshake and request included, before it is dropped.
+CONNECTION_TIMEOUT_S = 30.0
+#: The first byte of every TLS connection (a handshake record); a plain-HTTP request starts with a letter.
+TLS_HANDSHAKE = 0x16
+
+
+def cookie_name(replica_id: str) -> str:
+    """The session cookie's name on this replica. Named per replica because browsers share cookies
+    between the ports of one host, and a sign-in is per replica (replicas on one machine, as
+    `synapse-local` runs them, would otherwise sign each other out)."""
+    return "synapse_session_" + re.sub(r"[^A-Za-z0-9_-]", "_", replica_id)
+
 
 if TYPE_CHECKING:
     from synapse.master.metrics import Metrics
@@ -100,12 +128,22 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _session_id(self) -> str:
+        cookie = SimpleCookie(self.headers.get("Cookie", ""))
+        name = self.server.cookie_name
+        return cookie[name].value if name in cookie else ""
+
     def _token(self) -> str:
+        """The bearer token, else the token of the session the cookie names (judged alike by identify)."""
         header = self.headers.get("Authorization", "")
         if header.startswith("Bearer "):
             return header[7:].strip()
-        cookie = SimpleCookie(self.headers.get("Cookie", ""))
-        return cookie[COOKIE].value if COOKIE in cookie else ""
+        return self.server.sessions.token(self._session_id())
+
+    def _set_cookie(self, value: str, max_age: int) -> None:
+        secure = "; Secure" if self.server.https else ""
+        self.send_header("Set-Cookie", f"{self.server.cookie_name}={value}; Max-Age={max_age}; Path=/; HttpOnly; "
+                                       f"SameSite=Strict{secure}")
 
     def _dashboard(self, url) -> None:
         if url.path == "/static/style.css":
@@ -148,18 +186,39 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self) -> None:  # noqa: N802 - the base class's name
-        """Only the sign-in form posts: it turns a token into an HttpOnly, SameSite cookie."""
-        if urlsplit(self.path).path != "/login":
+        """The sign-in form (a token for a session) and the sign-out button; nothing else posts. A
+        form another site makes the browser post is refused (Sec-Fetch-Site: browsers set it, scripts
+        need not; Origin cannot serve, as the pages' no-referrer policy makes it "null")."""
+        path = urlsplit(self.path).path
+        if self.headers.get("Sec-Fetch-Site", "") == "cross-site":
+            self._send(403, b"a form from another site may not sign in or out here\n")
+        elif path == "/login":
+            self._login()
+        elif path == "/logout":
+            self.server.sessions.close(self._session_id())
+            self._redirect("/login", cookie=("", 0))
+        else:
             self._refuse()
-            return
-        length = min(int(self.headers.get("Content-Length") or 0), 4096)
+
+    def _login(self) -> None:
+        try:
+            length = max(0, min(int(self.headers.get("Content-Length") or 0), 4096))
+        except ValueError:
+            length = 0
         token = parse_qs(self.rfile.read(length).decode(errors="replace")).get("token", [""])[-1].strip()
-        if identify(self.server.master, self.server.token_key, token) is None or not token:
+        caller = identify(self.server.master, self.server.token_key, token) if token else None
+        if caller is None or caller.confined:  # a worker's credentials sign nobody in
             self._html(401, login_page("That token is not valid here."))
             return
+        sessions = self.server.sessions
+        sessions.close(self._session_id())  # a browser signing in again leaves no session behind
+        self._redirect("/", cookie=(sessions.open(token), int(sessions.ttl_s)))
+
+    def _redirect(self, location: str, cookie: tuple[str, int]) -> None:
         self.send_response(HTTPStatus.SEE_OTHER)
-        self.send_header("Location", "/")
-        self.send_header("Set-Cookie", f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/")
+        self.send_header("Location", location)
+        self._set_cookie(*cookie)
+        self.send_header("Cache-Control", "no-store")
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -175,11 +234,54 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], master: Master, metrics: Metrics) -> None:
+    def __init__(self, address: tuple[str, int], master: Master, metrics: Metrics,
+                 tls: ssl.SSLContext | None = None, sessions: Sessions | None = None) -> None:
         super().__init__(address, _Handler)
         self.master, self.metrics = master, metrics
         self.dashboard = Dashboard(master)
         self.token_key = token_key(master.config.raft_password)
+        self.tls = tls  #: HTTPS only when set
+        self.sessions = sessions if sessions is not None else Sessions()
+        self.cookie_name = cookie_name(master.replica.id)
+
+    @property
+    def https(self) -> bool:
+        return self.tls is not None
+
+    def finish_request(self, request, client_address) -> None:
+        """Serve one connection, on its own thread: over TLS when the port has it."""
+        request.settimeout(CONNECTION_TIMEOUT_S)
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            first = request.recv(1, socket.MSG_PEEK)
+            if not first:
+                return
+            if first[0] != TLS_HANDSHAKE:
+                self._refuse_plain(request)
+                return
+            secure = self.tls.wrap_socket(request, server_side=True)  # closes the socket if it fails
+        except OSError:  # ssl.SSLError among them
+            return  # a failed handshake or a client gone: nothing to answer
+        try:
+            super().finish_request(secure, client_address)
+        finally:
+            secure.close()
+
+    def _refuse_plain(self, request: socket.socket) -> None:
+        """Answer a plain-HTTP request on the HTTPS port without reading it as one."""
+        host, port = self.server_address[:2]
+        body = f"This port serves HTTPS only: https://{host}:{port}/\n".encode()
+        request.recv(65536)  # what the client sent, so that closing does not reset the connection first
+        request.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up or stalled is no error of ours; anything else is logged."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, ssl.SSLError)):
+            return
+        log.exception("http request failed client=%s", client_address[0] if client_address else "-")
 
 
 #: How often the HTTP thread checks for a stop.
@@ -187,11 +289,13 @@ STOP_POLL_S = 0.05
 
 
 class HTTPService:
-    """The HTTP server of one replica, on its own thread."""
+    """The HTTP server of one replica, on its own thread: HTTPS with `tls` (the replica's own files)."""
 
-    def __init__(self, address: str, master: Master, metrics: Metrics) -> None:
+    def __init__(self, address: str, master: Master, metrics: Metrics, tls: TLSFiles | None = None,
+                 sessions: Sessions | None = None) -> None:
         host, _, port = address.rpartition(":")
-        self.server = _Server((host, int(port)), master, metrics)
+        context = http_server_context(tls) if tls is not None and tls.enabled else None
+        self.server = _Server((host, int(port)), master, metrics, context, sessions)
         #: stop() waits up to one poll interval (the default 0.5 s was half of a master's stop)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(STOP_POLL_S,), name="http",
                                        daemon=True)

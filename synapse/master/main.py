@@ -123,7 +123,9 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         ("grpc.so_reuseport", 0)])
     metrics = master.metrics = Metrics(master)
     add_to_server(MasterServicer(master, metrics), server)
-    http = HTTPService(replica.http, master, metrics) if replica.http else None
+    # With tls on, the HTTP port (dashboard, /metrics, health) is HTTPS with the replica's certificate.
+    http = (HTTPService(replica.http, master, metrics, config.tls_of(replica_id) if config.tls.enabled else None)
+            if replica.http else None)
     if config.tls.enabled:
         server.add_secure_port(replica.api, server_credentials(config.tls_of(replica_id),
                                                                 config.require_worker_certs))
