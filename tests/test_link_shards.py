@@ -50,14 +50,15 @@ def metrics_by_api(cluster) -> dict[str, dict]:
 def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_digests(make_cluster):
     cluster = make_cluster()
     leader = cluster.master(cluster.wait_leader())
-    credential = register(cluster.client, "n1").node_credential
+    credential = register(cluster, "n1").node_credential
     metadata = node_metadata("n1", credential)
+    n1 = cluster.node_client("n1")  # on a TLS cluster, n1's calls carry its certificate
     # every replica answers (none refuses), and each names the same shard, never the leader while
     # it has followers (asked again if an election on this busy machine moved the leader meanwhile)
     deadline = time.monotonic() + 10
     while True:
         shard = shard_of("n1", cluster.addresses, leader["api_address"])
-        replies = [heartbeat(cluster.client.stub(m["api_address"]), metadata) for m in cluster.state["masters"]]
+        replies = [heartbeat(n1.stub(m["api_address"]), metadata) for m in cluster.state["masters"]]
         if all(r.shard == shard and r.node_status == "READY" and list(r.order)[-1] == leader["api_address"]
                for r in replies) or time.monotonic() > deadline:
             break
@@ -72,7 +73,7 @@ def test_any_replica_absorbs_a_heartbeat_and_the_leader_hears_it_through_the_dig
     # heartbeats to the other follower alone, for twice the 3 s timeout: the node stays READY
     other = next(m["api_address"] for m in cluster.state["masters"]
                  if m["api_address"] not in (shard, leader["api_address"]))
-    stub = cluster.client.stub(other)
+    stub = n1.stub(other)
     end = time.monotonic() + 6
     while time.monotonic() < end:
         assert stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=5).shard == shard
@@ -99,10 +100,11 @@ def test_only_a_replica_sends_digests(make_cluster):
     cluster = make_cluster()
     leader = cluster.master(cluster.wait_leader())
     stub = cluster.client.stub(leader["api_address"])
-    credential = register(cluster.client, "n1").node_credential
+    credential = register(cluster, "n1").node_credential
     digest = api_pb2.LivenessDigest(shard="x:1", node_ids=["n1"], ages_ms=[0])
-    with pytest.raises(grpc.RpcError) as err:  # a worker's credential may not
-        stub.ReportLiveness(digest, metadata=node_metadata("n1", credential), timeout=5)
+    with pytest.raises(grpc.RpcError) as err:  # a worker's credential may not (with its certificate)
+        cluster.node_client("n1").stub(leader["api_address"]).ReportLiveness(
+            digest, metadata=node_metadata("n1", credential), timeout=5)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.RpcError) as err:  # a made-up replica credential is no one
         stub.ReportLiveness(digest, metadata=((REPLICA_CREDENTIAL_KEY, "0" * 64),), timeout=5)
@@ -123,10 +125,10 @@ def test_only_a_replica_sends_digests(make_cluster):
 def test_a_follower_serves_assignments_and_refuses_no_worker(make_cluster):
     cluster = make_cluster()
     leader = cluster.master(cluster.wait_leader())
-    credential = register(cluster.client, "n1").node_credential
+    credential = register(cluster, "n1").node_credential
     metadata = node_metadata("n1", credential)
     follower = next(m for m in cluster.state["masters"] if m["id"] != leader["id"])
-    stub = cluster.client.stub(follower["api_address"])
+    stub = cluster.node_client("n1").stub(follower["api_address"])
     stop = threading.Event()
 
     def beat() -> None:

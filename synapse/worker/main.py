@@ -180,6 +180,12 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
              ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-")
     if token_file:
         token = Path(token_file).read_text().strip()
+    if token and join_token_file:
+        # Which credential would it present? A SYNAPSE_TOKEN left in the environment (another
+        # cluster's, say) would silently win over the join token: refuse, and name the one to drop.
+        given = "--token-file" if token_file else "--token (or SYNAPSE_TOKEN in the environment)"
+        fail("synapse-worker", f"both a cluster token ({given}) and --join-token-file are given; a worker "
+                               f"registers with one: drop {given}, or the join token file")
     join_token = ""
     if join_token_file and not load_credential(root, node_id):  # once registered, the file is not read again
         try:

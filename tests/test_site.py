@@ -1,0 +1,131 @@
+"""What a site runs, run as a site runs it (issue 33): `synapse-local up` from a shell that holds
+another cluster's credentials, TLS on, real workers; operations that are not the job's fault
+(drain, a worker killed) requeue a gang that has no restarts; secrets are not world-readable."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from synapse.client.master_client import MasterClient
+from synapse.client.synctl import main as synctl
+from synapse.local import cluster as local
+
+pytestmark = pytest.mark.slow
+
+GANG = """\
+name: survivor
+tasks: 2
+resources: {cpu: 1, memory: 1Gi, gpu: 8}
+max_restarts: 0
+command: ["sh", "-c", "echo attempt $SYNAPSE_ATTEMPT rank $RANK; sleep $SLEEP"]
+env: {SLEEP: "%s"}
+"""
+
+
+def run_cli(*argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *argv], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(check, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_up_from_a_shell_with_another_clusters_credentials_runs_a_gang_over_tls(tmp_path):
+    """`SYNAPSE_TOKEN=x synapse-local up`: the workers register with their join token, not the
+    stray token; the cluster is TLS; a 2-task gang succeeds and no node goes DOWN meanwhile."""
+    data_dir = tmp_path / "site"
+    stray = {**os.environ, "SYNAPSE_TOKEN": "a-token-of-another-cluster", "SYNAPSE_CA": str(tmp_path / "no-ca.pem"),
+             "SYNAPSE_MASTERS": "127.0.0.1:1"}
+    base = local.free_base_port(3)
+    up = run_cli("synapse.local.main", "up", "--data-dir", str(data_dir), "--workers", "2", "--base-port", str(base),
+                 env=stray)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "dashboard: https://" in up.stdout
+        exported = next(line for line in up.stdout.splitlines() if line.startswith("export "))
+        env = {**os.environ, **dict(kv.split("=", 1) for kv in exported.split()[1:])}
+        assert env["SYNAPSE_CA"].endswith("ca.pem")
+
+        job_file = tmp_path / "gang.yaml"
+        job_file.write_text(GANG % "1")
+        submitted = run_cli("synapse.client.synctl", "submit", "--wait", str(job_file), env=env)
+        assert submitted.returncode == 0 and "Succeeded" in submitted.stdout, submitted.stdout + submitted.stderr
+
+        # Every node stays READY (the followers' liveness digests reach the TLS leader).
+        state = json.loads((data_dir / "cluster.json").read_text())
+        with MasterClient([m["api_address"] for m in state["masters"]], state["token"],
+                                tls=local.client_tls(state)) as client:
+            end = time.monotonic() + 15
+            while time.monotonic() < end:
+                assert {n.id: n.status for n in client.list_nodes()} == {"w1": "READY", "w2": "READY"}
+                time.sleep(1)
+
+        # Secrets are the owner's alone.
+        for path in [data_dir / "cluster.json", *(data_dir / "secrets").iterdir(), *(data_dir / "tls").glob("*key*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode & 0o077 == 0, f"{path.name} is readable by others: {oct(mode)}"
+    finally:
+        down = run_cli("synapse.local.main", "down", "--data-dir", str(data_dir), env=stray)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_a_worker_given_a_token_and_a_join_token_refuses_to_start(tmp_path):
+    join = tmp_path / "join-token"
+    join.write_text("synjoin_x\n")
+    out = run_cli("synapse.worker", "--masters", "127.0.0.1:1", "--data-dir", str(tmp_path / "w"),
+                  "--join-token-file", str(join), env={**os.environ, "SYNAPSE_TOKEN": "stray"}, timeout=30)
+    assert out.returncode == 2
+    assert "--join-token-file" in out.stderr and "SYNAPSE_TOKEN" in out.stderr, out.stderr
+
+
+def test_a_gang_without_restarts_survives_a_drain_and_a_killed_worker(make_cluster, tmp_path):
+    """Done when (issue 33): max_restarts 0, a drain of one of its nodes, then kill -9 of another
+    worker under it: SUCCEEDED at attempt 3, with no restart charged and one Requeued event each."""
+    cluster = make_cluster(workers=4, racks=2)
+    job_file = tmp_path / "gang.yaml"
+    job_file.write_text(GANG % "6")
+
+    def synctl_ok(*args: str) -> str:
+        out = CliRunner().invoke(synctl, list(args), env=cluster.env, catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    job_id = synctl_ok("submit", str(job_file)).strip()
+
+    def running(attempt: int):
+        job = cluster.client.get_job(job_id)
+        return job if job.status == "RUNNING" and job.attempt == attempt else None
+
+    first = wait_for(lambda: running(1), "attempt 1 to run")
+    synctl_ok("drain", first.tasks[0].node_id)
+    second = wait_for(lambda: running(2), "attempt 2 to run after the drain")
+    victim = next(t.node_id for t in second.tasks if t.node_id != first.tasks[0].node_id)
+    cluster.kill_worker(victim, with_tasks=True)
+    wait_for(lambda: running(3), "attempt 3 to run after the worker was killed")
+    done = wait_for(lambda: (j := cluster.client.get_job(job_id)).status in ("SUCCEEDED", "FAILED") and j,
+                    "the job to end")
+    assert (done.status, done.attempt) == ("SUCCEEDED", 3), [e.message for e in done.events]
+    events = [(e.kind, e.message) for e in done.events]
+    requeued = [m for k, m in events if k == "Requeued"]
+    assert len(requeued) == 2 and all("not charged to max_restarts" in m for m in requeued), requeued
+    assert "drained" in requeued[0] and "lost" in requeued[1], requeued
+    assert not any(k == "Failed" for k, _ in events), events
+    described = synctl_ok("describe", "job", job_id)
+    assert "not charged to max_restarts" in described
+    log = Path(cluster.worker_dir(done.tasks[0].node_id)) / "logs" / job_id / "attempt-3" / "task-0.log"
+    assert wait_for(lambda: log.exists() and "attempt 3 rank" in log.read_text(), "attempt 3's log")
