@@ -248,6 +248,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if not result.ok:
             if result.code is c.Rejection.NOT_FOUND:
                 code = grpc.StatusCode.NOT_FOUND
+            elif result.code is c.Rejection.CONFLICT:
+                code = grpc.StatusCode.ALREADY_EXISTS
             await context.abort(code, result.error)
         return result
 
@@ -266,11 +268,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         caller = self.caller()
         with self.m.lock:
             existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
+            conflict = self.m.state.request_conflict(request.request_id, spec)
             largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
             queue = self.m.state.queues.get(spec.queue)
             unknown = [j for _kind, j in spec.after if not dependencies.known(self.m.state, j)]
             unplaceable = elastic.required_domain_problem(
                 ClusterView(self.m.state.nodes, self.m.state.index, self.m.state.levels), spec)
+        if conflict:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, conflict)
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
         if unplaceable:
