@@ -320,7 +320,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 explained[id(waiting)] = tuple(map(str, waiting.shortfalls_in(self.m.state)))
             shortfalls = explained[id(waiting)]
         info = codec.job_to_info(
-            job, waiting=waiting.message if waiting else "",
+            job, waiting=waiting.message if waiting else "", waiting_code=waiting.code if waiting else "",
             shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
         state = self.m.state
@@ -343,6 +343,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         info.array_index = -1
         info.array.CopyFrom(codec.array_counts_to_proto(array, running))
         info.array_waiting = format_ranges(array.waiting_ranges())
+        leader = self.m.leader_view()  # the next element's wait is the array's: they share one spec
+        waiting = leader.wait_reason(array.rep) if leader is not None and array.rep else None
+        if waiting is not None:
+            info.waiting, info.waiting_code = waiting.message, waiting.code
         if array.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, array.spec.after)))
         return info
