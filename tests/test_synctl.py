@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 from click.testing import CliRunner
 
 from synapse.client.synctl import main
+from synapse.common.tls import generate
 from synapse.core import codec
 from tests.test_master_ha import register, wait_status
 
@@ -86,6 +89,51 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
 def test_unreachable_cluster_is_one_line_and_exit_3():
     out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "--timeout", "1", "get", "jobs"])
     assert out.exit_code == 3 and out.output.startswith("synctl: cluster unreachable")
+
+
+def timed(*args, env=None):
+    started = time.monotonic()
+    out = CliRunner().invoke(main, list(args), env={"SYNAPSE_MASTERS": "", "SYNAPSE_CA": "", **(env or {})})
+    return out, time.monotonic() - started
+
+
+def test_no_master_listening_fails_within_2_s_not_after_the_timeout():
+    out, took = timed("--masters", "127.0.0.1:1,127.0.0.1:2", "get", "jobs")  # --timeout: 30 s
+    assert out.exit_code == 3 and took < 2, (took, out.output)
+    assert "no master accepts connections" in out.output and "127.0.0.1:2 refused" in out.output
+
+
+@pytest.mark.parametrize("address,why", [
+    ("garbage", "expected host:port"), ("127.0.0.1:", "the port must be"), ("h:99999", "the port must be"),
+    ("bad host:7000", "is not a host name"), ("127.0.0.1:1,:7000", "expected host:port"),
+])
+def test_a_malformed_master_address_exits_2_at_once(address, why):
+    out, took = timed("--masters", address, "get", "jobs")
+    assert out.exit_code == 2 and why in out.output and took < 1, (took, out.output)
+    assert out.output.startswith("synctl: bad master address")
+
+
+def test_a_host_that_does_not_resolve_exits_2_within_2_s():
+    out, took = timed("--masters", "no-such-host.invalid:7000", "get", "jobs")
+    assert out.exit_code == 2 and took < 2, (took, out.output)
+    assert "no master address names a host that resolves" in out.output
+
+
+def test_tls_failures_exit_4_at_once(tmp_path):
+    out, took = timed("--masters", "127.0.0.1:1", "--ca", str(tmp_path / "missing.pem"), "get", "jobs")
+    assert out.exit_code == 4 and took < 1 and "TLS failed: cannot read" in out.output, out.output
+    generate(tmp_path / "theirs", ["127.0.0.1"], [])
+    generate(tmp_path / "ours", ["127.0.0.1"], [])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    theirs = tmp_path / "theirs"
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+        [((theirs / "server-key.pem").read_bytes(), (theirs / "server.pem").read_bytes())]))
+    server.start()
+    try:  # a server whose certificate our CA did not sign
+        out, took = timed("--masters", f"127.0.0.1:{port}", "--ca", str(tmp_path / "ours" / "ca.pem"), "get", "jobs")
+    finally:
+        server.stop(None)
+    assert out.exit_code == 4 and took < 2 and "TLS failed" in out.output, (took, out.output)
 
 
 @pytest.mark.parametrize("text,field", [

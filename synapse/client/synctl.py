@@ -1,8 +1,7 @@
 """`synctl`: the command-line client. Every command works against any master address.
 
-Errors are one clear line on stderr and a non-zero exit: 2 for bad input (an invalid job file,
-an unknown id), 3 when the cluster cannot be reached, 4 for refused credentials, 1 for a job
-that ended other than SUCCEEDED under `submit --wait`.
+Errors are one clear line on stderr and a non-zero exit; `synctl --help` lists the exit codes
+(EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -29,7 +28,10 @@ from synapse.client.master_client import (
     MasterClient,
     PermissionDenied,
     TLSError,
+    UnknownHosts,
+    address_problem,
     new_request_id,
+    parse_addresses,
 )
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
@@ -44,9 +46,23 @@ from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_pro
 from synapse.proto import api_pb2, api_pb2_grpc
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-#: Exit codes (README, "synctl"): 2 refused or bad input, 3 cluster unreachable, 4 not
-#: authenticated, 5 authenticated but not allowed.
+#: What each exit code means (README, "synctl"; shown by `synctl --help`).
+EXIT_CODES = """\b
+Exit codes:
+  0    success
+  1    the job ended FAILED or CANCELLED (submit --wait)
+  2    bad input or a refusal: an invalid job file, flag or --masters address (or a host that
+       does not resolve), an unknown id
+  3    cluster unreachable: every address refused connections for 1 s (before any master
+       answered), or no master answered usefully within --timeout
+  4    not authenticated: an unknown token, or TLS failed (unreadable --ca, a certificate that
+       does not verify)
+  5    permission denied: not your job, or an admin-only command"""
 EXIT_DENIED = 5
+#: How long every master address may refuse connections, before any master answered, until a
+#: command gives up (exit 3; MasterClient.absent_s): a mistyped port or a cluster that is down fails
+#: within 2 s of the command's start, not after --timeout.
+ABSENT_S = 1.0
 
 
 class Context:
@@ -57,9 +73,20 @@ class Context:
     @property
     def client(self) -> MasterClient:
         if self._client is None:
-            if not self.masters:
+            addresses = parse_addresses(self.masters)
+            if not addresses:
                 fail("no masters given: use --masters host:port[,host:port…] or set SYNAPSE_MASTERS", 2)
-            self._client = MasterClient(self.masters, self.token, deadline=self.timeout, tls=self.tls)
+            problem = next(filter(None, map(address_problem, addresses)), "")
+            if problem:
+                fail(f"bad master address {problem} (--masters / SYNAPSE_MASTERS)", 2)
+            if self.tls.enabled:
+                try:
+                    self.tls.read()
+                except OSError as exc:
+                    fail(f"TLS failed: cannot read {exc.filename}: {exc.strerror} (check --ca / SYNAPSE_CA, "
+                         "--cert, --key)", 4)
+            self._client = MasterClient(addresses, self.token, deadline=self.timeout, tls=self.tls,
+                                        absent_s=ABSENT_S)
         return self._client
 
 
@@ -80,6 +107,8 @@ def run(action: Callable[[], Any]) -> Any:
     except ClientError as exc:
         prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected"}
         fail(f"{prefix.get(exc.code, exc.code.name.lower())}: {exc.message}", 2)
+    except UnknownHosts as exc:
+        fail(f"bad master address: {exc} (--masters / SYNAPSE_MASTERS)", 2)
     except ClusterUnavailable as exc:
         fail(f"cluster unreachable: {exc}", 3)
 
@@ -101,7 +130,7 @@ OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json", "yam
                       show_default=True, help="output format")
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+@click.group(context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES)
 @version_option("synctl")
 @click.option("--masters", envvar="SYNAPSE_MASTERS", default="",
               help="comma-separated master API addresses (any replica works) [env: SYNAPSE_MASTERS]")
