@@ -136,6 +136,21 @@ def test_tls_failures_exit_4_at_once(tmp_path):
     assert out.exit_code == 4 and took < 2 and "TLS failed" in out.output, (took, out.output)
 
 
+@pytest.mark.parametrize("args,why", [
+    (["job.yaml", "--", "hostname"], "give a job file or a command after --, not both"),
+    (["--gpu", "1", "--"], "command: give the command to run after --"),
+    (["hostname"], "cannot read hostname: No such file or directory (a command to run goes after --"),
+])
+def test_submit_tells_a_job_file_from_a_command(args, why):
+    out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", *args])
+    assert out.exit_code == 2 and why in out.output, out.output
+
+
+def test_submit_runs_the_command_after_dashes_not_a_job_file_of_its_name():
+    out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", "--", "hostname"])
+    assert out.exit_code == 3 and "cluster unreachable" in out.output  # a job was built and sent
+
+
 @pytest.mark.parametrize("text,field", [
     ("name: a\ntasks: -1\ncommand: [x]\n", "tasks"),
     ("name: a\ncommand: [x]\nresources: {gpu: lots}\n", "resources.gpu"),

@@ -146,7 +146,17 @@ def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, 
     ctx.obj = Context(masters, token, timeout, TLSFiles(ca, cert, key))
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+class _Submit(click.Command):
+    """`submit`: the words after the first `--` are the command to run, never a job file."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["synctl.command"] = args[args.index("--") + 1:]
+            args = args[:args.index("--")]
+        return super().parse_args(ctx, args)
+
+
+@main.command(cls=_Submit, context_settings={"ignore_unknown_options": False})
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1)
 @click.option("--request-id", help="idempotency key: the same id always yields the same job")
@@ -171,10 +181,18 @@ def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, 
 @click.pass_obj
 def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
            output: str, **flags: Any) -> None:
-    """Submit a job file, or a one-off job from flags: `submit --tasks 2 --gpu 1 -- python x.py`."""
+    """Submit a job file, or a one-off job from flags that runs the command after `--`:
+    `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
+    after_dashes = click.get_current_context().meta.get("synctl.command")
+    if after_dashes is not None:
+        if job_file or command:
+            fail("invalid job: give a job file or a command after --, not both", 2)
+        command = tuple(after_dashes)
     shorthand = bool(command) or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu", "name",
                                                                      "image"))
     try:
+        if after_dashes is not None and not command:
+            raise JobFileError("command", "give the command to run after -- (e.g. -- python train.py)")
         if shorthand:
             spec = parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags))
         elif job_file:
@@ -183,7 +201,9 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
         spec = _workflow_flags(spec, flags)
     except JobFileError as exc:
-        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}", 2)
+        hint = " (a command to run goes after --: submit -- CMD ARGS…)" \
+            if not shorthand and job_file and not os.path.exists(job_file) else ""
+        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
     if flags["queue"]:
         problem = queue_name_problem(flags["queue"])
         if problem:
