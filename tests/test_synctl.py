@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,7 +18,10 @@ from click.testing import CliRunner
 from synapse.client.synctl import main
 from synapse.common.tls import generate
 from synapse.core import codec
+from tests.test_interrupts import AS_FROM_A_TERMINAL
 from tests.test_master_ha import register, wait_status
+
+ROOT = Path(__file__).resolve().parent.parent
 
 JOB = """\
 name: train
@@ -84,6 +92,61 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     assert bad_token.exit_code == 4 and "authentication failed" in bad_token.output
     impossible = synctl(cluster, "submit", "--gpu", "64", "--", "x")
     assert impossible.exit_code == 2 and "no node can hold one task" in impossible.output
+
+
+def interrupted(cluster, *args, ready):
+    """Run synctl ARGS in a process of its own, as from a terminal; Ctrl-C it once `ready(a line it
+    printed)` is true. Its exit code, stdout and stderr."""
+    env = {**os.environ, "SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token}
+    proc = subprocess.Popen([*AS_FROM_A_TERMINAL, sys.executable, "-m", "synapse.client.synctl", *args], cwd=ROOT,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        printed = ""
+        while not printed.endswith("\n") or not ready(printed.splitlines()[-1]):
+            line = proc.stdout.readline()
+            assert line, f"synctl ended ({proc.wait()}) before it was ready: {printed}{proc.stderr.read()}"
+            printed += line
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, printed + out, err
+
+
+@pytest.mark.slow
+def test_following_a_job_ends_with_its_outcome_and_ctrl_c_leaves_it_running(make_cluster):
+    cluster = make_cluster(workers=1, racks=1)  # one node of 8 GPUs
+    started = time.monotonic()
+    never = synctl(cluster, "submit", "--wait", "--tasks", "2", "--gpu", "8", "--", "true")
+    assert never.exit_code == 2 and time.monotonic() - started < 10, never.output
+    assert "can never start: can never fit" in never.output
+    never_id = never.output.splitlines()[0]
+    assert synctl(cluster, "wait", never_id).exit_code == 2
+
+    ok = synctl(cluster, "submit", "--wait", "--", "hostname")  # the command, not a job file named hostname
+    job_id = ok.output.splitlines()[0]
+    assert ok.exit_code == 0 and "Succeeded" in ok.output, ok.output
+    assert json.loads(synctl(cluster, "describe", "job", job_id, "-o", "json").output)["command"] == ["hostname"]
+    again = synctl(cluster, "wait", job_id)  # an ended job: its events, and its outcome's code
+    assert again.exit_code == 0 and again.output == ok.output.split("\n", 1)[1]
+    assert synctl(cluster, "submit", "--wait", "--", "false").exit_code == 1
+
+    code, out, err = interrupted(cluster, "submit", "--wait", "--", "sh", "-c", "echo up; sleep 60",
+                                 ready=lambda line: "Running" in line)
+    sleeper = out.splitlines()[0]
+    assert code == 130 and "Aborted" not in err, (out, err)
+    assert err == (f"synctl: interrupted; job {sleeper} goes on (RUNNING): `synctl wait {sleeper}` follows it "
+                   f"again, `synctl cancel {sleeper}` cancels it\n")
+    assert cluster.client.get_job(sleeper).status == "RUNNING"
+    code, _, err = interrupted(cluster, "logs", "-f", sleeper, ready=lambda line: line == "up")
+    assert code == 130 and f"`synctl logs -f {sleeper}` follows it again" in err, err
+    code, _, err = interrupted(cluster, "get", "events", "--watch", ready=lambda line: True)
+    assert (code, err) == (130, "")
+    assert synctl(cluster, "cancel", sleeper).exit_code == 0
+    assert synctl(cluster, "wait", sleeper).exit_code == 1
 
 
 def test_unreachable_cluster_is_one_line_and_exit_3():

@@ -49,20 +49,26 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 #: What each exit code means (README, "synctl"; shown by `synctl --help`).
 EXIT_CODES = """\b
 Exit codes:
-  0    success
-  1    the job ended FAILED or CANCELLED (submit --wait)
+  0    success; with submit --wait or wait: the job SUCCEEDED
+  1    the job ended FAILED or CANCELLED (submit --wait, wait)
   2    bad input or a refusal: an invalid job file, flag or --masters address (or a host that
-       does not resolve), an unknown id
+       does not resolve), an unknown id; or a job that can never start (submit --wait, wait)
   3    cluster unreachable: every address refused connections for 1 s (before any master
        answered), or no master answered usefully within --timeout
   4    not authenticated: an unknown token, or TLS failed (unreadable --ca, a certificate that
        does not verify)
-  5    permission denied: not your job, or an admin-only command"""
+  5    permission denied: not your job, or an admin-only command
+  130  interrupted (Ctrl-C); a job being followed goes on"""
 EXIT_DENIED = 5
+EXIT_INTERRUPTED = 130
 #: How long every master address may refuse connections, before any master answered, until a
 #: command gives up (exit 3; MasterClient.absent_s): a mistyped port or a cluster that is down fails
 #: within 2 s of the command's start, not after --timeout.
 ABSENT_S = 1.0
+#: Wait reasons (JobInfo.waiting_code, one of synapse.core.scheduler.PENDING_REASONS) that no job's
+#: end lifts: no domain the gang may use is large enough even idle, or a dependency can never be
+#: met and the job was told to wait anyway. Following such a job stops at once (exit 2).
+NEVER_STARTS = frozenset({"Unschedulable", "DependencyNeverSatisfied"})
 
 
 class Context:
@@ -126,11 +132,28 @@ def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
                                options=[("grpc.ssl_target_name_override", node_id)])
 
 
+class _Main(click.Group):
+    """synctl's command group: Ctrl-C exits 130, as a shell reports SIGINT, not click's "Aborted!"
+    and 1 (a command following a job first says that the job goes on: `_interrupted`)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted(job_id: str, again: str, status: str = "") -> NoReturn:
+    """Ctrl-C while following a job: it goes on; say how to come back to it."""
+    fail(f"interrupted; job {job_id} goes on{f' ({status})' if status else ''}: `synctl {again}` follows it "
+         f"again, `synctl cancel {job_id}` cancels it", EXIT_INTERRUPTED)
+
+
 OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
                       show_default=True, help="output format")
 
 
-@click.group(context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES)
+@click.group(cls=_Main, context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES)
 @version_option("synctl")
 @click.option("--masters", envvar="SYNAPSE_MASTERS", default="",
               help="comma-separated master API addresses (any replica works) [env: SYNAPSE_MASTERS]")
@@ -160,7 +183,7 @@ class _Submit(click.Command):
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1)
 @click.option("--request-id", help="idempotency key: the same id always yields the same job")
-@click.option("--wait", is_flag=True, help="follow the job until it ends; exit 0 only if it SUCCEEDED")
+@click.option("--wait", is_flag=True, help="follow the job until it ends, as `synctl wait` does")
 @click.option("--name", help="job name (shorthand without a file)")
 @click.option("--tasks", type=int, help="gang size")
 @click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
@@ -261,16 +284,41 @@ def _flags_to_doc(argv: list[str], flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def _follow(obj: Context, job_id: str, quiet: bool = False) -> int:
-    seen_events = 0
-    while True:
-        info = run(lambda: obj.client.get_job(job_id))
-        for event in info.events[seen_events:]:
-            if not quiet:
-                click.echo(render.job_event_line(event))
-        seen_events = len(info.events)
-        if info.status in TERMINAL:
-            return 0 if info.status == "SUCCEEDED" else 1
-        time.sleep(0.25)
+    """Print a job's events until it ends; the exit code: 0 it SUCCEEDED, 1 it FAILED or was
+    CANCELLED, 2 it can never start (NEVER_STARTS; why on stderr, the job stays), 130 Ctrl-C (the
+    job goes on). A job forgotten since it ended is looked up in the history store."""
+    seen_events, status = 0, ""
+    try:
+        while True:
+            try:
+                info = run(lambda: _live_job(obj, job_id))
+            except LookupError as gone:
+                status = gone.args[0].state
+                click.echo(f"synctl: job {job_id} ended {status} (from the history store)", err=True)
+                return 0 if status == "SUCCEEDED" else 1
+            status = info.status
+            for event in info.events[seen_events:]:
+                if not quiet:
+                    click.echo(render.job_event_line(event))
+            seen_events = len(info.events)
+            if info.status in TERMINAL:
+                return 0 if info.status == "SUCCEEDED" else 1
+            if info.waiting_code in NEVER_STARTS:
+                click.echo(f"synctl: job {job_id} can never start: {info.waiting} (it stays {info.status}: "
+                           f"`synctl cancel {job_id}` removes it)", err=True)
+                return 2
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        _interrupted(job_id, f"wait {job_id}", status)
+
+
+@main.command("wait")
+@click.argument("job_id")
+@click.pass_obj
+def wait_job(obj: Context, job_id: str) -> None:
+    """Follow a job (or an array) until it ends, printing its events as `submit --wait` does;
+    exit 0 if it SUCCEEDED, 1 if it FAILED or was CANCELLED, 2 if it can never start."""
+    sys.exit(_follow(obj, job_id))
 
 
 @main.group()
@@ -374,11 +422,15 @@ def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None,
         finally:
             channel.close()
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in indices] if follow else []
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # Daemon threads: on Ctrl-C the process exits without waiting for streams that never end.
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in indices] if follow else []
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        _interrupted(job_id, f"logs -f {job_id}")
     if not follow:
         for i in indices:
             stream(i)
