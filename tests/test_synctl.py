@@ -199,6 +199,12 @@ def test_tls_failures_exit_4_at_once(tmp_path):
     assert out.exit_code == 4 and took < 2 and "TLS failed" in out.output, (took, out.output)
 
 
+def test_an_unknown_status_is_refused_listing_the_valid_ones():
+    out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "get", "jobs", "--status", "bogus"])
+    assert out.exit_code == 2 and "'bogus' is not one of" in out.output
+    assert all(s.lower() in out.output for s in ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"))
+
+
 @pytest.mark.parametrize("args,why", [
     (["job.yaml", "--", "hostname"], "give a job file or a command after --, not both"),
     (["--gpu", "1", "--"], "command: give the command to run after --"),

@@ -40,7 +40,7 @@ from synapse.core import codec
 from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
 from synapse.core.dependencies import parse_after_flag
 from synapse.core.jobspec import JobFileError, check_workflow, parse_job
-from synapse.core.model import JobSpec
+from synapse.core.model import JobSpec, JobStatus
 from synapse.core.quantity import QuantityError, parse_duration
 from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
@@ -327,13 +327,14 @@ def get() -> None:
 
 
 @get.command("jobs")
-@click.option("--status", multiple=True, help="only jobs in this status (repeatable)")
+@click.option("--status", multiple=True, type=click.Choice([s.value for s in JobStatus], case_sensitive=False),
+              help="only jobs in this status (repeatable)")
 @click.option("--user", default="", help="only jobs this user submitted")
 @OUTPUT
 @click.pass_obj
 def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> None:
     """List jobs, oldest first."""
-    jobs = [render.job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status], user=user))]
+    jobs = [render.job_dict(j) for j in run(lambda: obj.client.list_jobs(list(status), user=user))]
     emit(jobs, output, render.jobs_table)
 
 
