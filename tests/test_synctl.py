@@ -15,9 +15,11 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main
+from synapse.client.synctl import guarantee_warnings, main
 from synapse.common.tls import generate
 from synapse.core import codec
+from synapse.core.model import Queue, Resources
+from tests.helpers import GI
 from tests.test_interrupts import AS_FROM_A_TERMINAL
 from tests.test_master_ha import register, wait_status
 
@@ -253,3 +255,16 @@ def wait_waiting(client, job_id, timeout=10.0):
             return
         time.sleep(0.05)
     raise AssertionError(f"job {job_id} has no waiting reason")
+
+
+def test_queue_guarantees_beyond_the_cluster_are_named_with_its_capacity():
+    cap = Resources(cpu=128_000, memory=1024 * GI, gpu=16)
+    big, team = Queue("research", guaranteed=Resources(0, 0, 1000)), Queue("vision", parent="research")
+    other = Queue("infra", guaranteed=Resources(64_000, 0, 8))
+    assert guarantee_warnings([big, team], [big, team, other], cap, 2) == [
+        "queue/research guarantees gpu 1000, but the cluster has 16 (2 node(s))"]
+    fair = Queue("research", guaranteed=Resources(96_000, 0, 12))
+    assert guarantee_warnings([fair], [fair, other], cap, 2) == [
+        "the top-level queues (research, infra) guarantee gpu 20 together, but the cluster has 16 (2 node(s))",
+        "the top-level queues (research, infra) guarantee cpu 160 together, but the cluster has 128 (2 node(s))"]
+    assert guarantee_warnings([fair], [fair], cap, 2) == [] and guarantee_warnings([big], [big], Resources(), 0) == []

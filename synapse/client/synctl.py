@@ -40,8 +40,8 @@ from synapse.core import codec
 from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
 from synapse.core.dependencies import parse_after_flag
 from synapse.core.jobspec import JobFileError, check_workflow, parse_job
-from synapse.core.model import JobSpec, JobStatus
-from synapse.core.quantity import QuantityError, parse_duration
+from synapse.core.model import JobSpec, JobStatus, Queue, Resources
+from synapse.core.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
 
@@ -561,6 +561,37 @@ def apply_file(obj: Context, file: str) -> None:
         queues=[codec.queue_to_proto(q) for q in queues])))
     for line in render.applied(reply):
         click.echo(line)
+    try:
+        nodes = obj.client.list_nodes()
+        every = obj.client.call("ListQueues", api_pb2.ListQueuesRequest()).queues
+    except (ClientError, ClusterUnavailable):
+        return  # the queues are applied; what follows is advice
+    capacity = sum((codec.resources_from_proto(n.capacity) for n in nodes), Resources())
+    for line in guarantee_warnings(queues, [codec.queue_from_proto(q.spec) for q in every], capacity, len(nodes)):
+        click.echo(f"synctl: warning: {line}", err=True)
+
+
+def guarantee_warnings(applied: list[Queue], every: list[Queue], capacity: Resources, nodes: int) -> list[str]:
+    """Guarantees the cluster cannot honour (`apply` still applies them: nodes may join later):
+    each applied queue's beyond the registered nodes' capacity, and the top-level queues' together
+    beyond it. Nothing while no node is registered."""
+    if not nodes:
+        return []
+    amounts = {"gpu": str, "cpu": format_cpu, "memory": format_memory}
+    cluster = lambda key: f"the cluster has {amounts[key](getattr(capacity, key))} ({nodes} node(s))"
+    out, beyond = [], set()
+    for q in applied:
+        for key, show in amounts.items():
+            if getattr(q.guaranteed, key) > getattr(capacity, key):
+                out.append(f"queue/{q.name} guarantees {key} {show(getattr(q.guaranteed, key))}, but {cluster(key)}")
+                beyond.add(key)
+    top = [q for q in every if not q.parent]
+    for key, show in amounts.items():
+        total = sum(getattr(q.guaranteed, key) for q in top)
+        if key not in beyond and total > getattr(capacity, key):
+            names = ", ".join(q.name for q in top if getattr(q.guaranteed, key))
+            out.append(f"the top-level queues ({names}) guarantee {key} {show(total)} together, but {cluster(key)}")
+    return out
 
 
 def _queues(obj: Context) -> list[dict[str, Any]]:
