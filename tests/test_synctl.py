@@ -151,6 +151,42 @@ def test_following_a_job_ends_with_its_outcome_and_ctrl_c_leaves_it_running(make
     assert synctl(cluster, "wait", sleeper).exit_code == 1
 
 
+@pytest.mark.slow
+def test_request_ids_array_cancel_queue_warnings_and_an_election_that_takes_the_timeout(make_cluster, tmp_path):
+    cluster = make_cluster()
+    for i in range(2):
+        register(cluster.client, f"n{i}", rack=f"r{i}")  # 16 GPUs; no workers: placed gangs stay SCHEDULED
+    first = synctl(cluster, "submit", "--request-id", "r1", "--gpu", "1", "--", "sleep", "1")
+    assert synctl(cluster, "submit", "--request-id", "r1", "--gpu", "1", "--", "sleep", "1").output == first.output
+    reused = synctl(cluster, "submit", "--request-id", "r1", "--gpu", "2", "--", "sleep", "1")
+    assert reused.exit_code == 2 and reused.output == (
+        f"synctl: refused: request id r1 already made job {first.output.strip()}, from another spec: a new job "
+        "needs a new request id\n")
+
+    array = synctl(cluster, "submit", "--gpu", "4", "--array", "0-5", "--", "sleep", "60").output.strip()
+    wait_status(cluster.client, f"{array}_2", {"SCHEDULED"})  # three placed beside r1's job, three waiting
+    assert synctl(cluster, "cancel", array).output == f"{array}: STOPPING\n"  # its placed elements stop
+
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("queues:\n  - name: research\n    guaranteed: {gpu: 1000}\n")
+    applied = CliRunner().invoke(main, ["apply", str(queues)], env={
+        "SYNAPSE_MASTERS": ",".join(cluster.addresses), "SYNAPSE_TOKEN": cluster.token})
+    assert applied.exit_code == 0 and applied.stdout == "queue/research created\n"
+    assert applied.stderr == "synctl: warning: queue/research guarantees gpu 1000, but the cluster has 16 (2 node(s))\n"
+
+    # Only one master left: it accepts connections but elects no leader, so synctl keeps trying
+    # for its whole --timeout, even with a master address beside it that refuses.
+    survivor = cluster.wait_leader()
+    for m in cluster.state["masters"]:
+        if m["id"] != survivor:
+            cluster.kill_master(m["id"])
+    started = time.monotonic()
+    out = CliRunner().invoke(main, ["--masters", f"{cluster.master(survivor)['api_address']},127.0.0.1:1",
+                                    "--token", cluster.token, "--timeout", "3", "get", "jobs"])
+    assert out.exit_code == 3 and time.monotonic() - started > 2.5, out.output
+    assert "no master answered within the deadline" in out.output
+
+
 def test_unreachable_cluster_is_one_line_and_exit_3():
     out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "--timeout", "1", "get", "jobs"])
     assert out.exit_code == 3 and out.output.startswith("synctl: cluster unreachable")

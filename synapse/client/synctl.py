@@ -111,7 +111,8 @@ def run(action: Callable[[], Any]) -> Any:
     except AuthError as exc:
         fail(f"authentication failed: {exc.message} (check --token / SYNAPSE_TOKEN)", 4)
     except ClientError as exc:
-        prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected"}
+        prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected",
+                  grpc.StatusCode.ALREADY_EXISTS: "refused"}
         fail(f"{prefix.get(exc.code, exc.code.name.lower())}: {exc.message}", 2)
     except UnknownHosts as exc:
         fail(f"bad master address: {exc} (--masters / SYNAPSE_MASTERS)", 2)

@@ -443,7 +443,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                                  reason=request.reason[:512]), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
-            return api_pb2.CancelJobReply(status=dependencies.upstream_status(self.m.state, request.job_id))
+            status = dependencies.upstream_status(self.m.state, request.job_id)
+            if request.job_id in self.m.state.arrays and status == JobStatus.RUNNING.value:
+                status = JobStatus.STOPPING.value  # a cancelled array's running elements are stopping
+        return api_pb2.CancelJobReply(status=status)
 
     async def UpdateJob(self, request, context):
         """Change a running array's throttle: its owner or an admin."""
