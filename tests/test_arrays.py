@@ -114,7 +114,8 @@ def test_an_array_is_one_record_and_one_queued_element_however_large():
     assert (array.count, array.rep, array.remaining()) == (10_000, "A_0", 9_999)
     assert folded_id("A", array.waiting_ranges()) == "A_[0-9999]"
     assert state.job_by_request["req-A"] == "A"
-    assert submit_array(state, "0-3").value == "A"  # a retried submission returns the array, no second one
+    assert submit_array(state, "0-9999").value == "A"  # a retried submission returns the array, no second one
+    assert submit_array(state, "0-3").code is c.Rejection.CONFLICT  # its request id with another spec: refused
     restored = ClusterState.from_snapshot(state.to_snapshot())
     assert restored.digest() == state.digest() and restored.arrays["A"].count == 10_000
 

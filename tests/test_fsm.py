@@ -78,6 +78,24 @@ def test_submit_is_idempotent_per_request_id():
     assert state.jobs["j1"].status is JobStatus.PENDING
 
 
+def test_a_request_id_reused_for_another_spec_is_refused_naming_its_job_and_changes_nothing():
+    state = cluster()
+    submit(state, "j1", request_id="req", gpu=8)
+    array = dataclasses.replace(spec(gpu=1), array="0-3")
+    assert checked(state, c.SubmitWorkflowJob(at=10, job_id="A", request_id="req-a", spec=array)).ok
+    before = state.to_snapshot()
+    for job_id, request_id, other in (("j2", "req", spec(gpu=4)), ("B", "req-a", spec(gpu=1))):
+        refused = state.apply(c.SubmitJob(at=11, job_id=job_id, request_id=request_id, spec=other))
+        assert (refused.ok, refused.code) == (False, c.Rejection.CONFLICT)
+        assert refused.error == (f"request id {request_id} already made job {'j1' if job_id == 'j2' else 'A'}, "
+                                 "from another spec: a new job needs a new request id")
+    after = state.to_snapshot()
+    assert after.pop("applied") == before.pop("applied") + 2 and after == before  # decided before any change
+    assert state.request_conflict("req", spec(gpu=8)) == "" and state.request_conflict("new", spec(gpu=4)) == ""
+    same = state.apply(c.SubmitWorkflowJob(at=12, job_id="C", request_id="req-a", spec=array))
+    assert (same.ok, same.value) == (True, "A")  # the same spec again is a retry: the same job
+
+
 @pytest.mark.parametrize("kw,error", [
     ({"tasks": 0}, "tasks must be at least 1"), ({"gpu": -1}, "negative"),
     ({"gpu": 0, "cpu": 0, "memory": 0}, "some cpu, memory or gpu"),

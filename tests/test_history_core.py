@@ -109,6 +109,16 @@ def test_a_job_record_holds_the_accounting_fields():
         "CANCELLED", EndReason.CANCELLED, 0, "alice", ())
 
 
+def test_a_job_failed_on_a_dependency_before_it_ran_records_that_cause_with_no_start():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SubmitJob(at=10, job_id="dep", request_id="dep", spec=spec()))
+    checked(state, c.FailAttempt(at=20, job_id="dep", attempt=1, reason="afterok up: it ended FAILED", final=True,
+                                 cause="DependencyNeverSatisfied"))
+    record = history.job_record(state.jobs["dep"])
+    assert (record.state, record.reason, record.start, record.exit_code, record.runs) == (
+        "FAILED", "DependencyNeverSatisfied", 0, 0, ())
+
+
 def brain(**config) -> LeaderState:
     return LeaderState(LeaderConfig(heartbeat_timeout=1e9, **config))
 

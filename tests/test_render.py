@@ -267,3 +267,21 @@ def test_usage_shows_the_cluster_utilisation_per_day_and_over_the_period():
     empty = accounting.usage_report(api_pb2.GetUsageReply())
     assert accounting.usage_report_table(empty, "user").split("\n") == [
         "USER  GPU-HOURS  CPU-HOURS  JOBS", "", "Cluster utilisation: no samples in the period"]
+
+
+def test_history_shows_a_job_that_never_ran_without_start_or_exit_code_and_sacct_as_cancelled():
+    from synapse.client import accounting
+
+    never = api_pb2.HistoryJob(job_id="dep", name="report", user="ann", queue="default", submit=1_700_000_000,
+                               eligible=1_700_000_000, end=1_700_000_060, state="FAILED",
+                               reason="DependencyNeverSatisfied", detail="failed: afterok up: it ended FAILED",
+                               attempts=1, tasks=1, resources=types_pb2.Resources(gpu=1))
+    d = accounting.history_dict(never)
+    assert (d["reason"], d["start"], d["exit_code"]) == ("DependencyNeverSatisfied", None, None)
+    assert accounting.history_table([d]).split("\n")[1].split() == [
+        "dep", "ann", "default", "FAILED", "DependencyNeverSatisfied", "-", "-", "2023-11-14T22:14:20", "00:00:00",
+        "1", "1"]
+    assert "started never" in accounting.history_description(d) and "exit code -;" in accounting.history_description(d)
+    (line,) = accounting.sacct_lines([never], "synapse", header=False)
+    fields = dict(zip(accounting.SACCT_FIELDS, line.split("|"), strict=True))
+    assert (fields["State"], fields["Start"], fields["ExitCode"]) == ("CANCELLED", "None", "0:0")

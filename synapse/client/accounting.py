@@ -23,7 +23,9 @@ SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "Partition", "Account", "Group",
                 "ReqGRES", "ReqTRES", "AllocTRES", "Timelimit", "NodeList", "JobName")
 #: Slurm's state for a run's outcome, when it is not the job's own final state.
 _SLURM_STATE = {"Completed": "COMPLETED", "Error": "FAILED", "Signal": "FAILED", "OOMKilled": "OUT_OF_MEMORY",
-                "TimeLimit": "TIMEOUT", "NodeLost": "NODE_FAIL", "Preempted": "PREEMPTED", "Cancelled": "CANCELLED"}
+                "TimeLimit": "TIMEOUT", "NodeLost": "NODE_FAIL", "Preempted": "PREEMPTED", "Cancelled": "CANCELLED",
+                # Slurm cancels a job whose dependency can never be met (kill_invalid_depend)
+                "DependencyNeverSatisfied": "CANCELLED"}
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2})?)?$")
 
 
@@ -74,8 +76,11 @@ def run_dict(r: api_pb2.HistoryRun) -> dict[str, Any]:
 
 
 def history_dict(j: api_pb2.HistoryJob) -> dict[str, Any]:
+    """A finished job; one that never ran (cancelled, or failed on a dependency) has no start and no
+    exit code (None)."""
     return {"id": j.job_id, "name": j.name, "user": j.user or None, "queue": j.queue, "priority": j.priority,
-            "state": j.state, "reason": j.reason, "detail": j.detail or None, "exit_code": j.exit_code,
+            "state": j.state, "reason": j.reason, "detail": j.detail or None,
+            "exit_code": j.exit_code if j.start else None,
             "submit": j.submit, "eligible": j.eligible, "start": j.start or None, "end": j.end,
             "elapsed_s": round(j.end - j.start, 3) if j.start else 0.0,
             "wait_s": round((j.start or j.end) - j.eligible, 3), "attempts": j.attempts, "tasks": j.tasks,
@@ -90,9 +95,13 @@ def history_dict(j: api_pb2.HistoryJob) -> dict[str, Any]:
 def history_table(jobs: list[dict[str, Any]]) -> str:
     return table(["ID", "USER", "QUEUE", "STATE", "REASON", "EXIT", "START (UTC)", "END (UTC)", "ELAPSED", "GPUS",
                   "ATTEMPTS"],
-                 [[j["id"], j["user"] or "-", j["queue"], j["state"], j["reason"], j["exit_code"],
-                   utc(j["start"] or 0), utc(j["end"]), slurm_duration(j["elapsed_s"]),
+                 [[j["id"], j["user"] or "-", j["queue"], j["state"], j["reason"], _or_dash(j["exit_code"]),
+                   utc(j["start"]) if j["start"] else "-", utc(j["end"]), slurm_duration(j["elapsed_s"]),
                    j["resources"]["gpu"] * j["tasks"], j["attempts"]] for j in jobs])
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
 
 
 def history_description(j: dict[str, Any]) -> str:
@@ -100,9 +109,9 @@ def history_description(j: dict[str, Any]) -> str:
     lines = [f"Job {j['id']} ({j['name']}), from history: {j['state']} ({j['reason']})",
              f"  user {j['user'] or '-'}, queue {j['queue']}, {j['tasks']} task(s) of {j['resources']['gpu']} GPU, "
              f"{j['resources']['cpu']} cpu, {j['resources']['memory']} memory",
-             f"  submitted {utc(j['submit'])}, started {utc(j['start'] or 0)}, ended {utc(j['end'])} (UTC); "
-             f"waited {slurm_duration(j['wait_s'])}, ran {slurm_duration(j['elapsed_s'])}",
-             f"  exit code {j['exit_code']}; {j['attempts']} attempt(s), {j['preemptions']} preemption(s); "
+             f"  submitted {utc(j['submit'])}, started {utc(j['start']) if j['start'] else 'never'}, ended "
+             f"{utc(j['end'])} (UTC); waited {slurm_duration(j['wait_s'])}, ran {slurm_duration(j['elapsed_s'])}",
+             f"  exit code {_or_dash(j['exit_code'])}; {j['attempts']} attempt(s), {j['preemptions']} preemption(s); "
              f"{j['gpu_seconds'] / 3600:.3f} GPU-hours"]
     if j["detail"]:
         lines.append(f"  why: {j['detail']}")

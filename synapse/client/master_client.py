@@ -3,7 +3,8 @@
 Used by `synctl`, the worker and the tests. A call goes first to the replica last known to lead.
 A redirect (FAILED_PRECONDITION with `synapse-leader` metadata) is followed at once. A replica that
 is down, has no leader, or timed out sends the call to the next address, and after a full round of
-failures the client backs off with jitter. All of this runs under one overall deadline. Retries
+failures the client backs off with jitter. All of this runs under one overall deadline, which a
+client may cut short for a cluster that is not there at all (`absent_s`: see `Failover`). Retries
 resend the same request, so a submission carries the same request id each time and creates exactly
 one job, even if an earlier try was committed but its reply was lost. Authentication failures are
 reported at once, never retried. Server streams (a worker's assignments, synctl's events) follow
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import threading
 import time
 import uuid
@@ -89,6 +91,30 @@ class ClusterUnavailable(Exception):
     """No replica answered usefully before the deadline."""
 
 
+class NoMaster(ClusterUnavailable):
+    """No master address has a listener or a host that resolves, for the client's `absent_s`."""
+
+
+class UnknownHosts(NoMaster):
+    """No master address names a host that resolves: most likely a typing error, not an outage."""
+
+
+#: gRPC's words (in an UNAVAILABLE error's details, its only sign of either) for an address where
+#: nothing listens, and for one whose host does not resolve. Matched here alone (`_absence`).
+_REFUSED_HINTS = ("connection refused",)
+_UNRESOLVED_HINTS = ("errors resolving", "dns resolution failed")
+
+
+def _absence(code: grpc.StatusCode, details: str) -> str:
+    """'refused' or 'unresolved' when a failed try found no master at its address at all, else ''."""
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    text = details.lower()
+    if any(h in text for h in _UNRESOLVED_HINTS):
+        return "unresolved"
+    return "refused" if any(h in text for h in _REFUSED_HINTS) else ""
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -96,6 +122,21 @@ def new_request_id() -> str:
 def parse_addresses(text: str | list[str]) -> list[str]:
     items = text if isinstance(text, list) else text.split(",")
     return [a.strip() for a in items if a.strip()]
+
+
+_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]|[A-Za-z0-9_.-]+)$")
+
+
+def address_problem(address: str) -> str:
+    """Why `address` cannot be a master's API address (host:port, [IPv6]:port), or ''."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        return f"{address!r}: expected host:port"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{address!r}: the port must be a number from 1 to 65535"
+    if not _HOST_RE.match(host):
+        return f"{address!r}: {host!r} is not a host name or IP address"
+    return ""
 
 
 def leader_hint(error: grpc.RpcError) -> str:
@@ -118,6 +159,14 @@ class Failover:
     leader next at once; a replica that is down, has no leader or timed out passes the try to the
     next one; after a full round of failures a jittered pause, doubling up to the client's largest;
     all under one deadline (None: until `stop` is set). What retrying cannot mend is raised.
+
+    A cluster that is not there is given up on before the deadline when the client asks so
+    (`MasterClient.absent_s`): once every address the call may use has refused the connection or
+    named a host that does not resolve, and no try found anything else, for `absent_s` seconds,
+    and no master has ever answered this client. A master restarting refuses for a moment, so a
+    client that has heard from the cluster keeps trying to the deadline, and so does a call that
+    reaches any master at all (one without a leader, mid-election, answers UNAVAILABLE but accepts
+    the connection). Raises UnknownHosts when no address resolved, else NoMaster.
     """
 
     def __init__(self, client: MasterClient, deadline: float | None, *, to: str | None = None,
@@ -141,6 +190,10 @@ class Failover:
         self.failed: set[str] = set()  #: addresses that failed in this round: hints to them are stale
         self.redirects = 0  #: redirects followed in this round (bounded: hints may be stale)
         self.suspect_budget: dict[str, float] = {}  #: a suspect's next try budget in this call
+        #: address -> how its latest try found no master there ('refused', 'unresolved'), for every
+        #: address tried since `absent_since` (when tries began to find nothing, and only nothing)
+        self.absent: dict[str, str] = {}
+        self.absent_since: float | None = None
         self._new_round()
 
     def _new_round(self) -> None:
@@ -204,6 +257,7 @@ class Failover:
         if self.budget is not None:
             self.end = time.monotonic() + self.budget
         self.pause = self.client.backoff[0]
+        self._found(address, "")
         self._new_round()
         self.order = [a for a in self.order if a != address]
 
@@ -216,6 +270,7 @@ class Failover:
             raise PermissionDenied(code, details) from None
         if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
             raise TLSError(code, f"{address}: TLS failed: {details}") from None
+        self._found(address, _absence(code, details))
         hint = leader_hint(error)
         # A call in a given order follows a redirect too: a replica of an older release sends a
         # worker's heartbeat to the leader (masters are upgraded before their workers, or not).
@@ -239,6 +294,27 @@ class Failover:
             return
         raise ClientError(code, details) from None
 
+    def _found(self, address: str, absence: str) -> None:
+        """Note what a try found at `address` ('': something answered); give up on a cluster that
+        is not there (the class docstring has the rule)."""
+        if not absence:
+            self.absent, self.absent_since = {}, None
+            return
+        now = time.monotonic()
+        self.absent_since = now if self.absent_since is None else self.absent_since
+        self.absent[address] = absence
+        usable = {self.to} if self.to else set(self.client.addresses)
+        limit = self.client.absent_s
+        if limit is None or self.client.answered is not None or not usable <= set(self.absent) \
+                or now - self.absent_since < limit:
+            return
+        found = ", ".join(f"{a} {self.absent[a]}" for a in sorted(usable))
+        if all(self.absent[a] == "unresolved" for a in usable):
+            raise UnknownHosts(f"no master address names a host that resolves ({found})") from None
+        raise NoMaster(f"no master accepts connections: for {now - self.absent_since:.1f} s every address "
+                       f"refused or did not resolve ({found}); is the cluster up, and are these its API "
+                       "addresses?") from None
+
     def unavailable(self) -> ClusterUnavailable:
         """The error for a deadline that passed without an answer."""
         hint = " (if the cluster uses TLS, pass its CA: --ca / SYNAPSE_CA)" \
@@ -251,7 +327,7 @@ class MasterClient:
 
     def __init__(self, addresses: str | list[str], token: str = "", *, deadline: float = 30.0,
                  try_timeout: float = TRY_S, backoff: tuple[float, float] = (0.05, 0.25),
-                 tls: TLSFiles | None = None) -> None:
+                 tls: TLSFiles | None = None, absent_s: float | None = None) -> None:
         self.addresses = parse_addresses(addresses)  #: a redirect to a leader not listed adds it
         if not self.addresses:
             raise ValueError("no master addresses given")
@@ -260,6 +336,9 @@ class MasterClient:
         self.deadline = deadline  #: overall time budget of one call, retries included
         self.try_timeout = try_timeout  #: budget of one try
         self.backoff = backoff  #: (first, largest) pause after a full round of failures
+        #: give up on a cluster that is not there after this long (Failover), or None: never (a
+        #: worker or a test waits for masters that are still starting)
+        self.absent_s = absent_s
         self.leader: str | None = None  #: the address that last answered as leader
         self.answered: str | None = None  #: the address that last answered a call or a stream
         #: address -> monotonic time until which it is a suspect (a try to it ran out; SUSPECT_S)

@@ -1,8 +1,7 @@
 """`synctl`: the command-line client. Every command works against any master address.
 
-Errors are one clear line on stderr and a non-zero exit: 2 for bad input (an invalid job file,
-an unknown id), 3 when the cluster cannot be reached, 4 for refused credentials, 1 for a job
-that ended other than SUCCEEDED under `submit --wait`.
+Errors are one clear line on stderr and a non-zero exit; `synctl --help` lists the exit codes
+(EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -29,7 +28,10 @@ from synapse.client.master_client import (
     MasterClient,
     PermissionDenied,
     TLSError,
+    UnknownHosts,
+    address_problem,
     new_request_id,
+    parse_addresses,
 )
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.cli import fail as common_fail
@@ -38,15 +40,35 @@ from synapse.core import codec
 from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
 from synapse.core.dependencies import parse_after_flag
 from synapse.core.jobspec import JobFileError, check_workflow, parse_job
-from synapse.core.model import JobSpec
-from synapse.core.quantity import QuantityError, parse_duration
+from synapse.core.model import JobSpec, JobStatus, Queue, Resources
+from synapse.core.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_problem
 from synapse.proto import api_pb2, api_pb2_grpc
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-#: Exit codes (README, "synctl"): 2 refused or bad input, 3 cluster unreachable, 4 not
-#: authenticated, 5 authenticated but not allowed.
+#: What each exit code means (README, "synctl"; shown by `synctl --help`).
+EXIT_CODES = """\b
+Exit codes:
+  0    success; with submit --wait or wait: the job SUCCEEDED
+  1    the job ended FAILED or CANCELLED (submit --wait, wait)
+  2    bad input or a refusal: an invalid job file, flag or --masters address (or a host that
+       does not resolve), an unknown id; or a job that can never start (submit --wait, wait)
+  3    cluster unreachable: every address refused connections for 1 s (before any master
+       answered), or no master answered usefully within --timeout
+  4    not authenticated: an unknown token, or TLS failed (unreadable --ca, a certificate that
+       does not verify)
+  5    permission denied: not your job, or an admin-only command
+  130  interrupted (Ctrl-C); a job being followed goes on"""
 EXIT_DENIED = 5
+EXIT_INTERRUPTED = 130
+#: How long every master address may refuse connections, before any master answered, until a
+#: command gives up (exit 3; MasterClient.absent_s): a mistyped port or a cluster that is down fails
+#: within 2 s of the command's start, not after --timeout.
+ABSENT_S = 1.0
+#: Wait reasons (JobInfo.waiting_code, one of synapse.core.scheduler.PENDING_REASONS) that no job's
+#: end lifts: no domain the gang may use is large enough even idle, or a dependency can never be
+#: met and the job was told to wait anyway. Following such a job stops at once (exit 2).
+NEVER_STARTS = frozenset({"Unschedulable", "DependencyNeverSatisfied"})
 
 
 class Context:
@@ -57,9 +79,20 @@ class Context:
     @property
     def client(self) -> MasterClient:
         if self._client is None:
-            if not self.masters:
+            addresses = parse_addresses(self.masters)
+            if not addresses:
                 fail("no masters given: use --masters host:port[,host:port…] or set SYNAPSE_MASTERS", 2)
-            self._client = MasterClient(self.masters, self.token, deadline=self.timeout, tls=self.tls)
+            problem = next(filter(None, map(address_problem, addresses)), "")
+            if problem:
+                fail(f"bad master address {problem} (--masters / SYNAPSE_MASTERS)", 2)
+            if self.tls.enabled:
+                try:
+                    self.tls.read()
+                except OSError as exc:
+                    fail(f"TLS failed: cannot read {exc.filename}: {exc.strerror} (check --ca / SYNAPSE_CA, "
+                         "--cert, --key)", 4)
+            self._client = MasterClient(addresses, self.token, deadline=self.timeout, tls=self.tls,
+                                        absent_s=ABSENT_S)
         return self._client
 
 
@@ -78,8 +111,11 @@ def run(action: Callable[[], Any]) -> Any:
     except AuthError as exc:
         fail(f"authentication failed: {exc.message} (check --token / SYNAPSE_TOKEN)", 4)
     except ClientError as exc:
-        prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected"}
+        prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected",
+                  grpc.StatusCode.ALREADY_EXISTS: "refused"}
         fail(f"{prefix.get(exc.code, exc.code.name.lower())}: {exc.message}", 2)
+    except UnknownHosts as exc:
+        fail(f"bad master address: {exc} (--masters / SYNAPSE_MASTERS)", 2)
     except ClusterUnavailable as exc:
         fail(f"cluster unreachable: {exc}", 3)
 
@@ -97,11 +133,28 @@ def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
                                options=[("grpc.ssl_target_name_override", node_id)])
 
 
+class _Main(click.Group):
+    """synctl's command group: Ctrl-C exits 130, as a shell reports SIGINT, not click's "Aborted!"
+    and 1 (a command following a job first says that the job goes on: `_interrupted`)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted(job_id: str, again: str, status: str = "") -> NoReturn:
+    """Ctrl-C while following a job: it goes on; say how to come back to it."""
+    fail(f"interrupted; job {job_id} goes on{f' ({status})' if status else ''}: `synctl {again}` follows it "
+         f"again, `synctl cancel {job_id}` cancels it", EXIT_INTERRUPTED)
+
+
 OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
                       show_default=True, help="output format")
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+@click.group(cls=_Main, context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES)
 @version_option("synctl")
 @click.option("--masters", envvar="SYNAPSE_MASTERS", default="",
               help="comma-separated master API addresses (any replica works) [env: SYNAPSE_MASTERS]")
@@ -117,11 +170,21 @@ def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, 
     ctx.obj = Context(masters, token, timeout, TLSFiles(ca, cert, key))
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+class _Submit(click.Command):
+    """`submit`: the words after the first `--` are the command to run, never a job file."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["synctl.command"] = args[args.index("--") + 1:]
+            args = args[:args.index("--")]
+        return super().parse_args(ctx, args)
+
+
+@main.command(cls=_Submit, context_settings={"ignore_unknown_options": False})
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1)
 @click.option("--request-id", help="idempotency key: the same id always yields the same job")
-@click.option("--wait", is_flag=True, help="follow the job until it ends; exit 0 only if it SUCCEEDED")
+@click.option("--wait", is_flag=True, help="follow the job until it ends, as `synctl wait` does")
 @click.option("--name", help="job name (shorthand without a file)")
 @click.option("--tasks", type=int, help="gang size")
 @click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
@@ -142,10 +205,18 @@ def main(ctx: click.Context, masters: str, token: str, timeout: float, ca: str, 
 @click.pass_obj
 def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
            output: str, **flags: Any) -> None:
-    """Submit a job file, or a one-off job from flags: `submit --tasks 2 --gpu 1 -- python x.py`."""
+    """Submit a job file, or a one-off job from flags that runs the command after `--`:
+    `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
+    after_dashes = click.get_current_context().meta.get("synctl.command")
+    if after_dashes is not None:
+        if job_file or command:
+            fail("invalid job: give a job file or a command after --, not both", 2)
+        command = tuple(after_dashes)
     shorthand = bool(command) or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu", "name",
                                                                      "image"))
     try:
+        if after_dashes is not None and not command:
+            raise JobFileError("command", "give the command to run after -- (e.g. -- python train.py)")
         if shorthand:
             spec = resolve_paths(parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags)),
                                  os.getcwd())
@@ -155,7 +226,9 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
         spec = _workflow_flags(spec, flags)
     except JobFileError as exc:
-        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}", 2)
+        hint = " (a command to run goes after --: submit -- CMD ARGS…)" \
+            if not shorthand and job_file and not os.path.exists(job_file) else ""
+        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
     if flags["queue"]:
         problem = queue_name_problem(flags["queue"])
         if problem:
@@ -213,16 +286,41 @@ def _flags_to_doc(argv: list[str], flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def _follow(obj: Context, job_id: str, quiet: bool = False) -> int:
-    seen_events = 0
-    while True:
-        info = run(lambda: obj.client.get_job(job_id))
-        for event in info.events[seen_events:]:
-            if not quiet:
-                click.echo(render.job_event_line(event))
-        seen_events = len(info.events)
-        if info.status in TERMINAL:
-            return 0 if info.status == "SUCCEEDED" else 1
-        time.sleep(0.25)
+    """Print a job's events until it ends; the exit code: 0 it SUCCEEDED, 1 it FAILED or was
+    CANCELLED, 2 it can never start (NEVER_STARTS; why on stderr, the job stays), 130 Ctrl-C (the
+    job goes on). A job forgotten since it ended is looked up in the history store."""
+    seen_events, status = 0, ""
+    try:
+        while True:
+            try:
+                info = run(lambda: _live_job(obj, job_id))
+            except LookupError as gone:
+                status = gone.args[0].state
+                click.echo(f"synctl: job {job_id} ended {status} (from the history store)", err=True)
+                return 0 if status == "SUCCEEDED" else 1
+            status = info.status
+            for event in info.events[seen_events:]:
+                if not quiet:
+                    click.echo(render.job_event_line(event))
+            seen_events = len(info.events)
+            if info.status in TERMINAL:
+                return 0 if info.status == "SUCCEEDED" else 1
+            if info.waiting_code in NEVER_STARTS:
+                click.echo(f"synctl: job {job_id} can never start: {info.waiting} (it stays {info.status}: "
+                           f"`synctl cancel {job_id}` removes it)", err=True)
+                return 2
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        _interrupted(job_id, f"wait {job_id}", status)
+
+
+@main.command("wait")
+@click.argument("job_id")
+@click.pass_obj
+def wait_job(obj: Context, job_id: str) -> None:
+    """Follow a job (or an array) until it ends, printing its events as `submit --wait` does;
+    exit 0 if it SUCCEEDED, 1 if it FAILED or was CANCELLED, 2 if it can never start."""
+    sys.exit(_follow(obj, job_id))
 
 
 @main.group()
@@ -231,13 +329,14 @@ def get() -> None:
 
 
 @get.command("jobs")
-@click.option("--status", multiple=True, help="only jobs in this status (repeatable)")
+@click.option("--status", multiple=True, type=click.Choice([s.value for s in JobStatus], case_sensitive=False),
+              help="only jobs in this status (repeatable)")
 @click.option("--user", default="", help="only jobs this user submitted")
 @OUTPUT
 @click.pass_obj
 def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> None:
     """List jobs, oldest first."""
-    jobs = [render.job_dict(j) for j in run(lambda: obj.client.list_jobs([s.upper() for s in status], user=user))]
+    jobs = [render.job_dict(j) for j in run(lambda: obj.client.list_jobs(list(status), user=user))]
     emit(jobs, output, render.jobs_table)
 
 
@@ -326,11 +425,15 @@ def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None,
         finally:
             channel.close()
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in indices] if follow else []
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # Daemon threads: on Ctrl-C the process exits without waiting for streams that never end.
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in indices] if follow else []
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        _interrupted(job_id, f"logs -f {job_id}")
     if not follow:
         for i in indices:
             stream(i)
@@ -460,6 +563,37 @@ def apply_file(obj: Context, file: str) -> None:
         queues=[codec.queue_to_proto(q) for q in queues])))
     for line in render.applied(reply):
         click.echo(line)
+    try:
+        nodes = obj.client.list_nodes()
+        every = obj.client.call("ListQueues", api_pb2.ListQueuesRequest()).queues
+    except (ClientError, ClusterUnavailable):
+        return  # the queues are applied; what follows is advice
+    capacity = sum((codec.resources_from_proto(n.capacity) for n in nodes), Resources())
+    for line in guarantee_warnings(queues, [codec.queue_from_proto(q.spec) for q in every], capacity, len(nodes)):
+        click.echo(f"synctl: warning: {line}", err=True)
+
+
+def guarantee_warnings(applied: list[Queue], every: list[Queue], capacity: Resources, nodes: int) -> list[str]:
+    """Guarantees the cluster cannot honour (`apply` still applies them: nodes may join later):
+    each applied queue's beyond the registered nodes' capacity, and the top-level queues' together
+    beyond it. Nothing while no node is registered."""
+    if not nodes:
+        return []
+    amounts = {"gpu": str, "cpu": format_cpu, "memory": format_memory}
+    cluster = lambda key: f"the cluster has {amounts[key](getattr(capacity, key))} ({nodes} node(s))"
+    out, beyond = [], set()
+    for q in applied:
+        for key, show in amounts.items():
+            if getattr(q.guaranteed, key) > getattr(capacity, key):
+                out.append(f"queue/{q.name} guarantees {key} {show(getattr(q.guaranteed, key))}, but {cluster(key)}")
+                beyond.add(key)
+    top = [q for q in every if not q.parent]
+    for key, show in amounts.items():
+        total = sum(getattr(q.guaranteed, key) for q in top)
+        if key not in beyond and total > getattr(capacity, key):
+            names = ", ".join(q.name for q in top if getattr(q.guaranteed, key))
+            out.append(f"the top-level queues ({names}) guarantee {key} {show(total)} together, but {cluster(key)}")
+    return out
 
 
 def _queues(obj: Context) -> list[dict[str, Any]]:

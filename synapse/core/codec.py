@@ -434,7 +434,7 @@ def decode_entry(data: bytes, commands: CommandSet = CURRENT) -> list[c.Command]
 
 
 def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
-                reservation: str = "") -> api_pb2.JobInfo:
+                reservation: str = "", waiting_code: str = "") -> api_pb2.JobInfo:
     return api_pb2.JobInfo(
         id=job.id, spec=job_spec_to_proto(job.spec), status=job.status.value, attempt=job.attempt,
         request_id=job.request_id, submitted_at=job.submitted_at, started_at=job.started_at,
@@ -447,7 +447,7 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
                   for a, nodes in sorted(job.placements.items())],
         user=job.user, cancelled_by=job.cancelled_by, failure=job.failure, array_id=job.array_id,
-        array_index=job.array_index, failure_cause=job.failure_cause)
+        array_index=job.array_index, failure_cause=job.failure_cause, waiting_code=waiting_code)
 
 
 def array_counts_to_proto(array: JobArray, running: int) -> api_pb2.ArrayCounts:

@@ -304,6 +304,7 @@ class Rejection(enum.StrEnum):
     REFUSED = "Refused"  #: the state or the command's own content does not allow it
     NOT_FOUND = "NotFound"  #: it names a job, node, user or queue the state does not hold
     STALE = "Stale"  #: it comes from a leader's term that a newer leader has overtaken
+    CONFLICT = "Conflict"  #: it would make what already exists otherwise (a request id reused for another job)
 
 
 @dataclass(frozen=True, slots=True)

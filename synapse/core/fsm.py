@@ -428,8 +428,22 @@ class ClusterState:
                     f"not {spec.topology.pack!r}")
         return ""
 
+    def request_conflict(self, request_id: str, spec: JobSpec) -> str:
+        """Why a submission of `spec` under `request_id` is refused, or ''. A request id makes one
+        job: sent again with that job's spec it is a retry, which gets that job; with another spec
+        it is a reused id, and the new job would be lost silently behind the old one."""
+        job_id = self.job_by_request.get(request_id, "") if request_id else ""
+        made = self.arrays.get(job_id) or self.jobs.get(job_id)
+        if made is None or made.spec == spec:
+            return ""
+        return (f"request id {request_id} already made job {job_id}, from another spec: "
+                "a new job needs a new request id")
+
     def _submit_job(self, cmd: c.SubmitJob) -> Result:
         if cmd.request_id and cmd.request_id in self.job_by_request:
+            conflict = self.request_conflict(cmd.request_id, cmd.spec)
+            if conflict:
+                return Result.rejected(conflict, c.Rejection.CONFLICT)
             return Result(True, value=self.job_by_request[cmd.request_id])
         if not cmd.job_id:
             return Result.rejected("job id must not be empty")

@@ -68,9 +68,11 @@ class JobRecord:
     start: float  #: its first placement (0: it never ran)
     end: float
     state: str  #: SUCCEEDED, FAILED or CANCELLED
-    reason: str  #: the typed reason of its end: an EndReason of its last run, or Cancelled
+    #: the typed reason of its end: an EndReason of its last run, Cancelled, or for a job that never
+    #: ran and failed, the cluster's cause (DependencyNeverSatisfied)
+    reason: str
     detail: str  #: why it ended, for people
-    exit_code: int
+    exit_code: int  #: its last run's (0 when it never ran: no exit code)
     attempts: int
     tasks: int
     nodes: tuple[str, ...]  #: the distinct nodes of its last run
@@ -126,6 +128,8 @@ def job_record(job: Job) -> JobRecord:
         reason = EndReason.CANCELLED
     elif last is not None:
         reason = last.outcome
+    elif job.failure_cause:  # failed before it ever ran: a dependency that can never be met
+        reason = job.failure_cause
     else:
         reason = EndReason.COMPLETED if job.status is JobStatus.SUCCEEDED else EndReason.ERROR
     detail = job.events[-1].message if job.events else ""

@@ -248,6 +248,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if not result.ok:
             if result.code is c.Rejection.NOT_FOUND:
                 code = grpc.StatusCode.NOT_FOUND
+            elif result.code is c.Rejection.CONFLICT:
+                code = grpc.StatusCode.ALREADY_EXISTS
             await context.abort(code, result.error)
         return result
 
@@ -266,11 +268,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         caller = self.caller()
         with self.m.lock:
             existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
+            conflict = self.m.state.request_conflict(request.request_id, spec)
             largest, has_nodes = self.m.state.largest, bool(self.m.state.nodes)
             queue = self.m.state.queues.get(spec.queue)
             unknown = [j for _kind, j in spec.after if not dependencies.known(self.m.state, j)]
             unplaceable = elastic.required_domain_problem(
                 ClusterView(self.m.state.nodes, self.m.state.index, self.m.state.levels), spec)
+        if conflict:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, conflict)
         if existing:
             return api_pb2.SubmitJobReply(job_id=existing)
         if unplaceable:
@@ -315,7 +320,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 explained[id(waiting)] = tuple(map(str, waiting.shortfalls_in(self.m.state)))
             shortfalls = explained[id(waiting)]
         info = codec.job_to_info(
-            job, waiting=waiting.message if waiting else "",
+            job, waiting=waiting.message if waiting else "", waiting_code=waiting.code if waiting else "",
             shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
         state = self.m.state
@@ -338,6 +343,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         info.array_index = -1
         info.array.CopyFrom(codec.array_counts_to_proto(array, running))
         info.array_waiting = format_ranges(array.waiting_ranges())
+        leader = self.m.leader_view()  # the next element's wait is the array's: they share one spec
+        waiting = leader.wait_reason(array.rep) if leader is not None and array.rep else None
+        if waiting is not None:
+            info.waiting, info.waiting_code = waiting.message, waiting.code
         if array.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, array.spec.after)))
         return info
@@ -434,7 +443,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                                  reason=request.reason[:512]), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
-            return api_pb2.CancelJobReply(status=dependencies.upstream_status(self.m.state, request.job_id))
+            status = dependencies.upstream_status(self.m.state, request.job_id)
+            if request.job_id in self.m.state.arrays and status == JobStatus.RUNNING.value:
+                status = JobStatus.STOPPING.value  # a cancelled array's running elements are stopping
+        return api_pb2.CancelJobReply(status=status)
 
     async def UpdateJob(self, request, context):
         """Change a running array's throttle: its owner or an admin."""
