@@ -108,6 +108,18 @@ def test_impossible_gang_does_not_block_the_queue():
     assert "can never fit" in str(result.waiting[never])
 
 
+def test_a_gang_that_needs_the_down_nodes_waits_for_them_not_never():
+    """A cluster whose workers are lost is not one too small: the reason names the DOWN nodes and is
+    no 'can never fit' (which `synctl submit --wait` gives up on)."""
+    s = sim(racks=1, nodes_per_rack=4)
+    node_ids = sorted(s.state.nodes)
+    for node_id in node_ids[:2]:
+        assert s.state.apply(c.NodeDown(at=s.now, node_id=node_id)).ok
+    waiting = s.submit(spec(tasks=3), duration=1)
+    reason = s.schedule().waiting[waiting]
+    assert reason.code == "NodesUnavailable" and "2 DOWN of 4 node(s)" in reason.message, reason
+
+
 def busy_cluster_with_stream(seed=7):
     """8 nodes all busy with 1-node jobs, a 4-node rack gang waiting, and a source of more small
     jobs: two per round, always more than what frees up."""

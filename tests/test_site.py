@@ -10,6 +10,8 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,11 @@ from click.testing import CliRunner
 
 from synapse.client.master_client import MasterClient
 from synapse.client.synctl import main as synctl
+from synapse.common.tls import http_base, issue
+from synapse.core import codec
 from synapse.local import cluster as local
+from synapse.local.main import main as local_main
+from tests.helpers import spec
 
 pytestmark = pytest.mark.slow
 
@@ -129,3 +135,41 @@ def test_a_gang_without_restarts_survives_a_drain_and_a_killed_worker(make_clust
     assert "not charged to max_restarts" in described
     log = Path(cluster.worker_dir(done.tasks[0].node_id)) / "logs" / job_id / "attempt-3" / "task-0.log"
     assert wait_for(lambda: log.exists() and "attempt 3 rank" in log.read_text(), "attempt 3's log")
+
+
+def readyz(cluster, replica_id: str) -> tuple[int, str]:
+    base, context = http_base(cluster.master(replica_id)["http_address"], cluster.state["ca"])
+    try:
+        with urllib.request.urlopen(f"{base}/readyz?verbose", timeout=5, context=context) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_readyz_tells_the_truth_when_digests_fail_and_when_most_nodes_are_down(make_cluster):
+    """The TLS cluster of the issue: a follower whose certificate may not call the leader. Every
+    process answers, yet the leader's /readyz fails naming that replica, and `status` says so; with
+    most nodes DOWN it fails too, and a gang waits for them rather than 'can never fit'."""
+    cluster = make_cluster(workers=2, racks=1)
+    leader = cluster.wait_leader()
+    follower = next(m["id"] for m in cluster.state["masters"] if m["id"] != leader)
+    assert wait_for(lambda: readyz(cluster, leader)[0] == 200, "a ready leader")
+    tls_dir = Path(cluster.state["ca"]).parent
+    cluster.kill_master(follower)
+    issue(tls_dir, "server", "127.0.0.1", ("server",), ["127.0.0.1", "localhost"])  # server-only, as once
+    cluster.restart_master(follower)
+    code, body = wait_for(lambda: (r := readyz(cluster, cluster.wait_leader()))[0] == 503 and r,
+                          "the leader's /readyz to fail", timeout=30)
+    follower_api = cluster.master(follower)["api_address"]
+    assert f"[-]link-shards failed: no liveness digest from replica {follower_api}" in body, body
+    status = CliRunner().invoke(local_main, ["status", "--data-dir", str(cluster.data_dir)])
+    assert "NOT READY: link-shards" in status.output, status.output
+
+    for worker in ("w1", "w2"):
+        cluster.kill_worker(worker, with_tasks=True)
+    code, body = wait_for(lambda: "nodes are DOWN" in (r := readyz(cluster, cluster.wait_leader()))[1] and r,
+                          "most nodes DOWN to show", timeout=30)
+    assert code == 503 and "[-]nodes failed: 2 of 2 nodes are DOWN" in body, body
+    job_id = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=1)))
+    waiting = wait_for(lambda: cluster.client.get_job(job_id).waiting, "a pending reason")
+    assert "2 DOWN of 2 node(s)" in waiting and "can never fit" not in waiting, waiting

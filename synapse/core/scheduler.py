@@ -50,7 +50,17 @@ from synapse.core.admission import admission_key, max_block, pool_of
 from synapse.core.elastic import at_size, is_elastic, least, place_largest
 from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
-from synapse.core.model import Job, JobSpec, PackMode, Plan, Resources, Shortfall, TopologySpec, topology_path
+from synapse.core.model import (
+    Job,
+    JobSpec,
+    NodeStatus,
+    PackMode,
+    Plan,
+    Resources,
+    Shortfall,
+    TopologySpec,
+    topology_path,
+)
 from synapse.core.placement import ClusterView, explain, pack_depth
 from synapse.core.topology import Domain
 
@@ -312,11 +322,26 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                            sticky=not reservations, depth=depth)
     if reservation is None:
         if _closest_depth(view, spec) is None:
-            return "can never fit: no domain it may use is large enough even when idle", "Unschedulable"
+            return _unusable_nodes_reason(state) or (
+                "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()})",
                 "BehindReservation")
     reservations.append(reservation)
     return "does not fit now" + local + "; " + reservation.describe(), "Resources"
+
+
+def _unusable_nodes_reason(state: ClusterState) -> tuple[str, str] | None:
+    """Why a gang that fits no idle domain of the usable nodes may still start: nodes that are
+    DOWN or cordoned now (a cluster whose workers are lost is not one too small). None if every
+    node is usable. Whether it would fit with them back is not weighed: it may."""
+    down = sum(1 for n in state.nodes.values() if n.status is NodeStatus.DOWN)
+    cordoned = sum(1 for n in state.nodes.values() if n.status is not NodeStatus.DOWN and not n.schedulable)
+    if not down and not cordoned:
+        return None
+    unusable = ", ".join(part for part in (f"{down} DOWN" if down else "", f"{cordoned} cordoned" if cordoned else "")
+                         if part)
+    return (f"does not fit on the usable nodes: {unusable} of {len(state.nodes)} node(s); it may fit once they "
+            "are back", "NodesUnavailable")
 
 
 def _queue_order(state: ClusterState) -> list[Job]:

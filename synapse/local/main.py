@@ -159,11 +159,31 @@ def status_cmd(data_dir: Path) -> None:
                 role = client.replica_status(m["api_address"]).state
             except (ClientError, ClusterUnavailable):
                 role = "not answering"
-        click.echo(f"master {m['id']:<4} pid {m['pid']:<8} {'alive' if alive else 'stopped':<8} {role}")
+        unready = _unready(m["http_address"], state.get("ca", "")) if alive else ""
+        click.echo(f"master {m['id']:<4} pid {m['pid']:<8} {'alive' if alive else 'stopped':<8} {role}"
+                   + (f"  NOT READY: {unready}" if unready else ""))
     for w in state["workers"]:
         alive = is_ours(w["pid"], data_dir) and is_alive(w["pid"])
         click.echo(f"worker {w['id']:<4} pid {w['pid']:<8} {'alive' if alive else 'stopped':<8} {w['rack']}")
     client.close()
+
+
+def _unready(http_address: str, ca: str) -> str:
+    """The failing checks of a master's /readyz ('' when it is ready or does not answer it)."""
+    import urllib.error
+    import urllib.request
+
+    from synapse.common.tls import http_base
+
+    base, context = http_base(http_address, ca)
+    try:
+        with urllib.request.urlopen(f"{base}/readyz?verbose", timeout=3, context=context):
+            return ""
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        return "; ".join(line[3:] for line in body.splitlines() if line.startswith("[-]")) or f"HTTP {exc.code}"
+    except OSError as exc:
+        return f"/readyz: {exc}"
 
 
 @main.command("demo")

@@ -30,6 +30,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -75,7 +76,42 @@ def readiness(master: Master) -> list[tuple[str, str]]:
     storage = master.fatal or raft.corruption() or ("" if master.disk_has_room() else "the disk is nearly full")
     return [("raft-leader-known", "" if leader else "no leader known"),
             ("applied-caught-up", "" if behind <= 1000 else f"{behind} committed entries not applied yet"),
-            ("storage", storage)]
+            ("storage", storage), ("link-shards", link_shards_problem(master)), ("nodes", nodes_problem(master))]
+
+
+def link_shards_problem(master: Master) -> str:
+    """'' while the link shards' digests reach the leader; else which do not. A follower checks its
+    own digests; the leader, that each replica it is connected to over Raft sends its digests (one
+    that is cut off is Raft's matter, not this). A failing digest leaves the nodes attached to that
+    replica unheard, to go DOWN: the cluster is not ready although every process answers."""
+    shard = master.shard
+    if shard is None:
+        return ""
+    now = time.monotonic()
+    allowed = 2 * shard.timings.silence + shard.timings.digest
+    view = master.leader_view()
+    if view is None:
+        if master.raft.is_leader() or not master.leader_api_address():
+            return ""  # becoming the leader, or no leader at all (raft-leader-known says so)
+        age = now - shard.delivered_at
+        return "" if age <= allowed else (f"this replica's liveness digests have not reached the leader for "
+                                          f"{age:.0f}s ({shard.failed} failed)")
+    status = master.raft.status()
+    connected = {master.api_of_raft(p) for p in master.raft.partners()
+                 if status.get(f"partner_node_status_server_{p}") == 2}
+    silent = {api: s for api, s in view.shard_silences(sorted(connected - {""}), now).items() if s > allowed}
+    return "; ".join(f"no liveness digest from replica {api} for {s:.0f}s" for api, s in sorted(silent.items()))
+
+
+def nodes_problem(master: Master) -> str:
+    """On the leader, '' unless most registered nodes are DOWN (then the cluster runs little or
+    nothing, however healthy its masters are)."""
+    if master.leader_view() is None:
+        return ""
+    with master.lock:
+        statuses = [n.status.value for n in master.state.nodes.values()]
+    down = statuses.count("DOWN")
+    return f"{down} of {len(statuses)} nodes are DOWN" if statuses and down * 2 > len(statuses) else ""
 
 
 def history_detail(master: Master) -> str:
