@@ -32,8 +32,9 @@ import grpc  # noqa: E402
 from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, percentile  # noqa: E402
 
-from synapse.client.master_client import MasterClient  # noqa: E402
+from synapse.client.master_client import MasterClient
 from synapse.common.auth import NODE_CREDENTIAL_KEY, client_metadata  # noqa: E402
+from synapse.common.tls import TLSFiles, channel_credentials, issue_worker  # noqa: E402
 from synapse.core import codec  # noqa: E402
 from synapse.core.model import JobSpec, Resources  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
@@ -81,18 +82,35 @@ def unblocks(client: MasterClient, data_dir: Path, trials: int) -> list[float]:
     return out
 
 
-async def simulated_workers(leader: str, token: str, count: int, interval: float, duration: float) -> int:
+def sim_certs(tls_dir: Path, count: int) -> None:
+    """A certificate for each simulated worker, signed by the cluster's CA (before any measurement)."""
+    for i in range(count):
+        issue_worker(tls_dir, f"sim-{i:04d}")
+
+
+async def simulated_workers(leader: str, token: str, count: int, interval: float, duration: float,
+                            tls_dir: Path | None = None) -> int:
     """Register `count` nodes, then heartbeat each every `interval` s for `duration` s; returns beats sent.
 
     Each simulated worker acts as a real one does: it keeps the node credential RegisterNode returns
-    and presents it with every heartbeat (the master refuses a heartbeat without it)."""
-    channel = grpc.aio.insecure_channel(leader)
-    stub = api_pb2_grpc.MasterStub(channel)
+    and presents it with every heartbeat (the master refuses a heartbeat without it), and on a TLS
+    cluster (`tls_dir`: its CA, where `sim_certs` signed one for each) it has a certificate of its own
+    and its own connection."""
+    names = [f"sim-{i:04d}" for i in range(count)]
+    if tls_dir is None:
+        channels = [grpc.aio.insecure_channel(leader)] * count
+    else:
+        channels = []
+        for name in names:
+            files = TLSFiles(str(tls_dir / "ca.pem"), str(tls_dir / f"worker-{name}.pem"),
+                             str(tls_dir / f"worker-{name}-key.pem"))
+            channels.append(grpc.aio.secure_channel(leader, channel_credentials(files)))
+    stubs = [api_pb2_grpc.MasterStub(ch) for ch in channels]
     md = client_metadata(token)
     cap = types_pb2.Resources(cpu_millis=64000, memory_bytes=512 << 30, gpu=8)
     node_md: list[tuple[tuple[str, str], ...]] = []
     for start in range(0, count, 100):
-        replies = await asyncio.gather(*(stub.RegisterNode(api_pb2.RegisterNodeRequest(
+        replies = await asyncio.gather(*(stubs[i].RegisterNode(api_pb2.RegisterNodeRequest(
             node_id=f"sim-{i:04d}", address=f"sim-{i:04d}.invalid:1", topology=[f"simrack{i // 32}"],
             capacity=cap), metadata=md) for i in range(start, min(count, start + 100))))
         node_md.extend(md + ((NODE_CREDENTIAL_KEY, reply.node_credential),) for reply in replies)
@@ -103,12 +121,13 @@ async def simulated_workers(leader: str, token: str, count: int, interval: float
         await asyncio.sleep(random.uniform(0, interval))
         end = time.monotonic() + duration
         while time.monotonic() < end:
-            await stub.Heartbeat(api_pb2.HeartbeatRequest(node_id=f"sim-{i:04d}"), metadata=node_md[i])
+            await stubs[i].Heartbeat(api_pb2.HeartbeatRequest(node_id=names[i]), metadata=node_md[i])
             beats += 1
             await asyncio.sleep(interval)
 
     await asyncio.gather(*(beat(i) for i in range(count)))
-    await channel.close()
+    for channel in set(channels):
+        await channel.close()
     return beats
 
 
@@ -130,7 +149,7 @@ def main() -> None:
         state = local.up(data_dir, 3, WORKERS, 2, 8, local.free_base_port(3), heartbeat=5.0)
         try:
             addresses = [m["api_address"] for m in state["masters"]]
-            client = MasterClient(addresses, state["token"])
+            client = MasterClient(addresses, state["token"], tls=local.client_tls(state))
             client.list_nodes()
             elections = Elections(state)
             with elections.phase("gang starts"):
@@ -140,10 +159,11 @@ def main() -> None:
             leader = next(m for m in state["masters"] if m["api_address"] == client.leader)
             # The 1,000 simulated workers never run tasks; their nodes stay out of the way by being
             # heartbeat-only. The window starts after registration.
+            sim_certs(Path(state["ca"]).parent, args.sim_workers)
             before_cpu, before = cpu_seconds(leader["pid"]), time.monotonic()
             with elections.phase("simulated workers"):
                 beats = asyncio.run(simulated_workers(leader["api_address"], state["token"], args.sim_workers, 5.0,
-                                                      args.sim_seconds))
+                                                      args.sim_seconds, Path(state["ca"]).parent))
             elections.close()
             share = (cpu_seconds(leader["pid"]) - before_cpu) / (time.monotonic() - before)
             down_nodes = sum(1 for n in client.list_nodes() if n.status == "DOWN" and n.id.startswith("sim-"))

@@ -15,6 +15,8 @@ and time until the next write is acknowledged through the client; the killed rep
 restarted and the cluster is let settle between trials. Targets: >= 1,000 submissions/s with
 p99 <= 50 ms; failover p50 <= 1 s, max <= 3 s. Every fault-free phase counts the elections it saw
 (bench/support/elections.py); one there fails the run (exit 1): a loaded leader must not be lost.
+The main cluster runs with TLS (the default); (d) the same load on a plaintext cluster
+(`--insecure`) in the same run tells what TLS costs, in rate and in CPU per submission.
 (c) The history exporter's cost: jobs submitted then cancelled (so they finish and are archived)
 per second on the cluster above (SQLite history, synapse-local's default) and on one without
 history, in the same run.
@@ -44,11 +46,13 @@ from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, machine_busy, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
+from synapse.common.tls import TLSFiles, channel_credentials  # noqa: E402
 from synapse.core import codec
 from synapse.core import commands as c  # noqa: E402
 from synapse.core.model import JobSpec, Resources  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 
+PLAIN = TLSFiles()  #: no TLS files: a plaintext cluster
 SPEC = JobSpec(name="bench", tasks=8, resources=Resources(16_000, 64 << 30, 8), command=("python", "train.py"))
 
 
@@ -77,7 +81,7 @@ class CpuMeter:
 
 
 def leader_of(state: dict) -> str:
-    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"])
+    client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], tls=local.client_tls(state))
     try:
         return next(m["id"] for m in state["masters"]
                     if client.replica_status(m["api_address"]).state == "leader")
@@ -86,7 +90,7 @@ def leader_of(state: dict) -> str:
 
 
 def submit_load(client_addresses: list[str], token: str, total: int, threads: int, *, cancel: bool = False,
-                prefix: str = "load") -> tuple[float, list[float]]:
+                prefix: str = "load", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
     """Submissions per second (with `cancel`, each job is cancelled once submitted: a job that
     finishes, which the history exporter archives), and each operation's latency."""
     latencies: list[float] = []
@@ -94,7 +98,7 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
     proto = codec.job_spec_to_proto(SPEC)
 
     def worker(k: int) -> None:
-        client = MasterClient(client_addresses, token)
+        client = MasterClient(client_addresses, token, tls=tls)
         mine = []
         for i in range(k, total, threads):
             t0 = time.perf_counter()
@@ -115,7 +119,8 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
     return total / (time.perf_counter() - start), latencies
 
 
-def submit_load_asyncio(leader_address: str, token: str, total: int, concurrency: int) -> tuple[float, list[float]]:
+def submit_load_asyncio(leader_address: str, token: str, total: int, concurrency: int,
+                        tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
     """The same submissions from one asyncio gRPC client straight to the leader: a lighter load
     generator, so more of the shared cores go to the replicas (no failover: a steady leader)."""
     from synapse.common.auth import client_metadata
@@ -125,7 +130,9 @@ def submit_load_asyncio(leader_address: str, token: str, total: int, concurrency
     latencies: list[float] = []
 
     async def run() -> float:
-        async with grpc.aio.insecure_channel(leader_address) as channel:
+        channel_of = grpc.aio.secure_channel(leader_address, channel_credentials(tls)) if tls.enabled \
+            else grpc.aio.insecure_channel(leader_address)
+        async with channel_of as channel:
             stub = api_pb2_grpc.MasterStub(channel)
             metadata = client_metadata(token)
 
@@ -187,7 +194,7 @@ def raw_raft(total: int, threads: int, workdir: Path) -> float:
 
 def failover_trials(data_dir: Path, state: dict, trials: int) -> list[float]:
     addresses = [m["api_address"] for m in state["masters"]]
-    client = MasterClient(addresses, state["token"], deadline=30)
+    client = MasterClient(addresses, state["token"], deadline=30, tls=local.client_tls(state))
     proto = codec.job_spec_to_proto(SPEC)
     times = []
     for trial in range(trials):
@@ -234,15 +241,16 @@ def main() -> None:
             addresses = [m["api_address"] for m in state["masters"]]
             leader = leader_of(state)
             elections = Elections(state)
+            tls = local.client_tls(state)
             with elections.phase("load"), CpuMeter(state["masters"], leader) as meter:
-                rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads)
+                rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads, tls=tls)
             leader_address = next(m["api_address"] for m in state["masters"] if m["id"] == leader)
             with elections.phase("asyncio load"), CpuMeter(state["masters"], leader) as aio_meter:
                 aio_rate, aio_latencies = submit_load_asyncio(leader_address, state["token"], args.submits,
-                                                              args.threads)
+                                                              args.threads, tls=tls)
             with elections.phase("submit+cancel load"):  # jobs that finish: the exporter archives each
                 history_rate, _ = submit_load(addresses, state["token"], args.submits, args.threads, cancel=True,
-                                              prefix="done")
+                                              prefix="done", tls=tls)
             elections.close()
             failovers = failover_trials(data_dir, state, args.trials)  # elections expected: not counted
         finally:
@@ -254,7 +262,8 @@ def main() -> None:
             loose_elections = Elections(loose)
             with loose_elections.phase("no-fsync load"):
                 loose_rate, loose_latencies = submit_load([m["api_address"] for m in loose["masters"]],
-                                                          loose["token"], args.submits, args.threads)
+                                                          loose["token"], args.submits, args.threads,
+                                                          tls=local.client_tls(loose))
             loose_elections.close()
             elections.counts.update(loose_elections.counts)
         finally:
@@ -266,11 +275,23 @@ def main() -> None:
             bare_elections = Elections(bare)
             with bare_elections.phase("submit+cancel load, no history"):
                 bare_rate, _ = submit_load([m["api_address"] for m in bare["masters"]], bare["token"], args.submits,
-                                           args.threads, cancel=True, prefix="done")
+                                           args.threads, cancel=True, prefix="done", tls=local.client_tls(bare))
             bare_elections.close()
             elections.counts.update(bare_elections.counts)
         finally:
             local.down(bare_dir)
+        # The same load on a plaintext cluster (`synapse-local up --insecure`): what TLS costs.
+        plain_dir = workdir / "cluster-plain"
+        plain = local.up(plain_dir, 3, 0, 1, 8, local.free_base_port(3), tls=False)
+        try:
+            plain_elections = Elections(plain)
+            with plain_elections.phase("plaintext load"), CpuMeter(plain["masters"], leader_of(plain)) as plain_meter:
+                plain_rate, plain_latencies = submit_load([m["api_address"] for m in plain["masters"]], plain["token"],
+                                                          args.submits, args.threads)
+            plain_elections.close()
+            elections.counts.update(plain_elections.counts)
+        finally:
+            local.down(plain_dir)
     report = {"submits_per_s": round(rate, 1), "submit_p50_ms": round(percentile(latencies, 0.5), 2),
               "submit_p99_ms": round(percentile(latencies, 0.99), 2), "raw_raft_ops_per_s": round(raw, 1),
               "failover_p50_s": round(statistics.median(failovers), 3), "failover_max_s": round(max(failovers), 3),
@@ -285,6 +306,9 @@ def main() -> None:
               "asyncio_client_machine_busy": round(aio_meter.busy, 2),
               "submit_cancel_per_s_with_history": round(history_rate, 1),
               "submit_cancel_per_s_without_history": round(bare_rate, 1),
+              "plain_submits_per_s": round(plain_rate, 1),
+              "plain_submit_p99_ms": round(percentile(plain_latencies, 0.99), 2),
+              "plain_cpu_ms_per_submit": plain_meter.per_submit_ms(args.submits),
               "fault_free_elections": elections.fault_free()}
     if args.json:
         print(json.dumps(report))
@@ -304,6 +328,11 @@ def main() -> None:
     print(f"jobs submitted then cancelled (finished jobs): {report['submit_cancel_per_s_with_history']:,.0f}/s with "
           f"the default SQLite history store exporting each, {report['submit_cancel_per_s_without_history']:,.0f}/s "
           "on a cluster without history")
+    plain_per = report["plain_cpu_ms_per_submit"]
+    print(f"same load on a plaintext cluster (--insecure): {report['plain_submits_per_s']:,.0f}/s  "
+          f"p99 {report['plain_submit_p99_ms']} ms; CPU per submission (ms): {plain_per}; TLS costs "
+          f"{1 - rate / plain_rate:.0%} of the rate and {sum(per.values()) - sum(plain_per.values()):+.2f} ms "
+          "of CPU per submission (all processes)")
     print(f"raw pysyncobj, same command: {report['raw_raft_ops_per_s']:,.0f}/s  "
           f"(gRPC path = {rate / raw:.2f} x raw)")
     print(f"failover (kill -9 leader -> next write acked), {len(failovers)} trials: "

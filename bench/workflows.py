@@ -64,7 +64,8 @@ def ack_times(trials: int, elements: int) -> list[float]:
         data_dir = Path(tmp) / "cluster"
         state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3))
         try:
-            client = MasterClient([m["api_address"] for m in state["masters"]], state["token"])
+            client = MasterClient([m["api_address"] for m in state["masters"]], state["token"],
+                                  tls=local.client_tls(state))
             client.list_nodes()
             for i in range(trials):
                 proto = codec.job_spec_to_proto(job_spec(f"sweep{i}", array=f"0-{elements - 1}", array_throttle=8))

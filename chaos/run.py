@@ -39,6 +39,7 @@ from chaos.nemesis import (  # noqa: E402
     unavailable,
 )
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
+from synapse.common.tls import TLSFiles
 from synapse.core import codec
 from synapse.core.model import JobSpec, PackMode, Queue, Resources, TopologySpec  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
@@ -58,10 +59,10 @@ GPUS = 8
 QUEUES = ("a", "b")
 
 
-def workload(client_id: int, addresses: list[str], token: str, history: History, stop: threading.Event,
-             seed: int, submitted: list[tuple[str, str]], lock: threading.Lock) -> None:
+def workload(client_id: int, addresses: list[str], token: str, tls: TLSFiles, history: History,
+             stop: threading.Event, seed: int, submitted: list[tuple[str, str]], lock: threading.Lock) -> None:
     rng = random.Random(seed * 1000 + client_id)
-    client = MasterClient(addresses, token, deadline=10.0)
+    client = MasterClient(addresses, token, deadline=10.0, tls=tls)
     while not stop.is_set():
         roll = rng.random()
         op_id, invoke = history.next_id(), time.time()
@@ -259,15 +260,15 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     store_url = store_url or f"sqlite:///{data_dir.resolve() / 'history.sqlite'}"
     members = sorted(m["raft_address"] for m in state["masters"])
     addresses = [m["api_address"] for m in state["masters"]]
-    target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20),
+    target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20, tls=local.client_tls(state)),
                     initial_masters=[dict(m) for m in state["masters"]], database=database)
     half = Resources(0, 0, workers * GPUS // 2)
     target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
         codec.queue_to_proto(Queue(name, guaranteed=half, preemption_rules=("reclaim", "priority")))
         for name in QUEUES]))
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
-    threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], history, stop, seed, submitted,
-                                                       lock)) for i in range(clients)]
+    threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], local.client_tls(state), history,
+                                                       stop, seed, submitted, lock)) for i in range(clients)]
     lanes = {"masters": [k for k in kinds if k not in MACHINE_FAULTS | DATABASE_FAULTS],
              "machines": [k for k in kinds if k in MACHINE_FAULTS],
              "database": [k for k in kinds if k in DATABASE_FAULTS]}

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from synapse.client.master_client import MasterClient
+from synapse.local.cluster import client_tls
 
 
 class Elections:
     def __init__(self, state: dict) -> None:
         self.addresses = [m["api_address"] for m in state["masters"]]
-        self.client = MasterClient(self.addresses, state["token"])
+        self.client = MasterClient(self.addresses, state["token"], tls=client_tls(state))
         self.counts: dict[str, int] = {}  #: phase -> elections seen during it
 
     def highest_term(self) -> int:

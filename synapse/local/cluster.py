@@ -224,8 +224,9 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         doc["history"] = {"url": history_url}
     tls_dir = data_dir / "tls"
     if tls:
-        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts}), [f"w{i + 1}" for i in range(workers)],
-                 users=user_certs)
+        spare_hosts = [net.address(i) for i in spares] if net else []  # the masters it may grow into
+        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts, *spare_hosts}),
+                 [f"w{i + 1}" for i in range(workers)], users=user_certs)
         doc["tls"] = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "server.pem"),
                       "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True,
                       "user_certs": bool(user_certs)}
