@@ -58,8 +58,8 @@ def test_least_lost_work_decides_the_rack():
     assert found.command.rule == "reclaim" and set(found.command.nodes) == set(r(1, *range(8)))
     why = found.command.explanation
     assert "queue a uses gpu 0 of guaranteed 64, needs 64" in why and "queue b uses gpu 128 of guaranteed 64" in why
-    assert "domain z0/b0/r1 chosen" in why and "work lost 76800 GPU-s" in why
-    assert "alternatives: z0/b0/r0" in why  # the other rack, and what it would have cost
+    assert "preempting in z0/b0/r1 (" in why and "not chosen: z0/b0/r0" in why and "work lost 76800 GPU-s" in why
+    assert "not chosen: z0/b0/r0 at least" in why  # the other rack, and what it would have cost
 
     # Variant: b1 has only just started, so it costs least.
     state = state_with([Queue("a", guaranteed=gpu(64)), Queue("b", guaranteed=gpu(64), max=Resources(-1, -1, 128))])

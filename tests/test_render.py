@@ -62,7 +62,7 @@ def test_describe_job_shows_tasks_with_their_end_and_the_events():
 Job:        j-1 (train)
 Status:     RUNNING
 User:       alice   Queue: default
-Attempt:    1 of 2
+Attempt:    1 (restarts used 0 of max_restarts 1)
 Gang:       2 task(s) x cpu 2, memory 4Gi, gpu 4
 Topology:   pack rack (required)
 Priority:   0

@@ -51,6 +51,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
     return {
         "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
         "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
+        "tasks_min": spec.tasks_min or None,
         "queue": spec.queue or "default", "grace_s": spec.grace or None,
         "resources": {"cpu": format_cpu(spec.resources.cpu), "memory": format_memory(spec.resources.memory),
                       "gpu": spec.resources.gpu},
@@ -64,6 +65,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
                    "reason_message": t.reason_message or None} for t in info.tasks],
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "waiting_code": info.waiting_code or None,
+        "restarts_used": info.restarts_used, "requeues": info.requeues,
         "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
         "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
         "array": _array_dict(info, spec), "failure_cause": info.failure_cause or None,
@@ -99,8 +101,16 @@ def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> str:
     now = time.time() if now is None else now
     return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED", "WAIT"],
                  [[j["array"]["line_id"] if j["array"] else j["id"], j["name"], j["user"] or "-", j["status"],
-                   j["attempt"], j["tasks_requested"],
+                   j["attempt"], tasks_column(j),
                    j["resources"]["gpu"], when(j["submitted_at"]), waited(j, now)] for j in jobs])
+
+
+def tasks_column(j: dict[str, Any]) -> str:
+    """A gang's size: its task count; for an elastic gang the tasks its attempt holds, of its range."""
+    if not j.get("tasks_min"):
+        return str(j["tasks_requested"])
+    span = f"{j['tasks_min']}-{j['tasks_requested']}"
+    return f"{len(j['tasks'])} of {span}" if j["tasks"] else span
 
 
 def job_description(j: dict[str, Any]) -> str:
@@ -109,8 +119,10 @@ def job_description(j: dict[str, Any]) -> str:
     cancelled = f" (cancelled by {j['cancelled_by']})" if j["cancelled_by"] else ""
     lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
              f"User:       {j['user'] or '-'}   Queue: {j['queue']}",
-             f"Attempt:    {j['attempt']} of {j['max_restarts'] + 1}",
-             f"Gang:       {j['tasks_requested']} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
+             f"Attempt:    {j['attempt']} (restarts used {j['restarts_used']} of max_restarts {j['max_restarts']}"
+             + (f"; requeued {j['requeues']} time(s), not charged: node lost, drain, preemption or resize)"
+                if j["requeues"] else ")"),
+             f"Gang:       {tasks_column(j)} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
              f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "

@@ -575,10 +575,14 @@ class ClusterState:
             return Result.rejected(f"job {job.id} cannot resize from {len(job.tasks)} to {cmd.size} task(s) (it takes "
                                    f"{elastic.least(job.spec)} to {job.spec.tasks})")
         job.stop_grace = job.spec.grace or DEFAULT_GRACE_S
-        self._stop_attempt(job, f"resizing from {len(job.tasks)} to {cmd.size} task(s)"
+        # `size` is what fitted when the leader asked; the next attempt is placed at the largest size
+        # that fits then (synapse.core.elastic), which may be larger still: say so, not a promise.
+        self._stop_attempt(job, f"resizing from {len(job.tasks)} task(s) (room for {cmd.size} when asked)"
                            + (f": {cmd.reason}" if cmd.reason else ""), cmd.at, cause=EndReason.RESIZED)
-        self._event(job, cmd.at, "Resizing", f"attempt {job.attempt}: {len(job.tasks)} -> {cmd.size} task(s); "
-                                             f"grace {job.stop_grace:g}s")
+        way = "larger" if cmd.size > len(job.tasks) else "smaller"
+        self._event(job, cmd.at, "Resizing", f"attempt {job.attempt} stops at {len(job.tasks)} task(s) to restart "
+                                             f"{way} (room for {cmd.size} now; the next attempt takes as many as "
+                                             f"fit, up to {job.spec.tasks}); grace {job.stop_grace:g}s")
         return Result(True)
 
     def _cancel_array(self, array: JobArray, cmd: c.CancelJob) -> Result:

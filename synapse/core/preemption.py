@@ -187,11 +187,13 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         pool = pool_of(state)
         facts.append(f"share of queue {queue.name} once admitted {share(queue, q_usage + need, pool):.3f}")
     chosen = topology_path(domain) or "cluster"
-    facts.append(f"domain {chosen} chosen of {considered} searched; work lost {cost[2]:.0f} GPU-s"
-                 + (f"; pushes gpu {cost[1]} below guarantees" if cost[1] else ""))
+    # The domain it preempts in comes first: the queue facts and the domains weighed and not
+    # chosen follow, each named as such, so no other domain reads as the one preempted.
+    facts.insert(0, f"preempting in {chosen} ({', '.join(held)}), chosen of {considered} domain(s) searched; "
+                    f"work lost {cost[2]:.0f} GPU-s" + (f"; pushes gpu {cost[1]} below guarantees" if cost[1] else ""))
     others = [text for _, text, d in sorted(alternatives, key=lambda a: a[:2]) if d != domain][:3]
     if others:
-        facts.append("alternatives: " + ", ".join(others))
+        facts.append("not chosen: " + ", ".join(others))
     rule = victims[0].rule if all(v.rule == victims[0].rule for v in victims) else "+".join(
         sorted({v.rule for v in victims}))
     command = c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=rule, nodes=held, explanation="; ".join(facts),

@@ -307,6 +307,8 @@ class JobInfo(_message.Message):
     DEPENDENCIES_FIELD_NUMBER: _builtins.int
     FAILURE_CAUSE_FIELD_NUMBER: _builtins.int
     WAITING_CODE_FIELD_NUMBER: _builtins.int
+    RESTARTS_USED_FIELD_NUMBER: _builtins.int
+    REQUEUES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -336,6 +338,12 @@ class JobInfo(_message.Message):
     """the typed cause when the cluster failed it outright: DependencyNeverSatisfied"""
     waiting_code: _builtins.str
     """for a pending job (an array: its next element): why it waits, typed"""
+    restarts_used: _builtins.int
+    """(scheduler.PENDING_REASONS: Unschedulable, Resources, Dependency, ...)
+    attempts ended by its own failures (what max_restarts bounds)
+    """
+    requeues: _builtins.int
+    """attempts ended through no fault of its own (node lost, drain, preemption, resize)"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
@@ -381,10 +389,12 @@ class JobInfo(_message.Message):
         dependencies: _abc.Iterable[Global___DependencyInfo] | None = ...,
         failure_cause: _builtins.str = ...,
         waiting_code: _builtins.str = ...,
+        restarts_used: _builtins.int = ...,
+        requeues: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "reservation", b"reservation", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
