@@ -19,6 +19,7 @@ def test_example_cluster_files_load(path, monkeypatch):
     config = load_cluster_config(path)
     assert len(config.replicas) in (3, 5) and config.raft_password == "pw" and config.token == "tok"
     assert config.heartbeat_timeout > config.heartbeat_interval
+    assert config.tls.enabled and config.require_worker_certs  # what a site runs: TLS, mTLS for workers
 
 
 def test_there_are_three_and_five_replica_examples():
