@@ -173,3 +173,21 @@ def test_readyz_tells_the_truth_when_digests_fail_and_when_most_nodes_are_down(m
     job_id = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=1)))
     waiting = wait_for(lambda: cluster.client.get_job(job_id).waiting, "a pending reason")
     assert "2 DOWN of 2 node(s)" in waiting and "can never fit" not in waiting, waiting
+
+
+def test_plain_mode_is_an_opt_out_that_says_so(tmp_path):
+    """`up --insecure`: plaintext, loudly; clients need no CA and a gang runs (plain mode's own test)."""
+    data_dir = tmp_path / "plain"
+    base = local.free_base_port(3)
+    up = run_cli("synapse.local.main", "up", "--insecure", "--data-dir", str(data_dir), "--workers", "1",
+                 "--base-port", str(base), env=dict(os.environ))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "WARNING: --insecure" in up.stderr and "dashboard: http://" in up.stdout
+        exported = next(line for line in up.stdout.splitlines() if line.startswith("export "))
+        assert "SYNAPSE_CA" not in exported
+        env = {**os.environ, **dict(kv.split("=", 1) for kv in exported.split()[1:])}
+        ran = run_cli("synapse.client.synctl", "submit", "--wait", "--gpu", "1", "--", "true", env=env)
+        assert ran.returncode == 0 and "Succeeded" in ran.stdout, ran.stdout + ran.stderr
+    finally:
+        run_cli("synapse.local.main", "down", "--data-dir", str(data_dir), env=dict(os.environ))
