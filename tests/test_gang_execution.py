@@ -174,6 +174,7 @@ def test_external_runtime_template_receives_the_task(make_cluster, tmp_path):
     fake.chmod(0o755)
     cluster = make_cluster(workers=0)
     from synapse.local import cluster as local
+    cluster.node_tls("wr")  # its certificate, where worker_argv finds it
     pid = local._spawn(local.worker_argv(cluster.data_dir, ",".join(cluster.addresses),
                                          cluster.data_dir / "secrets" / local.JOIN_TOKEN_FILE, "wr", "rack0", 8, 0.5)
                        + ["--runtime", f"{fake} run {{task_id}} {{image}}"], cluster.data_dir / "logs" / "wr.log")

@@ -227,6 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
         need not; Origin cannot serve, as the pages' no-referrer policy makes it "null")."""
         path = urlsplit(self.path).path
         if self.headers.get("Sec-Fetch-Site", "") == "cross-site":
+            self._discard_body()  # unread, it would reset the connection before the client reads the answer
             self._send(403, b"a form from another site may not sign in or out here\n")
         elif path == "/login":
             self._login()
@@ -257,6 +258,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def _discard_body(self) -> None:
+        """Read a request body this server will not use (at most a form's size)."""
+        self.rfile.read(max(0, min(int(self.headers.get("Content-Length") or 0), 4096)))
 
     def _refuse(self) -> None:
         self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
