@@ -451,9 +451,55 @@ def test_snapshots_are_version_2_and_a_version_1_snapshot_still_loads():
                     "resize_interval"):
             del job["spec"][key]
     assert ClusterState.from_snapshot(old).digest() == state.digest()
-    for version in (0, 3, None):
+    for version in (0, 4, None):
         with pytest.raises(ValueError, match="unsupported snapshot version"):
             ClusterState.from_snapshot({**new, "version": version})
+
+
+def test_version_3_records_make_a_version_3_snapshot_and_only_then():
+    """A cluster version or a job's uncharged requeues are what version 2 cannot read: their
+    snapshot is version 3 (a version-2 release refuses it); without them it is version 2, byte for
+    byte as version 2 wrote it, so replicas of both releases digest alike during an upgrade."""
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit(state, "j1", tasks=1, max_restarts=0)
+    assert state.to_snapshot()["version"] == 2 and "requeues" not in state.to_snapshot()["jobs"][0]
+    commit(state, "j1", whole_nodes("r0-n0"))
+    checked(state, c.NodeLost(at=20, node_id="r0-n0"))
+    snap = state.to_snapshot()
+    assert snap["version"] == 3 and snap["jobs"][0]["requeues"] == 1
+    again = ClusterState.from_snapshot(snap)
+    assert again.jobs["j1"].requeues == 1 and again.digest() == state.digest()
+    other = cluster(racks=1, nodes_per_rack=1)
+    assert checked(other, c.SetClusterVersion(at=1, version=3)).value == "3"
+    assert checked(other, c.SetClusterVersion(at=2, version=2)).value == "already at version 3"  # only rises
+    snap = other.to_snapshot()
+    assert snap["version"] == 3 and ClusterState.from_snapshot(snap).cluster_version == 3
+
+
+def test_a_lost_node_walks_no_job_round_the_cluster_for_ever():
+    """Lost nodes requeue uncharged up to MAX_UNCHARGED_REQUEUES times; then they count."""
+    from synapse.core.fsm import MAX_UNCHARGED_REQUEUES
+
+    state = cluster(racks=1, nodes_per_rack=8)
+    submit(state, "j1", tasks=1, max_restarts=0)
+    for attempt in range(1, MAX_UNCHARGED_REQUEUES + 2):
+        node = f"r0-n{attempt - 1}"
+        commit(state, "j1", whole_nodes(node), attempt=attempt)
+        checked(state, c.NodeLost(at=20 + attempt, node_id=node))
+    job = state.jobs["j1"]
+    assert job.status is JobStatus.FAILED and job.requeues == MAX_UNCHARGED_REQUEUES, [e.message for e in job.events]
+
+
+def test_a_drain_releases_a_preemptors_hold_on_the_node():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit(state, "v", tasks=2, max_restarts=0)
+    commit(state, "v", whole_nodes("r0-n0", "r0-n1"))
+    submit(state, "p", tasks=2, priority=10)
+    checked(state, c.Preempt(at=30, job_id="p", attempt=1, rule="priority", nodes=("r0-n0", "r0-n1"),
+                             victims=(c.Victim("v", 1, 5.0),)))
+    assert state.held_nodes == {"r0-n0": "p", "r0-n1": "p"}
+    checked(state, c.DrainNode(at=31, node_id="r0-n0"))
+    assert state.held_nodes == {} and "p" not in state.holds
 
 
 def test_cluster_events_are_typed_ordered_and_survive_a_snapshot():

@@ -210,6 +210,27 @@ def test_a_health_report_is_recorded_once_and_lifted_when_it_passes(make):
     assert cmds(lifted) == [c.SetNodeHealth(at=4, node_id=N0, healthy=True)]
 
 
+def test_from_version_3_a_failing_checks_drain_requeues_uncharged_and_is_made_again_if_lost(make):
+    """The health cordon, then a DrainNode; a DrainNode lost (a leader change) is proposed again by
+    the next heartbeat while the node is health-cordoned with gangs wanted on it."""
+    d = make()
+    d.handle(MonitorDue(at=0, mono=0, cluster_version=3))
+    submit(d.state, "j", tasks=1)
+    checked(d.state, c.CommitPlan(at=1, job_id="j", attempt=1, placements=(
+        Placement(0, N0, tuple(range(8)), 0),)))
+    bad = HealthReport(unhealthy=True, message="gpu 3 fell off the bus", drain=True)
+    first = cmds(d.handle(Heartbeat(N0, at=2, mono=2, health=bad)))
+    assert first == [c.SetNodeHealth(at=2, node_id=N0, healthy=False, message="gpu 3 fell off the bus"),
+                     c.DrainNode(at=2, node_id=N0, cordon=False, reason="health check failed: gpu 3 fell off the bus")]
+    checked(d.state, first[0])  # the cordon commits; the drain is lost
+    d.handle(Proposed(Propose(first[0]), True, None), Proposed(Propose(first[1]), False, None))
+    again = cmds(d.handle(Heartbeat(N0, at=3, mono=3, health=bad)))
+    assert again == [c.DrainNode(at=3, node_id=N0, cordon=False, reason="health check failed: gpu 3 fell off the bus")]
+    checked(d.state, again[0])
+    job = d.state.jobs["j"]
+    assert job.status is JobStatus.STOPPING and job.stop_cause == "Drained"
+
+
 # ---- rounds --------------------------------------------------------------------------------------
 
 

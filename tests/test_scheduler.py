@@ -118,6 +118,8 @@ def test_a_gang_that_needs_the_down_nodes_waits_for_them_not_never():
     waiting = s.submit(spec(tasks=3), duration=1)
     reason = s.schedule().waiting[waiting]
     assert reason.code == "NodesUnavailable" and "2 DOWN of 4 node(s)" in reason.message, reason
+    never = s.submit(spec(tasks=5), duration=1)  # more than every node of the cluster holds
+    assert s.schedule().waiting[never].code == "Unschedulable"
 
 
 def busy_cluster_with_stream(seed=7):

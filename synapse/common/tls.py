@@ -105,6 +105,13 @@ def _save(path: Path, data: bytes, private: bool = False) -> Path:
     return path
 
 
+def _key_usage(x509, ca: bool):
+    """A CA signs certificates (and revocation lists); a leaf signs its TLS handshakes."""
+    return x509.KeyUsage(digital_signature=not ca, key_cert_sign=ca, crl_sign=ca, content_commitment=False,
+                         key_encipherment=False, data_encipherment=False, key_agreement=False,
+                         encipher_only=False, decipher_only=False)
+
+
 def issue(out: Path, name: str, common_name: str, roles: tuple[str, ...], sans: list[str] = (),
           days: int = 365) -> list[Path]:
     """Sign `NAME.pem` / `NAME-key.pem` with the CA in `out` (ca.pem, ca-key.pem) for `roles`
@@ -123,7 +130,12 @@ def issue(out: Path, name: str, common_name: str, roles: tuple[str, ...], sans: 
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
-               .add_extension(x509.ExtendedKeyUsage([usages[r] for r in roles]), critical=False))
+               .add_extension(x509.ExtendedKeyUsage([usages[r] for r in roles]), critical=False)
+               # What strict verifiers (Python 3.13's default context: VERIFY_X509_STRICT) require.
+               .add_extension(_key_usage(x509, ca=False), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                              critical=False))
     if sans:
         entries = []
         for host in sans:
@@ -159,6 +171,8 @@ def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365,
                .serial_number(x509.random_serial_number()).not_valid_before(now)
                .not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .add_extension(_key_usage(x509, ca=True), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
                .sign(ca_key, hashes.SHA256()))
     written = [_save(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM)),
                _save(out / "ca-key.pem", _key_pem(ca_key), private=True)]

@@ -56,7 +56,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
     c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
     # Node loss and drains requeue gangs uncharged: an older replica would fail them (or charge them).
-    c.NodeLost: 3, c.DrainNode: 3,
+    c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -163,6 +163,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.register_node.CopyFrom(register_node_to_proto(cmd))
         case c.NodeLost():
             env.node_lost.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
+        case c.SetClusterVersion():
+            env.set_cluster_version.CopyFrom(commands_pb2.SetClusterVersion(version=cmd.version))
         case c.DrainNode():
             env.drain_node.CopyFrom(commands_pb2.DrainNode(node_id=cmd.node_id, reason=cmd.reason, cordon=cmd.cordon))
         case c.NodeDown():
@@ -286,6 +288,8 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
         case "node_lost":
             return c.NodeLost(node_id=env.node_lost.node_id, reason=env.node_lost.reason, **base)
+        case "set_cluster_version":
+            return c.SetClusterVersion(version=env.set_cluster_version.version, **base)
         case "drain_node":
             b = env.drain_node
             return c.DrainNode(node_id=b.node_id, reason=b.reason, cordon=b.cordon, **base)

@@ -78,6 +78,15 @@ class DrainNode(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SetClusterVersion(Command):
+    """Every member of the cluster applies command-set `version` (etcd's cluster version, kept in
+    the replicated state): the kinds of that version may be proposed from now on even while a member
+    is down or unheard, and a replica of an older release may no longer join. It only rises."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeUp(Command):
     node_id: str
 

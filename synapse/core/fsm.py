@@ -77,6 +77,10 @@ MAX_RUNS_PER_JOB = 100
 #: A gang preempted this many times within PREEMPTION_WINDOW_S is exempt from the priority and
 #: fair-share rules for the rest of that window (reclaim still applies): no gang thrashes.
 PREEMPTION_BUDGET = 3
+#: Lost nodes requeue a gang uncharged this many times; after that a lost node counts against its
+#: max_restarts, so a job that takes its nodes down cannot walk the cluster for ever (Slurm's
+#: MaxBatchRequeue is 5 too). Drains, preemption and resizes stay uncharged: they are the cluster's.
+MAX_UNCHARGED_REQUEUES = 5
 PREEMPTION_WINDOW_S = 86400.0
 #: Final states of forgotten jobs kept for dependencies on them (the oldest beyond it are dropped).
 MAX_FINISHED_RECORDS = 200_000
@@ -93,6 +97,8 @@ class ClusterState:
         self.pending: SortedList = SortedList()  #: (queue_key, job id) of PENDING jobs; apply only
         self.live_tasks: dict[str, set[tuple[str, int, int]]] = {}  #: node id -> live task keys
         self.applied = 0  #: commands applied (accepted or rejected); apply only
+        #: the command-set version every member is known to apply (SetClusterVersion); only rises; apply only
+        self.cluster_version = codec.BASE_VERSION
         self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
         #: commands applied other than submissions and barriers (local: not in snapshots). While it
         #: stands still, only new jobs have joined the queue, and a scheduling round that placed
@@ -147,6 +153,7 @@ class ClusterState:
             c.Preempt: self._preempt, c.PendingReasons: self._pending_reasons,
             c.SetNodeHealth: self._set_node_health, c.SubmitWorkflowJob: self._submit_job,
             c.NodeLost: self._node_down, c.DrainNode: self._drain_node,
+            c.SetClusterVersion: self._set_cluster_version,
             c.SetArrayThrottle: self._set_array_throttle, c.ResizeGang: self._resize_gang,
             c.CreateJoinToken: self._create_join_token,
             c.RevokeJoinToken: self._revoke_join_token, c.JoinNode: self._join_node,
@@ -295,10 +302,10 @@ class ClusterState:
             job = self.jobs[job_id]
             task = job.tasks[index]
             self._end_task(task, TaskState.LOST, None, cmd.at, EndReason.NODE_LOST, reason)
+            lost = f"task {index} (rank {task.rank}) on {node.id}: NodeLost: {cmd.reason or 'node declared down'}"
+            # An uncharged loss is no failure of the job's: it keeps none (its run records the cause).
             self._stop_attempt(job, f"{'' if uncharged else 'failed: '}task {index} lost ({reason})", cmd.at,
-                               cause=EndReason.NODE_LOST if uncharged else "",
-                               failure=f"task {index} (rank {task.rank}) on {node.id}: NodeLost: "
-                                       f"{cmd.reason or 'node declared down'}")
+                               cause=EndReason.NODE_LOST if uncharged else "", failure="" if uncharged else lost)
             self._maybe_end_attempt(job, cmd.at)
         self.index.update(node)
         return Result(True)
@@ -361,6 +368,14 @@ class ClusterState:
                                        failure=f"node {node.id} of task {task.index} unhealthy: {message}")
         return Result(True)
 
+    def _set_cluster_version(self, cmd: c.SetClusterVersion) -> Result:
+        if cmd.version <= self.cluster_version:
+            return Result(True, value=f"already at version {self.cluster_version}")
+        self.cluster_version = cmd.version
+        self.emit(cmd.at, "Normal", "cluster", "ClusterVersion", "", f"every member applies command-set version "
+                                                                  f"{cmd.version}")
+        return Result(True, value=str(cmd.version))
+
     def _drain_node(self, cmd: c.DrainNode) -> Result:
         """Cordon the node (with `cordon`) and stop every gang with a wanted task on it, each with
         its grace: it requeues at its place without using up a restart, or, an elastic gang that
@@ -368,6 +383,9 @@ class ClusterState:
         node = self.nodes.get(cmd.node_id)
         if node is None:
             return Result.not_found(f"unknown node {cmd.node_id}")
+        holder = self.held_nodes.get(node.id)
+        if holder is not None:
+            self._release_hold(holder)  # the preemptor's plan lapses with the node: it is planned afresh
         by = f" by {cmd.by}" if cmd.by else ""
         reason = f"node {node.id} drained{by}" + (f": {cmd.reason}" if cmd.reason else "")
         if cmd.cordon:
@@ -1078,7 +1096,8 @@ class ClusterState:
         elif job.stop_cause == EndReason.PREEMPTED:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
-        elif job.stop_cause in REQUEUED_CAUSES:
+        elif job.stop_cause in REQUEUED_CAUSES and not (job.stop_cause == EndReason.NODE_LOST
+                                                         and job.requeues >= MAX_UNCHARGED_REQUEUES):
             job.requeues += 1
             self._requeue_unfailed(job, at, f"after {job.stop_reason}")
         elif job.final_failure:

@@ -409,6 +409,10 @@ class LeaderState:
     def _monitor(self, state: ClusterState, s: MonitorDue) -> list[Instruction]:
         out: list[Instruction] = []
         self.cluster_version = s.cluster_version
+        if s.cluster_version > state.cluster_version >= codec.BASE_VERSION \
+                and s.cluster_version >= codec.KIND_VERSIONS[c.SetClusterVersion]:
+            # Every member knows it now: record it, so that a member down later holds nothing back.
+            out.append(Propose(c.SetClusterVersion(at=s.at, version=s.cluster_version)))
         # From version 3 a lost node's gangs requeue uncharged (NodeLost); before, as every release does.
         down = c.NodeLost if s.cluster_version >= codec.KIND_VERSIONS[c.NodeLost] else c.NodeDown
         ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
@@ -491,16 +495,21 @@ class LeaderState:
             self.proposed_up.add(s.node_id)
             out.append(Propose(c.NodeUp(at=s.at, node_id=s.node_id)))
         if s.health is not None and s.node_id not in self.proposed_health:
-            cmd = health_change(node, s.health.unhealthy, s.health.message, s.health.drain, s.at)
+            # From version 3 a failing check's drain is a DrainNode (its gangs requeue uncharged) after
+            # the health cordon, and level-triggered: proposed while the node is health-cordoned with
+            # gangs wanted on it, so a drain lost to a leader change is made by the next heartbeat.
+            drain = s.health.drain and self.cluster_version >= codec.KIND_VERSIONS[c.DrainNode]
+            cmd = health_change(node, s.health.unhealthy, s.health.message, s.health.drain and not drain, s.at)
+            reason = f"health check failed: {s.health.message or 'health check failed'}"
             if cmd is not None:
                 self.proposed_health.add(s.node_id)
-                if isinstance(cmd, c.SetNodeHealth) and cmd.drain \
-                        and self.cluster_version >= codec.KIND_VERSIONS[c.DrainNode]:
-                    # The cordon as a health cordon, then the drain that requeues its gangs uncharged.
-                    out.append(Propose(dataclasses.replace(cmd, drain=False)))
-                    cmd = c.DrainNode(at=s.at, node_id=s.node_id, cordon=False,
-                                      reason=f"health check failed: {cmd.message}")
                 out.append(Propose(cmd))
+                if drain and isinstance(cmd, c.SetNodeHealth) and not cmd.healthy:
+                    out.append(Propose(c.DrainNode(at=s.at, node_id=s.node_id, cordon=False, reason=reason)))
+            elif drain and s.health.unhealthy and node.health_cordon \
+                    and any(wanted for _, wanted in state.tasks_on_node(node.id)):
+                self.proposed_health.add(s.node_id)
+                out.append(Propose(c.DrainNode(at=s.at, node_id=s.node_id, cordon=False, reason=reason)))
         return out
 
     def _digest(self, state: ClusterState, s: LivenessDigest) -> list[Instruction]:
@@ -511,7 +520,7 @@ class LeaderState:
         cmd = s.proposal.cmd
         if isinstance(cmd, c.NodeUp):
             self.proposed_up.discard(cmd.node_id)
-        elif isinstance(cmd, c.SetNodeHealth):
+        elif isinstance(cmd, c.SetNodeHealth | c.DrainNode):
             self.proposed_health.discard(cmd.node_id)
             if s.ok:
                 log.info("node health recorded node=%s healthy=%s message=%s", cmd.node_id, cmd.healthy, cmd.message)

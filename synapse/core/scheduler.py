@@ -322,7 +322,7 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                            sticky=not reservations, depth=depth)
     if reservation is None:
         if _closest_depth(view, spec) is None:
-            return _unusable_nodes_reason(state) or (
+            return _unusable_nodes_reason(state, spec) or (
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()})",
                 "BehindReservation")
@@ -330,13 +330,24 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
     return "does not fit now" + local + "; " + reservation.describe(), "Resources"
 
 
-def _unusable_nodes_reason(state: ClusterState) -> tuple[str, str] | None:
+def _unusable_nodes_reason(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
     """Why a gang that fits no idle domain of the usable nodes may still start: nodes that are
     DOWN or cordoned now (a cluster whose workers are lost is not one too small). None if every
-    node is usable. Whether it would fit with them back is not weighed: it may."""
+    node is usable, or if the gang would not fit even with every node back and idle (counting
+    tasks per node only: topology is not weighed, so a gang it lets through may still never fit)."""
     down = sum(1 for n in state.nodes.values() if n.status is NodeStatus.DOWN)
     cordoned = sum(1 for n in state.nodes.values() if n.status is not NodeStatus.DOWN and not n.schedulable)
     if not down and not cordoned:
+        return None
+    per = spec.resources
+    slots = 0
+    for n in state.nodes.values():
+        fits = [have // need for have, need in ((n.capacity.cpu, per.cpu), (n.capacity.memory, per.memory),
+                                                (n.capacity.gpu, per.gpu)) if need > 0]
+        slots += min(fits) if fits else 0
+        if slots >= spec.tasks:
+            break
+    if slots < spec.tasks:
         return None
     unusable = ", ".join(part for part in (f"{down} DOWN" if down else "", f"{cordoned} cordoned" if cordoned else "")
                          if part)

@@ -42,15 +42,22 @@ from synapse.core.model import (
 #: and the workflow and elastic fields of jobs: a release that reads only version 1 would drop them,
 #: so it refuses a version-2 snapshot instead.
 SNAPSHOT_VERSION = 2
-#: The versions `decode` reads (a version-1 snapshot holds none of version 2's records: they are
+#: The version written once the state holds what version 2 cannot read (a replicated cluster version,
+#: a job's uncharged requeues): a version-2 release refuses it rather than drop them. A state without
+#: them encodes (and digests) exactly as version 2 did, so replicas compare equal during an upgrade.
+SNAPSHOT_VERSION_3 = 3
+#: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 
 
 def encode(state: Any) -> dict[str, Any]:
     """A ClusterState as plain data (JSON-able); its derived indexes are left out and rebuilt on load."""
+    jobs = [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)]
+    newer = state.cluster_version > 1 or any("requeues" in j for j in jobs)
     return {
-        "version": SNAPSHOT_VERSION, "levels": list(state.levels), "applied": state.applied,
+        "version": SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
+        "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
         "replicas": {k: list(v) for k, v in sorted(state.replicas.items())},
         "users": [_user_to_dict(u) for _, u in sorted(state.users.items())],
@@ -64,7 +71,7 @@ def encode(state: Any) -> dict[str, Any]:
         "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
                   for _, h in sorted(state.holds.items())],
         "nodes": [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)],
-        "jobs": [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)],
+        "jobs": jobs,
         "arrays": [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)],
         "finished": [[k, v] for k, v in state.finished.items()],  # oldest first: the order is kept
 
@@ -73,6 +80,7 @@ def encode(state: Any) -> dict[str, Any]:
         # before they existed, so replicas of both releases compare equal during an upgrade.
         **({"join_tokens": [_join_token_to_dict(t) for _, t in sorted(state.join_tokens.items())]}
            if state.join_tokens else {}),
+        **({"cluster_version": state.cluster_version} if state.cluster_version > 1 else {}),
     }
 
 
@@ -83,6 +91,7 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
     state = new_state(tuple(data["levels"]))
     state.applied, state.max_term, state.job_seq = data["applied"], data["max_term"], data["job_seq"]
+    state.cluster_version = data.get("cluster_version", state.cluster_version)
     state.replicas = {k: (v[0], v[1]) for k, v in data.get("replicas", {}).items()}
     for qd in data.get("queues", []):
         queue = _queue_from_dict(qd)
@@ -217,8 +226,8 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "stop_grace": j.stop_grace, "stop_cause": j.stop_cause, "failure": j.failure,
             "pending_since": j.pending_since, "placed_at": j.placed_at, "array_id": j.array_id,
             "array_index": j.array_index, "failure_cause": j.failure_cause, "resizes": j.resizes,
-            "requeues": j.requeues, "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq,
-            "archived_at": j.archived_at}
+            "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq,
+            "archived_at": j.archived_at, **({"requeues": j.requeues} if j.requeues else {})}
 
 
 def _run_to_list(r: Run) -> list[Any]:

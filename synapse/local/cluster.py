@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -223,6 +224,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     if history_url:
         doc["history"] = {"url": history_url}
     tls_dir = data_dir / "tls"
+    if tls_dir.exists():  # an earlier cluster's: workers would take TLS from its files (worker_argv)
+        shutil.rmtree(tls_dir)
     if tls:
         spare_hosts = [net.address(i) for i in spares] if net else []  # the masters it may grow into
         generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts, *spare_hosts}),

@@ -31,7 +31,9 @@ from synapse.local.netns import MasterNet
 
 def default_data_dir() -> Path:
     """Where a local cluster keeps its files unless told otherwise: absolute, the same from any directory."""
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    state_home = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state_home):  # unset, or relative: the XDG spec says to ignore it
+        state_home = str(Path.home() / ".local" / "state")
     return Path(state_home) / "synapse-local"
 
 

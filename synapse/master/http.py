@@ -94,9 +94,15 @@ def link_shards_problem(master: Master) -> str:
         if master.raft.is_leader() or not master.leader_api_address():
             return ""  # becoming the leader, or no leader at all (raft-leader-known says so)
         age = now - shard.delivered_at
-        return "" if age <= allowed else (f"this replica's liveness digests have not reached the leader for "
-                                          f"{age:.0f}s ({shard.failed} failed)")
-    status = master.raft.status()
+        # Failing now, and for a while: not merely no digest yet since an election
+        return "" if age <= allowed or not shard.failures else (
+            f"this replica's liveness digests have not reached the leader for {age:.0f}s ({shard.failed} failed)")
+    if not master.ready_leader_term():
+        return ""  # a new leader counts the shards' silence only once its loops have started
+    try:
+        status = master.raft.status()  # pysyncobj's, read off its thread: it may change under us
+    except RuntimeError:
+        return ""
     connected = {master.api_of_raft(p) for p in master.raft.partners()
                  if status.get(f"partner_node_status_server_{p}") == 2}
     silent = {api: s for api, s in view.shard_silences(sorted(connected - {""}), now).items() if s > allowed}

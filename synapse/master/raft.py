@@ -309,8 +309,8 @@ class RaftNode:
         the new kinds wait for the last replica; a member not heard from counts as not upgraded.
         """
         needed = self.commands.version_of(cmd)
-        if needed <= codec.BASE_VERSION:
-            return  # every release applies these: nothing to wait for, even with a member down
+        if needed <= max(codec.BASE_VERSION, self.replicated.state.cluster_version):
+            return  # every member applies these (every release, or the cluster's version): even with one down
         behind = tuple(sorted((member, version) for member, version in self.member_versions().items()
                               if version < needed))
         if behind:
@@ -323,9 +323,10 @@ class RaftNode:
         return self.sync.member_versions()
 
     def cluster_version(self) -> int:
-        """The highest command-set version every member is known to apply (on a leader; a member
-        not heard from counts as the base version, which every release applies)."""
-        return max(codec.BASE_VERSION, min(self.member_versions().values()))
+        """The highest command-set version every member is known to apply: the replicated cluster
+        version (SetClusterVersion, which only rises), or higher while every member is heard to
+        know more (on a leader; a member not heard from counts as the base version)."""
+        return max(codec.BASE_VERSION, min(self.member_versions().values()), self.replicated.state.cluster_version)
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
         """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""
