@@ -442,8 +442,12 @@ class MasterClient:
     # ---- typed helpers -------------------------------------------------------------------------
 
     def submit(self, spec_proto: Any, request_id: str | None = None) -> str:
+        return self.submit_job(spec_proto, request_id).job_id
+
+    def submit_job(self, spec_proto: Any, request_id: str | None = None) -> api_pb2.SubmitJobReply:
+        """Submit; the reply has the job id and what the job was accepted with but not as asked."""
         request = api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto)
-        return self.call("SubmitJob", request).job_id
+        return self.call("SubmitJob", request)
 
     def get_job(self, job_id: str) -> api_pb2.JobInfo:
         return self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))

@@ -72,6 +72,8 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "dependencies": [{"kind": d.kind, "job": d.job_id, "upstream_status": d.upstream_status or None,
                           "state": d.state} for d in info.dependencies],
         "singleton": spec.singleton or None,
+        "checkpoint": {"signal": spec.checkpoint.signal, "notice_s": spec.checkpoint.notice}
+        if spec.has_checkpoint else None,
     }
 
 
@@ -125,6 +127,8 @@ def job_description(j: dict[str, Any]) -> str:
              f"Gang:       {tasks_column(j)} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
              f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
+             *([f"Checkpoint: SIG{j['checkpoint']['signal']} {j['checkpoint']['notice_s']:g}s before a planned stop "
+                "(time limit, preemption, drain, resize), then SIGTERM"] if j.get("checkpoint") else []),
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
              f"Finished: {when(j['finished_at'])}"]
     a = j["array"]

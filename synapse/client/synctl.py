@@ -235,7 +235,10 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             fail(f"invalid job: queue: {problem}", 2)
         spec = dataclasses.replace(spec, queue=flags["queue"])
     rid = request_id or new_request_id()
-    job_id = run(lambda: obj.client.submit(codec.job_spec_to_proto(spec), request_id=rid))
+    reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=rid))
+    for line in reply.warnings:
+        click.echo(f"synctl: warning: {line}", err=True)
+    job_id = reply.job_id
     click.echo(render.submitted(job_id, rid, output))
     if wait:
         sys.exit(_follow(obj, job_id, quiet=output != "table"))

@@ -25,6 +25,7 @@ from synapse.core.arrays import JobArray
 from synapse.core.dependencies import Resolved
 from synapse.core.model import (
     Assignment,
+    CheckpointSpec,
     EndReason,
     Job,
     JobSpec,
@@ -56,7 +57,10 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
     c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
     # Node loss and drains requeue gangs uncharged: an older replica would fail them (or charge them).
-    c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3,
+    # The checkpoint notice: a Preempt's victim notice and the notice a FailAttempt, ResizeGang or
+    # DrainNode stop gives apply only to jobs that a SubmitCheckpointJob made, which no older
+    # replica can hold: those kinds keep their versions.
+    c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3, c.SubmitCheckpointJob: 3, c.CheckpointNotice: 3,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -109,7 +113,9 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         image=spec.image, queue=spec.queue, grace_s=spec.grace, gpu_model=spec.gpu_model, array=spec.array,
         array_throttle=spec.array_throttle, after=[types_pb2.Dependency(kind=k, job_id=j) for k, j in spec.after],
         singleton=spec.singleton, on_unsatisfiable=spec.on_unsatisfiable, tasks_min=spec.tasks_min,
-        resize_interval_s=spec.resize_interval)
+        resize_interval_s=spec.resize_interval,
+        checkpoint=types_pb2.Checkpoint(signal=spec.checkpoint.signal, notice_s=spec.checkpoint.notice)
+        if spec.has_checkpoint else None)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -124,7 +130,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s,
         gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
         after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable,
-        tasks_min=p.tasks_min, resize_interval=p.resize_interval_s)
+        tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
+        checkpoint=CheckpointSpec(signal=p.checkpoint.signal, notice=p.checkpoint.notice_s))
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -177,12 +184,19 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
         case c.SetNodeHealth():
             env.set_node_health.CopyFrom(commands_pb2.SetNodeHealth(
                 node_id=cmd.node_id, healthy=cmd.healthy, message=cmd.message, drain=cmd.drain))
+        case c.SubmitCheckpointJob():
+            env.submit_checkpoint_job.CopyFrom(commands_pb2.SubmitJob(
+                job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.SubmitWorkflowJob():
+            if cmd.spec.has_checkpoint:  # an older replica would drop the notice and apply another job
+                raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
             env.submit_workflow_job.CopyFrom(commands_pb2.SubmitJob(
                 job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.SubmitJob():
             if cmd.spec.has_workflow:  # an older replica would drop those fields and apply another job
                 raise CodecError("a spec with an array or dependencies travels as SubmitWorkflowJob")
+            if cmd.spec.has_checkpoint:
+                raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
             env.submit_job.CopyFrom(commands_pb2.SubmitJob(
                 job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.CommitPlan():
@@ -225,6 +239,9 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.pending_reasons.CopyFrom(commands_pb2.PendingReasons(entries=[
                 commands_pb2.PendingReason(job_id=e.job_id, attempt=e.attempt, code=e.code, message=e.message)
                 for e in cmd.entries]))
+        case c.CheckpointNotice():
+            env.checkpoint_notice.CopyFrom(commands_pb2.CheckpointNotice(
+                job_id=cmd.job_id, attempt=cmd.attempt, stop_at=cmd.stop_at, cause=cmd.cause))
         case c.ResizeGang():
             env.resize_gang.CopyFrom(commands_pb2.ResizeGang(job_id=cmd.job_id, attempt=cmd.attempt, size=cmd.size,
                                                              reason=cmd.reason))
@@ -234,7 +251,7 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.preempt.CopyFrom(commands_pb2.Preempt(
                 job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes),
                 explanation=cmd.explanation,
-                victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace)
+                victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace, notice_s=v.notice)
                          for v in cmd.victims]))
         case c.CreateJoinToken():
             env.create_join_token.CopyFrom(commands_pb2.CreateJoinToken(
@@ -307,11 +324,19 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
                 spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                            on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
+            spec = dataclasses.replace(spec, checkpoint=CheckpointSpec())  # likewise
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_workflow_job":
             b = env.submit_workflow_job
-            return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id,
-                                       spec=job_spec_from_proto(b.spec), **base)
+            spec = dataclasses.replace(job_spec_from_proto(b.spec), checkpoint=CheckpointSpec())  # as older replicas
+            return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
+        case "submit_checkpoint_job":
+            b = env.submit_checkpoint_job
+            return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
+                                         spec=job_spec_from_proto(b.spec), **base)
+        case "checkpoint_notice":
+            b = env.checkpoint_notice
+            return c.CheckpointNotice(job_id=b.job_id, attempt=b.attempt, stop_at=b.stop_at, cause=b.cause, **base)
         case "resize_gang":
             b = env.resize_gang
             return c.ResizeGang(job_id=b.job_id, attempt=b.attempt, size=b.size, reason=b.reason, **base)
@@ -368,7 +393,8 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             b = env.preempt
             return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes),
                              explanation=b.explanation,
-                             victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s) for v in b.victims), **base)
+                             victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s, v.notice_s) for v in b.victims),
+                             **base)
         case "create_join_token":
             b = env.create_join_token
             return c.CreateJoinToken(token_id=b.token_id, token_hash=b.token_hash, expires_at=b.expires_at,
@@ -485,7 +511,8 @@ def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
         job_id=a.job_id, attempt=a.attempt, index=a.index, rank=a.rank, world_size=a.world_size,
         local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
         master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
-        env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace, resources=resources_to_proto(a.resources))
+        env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace, resources=resources_to_proto(a.resources),
+        notice_signal=a.notice_signal, notice_s=a.notice)
 
 
 def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
@@ -494,4 +521,4 @@ def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
         local_rank=p.local_rank, local_world_size=p.local_world_size, node_rank=p.node_rank,
         master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
         env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop, grace=p.grace_s,
-        resources=resources_from_proto(p.resources))
+        resources=resources_from_proto(p.resources), notice_signal=p.notice_signal, notice=p.notice_s)

@@ -124,6 +124,32 @@ class SubmitWorkflowJob(SubmitJob):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitCheckpointJob(SubmitWorkflowJob):
+    """A SubmitJob whose spec asks for a checkpoint notice (command-set version 3): an older replica
+    would drop the notice and hold another job, so it travels as its own kind. It carries any spec,
+    arrays and dependencies included."""
+
+
+def submit_kind(spec: JobSpec) -> type[SubmitJob]:
+    """The kind a submission of `spec` travels as: the oldest that carries all of it."""
+    if spec.has_checkpoint:
+        return SubmitCheckpointJob
+    return SubmitWorkflowJob if spec.has_workflow else SubmitJob
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointNotice(Command):
+    """Give a running attempt's tasks their checkpoint notice now, ahead of the stop planned for
+    `stop_at` (its time limit: the leader proposes this `notice` before the limit, and the stop at
+    `stop_at`). Command-set version 3."""
+
+    job_id: str
+    attempt: int
+    stop_at: float
+    cause: str = "TimeLimit"  #: the planned stop's EndReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetArrayThrottle(Command):
     """Change how many elements of an array may hold a gang at once (0: no limit)."""
 
@@ -255,6 +281,7 @@ class Victim:
     job_id: str
     attempt: int
     grace: float  #: seconds from SIGTERM to SIGKILL
+    notice: float = 0.0  #: its checkpoint notice (seconds before SIGTERM), capped by its queue's max_grace
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

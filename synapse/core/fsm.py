@@ -9,6 +9,14 @@ mutates after, and a rejected command changes nothing but the applied-command co
 Resources are freed only when the work is known to be gone: when a task's worker reports it
 stopped (TaskExited) or its node is declared DOWN. Asking a gang to stop (a failed task, a
 cancellation) only moves the job to STOPPING; its tasks keep their resources until they are gone.
+
+The checkpoint notice: a job that asks for one (`checkpoint: {signal, notice}`) has every task of a
+running attempt signalled `notice` seconds (capped by its queue's max_grace: `notice_of`) before
+any stop the cluster plans (NOTICED_CAUSES), and SIGTERM only then. For its time limit the leader
+proposes CheckpointNotice that long before the limit and the stop at it; a preemption, a drain or
+a resize stops the attempt at once with `stop_notice` set, and its workers signal the tasks, wait,
+then send SIGTERM (synapse.worker.state). Each attempt is noticed once (`notice_at`), recorded as a
+Notice event that says when the stop comes.
 """
 
 from __future__ import annotations
@@ -27,13 +35,14 @@ from synapse.core import commands as c
 from synapse.core.arrays import MAX_ARRAY_SIZE, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
 from synapse.core.identity import groups_problem, user_name_problem
-from synapse.core.jobspec import JobFileError, check_workflow
+from synapse.core.jobspec import JobFileError, check_checkpoint, check_workflow, notice_capped
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
     JOIN_TOKEN_NODES,
+    NOTICED_CAUSES,
     REQUEUED_CAUSES,
     WORKER_REASONS,
     ClusterEvent,
@@ -70,7 +79,11 @@ _JOB_REASONS = {
     "Requeued": ("GangRestarting", "Warning"), "Succeeded": ("JobSucceeded", "Normal"),
     "Failed": ("JobFailed", "Warning"), "Cancelled": ("JobCancelled", "Normal"),
     "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
+    "Notice": ("CheckpointNotice", "Normal"),
 }
+#: How a Notice event names the planned stop it announces.
+_PLANNED_STOPS = {EndReason.TIME_LIMIT: "its time limit", EndReason.PREEMPTED: "the preemption",
+                  EndReason.DRAINED: "the drain", EndReason.RESIZED: "the resize"}
 #: Ended attempts kept per job (the first and the latest ones; a gang preempted without end would
 #: otherwise grow without bound).
 MAX_RUNS_PER_JOB = 100
@@ -159,6 +172,7 @@ class ClusterState:
             c.RevokeJoinToken: self._revoke_join_token, c.JoinNode: self._join_node,
             c.HistoryExported: self._history_exported,
             c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
+            c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -467,7 +481,7 @@ class ClusterState:
             return Result.rejected("job id must not be empty")
         if cmd.job_id in self.jobs or cmd.job_id in self.arrays:
             return Result.rejected(f"job id {cmd.job_id} already exists")
-        problem = self.validate_spec(cmd.spec) or self._workflow_problem(cmd)
+        problem = self.validate_spec(cmd.spec) or self._workflow_problem(cmd) or self._checkpoint_problem(cmd)
         if problem:
             return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
         if cmd.spec.queue not in ("", DEFAULT_QUEUE) and cmd.spec.queue not in self.queues:
@@ -481,9 +495,57 @@ class ClusterState:
         if cmd.request_id:
             self.job_by_request[cmd.request_id] = job.id
         self.pending.add((job.queue_key(), job.id))
+        capped = notice_capped(cmd.spec, self.queues.get(self.queue_of(job)))
         self._event(job, cmd.at, "Submitted", (f"by {cmd.by}: " if cmd.by else "")
-                    + f"{cmd.spec.tasks} task(s), max_restarts {cmd.spec.max_restarts}")
+                    + f"{cmd.spec.tasks} task(s), max_restarts {cmd.spec.max_restarts}"
+                    + (f"; warning: {capped}" if capped else ""))
         return Result(True, value=job.id)
+
+    @staticmethod
+    def _checkpoint_problem(cmd: c.SubmitJob) -> str:
+        """Why a submission's checkpoint notice cannot be accepted, or '' (jobspec.check_checkpoint)."""
+        if cmd.spec.has_checkpoint and not isinstance(cmd, c.SubmitCheckpointJob):
+            return "a checkpoint notice needs a SubmitCheckpointJob command"
+        try:
+            check_checkpoint(cmd.spec)
+        except JobFileError as exc:
+            return str(exc)
+        return ""
+
+    def notice_of(self, job: Job) -> float:
+        """Seconds of checkpoint notice the job's tasks get before a planned stop: its spec's, within
+        its queue's max_grace (as it is now: a larger one later gives more); 0 if it asks for none."""
+        if not job.spec.has_checkpoint:
+            return 0.0
+        queue = self.queues.get(self.queue_of(job))
+        return queue.capped(job.spec.checkpoint.notice) if queue is not None else job.spec.checkpoint.notice
+
+    def _checkpoint_notice(self, cmd: c.CheckpointNotice) -> Result:
+        """Give a running attempt's tasks their checkpoint notice ahead of the stop planned for
+        `stop_at` (the leader's time-limit monitor proposes it). An attempt is noticed once."""
+        job = self.jobs.get(cmd.job_id)
+        if job is None:
+            return Result.not_found(f"unknown job {cmd.job_id}")
+        if job.status is not JobStatus.RUNNING or job.attempt != cmd.attempt:
+            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
+                                   f"attempt {cmd.attempt}")
+        if not job.spec.has_checkpoint:
+            return Result.rejected(f"job {job.id} asks for no checkpoint notice")
+        if cmd.cause not in NOTICED_CAUSES or cmd.stop_at < cmd.at:
+            return Result.rejected(f"a notice is for a planned stop ahead ({', '.join(sorted(NOTICED_CAUSES))}), "
+                                   f"not {cmd.cause or 'none'} at {cmd.stop_at:.0f}")
+        if job.notice_at:
+            return Result(True, value="already noticed")
+        self._give_notice(job, cmd.at, cmd.stop_at, cmd.cause)
+        return Result(True)
+
+    def _give_notice(self, job: Job, at: float, stop_at: float, cause: str) -> None:
+        """Record that the attempt's tasks get their notice now (dispatch passes it to the workers)."""
+        job.notice_at = at
+        live = sum(1 for t in job.tasks if t.state.live)
+        self._event(job, at, "Notice", f"SIG{job.spec.checkpoint.signal} to {live} task(s); "
+                                       f"{_PLANNED_STOPS.get(cause, cause)} stops them at "
+                                       f"{utc_clock(stop_at)} ({stop_at - at:g}s notice)")
 
     def _workflow_problem(self, cmd: c.SubmitJob) -> str:
         """Why a submission's array or dependencies cannot be accepted against this state, or ''.
@@ -953,13 +1015,14 @@ class ClusterState:
                 # An elastic gang shrinks instead of being evicted: it restarts at once without the
                 # held nodes (a version-2 job: see codec.KIND_VERSIONS).
                 self._stop_attempt(victim, f"shrinking from {len(victim.tasks)} to {kept} task(s) for job "
-                                           f"{cmd.job_id} (rule {cmd.rule})", cmd.at, cause=EndReason.RESIZED)
+                                           f"{cmd.job_id} (rule {cmd.rule})", cmd.at, cause=EndReason.RESIZED,
+                                   notice=v.notice)
                 self._event(victim, cmd.at, "Shrinking", f"for job {cmd.job_id} of queue {self.queue_of(job)}: "
                                                          f"{len(victim.tasks)} -> {kept} task(s); grace {v.grace:g}s")
                 continue
             victim.preempted_at = (*victim.preempted_at, cmd.at)[-PREEMPTION_BUDGET:]
             reason = f"preempted by job {cmd.job_id} (rule {cmd.rule})"
-            self._stop_attempt(victim, reason, cmd.at, cause=EndReason.PREEMPTED)
+            self._stop_attempt(victim, reason, cmd.at, cause=EndReason.PREEMPTED, notice=v.notice)
             self._event(victim, cmd.at, "Preempted",
                         f"by job {cmd.job_id} of queue {self.queue_of(job)} (user {job.user or '-'}), rule "
                         f"{cmd.rule}; grace {v.grace:g}s" + (f"; {cmd.explanation}" if cmd.explanation else ""))
@@ -1071,15 +1134,27 @@ class ClusterState:
         task.reason, task.reason_message = str(reason), message
         self.index.update(node)
 
-    def _stop_attempt(self, job: Job, reason: str, at: float, cause: str = "", failure: str = "") -> None:
+    def _stop_attempt(self, job: Job, reason: str, at: float, cause: str = "", failure: str = "",
+                      notice: float | None = None) -> None:
         """Ask every task of the attempt to stop; they keep their resources until gone. `cause` is
         the EndReason of the tasks stopped (Preempted, Cancelled, TimeLimit; "" when a failure stops
-        them); `failure`, the first failure of the attempt, which the job keeps."""
+        them); `failure`, the first failure of the attempt, which the job keeps.
+
+        A planned stop (`cause` in NOTICED_CAUSES) of a running attempt whose job asks for a
+        checkpoint notice gives its tasks the notice first: `stop_notice` seconds (`notice`, else
+        the job's: notice_of) from the signal to SIGTERM, counted from the attempt's notice if it
+        had one already (its time limit's). An attempt not yet fully started has made no progress
+        to save: it stops at once. Neither does anything else: a cancellation, a failure, a lost node."""
         if job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            running = job.status is JobStatus.RUNNING
             job.status, job.stop_reason, job.stop_cause = JobStatus.STOPPING, reason, str(cause)
             if failure:
                 job.failure = failure
             self._event(job, at, "Stopping", f"attempt {job.attempt} {reason}")
+            if running and cause in NOTICED_CAUSES and job.spec.has_checkpoint:
+                job.stop_notice = self.notice_of(job) if notice is None else notice
+                if job.stop_notice and not job.notice_at:
+                    self._give_notice(job, at, at + job.stop_notice, cause)
 
     def _maybe_end_attempt(self, job: Job, at: float) -> None:
         """Once no task of the attempt is live: succeed, fail, cancel or requeue the job."""
@@ -1108,7 +1183,7 @@ class ClusterState:
         else:
             job.attempt += 1
             job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
-            job.stop_cause, job.pending_since = "", at
+            job.stop_cause, job.pending_since, job.stop_notice, job.notice_at = "", at, 0.0, 0.0
             self.pending.add((job.queue_key(), job.id))
             self._event(job, at, "Requeued", f"attempt {job.attempt}: restart {job.restarts_used()} of "
                                              f"{job.restarts_allowed()}")
@@ -1120,6 +1195,7 @@ class ClusterState:
         job.attempt += 1
         job.status, job.tasks, job.stop_reason, job.started_at = JobStatus.PENDING, [], "", 0.0
         job.stop_grace, job.stop_cause, job.pending_since = 0.0, "", at
+        job.stop_notice, job.notice_at = 0.0, 0.0
         self.pending.add((job.queue_key(), job.id))
         self._event(job, at, "Requeued", f"attempt {job.attempt} {why}; not charged to max_restarts")
 
@@ -1215,6 +1291,12 @@ class ClusterState:
     def digest(self) -> str:
         """A hash of the whole state: equal on replicas that applied the same commands."""
         return snapshot.snapshot_digest(snapshot.encode(self))
+
+
+def utc_clock(at: float) -> str:
+    """A time of day as HH:MM:SS UTC (apply may format a timestamp it was given, never read a clock)."""
+    s = int(at) % 86400
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d} UTC"
 
 
 def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from synapse.core import dependencies
 from synapse.core.arrays import MAX_ARRAY_SIZE, ArraySpecError, format_ranges, parse_array
-from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
+from synapse.core.model import CheckpointSpec, JobSpec, PackMode, Queue, Resources, TopologySpec
 from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.core.queues import queue_name_problem
 
@@ -37,7 +37,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
            "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable",
-           "resize_interval"}
+           "resize_interval", "checkpoint"}
+#: The signals a checkpoint notice may be, spelled as `kill -l` gives them without SIG: those a task
+#: can trap and whose default is not to stop or core-dump a process it did not expect (the task
+#: shim, shim.sh, outlives every one of them). A job file may write SIGUSR1 or usr1 too.
+NOTICE_SIGNALS = ("HUP", "INT", "QUIT", "USR1", "USR2", "ALRM", "TERM", "URG", "WINCH", "XCPU", "XFSZ", "VTALRM",
+                  "PROF")
+#: The longest checkpoint notice (as for `grace`).
+MAX_NOTICE_S = 86400.0
 
 
 class JobFileError(ValueError):
@@ -57,6 +64,42 @@ def _int(doc: dict, field: str, default: int, low: int, high: int, path: str = "
     if not low <= value <= high:
         raise JobFileError(name, f"must be between {low} and {high}, not {value}")
     return value
+
+
+def notice_signal(value: Any) -> str:
+    """A checkpoint notice's signal as NOTICE_SIGNALS spells it, from `USR1`, `SIGUSR1` or `usr1`;
+    raises ValueError saying why a value is not one."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(f"must be a signal name such as USR1, not {value!r} (signal numbers differ between systems)")
+    name = value.strip().upper().removeprefix("SIG")
+    if name in NOTICE_SIGNALS:
+        return name
+    if name in ("KILL", "STOP"):
+        raise ValueError(f"SIG{name} cannot be trapped, so the task could save nothing; give one it can trap, "
+                         "such as USR1")
+    raise ValueError(f"{value!r} is not a signal a notice may be (one of {', '.join(NOTICE_SIGNALS)})")
+
+
+def _checkpoint(doc: Any) -> CheckpointSpec:
+    """`checkpoint: {signal: USR1, notice: 2m}` (absent: no notice)."""
+    if doc is None:
+        return CheckpointSpec()
+    if not isinstance(doc, dict):
+        raise JobFileError("checkpoint", "must be a mapping such as {signal: USR1, notice: 2m}")
+    bad = sorted(set(map(str, doc)) - {"signal", "notice"})
+    if bad:
+        raise JobFileError(f"checkpoint.{bad[0]}", "unknown field (known: signal, notice)")
+    if doc.get("signal") is None or doc.get("notice") is None:
+        raise JobFileError("checkpoint", "give both the signal and the notice, e.g. {signal: USR1, notice: 2m}")
+    try:
+        name = notice_signal(doc["signal"])
+    except ValueError as exc:
+        raise JobFileError("checkpoint.signal", str(exc)) from None
+    try:
+        notice = parse_duration(doc["notice"])
+    except QuantityError as exc:
+        raise JobFileError("checkpoint.notice", str(exc)) from None
+    return CheckpointSpec(name, notice)
 
 
 def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> JobSpec:
@@ -161,7 +204,7 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
         time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,
         array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable),
-        tasks_min=tasks_min, resize_interval=resize_interval)
+        tasks_min=tasks_min, resize_interval=resize_interval, checkpoint=_checkpoint(doc.get("checkpoint")))
     check_spec(spec, levels)
     return spec
 
@@ -213,7 +256,36 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
                                         f"{MAX_GPU_MODEL_CHARS}), not {spec.gpu_model!r}")
     if spec.queue and queue_name_problem(spec.queue):
         raise JobFileError("queue", queue_name_problem(spec.queue))
+    check_checkpoint(spec)
     check_workflow(spec, max_array_size)
+
+
+def check_checkpoint(spec: JobSpec) -> None:
+    """Raise JobFileError if a spec's checkpoint notice breaks a rule: a signal of NOTICE_SIGNALS
+    with a notice above 0, no longer than a day nor than the job's time_limit (the notice would
+    then come before the job starts). A queue's max_grace caps it without refusing it."""
+    signal, notice = spec.checkpoint.signal, spec.checkpoint.notice
+    if not signal:
+        if notice:
+            raise JobFileError("checkpoint.signal", "a notice needs a signal, e.g. {signal: USR1, notice: 2m}")
+        return
+    if signal not in NOTICE_SIGNALS:
+        raise JobFileError("checkpoint.signal", f"{signal!r} is not a signal a notice may be (one of "
+                                                f"{', '.join(NOTICE_SIGNALS)})")
+    if not 0 < notice <= MAX_NOTICE_S:  # also refuses NaN
+        raise JobFileError("checkpoint.notice", "must be above 0 and at most 1 day")
+    if spec.time_limit and notice > spec.time_limit:
+        raise JobFileError("checkpoint.notice", f"{notice:g}s is longer than the job's time_limit of "
+                                                f"{spec.time_limit:g}s: the notice would come before the job "
+                                                "starts; give a shorter notice or a longer time_limit")
+
+
+def notice_capped(spec: JobSpec, queue: Queue | None) -> str:
+    """What a submission is told when its queue's max_grace caps its checkpoint notice ('' if not)."""
+    if queue is None or queue.capped(spec.checkpoint.notice) >= spec.checkpoint.notice:
+        return ""
+    return (f"checkpoint.notice {spec.checkpoint.notice:g}s is longer than queue {queue.name}'s max_grace of "
+            f"{queue.max_grace:g}s: the tasks get {queue.max_grace:g}s of notice")
 
 
 def check_workflow(spec: JobSpec, max_array_size: int = MAX_ARRAY_SIZE) -> None:

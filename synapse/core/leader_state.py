@@ -20,7 +20,9 @@ What it decides:
   DependencyNeverSatisfied)` naming the upstream job, unless it asked to wait.
 * **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
   the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
-  a running attempt past its time limit fails for good; finished jobs past their retention are
+  a running attempt past its time limit fails for good (a job with a checkpoint notice gets its
+  notice first: `CheckpointNotice` `notice` seconds before the limit, and the stop at the limit, or
+  `notice` after a notice that went out late); finished jobs past their retention are
   forgotten (with a history store: counted from when the store held them, and never before, unless
   the unarchived jobs outgrow their cap: then the oldest go with HistoryOverflow, a Warning event).
   The mass-silence guard (Kubernetes' node lifecycle controller stops evicting when most of a
@@ -55,7 +57,7 @@ from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
 from synapse.core.fsm import ClusterState
 from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
-from synapse.core.model import JobStatus, NodeStatus
+from synapse.core.model import EndReason, Job, JobStatus, NodeStatus
 from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
 
@@ -249,6 +251,8 @@ class LeaderState:
         #: the command-set version every member applies, as the last MonitorDue said; handle only
         self.cluster_version = codec.BASE_VERSION
         self.resizing: set[str] = set()  #: elastic gangs a ResizeGang is on its way for; handle only
+        #: (job, attempt) a CheckpointNotice is on its way for; handle only
+        self.noticing: set[tuple[str, int]] = set()
         #: (job, attempt) a FailAttempt for an unsatisfiable dependency is on its way for; handle only
         self.failing: set[tuple[str, int]] = set()
         self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
@@ -419,14 +423,38 @@ class LeaderState:
         for node_id, silent in self._declarable(self.heartbeats.silence(ready, s.mono), len(ready), s.mono):
             log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
             out.append(Propose(down(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
+        noticeable = s.cluster_version >= codec.KIND_VERSIONS[c.CheckpointNotice]
         for job in state.jobs.values():
-            limit = job.spec.time_limit
-            if job.status is JobStatus.RUNNING and limit and s.at - job.started_at > limit:
-                log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job.id, job.attempt, limit)
-                out.append(Propose(c.FailAttempt(at=s.at, job_id=job.id, attempt=job.attempt,
-                                                 reason=f"time limit of {limit:.0f}s exceeded", final=True,
-                                                 cause="TimeLimit")))
+            if job.status is JobStatus.RUNNING and job.spec.time_limit:
+                out += self._time_limit(state, job, s.at, noticeable)
         return out + self._forget(state, s)
+
+    def _time_limit(self, state: ClusterState, job: Job, now: float, noticeable: bool) -> list[Instruction]:
+        """A running attempt's time limit: its checkpoint notice `notice` before the limit, then the
+        stop (a final FailAttempt, cause TimeLimit) at the limit, or `notice` after the notice if it
+        went out late (a new leader, a slow monitor pass): the tasks always get all of their notice.
+        Below command-set version 3 (never, with such a job in the state: only a version-3 kind
+        submits one) the stop comes at the limit and gives the notice itself, as other stops do."""
+        limit = job.spec.time_limit
+        limit_at = job.started_at + limit
+        notice = state.notice_of(job) if noticeable else 0.0
+        if notice and not job.notice_at:
+            key = (job.id, job.attempt)
+            if now >= limit_at - notice and key not in self.noticing:
+                self.noticing.add(key)
+                stop_at = max(limit_at, now + notice)
+                log.info("checkpoint notice job=%s attempt=%d notice_s=%g stop_in_s=%.1f", job.id, job.attempt,
+                         notice, stop_at - now)
+                return [Propose(c.CheckpointNotice(at=now, job_id=job.id, attempt=job.attempt, stop_at=stop_at,
+                                                   cause=EndReason.TIME_LIMIT))]
+            return []
+        stop_at = max(limit_at, job.notice_at + notice) if job.notice_at else limit_at
+        if now <= stop_at:
+            return []
+        log.info("time limit reached job=%s attempt=%d limit_s=%.0f", job.id, job.attempt, limit)
+        return [Propose(c.FailAttempt(at=now, job_id=job.id, attempt=job.attempt,
+                                      reason=f"time limit of {limit:.0f}s exceeded", final=True,
+                                      cause=EndReason.TIME_LIMIT))]
 
     def _declarable(self, silence: Silence, ready: int, now: float) -> list[tuple[str, float]]:
         """The expired nodes to declare DOWN now: all of them, unless a mass silence holds them."""
@@ -537,6 +565,8 @@ class LeaderState:
             return [Reschedule(f"preemption for job {cmd.job_id}")]
         elif isinstance(cmd, c.ResizeGang):
             self.resizing.discard(cmd.job_id)
+        elif isinstance(cmd, c.CheckpointNotice):
+            self.noticing.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.FailAttempt) and cmd.cause == dependencies.NEVER_SATISFIED:
             self.failing.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.ForgetJobs) and s.ok:
@@ -564,4 +594,5 @@ class LeaderState:
         assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"
         assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"
         assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"
+        assert all(state.jobs.get(j) is not None for j, _ in self.noticing), "a CheckpointNotice in flight for no job"
         assert self.mass_silence_since is not None or not self.held_silent, "nodes held with no mass silence"

@@ -111,6 +111,15 @@ class TopologySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointSpec:
+    """The checkpoint notice a job asks for: `signal` to every task `notice` seconds before any stop
+    the cluster plans (NOTICED_CAUSES), ahead of SIGTERM, so it can save its work."""
+
+    signal: str = ""  #: a signal name as jobspec.NOTICE_SIGNALS spells it (USR1, no SIG); "" = no notice
+    notice: float = 0.0  #: seconds from the signal to SIGTERM (capped by the job's queue's max_grace)
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What a user asks for: the job file of DESIGN.md."""
 
@@ -134,11 +143,17 @@ class JobSpec:
     on_unsatisfiable: str = ""  #: "wait": stay pending when a dependency can never be met; "" = fail
     tasks_min: int = 0  #: elastic gangs: the least tasks it runs with (`tasks` is the most); 0 = not elastic
     resize_interval: float = 0.0  #: elastic gangs: seconds between two growths at least; 0 = the default
+    checkpoint: CheckpointSpec = CheckpointSpec()  #: the checkpoint notice (command-set version 3)
 
     @property
     def has_workflow(self) -> bool:
         """True when it uses a field that needs command-set version 2 (arrays, dependencies)."""
         return bool(self.array or self.after or self.singleton or self.on_unsatisfiable or self.tasks_min)
+
+    @property
+    def has_checkpoint(self) -> bool:
+        """True when it asks for a checkpoint notice (a field that needs command-set version 3)."""
+        return bool(self.checkpoint.signal)
 
     @property
     def total(self) -> Resources:
@@ -186,6 +201,12 @@ class EndReason(enum.StrEnum):
 #: requeues at its place in the queue and uses up none of its restarts (`Job.requeues`);
 #: `max_restarts` counts the job's own failures only.
 REQUEUED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.MASTER_PORT_IN_USE})
+
+
+#: The planned stops: a job with a checkpoint notice has its tasks signalled that long before SIGTERM
+#: (synapse.core.fsm `_stop_attempt`, synapse.worker.state). A cancellation, a failure or a lost
+#: node is not planned, and gives none.
+NOTICED_CAUSES = frozenset({EndReason.TIME_LIMIT, EndReason.PREEMPTED, EndReason.DRAINED, EndReason.RESIZED})
 
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
@@ -290,6 +311,11 @@ class Job:
     preemptions: int = 0  #: attempts ended by preemption; they do not use up max_restarts
     preempted_at: tuple[float, ...] = ()  #: when its last few preemptions were planned (the budget)
     stop_grace: float = 0.0  #: seconds from SIGTERM to SIGKILL for the stopping attempt (0: the worker's)
+    #: seconds from the checkpoint notice to SIGTERM for the stopping attempt: its notice, when a planned
+    #: stop (NOTICED_CAUSES) ends a running attempt of a job that asked for one; 0: none; apply only
+    stop_notice: float = 0.0
+    #: when the current attempt's tasks were given their checkpoint notice (0: not yet); apply only
+    notice_at: float = 0.0
     pending_reason: str = ""  #: why it waits, as the leader last recorded it (a PENDING_REASONS code)
     cancelled_by: str = ""  #: who asked to cancel it, if anyone did
     #: the EndReason the stopping attempt gives the tasks it stops (Preempted, Cancelled, TimeLimit),
@@ -343,7 +369,11 @@ class Queue:
     groups: tuple[str, ...] = ()
     preemption_rules: tuple[str, ...] = ()  #: of reclaim, priority, fair_share
     min_runtime: float = 0.0  #: seconds a gang runs before it may be preempted
-    max_grace: float = 0.0  #: cap, in seconds, on a job's grace when preempted; 0: no cap
+    max_grace: float = 0.0  #: cap, in seconds, on a job's grace when preempted and on its checkpoint notice; 0: no cap
+
+    def capped(self, seconds: float) -> float:
+        """`seconds` (a grace or a checkpoint notice) within this queue's max_grace."""
+        return min(seconds, self.max_grace) if self.max_grace else seconds
 
 
 #: A preempted gang's grace when its job file gives none.
@@ -470,6 +500,10 @@ class Assignment:
     stop: bool = False  #: no longer wanted: stop it and report its exit
     grace: float = 0.0  #: with stop: seconds from SIGTERM to SIGKILL; 0 means the worker's default
     resources: Resources = Resources()  #: the task's own; the worker confines it to them
+    #: a planned stop is near (while wanted) or this is one (with stop): give the task this signal once,
+    #: ahead of SIGTERM (jobspec.NOTICE_SIGNALS spelling); "" = no notice
+    notice_signal: str = ""
+    notice: float = 0.0  #: with stop and notice_signal: SIGTERM comes this many seconds after the notice
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -14,6 +14,10 @@ Rules (a queue lists those its jobs may use; by default `reclaim`, `priority` an
 * **fair_share** — across queues, only when the preemptor's queue's share once the job runs is no
   higher than the victim's queue's share without the victim (Kueue's rule: it cannot cycle).
 
+A victim gets its checkpoint notice (if its job asks for one), then SIGTERM, then SIGKILL after its
+grace; the notice and the grace are each capped by the victim's queue's max_grace, so a preemptor
+waits at most twice that for its room.
+
 Victims are whole gangs that have run at least their queue's `min_runtime`; a gang preempted
 PREEMPTION_BUDGET times within a day is exempt from the priority and fair-share rules for the rest
 of it. Planning looks at one
@@ -197,7 +201,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     rule = victims[0].rule if all(v.rule == victims[0].rule for v in victims) else "+".join(
         sorted({v.rule for v in victims}))
     command = c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=rule, nodes=held, explanation="; ".join(facts),
-                        victims=tuple(c.Victim(v.job.id, v.job.attempt, _grace(v)) for v in victims))
+                        victims=tuple(c.Victim(v.job.id, v.job.attempt, _grace(v), _notice(v)) for v in victims))
     return PreemptionPlan(command, cost[2])
 
 
@@ -221,8 +225,14 @@ def exhausted(job: Job, now: float) -> bool:
 
 
 def _grace(victim: _Candidate) -> float:
-    grace = victim.job.spec.grace or DEFAULT_GRACE_S
-    return min(grace, victim.queue.max_grace) if victim.queue.max_grace else grace
+    return victim.queue.capped(victim.job.spec.grace or DEFAULT_GRACE_S)
+
+
+def _notice(victim: _Candidate) -> float:
+    """The victim's checkpoint notice, within its queue's max_grace (as ClusterState.notice_of): the
+    preemptor waits that long more, at most, before its victims' SIGTERM (0 when it asks for none)."""
+    spec = victim.job.spec
+    return victim.queue.capped(spec.checkpoint.notice) if spec.has_checkpoint else 0.0
 
 
 def _heads_queue(state: ClusterState, job: Job) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 from synapse.core.arrays import JobArray
 from synapse.core.fairshare import DecayedUsage
 from synapse.core.model import (
+    CheckpointSpec,
     ClusterEvent,
     Event,
     Hold,
@@ -43,18 +44,23 @@ from synapse.core.model import (
 #: so it refuses a version-2 snapshot instead.
 SNAPSHOT_VERSION = 2
 #: The version written once the state holds what version 2 cannot read (a replicated cluster version,
-#: a job's uncharged requeues): a version-2 release refuses it rather than drop them. A state without
-#: them encodes (and digests) exactly as version 2 did, so replicas compare equal during an upgrade.
+#: a job's uncharged requeues, a checkpoint notice): a version-2 release refuses it rather than drop
+#: them. A state without them encodes (and digests) exactly as version 2 did, so replicas compare
+#: equal during an upgrade.
 SNAPSHOT_VERSION_3 = 3
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
 READABLE_VERSIONS = (1, 2, 3)
+#: A job's records of version 3, written only when set.
+_VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at"})
 
 
 def encode(state: Any) -> dict[str, Any]:
     """A ClusterState as plain data (JSON-able); its derived indexes are left out and rebuilt on load."""
     jobs = [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)]
-    newer = state.cluster_version > 1 or any("requeues" in j for j in jobs)
+    arrays = [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)]
+    newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
+        or any("checkpoint" in a["spec"] for a in arrays)
     return {
         "version": SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
         "applied": state.applied,
@@ -72,7 +78,7 @@ def encode(state: Any) -> dict[str, Any]:
                   for _, h in sorted(state.holds.items())],
         "nodes": [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)],
         "jobs": jobs,
-        "arrays": [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)],
+        "arrays": arrays,
         "finished": [[k, v] for k, v in state.finished.items()],  # oldest first: the order is kept
 
 
@@ -191,7 +197,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "max_restarts": s.max_restarts, "time_limit": s.time_limit, "image": s.image, "queue": s.queue,
             "grace": s.grace, "gpu_model": s.gpu_model, "array": s.array, "array_throttle": s.array_throttle,
             "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable,
-            "tasks_min": s.tasks_min, "resize_interval": s.resize_interval}
+            "tasks_min": s.tasks_min, "resize_interval": s.resize_interval,
+            **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {})}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -203,7 +210,8 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    array=d.get("array", ""), array_throttle=d.get("array_throttle", 0),
                    after=tuple((k, j) for k, j in d.get("after", ())), singleton=d.get("singleton", False),
                    on_unsatisfiable=d.get("on_unsatisfiable", ""), tasks_min=d.get("tasks_min", 0),
-                   resize_interval=d.get("resize_interval", 0.0))
+                   resize_interval=d.get("resize_interval", 0.0),
+                   checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -227,7 +235,9 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "pending_since": j.pending_since, "placed_at": j.placed_at, "array_id": j.array_id,
             "array_index": j.array_index, "failure_cause": j.failure_cause, "resizes": j.resizes,
             "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq,
-            "archived_at": j.archived_at, **({"requeues": j.requeues} if j.requeues else {})}
+            "archived_at": j.archived_at, **({"requeues": j.requeues} if j.requeues else {}),
+            **({"stop_notice": j.stop_notice} if j.stop_notice else {}),
+            **({"notice_at": j.notice_at} if j.notice_at else {})}
 
 
 def _run_to_list(r: Run) -> list[Any]:
@@ -255,7 +265,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               array_index=d.get("array_index", -1), failure_cause=d.get("failure_cause", ""),
               resizes=d.get("resizes", 0), requeues=d.get("requeues", 0),
               runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
-              archived_at=d.get("archived_at", 0.0))
+              archived_at=d.get("archived_at", 0.0), stop_notice=d.get("stop_notice", 0.0),
+              notice_at=d.get("notice_at", 0.0))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when

@@ -3,13 +3,18 @@
 Dispatch is level-triggered: a worker receives the whole list for its node, starts what is listed
 and not running, and stops what it runs that is not listed or is listed with `stop`. Losing a
 message, or a leader, therefore loses nothing: the next list says everything again.
+
+The checkpoint notice rides on the same lists: a task of a running attempt that has had its notice
+(CheckpointNotice, ahead of its time limit) is listed with `notice_signal`, and so is a task whose
+attempt a planned stop ends (`stop`, with `notice`: the seconds from the signal to SIGTERM). The
+worker gives each task the signal once (synapse.worker.state).
 """
 
 from __future__ import annotations
 
 from synapse.core.elastic import is_elastic
 from synapse.core.fsm import ClusterState
-from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job
+from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus
 from synapse.core.rendezvous import master_port
 
 
@@ -36,15 +41,40 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
             node_order.append(t.node_id)
     local = [t for t in by_rank if t.node_id == node_id]
     rank0 = state.nodes.get(by_rank[0].node_id)
+    signal, notice = _notice(state, job, stop)
     return Assignment(
         job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
         master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
         gpus=task.gpus, command=job.spec.command, image=job.spec.image, stop=stop,
-        grace=job.stop_grace if stop else 0.0, resources=task.resources,
+        grace=job.stop_grace if stop else 0.0, resources=task.resources, notice_signal=signal, notice=notice,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
         env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
+                          ("SYNAPSE_RESTART_REASON", restart_reason(job)), *_checkpoint_env(state, job),
                           *_array_env(state, job), *_elastic_env(job)))))
+
+
+def _notice(state: ClusterState, job: Job, stop: bool) -> tuple[str, float]:
+    """The notice a task is listed with: (signal, seconds from it to SIGTERM), or ("", 0.0)."""
+    if stop:
+        return (job.spec.checkpoint.signal, job.stop_notice) if job.stop_notice else ("", 0.0)
+    if job.notice_at and job.status is JobStatus.RUNNING:
+        return job.spec.checkpoint.signal, state.notice_of(job)
+    return "", 0.0
+
+
+def restart_reason(job: Job) -> str:
+    """Why the job's previous attempt ended (an EndReason: NodeLost, Drained, Preempted, Resized,
+    Error…), as its accounting record says; "" for the first attempt."""
+    return next((r.outcome for r in reversed(job.runs) if r.attempt == job.attempt - 1), "")
+
+
+def _checkpoint_env(state: ClusterState, job: Job) -> tuple[tuple[str, str], ...]:
+    """A job with a checkpoint notice: the signal its tasks trap and how long they have after it."""
+    if not job.spec.has_checkpoint:
+        return ()
+    return (("SYNAPSE_CHECKPOINT_SIGNAL", job.spec.checkpoint.signal),
+            ("SYNAPSE_CHECKPOINT_NOTICE_S", f"{state.notice_of(job):g}"))
 
 
 def _elastic_env(job: Job) -> tuple[tuple[str, str], ...]:

@@ -33,7 +33,7 @@ from synapse.core import codec, dependencies, elastic, fairshare, preemption
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
-from synapse.core.jobspec import JobFileError, check_spec
+from synapse.core.jobspec import JobFileError, check_spec, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
@@ -276,8 +276,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 ClusterView(self.m.state.nodes, self.m.state.index, self.m.state.levels), spec)
         if conflict:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, conflict)
+        # The spec keeps the notice asked for: a queue given a larger max_grace later gives all of it.
+        warnings = [w for w in (notice_capped(spec, queue),) if w]
         if existing:
-            return api_pb2.SubmitJobReply(job_id=existing)
+            return api_pb2.SubmitJobReply(job_id=existing, warnings=warnings)
         if unplaceable:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: tasks.min: {unplaceable}")
         if unknown:
@@ -299,13 +301,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 f"largest node has (gpu {largest.gpu}, cpu {largest.cpu}m, memory {largest.memory})")
         job_id = self.m.new_job_id(spec.name)
         user = caller.name
-        kind = c.SubmitWorkflowJob if spec.has_workflow else c.SubmitJob
+        kind = c.submit_kind(spec)
         result = await self._propose(kind(at=time.time(), by=user, job_id=job_id,
                                           request_id=request.request_id, spec=spec), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         log.info("job submitted job=%s request=%s tasks=%d user=%s", result.value, request.request_id, spec.tasks,
                  user)
-        return api_pb2.SubmitJobReply(job_id=result.value)
+        return api_pb2.SubmitJobReply(job_id=result.value, warnings=warnings)
 
     def _job_info(self, job, explained: dict[int, tuple[str, ...]] | None = None) -> api_pb2.JobInfo:
         """The job as the API shows it (call under the master lock). `explained` caches the

@@ -111,15 +111,21 @@ class SubmitJobReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what the job was accepted with but not as asked (a capped notice)"""
+
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1174,6 +1180,8 @@ class Assignment(_message.Message):
     STOP_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
+    NOTICE_SIGNAL_FIELD_NUMBER: _builtins.int
+    NOTICE_S_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1189,6 +1197,12 @@ class Assignment(_message.Message):
     """no longer wanted: stop it and report its exit"""
     grace_s: _builtins.float
     """with stop: seconds from SIGTERM to SIGKILL (0: the worker's default)"""
+    notice_signal: _builtins.str
+    """A planned stop is near (not stop) or this is one (stop): signal the task once with this, ahead
+    of SIGTERM; empty = no notice.
+    """
+    notice_s: _builtins.float
+    """with stop and notice_signal: SIGTERM this many seconds after the notice"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1219,10 +1233,12 @@ class Assignment(_message.Message):
         stop: _builtins.bool = ...,
         grace_s: _builtins.float = ...,
         resources: _types_pb2.Resources | None = ...,
+        notice_signal: _builtins.str = ...,
+        notice_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -115,6 +115,7 @@ class JobSpec(_message.Message):
     ON_UNSATISFIABLE_FIELD_NUMBER: _builtins.int
     TASKS_MIN_FIELD_NUMBER: _builtins.int
     RESIZE_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -156,6 +157,10 @@ class JobSpec(_message.Message):
     def topology(self) -> Global___TopologySpec: ...
     @_builtins.property
     def after(self) -> _containers.RepeatedCompositeFieldContainer[Global___Dependency]: ...
+    @_builtins.property
+    def checkpoint(self) -> Global___Checkpoint:
+        """The checkpoint notice (command-set version 3)."""
+
     def __init__(
         self,
         *,
@@ -179,14 +184,42 @@ class JobSpec(_message.Message):
         on_unsatisfiable: _builtins.str = ...,
         tasks_min: _builtins.int = ...,
         resize_interval_s: _builtins.float = ...,
+        checkpoint: Global___Checkpoint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "topology", b"topology"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class Checkpoint(_message.Message):
+    """A signal to every task `notice_s` seconds before a stop the cluster plans (its time limit, a
+    preemption, a drain, an elastic resize), ahead of SIGTERM.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    NOTICE_S_FIELD_NUMBER: _builtins.int
+    signal: _builtins.str
+    """a signal name without SIG, e.g. USR1; empty = no notice"""
+    notice_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        signal: _builtins.str = ...,
+        notice_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["notice_s", b"notice_s", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
 
 @_typing.final
 class Dependency(_message.Message):

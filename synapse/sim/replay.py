@@ -180,7 +180,7 @@ class Replay(Simulator):
                 if jobs[i].tasks_on(self.shape) > 1:
                     heapq.heappush(wakeups, at + self.spec_policy.tuning.locality_wait_s)
                 spec = self.spec_of(jobs[i])
-                kind = c.SubmitWorkflowJob if spec.has_workflow else c.SubmitJob
+                kind = c.submit_kind(spec)
                 result = self.apply(kind(at=at, job_id=jobs[i].id, request_id=jobs[i].id, spec=spec, by=jobs[i].user))
                 if not result.ok:
                     raise ValueError(f"job {jobs[i].id}: {result.error}")

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 from concurrent import futures
@@ -59,6 +60,13 @@ TASK_JOURNAL = "task-events.jsonl"
 #: The node's own credential, as RegisterNode returned it ({"node_id", "credential"}, mode 0600): with
 #: it the worker needs neither the cluster token nor its join token again.
 CREDENTIAL_FILE = "node-credential.json"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def load_credential(data_dir: Path, node_id: str) -> str:
@@ -230,7 +238,7 @@ class WorkerAgent:
             if isinstance(ins, ws.Start):
                 self._start(ins.assignment)
             elif isinstance(ins, ws.Signal):
-                log.info("signal task=%s sig=%d", ins.key, ins.signal)
+                log.info("signal task=%s sig=%s", ins.key, _signal_name(ins.signal))
                 self.runtime.signal(ins.handle, ins.signal)
 
     def _start(self, a: Assignment) -> None:
@@ -409,7 +417,8 @@ class WorkerAgent:
         data = {"known": list(self.state.known), "done": [list(k) for k in sorted(self.state.done)],
                 "unreported": [asdict(r) | {"key": list(r.key)} for r in self.state.unreported],
                 "tasks": [{"assignment": asdict(t.assignment), "phase": t.phase,
-                           "handle": asdict(t.handle) if t.handle else None} for t in self.state.tasks.values()]}
+                           "handle": asdict(t.handle) if t.handle else None, "noticed": t.noticed_at is not None}
+                          for t in self.state.tasks.values()]}
         path = self.data_dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
@@ -438,6 +447,10 @@ class WorkerAgent:
             if task.phase == "starting":
                 task.phase = "running"
                 self.state.unreported.append(ws.Report(assignment.key, started=True))
+            if task.phase == "stopping":  # its stop's timers did not survive: the next listing stops it again
+                task.phase = "running"
+            if t.get("noticed"):  # given its notice: not again, and a stop with one waits from now
+                task.noticed_at = time.monotonic()
             self.state.tasks[assignment.key] = task
             log.info("re-adopting task=%s pid=%d alive=%s cgroup=%s", assignment.key, task.handle.pid,
                      alive(task.handle), task.handle.cgroup or "-")

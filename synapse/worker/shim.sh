@@ -10,10 +10,12 @@
 # atomically (128+N when the task was killed by signal N, as shells report it). A restarted
 # worker therefore re-adopts a task, or learns how it ended.
 #
-# A stop is SIGTERM to the whole group: the trap below keeps the shim alive (a handler, not an
-# ignore, so the task itself still gets the default action) until the task has gone and its
-# status is written. SIGKILL to the group kills the shim too: the worker then reports the task
-# as killed (no exit file).
+# A stop is SIGTERM to the whole group, after a checkpoint notice (another signal to the group) when
+# the job asks for one: the trap below keeps the shim alive through each of them (a handler, not an
+# ignore, so the task itself still gets the default action, or its own handler) until the task has
+# gone and its status is written. It names every signal a notice may be (NOTICE_SIGNALS in
+# synapse/core/jobspec.py). SIGKILL to the group kills the shim too: the worker then reports the
+# task as killed (no exit file).
 #
 # With SYNAPSE_SHIM_CGROUPS set (cgroup.procs files, ':'-separated), the shim first moves itself
 # into those cgroups, so the task and everything it forks are confined from their first
@@ -41,7 +43,7 @@ if [ -n "${SYNAPSE_SHIM_CGROUPS:-}" ]; then
     done
     IFS=$saved_ifs
 fi
-trap 'true' TERM INT
+trap 'true' TERM INT HUP QUIT USR1 USR2 ALRM URG WINCH XCPU XFSZ VTALRM PROF
 "$@"
 code=$?
 printf '%s\n' "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"

@@ -11,6 +11,12 @@ Rules:
 * Level-triggered: whatever runs and is not wanted is stopped; whatever is wanted and has never
   run here is started. A task key (job, attempt, index) is started at most once, ever.
 * Stop = SIGTERM to the task's process group, SIGKILL once the grace period has passed.
+* The checkpoint notice: a task listed with `notice_signal` gets that signal once, as soon as it
+  has a process. Listed while still wanted, that is all (its time limit is near: the stop follows
+  from the master). Listed with `stop`, SIGTERM waits until `notice` seconds after the signal, then
+  SIGKILL after the grace as ever: signal, wait `notice`, SIGTERM, wait `grace`, SIGKILL. A task
+  stopped before its process started has nothing to save and gets SIGTERM at once; a stop without
+  a notice (a cancellation, a failure, an unlisted task) is SIGTERM at once, even after a notice.
 * Every start and exit is reported until the master acknowledges it.
 """
 
@@ -23,6 +29,15 @@ from synapse.core.model import Assignment, EndReason
 from synapse.worker.runtime import Handle
 
 Key = tuple[str, int, int]
+
+
+def notice_signal(name: str) -> int:
+    """The number of a checkpoint notice's signal (jobspec.NOTICE_SIGNALS spelling), 0 for none or a
+    name this machine does not know (the task then gets no notice, and SIGTERM as without one)."""
+    try:
+        return int(signal.Signals[f"SIG{name}"]) if name else 0
+    except KeyError:
+        return 0
 
 
 # ---- events ------------------------------------------------------------------------------------
@@ -100,6 +115,11 @@ class LocalTask:
     grace: float | None = None  #: this stop's seconds from SIGTERM to SIGKILL, if the master set one
     killed: bool = False  #: SIGKILL sent
     exit_code: int | None = None
+    #: the checkpoint notice's signal, once one is asked for and the task has no process yet to get it
+    notice_pending: int = 0
+    noticed_at: float | None = None  #: when the task was given its checkpoint notice
+    #: a stop with a notice: when SIGTERM is due (None: sent with the stop, or not stopping)
+    term_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -125,9 +145,10 @@ class WorkerState:
                 if task.phase == "starting":
                     task.phase = "running"
                 self.unreported.append(Report(event.key, started=True))
-                if task.phase == "stopping":  # a stop arrived while it was starting
+                if task.phase == "stopping":  # a stop arrived while it was starting: nothing to save
+                    task.term_at = None
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
-                return []
+                return self._notice(event.key, task, task.notice_pending, now)
             case TaskStartFailed():
                 self._exited(event.key, 127, event.reason, event.cause)
                 return []
@@ -147,21 +168,47 @@ class WorkerState:
             return []
         self.known = (event.term, event.version)
         wanted = {a.key: a for a in event.assignments if not a.stop}
-        graces = {a.key: a.grace for a in event.assignments if a.stop and a.grace > 0}
+        stops = {a.key: a for a in event.assignments if a.stop}
         listed = {a.key for a in event.assignments}
         out: list[Start | Signal] = []
         for key, a in sorted(wanted.items()):
             if key not in self.tasks and key not in self.done:
                 self.tasks[key] = LocalTask(a)
                 out.append(Start(a))
+            elif key in self.tasks and self.tasks[key].phase in ("starting", "running"):
+                out += self._notice(key, self.tasks[key], notice_signal(a.notice_signal), now)
         for key, task in sorted(self.tasks.items()):
             if key not in wanted and task.phase in ("starting", "running"):
-                task.phase, task.stop_requested_at, task.grace = "stopping", now, graces.get(key)
-                if task.handle is not None:
-                    out.append(Signal(key, task.handle, signal.SIGTERM))
+                out += self._stop(key, task, stops.get(key), now)
         # Tombstones the master no longer lists can go: a new attempt has a new key anyway.
         self.done &= listed | {r.key for r in self.unreported}
         return out
+
+    def _notice(self, key: Key, task: LocalTask, sig: int, now: float) -> list[Start | Signal]:
+        """Give the task its checkpoint notice `sig` once (0: none asked), or once it has a process."""
+        if not sig or task.noticed_at is not None:
+            return []
+        if task.handle is None:
+            task.notice_pending = sig
+            return []
+        task.notice_pending, task.noticed_at = 0, now
+        return [Signal(key, task.handle, sig)]
+
+    def _stop(self, key: Key, task: LocalTask, a: Assignment | None, now: float) -> list[Start | Signal]:
+        """Stop a task no longer wanted (`a`: its stop listing, None if it is no longer listed):
+        with a notice, the signal now (unless given already) and SIGTERM `notice` seconds after it;
+        else SIGTERM now. SIGKILL follows SIGTERM after the grace (_escalate)."""
+        task.phase, task.stop_requested_at = "stopping", now
+        task.grace = a.grace if a is not None and a.grace > 0 else None
+        sig = notice_signal(a.notice_signal) if a is not None and a.notice > 0 else 0
+        if task.handle is None:  # not started: nothing to save, SIGTERM once it has a process
+            return []
+        out = self._notice(key, task, sig, now) if sig else []
+        if sig and task.noticed_at is not None and now < task.noticed_at + a.notice:  # type: ignore[union-attr]
+            task.term_at = task.noticed_at + a.notice  # type: ignore[union-attr]
+            task.stop_requested_at = None  # the grace counts from SIGTERM
+            return out
+        return out + [Signal(key, task.handle, signal.SIGTERM)]
 
     def _exited(self, key: Key, code: int, reason: str, cause: str) -> None:
         task = self.tasks.pop(key, None)
@@ -173,6 +220,11 @@ class WorkerState:
     def _escalate(self, now: float) -> list[Start | Signal]:
         out: list[Start | Signal] = []
         for key, task in sorted(self.tasks.items()):
+            if task.phase == "stopping" and task.term_at is not None and now >= task.term_at \
+                    and task.handle is not None:  # the notice is over
+                task.term_at, task.stop_requested_at = None, now
+                out.append(Signal(key, task.handle, signal.SIGTERM))
+                continue
             if (task.phase == "stopping" and not task.killed and task.handle is not None
                     and task.stop_requested_at is not None
                     and now - task.stop_requested_at >= (task.grace if task.grace is not None else self.stop_grace)):
@@ -190,6 +242,16 @@ class WorkerState:
                     and key[:2] != a.key[:2]):
                 return key
         return None
+
+    def validate(self) -> None:
+        """Raise AssertionError if the bookkeeping contradicts itself (tests call it after each scenario)."""
+        for key, task in self.tasks.items():
+            assert key == task.assignment.key, f"task {key} filed under another key"
+            assert key not in self.done, f"task {key} both live and done"
+            assert task.term_at is None or (task.phase == "stopping" and task.noticed_at is not None
+                                            and task.stop_requested_at is None), \
+                f"task {key} waits for SIGTERM without a notice, or after it"
+            assert not (task.notice_pending and task.handle is not None), f"task {key} has a process and a notice owed"
 
     def running(self) -> list[LocalTask]:
         """Tasks with a process to watch."""
