@@ -3,6 +3,7 @@
 import signal
 import time
 
+from synapse.core.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment
 from synapse.worker.runtime import ProcessRuntime, alive, exit_code, stop_all, task_env
 
@@ -50,6 +51,22 @@ def test_sigkill_after_grace_when_the_task_ignores_sigterm(tmp_path):
     stop_all(runtime, [handle], grace=0.5)
     assert not alive(handle) and time.monotonic() - started < 5
     assert exit_code(handle) is None  # killed with its shim: no status recorded, reported as killed
+
+
+def test_the_shim_outlives_every_notice_signal_and_the_task_handles_it(tmp_path):
+    """A checkpoint notice goes to the task's whole group, its shim too: the shim must live on to
+    record the status, and the task's own trap must run (jobspec.NOTICE_SIGNALS, shim.sh)."""
+    runtime = ProcessRuntime(tmp_path)
+    handles = {name: runtime.start(assignment(i, ["sh", "-c", f"trap 'echo saved on {name}; exit 0' {name}; "
+                                                               "while :; do sleep 0.05; done"], job=f"n{i}"))
+               for i, name in enumerate(NOTICE_SIGNALS)}
+    time.sleep(0.5)
+    for name, handle in handles.items():
+        runtime.signal(handle, signal.Signals[f"SIG{name}"])
+    for name, handle in handles.items():
+        wait_gone(handle)
+        log = open(handle.log_file).read()  # the shell may first say how its `sleep` ended
+        assert exit_code(handle) == 0 and log.endswith(f"saved on {name}\n"), (name, log)
 
 
 def test_missing_command_exits_127(tmp_path):

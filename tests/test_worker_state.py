@@ -15,13 +15,19 @@ from synapse.worker.state import (
     TaskStartFailed,
     Tick,
     WorkerState,
+    notice_signal,
 )
 
 
-def assignment(job="j", attempt=1, index=0, stop=False, port=29500):
+def assignment(job="j", attempt=1, index=0, stop=False, port=29500, grace=0.0, notice_signal="", notice=0.0):
     return Assignment(job_id=job, attempt=attempt, index=index, rank=index, world_size=2, local_rank=0,
                       local_world_size=1, node_rank=index, master_addr="h", master_port=port, gpus=(0,),
-                      command=("true",), env=(), stop=stop)
+                      command=("true",), env=(), stop=stop, grace=grace, notice_signal=notice_signal, notice=notice)
+
+
+def running(s: WorkerState, a: Assignment, now: float = 0) -> None:
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=now)
+    s.handle(TaskStarted(a.key, HANDLE), now=now)
 
 
 HANDLE = Handle(pid=4242, start_ticks=1, exit_file="/x.exit", log_file="/x.log")
@@ -110,3 +116,94 @@ def test_a_rank_0_not_started_for_its_port_reports_that_cause():
     assert s.unreported == [Report(a.key, started=False, exit_code=127, reason="MASTER_PORT 29500 in use on node n",
                                    cause="MasterPortInUse")]
     assert a.key in s.done and not s.tasks
+
+
+# ---- the checkpoint notice -----------------------------------------------------------------------
+
+
+def test_a_planned_stop_signals_waits_its_notice_then_terms_then_kills_after_the_grace():
+    s = WorkerState(stop_grace=10)
+    a = assignment()
+    running(s, a)
+    drain = assignment(stop=True, grace=5, notice_signal="USR1", notice=3)
+    assert s.handle(AssignmentsReceived(1, 2, (drain,)), now=10) == [Signal(a.key, HANDLE, signal.SIGUSR1)]
+    assert s.handle(AssignmentsReceived(1, 3, (drain,)), now=11) == []  # listed again: one notice
+    assert s.handle(Tick(), now=12.9) == []
+    assert s.handle(Tick(), now=13) == [Signal(a.key, HANDLE, signal.SIGTERM)]
+    assert s.handle(Tick(), now=17.9) == []  # the grace counts from SIGTERM, not from the notice
+    assert s.handle(Tick(), now=18) == [Signal(a.key, HANDLE, signal.SIGKILL)]
+    assert s.handle(Tick(), now=30) == []
+    s.validate()
+
+
+def test_a_notice_while_wanted_is_given_once_and_the_stop_after_it_terms_when_the_notice_is_over():
+    s = WorkerState(stop_grace=10)
+    a = assignment()
+    running(s, a)
+    noticed = assignment(notice_signal="USR1", notice=120)  # its time limit is near
+    assert s.handle(AssignmentsReceived(1, 2, (noticed,)), now=100) == [Signal(a.key, HANDLE, signal.SIGUSR1)]
+    assert s.handle(AssignmentsReceived(1, 3, (noticed,)), now=101) == []
+    # The stop at the limit: the notice is over, SIGTERM at once and no second notice.
+    limit = assignment(stop=True, notice_signal="USR1", notice=120)
+    assert s.handle(AssignmentsReceived(1, 4, (limit,)), now=220) == [Signal(a.key, HANDLE, signal.SIGTERM)]
+    s.validate()
+
+
+def test_a_planned_stop_during_an_earlier_notice_terms_when_that_notice_is_over():
+    s = WorkerState()
+    a = assignment()
+    running(s, a)
+    s.handle(AssignmentsReceived(1, 2, (assignment(notice_signal="USR1", notice=60),)), now=100)
+    drain = assignment(stop=True, notice_signal="USR1", notice=60)
+    assert s.handle(AssignmentsReceived(1, 3, (drain,)), now=130) == []  # noticed at 100
+    assert s.handle(Tick(), now=159) == []
+    assert s.handle(Tick(), now=160) == [Signal(a.key, HANDLE, signal.SIGTERM)]
+    s.validate()
+
+
+def test_a_stop_that_is_not_planned_terms_at_once_even_during_a_notice():
+    s = WorkerState(stop_grace=10)
+    a = assignment()
+    running(s, a)
+    s.handle(AssignmentsReceived(1, 2, (assignment(notice_signal="USR1", notice=60),)), now=100)
+    cancel = assignment(stop=True, grace=2)
+    assert s.handle(AssignmentsReceived(1, 3, (cancel,)), now=110) == [Signal(a.key, HANDLE, signal.SIGTERM)]
+    assert s.handle(Tick(), now=112) == [Signal(a.key, HANDLE, signal.SIGKILL)]
+    b = assignment(job="b")
+    assert s.handle(AssignmentsReceived(1, 4, (cancel, b)), now=115) == [Start(b)]
+    s.handle(TaskStarted(b.key, HANDLE), now=115)
+    unlisted = s.handle(AssignmentsReceived(1, 5, (cancel,)), now=120)
+    assert unlisted == [Signal(b.key, HANDLE, signal.SIGTERM)]
+    s.validate()
+
+
+def test_a_task_stopped_before_its_process_started_gets_sigterm_without_a_notice():
+    s = WorkerState()
+    a = assignment()
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    drain = assignment(stop=True, notice_signal="USR1", notice=30)
+    assert s.handle(AssignmentsReceived(1, 2, (drain,)), now=1) == []
+    assert s.handle(TaskStarted(a.key, HANDLE), now=2) == [Signal(a.key, HANDLE, signal.SIGTERM)]
+    assert s.handle(Tick(), now=10.9) == []
+    assert s.handle(Tick(), now=11) == [Signal(a.key, HANDLE, signal.SIGKILL)]  # the grace from the stop, as ever
+    s.validate()
+
+
+def test_a_notice_for_a_task_still_starting_is_given_once_it_has_a_process():
+    s = WorkerState()
+    a = assignment()
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    assert s.handle(AssignmentsReceived(1, 2, (assignment(notice_signal="HUP", notice=60),)), now=1) == []
+    s.validate()
+    assert s.handle(TaskStarted(a.key, HANDLE), now=2) == [Signal(a.key, HANDLE, signal.SIGHUP)]
+    assert s.tasks[a.key].noticed_at == 2
+    s.validate()
+
+
+def test_a_signal_this_machine_does_not_know_is_no_notice():
+    assert notice_signal("USR2") == signal.SIGUSR2 and notice_signal("") == 0 and notice_signal("NOPE") == 0
+    s = WorkerState()
+    a = assignment()
+    running(s, a)
+    odd = assignment(stop=True, notice_signal="NOPE", notice=30)
+    assert s.handle(AssignmentsReceived(1, 2, (odd,)), now=1) == [Signal(a.key, HANDLE, signal.SIGTERM)]
