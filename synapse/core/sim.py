@@ -135,7 +135,8 @@ class Simulator:
         return preempted
 
     def _preempt(self, cmd: c.Preempt) -> None:
-        """Commit a Preempt: its victims' tasks exit after their grace, as the workers report them."""
+        """Commit a Preempt: its victims' tasks exit after their checkpoint notice (if any) and their
+        grace, as the workers report them."""
         state = self.state
         victims = [(v, state.jobs[v.job_id]) for v in cmd.victims]
         committed = self.apply(cmd)
@@ -144,12 +145,12 @@ class Simulator:
         self.preemptions.append(cmd)
         for v, job in victims:
             start, planned_end = self._run.get((v.job_id, v.attempt), (self.now, self.now))
-            stop = min(planned_end, self.now + v.grace)  # a task due to end within its grace ends then
+            gone = self.now + v.notice + v.grace  # the notice, SIGTERM, then the grace (synapse.worker.state)
+            stop = min(planned_end, gone)  # a task due to end within its grace ends then
             self.lost_runs.append((v.job_id, start, stop, sum(t.resources.gpu for t in job.tasks)))
             for t in job.tasks:
                 if t.state.live:  # SIGTERM now; the worker reports the exit when the grace is over
-                    heapq.heappush(self._ends, _TaskEnd(self.now + v.grace, v.job_id, v.attempt, t.index,
-                                                        t.node_id, SIGTERM_EXIT))
+                    heapq.heappush(self._ends, _TaskEnd(gone, v.job_id, v.attempt, t.index, t.node_id, SIGTERM_EXIT))
 
     def lifetime(self, plan: Plan) -> tuple[float, int]:
         """How long the tasks of a committed plan run, and their exit code (a subclass may make
