@@ -130,7 +130,9 @@ def test_apply_refuses_a_checkpoint_outside_its_kind_and_a_state_snapshot_keeps_
     bad = dataclasses.replace(noticed_spec(time_limit=60), checkpoint=CheckpointSpec("USR1", 61.0))
     assert "longer than the job's time_limit" in state.apply(c.SubmitCheckpointJob(
         at=1, job_id="j", request_id="r", spec=bad)).error
+    assert state.to_snapshot()["version"] == 2  # nothing of version 3 yet: as a version-2 replica writes it
     submit(state, "j")
+    assert state.to_snapshot()["version"] == 3  # a version-2 release would drop the notice: it refuses this
     start(state, "j", [N0])
     checked(state, c.DrainNode(at=60, node_id=N0))
     again = ClusterState.from_snapshot(state.to_snapshot())
@@ -266,8 +268,10 @@ def test_a_checkpoint_notice_is_applied_once_to_a_running_attempt_only():
 class Driver:
     """The leader's brain over a state, the clock in the test's hands (as tests/test_leader_state.py)."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, version: int = V3) -> None:
         self.state, self.brain = state, LeaderState(LeaderConfig(job_retention=0))
+        if version >= V3:  # the cluster version, as a leader records it once every member applies it
+            checked(state, c.SetClusterVersion(at=0, version=version))
 
     def monitor(self, at: float, version: int = V3) -> list[c.Command]:
         return [i.cmd for i in self.brain.handle(self.state, MonitorDue(at=at, mono=0, cluster_version=version))
@@ -310,7 +314,7 @@ def test_a_notice_that_went_out_late_still_gives_its_whole_length():
 
 
 def test_until_every_member_applies_version_3_the_stop_at_the_limit_gives_the_notice():
-    d = Driver(cluster())
+    d = Driver(cluster(), version=V3 - 1)
     submit(d.state, "j", time_limit=600)
     start(d.state, "j", [N0], at=100)
     assert d.monitor(580, version=V3 - 1) == [] and d.monitor(700, version=V3 - 1) == []
