@@ -59,7 +59,7 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     assert [(t["index"], t["node"], t["gpus"]) for t in described["tasks"]] == [(0, "n1", [0, 1, 2, 3]),
                                                                                   (1, "n1", [4, 5, 6, 7])]
     table = synctl(cluster, "describe", "job", job_id).output
-    assert "Attempt:    1 of 2" in table and "Scheduled" in table
+    assert "Attempt:    1 (restarts used 0 of max_restarts 1)" in table and "Scheduled" in table
 
     big = synctl(cluster, "submit", "--tasks", "3", "--gpu", "8", "--name", "big", "--", "sleep", "1")
     wait_waiting(cluster.client, big.output.strip())
