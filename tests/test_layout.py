@@ -1,6 +1,6 @@
 """The package's shape holds: no import circle, and each layer imports only what it may.
 
-The folder a module sits in says which process it runs in (README, "Architecture"). These tests
+The folder a module sits in says which process it runs in (docs/architecture/code.md). These tests
 read every module's imports (top-level, inside functions and under TYPE_CHECKING alike: a deferred
 import hides a circle, it does not remove one) and check the rules below, so they hold after us.
 """
@@ -147,7 +147,7 @@ def test_every_import_respects_the_layers():
 
 def test_every_subpackage_has_a_declared_layer():
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
-    assert packages == set(ALLOWED), "add the new package to ALLOWED (and to the README's map)"
+    assert packages == set(ALLOWED), "add the new package to ALLOWED (and to docs/architecture/code.md's map)"
     loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
     assert loose == [], f"modules outside any layer: {loose}"
 

@@ -310,7 +310,7 @@ def test_queues_are_applied_through_the_state_machine():
 
 
 def test_reduced_acceptance_synapse_against_fifo_and_easy():
-    """Issue 15's scenario, shortened to 4 days (the full week: README, "Evaluation"). The two
+    """Issue 15's scenario, shortened to 4 days (the full week: docs/evaluation/). The two
     criteria it meets are checked here; the big-gang and locality ones it misses are reported there."""
     shape = ClusterShape(nodes=64, gpus_per_node=8, racks=8)
     trace = generate(Recipe(shape=shape, mix="gang-heavy", load=0.9, days=4, seed=1))

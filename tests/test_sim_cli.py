@@ -117,7 +117,7 @@ def test_queues_from_the_trace_get_fair_share_figures(tmp_path):
 
 
 def test_the_evaluation_queue_file_turns_preemption_on_for_synapse_alone(tmp_path):
-    """docs/evaluation-queues.yaml (the README's runs with preemption) defines the queue of the
+    """docs/evaluation-queues.yaml (the evaluation docs' runs with preemption) defines the queue of the
     trace's unqueued jobs: synapse's policy preempts, the baselines never do; without it nobody does."""
     from pathlib import Path
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 #
 # No job waits for a multi-node gang's end that could start on part of its nodes: the replay ends
 # a gang's tasks at one instant, while the leader hears their exits one by one and schedules in
-# between, so such a job starts on whichever node reports first (see the README's Evaluation).
+# between, so such a job starts on whichever node reports first (see docs/evaluation/).
 #   a, b   start at once: a on one node, b in one rack
 #   c      the whole cluster: blocked, reserves every node from b's limit (20 s)
 #   d      backfills beside c's reservation (ends by 6 s); e, the whole cluster too, waits behind c

@@ -46,7 +46,7 @@ from synapse.core.queues import QueueFileError, parse_queue_file, queue_name_pro
 from synapse.proto import api_pb2, api_pb2_grpc
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-#: What each exit code means (README, "synctl"; shown by `synctl --help`).
+#: What each exit code means (docs/using/synctl.md; shown by `synctl --help`).
 EXIT_CODES = """\b
 Exit codes:
   0    success; with submit --wait or wait: the job SUCCEEDED

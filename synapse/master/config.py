@@ -12,7 +12,7 @@
                                               # (with history: after the store holds them); 0 = keep forever
     max_array_size: 10000                     # the most elements a job array may have
     fair_share_half_life: 7d                  # fair share remembers GPU time used, halved every 7d; 0: current only
-    history:                                  # optional: job history and accounting (README)
+    history:                                  # optional: job history and accounting (docs: Operating, History store)
       url: {env: SYNAPSE_HISTORY_URL}         # sqlite:////var/lib/synapse/history.sqlite or
                                               # postgresql+psycopg://USER:PASSWORD@HOST/DB
       retention: 0                            # rows older than this are purged; 0 = keep forever

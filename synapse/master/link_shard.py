@@ -45,7 +45,7 @@ CHANGE_DELAY_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class ShardTimings:
-    """The link shards' clocks, from the cluster's heartbeat interval (README, Failover)."""
+    """The link shards' clocks, from the cluster's heartbeat interval (docs/architecture/failover.md)."""
 
     digest: float  #: a shard sends its digest this often (also its sign of life)
     silence: float  #: the leader holds a shard silent after this long without its digest

@@ -1,4 +1,4 @@
-"""Synthetic traces from published statistics (see the README's "Evaluation" section).
+"""Synthetic traces from published statistics (see docs/evaluation/).
 
 * Durations: Philly's 83,154 run times as a quantile table, sampled by interpolating log-linearly
   between quantiles (a lognormal fitted to p50/p90 underestimates p99 by 3x). The ends, 10 s at

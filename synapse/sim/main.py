@@ -84,7 +84,7 @@ def main() -> None:
 def generate_cmd(mix, load, days, seed, failures, size_exponent, queue_mix, nodes, gpus_per_node, racks, output):
     """Write a synthetic trace from published statistics (Philly durations, Venus arrivals).
 
-    The CSV's columns are described in the README ("Evaluation") and at the top of
+    The CSV's columns are described in the docs (docs/evaluation/) and at the top of
     synapse/sim/trace.py; its first lines record the cluster shape and these options."""
     try:
         recipe = Recipe(shape=_shape(nodes, gpus_per_node, racks), mix=mix, load=load, days=days, seed=seed,

@@ -1,6 +1,6 @@
 """What a replay is judged by: completion and waiting times, big gangs, utilisation, locality.
 
-Definitions (the README's "Evaluation" section repeats them):
+Definitions (docs/evaluation/ repeats them):
 
 * wait = start - submit; JCT = end - submit, over every job of the trace (failed ones too: the
   time they held GPUs is real). Percentiles interpolate linearly between ranks.
