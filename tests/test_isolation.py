@@ -219,9 +219,9 @@ def test_the_shim_refuses_to_run_a_task_it_cannot_confine(tmp_path, real_cgroups
     assert not marker.exists()
 
 
-#: The docs' sandbox (docs/operating/workers.md): bubblewrap (Debian's `bubblewrap`; scripts/install-test-packages.sh), the whole
-#: machine read-only, a private /tmp, its own pid namespace. It stays in the foreground, so the shim's
-#: cgroup holds it and the task inside it.
+#: The docs' sandbox (docs/operating/workers.md): bubblewrap (Debian's `bubblewrap`;
+#: scripts/install-test-packages.sh), the whole machine read-only, a private /tmp, its own pid
+#: namespace. It stays in the foreground, so the shim's cgroup holds it and the task inside it.
 BWRAP = "bwrap --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --unshare-pid --die-with-parent --"
 #: The docs' memory hog, in the shell alone: tail keeps a line that never ends, 400MB of it. The
 #: sandbox's private /tmp hides an interpreter installed there (a venv under /tmp), so the examples that
