@@ -520,15 +520,22 @@ class ClusterState:
         queue = self.queues.get(self.queue_of(job))
         return queue.capped(job.spec.checkpoint.notice) if queue is not None else job.spec.checkpoint.notice
 
+    def _running_attempt(self, job_id: str, attempt: int) -> tuple[Job, None] | tuple[None, Result]:
+        """The job if `attempt` is the one it runs now, else the refusal to return."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None, Result.not_found(f"unknown job {job_id}")
+        if job.status is not JobStatus.RUNNING or job.attempt != attempt:
+            return None, Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
+                                         f"attempt {attempt}")
+        return job, None
+
     def _checkpoint_notice(self, cmd: c.CheckpointNotice) -> Result:
         """Give a running attempt's tasks their checkpoint notice ahead of the stop planned for
         `stop_at` (the leader's time-limit monitor proposes it). An attempt is noticed once."""
-        job = self.jobs.get(cmd.job_id)
-        if job is None:
-            return Result.not_found(f"unknown job {cmd.job_id}")
-        if job.status is not JobStatus.RUNNING or job.attempt != cmd.attempt:
-            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
-                                   f"attempt {cmd.attempt}")
+        job, refusal = self._running_attempt(cmd.job_id, cmd.attempt)
+        if refusal is not None:
+            return refusal
         if not job.spec.has_checkpoint:
             return Result.rejected(f"job {job.id} asks for no checkpoint notice")
         if cmd.cause not in NOTICED_CAUSES or cmd.stop_at < cmd.at:
@@ -644,12 +651,9 @@ class ClusterState:
 
     def _resize_gang(self, cmd: c.ResizeGang) -> Result:
         """Stop a running elastic gang with its grace so that it restarts at `size` (synapse.core.elastic)."""
-        job = self.jobs.get(cmd.job_id)
-        if job is None:
-            return Result.not_found(f"unknown job {cmd.job_id}")
-        if job.status is not JobStatus.RUNNING or job.attempt != cmd.attempt:
-            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
-                                   f"attempt {cmd.attempt}")
+        job, refusal = self._running_attempt(cmd.job_id, cmd.attempt)
+        if refusal is not None:
+            return refusal
         if not elastic.is_elastic(job.spec) or cmd.size == len(job.tasks) \
                 or not job.spec.tasks_min <= cmd.size <= job.spec.tasks:
             return Result.rejected(f"job {job.id} cannot resize from {len(job.tasks)} to {cmd.size} task(s) (it takes "
