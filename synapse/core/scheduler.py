@@ -332,8 +332,10 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
         if _closest_depth(view, spec) is None:
             return _unusable_nodes_reason(state, spec) or (
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
-        if not reservations:  # what keeps it from every domain is its excluded nodes (the caller names them)
-            return "can never fit without the nodes excluded for it", "Unschedulable"
+        if not reservations:  # no other reservation is in its way: its excluded nodes are (the caller names
+            # them), or no domain's nodes hold it when idle after all (the bound is only an upper bound)
+            return ("can never fit without the nodes excluded for it" if job.excluded_nodes else
+                    "can never fit: no domain it may use holds it even when idle"), "Unschedulable"
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()})",
                 "BehindReservation")
     reservations.append(reservation)
