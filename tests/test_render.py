@@ -9,10 +9,11 @@ import pytest
 
 from synapse.client import render
 from synapse.core import codec
-from synapse.core.model import Queue, Resources
+from synapse.core import commands as c
+from synapse.core.model import Placement, Queue, Resources
 from synapse.core.quantity import format_duration
 from synapse.proto import api_pb2, types_pb2
-from tests.helpers import GI, spec
+from tests.helpers import GI, checked, cluster, spec
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +100,19 @@ def test_describe_a_pending_job_says_why_it_waits():
     assert lines[1] == "Status:     PENDING (cancelled by bob)"
     assert lines[-4:] == ["Waiting:    short of gpu in every rack", "  - r1: 8 gpu", "Reserved:   nodes n1,n2",
                           "Events:"]
+
+
+def test_describe_a_job_names_the_nodes_excluded_for_it():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SubmitJob(at=10, job_id="j1", request_id="j1", spec=spec(tasks=1)))
+    checked(state, c.CommitPlan(at=20, job_id="j1", attempt=1,
+                                placements=(Placement(0, "r0-n0", tuple(range(8)), 0),)))
+    checked(state, c.NodeLost(at=50, node_id="r0-n0"))
+    job = render.job_dict(codec.job_to_info(state.jobs["j1"]))
+    assert job["excluded_nodes"] == ["r0-n0"]
+    assert "Excluded:   r0-n0 (they ended earlier attempts: never placed there again)" \
+        in render.job_description(job).split("\n")
+    assert "Excluded" not in render.job_description(render.job_dict(running_job()))
 
 
 def test_get_jobs_shows_how_long_each_job_waits():

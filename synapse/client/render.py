@@ -66,6 +66,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "waiting_code": info.waiting_code or None,
         "restarts_used": info.restarts_used, "requeues": info.requeues,
+        "excluded_nodes": list(info.excluded_nodes),
         "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
         "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
         "array": _array_dict(info, spec), "failure_cause": info.failure_cause or None,
@@ -147,6 +148,9 @@ def job_description(j: dict[str, Any]) -> str:
         lines += [f"  - {s}" for s in j["shortfalls"]]
     if j["reservation"]:
         lines.append(f"Reserved:   {j['reservation']}")
+    if j.get("excluded_nodes"):
+        lines.append(f"Excluded:   {', '.join(j['excluded_nodes'])} (they ended earlier attempts: never placed there "
+                     "again)")
     if j["failure"]:
         lines.append(f"Failed:     {j['failure']}")
         if j["tasks"]:  # the output is for the job's owner and admins: describe says where to read it

@@ -478,7 +478,8 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
                   for a, nodes in sorted(job.placements.items())],
         user=job.user, cancelled_by=job.cancelled_by, failure=job.failure, array_id=job.array_id,
         array_index=job.array_index, failure_cause=job.failure_cause, waiting_code=waiting_code,
-        restarts_used=job.restarts_used(), requeues=job.preemptions + job.resizes + job.requeues)
+        restarts_used=job.restarts_used(), requeues=job.preemptions + job.resizes + job.requeues,
+        excluded_nodes=list(job.excluded_nodes))
 
 
 def array_counts_to_proto(array: JobArray, running: int) -> api_pb2.ArrayCounts:

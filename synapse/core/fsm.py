@@ -41,6 +41,7 @@ from synapse.core.model import (
     DEFAULT_LABEL,
     DEFAULT_LEVELS,
     DEFAULT_QUEUE,
+    HEALTH_CHECK_FAILED,
     JOIN_TOKEN_NODES,
     NOTICED_CAUSES,
     REQUEUED_CAUSES,
@@ -95,6 +96,16 @@ PREEMPTION_BUDGET = 3
 #: MaxBatchRequeue is 5 too). Drains, preemption and resizes stay uncharged: they are the cluster's.
 MAX_UNCHARGED_REQUEUES = 5
 PREEMPTION_WINDOW_S = 86400.0
+#: Nodes a job remembers as having ended an attempt of its (lost, or drained by a failing health
+#: check): its later attempts avoid the latest this many (Slurm's --exclude, kept for the user).
+MAX_EXCLUDED_NODES = 8
+#: A node on which gangs of SUSPECT_JOBS different jobs ended by a node-side cause (model.NODE_SIDE_CAUSES)
+#: within this many seconds, by the commands' own `at`, is cordoned as a suspect: a "black hole"
+#: that fails every gang placed on it would otherwise drain the queue through it.
+SUSPECT_WINDOW_S = 86400.0
+SUSPECT_JOBS = 2
+#: Node-side ends remembered per node (the oldest beyond it are dropped).
+MAX_NODE_FAILURES = 8
 #: Final states of forgotten jobs kept for dependencies on them (the oldest beyond it are dropped).
 MAX_FINISHED_RECORDS = 200_000
 
@@ -312,17 +323,44 @@ class ClusterState:
         self.emit(cmd.at, "Warning", "node", "NodeDown", node.id, reason)
         # A NodeLost (version 3) requeues the gangs uncharged; a NodeDown of an older leader fails them.
         uncharged = isinstance(cmd, c.NodeLost)
+        ended: list[str] = []  #: the jobs whose gangs this loss ends (not those stopping already), in order
         for job_id, _attempt, index in sorted(self.live_tasks[node.id]):
             job = self.jobs[job_id]
             task = job.tasks[index]
+            if job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING) and job_id not in ended:
+                ended.append(job_id)
             self._end_task(task, TaskState.LOST, None, cmd.at, EndReason.NODE_LOST, reason)
             lost = f"task {index} (rank {task.rank}) on {node.id}: NodeLost: {cmd.reason or 'node declared down'}"
             # An uncharged loss is no failure of the job's: it keeps none (its run records the cause).
             self._stop_attempt(job, f"{'' if uncharged else 'failed: '}task {index} lost ({reason})", cmd.at,
                                cause=EndReason.NODE_LOST if uncharged else "", failure="" if uncharged else lost)
             self._maybe_end_attempt(job, cmd.at)
+        if uncharged:  # version 3 only: an older replica applies a NodeDown, which keeps no record
+            self._note_node_failures(node, ended, EndReason.NODE_LOST.value, cmd.at)
         self.index.update(node)
         return Result(True)
+
+    def _note_node_failures(self, node: Node, job_ids: list[str], cause: str, at: float) -> None:
+        """Gangs of `job_ids` ended on `node` by a node-side `cause`: each job excludes the node from
+        its later attempts, and the node's record of such ends grows; with ends of SUSPECT_JOBS
+        different jobs within SUSPECT_WINDOW_S of `at`, the node is cordoned as a suspect. Only
+        version-3 commands (NodeLost, a health check's DrainNode) call this."""
+        if not job_ids:
+            return
+        for job_id in job_ids:
+            job = self.jobs[job_id]
+            job.excluded_nodes = (*(n for n in job.excluded_nodes if n != node.id), node.id)[-MAX_EXCLUDED_NODES:]
+        recent = [f for f in node.failures if at - f[0] < SUSPECT_WINDOW_S]
+        node.failures = tuple([*recent, *((at, job_id, cause) for job_id in job_ids)][-MAX_NODE_FAILURES:])
+        jobs = list(dict.fromkeys(job_id for _, job_id, _ in node.failures))
+        if len(jobs) < SUSPECT_JOBS or node.suspect:
+            return
+        causes = "/".join(sorted({f[2] for f in node.failures}))
+        node.schedulable, node.health_cordon, node.suspect = False, False, True
+        node.cordon_reason = (f"suspect: tasks of jobs {', '.join(jobs)} ended {causes} here within "
+                              f"{SUSPECT_WINDOW_S / 3600:g}h")
+        self.emit(at, "Warning", "node", "NodeSuspect", node.id, node.cordon_reason)
+        self.index.update(node)
 
     def _node_up(self, cmd: c.NodeUp) -> Result:
         node = self.nodes.get(cmd.node_id)
@@ -342,10 +380,14 @@ class ClusterState:
         if node is None:
             return Result.not_found(f"unknown node {cmd.node_id}")
         reason = "" if cmd.schedulable else (cmd.reason or "cordoned") + (f" (by {cmd.by})" if cmd.by else "")
-        if node.schedulable != cmd.schedulable or node.health_cordon:
+        if node.schedulable != cmd.schedulable or node.health_cordon or node.suspect:
             self.emit(cmd.at, "Normal", "node", "NodeUncordoned" if cmd.schedulable else "NodeCordoned", node.id,
                       ("uncordoned" + (f" by {cmd.by}" if cmd.by else "")) if cmd.schedulable else reason)
         node.schedulable, node.cordon_reason, node.health_cordon = cmd.schedulable, reason, False
+        # An admin's cordon replaces a suspect's; an uncordon also forgives the node its record.
+        node.suspect = False
+        if cmd.schedulable:
+            node.failures = ()
         self.index.update(node)
         return Result(True)
 
@@ -402,10 +444,13 @@ class ClusterState:
             self._release_hold(holder)  # the preemptor's plan lapses with the node: it is planned afresh
         by = f" by {cmd.by}" if cmd.by else ""
         reason = f"node {node.id} drained{by}" + (f": {cmd.reason}" if cmd.reason else "")
+        #: a failing health check's drain (only it leaves the cordon to its SetNodeHealth): the node,
+        #: not the job, ended the gangs
+        health_drain = not cmd.cordon
         if cmd.cordon:
-            if node.schedulable or node.health_cordon:
+            if node.schedulable or node.health_cordon or node.suspect:
                 self.emit(cmd.at, "Normal", "node", "NodeCordoned", node.id, f"draining{by}")
-            node.schedulable, node.cordon_reason, node.health_cordon = False, f"drained{by}", False
+            node.schedulable, node.cordon_reason, node.health_cordon, node.suspect = False, f"drained{by}", False, False
             self.index.update(node)
         stopped = []
         for job_id in sorted({t.job_id for t, wanted in self.tasks_on_node(node.id) if wanted}):
@@ -424,6 +469,8 @@ class ClusterState:
             stopped.append(job_id)
         self.emit(cmd.at, "Normal", "node", "NodeDrained", node.id,
                   reason + (f"; stopping {', '.join(stopped)}" if stopped else "; no gang to stop"))
+        if health_drain:
+            self._note_node_failures(node, stopped, HEALTH_CHECK_FAILED, cmd.at)
         return Result(True, value=",".join(stopped))
 
     def _set_replica(self, cmd: c.SetReplica) -> Result:
@@ -760,6 +807,8 @@ class ClusterState:
                 return f"node {node.id} is {node.status.value}"
             if not node.schedulable:
                 return f"node {node.id} is cordoned"
+            if node.id in job.excluded_nodes:  # set by version-3 commands alone: no older replica holds any
+                return f"node {node.id} is excluded for job {job.id}: it ended an earlier attempt"
             if job.spec.gpu_model and node.label("gpu_model").lower() != job.spec.gpu_model.lower():
                 return f"node {node.id} has GPU model {node.label('gpu_model') or 'none'}, not {job.spec.gpu_model}"
             if len(p.gpus) != per_task.gpu or len(set(p.gpus)) != len(p.gpus):

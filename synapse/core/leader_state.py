@@ -323,11 +323,12 @@ class LeaderState:
                    if w.code not in HELD_CODES and j in state.jobs]
         first_waiting = min(waiting, default=None)
         view = ClusterView(state.nodes, state.index, state.levels)
-        view.set_blocked(frozenset(state.held_nodes).union(*(r.nodes for r in result.reservations)))
+        blocked = frozenset(state.held_nodes).union(*(r.nodes for r in result.reservations))
         out: list[Instruction] = []
         for job in sorted(growing, key=lambda j: j.queue_key()):
             if first_waiting is not None and first_waiting < job.queue_key():
                 continue
+            view.set_blocked(blocked | frozenset(job.excluded_nodes))  # never grow onto a node that failed it
             size = growth(view, job, now)
             if size:
                 self.resizing.add(job.id)

@@ -81,6 +81,12 @@ class Node:
     cordon_reason: str = ""  #: why it is not schedulable; "" while schedulable
     health_cordon: bool = False  #: cordoned by its failing health check (not by an admin)
     health: str = ""  #: its health check's failure ("" while it passes, or the node has none)
+    #: cordoned as a suspect (gangs of different jobs ended here by a node-side cause, see fsm
+    #: SUSPECT_WINDOW_S); only an admin's cordon or uncordon lifts it; apply only
+    suspect: bool = False
+    #: the latest node-side ends of gangs here, oldest first: (at, job id, NODE_SIDE_CAUSES member),
+    #: at most fsm.MAX_NODE_FAILURES; an admin's uncordon clears them; apply only
+    failures: tuple[tuple[float, str, str], ...] = ()
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, "")
@@ -201,6 +207,12 @@ class EndReason(enum.StrEnum):
 #: requeues at its place in the queue and uses up none of its restarts (`Job.requeues`);
 #: `max_restarts` counts the job's own failures only.
 REQUEUED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.MASTER_PORT_IN_USE})
+
+
+#: The causes of a gang's end that count against its node (a suspect node, fsm `_note_node_failure`):
+#: the node was lost, or its failing health check drained it. Admin drains and task exits do not.
+HEALTH_CHECK_FAILED = "HealthCheckFailed"
+NODE_SIDE_CAUSES = frozenset({EndReason.NODE_LOST.value, HEALTH_CHECK_FAILED})
 
 
 #: The planned stops: a job with a checkpoint notice has its tasks signalled that long before SIGTERM
@@ -331,6 +343,9 @@ class Job:
     #: attempts ended by what is not the job's fault besides preemption and resizing (a node of its
     #: gang lost or drained, rank 0's MASTER_PORT in use: REQUEUED_CAUSES); they use up none of its restarts
     requeues: int = 0
+    #: nodes whose loss (or failing health check's drain) ended an attempt of its, oldest first, at
+    #: most fsm.MAX_EXCLUDED_NODES: its later attempts are never placed on them; apply only
+    excluded_nodes: tuple[str, ...] = ()
     runs: list[Run] = field(default_factory=list)  #: its ended attempts that were placed, oldest first; apply only
     #: its place in the order jobs finished (1, 2, 3… across the cluster), given when it ends; the
     #: history exporter's cursor counts these; 0 while unfinished; apply only

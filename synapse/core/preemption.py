@@ -325,6 +325,8 @@ def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
     if job.spec.gpu_model:  # only nodes of the GPU model it asks for
         model = job.spec.gpu_model.lower()
         node_ids = [n for n in node_ids if state.nodes[n].label("gpu_model").lower() == model]
+    if job.excluded_nodes:  # never the nodes that ended its earlier attempts
+        node_ids = [n for n in node_ids if n not in job.excluded_nodes]
     room = _Room(state, job, node_ids)
     if room.fits():
         return None  # it fits without anyone leaving: the scheduler will place it

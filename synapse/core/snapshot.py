@@ -44,23 +44,26 @@ from synapse.core.model import (
 #: so it refuses a version-2 snapshot instead.
 SNAPSHOT_VERSION = 2
 #: The version written once the state holds what version 2 cannot read (a replicated cluster version,
-#: a job's uncharged requeues, a checkpoint notice): a version-2 release refuses it rather than drop
-#: them. A state without them encodes (and digests) exactly as version 2 did, so replicas compare
-#: equal during an upgrade.
+#: a job's uncharged requeues, a checkpoint notice, a job's excluded nodes, a node's suspect record): a
+#: version-2 release refuses it rather than drop them. A state without them encodes (and digests)
+#: exactly as version 2 did, so replicas compare equal during an upgrade.
 SNAPSHOT_VERSION_3 = 3
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
 READABLE_VERSIONS = (1, 2, 3)
 #: A job's records of version 3, written only when set.
-_VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at"})
+_VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
+#: A node's records of version 3, written only when set.
+_NODE_VERSION_3_KEYS = frozenset({"suspect", "failures"})
 
 
 def encode(state: Any) -> dict[str, Any]:
     """A ClusterState as plain data (JSON-able); its derived indexes are left out and rebuilt on load."""
     jobs = [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)]
     arrays = [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)]
+    nodes = [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)]
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
-        or any("checkpoint" in a["spec"] for a in arrays)
+        or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
     return {
         "version": SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
         "applied": state.applied,
@@ -76,7 +79,7 @@ def encode(state: Any) -> dict[str, Any]:
         "cluster_events": [list(e) for e in state.cluster_events],
         "holds": [[h.job_id, h.attempt, list(h.nodes), list(h.victims), h.rule, h.at]
                   for _, h in sorted(state.holds.items())],
-        "nodes": [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)],
+        "nodes": nodes,
         "jobs": jobs,
         "arrays": arrays,
         "finished": [[k, v] for k, v in state.finished.items()],  # oldest first: the order is kept
@@ -177,7 +180,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
             "status": n.status.value, "schedulable": n.schedulable,
             "registered_at": n.registered_at, "status_changed_at": n.status_changed_at,
             "labels": [list(kv) for kv in n.labels], "isolation": n.isolation, "cordon_reason": n.cordon_reason,
-            "health_cordon": n.health_cordon, "health": n.health}
+            "health_cordon": n.health_cordon, "health": n.health, **({"suspect": True} if n.suspect else {}),
+            **({"failures": [list(f) for f in n.failures]} if n.failures else {})}
 
 
 def _node_from_dict(d: dict[str, Any]) -> Node:
@@ -187,7 +191,9 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
                 schedulable=d["schedulable"], registered_at=d["registered_at"],
                 status_changed_at=d["status_changed_at"], labels=tuple((k, v) for k, v in d.get("labels", ())),
                 isolation=d.get("isolation", ""), cordon_reason=d.get("cordon_reason", ""),
-                health_cordon=d.get("health_cordon", False), health=d.get("health", ""))
+                health_cordon=d.get("health_cordon", False), health=d.get("health", ""),
+                suspect=d.get("suspect", False),
+                failures=tuple((at, job_id, cause) for at, job_id, cause in d.get("failures", ())))
 
 
 def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
@@ -237,7 +243,8 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "runs": [_run_to_list(r) for r in j.runs], "archive_seq": j.archive_seq,
             "archived_at": j.archived_at, **({"requeues": j.requeues} if j.requeues else {}),
             **({"stop_notice": j.stop_notice} if j.stop_notice else {}),
-            **({"notice_at": j.notice_at} if j.notice_at else {})}
+            **({"notice_at": j.notice_at} if j.notice_at else {}),
+            **({"excluded_nodes": list(j.excluded_nodes)} if j.excluded_nodes else {})}
 
 
 def _run_to_list(r: Run) -> list[Any]:
@@ -266,7 +273,7 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               resizes=d.get("resizes", 0), requeues=d.get("requeues", 0),
               runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
               archived_at=d.get("archived_at", 0.0), stop_notice=d.get("stop_notice", 0.0),
-              notice_at=d.get("notice_at", 0.0))
+              notice_at=d.get("notice_at", 0.0), excluded_nodes=tuple(d.get("excluded_nodes", ())))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when

@@ -127,6 +127,7 @@ class StateCollector(Collector):
             by_state = {"used": 0, "free": 0, "unavailable": 0}
             by_rack: dict[tuple[str, str], int] = {}
             node_counts: dict[tuple[str, str], int] = {}
+            suspect = sum(1 for node in state.nodes.values() if node.suspect)
             for node in state.nodes.values():
                 rack = topology_path(node.topology)
                 available = node.status is NodeStatus.READY and node.schedulable
@@ -154,6 +155,8 @@ class StateCollector(Collector):
             queue_guaranteed.add_metric([name], guaranteed)
         yield from (jobs, gpus, rack_gpus, nodes, queue_used, queue_guaranteed)
         yield _gauge("synapse_jobs_pending", "jobs waiting to be placed", pending)
+        yield _gauge("synapse_nodes_suspect", "nodes cordoned as suspects: gangs of different jobs ended there by a "
+                     "node-side cause within the window (an admin's uncordon clears it)", suspect)
         yield _gauge("synapse_free_gpus_largest_rack", "the most free GPUs in one rack: the largest rack-packed "
                      "gang that could start now", max((n for (_, st), n in by_rack.items() if st == "free"), default=0))
         reasons = GaugeMetricFamily("synapse_jobs_pending_reason", "pending jobs by why they wait (leader only)",

@@ -315,6 +315,7 @@ class JobInfo(_message.Message):
     WAITING_CODE_FIELD_NUMBER: _builtins.int
     RESTARTS_USED_FIELD_NUMBER: _builtins.int
     REQUEUES_FIELD_NUMBER: _builtins.int
+    EXCLUDED_NODES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -368,6 +369,10 @@ class JobInfo(_message.Message):
 
     @_builtins.property
     def dependencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___DependencyInfo]: ...
+    @_builtins.property
+    def excluded_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """nodes that ended its earlier attempts (lost, or a failing health check's"""
+
     def __init__(
         self,
         *,
@@ -397,10 +402,11 @@ class JobInfo(_message.Message):
         waiting_code: _builtins.str = ...,
         restarts_used: _builtins.int = ...,
         requeues: _builtins.int = ...,
+        excluded_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
