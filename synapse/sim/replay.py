@@ -330,8 +330,8 @@ class Replay(Simulator):
     def _records(self) -> list[JobRecord]:
         out = []
         lost: dict[str, list[tuple[float, float]]] = {}
-        for job_id, start, stop, _gpus in self.lost_runs:
-            lost.setdefault(job_id, []).append((start, stop))
+        for job_id, start, stop, _gpus in self.lost_runs:  # a resubmitted copy's go to its trace job
+            lost.setdefault(self._origin.get(job_id, job_id), []).append((start, stop))
         for tj in self.trace.jobs:
             array = self.state.arrays.get(tj.id)
             ids = [element_id(tj.id, array.index_at(p)) for p in range(array.count)] if array else [tj.id]
@@ -350,10 +350,9 @@ class Replay(Simulator):
                                      submit=first.submitted_at,
                                      start=job.started_at if job.placements else math.nan,
                                      end=job.finished_at if done and job.placements else math.nan,
-                                     racks=self.racks.get(job_id, 0), status=job.status.value,
-                                     preempted=tuple(lost.get(job_id, ())) + (tuple(lost.get(job.id, ()))
-                                                                              if job.id != job_id else ()),
-                                     ready=self._ready(tj), failures=tuple(self._failed_runs.get(job_id, ())),
+                                     racks=self.racks.get(job.id, 0), status=job.status.value,
+                                     preempted=tuple(lost.get(job_id, ())), ready=self._ready(tj),
+                                     failures=tuple(self._failed_runs.get(job_id, ())),
                                      restart_s=self._attempt.get(job.id, (0.0, 1.0, 0.0))[2]))
         return out
 
