@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -122,3 +123,30 @@ def test_back_recovery_refuses_a_trace_with_dependencies():
     model = FailureModel(mtbf_s=3600.0, checkpoint_every_s=600, recovery="back")
     with pytest.raises(ValueError, match="dependencies"):
         Replay(Trace(jobs=jobs, shape=shape), shape, POLICIES["easy"], failures=model)
+
+
+def test_run_takes_the_failure_flags(tmp_path):
+    from click.testing import CliRunner
+
+    from synapse.sim.main import main
+    from synapse.sim.trace import dumps
+
+    path = tmp_path / "t.csv"
+    path.write_text(dumps(_small_trace(seed=2)))
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", str(path), "--policies", "easy,synapse", "--json", "--node-mtbf", "5",
+                                  "--checkpoint-every", "10m", "--restart-cost", "1m", "--recovery", "back"],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["failures"]["checkpoint_every_s"] == 600 and out["failures"]["recovery"] == "back"
+    assert out["failures"]["seed"] == 2  # the trace's generation seed
+    easy, synapse = out["policies"]["easy"], out["policies"]["synapse"]
+    assert easy["node_failures"] == synapse["node_failures"] > 0
+    assert 0 < easy["goodput"] < 1 and easy["failure_lost_gpu_hours"] > 0
+    text = runner.invoke(main, ["run", str(path), "--policies", "easy", "--node-mtbf", "5"]).output
+    assert "goodput" in text and "MTBF 5 h" in text
+    bad = runner.invoke(main, ["run", str(path), "--node-mtbf", "0"])
+    assert bad.exit_code != 0 and "--node-mtbf must be above 0" in bad.output
+    bad = runner.invoke(main, ["run", str(path), "--node-mtbf", "5", "--checkpoint-every", "often"])
+    assert bad.exit_code != 0 and "--checkpoint-every" in bad.output
