@@ -76,6 +76,18 @@ def test_a_gang_on_a_failed_node_loses_exactly_the_work_since_its_checkpoint():
     assert s["node_failures"] == 0  # after the last submission (at 0)
 
 
+def test_the_trace_time_limit_bounds_the_whole_run_across_failures():
+    shape = ClusterShape(nodes=2, gpus_per_node=8, racks=1)
+    trace = Trace(jobs=[_job("long", 0.0, 16, 10_000.0, limit=5000.0)], shape=shape)
+    model = FailureModel(mtbf_s=1.0, checkpoint_every_s=1000, restart_cost_s=100, repair_s=500,
+                         script=((3500.0, "n0001"),))
+    sim = Replay(trace, shape, POLICIES["easy"], failures=model)
+    (record,) = sim.replay().records
+    # 3000 s kept before the failure: 2000 s of its 5000 s limit left, after the restart.
+    assert (record.start, record.end, record.status) == (4000.0, 6100.0, "FAILED")
+    assert sim.state.jobs["long"].attempt == 2  # a time limit ends it for good, as the leader's does
+
+
 def test_goodput_is_one_without_failures_and_the_model_changes_nothing_then():
     trace = _small_trace()
     plain = summarize(replay(trace, SMALL, POLICIES["easy"]))

@@ -187,15 +187,22 @@ class Replay(Simulator):
         speed = self.spread_factor if racks > 1 else 1.0
         if self.failures is None:
             run = job.duration / speed
-        else:
-            origin = self._origin.get(plan.job_id, plan.job_id)
-            restart = self.failures.model.restart_cost_s if origin in self._restarted else 0.0
-            self._attempt[plan.job_id] = (self.now, speed, restart)
-            run = restart + self._work.get(origin, job.duration) / speed
-        if job.time_limit and run > job.time_limit:
+            if job.time_limit and run > job.time_limit:
+                return job.time_limit, TIME_LIMIT_EXIT
+            return run, job.exit_code
+        # The trace's time limit bounds the job's whole run, the progress its checkpoints kept
+        # included, so that a job the trace ends at its limit still ends there whatever failures it
+        # met (Synapse's leader counts the limit per attempt; with it, a failure would let an
+        # over-limit job run on for days, and the replay would measure that, not recovery).
+        origin = self._origin.get(plan.job_id, plan.job_id)
+        restart = self.failures.model.restart_cost_s if origin in self._restarted else 0.0
+        self._attempt[plan.job_id] = (self.now, speed, restart)
+        run = self._work.get(origin, job.duration) / speed
+        left = job.time_limit - sum(kept for _, _, kept in self._failed_runs.get(origin, ()))
+        if job.time_limit and run > left:
             self._limited.add((plan.job_id, plan.attempt))
-            return job.time_limit, TIME_LIMIT_EXIT
-        return run, job.exit_code
+            return restart + max(0.0, left), TIME_LIMIT_EXIT
+        return restart + run, job.exit_code
 
     def replay(self) -> RunResult:
         started = time.perf_counter()
