@@ -74,6 +74,7 @@ def test_a_gang_on_a_failed_node_loses_exactly_the_work_since_its_checkpoint():
     assert s["restart_gpu_hours"] == pytest.approx(100 * 16 / 3600)
     assert s["goodput"] == pytest.approx(10_000 / (3500 + 7100))
     assert s["node_failures"] == 0  # after the last submission (at 0)
+    assert s["failed_big_gangs"] == 0  # 16 GPUs: not a big gang
 
 
 def test_the_trace_time_limit_bounds_the_whole_run_across_failures():
@@ -119,6 +120,8 @@ def test_front_recovery_gives_the_failed_big_gang_a_jct_no_worse_than_back(polic
         assert big.status == "SUCCEEDED" and len(big.failures) == 1 and big.submit == 0.0
         jct[recovery] = big.end - big.submit
         assert not math.isnan(jct[recovery])
+        s = summarize(run)
+        assert s["failed_big_gangs"] == 1 and s["failed_big_gang_mean_jct_s"] == jct[recovery]
     assert jct["front"] <= jct["back"]
     # Back: behind the small jobs, which take the seven nodes the gang left at once and hold them
     # for 20000 s. Front, for the baselines: the gang at the head holds them and restarts when the

@@ -386,7 +386,9 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
 #: The columns `run` adds with --node-mtbf.
 FAILURE_TABLE = (("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodput", 0.01, "{:.1f}%"),
                  ("fail-lost GPU-h", "failure_lost_gpu_hours", 1, "{:.0f}"),
-                 ("big mean JCT h", "big_gang_mean_jct_s", 3600, "{:.2f}"))
+                 ("big mean JCT h", "big_gang_mean_jct_s", 3600, "{:.2f}"),
+                 ("failed big", "failed_big_gangs", 1, "{:.0f}"),
+                 ("failed big JCT h", "failed_big_gang_mean_jct_s", 3600, "{:.2f}"))
 
 
 def table(summaries: dict[str, dict], caption: str, extra: tuple = ()) -> str:

@@ -29,7 +29,8 @@ Definitions (the README's "Evaluation" section repeats them):
   ended and not kept (work since the last checkpoint, and the restart of an attempt that failed
   again); `restart_gpu_hours`: the restart of the attempts that ran to their end;
   `node_failures`: nodes failed in the submission window (the same count for every policy).
-  `big_gang_mean_jct_s`: mean JCT of the big gangs that ended.
+  `big_gang_mean_jct_s`: mean JCT of the big gangs that ended; `failed_big_gang_mean_jct_s`, of
+  those among them that lost an attempt to a failure (`failed_big_gangs`).
 * idle_gpu_hours: the idle GPU-hours of the submission window by cause (replay.IDLE_CAUSES);
   big_gang_wait_hours: the big gangs' waits summed, by what they waited in (replay.BIG_WAIT_STATES).
 * per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
@@ -149,6 +150,9 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
         "idle_gpu_hours": {cause: s / 3600 for cause, s in run.idle.items()},
         "big_gang_wait_hours": {what: s / 3600 for what, s in run.big_wait.items()},
         "big_gang_mean_jct_s": _mean([r.end - r.submit for r in ended if r.gpus >= BIG_GANG_GPUS]),
+        "failed_big_gangs": sum(1 for r in ended if r.gpus >= BIG_GANG_GPUS and r.failures),
+        "failed_big_gang_mean_jct_s": _mean([r.end - r.submit for r in ended
+                                             if r.gpus >= BIG_GANG_GPUS and r.failures]),
         **failure_metrics(ended),
         "node_failures": sum(1 for t in run.failure_times if window_start <= t <= run.horizon),
     }
