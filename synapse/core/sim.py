@@ -14,6 +14,11 @@ nodes go to the preemptor in a later round, once the victims' tasks are gone. As
 rounds follow one another while they place gangs or preempt (a commit marks the leader's scheduler
 dirty).
 
+`lose_node` and `restore_node` play a node failing and coming back: the command the leader
+proposes once a node's heartbeats stop (`NodeLost` from command-set version 3: its gangs requeue at
+their place, uncharged) and the `NodeUp` it proposes when the node is heard from again. The other
+tasks of a gang that lost a node exit at once, as a collective whose peer vanished does.
+
 The queue policy is a parameter so that a trace replay (synapse.sim) can run baselines through
 the same state machine and placement code; by default it is the real one, `schedule_round`.
 Heartbeats, time limits and retention are the leader's too, but the simulator needs none of them:
@@ -57,7 +62,7 @@ def uniform_cluster(*, zones: int = 1, blocks_per_zone: int = 1, racks_per_block
 
 
 @dataclass(order=True, slots=True)
-class _TaskEnd:
+class TaskEnd:
     at: float
     job_id: str
     attempt: int
@@ -82,9 +87,11 @@ class Simulator:
         self._run: dict[tuple[str, int], tuple[float, float]] = {}  #: (job, attempt) -> (start, planned end)
         self.now = 0.0  #: simulated seconds
         self.rounds = 0
-        self._ends: list[_TaskEnd] = []
+        self._ends: list[TaskEnd] = []
         self._runtime: dict[str, tuple[float, int]] = {}  #: job id -> (task duration, exit code)
         self._ids = itertools.count(1)
+        #: a task end in `_ends` may have been overtaken (a preemption or a lost node ended it first)
+        self._overtaken = False
 
     @property
     def lost_gpu_seconds(self) -> float:
@@ -143,6 +150,7 @@ class Simulator:
         if not committed.ok:
             raise AssertionError(f"preemption rejected: {committed.error}")
         self.preemptions.append(cmd)
+        self._overtaken = True
         for v, job in victims:
             start, planned_end = self._run.get((v.job_id, v.attempt), (self.now, self.now))
             gone = self.now + v.notice + v.grace  # the notice, SIGTERM, then the grace (synapse.worker.state)
@@ -150,7 +158,30 @@ class Simulator:
             self.lost_runs.append((v.job_id, start, stop, sum(t.resources.gpu for t in job.tasks)))
             for t in job.tasks:
                 if t.state.live:  # SIGTERM now; the worker reports the exit when the grace is over
-                    heapq.heappush(self._ends, _TaskEnd(gone, v.job_id, v.attempt, t.index, t.node_id, SIGTERM_EXIT))
+                    heapq.heappush(self._ends, TaskEnd(gone, v.job_id, v.attempt, t.index, t.node_id, SIGTERM_EXIT))
+
+    def lose_node(self, node_id: str, reason: str = "node failed") -> list[str]:
+        """The node dies: commit the NodeLost the leader would propose, and end the other tasks of
+        each gang it stopped (their workers report them gone). Returns the jobs it stopped."""
+        hit = sorted({job_id for job_id, _attempt, _index in self.state.live_tasks.get(node_id, ())})
+        result = self.apply(c.NodeLost(at=self.now, node_id=node_id, reason=reason))
+        if not result.ok:
+            raise AssertionError(f"NodeLost rejected: {result.error}")
+        self._overtaken = True
+        for job_id in hit:
+            job = self.state.jobs[job_id]
+            attempt = job.attempt
+            for t in list(job.tasks) if job.status.has_gang else ():
+                if t.state.live:
+                    self.apply(c.TaskExited(at=self.now, job_id=job_id, attempt=attempt, index=t.index,
+                                            node_id=t.node_id, exit_code=SIGTERM_EXIT))
+        return hit
+
+    def restore_node(self, node_id: str) -> None:
+        """The node is heard from again: commit the leader's NodeUp."""
+        result = self.apply(c.NodeUp(at=self.now, node_id=node_id))
+        if not result.ok:
+            raise AssertionError(f"NodeUp rejected: {result.error}")
 
     def lifetime(self, plan: Plan) -> tuple[float, int]:
         """How long the tasks of a committed plan run, and their exit code (a subclass may make
@@ -168,10 +199,10 @@ class Simulator:
         for p in plan.placements:
             self.apply(c.TaskStarted(at=self.now, job_id=plan.job_id, attempt=plan.attempt,
                                      index=p.index, node_id=p.node_id))
-            heapq.heappush(self._ends, _TaskEnd(self.now + duration, plan.job_id, plan.attempt,
+            heapq.heappush(self._ends, TaskEnd(self.now + duration, plan.job_id, plan.attempt,
                                                 p.index, p.node_id, exit_code))
 
-    def _stale(self, end: _TaskEnd) -> bool:
+    def _stale(self, end: TaskEnd) -> bool:
         """A task end already overtaken: its task exited earlier (stopped at the end of a grace, or
         its natural end came first) or its attempt is over."""
         job = self.state.jobs.get(end.job_id)
@@ -180,7 +211,7 @@ class Simulator:
         return not job.tasks[end.index].state.live
 
     def next_event_at(self) -> float | None:
-        if self.preemptions:  # only preemption leaves a second end behind for a task
+        if self._overtaken:  # only preemption and lost nodes leave a second end behind for a task
             while self._ends and self._stale(self._ends[0]):
                 heapq.heappop(self._ends)
         return self._ends[0].at if self._ends else None
@@ -193,14 +224,18 @@ class Simulator:
         ended = 0
         while self._ends and self._ends[0].at <= target:
             end = heapq.heappop(self._ends)
-            if self.preemptions and self._stale(end):
+            if self._overtaken and self._stale(end):
                 continue
             self.now = max(self.now, end.at)
-            self.apply(c.TaskExited(at=self.now, job_id=end.job_id, attempt=end.attempt,
-                                    index=end.index, node_id=end.node_id, exit_code=end.exit_code))
+            self.end_task(end)
             ended += 1
         self.now = max(self.now, target)
         return ended
+
+    def end_task(self, end: TaskEnd) -> None:
+        """A task's end is due: report its exit, as its worker would."""
+        self.apply(c.TaskExited(at=self.now, job_id=end.job_id, attempt=end.attempt,
+                                index=end.index, node_id=end.node_id, exit_code=end.exit_code))
 
     def run(self, *, until: Callable[[], bool], max_rounds: int) -> int:
         """Alternate rounds and clock steps until `until()` or `max_rounds`; returns rounds used."""

@@ -4,6 +4,7 @@
     synapse-sim import-sacct sacct.txt -o t.csv
     synapse-sim run t.csv --policies fifo,greedy,easy,synapse --json
     synapse-sim run t.csv --policies easy,synapse --jitter 60     # the noise floor of the comparison
+    synapse-sim run t.csv --node-mtbf 200 --checkpoint-every 10m --restart-cost 1m --recovery back
     synapse-sim sweep --loads 0.7,0.9,1.1 --seeds 1,2,3 --report out/
 """
 
@@ -22,6 +23,7 @@ import yaml
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.core.queues import QueueFileError, parse_queue_file
 from synapse.sim import trace as tracefile
+from synapse.sim.failures import RECOVERIES, FailureModel
 from synapse.sim.generate import MIXES, Recipe, generate
 from synapse.sim.metrics import summarize
 from synapse.sim.noise import NOISE_METRICS, jittered, noise_floor, spread, values_of, versus
@@ -205,9 +207,24 @@ def _above_zero(_ctx, _param, value: float | None) -> float | None:
 @click.option("--jitter-seed", type=int, default=None, help="Seed of the copies' shifts, with --jitter [1].")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="Jittered copies replayed at once (processes), with --jitter [1].")
+@click.option("--node-mtbf", "mtbf_hours", type=float, metavar="HOURS",
+              help="Simulate node failures: each node fails after exponential times of this mean (hours), the "
+                   "same times for every policy; reports goodput and the GPU-hours failures lost.")
+@click.option("--checkpoint-every", default="0", show_default=True, metavar="DURATION",
+              help="With --node-mtbf: a gang checkpoints every DURATION of its run (10m, 1h; 0: never).")
+@click.option("--restart-cost", default="0", show_default=True, metavar="DURATION",
+              help="With --node-mtbf: added to the run of a gang restarted after a failure.")
+@click.option("--repair-time", default="1h", show_default=True, metavar="DURATION",
+              help="With --node-mtbf: a failed node comes back after this long.")
+@click.option("--recovery", type=click.Choice(RECOVERIES), default="front", show_default=True,
+              help="With --node-mtbf: a gang stopped by a failure waits at its place (front: Synapse's rule) "
+                   "or is resubmitted behind what arrived since (back: simulated only).")
+@click.option("--failure-seed", type=int, default=None,
+              help="With --node-mtbf: seed of the failure times [the trace's generation seed, else 1].")
 @_shape_options
 def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, min_gpus,
-        jitter_s, repeats, jitter_seed, workers, nodes, gpus_per_node, racks):
+        jitter_s, repeats, jitter_seed, workers, mtbf_hours, checkpoint_every, restart_cost, repair_time, recovery,
+        failure_seed, nodes, gpus_per_node, racks):
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
     if jitter_s is None and (repeats is not None or jitter_seed is not None or workers is not None):
         fail(PROG, "--repeats, --jitter-seed and --workers go with --jitter SECONDS")
@@ -219,19 +236,26 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
             chosen = [tuned(p, tuning) if p.tunable else p for p in chosen]
         trace, shape = load_trace(trace_path, nodes, gpus_per_node, racks, min_gpus)
         queues = load_queues(queues_path, trace)
+        failures = _failure_model(trace, mtbf_hours, checkpoint_every, restart_cost, repair_time, recovery,
+                                  failure_seed)
     except (TraceError, ValueError) as exc:
         fail(PROG, str(exc))
 
-    runs = _replays(trace, shape, chosen, spread_factor, queues)
+    runs = _replays(trace, shape, chosen, spread_factor, queues, failures)
     summaries = _summarized(runs, warmup_hours * 3600)
     only = f" (only those of {min_gpus}+ GPUs)" if min_gpus else ""
-    text = table(summaries, f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}")
+    caption = f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}"
+    if failures:
+        caption += (f"; node failures: MTBF {failures.mtbf_s / 3600:g} h, repair {failures.repair_s:g} s, checkpoint "
+                    f"every {failures.checkpoint_every_s:g} s, restart {failures.restart_cost_s:g} s, recovery "
+                    f"{failures.recovery}, seed {failures.seed}")
+    text = table(summaries, caption, FAILURE_TABLE if failures else ())
     noise = None
     if jitter_s is not None:
         seed = 1 if jitter_seed is None else jitter_seed
         traces = jittered(trace, jitter_s, repeats or 4, seed)
         one_copy = functools.partial(_copy_summaries, shape=shape, policies=chosen, spread_factor=spread_factor,
-                                     queues=queues, warmup_s=warmup_hours * 3600)
+                                     queues=queues, warmup_s=warmup_hours * 3600, failures=failures)
         if (workers or 1) > 1:
             with ProcessPoolExecutor(workers) as pool:
                 copies = list(pool.map(one_copy, traces))
@@ -244,6 +268,8 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
     if as_json:
         out = {"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
                "tuning": tuning, "min_gpus": min_gpus, "policies": _json_safe(summaries)}
+        if failures:
+            out["failures"] = dataclasses.asdict(failures)
         if noise:
             out["jitter"] = _json_safe(noise)
         click.echo(json.dumps(out, indent=2))
@@ -251,9 +277,35 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
         click.echo(text + queue_table(summaries) + noise_text)
 
 
+def _failure_model(trace: Trace, mtbf_hours: float | None, checkpoint_every: str, restart_cost: str,
+                   repair_time: str, recovery: str, seed: int | None) -> FailureModel | None:
+    """The failure options of `run`, checked; None without --node-mtbf."""
+    from synapse.core.quantity import QuantityError, parse_duration
+
+    if mtbf_hours is None:
+        return None
+    seconds = {}
+    for flag, text in (("--checkpoint-every", checkpoint_every), ("--restart-cost", restart_cost),
+                       ("--repair-time", repair_time)):
+        try:
+            seconds[flag] = parse_duration(text)
+        except QuantityError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+    if seed is None:
+        seed = next((int(word[5:]) for line in trace.comments for word in line.split()
+                     if word.startswith("seed=") and word[5:].isdigit()), 1)
+    model = FailureModel(mtbf_s=mtbf_hours * 3600, checkpoint_every_s=seconds["--checkpoint-every"],
+                         restart_cost_s=seconds["--restart-cost"], repair_s=seconds["--repair-time"],
+                         recovery=recovery, seed=seed)
+    problem = model.problem()
+    if problem:
+        raise ValueError(problem)
+    return model
+
+
 def _replays(trace: Trace, shape: ClusterShape, policies: list, spread_factor: float,
-             queues: tuple) -> list[RunResult]:
-    return [replay(trace, shape, p, spread_factor=spread_factor, queues=queues) for p in policies]
+             queues: tuple, failures: FailureModel | None = None) -> list[RunResult]:
+    return [replay(trace, shape, p, spread_factor=spread_factor, queues=queues, failures=failures) for p in policies]
 
 
 def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, dict]:
@@ -261,10 +313,10 @@ def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, dict]:
 
 
 def _copy_summaries(trace: Trace, *, shape: ClusterShape, policies: list, spread_factor: float, queues: tuple,
-                    warmup_s: float) -> dict[str, dict]:
+                    warmup_s: float, failures: FailureModel | None = None) -> dict[str, dict]:
     """One jittered copy through every policy, summarised (a module-level function: --workers
     sends it to other processes)."""
-    return _summarized(_replays(trace, shape, policies, spread_factor, queues), warmup_s)
+    return _summarized(_replays(trace, shape, policies, spread_factor, queues, failures), warmup_s)
 
 
 def noise_table(noise: dict) -> str:
@@ -331,10 +383,19 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
          ("preempt", "preemptions", 1, "{:.0f}"), ("lost GPU-h", "lost_gpu_hours", 1, "{:.0f}"))
 
 
-def table(summaries: dict[str, dict], caption: str) -> str:
-    rows = [["policy", *(h for h, *_ in TABLE)]]
+#: The columns `run` adds with --node-mtbf.
+FAILURE_TABLE = (("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodput", 0.01, "{:.1f}%"),
+                 ("fail-lost GPU-h", "failure_lost_gpu_hours", 1, "{:.0f}"),
+                 ("big mean JCT h", "big_gang_mean_jct_s", 3600, "{:.2f}"),
+                 ("failed big", "failed_big_gangs", 1, "{:.0f}"),
+                 ("failed big JCT h", "failed_big_gang_mean_jct_s", 3600, "{:.2f}"))
+
+
+def table(summaries: dict[str, dict], caption: str, extra: tuple = ()) -> str:
+    columns = TABLE + tuple(extra)
+    rows = [["policy", *(h for h, *_ in columns)]]
     for name, s in summaries.items():
-        rows.append([name, *(_cell(s[k], scale, f) for _, k, scale, f in TABLE)])
+        rows.append([name, *(_cell(s[k], scale, f) for _, k, scale, f in columns)])
     return _aligned(caption, rows)
 
 

@@ -21,6 +21,16 @@ Definitions (docs/evaluation/ repeats them):
 * dependencies (when the trace has `after`): `dependency_delay_*` is start - ready over the
   dependent jobs that started, ready being when their last upstream ended; `never_started` counts
   jobs that ended without running (a dependency that could never be met).
+* node failures (`run --node-mtbf`): `goodput` is the GPU-hours that became kept progress over
+  the GPU-hours held, over the jobs that ended (held: every attempt's GPUs from its start to its
+  stop, preempted and failed ones included; kept: a finished attempt's run less its restart cost, a
+  failed one's run up to its last checkpoint; 1 with no failures and no preemption; the spread
+  penalty is not counted here). `failure_lost_gpu_hours`: GPU-hours held by attempts that failures
+  ended and not kept (work since the last checkpoint, and the restart of an attempt that failed
+  again); `restart_gpu_hours`: the restart of the attempts that ran to their end;
+  `node_failures`: nodes failed in the submission window (the same count for every policy).
+  `big_gang_mean_jct_s`: mean JCT of the big gangs that ended; `failed_big_gang_mean_jct_s`, of
+  those among them that lost an attempt to a failure (`failed_big_gangs`).
 * idle_gpu_hours: the idle GPU-hours of the submission window by cause (replay.IDLE_CAUSES);
   big_gang_wait_hours: the big gangs' waits summed, by what they waited in (replay.BIG_WAIT_STATES).
 * per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
@@ -68,6 +78,9 @@ def allocated_gpu_seconds(records: Sequence[JobRecord], start: float, end: float
     for r in records:
         for lost_start, lost_stop in r.preempted:  # held, then lost: allocated, never useful
             allocated += max(0.0, min(lost_stop, end) - max(lost_start, start)) * r.gpus
+        for lost_start, lost_stop, kept in r.failures:  # held; useful up to its last checkpoint
+            allocated += max(0.0, min(lost_stop, end) - max(lost_start, start)) * r.gpus
+            useful += max(0.0, min(lost_start + kept, end) - max(lost_start, start)) * r.gpus
         if math.isnan(r.start):
             continue
         stop = r.end if not math.isnan(r.end) else end
@@ -83,7 +96,8 @@ def utilisation_series(run: RunResult, step: float = 3600.0) -> list[tuple[float
     last = max(ends, default=run.horizon)
     bins = [0.0] * (int(last // step) + 1)
     for r in run.records:
-        runs = list(r.preempted) + ([] if math.isnan(r.start) or math.isnan(r.end) else [(r.start, r.end)])
+        runs = list(r.preempted) + [(a, b) for a, b, _ in r.failures]
+        runs += [] if math.isnan(r.start) or math.isnan(r.end) else [(r.start, r.end)]
         for t, stop in runs:
             while t < stop:
                 b = int(t // step)
@@ -135,6 +149,12 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
         "lost_gpu_hours": sum((stop - begin) * r.gpus for r in run.records for begin, stop in r.preempted) / 3600,
         "idle_gpu_hours": {cause: s / 3600 for cause, s in run.idle.items()},
         "big_gang_wait_hours": {what: s / 3600 for what, s in run.big_wait.items()},
+        "big_gang_mean_jct_s": _mean([r.end - r.submit for r in ended if r.gpus >= BIG_GANG_GPUS]),
+        "failed_big_gangs": sum(1 for r in ended if r.gpus >= BIG_GANG_GPUS and r.failures),
+        "failed_big_gang_mean_jct_s": _mean([r.end - r.submit for r in ended
+                                             if r.gpus >= BIG_GANG_GPUS and r.failures]),
+        **failure_metrics(ended),
+        "node_failures": sum(1 for t in run.failure_times if window_start <= t <= run.horizon),
     }
     delays = [r.start - r.ready for r in started if not math.isnan(r.ready)]
     if delays or any(not math.isnan(r.ready) for r in records):
@@ -145,6 +165,23 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
     if run.queues or len({r.queue for r in records}) > 1:
         out["queues"], out["jain_fairness"] = _by_queue(run, records)
     return out
+
+
+def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
+    """`goodput`, `failure_lost_gpu_hours` and `restart_gpu_hours` of the jobs that ended."""
+    held = kept = lost = restart = 0.0
+    for r in ended:
+        held += sum(stop - start for start, stop in r.preempted) * r.gpus
+        for start, stop, saved in r.failures:
+            held += (stop - start) * r.gpus
+            kept += saved * r.gpus
+            lost += (stop - start - saved) * r.gpus
+        if not math.isnan(r.start):
+            held += (r.end - r.start) * r.gpus
+            kept += max(0.0, r.end - r.start - r.restart_s) * r.gpus
+            restart += min(r.restart_s, r.end - r.start) * r.gpus
+    return {"goodput": kept / held if held else math.nan, "failure_lost_gpu_hours": lost / 3600,
+            "restart_gpu_hours": restart / 3600}
 
 
 def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:

@@ -9,10 +9,13 @@ event), and otherwise carries the memo of the last round, as the leader's event-
 A policy that `preempts` (synapse's) also runs the leader's preemption step (synapse.core.leader_state):
 victims stop after their grace, lose their work and rerun in full, at the spread penalty of
 wherever their new attempt lands.
+With a failure model (synapse.sim.failures), nodes die and come back: the replay commits the
+leader's NodeLost and NodeUp, and each gang stopped by a failure resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -22,9 +25,10 @@ from dataclasses import dataclass, field
 from synapse.core import commands as c
 from synapse.core.arrays import element_id, format_ranges, parse_array, split_element_id
 from synapse.core.fsm import ClusterState
-from synapse.core.model import JobSpec, PackMode, Plan, Queue, Resources, TopologySpec
+from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
-from synapse.core.sim import Simulator
+from synapse.core.sim import Simulator, TaskEnd
+from synapse.sim.failures import LOST, MAX_RESTARTS, FailureModel, NodeFailures
 from synapse.sim.policies import Policy
 from synapse.sim.trace import CPU_PER_GPU, MEMORY_PER_GPU, ClusterShape, Trace, TraceJob
 
@@ -61,6 +65,10 @@ class JobRecord:
     preempted: tuple[tuple[float, float], ...] = ()
     #: when its last dependency was met (its upstreams' latest end); math.nan without dependencies
     ready: float = math.nan
+    #: (start, stop, seconds kept) of each attempt a node failure ended: GPUs held from start to
+    #: stop, of which the seconds up to its last checkpoint became progress
+    failures: tuple[tuple[float, float, float], ...] = ()
+    restart_s: float = 0.0  #: of the recorded attempt's run, the restart after a failure (no progress)
 
 
 @dataclass(slots=True)
@@ -80,13 +88,17 @@ class RunResult:
     idle: dict[str, float] = field(default_factory=dict)
     #: seconds big gangs spent pending, summed over them, by what they waited in (BIG_WAIT_STATES)
     big_wait: dict[str, float] = field(default_factory=dict)
+    failure_model: FailureModel | None = None  #: the failures simulated, if any
+    #: when each node failure happened, until the replay ended (the same times for every policy;
+    #: a replay that runs longer sees more of them)
+    failure_times: list[float] = field(default_factory=list)
 
 
 class Replay(Simulator):
     """One policy, one cluster, one trace."""
 
     def __init__(self, trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,
-                 queues: tuple[Queue, ...] = ()) -> None:
+                 queues: tuple[Queue, ...] = (), failures: FailureModel | None = None) -> None:
         super().__init__(policy=self._timed, preempt=policy.preempts)
         self.trace, self.shape, self.spec_policy = trace, shape, policy
         self.spread_factor = spread_factor
@@ -111,6 +123,22 @@ class Replay(Simulator):
                                       topology=("z0", "b0", seen), capacity=shape.node_capacity()))
         if queues:
             self._must(c.ApplyQueues(at=0, queues=queues))
+        self.failure_model = failures
+        self.failures = NodeFailures(failures, sorted(self.rack_of)) if failures else None
+        if failures and failures.recovery == "back" and any(j.after for j in trace.jobs):
+            raise ValueError("--recovery back resubmits a gang as a new job, which the trace's dependencies "
+                             "(`after`) cannot follow")
+        self.failure_times: list[float] = []  #: see RunResult.failure_times
+        #: trace job (or element) id -> its run left, seconds at full speed, as of its last checkpoint
+        self._work: dict[str, float] = {}
+        self._restarted: set[str] = set()  #: trace jobs that lost an attempt to a failure
+        #: job id -> (start, speed, restart seconds) of its latest attempt
+        self._attempt: dict[str, tuple[float, float, float]] = {}
+        #: trace job id -> (start, stop, seconds kept) of its attempts ended by failures
+        self._failed_runs: dict[str, list[tuple[float, float, float]]] = {}
+        self._origin: dict[str, str] = {}  #: a resubmitted copy's id -> the trace job's (recovery back)
+        self._latest: dict[str, str] = {}  #: trace job id -> its latest copy (recovery back)
+        self._limited: set[tuple[str, int]] = set()  #: (job, attempt) of attempts that reach their time limit
 
     def _must(self, cmd: c.Command) -> None:
         result = self.apply(cmd)
@@ -138,10 +166,12 @@ class Replay(Simulator):
         ranges, throttle = parse_array(job.array) if job.array else ((), 0)
         return JobSpec(name=job.id, tasks=tasks, resources=Resources(CPU_PER_GPU * per, MEMORY_PER_GPU * per, per),
                        command=("train",), topology=topology, time_limit=job.time_limit, queue=job.queue,
-                       array=format_ranges(ranges), array_throttle=throttle, after=job.dependencies)
+                       array=format_ranges(ranges), array_throttle=throttle, after=job.dependencies,
+                       max_restarts=MAX_RESTARTS if self.failures and not job.exit_code else 0)
 
     def row_of(self, job_id: str) -> TraceJob:
-        """The trace row a job (or an array's element) comes from."""
+        """The trace row a job (or an array's element, or a resubmitted copy) comes from."""
+        job_id = self._origin.get(job_id, job_id)
         row = self._jobs.get(job_id)
         if row is None:
             element = split_element_id(job_id)
@@ -154,10 +184,25 @@ class Replay(Simulator):
         job = self.row_of(plan.job_id)
         racks = len({self.rack_of[p.node_id] for p in plan.placements})
         self.racks[plan.job_id] = racks
-        run = job.duration / self.spread_factor if racks > 1 else job.duration
-        if job.time_limit and run > job.time_limit:
-            return job.time_limit, TIME_LIMIT_EXIT
-        return run, job.exit_code
+        speed = self.spread_factor if racks > 1 else 1.0
+        if self.failures is None:
+            run = job.duration / speed
+            if job.time_limit and run > job.time_limit:
+                return job.time_limit, TIME_LIMIT_EXIT
+            return run, job.exit_code
+        # The trace's time limit bounds the job's whole run, the progress its checkpoints kept
+        # included, so that a job the trace ends at its limit still ends there whatever failures it
+        # met (Synapse's leader counts the limit per attempt; with it, a failure would let an
+        # over-limit job run on for days, and the replay would measure that, not recovery).
+        origin = self._origin.get(plan.job_id, plan.job_id)
+        restart = self.failures.model.restart_cost_s if origin in self._restarted else 0.0
+        self._attempt[plan.job_id] = (self.now, speed, restart)
+        run = self._work.get(origin, job.duration) / speed
+        left = job.time_limit - sum(kept for _, _, kept in self._failed_runs.get(origin, ()))
+        if job.time_limit and run > left:
+            self._limited.add((plan.job_id, plan.attempt))
+            return restart + max(0.0, left), TIME_LIMIT_EXIT
+        return restart + run, job.exit_code
 
     def replay(self) -> RunResult:
         started = time.perf_counter()
@@ -172,10 +217,17 @@ class Replay(Simulator):
             while wakeups and (wakeups[0] <= self.now or not self.state.pending):
                 heapq.heappop(wakeups)
             at = min(arrival, math.inf if end is None else end, wakeups[0] if wakeups else math.inf)
-            if math.isinf(at):
+            if self.failures is not None:
+                # Failures matter while something is left to run or a node is down (a gang may wait for it).
+                if math.isinf(at) and not self.failures.down:
+                    break
+                at = min(at, self.failures.next_at())
+            elif math.isinf(at):
                 break
             self._account(at, jobs[0].submit, self.trace.horizon)
             events += self.advance(at)
+            failed = self._node_events(at)
+            events += failed
             while i < len(jobs) and jobs[i].submit <= at:
                 if jobs[i].tasks_on(self.shape) > 1:
                     heapq.heappush(wakeups, at + self.spec_policy.tuning.locality_wait_s)
@@ -186,7 +238,7 @@ class Replay(Simulator):
                     raise ValueError(f"job {jobs[i].id}: {result.error}")
                 i += 1
                 events += 1
-            self.schedule(full=self.now - last_round >= FULL_ROUND_AFTER_S)
+            self.schedule(full=failed > 0 or self.now - last_round >= FULL_ROUND_AFTER_S)
             last_round = self.now
             self._after_round = self._classify()
         return RunResult(policy=self.spec_policy.name, shape=self.shape, records=self._records(),
@@ -194,7 +246,61 @@ class Replay(Simulator):
                          wall_seconds=time.perf_counter() - started, horizon=self.trace.horizon,
                          spread_factor=self.spread_factor, queues=self.queues,
                          unfinished=[j.id for j in self.state.pending_jobs()], preemptions=len(self.preemptions),
-                         idle=self.idle, big_wait=self.big_wait)
+                         idle=self.idle, big_wait=self.big_wait, failure_model=self.failure_model,
+                         failure_times=self.failure_times)
+
+    def end_task(self, end: TaskEnd) -> None:
+        """With failures simulated, an attempt reaching its time limit ends as the leader ends it (a
+        final FailAttempt): the jobs are submitted with restarts to spare for lost nodes, and a time
+        limit must not use them up."""
+        job = self.state.jobs.get(end.job_id)
+        if (self.failures is not None and (end.job_id, end.attempt) in self._limited and job is not None
+                and job.attempt == end.attempt and job.status is not JobStatus.STOPPING):
+            self._must(c.FailAttempt(at=self.now, job_id=end.job_id, attempt=end.attempt, final=True,
+                                     reason=f"time limit of {job.spec.time_limit:.0f}s exceeded",
+                                     cause=EndReason.TIME_LIMIT))
+        super().end_task(end)
+
+    def _node_events(self, at: float) -> int:
+        """Fail and restore the nodes due by `at`; how many events that was."""
+        count = 0
+        while self.failures is not None and self.failures.next_at() <= at:
+            when, kind, node_id = self.failures.pop()
+            if kind == LOST:
+                self._lose(node_id)
+                self.failure_times.append(when)
+            else:
+                self.restore_node(node_id)
+            count += 1
+        return count
+
+    def _lose(self, node_id: str) -> None:
+        """A node fails: each running gang on it keeps the progress up to its last checkpoint, and
+        waits at the front or, with recovery `back`, is resubmitted at the back."""
+        assert self.failures is not None
+        model = self.failures.model
+        for job_id in sorted({job_id for job_id, _attempt, _index in self.state.live_tasks.get(node_id, ())}):
+            if self.state.jobs[job_id].status is JobStatus.STOPPING:
+                continue  # already stopping (a preemption's grace): its loss is counted there
+            origin = self._origin.get(job_id, job_id)
+            start, speed, restart = self._attempt[job_id]
+            kept = model.kept(max(0.0, self.now - start - restart))
+            self._work[origin] = self._work.get(origin, self.row_of(job_id).duration) - kept * speed
+            self._restarted.add(origin)
+            self._failed_runs.setdefault(origin, []).append((start, self.now, kept))
+        for job_id in self.lose_node(node_id, "simulated node failure"):
+            job = self.state.jobs[job_id]
+            if model.recovery == "back" and job.status is JobStatus.PENDING:
+                self._resubmit(job)
+
+    def _resubmit(self, job: Job) -> None:
+        """Recovery `back`: cancel the requeued job and submit a copy now, behind what arrived since."""
+        origin = self._origin.get(job.id, job.id)
+        copy_id = f"{origin}-r{sum(1 for o in self._origin.values() if o == origin) + 1}"
+        self._must(c.CancelJob(at=self.now, job_id=job.id, reason="resubmitted after a node failure"))
+        spec = dataclasses.replace(job.spec, array="", array_throttle=0, after=())
+        self._must(c.submit_kind(spec)(at=self.now, job_id=copy_id, request_id=copy_id, spec=spec, by=job.user))
+        self._origin[copy_id], self._latest[origin] = origin, copy_id
 
     def _classify(self) -> tuple[dict[str, int], dict[str, int]]:
         """Idle GPUs by cause and big pending gangs by state, as the last round left them."""
@@ -231,14 +337,16 @@ class Replay(Simulator):
     def _records(self) -> list[JobRecord]:
         out = []
         lost: dict[str, list[tuple[float, float]]] = {}
-        for job_id, start, stop, _gpus in self.lost_runs:
-            lost.setdefault(job_id, []).append((start, stop))
+        for job_id, start, stop, _gpus in self.lost_runs:  # a resubmitted copy's go to its trace job
+            lost.setdefault(self._origin.get(job_id, job_id), []).append((start, stop))
         for tj in self.trace.jobs:
             array = self.state.arrays.get(tj.id)
             ids = [element_id(tj.id, array.index_at(p)) for p in range(array.count)] if array else [tj.id]
             for job_id in ids:
-                job = self.state.jobs.get(job_id)
-                if job is None:  # an element that never became a job (its array was cancelled or stalled)
+                first = self.state.jobs.get(job_id)
+                job = self.state.jobs.get(self._latest.get(job_id, job_id))
+                # an element that never became a job (its array was cancelled or stalled)
+                if job is None or first is None:
                     out.append(JobRecord(id=job_id, gpus=tj.gpus, tasks=tj.tasks_on(self.shape),
                                          queue=tj.queue or "default", submit=tj.submit, start=math.nan, end=math.nan,
                                          racks=0, status="PENDING"))
@@ -246,11 +354,13 @@ class Replay(Simulator):
                 done = job.status.terminal
                 # A job that never ran (its dependency could never be met) has no completion time.
                 out.append(JobRecord(id=job_id, gpus=tj.gpus, tasks=job.spec.tasks, queue=tj.queue or "default",
-                                     submit=job.submitted_at,
+                                     submit=first.submitted_at,
                                      start=job.started_at if job.placements else math.nan,
                                      end=job.finished_at if done and job.placements else math.nan,
-                                     racks=self.racks.get(job_id, 0), status=job.status.value,
-                                     preempted=tuple(lost.get(job_id, ())), ready=self._ready(tj)))
+                                     racks=self.racks.get(job.id, 0), status=job.status.value,
+                                     preempted=tuple(lost.get(job_id, ())), ready=self._ready(tj),
+                                     failures=tuple(self._failed_runs.get(job_id, ())),
+                                     restart_s=self._attempt.get(job.id, (0.0, 1.0, 0.0))[2]))
         return out
 
     def _ready(self, tj: TraceJob) -> float:
@@ -267,6 +377,6 @@ class Replay(Simulator):
 
 
 def replay(trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,
-           queues: tuple[Queue, ...] = ()) -> RunResult:
+           queues: tuple[Queue, ...] = (), failures: FailureModel | None = None) -> RunResult:
     """Replay `trace` through `policy`; the trace must have been checked against `shape`."""
-    return Replay(trace, shape, policy, spread_factor=spread_factor, queues=queues).replay()
+    return Replay(trace, shape, policy, spread_factor=spread_factor, queues=queues, failures=failures).replay()
