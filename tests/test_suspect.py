@@ -42,21 +42,21 @@ def test_a_lost_node_is_excluded_from_the_jobs_later_attempts():
     assert not refused.ok and "r0-n0 is excluded for job j1" in refused.error
 
 
-def test_a_gang_that_needs_its_excluded_node_waits_and_says_which():
+def test_a_gang_that_needs_its_excluded_node_gets_it_back_once_repaired():
+    """An exclusion yields where the other nodes could never hold the gang: on a small cluster a
+    job must not wait for ever for the node that was repaired (model.excluded_for)."""
     state = cluster(racks=1, nodes_per_rack=2)
     submit(state, "j1", tasks=2)
     place(state, "j1", "r0-n0", "r0-n1")
     checked(state, c.NodeLost(at=50, node_id="r0-n0"))
     checked(state, c.TaskExited(at=52, job_id="j1", attempt=1, index=1, node_id="r0-n1", exit_code=-15))
+    assert state.jobs["j1"].excluded_nodes == ("r0-n0",)
+    waiting = schedule_round(state, now=52).waiting["j1"]  # r0-n0 is down: it waits for it, not never
+    assert waiting.code == "NodesUnavailable", waiting
     checked(state, c.NodeUp(at=53, node_id="r0-n0"))
-    assert state.jobs["j1"].status is JobStatus.PENDING
-    result = schedule_round(state, now=60)
-    assert result.plans == []
-    waiting = result.waiting["j1"]
-    assert (waiting.code, waiting.message) == (
-        "Unschedulable", "can never fit without the nodes excluded for it; excluded nodes (they ended earlier "
-                         "attempts): r0-n0")
-    assert not result.reservations or "r0-n0" not in result.reservations[0].nodes
+    [plan] = schedule_round(state, now=60).plans
+    assert {p.node_id for p in plan.placements} == {"r0-n0", "r0-n1"}
+    assert checked(state, c.CommitPlan(at=61, job_id="j1", attempt=2, placements=plan.placements)).ok
 
 
 def test_a_job_excludes_at_most_its_latest_nodes():

@@ -63,6 +63,7 @@ from synapse.core.model import (
     Task,
     TaskState,
     User,
+    excluded_for,
 )
 from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
@@ -807,7 +808,7 @@ class ClusterState:
                 return f"node {node.id} is {node.status.value}"
             if not node.schedulable:
                 return f"node {node.id} is cordoned"
-            if node.id in job.excluded_nodes:  # set by version-3 commands alone: no older replica holds any
+            if node.id in excluded_for(self.nodes, job):  # set by version-3 commands alone: no older replica has any
                 return f"node {node.id} is excluded for job {job.id}: it ended an earlier attempt"
             if job.spec.gpu_model and node.label("gpu_model").lower() != job.spec.gpu_model.lower():
                 return f"node {node.id} has GPU model {node.label('gpu_model') or 'none'}, not {job.spec.gpu_model}"

@@ -57,7 +57,7 @@ from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
 from synapse.core.fsm import ClusterState
 from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
-from synapse.core.model import EndReason, Job, JobStatus, NodeStatus
+from synapse.core.model import EndReason, Job, JobStatus, NodeStatus, excluded_for
 from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
 
@@ -328,7 +328,7 @@ class LeaderState:
         for job in sorted(growing, key=lambda j: j.queue_key()):
             if first_waiting is not None and first_waiting < job.queue_key():
                 continue
-            view.set_blocked(blocked | frozenset(job.excluded_nodes))  # never grow onto a node that failed it
+            view.set_blocked(blocked | excluded_for(state.nodes, job))  # never grow onto a node that failed it
             size = growth(view, job, now)
             if size:
                 self.resizing.add(job.id)

@@ -7,6 +7,7 @@ that mutates instances held in the cluster state; everything else reads them or 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -362,6 +363,25 @@ class Job:
         """Queue order: higher priority first, then earlier submission."""
         return (-self.spec.priority, self.submitted_at, self.seq)
 
+
+
+def excluded_for(nodes: Mapping[str, Node], job: Job) -> frozenset[str]:
+    """The nodes the scheduler keeps `job` off: those that ended its earlier attempts, while the
+    other nodes of the cluster could hold its gang (counting whole tasks per node by capacity,
+    whatever they run now and whatever their status). When they could not, none: a gang that
+    needs every node a small cluster has must not wait for ever for a node that was repaired."""
+    if not job.excluded_nodes:
+        return frozenset()
+    per, slots = job.spec.resources, 0
+    for node_id, node in nodes.items():
+        if node_id in job.excluded_nodes:
+            continue
+        fits = [have // need for have, need in ((node.capacity.cpu, per.cpu), (node.capacity.memory, per.memory),
+                                                (node.capacity.gpu, per.gpu)) if need > 0]
+        slots += min(fits) if fits else 0
+        if slots >= job.spec.tasks:
+            return frozenset(job.excluded_nodes)
+    return frozenset()
 
 #: The queue of jobs that name none. It exists without being defined (no limits, anyone may submit);
 #: an admin may define it like any other queue to give it limits.

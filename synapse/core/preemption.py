@@ -42,6 +42,7 @@ from synapse.core.model import (
     JobStatus,
     Queue,
     Resources,
+    excluded_for,
     topology_path,
 )
 from synapse.core.placement import pack_depth
@@ -325,8 +326,9 @@ def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
     if job.spec.gpu_model:  # only nodes of the GPU model it asks for
         model = job.spec.gpu_model.lower()
         node_ids = [n for n in node_ids if state.nodes[n].label("gpu_model").lower() == model]
-    if job.excluded_nodes:  # never the nodes that ended its earlier attempts
-        node_ids = [n for n in node_ids if n not in job.excluded_nodes]
+    excluded = excluded_for(state.nodes, job)
+    if excluded:  # never the nodes that ended its earlier attempts
+        node_ids = [n for n in node_ids if n not in excluded]
     room = _Room(state, job, node_ids)
     if room.fits():
         return None  # it fits without anyone leaving: the scheduler will place it

@@ -59,6 +59,7 @@ from synapse.core.model import (
     Resources,
     Shortfall,
     TopologySpec,
+    excluded_for,
     topology_path,
 )
 from synapse.core.placement import ClusterView, explain, pack_depth
@@ -246,8 +247,9 @@ def schedule_round(state: ClusterState, now: float,
         spec = job.spec if hold else _local_spec(view, job, now, tuning, rack_fit)
         may_use = tuple(_ends_before(job.spec, r, now) for r in reservations)
         shape = (job.id,) if hold else _shape(spec, may_use)
-        if job.excluded_nodes:  # the nodes that ended its earlier attempts are not for it
-            shape = (*shape, job.excluded_nodes)
+        excluded = excluded_for(state.nodes, job)  # the nodes that ended its earlier attempts are not for it
+        if excluded:
+            shape = (*shape, excluded)
         if spec is not job.spec and tuning.weigh_locality:
             shape = (*shape, job.spec.time_limit)  # whether it splits depends on its time limit
         if shape in failed:
@@ -255,13 +257,13 @@ def schedule_round(state: ClusterState, now: float,
             result.examined.append(job.id)
             continue
         blocked = held - frozenset(hold.nodes) if hold else held
-        blocked = blocked | frozenset(job.excluded_nodes)
+        blocked = blocked | excluded
         for r, may in zip(reservations, may_use, strict=True):
             if not may:
                 blocked = blocked | r.nodes
         plan = None
         if hold is not None:  # on the nodes its preemption freed first: the victims' others stay theirs
-            view.set_blocked(frozenset(state.nodes) - (frozenset(hold.nodes) - frozenset(job.excluded_nodes)))
+            view.set_blocked(frozenset(state.nodes) - (frozenset(hold.nodes) - excluded))
             plan = place_largest(view, job.id, job.attempt, spec)
         view.set_blocked(blocked)
         plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
@@ -272,7 +274,7 @@ def schedule_round(state: ClusterState, now: float,
             until = dict.fromkeys(blocked, math.inf) | _reserved_until(reservations)
             if _split_pays(state, view, job, spec, split is not None, until, clock, tuning):
                 spec, plan, depth = job.spec, split, 0
-                shape = _shape(spec, may_use) + ((job.excluded_nodes,) if job.excluded_nodes else ())
+                shape = _shape(spec, may_use) + ((excluded,) if excluded else ())
         if plan is not None:
             result.plans.append(plan)
             view.claim(plan, job.spec.resources)
@@ -295,8 +297,8 @@ def schedule_round(state: ClusterState, now: float,
             spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
         message, code = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning,
                                         depth)
-        if job.excluded_nodes:
-            message += f"; excluded nodes (they ended earlier attempts): {', '.join(job.excluded_nodes)}"
+        if excluded:
+            message += f"; excluded nodes (they ended earlier attempts): {', '.join(sorted(excluded))}"
         result.waiting[job.id] = failed[shape] = WaitReason((), message, code, spec=spec, blocked=view.blocked)
         result.examined.append(job.id)
     result.reservation = reservations[0] if reservations else None
@@ -325,7 +327,7 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
     # Its excluded nodes never free for it: a reservation holds none of them.
-    until = dict.fromkeys(job.excluded_nodes, math.inf) | _reserved_until(reservations)
+    until = dict.fromkeys(excluded_for(state.nodes, job), math.inf) | _reserved_until(reservations)
     reservation = _reserve(state, view, job, spec, previous, until, clock, tuning, sticky=not reservations,
                            depth=depth)
     if reservation is None:
@@ -334,7 +336,7 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
         if not reservations:  # no other reservation is in its way: its excluded nodes are (the caller names
             # them), or no domain's nodes hold it when idle after all (the bound is only an upper bound)
-            return ("can never fit without the nodes excluded for it" if job.excluded_nodes else
+            return ("can never fit without the nodes excluded for it" if excluded_for(state.nodes, job) else
                     "can never fit: no domain it may use holds it even when idle"), "Unschedulable"
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()})",
                 "BehindReservation")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from synapse.core.eligibility import Gate
 from synapse.core.fsm import ClusterState
-from synapse.core.model import Job, JobSpec
+from synapse.core.model import Job, excluded_for
 from synapse.core.placement import ClusterView, place
 from synapse.core.scheduler import (
     CONSERVATIVE,
@@ -96,16 +96,18 @@ def tuned(policy: Policy, text: str) -> Policy:
     return dataclasses.replace(policy, round=functools.partial(schedule_round, tuning=tuning), tuning=tuning)
 
 
-def _shape(spec: JobSpec) -> tuple:
-    r = spec.resources
-    return (spec.tasks, r.cpu, r.memory, r.gpu, spec.topology.pack, spec.topology.mode)
+def _shape(job: Job) -> tuple:
+    """What decides whether a job fits: its gang's shape, and the nodes excluded for it."""
+    spec, r = job.spec, job.spec.resources
+    return (spec.tasks, r.cpu, r.memory, r.gpu, spec.topology.pack, spec.topology.mode, job.excluded_nodes)
 
 
 def _start(result: RoundResult, view: ClusterView, job: Job, gate: Gate,
            blocked: frozenset[str] = frozenset()) -> bool:
-    """Place `job` avoiding `blocked`; on success count its plan as used for the rest of the round.
-    An array's next elements follow it while they fit, as in Synapse's policy."""
-    view.set_blocked(blocked)
+    """Place `job` avoiding `blocked` and the nodes excluded for it (they ended its earlier attempts:
+    apply refuses a plan on them, whatever the policy); on success count its plan as used for the
+    rest of the round. An array's next elements follow it while they fit, as in Synapse's policy."""
+    view.set_blocked(blocked | excluded_for(view.nodes, job))
     placed = place(view, job.id, job.attempt, job.spec)
     if placed.plan is None:
         return False
@@ -147,7 +149,7 @@ def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
     result, gate = RoundResult(), Gate(state)
     failed: set[tuple] = set()  # a shape that failed fails again this round: claims only grow
     for job in _eligible(state, gate, result):
-        shape = _shape(job.spec)
+        shape = _shape(job)
         if shape in failed:
             continue
         if not _start(result, view, job, gate):
@@ -173,7 +175,7 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
                 result.reservation = result.reservations[0]
             continue
         ends_first = bool(job.spec.time_limit) and now + job.spec.time_limit <= shadow
-        shape = (*_shape(job.spec), ends_first)
+        shape = (*_shape(job), ends_first)
         if shape in failed:
             continue
         if not _start(result, view, job, gate, frozenset() if ends_first else reserved):
@@ -189,7 +191,8 @@ def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: flo
     jobs' ends (start + time limit; none: never) onto each node's free GPUs until enough nodes hold
     a task each."""
     per_task = job.spec.resources.gpu or 1
-    free = {n: view.free(n).gpu for n in state.nodes if state.index.contains(n)}
+    excluded = excluded_for(state.nodes, job)
+    free = {n: view.free(n).gpu for n in state.nodes if state.index.contains(n) and n not in excluded}
     ends: list[tuple[float, str, int]] = []
     for node_id in free:
         for task, _ in state.tasks_on_node(node_id):
@@ -207,6 +210,8 @@ def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: flo
     for at, node_id, gpus in ends:
         if fit >= job.spec.tasks:
             break
+        if node_id not in free:  # a plan of this round on a node excluded for the head job
+            continue
         fit += (free[node_id] + gpus) // per_task - free[node_id] // per_task
         free[node_id] += gpus
         shadow = at
