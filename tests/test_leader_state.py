@@ -231,6 +231,14 @@ def test_from_version_3_a_failing_checks_drain_requeues_uncharged_and_is_made_ag
     assert job.status is JobStatus.STOPPING and job.stop_cause == "Drained"
 
 
+def test_a_new_leader_drains_uncharged_from_its_first_heartbeat_once_the_state_records_version_3(make):
+    d = make()
+    checked(d.state, c.SetClusterVersion(at=0, version=3))  # no MonitorDue handled yet
+    bad = HealthReport(unhealthy=True, message="xid 79", drain=True)
+    assert [type(cmd) for cmd in cmds(d.handle(Heartbeat(N0, at=1, mono=1, health=bad)))] == [
+        c.SetNodeHealth, c.DrainNode]
+
+
 # ---- rounds --------------------------------------------------------------------------------------
 
 

@@ -527,7 +527,8 @@ class LeaderState:
             # From version 3 a failing check's drain is a DrainNode (its gangs requeue uncharged) after
             # the health cordon, and level-triggered: proposed while the node is health-cordoned with
             # gangs wanted on it, so a drain lost to a leader change is made by the next heartbeat.
-            drain = s.health.drain and self.cluster_version >= codec.KIND_VERSIONS[c.DrainNode]
+            version = max(self.cluster_version, state.cluster_version)  # the state's, before a first MonitorDue
+            drain = s.health.drain and version >= codec.KIND_VERSIONS[c.DrainNode]
             cmd = health_change(node, s.health.unhealthy, s.health.message, s.health.drain and not drain, s.at)
             reason = f"health check failed: {s.health.message or 'health check failed'}"
             if cmd is not None:
