@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
 from synapse.core.invariants import violations
@@ -34,3 +36,14 @@ def checked(state: ClusterState, cmd: c.Command) -> c.Result:
     problems = violations(state)
     assert not problems, problems
     return result
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", every: float = 0.05):
+    """The first truthy value `predicate()` returns, polled every `every` s; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")

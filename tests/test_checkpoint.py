@@ -4,7 +4,6 @@ monitor, the preemption planner and dispatch, each with exact expectations."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from synapse.core.leader_state import LeaderConfig, LeaderState, MonitorDue, Pro
 from synapse.core.model import CheckpointSpec, JobStatus, Placement, Queue
 from synapse.core.sim import uniform_cluster
 from synapse.master.dispatch import assignments_for_node
-from tests.helpers import checked, cluster, spec
+from tests.helpers import checked, cluster, spec, wait_for
 
 USR1 = CheckpointSpec("USR1", 120.0)
 N0, N1 = "r0-n0", "r0-n1"
@@ -355,16 +354,6 @@ command:
 """
 
 
-def wait_for(check, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def stamp(out: Path, what: str, attempt: int, rank: int) -> float:
     return float((out / f"{what}-{attempt}-{rank}").read_text())
 
@@ -396,11 +385,11 @@ def test_a_drained_gang_and_a_time_limited_one_get_their_notice_on_a_real_cluste
 
     # Drained: notice, 3 s, SIGTERM; requeued uncharged; attempt 2 learns why.
     drained = synctl_ok("submit", job_file("drained")).stdout.strip()
-    first = wait_for(lambda: running(drained, 1), "attempt 1 to run")
-    wait_for(lambda: all((out / f"env-1-{r}").exists() for r in (0, 1)), "attempt 1's tasks to trap USR1")
+    first = wait_for(lambda: running(drained, 1), what="attempt 1 to run")
+    wait_for(lambda: all((out / f"env-1-{r}").exists() for r in (0, 1)), what="attempt 1's tasks to trap USR1")
     assert {(out / f"env-1-{r}").read_text() for r in (0, 1)} == {"reason= signal=USR1\n"}
     synctl_ok("drain", first.tasks[0].node_id)
-    second = wait_for(lambda: running(drained, 2), "attempt 2 to run after the drain")
+    second = wait_for(lambda: running(drained, 2), what="attempt 2 to run after the drain")
     for rank in (0, 1):
         noticed, term = stamp(out, "noticed", 1, rank), stamp(out, "term", 1, rank)
         assert 2.9 <= term - noticed <= 4.5, (rank, noticed, term)  # the file, written 3 s before SIGTERM
@@ -410,19 +399,19 @@ def test_a_drained_gang_and_a_time_limited_one_get_their_notice_on_a_real_cluste
     assert len(requeued) == 1 and requeued[0].startswith(f"attempt 2 after node {first.tasks[0].node_id} drained") \
         and requeued[0].endswith("; not charged to max_restarts"), events
     assert [m.split(";")[0] for k, m in events if k == "Notice"] == ["SIGUSR1 to 2 task(s)"], events
-    wait_for(lambda: all((out / f"env-2-{r}").exists() for r in (0, 1)), "attempt 2's tasks to start")
+    wait_for(lambda: all((out / f"env-2-{r}").exists() for r in (0, 1)), what="attempt 2's tasks to start")
     assert {(out / f"env-2-{r}").read_text() for r in (0, 1)} == {"reason=Drained signal=USR1\n"}
     described = synctl_ok("describe", "job", drained).stdout
     assert "Checkpoint: SIGUSR1 3s before a planned stop" in described
     assert "Notice     SIGUSR1 to 2 task(s); the drain stops them at " in described, described
     synctl_ok("cancel", drained)  # not planned: no notice for attempt 2
-    wait_for(lambda: cluster.client.get_job(drained).status == "CANCELLED", "the cancel")
+    wait_for(lambda: cluster.client.get_job(drained).status == "CANCELLED", what="the cancel")
     assert not (out / "noticed-2-0").exists() and (out / "term-2-0").exists()
 
     # Time-limited: the notice 3 s before the limit, SIGTERM at the limit.
     limited = synctl_ok("submit", job_file("limited", extra="time_limit: 8s\n")).stdout.strip()
     done = wait_for(lambda: (j := cluster.client.get_job(limited)).status in ("FAILED", "SUCCEEDED") and j,
-                    "the time limit", timeout=60)
+                    what="the time limit", timeout=60)
     assert done.status == "FAILED" and {t.reason for t in done.tasks} == {"TimeLimit"}, done
     notice = next(e for e in done.events if e.kind == "Notice")
     assert "its time limit stops them at" in notice.message

@@ -17,7 +17,8 @@ import pytest
 
 from synapse.client.jobfile import load_job_file
 from synapse.core import codec
-from tests.test_gang_execution import read_logs, wait_for, wait_job
+from tests.helpers import wait_for
+from tests.test_gang_execution import read_logs, wait_job
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,7 @@ import pytest
 from synapse.core import codec
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.worker.agent import TASK_JOURNAL
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,16 +23,6 @@ def submit(cluster, name, tasks, command, *, gpu=8, pack="", required=False, max
                    topology=TopologySpec(pack, PackMode.REQUIRED if required else PackMode.PREFERRED),
                    max_restarts=max_restarts, env=tuple(env))
     return cluster.client.submit(codec.job_spec_to_proto(spec))
-
-
-def wait_for(predicate, timeout=30.0, what="condition", every=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def job(cluster, job_id):

@@ -16,8 +16,8 @@ from synapse.client.master_client import ClientError
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
 from synapse.sim.main import main as sim_main
+from tests.helpers import wait_for
 from tests.test_dashboard import fetch
-from tests.test_gang_execution import wait_for
 from tests.test_metrics import get
 from tests.test_synctl import synctl
 

@@ -29,8 +29,7 @@ from synapse.local import cluster as local
 from synapse.master import access
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2
 from synapse.worker.agent import CREDENTIAL_FILE
-from tests.helpers import spec
-from tests.test_replication import wait_for
+from tests.helpers import spec, wait_for
 
 CAPACITY = Resources(8000, 1 << 30, 8)
 

@@ -23,9 +23,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from synapse.core import codec
-from tests.helpers import spec
+from tests.helpers import spec, wait_for
 from tests.test_metrics import CONTRACTS, get
-from tests.test_replication import wait_for
 from tests.test_synctl import wait_waiting
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,8 @@ import pytest
 from synapse.core.rendezvous import MASTER_PORTS, RESERVED, ephemeral_overlap, master_port
 from synapse.proto import api_pb2
 from synapse.worker.runtime import ephemeral_ports, port_in_use
-from tests.test_gang_execution import read_logs, submit, wait_for, wait_job
+from tests.helpers import wait_for
+from tests.test_gang_execution import read_logs, submit, wait_job
 
 LINUX_EPHEMERAL = range(32768, 61000)  #: Linux's default net.ipv4.ip_local_port_range
 

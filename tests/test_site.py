@@ -23,7 +23,7 @@ from synapse.common.tls import http_base, issue
 from synapse.core import codec
 from synapse.local import cluster as local
 from synapse.local.main import main as local_main
-from tests.helpers import spec
+from tests.helpers import spec, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -39,16 +39,6 @@ env: {SLEEP: "%s"}
 
 def run_cli(*argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *argv], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(check, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_up_from_a_shell_with_another_clusters_credentials_runs_a_gang_over_tls(tmp_path):
@@ -117,14 +107,14 @@ def test_a_gang_without_restarts_survives_a_drain_and_a_killed_worker(make_clust
         job = cluster.client.get_job(job_id)
         return job if job.status == "RUNNING" and job.attempt == attempt else None
 
-    first = wait_for(lambda: running(1), "attempt 1 to run")
+    first = wait_for(lambda: running(1), what="attempt 1 to run")
     synctl_ok("drain", first.tasks[0].node_id)
-    second = wait_for(lambda: running(2), "attempt 2 to run after the drain")
+    second = wait_for(lambda: running(2), what="attempt 2 to run after the drain")
     victim = next(t.node_id for t in second.tasks if t.node_id != first.tasks[0].node_id)
     cluster.kill_worker(victim, with_tasks=True)
-    wait_for(lambda: running(3), "attempt 3 to run after the worker was killed")
+    wait_for(lambda: running(3), what="attempt 3 to run after the worker was killed")
     done = wait_for(lambda: (j := cluster.client.get_job(job_id)).status in ("SUCCEEDED", "FAILED") and j,
-                    "the job to end")
+                    what="the job to end")
     assert (done.status, done.attempt) == ("SUCCEEDED", 3), [e.message for e in done.events]
     events = [(e.kind, e.message) for e in done.events]
     requeued = [m for k, m in events if k == "Requeued"]
@@ -134,7 +124,7 @@ def test_a_gang_without_restarts_survives_a_drain_and_a_killed_worker(make_clust
     described = synctl_ok("describe", "job", job_id)
     assert "not charged to max_restarts" in described
     log = Path(cluster.worker_dir(done.tasks[0].node_id)) / "logs" / job_id / "attempt-3" / "task-0.log"
-    assert wait_for(lambda: log.exists() and "attempt 3 rank" in log.read_text(), "attempt 3's log")
+    assert wait_for(lambda: log.exists() and "attempt 3 rank" in log.read_text(), what="attempt 3's log")
 
 
 def readyz(cluster, replica_id: str) -> tuple[int, str]:
@@ -153,13 +143,13 @@ def test_readyz_tells_the_truth_when_digests_fail_and_when_most_nodes_are_down(m
     cluster = make_cluster(workers=2, racks=1)
     leader = cluster.wait_leader()
     follower = next(m["id"] for m in cluster.state["masters"] if m["id"] != leader)
-    assert wait_for(lambda: readyz(cluster, leader)[0] == 200, "a ready leader")
+    assert wait_for(lambda: readyz(cluster, leader)[0] == 200, what="a ready leader")
     tls_dir = Path(cluster.state["ca"]).parent
     cluster.kill_master(follower)
     issue(tls_dir, "server", "127.0.0.1", ("server",), ["127.0.0.1", "localhost"])  # server-only, as once
     cluster.restart_master(follower)
     code, body = wait_for(lambda: (r := readyz(cluster, cluster.wait_leader()))[0] == 503 and r,
-                          "the leader's /readyz to fail", timeout=30)
+                          what="the leader's /readyz to fail", timeout=30)
     follower_api = cluster.master(follower)["api_address"]
     assert f"[-]link-shards failed: no liveness digest from replica {follower_api}" in body, body
     status = CliRunner().invoke(local_main, ["status", "--data-dir", str(cluster.data_dir)])
@@ -168,10 +158,10 @@ def test_readyz_tells_the_truth_when_digests_fail_and_when_most_nodes_are_down(m
     for worker in ("w1", "w2"):
         cluster.kill_worker(worker, with_tasks=True)
     code, body = wait_for(lambda: "nodes are DOWN" in (r := readyz(cluster, cluster.wait_leader()))[1] and r,
-                          "most nodes DOWN to show", timeout=30)
+                          what="most nodes DOWN to show", timeout=30)
     assert code == 503 and "[-]nodes failed: 2 of 2 nodes are DOWN" in body, body
     job_id = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=1)))
-    waiting = wait_for(lambda: cluster.client.get_job(job_id).waiting, "a pending reason")
+    waiting = wait_for(lambda: cluster.client.get_job(job_id).waiting, what="a pending reason")
     assert "2 DOWN of 2 node(s)" in waiting and "can never fit" not in waiting, waiting
 
 

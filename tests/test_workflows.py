@@ -11,7 +11,8 @@ from synapse.client.master_client import ClientError
 from synapse.core import codec
 from synapse.core.model import JobSpec, Queue, Resources
 from synapse.proto import api_pb2
-from tests.test_gang_execution import read_logs, wait_for, wait_job
+from tests.helpers import wait_for
+from tests.test_gang_execution import read_logs, wait_job
 from tests.test_synctl import synctl
 
 pytestmark = pytest.mark.slow
