@@ -2,9 +2,17 @@
 
 Every replica applies the same commands in the same order and must reach the same state, so apply
 is deterministic: no clock, no randomness, no leadership checks, no I/O. Ids, timestamps and the
-proposer's term arrive inside the command. Apply never raises (an exception inside a pysyncobj
-replicated method stops that replica from applying for good): every handler validates first and
-mutates after, and a rejected command changes nothing but the applied-command counter.
+proposer's term arrive inside the command.
+
+Apply is a transaction: a command changes the state as a whole or not at all. Every handler
+validates first and mutates after, so a rejected command (a refusal the handler expects) changes
+nothing but the applied-command counter and the highest term seen (tests/test_apply_transaction.py
+drives every kind and compares the whole state before and after each rejection). A handler that
+raises instead has failed midway, with the state perhaps half-changed: that is not a rejection but
+ApplyFailed, and the replica stops applying (synapse.master.raft.ReplicatedState), as etcd panics
+and as it stops at a log entry its code does not know. Every replica applies the same entry with the
+same code, so they all stop there; restarted with mended code, each replays its journal from the
+last snapshot, and the entry applies whole.
 
 Resources are freed only when the work is known to be gone: when a task's worker reports it
 stopped (TaskExited) or its node is declared DOWN. Asking a gang to stop (a failed task, a
@@ -111,6 +119,11 @@ MAX_NODE_FAILURES = 8
 MAX_FINISHED_RECORDS = 200_000
 
 
+class ApplyFailed(Exception):
+    """A handler raised while applying a command: the state may be half-changed, so the replica
+    must stop applying (see the module docstring). Never a rejection."""
+
+
 class ClusterState:
     """Nodes, jobs and tasks, plus the indexes placement needs. Mutated only through `apply`."""
 
@@ -210,7 +223,8 @@ class ClusterState:
         return [(cmd, self.apply(cmd)) for cmd in cmds]
 
     def apply(self, cmd: c.Command) -> Result:
-        """Apply one command. Deterministic; never raises; a rejection changes nothing."""
+        """Apply one command. Deterministic; a rejection changes nothing; ApplyFailed when a handler
+        raised (the replica must stop: see the module docstring)."""
         self.applied += 1
         if not isinstance(cmd, (c.SubmitJob, c.Barrier, c.PendingReasons, c.HistoryExported)):  # none changes capacity
             self.other_changes += 1
@@ -224,9 +238,11 @@ class ClusterState:
             if handler is None:
                 return Result.rejected(f"unknown command type {type(cmd).__name__}")
             return handler(cmd)
-        except Exception as exc:  # noqa: BLE001 - see the module docstring: apply must not raise
-            log.exception("apply failed cmd=%s applied=%d", type(cmd).__name__, self.applied)
-            return Result.rejected(f"internal error applying {type(cmd).__name__}: {exc!r}")
+        except Exception as exc:
+            # Not a refusal: the handler stopped midway. Reporting it as "rejected, nothing changed"
+            # would hide a half-applied command; the replica stops here instead.
+            log.critical("apply failed cmd=%s applied=%d", type(cmd).__name__, self.applied, exc_info=True)
+            raise ApplyFailed(f"applying {type(cmd).__name__} (command {self.applied}) raised {exc!r}") from exc
 
     # ---- nodes ----------------------------------------------------------------------------------
 

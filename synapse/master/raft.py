@@ -35,7 +35,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, SyncObjExceptio
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
+from synapse.core.fsm import ApplyFailed, ClusterState
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.snapshot import snapshot_digest
 from synapse.master.config import RAFT_HEARTBEAT_S
@@ -159,6 +159,8 @@ class ReplicatedState(SyncObjConsumer):
         self.corruption = ""
         #: set (and never cleared) at the first log entry this replica's code cannot apply: it must stop
         self.unknown_entry = ""
+        #: set (and never cleared) when applying an entry raised midway (ApplyFailed): it must stop
+        self.apply_failure = ""
         self._digest_cache: tuple[int, str] = (-1, "")  #: (applied, digest) last computed
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
@@ -186,6 +188,10 @@ class ReplicatedState(SyncObjConsumer):
                                   f"apply: {exc}")
             log.critical("%s; this replica stops applying", self.unknown_entry)
             return None
+        except ApplyFailed as exc:  # a handler failed midway: this state may be half-changed
+            self.apply_failure = f"log entry{self._entry_index()} failed to apply: {exc}"
+            log.critical("%s; this replica stops applying", self.apply_failure)
+            return None
         listener = self.listener
         if listener is not None:
             try:
@@ -196,7 +202,7 @@ class ReplicatedState(SyncObjConsumer):
 
     def stop_reason(self) -> str:
         """Why this replica stopped applying ('' while it applies)."""
-        return self.corruption or self.unknown_entry
+        return self.corruption or self.unknown_entry or self.apply_failure
 
     def _entry_index(self) -> str:
         """' <raft index>' of the entry being applied, when a SyncObj applies it ('' otherwise)."""
@@ -476,6 +482,10 @@ class RaftNode:
     def unknown_entry(self) -> str:
         """Why this replica must stop at a log entry its code cannot apply ('' while there is none)."""
         return self.replicated.unknown_entry
+
+    def apply_failure(self) -> str:
+        """Why this replica must stop at a log entry whose apply raised midway ('' while none did)."""
+        return self.replicated.apply_failure
 
     def leader_if_connected(self) -> str | None:
         """The leader's address if this replica leads or currently has a live link to it."""

@@ -213,14 +213,18 @@ class Master:
         return free_bytes(self.data_dir) >= self.config.min_free_disk
 
     async def watchdog(self, stop: asyncio.Event) -> None:
-        """Stop the replica on corrupt data, at a log entry its code cannot apply, or before a full
-        disk makes the journal's mmap fail."""
+        """Stop the replica on corrupt data, at a log entry its code cannot apply or whose apply
+        failed midway, or before a full disk makes the journal's mmap fail."""
         while not stop.is_set():
             problem = self.raft.corruption()
             cure = f"Rebuild it with: synapse-master rebuild --config FILE --id {self.replica.id}"
             if not problem and self.raft.unknown_entry():
                 problem = self.raft.unknown_entry()
                 cure = "Start it again with the release its peers run (upgrade it); it applies the entry then"
+            if not problem and self.raft.apply_failure():
+                problem = self.raft.apply_failure()
+                cure = ("Every replica stops at this entry (they run the same code): report it with this log; a "
+                        "release that mends the handler replays the journal and applies the entry whole")
             if not problem and free_bytes(self.data_dir) < self.config.min_free_disk // 4:
                 problem = (f"less than {self.config.min_free_disk // 4} bytes free under {self.data_dir}; "
                            "stopping before the journal cannot grow")
