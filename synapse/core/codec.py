@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypedDict
 
 from google.protobuf.message import DecodeError
 
@@ -277,7 +278,15 @@ def register_node_to_proto(cmd: c.RegisterNode) -> commands_pb2.RegisterNode:
         capacity=resources_to_proto(cmd.capacity), labels=dict(cmd.labels), isolation=cmd.isolation)
 
 
-def register_node_from_proto(b: commands_pb2.RegisterNode, base: dict) -> c.RegisterNode:
+class _Base(TypedDict):
+    """The fields every command carries in its envelope (synapse.core.commands.Command)."""
+
+    at: float
+    term: int
+    by: str
+
+
+def register_node_from_proto(b: commands_pb2.RegisterNode, base: _Base) -> c.RegisterNode:
     return c.RegisterNode(node_id=b.node_id, address=b.address, topology=tuple(b.topology),
                           capacity=resources_from_proto(b.capacity), labels=tuple(sorted(b.labels.items())),
                           isolation=b.isolation, **base)
@@ -297,7 +306,7 @@ def command_from_proto(env: commands_pb2.Command, commands: CommandSet = CURRENT
 
 def _body_from_proto(env: commands_pb2.Command) -> c.Command:
     kind = env.WhichOneof("body")
-    base = {"at": env.at, "term": env.term, "by": env.by}
+    base = _Base(at=env.at, term=env.term, by=env.by)
     match kind:
         case "register_node":
             return register_node_from_proto(env.register_node, base)

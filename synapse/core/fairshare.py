@@ -35,7 +35,7 @@ def decayed(value: float, held: int, dt: float, half_life: float) -> float:
     """`value` after `dt` seconds of decay, plus what `held` GPUs accrued meanwhile (decayed too)."""
     if half_life <= 0 or dt <= 0:
         return value
-    fade = 2.0 ** (-dt / half_life)
+    fade: float = 2.0 ** (-dt / half_life)  # (float ** float is Any to a type checker: a negative base)
     return value * fade + held * half_life / LN2 * (1.0 - fade)
 
 

@@ -92,7 +92,7 @@ _JOB_REASONS = {
     "Notice": ("CheckpointNotice", "Normal"),
 }
 #: How a Notice event names the planned stop it announces.
-_PLANNED_STOPS = {EndReason.TIME_LIMIT: "its time limit", EndReason.PREEMPTED: "the preemption",
+_PLANNED_STOPS: dict[str, str] = {EndReason.TIME_LIMIT: "its time limit", EndReason.PREEMPTED: "the preemption",
                   EndReason.DRAINED: "the drain", EndReason.RESIZED: "the resize"}
 #: Ended attempts kept per job (the first and the latest ones; a gang preempted without end would
 #: otherwise grow without bound).
@@ -584,22 +584,22 @@ class ClusterState:
         queue = self.queues.get(self.queue_of(job))
         return queue.capped(job.spec.checkpoint.notice) if queue is not None else job.spec.checkpoint.notice
 
-    def _running_attempt(self, job_id: str, attempt: int) -> tuple[Job, None] | tuple[None, Result]:
+    def _running_attempt(self, job_id: str, attempt: int) -> Job | Result:
         """The job if `attempt` is the one it runs now, else the refusal to return."""
         job = self.jobs.get(job_id)
         if job is None:
-            return None, Result.not_found(f"unknown job {job_id}")
+            return Result.not_found(f"unknown job {job_id}")
         if job.status is not JobStatus.RUNNING or job.attempt != attempt:
-            return None, Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
-                                         f"attempt {attempt}")
-        return job, None
+            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
+                                   f"attempt {attempt}")
+        return job
 
     def _checkpoint_notice(self, cmd: c.CheckpointNotice) -> Result:
         """Give a running attempt's tasks their checkpoint notice ahead of the stop planned for
         `stop_at` (the leader's time-limit monitor proposes it). An attempt is noticed once."""
-        job, refusal = self._running_attempt(cmd.job_id, cmd.attempt)
-        if refusal is not None:
-            return refusal
+        job = self._running_attempt(cmd.job_id, cmd.attempt)
+        if isinstance(job, Result):
+            return job
         if not job.spec.has_checkpoint:
             return Result.rejected(f"job {job.id} asks for no checkpoint notice")
         if cmd.cause not in NOTICED_CAUSES or cmd.stop_at < cmd.at:
@@ -715,9 +715,9 @@ class ClusterState:
 
     def _resize_gang(self, cmd: c.ResizeGang) -> Result:
         """Stop a running elastic gang with its grace so that it restarts at `size` (synapse.core.elastic)."""
-        job, refusal = self._running_attempt(cmd.job_id, cmd.attempt)
-        if refusal is not None:
-            return refusal
+        job = self._running_attempt(cmd.job_id, cmd.attempt)
+        if isinstance(job, Result):
+            return job
         if not elastic.is_elastic(job.spec) or cmd.size == len(job.tasks) \
                 or not job.spec.tasks_min <= cmd.size <= job.spec.tasks:
             return Result.rejected(f"job {job.id} cannot resize from {len(job.tasks)} to {cmd.size} task(s) (it takes "
@@ -1356,7 +1356,8 @@ class ClusterState:
     @classmethod
     def from_snapshot(cls, data: dict[str, Any]) -> ClusterState:
         """The state a snapshot holds, its derived indexes rebuilt."""
-        return snapshot.decode(data, cls)
+        state: ClusterState = snapshot.decode(data, cls)
+        return state
 
     def digest(self) -> str:
         """A hash of the whole state: equal on replicas that applied the same commands."""

@@ -6,12 +6,14 @@ replica's final state.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from synapse.core.elastic import least
 from synapse.core.fsm import ClusterState
 from synapse.core.model import JobStatus, Resources, TaskState
 
 
-def node_violations(state: ClusterState, node_ids) -> list[str]:
+def node_violations(state: ClusterState, node_ids: Iterable[str]) -> list[str]:
     """The per-node invariants for some nodes only (cheap enough to run after every command):
     use within capacity, recorded use equal to the live tasks' sum, no GPU index given twice."""
     out: list[str] = []

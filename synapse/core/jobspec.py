@@ -56,7 +56,7 @@ class JobFileError(ValueError):
         self.why = why
 
 
-def _int(doc: dict, field: str, default: int, low: int, high: int, path: str = "") -> int:
+def _int(doc: dict[str, Any], field: str, default: int, low: int, high: int, path: str = "") -> int:
     value = doc.get(field, default)
     name = path or field
     if isinstance(value, bool) or not isinstance(value, int):

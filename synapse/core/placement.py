@@ -307,7 +307,7 @@ def _fill_single_node(view: ClusterView, stats: DomainStats, n: int, per_task: R
 
 def _plan(view: ClusterView, job_id: str, attempt: int, per_task: Resources,
           fill: list[tuple[str, int]]) -> Plan:
-    placements = []
+    placements: list[Placement] = []
     for node_id, count in sorted(fill, key=lambda nc: (view.nodes[nc[0]].topology, nc[0])):
         gpus = view.free_gpus(node_id)
         for i in range(count):
