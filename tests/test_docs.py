@@ -307,3 +307,11 @@ def test_runnable_blocks(tmp_path, page):
     finally:
         subprocess.run(["synapse-local", "down", "--data-dir", str(data_dir)], env=env, capture_output=True,
                        timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_the_command_table_is_what_the_code_gives():
+    """docs/architecture/commands.md's table is written from codec.KIND_VERSIONS and the commands'
+    docstrings (scripts/command_table.py); a new kind without a docstring or a handler fails too."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "command_table.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -22,6 +22,9 @@ class Command:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegisterNode(Command):
+    """A worker's node joins (or re-joins, with new capacity or topology): the first register
+    makes it READY; a later one of a DOWN node brings it back."""
+
     node_id: str
     address: str
     topology: tuple[str, ...]
@@ -42,6 +45,8 @@ class CreateJoinToken(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RevokeJoinToken(Command):
+    """A join token stops working; nodes that joined with it stay."""
+
     token_id: str
 
 
@@ -56,6 +61,9 @@ class JoinNode(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeDown(Command):
+    """A node is DOWN (its heartbeats stopped): its tasks are lost and their resources freed, and
+    their gangs stop as failed (an older leader's node loss: NodeLost requeues them uncharged)."""
+
     node_id: str
     reason: str = ""
 
@@ -88,6 +96,8 @@ class SetClusterVersion(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeUp(Command):
+    """A DOWN node's worker is heard from again: READY (its cordon, if any, stays)."""
+
     node_id: str
 
 
@@ -112,6 +122,9 @@ class SetNodeHealth(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubmitJob(Command):
+    """A new job, pending in its queue; a request id already used for the same spec returns the
+    job it made (an idempotent retry)."""
+
     job_id: str
     request_id: str
     spec: JobSpec
@@ -169,6 +182,9 @@ class ResizeGang(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommitPlan(Command):
+    """Place a pending gang: every task on its node and GPUs, all or none, re-checked against
+    the state at apply (the gang commit)."""
+
     job_id: str
     attempt: int
     placements: tuple[Placement, ...]
@@ -176,6 +192,9 @@ class CommitPlan(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskStarted(Command):
+    """A worker started a task of the attempt; the gang is RUNNING once all its tasks have
+    started."""
+
     job_id: str
     attempt: int
     index: int
@@ -184,6 +203,9 @@ class TaskStarted(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskExited(Command):
+    """A task ended (the worker's exit code and EndReason): its resources are freed; a failure
+    stops the gang, and the last task's end settles the attempt."""
+
     job_id: str
     attempt: int
     index: int
@@ -195,12 +217,17 @@ class TaskExited(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelJob(Command):
+    """A user's or admin's cancel: a pending job ends, a running gang stops with its grace."""
+
     job_id: str
     reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailAttempt(Command):
+    """Stop a running attempt as failed, or for a planned cause (its time limit): it restarts
+    while restarts are left, unless `final`."""
+
     job_id: str
     attempt: int
     reason: str
@@ -259,6 +286,8 @@ class SetUserToken(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RemoveUser(Command):
+    """A user is removed; its token stops working when this applies."""
+
     name: str
 
 
