@@ -422,3 +422,62 @@ def tree(root: Path) -> dict[str, tuple]:
 
 def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True)
+
+
+class FakeRegistry:
+    """A tiny, deliberately broken registry: `routes` maps a request path to a function given the
+    handler, which writes whatever response the test wants. `hits` counts requests per path."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, object] = {}
+        self.hits: dict[str, int] = {}
+        self.release = threading.Event()  #: set on close: a stalled response may end
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = urllib.parse.urlsplit(self.path).path
+                fake.hits[path] = fake.hits.get(path, 0) + 1
+                route = fake.routes.get(path)
+                try:
+                    if route is None:
+                        self.send_response(404)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                    else:
+                        route(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def serve(self, path: str, body: bytes, content_type: str = "application/octet-stream", **headers: str) -> None:
+        def route(h: BaseHTTPRequestHandler) -> None:
+            h.send_response(200)
+            h.send_header("Content-Type", content_type)
+            h.send_header("Content-Length", str(len(body)))
+            for k, v in headers.items():
+                h.send_header(k.replace("_", "-"), v)
+            h.end_headers()
+            h.wfile.write(body)
+        self.routes[path] = route
+
+    def serve_image(self, repository: str, tag: str, img: Img) -> None:
+        """Every document and blob of img at its usual path (tampering is the test's business)."""
+        self.serve(f"/v2/{repository}/manifests/{tag}", img.manifest, img.media_type)
+        self.serve(f"/v2/{repository}/manifests/{img.digest}", img.manifest, img.media_type)
+        for digest, data in img.blobs.items():
+            self.serve(f"/v2/{repository}/blobs/{digest}", data)
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
