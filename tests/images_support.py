@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tests.helpers import wait_for
 
-BUSYBOX = Path("/usr/bin/busybox")
+BUSYBOX = Path("/bin/busybox")
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
