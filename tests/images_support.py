@@ -115,8 +115,8 @@ def make_image(layers: list[Layer], *, arch: str = "amd64", env: tuple[str, ...]
                         sort_keys=True).encode()
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                            "config": {"mediaType": OCI_CONFIG, "digest": sha(config), "size": len(config)},
-                           "layers": [{"mediaType": layer.media_type, "digest": sha(layer.blob), "size": len(layer.blob)}
-                                      for layer in layers]}).encode()
+                           "layers": [{"mediaType": layer.media_type, "digest": sha(layer.blob),
+                                       "size": len(layer.blob)} for layer in layers]}).encode()
     return Img(manifest, {sha(config): config, **{sha(layer.blob): layer.blob for layer in layers}})
 
 
@@ -234,7 +234,7 @@ class TokenIssuer:
         self.users = users
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "synapse test token signer")])
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.key.public_key())
                      .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
                      .not_valid_after(now + datetime.timedelta(days=1)).sign(self.key, hashes.SHA256()))

@@ -14,8 +14,17 @@ import pytest
 
 from synapse.images.registry import RegistryClient, load_credentials
 from synapse.images.store import ImageStore, PullError
-from tests.images_support import (E, FakeRegistry, Registry, busybox_image, free_port, make_image, make_layer,
-                                  multiarch_index, registry_available)
+from tests.images_support import (
+    E,
+    FakeRegistry,
+    Registry,
+    busybox_image,
+    free_port,
+    make_image,
+    make_layer,
+    multiarch_index,
+    registry_available,
+)
 
 pytestmark = pytest.mark.skipif(bool(registry_available()), reason=registry_available() or "-")
 

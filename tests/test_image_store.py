@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 
 from synapse.images.store import ImageStore, PullError
-from tests.images_support import (BUSYBOX, E, busybox_image, layered_image, make_image, make_layer, tree,
-                                  write_archive, write_layout)
+from tests.images_support import (
+    BUSYBOX,
+    E,
+    busybox_image,
+    layered_image,
+    make_image,
+    make_layer,
+    tree,
+    write_archive,
+    write_layout,
+)
 
 pytestmark = pytest.mark.skipif(not BUSYBOX.exists(), reason="busybox-static is not installed "
                                                                "(scripts/install-test-packages.sh)")

@@ -22,7 +22,6 @@ import json
 import logging
 import random
 import re
-import socket
 import ssl
 import threading
 import time
@@ -200,7 +199,7 @@ class RegistryClient:
         try:
             resp.conn.sock and resp.conn.sock.settimeout(self._socket_timeout(deadline))
             return resp.body.read(n)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PullError("TIMEOUT", f"{self.registry} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
             raise PullError("UNREACHABLE", f"{self.registry}: {exc}") from None
@@ -262,7 +261,7 @@ class RegistryClient:
             target = parts.path + (f"?{parts.query}" if parts.query else "")
             conn.request("GET", target, headers={"User-Agent": "synapse-worker", **headers})
             body = conn.getresponse()
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PullError("TIMEOUT", f"{parts.netloc} did not answer within {timeout:g} s") from None
         except ssl.SSLError as exc:
             raise PullError("UNREACHABLE", f"{parts.netloc}: TLS failed: {exc}") from None
