@@ -14,6 +14,7 @@ import pytest
 
 from synapse.images.registry import RegistryClient, load_credentials
 from synapse.images.store import ImageStore, PullError
+from tests.helpers import wait_for
 from tests.images_support import (
     E,
     FakeRegistry,
@@ -192,6 +193,7 @@ def test_a_registry_that_stalls_mid_layer_times_out(fake, tmp_path):
         h.wfile.write(blob[: len(blob) // 2])
         h.wfile.flush()
         fake.release.wait(60)
+        h.close_connection = True  # released: end the response short
 
     fake.routes[f"/v2/team/slow/blobs/{layer}"] = stall
     store = ImageStore(tmp_path / "store", timeout=1.0, retries=1)
@@ -207,6 +209,17 @@ def test_a_registry_that_stalls_mid_layer_times_out(fake, tmp_path):
         ImageStore(tmp_path / "s2", timeout=30, retries=5).ensure(f"{fake.host}/team/slow:1",
                                                                   deadline=time.monotonic() + 1.5)
     assert err.value.cause == "TIMEOUT" and time.monotonic() - started < 10
+    # A caller waiting for another caller's pull of the same image gives up at its own deadline.
+    store = ImageStore(tmp_path / "s3", timeout=30, retries=0)
+    first = threading.Thread(target=lambda: pytest.raises(PullError, store.ensure, f"{fake.host}/team/slow:1"))
+    first.start()
+    wait_for(lambda: fake.hits[f"/v2/team/slow/blobs/{layer}"] >= 4, 30, "the first pull to stall")
+    started = time.monotonic()
+    with pytest.raises(PullError) as err:
+        store.ensure(f"{fake.host}/team/slow:1", deadline=time.monotonic() + 1)
+    assert err.value.cause == "TIMEOUT" and "another pull" in err.value.message and time.monotonic() - started < 10
+    fake.release.set()
+    first.join(60)
 
 
 def test_server_errors_are_retried_then_unreachable_and_a_closed_port_is_unreachable(fake, tmp_path):

@@ -126,6 +126,18 @@ def test_device_nodes_are_skipped_fifos_made_and_setuid_bits_stripped(tmp_path):
     assert (root / "tmp").stat().st_mode & 0o7777 == 0o1777
 
 
+def test_a_whiteout_under_a_missing_directory_changes_nothing_but_one_through_a_symlink_is_refused(tmp_path):
+    ok = make_image([make_layer([E("a", data=b"a")]), make_layer([E("no/such/.wh.thing", data=b"")])])
+    bad = make_image([make_layer([E("etc", "dir"), E("link", "symlink", target="etc")]),
+                      make_layer([E("link/.wh.passwd", data=b"")])])
+    write_layout(tmp_path / "layout", {"ok": ok, "bad": bad})
+    store = ImageStore(tmp_path / "store")
+    assert sorted(p.name for p in store.ensure(f"oci:{tmp_path}/layout:ok").root.iterdir()) == ["a"]
+    with pytest.raises(PullError) as err:
+        store.ensure(f"oci:{tmp_path}/layout:bad")
+    assert err.value.cause == "BAD_IMAGE" and "link, which is a symlink" in err.value.message
+
+
 def test_content_that_does_not_match_its_digest_is_never_unpacked(tmp_path):
     layout = write_layout(tmp_path / "layout", {"x": busybox_image()})
     manifest = json.loads((layout / "blobs" / "sha256" / json.loads((layout / "index.json").read_text())

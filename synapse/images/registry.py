@@ -117,7 +117,8 @@ class RegistryClient:
         self.credentials = (credentials or {}).get(registry) or (credentials or {}).get(self.endpoint)
         self.timeout = timeout
         self.retries = max(0, retries)
-        self.ssl = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        self.ca_file = ca_file
+        self._ssl: ssl.SSLContext | None = None  #: made on first HTTPS use (loading the CAs takes a while)
         self._lock = threading.Lock()
         self._auth: dict[str, str] = {}  #: scope -> Authorization header value; guarded by _lock
 
@@ -254,8 +255,11 @@ class RegistryClient:
         timeout = self._socket_timeout(deadline)
         try:
             if parts.scheme == "https":
+                with self._lock:
+                    if self._ssl is None:
+                        self._ssl = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
                 conn: http.client.HTTPConnection = http.client.HTTPSConnection(parts.netloc, timeout=timeout,
-                                                                               context=self.ssl)
+                                                                               context=self._ssl)
             else:
                 conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
             target = parts.path + (f"?{parts.query}" if parts.query else "")

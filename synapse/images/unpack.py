@@ -64,6 +64,10 @@ class _Hashing:
         return data
 
 
+class _Missing(PullError):
+    """A path an entry needs does not exist."""
+
+
 class _Applier:
     """One layer onto one root; every write goes through a directory fd reached without symlinks."""
 
@@ -106,7 +110,8 @@ class _Applier:
             fd = os.open(component, _DIR_FLAGS, dir_fd=parent)
         except FileNotFoundError:
             if not create:
-                raise self._refuse(name, f"refers to {'/'.join(parts)}, which does not exist") from None
+                raise _Missing("BAD_IMAGE", f"{self.what}: entry {name!r} refers to {'/'.join(parts)}, which does "
+                                            "not exist; refused") from None
             os.mkdir(component, 0o755, dir_fd=parent)
             fd = os.open(component, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
@@ -117,6 +122,15 @@ class _Applier:
             raise
         self._fds[parts] = fd
         return fd
+
+    def exists(self, parts: tuple[str, ...], name: str) -> bool:
+        """Whether the directory at `parts` exists (a whiteout under a missing one has nothing to do);
+        a path through a symlink is still refused."""
+        try:
+            self.directory(parts, name, create=False)
+        except _Missing:
+            return False
+        return True
 
     def remove(self, dfd: int, base: str) -> None:
         """Remove whatever is at base in dfd (a directory with all it holds), never following a symlink."""
@@ -150,7 +164,7 @@ class _Applier:
             target = parts[:-1] + (base[len(WHITEOUT):],)
             if target[-1] in ("", ".", ".."):
                 raise self._refuse(member.name, "is a whiteout of nothing")
-            if target not in self.added:
+            if target not in self.added and self.exists(parts[:-1], member.name):
                 self.remove(self.directory(parts[:-1], member.name), target[-1])
             return
         if member.ischr() or member.isblk():
