@@ -41,6 +41,10 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
 
 def sha(data: bytes) -> str:
@@ -108,21 +112,26 @@ class Img:
 
 
 def make_image(layers: list[Layer], *, arch: str = "amd64", env: tuple[str, ...] = ("PATH=/bin",),
-               cmd: tuple[str, ...] = ("/bin/sh",), diff_ids: list[str] | None = None) -> Img:
+               cmd: tuple[str, ...] = ("/bin/sh",), diff_ids: list[str] | None = None, docker: bool = False) -> Img:
+    """An image of the layers; `docker` gives it Docker's v2 schema 2 media types instead of OCI's."""
     config = json.dumps({"architecture": arch, "os": "linux",
                          "config": {"Env": list(env), "Cmd": list(cmd), "WorkingDir": "/", "User": ""},
                          "rootfs": {"type": "layers", "diff_ids": diff_ids or [layer.diff_id for layer in layers]}},
                         sort_keys=True).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": {"mediaType": OCI_CONFIG, "digest": sha(config), "size": len(config)},
-                           "layers": [{"mediaType": layer.media_type, "digest": sha(layer.blob),
-                                       "size": len(layer.blob)} for layer in layers]}).encode()
-    return Img(manifest, {sha(config): config, **{sha(layer.blob): layer.blob for layer in layers}})
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST if docker else OCI_MANIFEST,
+                           "config": {"mediaType": DOCKER_CONFIG if docker else OCI_CONFIG, "digest": sha(config),
+                                      "size": len(config)},
+                           "layers": [{"mediaType": DOCKER_LAYER if docker else layer.media_type,
+                                       "digest": sha(layer.blob), "size": len(layer.blob)}
+                                      for layer in layers]}).encode()
+    return Img(manifest, {sha(config): config, **{sha(layer.blob): layer.blob for layer in layers}},
+               DOCKER_MANIFEST if docker else OCI_MANIFEST)
 
 
-def make_index(images: list[tuple[Img, str]]) -> Img:
-    """An image index over (image, architecture) pairs; its blobs include the child manifests."""
-    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX,
+def make_index(images: list[tuple[Img, str]], docker: bool = False) -> Img:
+    """An image index (a Docker manifest list with `docker`) over (image, architecture) pairs; its
+    blobs include the child manifests."""
+    index = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST if docker else OCI_INDEX,
                         "manifests": [{"mediaType": img.media_type, "digest": img.digest, "size": len(img.manifest),
                                        "platform": {"os": "linux", "architecture": arch}}
                                       for img, arch in images]}).encode()
@@ -130,7 +139,7 @@ def make_index(images: list[tuple[Img, str]]) -> Img:
     for img, _ in images:
         blobs.update(img.blobs)
         blobs[img.digest] = img.manifest
-    return Img(index, blobs, OCI_INDEX)
+    return Img(index, blobs, DOCKER_LIST if docker else OCI_INDEX)
 
 
 def busybox_image(extra: list[E] | None = None) -> Img:

@@ -22,6 +22,7 @@ from tests.images_support import (
     busybox_image,
     free_port,
     make_image,
+    make_index,
     make_layer,
     multiarch_index,
     registry_available,
@@ -58,6 +59,16 @@ def test_pull_by_tag_by_digest_and_through_an_index_to_amd64(registry, tmp_path)
     with pytest.raises(PullError) as err:
         store.ensure(f"{registry.host}/team/bb:missing")
     assert err.value.cause == "NOT_FOUND" and not err.value.node_side
+
+
+def test_docker_v2_schema_2_manifests_and_manifest_lists(registry, tmp_path):
+    amd = make_image([make_layer([E("platform", data=b"docker amd64\n")])], docker=True)
+    arm = make_image([make_layer([E("platform", data=b"docker arm64\n")])], arch="arm64", docker=True)
+    registry.push("team/docker", "1", make_index([(arm, "arm64"), (amd, "amd64")], docker=True))
+    image = ImageStore(tmp_path / "store").ensure(f"{registry.host}/team/docker:1")
+    assert image.digest == amd.digest and (image.root / "platform").read_text() == "docker amd64\n"
+    manifest = registry.requests("GET", "/v2/team/docker/manifests/")
+    assert manifest == ["/v2/team/docker/manifests/1", f"/v2/team/docker/manifests/{amd.digest}"]
 
 
 def test_concurrent_ensures_of_one_image_pull_it_once(registry, tmp_path):
