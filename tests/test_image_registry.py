@@ -265,3 +265,72 @@ def test_the_credentials_file_format(tmp_path):
     path.write_text(json.dumps({"auths": {"r": {"auth": "bm90LWEtcGFpcg=="}}}))
     with pytest.raises(ValueError, match="not base64 of user:password"):
         load_credentials(path)
+
+
+def test_credentials_never_go_over_plain_http_to_a_host_not_allowed_it(fake, tmp_path):
+    def challenge(h) -> None:
+        h.send_response(401)
+        h.send_header("WWW-Authenticate", 'Bearer realm="http://auth.example/token",service="s"')
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    def redirect(h) -> None:
+        h.send_response(307)
+        h.send_header("Location", "http://cdn.example/blob")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    fake.routes["/v2/team/a/manifests/1"] = challenge
+    with pytest.raises(PullError) as err:
+        ImageStore(tmp_path / "a", retries=0).ensure(f"{fake.host}/team/a:1")
+    assert err.value.cause == "UNAUTHORIZED" and "plain http" in err.value.message
+    fake.routes["/v2/team/b/manifests/1"] = redirect
+    with pytest.raises(PullError) as err:
+        ImageStore(tmp_path / "b", retries=0).ensure(f"{fake.host}/team/b:1")
+    assert "redirected to plain http at cdn.example" in err.value.message
+
+
+def test_https_registries_are_verified_with_the_given_ca(fake, tmp_path):
+    """The fake registry behind TLS with a certificate for 127.0.0.1 from a throwaway CA; the client
+    is told to use HTTPS as it would for any non-loopback registry."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from synapse.core.imageref import parse
+    from synapse.images.sources import RegistrySource
+    from synapse.images.store import _resolve
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test registry")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    fake.server.socket = context.wrap_socket(fake.server.socket, server_side=True)
+    img = busybox_image()
+    fake.serve_image("team/tls", "1", img)
+    ref = parse(f"{fake.host}/team/tls:1")
+
+    trusted = RegistryClient(ref.registry, ca_file=tmp_path / "cert.pem", retries=0)
+    trusted.plain = False
+    assert _resolve(RegistrySource(ref, trusted), str(ref), None)[0] == img.digest
+    untrusted = RegistryClient(ref.registry, retries=0)  # the system's CAs do not know this one
+    untrusted.plain = False
+    with pytest.raises(PullError) as err:
+        _resolve(RegistrySource(ref, untrusted), str(ref), None)
+    assert err.value.cause == "UNREACHABLE" and "TLS" in err.value.message
