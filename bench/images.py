@@ -3,6 +3,7 @@ the same, and concurrent `ensure` calls of one uncached image.
 
     python bench/images.py            # a ~1 GiB image (several layers, many small files, a few large)
     python bench/images.py --quick    # ~20 MB, for CI
+    python bench/images.py --size-mb 200
     python bench/images.py --json     # {"image_bytes", "blob_bytes", "store_s", "store_mb_s",
                                       #  "skopeo_umoci_s", "skopeo_umoci_mb_s", "ratio", "concurrent_callers",
                                       #  "concurrent_blob_gets_max"}
@@ -212,6 +213,7 @@ def run(total: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~20 MB image (CI)")
+    parser.add_argument("--size-mb", type=int, default=1024, help="the image's unpacked size (default 1024)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     missing = registry_available() or ("" if shutil.which("skopeo") and shutil.which("umoci")
@@ -219,7 +221,7 @@ def main() -> None:
     if missing:
         print(f"bench/images: skipped: {missing} (scripts/install-test-packages.sh)")
         return
-    result = run(20 * MB if args.quick else 1 << 30)
+    result = run(20 * MB if args.quick else args.size_mb * MB)
     if args.json:
         print(json.dumps(result))
         return

@@ -98,6 +98,7 @@ def test_whiteouts_opaque_dirs_hard_links_and_symlinks_apply_as_umoci_applies_th
     ([E("h", "hardlink", target="../../../../etc/hostname")], "escapes the root"),
     ([E("h", "hardlink", target="/etc/hostname")], "does not exist"),
     ([E("f", data=b"x"), E("f/under-a-file", data=b"x")], "which is not a directory"),
+    ([E("d/" * 300 + "deep", data=b"x")], "more than 256 directories deep"),
 ])
 def test_layers_that_reach_outside_the_root_are_refused_and_leave_nothing(tmp_path, entries, why):
     outside = tmp_path / "outside"
