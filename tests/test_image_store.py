@@ -153,6 +153,8 @@ def test_content_that_does_not_match_its_digest_is_never_unpacked(tmp_path):
     assert err.value.cause == "DIGEST_MISMATCH" and manifest["layers"][0]["digest"] in err.value.message
     assert leftovers(tmp_path / "store") == [] and list((tmp_path / "store" / "blobs" / "sha256").iterdir()) != []
     assert not (tmp_path / "store" / "blobs" / "sha256" / layer.name).exists()  # only the config got in
+    # The config left by the failed pull counts against the budget and goes first when over it.
+    assert ImageStore(tmp_path / "store", budget_bytes=1).usage_bytes() == 0
     layer.write_bytes(bytes(data) + b"more")  # longer than its descriptor
     with pytest.raises(PullError) as err:
         store.ensure(f"oci:{layout}:x")

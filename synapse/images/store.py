@@ -81,6 +81,7 @@ class ImageStore:
         self._clients: dict[str, RegistryClient] = {}  #: registry -> its client (tokens are cached there)
         self._serial = 0
         self._load()
+        self._evict()  # a worker restarted with a smaller budget trims at once
 
     # -- the API --------------------------------------------------------------------------------------
 
@@ -209,9 +210,10 @@ class ImageStore:
                         return self._adopt_locked(digest, canonical, holder)
                 self._evict(need=2 * sum(layer.size for layer in manifest.layers))
                 config, layer_blobs = self._fetch_and_unpack(source, canonical, digest, manifest, report, deadline)
+                rootfs_bytes = disk_usage(self._rootfs(digest))
                 with self._lock:
                     self._images[digest] = {"references": [], "blobs": [manifest.config.digest, *layer_blobs],
-                                            "rootfs_bytes": disk_usage(self._rootfs(digest)), "last_used": 0.0,
+                                            "rootfs_bytes": rootfs_bytes, "last_used": 0.0,
                                             "holders": [], "config": asdict(config)}
                     image = self._adopt_locked(digest, canonical, holder)
         finally:
@@ -276,8 +278,13 @@ class ImageStore:
     # -- eviction -----------------------------------------------------------------------------------------
 
     def _usage_locked(self) -> int:
-        blobs = {b for e in self._images.values() for b in e["blobs"]}
-        return sum(e["rootfs_bytes"] for e in self._images.values()) + sum(self.blobs.size(b) for b in blobs)
+        """The images' roots and every blob file, orphans of failed pulls included."""
+        return sum(e["rootfs_bytes"] for e in self._images.values()) + self.blobs.total_bytes()
+
+    def _unused_blobs_locked(self) -> set[str]:
+        """Blobs no image uses and no pull is using (left by failed pulls, or by evicted images)."""
+        used = {b for e in self._images.values() for b in e["blobs"]} | set(self._busy_blobs)
+        return self.blobs.digests() - used
 
     def _evict(self, keep: str = "", need: int = 0) -> None:
         """Remove unpinned images, least recently used first, until the store is within its budget
@@ -287,6 +294,10 @@ class ImageStore:
         doomed: list[Path] = []
         with self._lock:
             usage = self._usage_locked()
+            if usage + need > self.budget_bytes:
+                for blob in self._unused_blobs_locked():  # first what no image needs
+                    self.blobs.remove(blob)
+                usage = self._usage_locked()
             for digest in sorted(self._images, key=lambda d: self._images[d]["last_used"]):
                 if usage + need <= self.budget_bytes:
                     break
@@ -297,8 +308,7 @@ class ImageStore:
                 for ref in entry["references"]:
                     if self._tags.get(ref) == digest:
                         del self._tags[ref]
-                still_used = {b for e in self._images.values() for b in e["blobs"]} | set(self._busy_blobs)
-                for blob in set(entry["blobs"]) - still_used:
+                for blob in self._unused_blobs_locked():
                     self.blobs.remove(blob)
                 self._serial += 1
                 gone = self.tmp / f"evicted-{self._serial}"
