@@ -240,7 +240,7 @@ class ImageStore:
         def fetch(desc: mf.Descriptor, counted: bool) -> Path:
             def on_bytes(n: int) -> None:
                 if abort.is_set():
-                    raise PullError("TIMEOUT", "the pull was abandoned")  # another layer failed; stop this one
+                    raise _Abandoned  # another layer failed: stop this one, without retrying it
                 if counted:
                     report.add("layers", n)
             return self.blobs.put(desc, lambda writer: source.copy_blob(desc, writer, deadline), on_bytes)
@@ -358,6 +358,10 @@ class ImageStore:
                 shutil.rmtree(stray, ignore_errors=True)
         with self._lock:
             self._save()
+
+
+class _Abandoned(Exception):
+    """Stops a layer download whose pull has already failed (never seen by a caller)."""
 
 
 class _Reporter:
