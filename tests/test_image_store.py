@@ -8,19 +8,25 @@ Images are built offline by tests/images_support.py; no registry is needed here
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from synapse.images.store import ImageStore, PullError
+from synapse.images.unpack import apply_layer
 from tests.images_support import (
     BUSYBOX,
     E,
     busybox_image,
+    layer_tar,
     layered_image,
     make_image,
     make_layer,
@@ -262,3 +268,54 @@ def test_a_full_disk_during_unpack_is_disk_full_and_leaves_no_partial_root(tmp_p
     finally:
         with contextlib.suppress(Exception):
             subprocess.run(["umount", str(mount)], check=True)
+
+
+#: Names and targets that make the dangerous sequences likely: a symlink out of the root, then
+#: writes, links and whiteouts through it.
+_NAMES = ["link", "link/a", "link/b/c", "a", "a/link", "a/link/x", "../a", ".wh.link", "link/.wh..wh..opq",
+          "a/.wh.link", "/link/a"]
+_KINDS = ["symlink"] * 6 + ["file"] * 6 + ["dir"] * 3 + ["hardlink"] * 3 + ["fifo", "char"]
+_TARGETS = {"symlink": ["{outside}", "../../outside", "/", ".."],
+            "hardlink": ["a", "link", "link/a", "{outside}/x", "../outside/x"]}
+
+
+@st.composite
+def _entries(draw):
+    entries = []
+    for _ in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(_KINDS))
+        target = draw(st.sampled_from(_TARGETS[kind])) if kind in _TARGETS else ""
+        entries.append(E(draw(st.sampled_from(_NAMES)), kind, b"data", target))
+    return entries
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.lists(_entries(), min_size=1, max_size=3))
+def test_no_sequence_of_layers_writes_outside_the_root(layers):
+    """Whatever the entries (escaping names, symlinks to outside then writes through them, hard links
+    out, whiteouts of links), applying them changes nothing outside the root, and a refusal is a
+    PullError, never another exception."""
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        outside = tmp / "outside"
+        outside.mkdir()
+        (outside / "x").write_text("untouched")
+        root = tmp / "root"
+        root.mkdir()
+        before = sorted((str(p), p.is_symlink() or p.read_bytes() if p.is_file() else None)
+                        for p in tmp.rglob("*") if root not in p.parents and p != root)
+        for i, entries in enumerate(layers):
+            entries = [E(e.name, e.kind, e.data, e.target.replace("{outside}", str(outside))) for e in entries]
+            raw = layer_tar(entries)
+            blob = tmp / f"layer{i}"
+            blob.write_bytes(raw)
+            try:
+                apply_layer(root, blob, "sha256:" + hashlib.sha256(raw).hexdigest(), f"layer {i}")
+            except PullError as exc:
+                assert exc.cause == "BAD_IMAGE", exc
+                break
+            finally:
+                blob.unlink()
+        after = sorted((str(p), p.is_symlink() or p.read_bytes() if p.is_file() else None)
+                       for p in tmp.rglob("*") if root not in p.parents and p != root)
+        assert after == before
