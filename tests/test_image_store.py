@@ -250,6 +250,15 @@ def test_a_new_store_on_the_same_root_keeps_images_and_pins(tmp_path):
     assert not second.has(f"oci:{layout}:v") and not image.root.exists()  # unpinned over budget: evicted
 
 
+def test_an_unreadable_state_file_removes_no_root_a_task_may_use(tmp_path):
+    layout = write_layout(tmp_path / "layout", {"v": busybox_image()})
+    image = ImageStore(tmp_path / "store").ensure(f"oci:{layout}:v", holder="job-1/0")
+    (tmp_path / "store" / "state.json").write_text("{not json")
+    store = ImageStore(tmp_path / "store", budget_bytes=1)
+    assert image.root.is_dir() and (tmp_path / "store" / "state.unreadable").exists()
+    assert store.cached() == [] and store.ensure(f"oci:{layout}:v").root == image.root  # pulled again in place
+
+
 def test_a_full_disk_during_unpack_is_disk_full_and_leaves_no_partial_root(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()

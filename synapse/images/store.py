@@ -260,7 +260,12 @@ class ImageStore:
                 apply_layer(rootfs, blob, diff_ids[i], f"{canonical} layer {i} ({layer_digests[i]})",
                             on_bytes=lambda n: report.add("unpack", n))
             final = self._rootfs(digest).parent
-            os.replace(work, final)
+            if final.is_dir():
+                # Only a complete unpack of this digest is ever renamed there: one kept from an
+                # unreadable state file. It is the same tree; keep it (tasks may be using it).
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                os.replace(work, final)
             return config, layer_digests
         except BaseException:
             abort.set()
@@ -339,13 +344,17 @@ class ImageStore:
     def _load(self) -> None:
         """Adopt the images a previous store left (those whose root is there); drop the rest."""
         path = self.root / "state.json"
+        trusted = True  #: whether images the state does not list may be removed
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             doc = {}
         except (OSError, ValueError) as exc:
-            log.warning("image store state unreadable path=%s error=%s; starting empty", path, exc)
-            doc = {}
+            # Roots it listed may be in use by tasks still running: keep every one (unlisted, so
+            # no longer counted) and the file for a person to look at.
+            log.warning("image store state unreadable path=%s error=%s; starting empty, keeping images/", path, exc)
+            os.replace(path, path.with_suffix(".unreadable"))
+            doc, trusted = {}, False
         if doc and doc.get("version") != STATE_VERSION:
             log.warning("image store state version=%s unknown; starting empty", doc.get("version"))
             doc = {}
@@ -353,7 +362,7 @@ class ImageStore:
         self._images = {d: e for d, e in images.items() if self._rootfs(d).is_dir()}
         self._tags = {r: d for r, d in (doc.get("tags") or {}).items() if d in self._images}
         known = {d.removeprefix("sha256:") for d in self._images}
-        for stray in (self.root / "images").iterdir():
+        for stray in (self.root / "images").iterdir() if trusted else ():
             if stray.name not in known:  # unpacked but never recorded (a crash between rename and save)
                 shutil.rmtree(stray, ignore_errors=True)
         with self._lock:
