@@ -88,6 +88,7 @@ def test_whiteouts_opaque_dirs_hard_links_and_symlinks_apply_as_umoci_applies_th
     assert mine["(hard links)"] == (("etc/keep", "hard/lower"), ("hard/a", "hard/b"))
     assert mine["lib/link.so"] == ("symlink", "/lib/real.so") and mine["abs"] == ("symlink", "/etc/keep")
     assert mine["becomes-dir"] == ("dir",) and mine["becomes-file"][0] == "file" and mine["data/old"][1] == b"new\n"
+    assert {v[3] for v in mine.values() if v and v[0] == "file"} == {1_700_000_000}  # mtimes as in the image
     if not shutil.which("umoci"):
         pytest.skip("umoci is not installed (scripts/install-test-packages.sh)")
     subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{tmp_path}/layout:l", str(tmp_path / "bundle")],
