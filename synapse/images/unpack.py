@@ -17,7 +17,8 @@ The rules, and the choices this applier makes where the spec leaves one:
   runtime provides /dev itself. FIFOs are made.
 - Files and symlinks keep their modification times (a `.pyc` is used only while its source's
   mtime matches); directories get the time of the unpack.
-- Setuid and setgid bits are stripped from every file and directory: the store is shared by all
+- Setuid and setgid bits are stripped from every file and directory, and extended attributes (file
+  capabilities among them) are not applied: the store is shared by all
   tasks on the node and a task never needs to gain privileges from its image. Directories get at
   least u+rwx so later layers can write into them. Owners are not changed: files belong to the
   worker's user (rootless, as `umoci unpack --rootless`).
