@@ -287,21 +287,34 @@ def profile_run(out_dir: Path, submits: int, threads: int, cancel: bool) -> None
           "share of its thread's profiled CPU times that thread's CPU without a profiler (ms per submission):")
     for thread, stages in STAGES.items():
         paths = [str(path) for path in out_dir.glob(f"m.{leader}.{thread}*.prof")]
-        if not paths:
+        exact_ms = next((v for k, v in exact.items() if k.startswith(thread[:15])), 0.0)
+        if not paths or not exact_ms:
             continue
         stats = pstats.Stats(*paths).stats  # type: ignore[attr-defined]
-        total = sum(tt for _, _, tt, _, _ in stats.values())
-        exact_ms = next((v for k, v in exact.items() if k.startswith(thread[:15])), 0.0)
+
+        def cumulative(functions: list[tuple[str, str]]) -> float:
+            return sum(ct for (file, _, func), (_, _, _, ct, _) in stats.items()
+                       if any(file.endswith(f) and func == fn for f, fn in functions))
+
+        # The replica's start-up ran before the load: left out of the shares.
+        total = sum(tt for _, _, tt, _, _ in stats.values()) - cumulative(STARTUP)
         print(f"  {thread} thread: {exact_ms:.3f}")
+        named = 0.0
         for label, functions in stages:
-            cum = sum(ct for (file, _, func), (_, _, _, ct, _) in stats.items()
-                      if any(file.endswith(f) and func == fn for f, fn in functions))
+            cum = cumulative(functions)
+            named += 0.0 if label.startswith(" ") else cum
             print(f"    {label:<58} {exact_ms * cum / total:7.3f}  ({cum / total:4.0%})")
+        if named < total:
+            rest = total - named
+            print(f"    {'the rest (asyncio, gRPC, pysyncobj: their own work)':<58} {exact_ms * rest / total:7.3f}  "
+                  f"({rest / total:4.0%})")
 
 
+#: The replica's start-up in its event loop's profile (the history store's import): not the load's.
+STARTUP = [("master/config.py", "load_cluster_config")]
 #: The stages of a submission in the leader's threads, for `profile_run`: (label, the functions whose
 #: cumulative CPU time is the stage's, as (file suffix, function name)). Nested rows are parts of
-#: the row above them; what no row names is asyncio's and gRPC's own work (and the start-up).
+#: the row above them; what no row names is asyncio's, gRPC's or pysyncobj's own work.
 STAGES = {
     "loop": [
         ("RPC handlers (all of the below)", [("master/endpoints.py", "handle")]),
@@ -316,7 +329,6 @@ STAGES = {
         ("scheduling rounds", [("master/leader.py", "_schedule_loop")]),
         ("applied-entry hand-off and wake-ups", [("master/raft.py", "_drain")]),
         ("history exporter (loop side)", [("history/exporter.py", "export_loop")]),
-        ("start-up: the cluster file and the history store's import", [("master/config.py", "load_cluster_config")]),
     ],
     "Thread-1": [
         ("pysyncobj tick (all of the below)", [("master/safesyncobj.py", "_onTick")]),
