@@ -291,23 +291,24 @@ def profile_run(out_dir: Path, submits: int, threads: int, cancel: bool) -> None
         if not paths or not exact_ms:
             continue
         stats = pstats.Stats(*paths).stats  # type: ignore[attr-defined]
-
-        def cumulative(functions: list[tuple[str, str]]) -> float:
-            return sum(ct for (file, _, func), (_, _, _, ct, _) in stats.items()
-                       if any(file.endswith(f) and func == fn for f, fn in functions))
-
         # The replica's start-up ran before the load: left out of the shares.
-        total = sum(tt for _, _, tt, _, _ in stats.values()) - cumulative(STARTUP)
+        total = sum(tt for _, _, tt, _, _ in stats.values()) - cumulative(stats, STARTUP)
         print(f"  {thread} thread: {exact_ms:.3f}")
         named = 0.0
         for label, functions in stages:
-            cum = cumulative(functions)
+            cum = cumulative(stats, functions)
             named += 0.0 if label.startswith(" ") else cum
             print(f"    {label:<58} {exact_ms * cum / total:7.3f}  ({cum / total:4.0%})")
         if named < total:
             rest = total - named
             print(f"    {'the rest (asyncio, gRPC, pysyncobj: their own work)':<58} {exact_ms * rest / total:7.3f}  "
                   f"({rest / total:4.0%})")
+
+
+def cumulative(stats: dict, functions: list[tuple[str, str]]) -> float:
+    """The cumulative time, in `pstats` data, of the functions named as (file suffix, name)."""
+    return sum(ct for (file, _, func), (_, _, _, ct, _) in stats.items()
+               if any(file.endswith(f) and func == fn for f, fn in functions))
 
 
 #: The replica's start-up in its event loop's profile (the history store's import): not the load's.

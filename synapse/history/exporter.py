@@ -78,9 +78,9 @@ class History:
             why.append(f"{unarchived} finished jobs not archived yet")
         return "; ".join(why)
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception, now: float) -> None:
         if not self.error:
-            self.error_since = time.time()
+            self.error_since = now
             log.warning("history store failing url=%s error=%s; finished jobs wait in the state",
                         redacted(self.settings.url), exc)
         self.error = str(exc)
@@ -116,7 +116,7 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
                 raise StoreError(batch.problem)
             if batch.records:
                 started = time.perf_counter()
-                new = await asyncio.to_thread(history.store.export, batch.records, cursor, batch.upto, time.time())
+                new = await asyncio.to_thread(history.store.export, batch.records, cursor, batch.upto, master.now())
                 history.exported += new
                 log.debug("history exported jobs=%d new=%d upto=%d seconds=%.3f", len(batch.records), new,
                           batch.upto, time.perf_counter() - started)
@@ -127,14 +127,14 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
                     # older release): the rows are in the store; the cursor's entry waits for it.
                     await asyncio.sleep(RETRY_FIRST_S)
                     continue
-                result = await loops.propose(c.HistoryExported(at=time.time(), upto=batch.upto))
+                result = await loops.propose(c.HistoryExported(at=master.now(), upto=batch.upto))
                 if result is None or not result.ok:
                     cursor = None  # re-read: the state or the store may have moved
                     await asyncio.sleep(RETRY_FIRST_S)
                     continue
             history._recovered()
             delay = RETRY_FIRST_S
-            await _purge_if_due(history)
+            await _purge_if_due(history, master.now())
             if batch.more:
                 continue
             if batch.records:
@@ -144,7 +144,7 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
             cursor = None
             continue
         except StoreError as exc:
-            history._failed(exc)
+            history._failed(exc, master.now())
             cursor = None
             await asyncio.sleep(delay)
             delay = min(RETRY_MAX_S, delay * 2)
@@ -155,12 +155,12 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
             pass
 
 
-async def _purge_if_due(history: History) -> None:
+async def _purge_if_due(history: History, now: float) -> None:
     retention = history.settings.retention
     if not retention or time.monotonic() - history.last_purge < PURGE_EVERY_S:
         return
     history.last_purge = time.monotonic()
-    purged = await asyncio.to_thread(history.store.purge, time.time() - retention)
+    purged = await asyncio.to_thread(history.store.purge, now - retention)
     if purged:
         log.info("history purged jobs=%d retention_s=%.0f", purged, retention)
 
@@ -173,7 +173,7 @@ async def utilization_loop(loops: ExportDriver, history: History, every: float =
         with master.lock:
             sample = cluster_sample(master.state.nodes.values())
         try:
-            await asyncio.to_thread(history.store.add_utilization, sample, time.time())
+            await asyncio.to_thread(history.store.add_utilization, sample, master.now())
             if failing:
                 log.info("cluster utilisation sampled again")
             failing = False
