@@ -18,8 +18,10 @@ p99 <= 50 ms; failover p50 <= 1 s, max <= 3 s. Every fault-free phase counts the
 The main cluster runs with TLS (the default); (d) the same load on a plaintext cluster
 (`--insecure`) in the same run tells what TLS costs, in rate and in CPU per submission.
 (c) The history exporter's cost: jobs submitted then cancelled (so they finish and are archived)
-per second on the cluster above (SQLite history, synapse-local's default) and on one without
-history, in the same run.
+per second, and the leader's CPU per such job, on a fresh cluster with SQLite history
+(synapse-local's default) and on a fresh one without history, in the same run.
+`--profile DIR` instead splits the leader's CPU per submission by thread and by stage (see
+`profile_run`; docs/benchmarks.md, "Where a submission's CPU goes").
 """
 
 from __future__ import annotations
@@ -100,15 +102,17 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
     def worker(k: int) -> None:
         client = MasterClient(client_addresses, token, tls=tls)
         mine = []
-        for i in range(k, total, threads):
-            t0 = time.perf_counter()
-            job_id = client.submit(proto, request_id=f"{prefix}-{i}")
-            if cancel:
-                client.cancel(job_id)
-            mine.append((time.perf_counter() - t0) * 1000)
-        client.close()
-        with lock:
-            latencies.extend(mine)
+        try:
+            for i in range(k, total, threads):
+                t0 = time.perf_counter()
+                job_id = client.submit(proto, request_id=f"{prefix}-{i}")
+                if cancel:
+                    client.cancel(job_id)
+                mine.append((time.perf_counter() - t0) * 1000)
+        finally:  # a failed thread's operations still count, and its failure is printed
+            client.close()
+            with lock:
+                latencies.extend(mine)
 
     start = time.perf_counter()
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
@@ -221,6 +225,126 @@ def failover_trials(data_dir: Path, state: dict, trials: int) -> list[float]:
     return times
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of a process so far, by OS thread name (/proc/PID/task/*/comm;
+    threads of one name are summed: gRPC's pollers, the executor's workers)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = name.rstrip("0123456789_-") or name  # ThreadPoolExecutor-0_3 -> ThreadPoolExecutor
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def thread_load(submits: int, threads: int, cancel: bool, profile_prefix: str,
+                history: str = "", preload: int = 0) -> tuple[str, dict[str, float]]:
+    """(leader id, CPU ms per submission of each of its threads) over a threaded load on a fresh
+    TLS cluster whose masters run with SYNAPSE_TEST_PROFILE=`profile_prefix` (see synapse.master.main)."""
+    os.environ["SYNAPSE_TEST_PROFILE"] = profile_prefix
+    try:
+        with tempfile.TemporaryDirectory(prefix="synapse-bench-ha-profile-") as tmp:
+            data_dir = Path(tmp) / "cluster"
+            state = local.up(data_dir, 3, 0, 1, 8, local.free_base_port(3), history=history)
+            try:
+                addresses, tls = [m["api_address"] for m in state["masters"]], local.client_tls(state)
+                leader = leader_of(state)
+                pid = next(m["pid"] for m in state["masters"] if m["id"] == leader)
+                submit_load(addresses, state["token"], 100 + preload, threads, prefix="warm", tls=tls)
+                before = thread_cpu(pid)
+                _, done = submit_load(addresses, state["token"], submits, threads, cancel=cancel, prefix="load",
+                                      tls=tls)
+                after = thread_cpu(pid)
+            finally:
+                local.down(data_dir)
+    finally:
+        del os.environ["SYNAPSE_TEST_PROFILE"]
+    if len(done) < submits:
+        print(f"({submits - len(done)} of {submits} submissions failed; per submission = per one that succeeded)")
+    return leader, {k: (after[k] - before.get(k, 0.0)) * 1000 / max(1, len(done)) for k in after}
+
+
+def profile_run(out_dir: Path, submits: int, threads: int, cancel: bool) -> None:
+    """Where the leader's CPU per submission goes: per thread, from /proc on a cluster without a
+    profiler (exact), then inside each thread per function (cProfile timed in thread CPU time, on
+    a second cluster: it makes every Python call dearer, so read its shares, not its times).
+    Prints a report; leaves the profiles (`pstats` files, one per thread and replica) in `out_dir`."""
+    import pstats
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _, exact = thread_load(submits, threads, cancel, "")
+    print(f"{submits} submissions{' + cancels' if cancel else ''} from {threads} threads, leader CPU ms per "
+          "submission by thread (no profiler):")
+    for name, ms in sorted(exact.items(), key=lambda kv: -kv[1]):
+        if ms >= 0.005:
+            print(f"  {name:<24} {ms:7.3f}")
+    print(f"  {'all':<24} {sum(exact.values()):7.3f}")
+    leader, profiled = thread_load(submits, threads, cancel, str(out_dir / "m"))
+    print(f"the same under cProfile, all threads {sum(profiled.values()):.3f} ms; the leader's stages, each as its "
+          "share of its thread's profiled CPU times that thread's CPU without a profiler (ms per submission):")
+    for thread, stages in STAGES.items():
+        paths = [str(path) for path in out_dir.glob(f"m.{leader}.{thread}*.prof")]
+        exact_ms = next((v for k, v in exact.items() if k.startswith(thread[:15])), 0.0)
+        if not paths or not exact_ms:
+            continue
+        stats = pstats.Stats(*paths).stats  # type: ignore[attr-defined]
+        # The replica's start-up ran before the load: left out of the shares.
+        total = sum(tt for _, _, tt, _, _ in stats.values()) - cumulative(stats, STARTUP)
+        print(f"  {thread} thread: {exact_ms:.3f}")
+        named = 0.0
+        for label, functions in stages:
+            cum = cumulative(stats, functions)
+            named += 0.0 if label.startswith(" ") else cum
+            print(f"    {label:<58} {exact_ms * cum / total:7.3f}  ({cum / total:4.0%})")
+        if named < total:
+            rest = total - named
+            print(f"    {'the rest (asyncio, gRPC, pysyncobj: their own work)':<58} {exact_ms * rest / total:7.3f}  "
+                  f"({rest / total:4.0%})")
+
+
+def cumulative(stats: dict, functions: list[tuple[str, str]]) -> float:
+    """The cumulative time, in `pstats` data, of the functions named as (file suffix, name)."""
+    return sum(ct for (file, _, func), (_, _, _, ct, _) in stats.items()
+               if any(file.endswith(f) and func == fn for f, fn in functions))
+
+
+#: The replica's start-up in its event loop's profile (the history store's import): not the load's.
+STARTUP = [("master/config.py", "load_cluster_config")]
+#: The stages of a submission in the leader's threads, for `profile_run`: (label, the functions whose
+#: cumulative CPU time is the stage's, as (file suffix, function name)). Nested rows are parts of
+#: the row above them; what no row names is asyncio's, gRPC's or pysyncobj's own work.
+STAGES = {
+    "loop": [
+        ("RPC handlers (all of the below)", [("master/endpoints.py", "handle")]),
+        ("  authentication", [("master/endpoints.py", "authenticate")]),
+        ("  request decode + validation", [("core/codec.py", "job_spec_from_proto"),
+                                           ("core/jobspec.py", "check_spec")]),
+        ("  admission reads under the lock", [("core/fsm.py", "request_conflict"),
+                                              ("core/elastic.py", "required_domain_problem")]),
+        ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose")]),
+        ("  log line", [("logging/__init__.py", "info")]),
+        ("  metrics", [("master/endpoints.py", "count")]),
+        ("scheduling rounds", [("master/leader.py", "_schedule_loop")]),
+        ("applied-entry hand-off and wake-ups", [("master/raft.py", "_drain")]),
+        ("history exporter (loop side)", [("history/exporter.py", "export_loop")]),
+    ],
+    "Thread-1": [
+        ("pysyncobj tick (all of the below)", [("master/safesyncobj.py", "_onTick")]),
+        ("  apply: checksum, decode, state machine", [("master/raft.py", "apply")]),
+        ("    decode", [("core/codec.py", "decode_entry")]),
+        ("  journal write + fdatasync", [("master/durability.py", "flushed")]),
+        ("  Raft messages: encrypt + compress", [("cryptography/fernet.py", "encrypt_at_time")]),
+        ("  Raft messages: decrypt", [("cryptography/fernet.py", "decrypt")]),
+    ],
+    "asyncio": [
+        ("history store writes (SQLite, executor thread)", [("history/store.py", "export")]),
+    ],
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--submits", type=int, default=3000)
@@ -229,7 +353,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true",
                         help="a few seconds, same code path: 200 submits from 4 threads, 1 failover (for CI)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="only profile the leader under the threaded load (see profile_run); profiles go to DIR")
+    parser.add_argument("--cancel", action="store_true", help="with --profile: submit then cancel (history)")
     args = parser.parse_args()
+    if args.profile:
+        profile_run(Path(args.profile), args.submits, args.threads, args.cancel)
+        return
     if args.quick:
         args.submits, args.threads, args.trials = 200, 4, 1
     with tempfile.TemporaryDirectory(prefix="synapse-bench-ha-") as tmp:
@@ -248,9 +378,6 @@ def main() -> None:
             with elections.phase("asyncio load"), CpuMeter(state["masters"], leader) as aio_meter:
                 aio_rate, aio_latencies = submit_load_asyncio(leader_address, state["token"], args.submits,
                                                               args.threads, tls=tls)
-            with elections.phase("submit+cancel load"):  # jobs that finish: the exporter archives each
-                history_rate, _ = submit_load(addresses, state["token"], args.submits, args.threads, cancel=True,
-                                              prefix="done", tls=tls)
             elections.close()
             failovers = failover_trials(data_dir, state, args.trials)  # elections expected: not counted
         finally:
@@ -268,18 +395,27 @@ def main() -> None:
             elections.counts.update(loose_elections.counts)
         finally:
             local.down(loose_dir)
-        # The same jobs that finish, on a cluster that keeps no history: what the exporter costs.
-        bare_dir = workdir / "cluster-no-history"
-        bare = local.up(bare_dir, 3, 0, 1, 8, local.free_base_port(3), history="none")
-        try:
-            bare_elections = Elections(bare)
-            with bare_elections.phase("submit+cancel load, no history"):
-                bare_rate, _ = submit_load([m["api_address"] for m in bare["masters"]], bare["token"], args.submits,
-                                           args.threads, cancel=True, prefix="done", tls=local.client_tls(bare))
-            bare_elections.close()
-            elections.counts.update(bare_elections.counts)
-        finally:
-            local.down(bare_dir)
+        # Jobs that finish (submitted, then cancelled), on a fresh cluster with the default SQLite
+        # history, whose exporter archives each, and on a fresh one that keeps no history: what the
+        # exporter costs. Both start empty: on the main cluster, the thousands of jobs the loads
+        # above left pending made every round after a cancel walk the whole queue, and that, not
+        # the exporter, was most of the difference.
+        finishing = {}
+        for name, history in (("with", ""), ("without", "none")):
+            finishing_dir = workdir / f"cluster-history-{name}"
+            fin = local.up(finishing_dir, 3, 0, 1, 8, local.free_base_port(3), history=history)
+            try:
+                fin_elections = Elections(fin)
+                with fin_elections.phase(f"submit+cancel load, {name} history"), \
+                        CpuMeter(fin["masters"], leader_of(fin)) as fin_meter:
+                    fin_rate, _ = submit_load([m["api_address"] for m in fin["masters"]], fin["token"], args.submits,
+                                              args.threads, cancel=True, prefix="done", tls=local.client_tls(fin))
+                fin_elections.close()
+                elections.counts.update(fin_elections.counts)
+                finishing[name] = (fin_rate, fin_meter.per_submit_ms(args.submits)["leader"])
+            finally:
+                local.down(finishing_dir)
+        (history_rate, history_cpu), (bare_rate, bare_cpu) = finishing["with"], finishing["without"]
         # The same load on a plaintext cluster (`synapse-local up --insecure`): what TLS costs.
         plain_dir = workdir / "cluster-plain"
         plain = local.up(plain_dir, 3, 0, 1, 8, local.free_base_port(3), tls=False)
@@ -306,6 +442,8 @@ def main() -> None:
               "asyncio_client_machine_busy": round(aio_meter.busy, 2),
               "submit_cancel_per_s_with_history": round(history_rate, 1),
               "submit_cancel_per_s_without_history": round(bare_rate, 1),
+              "submit_cancel_leader_cpu_ms_with_history": history_cpu,
+              "submit_cancel_leader_cpu_ms_without_history": bare_cpu,
               "plain_submits_per_s": round(plain_rate, 1),
               "plain_submit_p99_ms": round(percentile(plain_latencies, 0.99), 2),
               "plain_cpu_ms_per_submit": plain_meter.per_submit_ms(args.submits),
@@ -327,7 +465,7 @@ def main() -> None:
           f"machine {report['asyncio_client_machine_busy']:.0%} busy")
     print(f"jobs submitted then cancelled (finished jobs): {report['submit_cancel_per_s_with_history']:,.0f}/s with "
           f"the default SQLite history store exporting each, {report['submit_cancel_per_s_without_history']:,.0f}/s "
-          "on a cluster without history")
+          f"on a cluster without history; leader CPU per submit+cancel {history_cpu} against {bare_cpu} ms")
     plain_per = report["plain_cpu_ms_per_submit"]
     print(f"same load on a plaintext cluster (--insecure): {report['plain_submits_per_s']:,.0f}/s  "
           f"p99 {report['plain_submit_p99_ms']} ms; CPU per submission (ms): {plain_per}; TLS costs "

@@ -85,6 +85,10 @@ class TLSError(AuthError):
 
 #: Substrings of gRPC's error details that mean a TLS problem, not a dead replica.
 _TLS_FAILURE_HINTS = ("handshake", "certificate", "ssl_error", "tsi_", "ssl routines")
+#: ... unless the handshake was cut short, not refused: the try's deadline passed or the replica's
+#: end closed mid-handshake (a loaded machine: "Handshake read failed (Shutting down endpoint)",
+#: "(Endpoint closing)", "tcp handshaker shutdown"). Those are retried like any unavailable replica.
+_HANDSHAKE_CUT_HINTS = ("shutting down endpoint", "endpoint closing", "handshaker shutdown")
 
 
 class ClusterUnavailable(Exception):
@@ -268,7 +272,8 @@ class Failover:
             raise AuthError(code, f"{address}: {details}") from None
         if code == grpc.StatusCode.PERMISSION_DENIED:
             raise PermissionDenied(code, details) from None
-        if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS):
+        if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _TLS_FAILURE_HINTS) \
+                and not any(h in details.lower() for h in _HANDSHAKE_CUT_HINTS):
             raise TLSError(code, f"{address}: TLS failed: {details}") from None
         self._found(address, _absence(code, details))
         hint = leader_hint(error)

@@ -219,7 +219,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
 
     async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
         term = await self._leader(context)
-        await self._propose(c.Barrier(at=time.time(), term=term, reason="read"), context)
+        await self._propose(c.Barrier(at=self.m.now(), term=term, reason="read"), context)
 
     async def _worker_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> None:
         """A worker call must come from that node: its credential, and its certificate under mTLS."""
@@ -302,7 +302,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         job_id = self.m.new_job_id(spec.name)
         user = caller.name
         kind = c.submit_kind(spec)
-        result = await self._propose(kind(at=time.time(), by=user, job_id=job_id,
+        result = await self._propose(kind(at=self.m.now(), by=user, job_id=job_id,
                                           request_id=request.request_id, spec=spec), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         log.info("job submitted job=%s request=%s tasks=%d user=%s", result.value, request.request_id, spec.tasks,
@@ -441,7 +441,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 f"permission denied: user {caller.name} may not cancel job {request.job_id}: it "
                                 f"belongs to {owner or 'no user'}; only its owner or an admin may cancel it")
         # The owner never changes, so the check above still holds when the command applies.
-        result = await self._propose(c.CancelJob(at=time.time(), by=caller.name, job_id=request.job_id,
+        result = await self._propose(c.CancelJob(at=self.m.now(), by=caller.name, job_id=request.job_id,
                                                  reason=request.reason[:512]), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
@@ -467,7 +467,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"permission denied: user {caller.name} may not update job {request.job_id}: it "
                                 f"belongs to {owner or 'no user'}")
-        result = await self._propose(c.SetArrayThrottle(at=time.time(), by=caller.name, job_id=request.job_id,
+        result = await self._propose(c.SetArrayThrottle(at=self.m.now(), by=caller.name, job_id=request.job_id,
                                                         throttle=request.throttle), context)
         await self._ok_or_abort(result, context)
         return api_pb2.UpdateJobReply(message=f"array {request.job_id}: "
@@ -477,7 +477,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def SetSchedulable(self, request, context):
         await self._check_id(request.node_id, "node_id", context)
         await self._leader(context)
-        result = await self._propose(c.SetSchedulable(at=time.time(), by=self.caller().name, node_id=request.node_id,
+        result = await self._propose(c.SetSchedulable(at=self.m.now(), by=self.caller().name, node_id=request.node_id,
                                                       schedulable=request.schedulable, reason=request.reason[:512]),
                                      context)
         await self._ok_or_abort(result, context)
@@ -490,11 +490,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         term = await self._leader(context)
         by = self.caller().name
         if self.m.raft.cluster_version() >= codec.KIND_VERSIONS[c.DrainNode]:
-            result = await self._propose(c.DrainNode(at=time.time(), term=term, by=by, node_id=request.node_id),
+            result = await self._propose(c.DrainNode(at=self.m.now(), term=term, by=by, node_id=request.node_id),
                                          context)
             await self._ok_or_abort(result, context)
             return api_pb2.DrainNodeReply(jobs_stopped=[j for j in (result.value or "").split(",") if j])
-        result = await self._propose(c.SetSchedulable(at=time.time(), by=by, node_id=request.node_id,
+        result = await self._propose(c.SetSchedulable(at=self.m.now(), by=by, node_id=request.node_id,
                                                       schedulable=False), context)
         await self._ok_or_abort(result, context)
         with self.m.lock:
@@ -510,9 +510,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         stopped = []
         for job_id, attempt in jobs:
             reason = f"node {request.node_id} drained by {by}"
-            cmd = c.ResizeGang(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt, size=shrink[job_id],
+            cmd = c.ResizeGang(at=self.m.now(), term=term, by=by, job_id=job_id, attempt=attempt, size=shrink[job_id],
                                reason=reason) if job_id in shrink else \
-                c.FailAttempt(at=time.time(), term=term, by=by, job_id=job_id, attempt=attempt, reason=reason)
+                c.FailAttempt(at=self.m.now(), term=term, by=by, job_id=job_id, attempt=attempt, reason=reason)
             res = await self._propose(cmd, context)
             if res.ok:
                 stopped.append(job_id)
@@ -572,7 +572,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 "the leader cannot remove itself; stop it first so another replica leads")
         if action == "add":
             await self._ok_or_abort(await self._propose(c.SetReplica(
-                at=time.time(), by=self.caller().name, id=request.id, raft_address=raft_address,
+                at=self.m.now(), by=self.caller().name, id=request.id, raft_address=raft_address,
                 api_address=request.api_address), context), context)
         # Idempotent, so a client may retry a change whose answer it lost (a timeout, a failover):
         # the leader's members include every change it has appended, committed or not.
@@ -586,7 +586,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                     f"membership change refused ({exc.kind}): {reason}; retry")
         if action == "remove":
-            await self._propose(c.SetReplica(at=time.time(), by=self.caller().name, id=request.id,
+            await self._propose(c.SetReplica(at=self.m.now(), by=self.caller().name, id=request.id,
                                              raft_address=raft_address,
                                              api_address="", removed=True), context)
         log.info("membership changed action=%s replica=%s raft=%s", action, request.id, raft_address)
@@ -615,7 +615,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS,
                                 f"user {request.name} already exists (rotate its token to issue a new one)")
         token = new_token()
-        result = await self._propose(c.AddUser(at=time.time(), by=self.caller().name, name=request.name,
+        result = await self._propose(c.AddUser(at=self.m.now(), by=self.caller().name, name=request.name,
                                                role=Role(request.role or Role.USER.value), groups=groups,
                                                token_hash=token_hash(self._token_key, token)), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
@@ -636,7 +636,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 + (" (the bootstrap admin's token is the cluster token in the cluster file)"
                                    if caller.bootstrap and name == caller.name else ""))
         token = new_token()
-        result = await self._propose(c.SetUserToken(at=time.time(), by=caller.name, name=name,
+        result = await self._propose(c.SetUserToken(at=self.m.now(), by=caller.name, name=name,
                                                     token_hash=token_hash(self._token_key, token)), context)
         await self._ok_or_abort(result, context)
         log.info("user token rotated user=%s by=%s", name, caller.name)
@@ -653,7 +653,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def RemoveUser(self, request, context):
         await self._check_id(request.name, "name", context)
         await self._leader(context)
-        result = await self._propose(c.RemoveUser(at=time.time(), by=self.caller().name, name=request.name), context)
+        result = await self._propose(c.RemoveUser(at=self.m.now(), by=self.caller().name, name=request.name), context)
         await self._ok_or_abort(result, context)
         log.info("user removed user=%s by=%s", request.name, self.caller().name)
         return api_pb2.RemoveUserReply()
@@ -686,7 +686,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                                 f"job {request.job_id} has no attempt {attempt} that ran (attempts that ran: "
                                 f"{sorted(job.placements)})" if attempt else
                                 f"job {request.job_id} has not run yet ({status})")
-        expires = time.time() + tickets.TICKET_TTL_S
+        expires = self.m.now() + tickets.TICKET_TTL_S
         return api_pb2.LogAccessReply(attempt=attempt, expires_at=expires, tickets=[
             api_pb2.LogTicket(index=i, node_id=node, address=addresses[node],
                               ticket=tickets.sign(self.m.node_credential(node), request.job_id, attempt, i, expires))
@@ -705,7 +705,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid queues: {problem}")
         changed = [q for q in queues if existing.get(q.name) != q]
         if changed:
-            result = await self._propose(c.ApplyQueues(at=time.time(), by=self.caller().name, queues=tuple(changed)),
+            result = await self._propose(c.ApplyQueues(at=self.m.now(), by=self.caller().name, queues=tuple(changed)),
                                          context)
             await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
             log.info("queues applied queues=%s by=%s", ",".join(q.name for q in changed), self.caller().name)
@@ -717,7 +717,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def DeleteQueue(self, request, context):
         await self._check_id(request.name, "name", context)
         await self._leader(context)
-        result = await self._propose(c.DeleteQueue(at=time.time(), by=self.caller().name, name=request.name), context)
+        result = await self._propose(c.DeleteQueue(at=self.m.now(), by=self.caller().name, name=request.name), context)
         await self._ok_or_abort(result, context)
         return api_pb2.DeleteQueueReply()
 
@@ -726,7 +726,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         with self.m.lock:
             state = self.m.state
             usage = dict(state.queue_usage)  # kept by apply: what each queue's live tasks hold
-            now, half_life = time.time(), state.usage_half_life
+            now, half_life = self.m.now(), state.usage_half_life
             remembered = {name: fairshare.value_at(entry, now, half_life) / 3600
                           for name, entry in state.queue_decay.items()}
             counts: dict[str, list[int]] = {}
@@ -796,7 +796,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 return api_pb2.PreemptWhatIfReply(
                     explanation=f"job {job.id} already preempted {', '.join(hold.victims)} (rule {hold.rule}) and "
                                 f"holds {', '.join(hold.nodes)}")
-            found = preemption.plan(self.m.state, job, time.time())
+            found = preemption.plan(self.m.state, job, self.m.now())
         if isinstance(found, str):
             return api_pb2.PreemptWhatIfReply(explanation=found)
         cmd = found.command
@@ -844,7 +844,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         await self._leader(context)
-        now = time.time()
+        now = self.m.now()
         cmd: c.Command = c.RegisterNode(at=now, by=caller.name, node_id=request.node_id,
                                         address=request.address[:MAX_ID_CHARS], topology=tuple(request.topology),
                                         capacity=capacity, labels=tuple(sorted(request.labels.items())),
@@ -874,7 +874,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"ttl: from 0 (never expires) to {MAX_JOIN_TOKEN_TTL_S:.0f} seconds")
         await self._leader(context)
-        token, now = new_join_token(), time.time()
+        token, now = new_join_token(), self.m.now()
         cmd = c.CreateJoinToken(at=now, by=self.caller().name, token_id=secrets.token_hex(4),
                                 token_hash=token_hash(self._token_key, token),
                                 expires_at=now + request.ttl_s if request.ttl_s else 0.0, max_uses=request.uses)
@@ -893,7 +893,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def RevokeJoinToken(self, request, context):
         await self._check_id(request.id, "id", context)
         await self._leader(context)
-        result = await self._propose(c.RevokeJoinToken(at=time.time(), by=self.caller().name, token_id=request.id),
+        result = await self._propose(c.RevokeJoinToken(at=self.m.now(), by=self.caller().name, token_id=request.id),
                                      context)
         await self._ok_or_abort(result, context)
         log.info("join token revoked id=%s by=%s", request.id, self.caller().name)
@@ -978,7 +978,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         if len(request.events) > 10_000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events: at most 10000 per report")
         await self._leader(context)
-        now = time.time()
+        now = self.m.now()
         version = self.m.raft.cluster_version()
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else

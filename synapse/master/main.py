@@ -61,6 +61,12 @@ MAX_MESSAGE_BYTES = 4 << 20
 #: an older release, whose codec refuses the newer kind. Restarted without it, it is upgraded.
 TEST_NEW_KIND_ENV = "SYNAPSE_TEST_NEW_KIND"
 TEST_COMMAND_VERSION_ENV = "SYNAPSE_TEST_COMMAND_VERSION"
+#: TEST ONLY (bench/ha.py --profile): set, every Python thread of the replica carries its name as
+#: its OS thread name, so /proc/PID/task/*/comm tells the threads apart for per-thread CPU time.
+#: Set to a path prefix, each thread also runs under cProfile (timed in thread CPU time) and the
+#: profiles are written to PREFIX.<replica>.<thread>.prof when the replica stops. Never set in
+#: production: profiling makes every Python call several times dearer.
+TEST_PROFILE_ENV = "SYNAPSE_TEST_PROFILE"
 
 
 #: A replica asked to stop is gone within this long, clean or not: a restart (or a failover) must
@@ -84,6 +90,51 @@ def command_set(environ: Mapping[str, str]) -> codec.CommandSet:
     known = int(environ.get(TEST_COMMAND_VERSION_ENV) or newer)
     log.warning("TEST ONLY: command set with %s at version %d; this replica knows 1..%d", kind_name, newer, known)
     return codec.CommandSet({**codec.KIND_VERSIONS, kind: newer}, known)
+
+
+class _ThreadProfiles:
+    """Names every thread of this process started from now on, and with a `prefix`, runs cProfile
+    in each (see TEST_PROFILE_ENV)."""
+
+    def __init__(self, prefix: str) -> None:
+        import cProfile
+
+        self.prefix = prefix
+        self.profiles: dict[str, cProfile.Profile] = {}
+        self._lock = threading.Lock()
+        threading.setprofile(self._start_in_thread)  # threads started from now on
+        self._start_in_thread()  # this (the event loop's) thread
+
+    def _start_in_thread(self, *_: object) -> None:
+        import cProfile
+        import ctypes
+
+        name = threading.current_thread().name
+        name = "loop" if name == "MainThread" else name
+        try:
+            ctypes.CDLL(None).prctl(15, name[:15].encode(), 0, 0, 0)  # PR_SET_NAME: /proc/PID/task/TID/comm
+        except (OSError, AttributeError):
+            pass
+        if not self.prefix:
+            sys.setprofile(None)  # named: nothing more to do in this thread
+            return
+        profile = cProfile.Profile(time.thread_time)  # CPU time: what a loaded machine does not stretch
+        with self._lock:
+            self.profiles[f"{name}-{threading.get_native_id()}"] = profile
+        profile.enable()  # replaces this hook in this thread
+
+    def dump(self) -> None:
+        """Write each thread's profile (call once the threads are idle or gone)."""
+        with self._lock:
+            profiles = dict(self.profiles)
+        for name, profile in profiles.items():
+            try:
+                profile.dump_stats(f"{self.prefix}.{name.replace('/', '_')}.prof")
+            except Exception:  # noqa: BLE001 - a test aid: one bad dump must not stop the others
+                log.exception("profile dump failed thread=%s", name)
+
+
+_profiles: _ThreadProfiles | None = None
 
 
 def _exit_if_still_running(replica_id: str) -> None:
@@ -221,6 +272,11 @@ def main(ctx: click.Context, config_path: str | None, replica_id: str | None, lo
         fail("synapse-master", "--config and --id are required to run a replica (see --help)")
     configure("synapse-master", replica_id, log_level)
     tune_for_large_state()
+    global _profiles
+    if TEST_PROFILE_ENV in os.environ:
+        prefix = os.environ[TEST_PROFILE_ENV]
+        log.warning("TEST ONLY: threads named%s", f", each profiled to {prefix}.{replica_id}.*.prof" if prefix else "")
+        _profiles = _ThreadProfiles(f"{prefix}.{replica_id}" if prefix else "")
     try:
         config = load_cluster_config(config_path)
         config.replica(replica_id)
@@ -237,6 +293,8 @@ def _exit_stopped() -> None:
     """Exit at once once `serve` has stopped: the journal is closed, the history store too. The
     interpreter's own teardown then waited about a second on gRPC's threads, in every stop of
     every master, and a restart of all of them waited for it (chaos `restart-masters`)."""
+    if _profiles is not None:
+        _profiles.dump()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

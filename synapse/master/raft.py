@@ -132,6 +132,8 @@ IN_FLIGHT_TIMEOUT_S = 5.0
 
 #: The outcome a proposal's future gets when its timeout passes first.
 _TIMED_OUT = object()
+#: The outcome of a proposal that committed after this replica stopped applying (see `_failure`).
+_HALTED = object()
 
 
 def _expire(future: asyncio.Future) -> None:
@@ -296,13 +298,9 @@ class RaftNode:
             results = self.replicated.apply(seal(codec.encode_command(cmd, self.commands)), sync=True,
                                             timeout=timeout)
         except SyncObjException as exc:
-            code = exc.errorCode
-            if code == "Timeout":
-                raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from exc
-            name = _FAIL_NAMES.get(code, str(code))
-            raise ProposeError(name, maybe_applied=code in _MAYBE_APPLIED, leader=self.leader()) from exc
+            raise self._failure(exc.errorCode) from exc
         if results is None:
-            raise ProposeError("HALTED", maybe_applied=True, leader=self.leader())
+            raise self._failure(_HALTED)
         [result] = results
         return result
 
@@ -362,14 +360,22 @@ class RaftNode:
         finally:
             expiry.cancel()
             self._waiting.discard(future)
-        if err is _TIMED_OUT:
-            raise ProposeError("timeout", maybe_applied=True, leader=self.leader())
         if err != FAIL_REASON.SUCCESS:
-            raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
-                               leader=self.leader())
+            raise self._failure(err)
         if res is None:  # committed, but this replica stopped applying before it
-            raise ProposeError("HALTED", maybe_applied=True, leader=self.leader())
+            raise self._failure(_HALTED)
         return res
+
+    def _failure(self, outcome: object) -> ProposeError:
+        """The ProposeError for a proposal's outcome other than success: a pysyncobj FAIL_REASON,
+        SyncObjException's 'Timeout', this module's _TIMED_OUT, or _HALTED (committed, but this
+        replica stopped applying before it: the others apply it)."""
+        if outcome is _TIMED_OUT or outcome == "Timeout":
+            return ProposeError("timeout", maybe_applied=True, leader=self.leader())
+        if outcome is _HALTED:
+            return ProposeError("HALTED", maybe_applied=True, leader=self.leader())
+        return ProposeError(_FAIL_NAMES.get(outcome, str(outcome)), maybe_applied=outcome in _MAYBE_APPLIED,
+                            leader=self.leader())
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
@@ -455,12 +461,11 @@ class RaftNode:
         try:
             err = await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise ProposeError("timeout", maybe_applied=True, leader=self.leader()) from None
+            raise self._failure(_TIMED_OUT) from None
         finally:
             self._changes.discard(future)
         if err != FAIL_REASON.SUCCESS:
-            raise ProposeError(_FAIL_NAMES.get(err, str(err)), maybe_applied=err in _MAYBE_APPLIED,
-                               leader=self.leader())
+            raise self._failure(err)
 
     def partners(self) -> list[str]:
         """Raft addresses of the other current members, as this replica knows them."""

@@ -113,6 +113,8 @@ class Master:
         return result
 
     def now(self) -> float:
+        """The master's wall clock: the timestamps the endpoints and the history exporter put in
+        commands come from here (tests/test_master_clock.py), so one place can stand in for it."""
         return time.time()
 
     def node_credential(self, node_id: str) -> str:

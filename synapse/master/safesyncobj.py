@@ -20,6 +20,9 @@ Each correction, and why (the class docstring and the methods hold the details):
 * **Links to the leader.** Replaying an old membership change that removed today's leader dropped
   the link to it for good, and the replica never caught up: the link to the leader a follower
   listens to is kept until it is a member again or another leads (`tests/test_raft_links.py`).
+* **A leader's link lost.** A follower whose TCP link to its leader closes (the leader's process
+  died: its sockets closed with it) campaigns at once instead of waiting out an election timeout
+  (`tests/test_fast_failover.py`).
 * **Snapshot writer.** pysyncobj forks a multi-threaded gRPC server to write its dump: the first
   tick installs `SnapshotWriter` (synapse.master.durability), which writes from a thread.
 * **Dump loading and journal trimming.** A replica stopped between writing a snapshot and trimming
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable
 
 from pysyncobj import SyncObj
@@ -131,6 +135,7 @@ class SafeSyncObj(SyncObj):
     PREVOTE_YIELDS = True  #: the same, for standing aside in a contest of pre-votes (see _yield_to)
     #: A member whose version was last heard longer ago than this counts as unknown (not upgraded).
     VERSION_HEARD_S = 2.0
+    FAST_FAILOVER = True  #: off only to show, in a test, what happens without it (see _leader_link_lost)
 
     def __init__(self, *args, command_version: int = 0, stopped: Callable[[], str] | None = None, **kwargs) -> None:
         # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
@@ -157,6 +162,8 @@ class SafeSyncObj(SyncObj):
         self._lost_logged = float("-inf")  #: when a lost round was last logged (once per leader lost)
         self._keepalive_sent = 0.0  #: when this replica last said something to every peer (KEEPALIVE_S)
         self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
+        #: the leader whose link this follower saw close, until a leader's AppendEntries arrives again
+        self._lost_leader = None
         self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
         self._add_link: Callable | None = None
         #: (leads, term) as the last tick left them, set as one object: another thread reading
@@ -232,6 +239,33 @@ class SafeSyncObj(SyncObj):
     def _SyncObj__onNodeDisconnected(self, node):  # noqa: N802 - overrides the mangled name
         self._versions.pop(node, None)
         SyncObj._SyncObj__onNodeDisconnected(self, node)
+        if node == self._SyncObj__raftLeader and node is not self._lost_leader \
+                and self._SyncObj__raftState == _RAFT_STATE.FOLLOWER:
+            self._leader_link_lost(node)
+
+    def _leader_link_lost(self, node) -> None:
+        """The TCP link to the leader closed: most likely its process died (kill -9, a crash, a
+        restart all close its sockets), so campaign now rather than after an election timeout.
+
+        Without it, a dead leader was replaced only when a follower's timer fired, 0.5-1 s after
+        its last heartbeat (failover 0.75-0.93 s to the next acknowledged write, bench/ha.py).
+        Here the follower stops counting the leader's lease, so it grants a peer's pre-vote (the
+        other follower saw the same link close), and its own pre-vote goes out about a heartbeat
+        later (jittered: two followers asking at once resolve by `_yield_to`).
+        Timing only, never safety: votes and terms keep Raft's rules, so at most one leader per
+        term, and a leader still alive keeps its place, because a peer that still hears it
+        refuses the pre-vote (its lease). If a live leader's links to a majority all close at
+        once, that majority elects another sooner than before; the old one cannot commit without
+        a majority, every leader-only action is fenced by its term in apply, and reads that must
+        be current go through the log (a Barrier), so none leans on the old leader's belief."""
+        self._lost_leader = node
+        if not (self.FAST_FAILOVER and self.PREVOTE):
+            return
+        self._leader_contact = float("-inf")
+        # Half a heartbeat at least: the other follower reads the same link's end meanwhile (before
+        # it, its lease makes it refuse the pre-vote, and the round waits a whole timeout again).
+        soon = monotonic() + random.uniform(0.5, 1.5) * self._SyncObj__conf.appendEntriesPeriod
+        self._SyncObj__raftElectionDeadline = min(self._SyncObj__raftElectionDeadline, soon)
 
     def _SyncObj__tryLogCompaction(self):  # noqa: N802 - overrides the mangled name
         if self._stopped():
@@ -449,6 +483,7 @@ class SafeSyncObj(SyncObj):
         if kind == "append_entries" and isinstance(message.get("term"), int) \
                 and message["term"] >= self.raftCurrentTerm:
             self._leader_contact = monotonic()  # a current leader lives: refuse pre-votes for a while
+            self._lost_leader = None
             if "prevLogIdx" in message and message.get("transmission") is None:
                 message = self._screen_append(node, message)
                 if message is None:
