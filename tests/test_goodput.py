@@ -302,3 +302,60 @@ def _history_row(cluster, job_id: str) -> dict | None:
         return None
     finally:
         engine.dispose()
+
+
+# ---- the history store: schema version 3 ----------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.sqlite'}"
+    return request.getfixturevalue("postgres").create(f"g{int(time.time() * 1000)}")
+
+
+def _version_2_store(url: str) -> None:
+    """The tables as schema version 2 made them: without the goodput columns."""
+    import sqlalchemy as sa
+
+    from synapse.history import store
+
+    old = sa.MetaData()
+    added = {*store.GOODPUT_COLUMNS, "checkpoint_at"}
+    for table in (store.jobs, store.runs, store.usage_daily, store.cursor_table, store.cluster_daily,
+                  store.cluster_sampled, store.schema_table):
+        sa.Table(table.name, old, *(col._copy() for col in table.c if col.name not in added))
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        old.create_all(conn)
+        conn.execute(old.tables["history_cursor"].insert().values(id=1, upto=0, updated_at=0.0))
+        conn.execute(old.tables["history_cluster_sampled"].insert().values(id=1, at=0.0))
+        conn.execute(old.tables["history_schema"].insert(), [{"version": 1}, {"version": 2}])
+        conn.execute(old.tables["history_usage_daily"].insert().values(
+            day="2023-11-14", user_name="u", queue="default", gpu_seconds=3600.0, cpu_seconds=0.0, jobs=1))
+    engine.dispose()
+
+
+def test_a_version_2_store_gains_the_goodput_columns_and_old_rows_read_zero(store_url):
+    from synapse.core import history
+    from synapse.history.store import SCHEMA_VERSION, HistoryStore, JobQuery, goodput_of_row
+    from tests.test_history_core import scenario
+
+    _version_2_store(store_url)
+    store = HistoryStore(store_url)
+    try:
+        assert store.migrate() == 2 and SCHEMA_VERSION == 3
+        assert store.migrate() == 3  # once only
+        [old] = store.usage("day", 0, 0)
+        assert goodput_of_row(old) == Goodput()  # written before version 3: zeros
+        batch = history.export_batch(scenario(), 0)
+        assert store.export(batch.records, expected=0, upto=batch.upto, at=1.0) == len(batch.records)
+        rows, _ = store.jobs(JobQuery(limit=5000))
+        by_id = {r["job_id"]: r for r in rows}
+        for record in batch.records:
+            assert goodput_of_row(by_id[record.job_id]) == record.goodput
+            assert [r["checkpoint_at"] for r in by_id[record.job_id]["runs"]] == [r.checkpoint_at for r in record.runs]
+        held = sum(goodput_of_row(r).held for r in store.usage("queue", 0, 0))
+        assert held == pytest.approx(sum(r.goodput.held for r in batch.records)) and held > 0
+    finally:
+        store.close()
