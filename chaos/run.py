@@ -261,7 +261,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     members = sorted(m["raft_address"] for m in state["masters"])
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20, tls=local.client_tls(state)),
-                    initial_masters=[dict(m) for m in state["masters"]], database=database)
+                    initial_masters=[dict(m) for m in state["masters"]], database=database, gang_queue=QUEUES[0])
     half = Resources(0, 0, workers * GPUS // 2)
     target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
         codec.queue_to_proto(Queue(name, guaranteed=half, preemption_rules=("reclaim", "priority")))
@@ -384,6 +384,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # NodeDowns that no kill or restart of that node's worker explains (a master fault, a cut
         # shard replica, a failover's storm would show here).
         "false_node_downs": checkers.false_node_downs(faults, marks, HEARTBEAT_TIMEOUT),
+        # Gangs a machine died under: restarted whole, never on the failed node; and how many of
+        # them ran again within their fault (of how many).
+        "gangs_under_fault": checkers.gangs_under_fault(faults, final),
+        "gangs_restarted": checkers.gangs_restarted(faults),
     }
     checks = {
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
@@ -397,6 +401,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "nemesis_errors": not report["nemesis_errors"],
         "history_exactly_once": archived and not report["history_problems"],
         "false_node_downs": not report["false_node_downs"],
+        "gangs_under_fault": not report["gangs_under_fault"],
     }
     report["failed_checks"] = [name for name, held in checks.items() if not held]
     report["ok"] = not report["failed_checks"]
@@ -500,7 +505,7 @@ def _main() -> None:
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
                     "nemesis_errors", "history_archived", "history_jobs", "history_problems", "false_node_downs",
-                    "failed_checks",
+                    "gangs_under_fault", "gangs_restarted", "failed_checks",
                     "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")

@@ -230,8 +230,9 @@ class WorkerAgent:
                 next_poll = time.monotonic() + POLL_S
                 changed |= self._poll_processes()
                 self._carry_out(self.state.handle(ws.Tick(), time.monotonic()))
-                if self.progress.poll([(t.assignment.key, progress_file(self.runtime.task_files(t.assignment)[0]))
-                                       for t in self.state.running()], time.monotonic(), time.time()):
+                if self.progress.due(time.monotonic()) and self.progress.poll(
+                        [(t.assignment.key, progress_file(self.runtime.task_files(t.assignment)[0]))
+                         for t in self.state.running()], time.monotonic(), time.time()):
                     self.reports_ready.set()
             if changed:
                 self._save_state()

@@ -149,9 +149,13 @@ class ProgressWatcher:
         self._lock = threading.Lock()
         self._out: dict[Key, api_pb2.TaskEvent] = {}  #: reports to send, the latest per task; under _lock
 
+    def due(self, mono: float) -> bool:
+        """True when `poll` would look at the files now (the caller need not list them before)."""
+        return mono >= self._next_poll
+
     def poll(self, files: list[tuple[Key, Path]], mono: float, wall: float) -> bool:
         """Look at the running tasks' files if POLL_S passed; True when there is something to send."""
-        if mono < self._next_poll:
+        if not self.due(mono):
             return False
         self._next_poll = mono + self.poll_s
         ready = False
