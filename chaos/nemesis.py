@@ -31,7 +31,7 @@ from synapse.proto import api_pb2
 #: kill-worker-under-gang: the gang's tasks (each a whole node), and how long it waits for the gang
 #: to run, for its node's loss to stop it, and for it to run again.
 GANG_TASKS = 2
-GANG_START_S = 15.0
+GANG_START_S = 20.0
 GANG_DOWN_S = 10.0
 GANG_RESTART_S = 25.0
 #: How long a repair waits for the node it brought back to be READY.
@@ -511,13 +511,12 @@ def kill_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) 
 
 
 def _gang_spec(gpus: int, queue: str) -> Any:
-    from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
+    from synapse.core.model import JobSpec, Resources
 
     # Whole nodes, above every workload priority: it starts (preempting if need be) and restarts at
     # the head of its queue.
     return JobSpec(name="gang-under-fault", tasks=GANG_TASKS, resources=Resources(500, 64 << 20, gpus),
-                   command=("sleep", "120"), topology=TopologySpec("rack", PackMode.PREFERRED), priority=10,
-                   max_restarts=5, queue=queue, grace=1.0)
+                   command=("sleep", "120"), priority=10, max_restarts=5, queue=queue, grace=1.0)
 
 
 def _job(t: Target, job_id: str) -> Any:

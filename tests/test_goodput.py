@@ -359,3 +359,21 @@ def test_a_version_2_store_gains_the_goodput_columns_and_old_rows_read_zero(stor
         assert held == pytest.approx(sum(r.goodput.held for r in batch.records)) and held > 0
     finally:
         store.close()
+
+
+def test_a_gang_a_lost_node_ends_for_good_loses_to_the_failure_and_a_cancelled_one_keeps():
+    """The last attempt of a job is kept, unless a node-side cause ended it (no restarts left)."""
+    for cancel in (False, True):
+        state = cluster(racks=1, nodes_per_rack=1)
+        checked(state, c.SubmitJob(at=1, job_id="j", request_id="j", spec=spec()))
+        _running(state, "j", ["r0-n0"], at=10)
+        checked(state, c.RecordProgress(at=30, job_id="j", attempt=1, checkpoint_at=30.0))
+        if cancel:
+            checked(state, c.CancelJob(at=40, job_id="j"))
+            checked(state, c.TaskExited(at=40, job_id="j", attempt=1, index=0, node_id="r0-n0", exit_code=-15))
+        else:
+            checked(state, c.NodeDown(at=40, node_id="r0-n0"))  # an older leader's: it fails the gang for good
+        job = state.jobs["j"]
+        assert job.status.terminal
+        g = goodput.of_job(job, now=100)
+        assert (g.held, g.kept, g.lost_failures) == ((8 * 30, 8 * 30, 0.0) if cancel else (8 * 30, 8 * 18, 8 * 12))

@@ -5,12 +5,13 @@ Prometheus) and the simulator's (synapse.sim.metrics), over the attempts of a jo
 
 * **held**: every attempt's GPUs from its placement to its end (or to now, while it holds them).
 * An attempt that a requeue ended (its node lost, drained, preempted, resized, or a failure the job
-  retries) keeps what its **last reported checkpoint** saved: its run from when it was running to
-  that checkpoint. The rest of what it held is **lost**: to **failures** when the cause was the
-  node's (`NODE_SIDE`: the node lost, a failing health check's drain), to **other
-  stops** otherwise (a preemption or a drain without a checkpoint after its notice, the job's own
-  crash). Its restart, if it was one, is in that loss: it bought nothing.
-* Any other attempt (the last one, or one still running) keeps all of its run except its
+  retries), or a node-side cause ended for good, keeps what its **last reported checkpoint**
+  saved: its run from when it was running to that checkpoint. The rest of what it held is
+  **lost**: to **failures** when the cause was the node's (model.NODE_SIDE_CAUSES: the node lost,
+  a failing health check's drain), to **other stops** otherwise (a preemption or a drain without a
+  checkpoint after its notice, the job's own crash). Its restart, if it was one, is in that loss:
+  it bought nothing.
+* Any other attempt (the job's last, or one still running) keeps all of its run except its
   **restart**: the time from its placement until every task ran, for an attempt after a requeue
   (the first attempt's start-up is the job's own, not a loss).
 * **requeue wait**: the GPUs of the gang times the time it waited in the queue after a requeue. It
@@ -101,9 +102,10 @@ def account(attempts: Iterable[Attempt]) -> Goodput:
 
 
 def _node_side(job: Job, run: Run) -> bool:
-    """True when a node-side cause ended the run (model.NODE_SIDE_CAUSES): its node lost; or a drain of one of
-    its nodes that the job now excludes (only a lost node and a failing health check's drain exclude
-    a node, and no later attempt is placed on an excluded node while the others can hold it)."""
+    """True when a node-side cause ended the run (model.NODE_SIDE_CAUSES): its node lost; or a drain
+    of one of its nodes that the job now excludes (only a lost node and a failing health check's
+    drain exclude a node, and no later attempt is placed on an excluded node while the others can
+    hold it)."""
     if run.outcome in NODE_SIDE_CAUSES:
         return True
     return run.outcome == EndReason.DRAINED and any(n in job.excluded_nodes for n in run.nodes)
@@ -111,7 +113,7 @@ def _node_side(job: Job, run: Run) -> bool:
 
 def job_attempts(job: Job, now: float) -> list[Attempt]:
     """The accounting of a job's attempts: its ended runs, and its current one while it holds a
-    gang (to `now`). An ended run is requeued unless it is the job's final one."""
+    gang (to `now`). An ended run was requeued unless it is the final one of a finished job."""
     out: list[Attempt] = []
     runs = sorted(job.runs, key=lambda r: r.attempt)
     previous_end: float | None = None
@@ -123,11 +125,12 @@ def job_attempts(job: Job, now: float) -> list[Attempt]:
         running_at = run.started_at or run.ended_at
         restart = running_at - run.placed_at if restarted else 0.0
         held = run.ended_at - run.placed_at
-        if run.attempt == final:
+        node_side = _node_side(job, run)
+        if run.attempt == final and not node_side:
             out.append(Attempt(gpus, held, FINISHED, restart_s=restart, wait_s=wait))
         else:
             kept = max(0.0, min(run.checkpoint_at, run.ended_at) - running_at) if run.checkpoint_at else 0.0
-            out.append(Attempt(gpus, held, FAILURE if _node_side(job, run) else OTHER, kept_s=kept, wait_s=wait))
+            out.append(Attempt(gpus, held, FAILURE if node_side else OTHER, kept_s=kept, wait_s=wait))
         previous_end = run.ended_at
     if job.status.has_gang and job.tasks and job.placed_at:
         gpus = float(len(job.tasks) * job.spec.resources.gpu)
