@@ -11,6 +11,9 @@
 * `log_conflicts` — the replicas' journals hold the same entry (term and command) at every index
   they all still keep: a replica that applied an entry the others replaced shows up here, even
   when the cluster never fell quiet long enough for `converged` to compare digests.
+* `gangs_under_fault` — every gang a `kill-worker-under-gang` fault hit exists at the end, and every
+  attempt after the loss was whole and never on the failed node (no GPU given twice is
+  `replay_replica`'s); `gangs_restarted` counts those seen running again within the fault.
 * linearizability of the client operations: `chaos.linearizability.check` with the JOBS model.
 """
 
@@ -217,6 +220,40 @@ def history_exactly_once(final: dict[str, Any], rows: list[tuple[str, str, int]]
             problems.append(f"{job_id}: {runs.get(job_id, 0)} run rows, the cluster kept {len(job.runs)} runs")
     problems += [f"{job_id}: in the store, unknown to the cluster" for job_id in sorted(set(stored) - set(final))]
     return problems
+
+
+def gangs_under_fault(faults: list[dict], final: dict[str, Any]) -> list[str]:
+    """What the gangs of `kill-worker-under-gang` faults show against the final state (the jobs of a
+    replica's replayed log): each exists at the end, and every attempt placed after the loss is
+    whole and avoids the failed node. (Whether a gang ran again within its fault is
+    `gangs_restarted`'s: under concurrent faults a restart may wait for room.)"""
+    problems = []
+    for f in _gang_faults(faults):
+        d = f["detail"]
+        job_id, node, attempt = d["job"], d["node"], d["attempt"]
+        job = final.get(job_id)
+        if job is None:
+            problems.append(f"{job_id}: gone from the final state")
+            continue
+        for later, nodes in sorted(job.placements.items()):
+            if later <= attempt:
+                continue
+            if len(nodes) != d["tasks"]:
+                problems.append(f"{job_id}: attempt {later} placed {len(nodes)} of {d['tasks']} tasks")
+            if node in nodes:
+                problems.append(f"{job_id}: attempt {later} placed on {node}, which failed attempt {attempt}")
+    return problems
+
+
+def gangs_restarted(faults: list[dict]) -> tuple[int, int]:
+    """(gangs seen running again within their fault, gangs a machine died under)."""
+    hit = _gang_faults(faults)
+    return sum(1 for f in hit if f["detail"].get("restarted")), len(hit)
+
+
+def _gang_faults(faults: list[dict]) -> list[dict]:
+    """The kill-worker-under-gang faults that killed a machine under a running gang."""
+    return [f for f in faults if f["kind"] == "kill-worker-under-gang" and "node" in f["detail"]]
 
 
 def converged(replicas: list[dict[str, Any]]) -> bool:

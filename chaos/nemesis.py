@@ -28,6 +28,15 @@ from synapse.local.netns import MasterNet
 from synapse.local.netns import unavailable as netns_unavailable
 from synapse.proto import api_pb2
 
+#: kill-worker-under-gang: the gang's tasks (each a whole node), and how long it waits for the gang
+#: to run, for its node's loss to stop it, and for it to run again.
+GANG_TASKS = 2
+GANG_START_S = 20.0
+GANG_DOWN_S = 10.0
+GANG_RESTART_S = 25.0
+#: How long a repair waits for the node it brought back to be READY.
+REPAIR_WAIT_S = 15.0
+
 
 @dataclass
 class Target:
@@ -50,6 +59,7 @@ class Target:
     #: the history store's PostgreSQL server (synapse.local.postgres), when the run has one
     database: Any = None
     db_downtime: float = 4.0  #: how long a stopped database stays down
+    gang_queue: str = ""  #: the queue kill-worker-under-gang submits its gang to ("": the default)
 
     # -- processes --
 
@@ -454,9 +464,9 @@ def restart_masters(t: Target, rng: random.Random, history: History) -> dict:
     return _record(history, "restart-masters", [m["id"] for m in t.state["masters"]], start)
 
 
-def kill_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
-    """A machine dies: kill -9 the worker and its tasks; it comes back after the downtime."""
-    w = rng.choice(t.state["workers"])
+def _kill_machine(t: Target, w: dict, history: History) -> tuple[float, int]:
+    """kill -9 a worker and its tasks, as a machine dying; each task is recorded lost. Returns the
+    fault's start and how many tasks it took down."""
     tasks = t.worker_tasks(w)
     start = time.time()
     t.kill(w)
@@ -468,9 +478,109 @@ def kill_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) 
     for key, _ in tasks:
         history.write("task", node=w["id"], job=key[0], attempt=key[1], index=key[2], event="lost", time=start,
                       code=None)
+    return start, len(tasks)
+
+
+def repair(t: Target, node_id: str, timeout: float = REPAIR_WAIT_S) -> bool:
+    """A node this nemesis brought back is repaired: once READY, an uncordon lifts whatever cordon
+    its loss left (a suspect's: gangs of two jobs lost there), as an operator does after replacing a
+    machine, so a long run keeps its capacity. (Chaos runs drain nothing and run no health check:
+    the only cordon a node gets during a run is a suspect's.) False if it was not READY in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            node = next((n for n in t.client.list_nodes() if n.id == node_id), None)
+            if node is not None and node.status == "READY":
+                if not node.schedulable:
+                    t.client.call("SetSchedulable", api_pb2.SetSchedulableRequest(
+                        node_id=node_id, schedulable=True, reason="chaos: machine repaired"))
+                return True
+        except (ClientError, ClusterUnavailable):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def kill_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
+    """A machine dies: kill -9 the worker and its tasks; it comes back after the downtime, repaired."""
+    w = rng.choice(t.state["workers"])
+    start, tasks = _kill_machine(t, w, history)
     time.sleep(t.downtime)
     t.restart_worker(w, gpus)
-    return _record(history, "kill-worker", [w["id"]], start, tasks=len(tasks))
+    return _record(history, "kill-worker", [w["id"]], start, tasks=tasks, repaired=repair(t, w["id"]))
+
+
+def _gang_spec(gpus: int, queue: str) -> Any:
+    from synapse.core.model import JobSpec, Resources
+
+    # Whole nodes, above every workload priority: it starts (preempting if need be) and restarts at
+    # the head of its queue.
+    return JobSpec(name="gang-under-fault", tasks=GANG_TASKS, resources=Resources(500, 64 << 20, gpus),
+                   command=("sleep", "120"), priority=10, max_restarts=5, queue=queue, grace=1.0)
+
+
+def _job(t: Target, job_id: str) -> Any:
+    try:
+        return t.client.get_job(job_id)
+    except (ClientError, ClusterUnavailable):
+        return None
+
+
+def _wait_job(t: Target, job_id: str, ready: Callable[[Any], bool], timeout: float) -> Any:
+    """The job once `ready` holds for it (bounded), else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = _job(t, job_id)
+        if info is not None and ready(info):
+            return info
+        time.sleep(0.2)
+    return None
+
+
+def kill_worker_under_gang(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
+    """A machine dies under a running gang: submit a gang of whole nodes, wait until it runs,
+    kill -9 the worker of one of its tasks (and its tasks), and, one time in two, kill -9 the leader
+    once the node is declared DOWN (a failover during the restart). The node comes back (repaired)
+    after it was declared DOWN; the gang must restart whole, never on the failed node. Records the
+    attempts and nodes for the checker (checkers.gangs_under_fault); the gang is cancelled after."""
+    from synapse.core import codec
+
+    start = time.time()
+    try:
+        job_id = t.client.submit(codec.job_spec_to_proto(_gang_spec(gpus, t.gang_queue)))
+    except (ClientError, ClusterUnavailable) as exc:
+        return _record(history, "kill-worker-under-gang", [], start, skipped=f"submit failed: {exc}")
+    detail: dict[str, Any] = {"job": job_id, "tasks": GANG_TASKS}
+    try:
+        running = _wait_job(t, job_id, lambda j: j.status == "RUNNING", GANG_START_S)
+        if running is None:
+            return _record(history, "kill-worker-under-gang", [], start, skipped="the gang did not start", **detail)
+        node = rng.choice(sorted({task.node_id for task in running.tasks}))
+        w = next(w for w in t.state["workers"] if w["id"] == node)
+        start, tasks = _kill_machine(t, w, history)
+        detail.update(attempt=running.attempt, node=node, killed_tasks=tasks)
+        down = _wait_job(t, job_id, lambda j: j.attempt > running.attempt or j.status in ("PENDING", "STOPPING"),
+                         GANG_DOWN_S)
+        if down is not None and rng.random() < 0.5:
+            leader = t.wait_leader(5)
+            if leader is not None:
+                t.kill(leader)
+                detail["failover"] = leader["id"]
+                time.sleep(t.downtime)
+                t.restart_master(leader)
+        t.restart_worker(w, gpus)
+        detail["repaired"] = repair(t, node)
+        again = _wait_job(t, job_id, lambda j: j.attempt > running.attempt and j.status == "RUNNING",
+                          GANG_RESTART_S)
+        detail["restarted"] = again is not None
+        if again is not None:
+            detail.update(restarted_attempt=again.attempt, restarted_nodes=[task.node_id for task in again.tasks])
+        return _record(history, "kill-worker-under-gang", [node], start, **detail)
+    finally:
+        try:
+            t.client.cancel(job_id, reason="chaos: the fault is over")
+        except (ClientError, ClusterUnavailable):
+            pass  # a job left running ends when the run cancels nothing more: settle waits for it
 
 
 def restart_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
@@ -498,7 +608,7 @@ def restart_database(t: Target, rng: random.Random, history: History) -> dict:
 NEMESES: dict[str, Nemesis] = {
     "kill-leader": kill_leader, "kill-follower": kill_follower, "kill-minority": kill_minority,
     "pause-leader": pause_leader, "partition-leader": partition_leader, "restart-masters": restart_masters,
-    "kill-worker": kill_worker, "restart-worker": restart_worker,
+    "kill-worker": kill_worker, "restart-worker": restart_worker, "kill-worker-under-gang": kill_worker_under_gang,
     "partition-follower": partition_follower, "grow-shrink": grow_and_shrink, "replace-follower": replace_follower,
     "restart-database": restart_database,
 }
@@ -506,7 +616,7 @@ NEMESES: dict[str, Nemesis] = {
 DATABASE_FAULTS = frozenset({"restart-database"})
 #: Machine faults act on workers only, so they run in their own lane, concurrently with the master
 #: faults (machines and masters fail independently); every other kind is a master fault.
-MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker"})
+MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker", "kill-worker-under-gang"})
 #: Faults that need the masters in network namespaces (see synapse.netns).
 NEEDS_NETNS = frozenset({"partition-leader", "partition-follower"})
 #: Faults that change the membership: the runner leaves room (spare namespaces) for two more masters.

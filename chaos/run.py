@@ -31,6 +31,7 @@ from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
 from chaos.nemesis import (  # noqa: E402
     DATABASE_FAULTS,
+    GANG_TASKS,
     MACHINE_FAULTS,
     MEMBERSHIP_FAULTS,
     NEEDS_NETNS,
@@ -57,6 +58,11 @@ GPUS = 8
 #: Two queues share the cluster, each guaranteed half of it: they borrow from each other and take it
 #: back by preemption (reclaim), and higher priority evicts lower inside a queue.
 QUEUES = ("a", "b")
+#: With kill-worker-under-gang, its gangs have a queue of their own, guaranteed their whole nodes,
+#: and the two queues share the rest less one node: within its guarantee a gang is never reclaimed,
+#: and it reclaims what the others borrowed, so it starts, and restarts without the node it lost,
+#: while the workload keeps the cluster full.
+GANG_QUEUE = "gang"
 
 
 def workload(client_id: int, addresses: list[str], token: str, tls: TLSFiles, history: History,
@@ -261,11 +267,13 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     members = sorted(m["raft_address"] for m in state["masters"])
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20, tls=local.client_tls(state)),
-                    initial_masters=[dict(m) for m in state["masters"]], database=database)
-    half = Resources(0, 0, workers * GPUS // 2)
+                    initial_masters=[dict(m) for m in state["masters"]], database=database, gang_queue=GANG_QUEUE)
+    gangs = GANG_TASKS * GPUS if "kill-worker-under-gang" in kinds else 0
+    half = Resources(0, 0, (workers * GPUS - gangs - (GPUS if gangs else 0)) // 2)
     target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
-        codec.queue_to_proto(Queue(name, guaranteed=half, preemption_rules=("reclaim", "priority")))
-        for name in QUEUES]))
+        codec.queue_to_proto(Queue(name, guaranteed=guaranteed, preemption_rules=("reclaim", "priority")))
+        for name, guaranteed in [(q, half) for q in QUEUES] + ([(GANG_QUEUE, Resources(0, 0, gangs))] if gangs else [])
+    ]))
     stop, lock, submitted, counts = threading.Event(), threading.Lock(), [], {}
     threads = [threading.Thread(target=workload, args=(i, addresses, state["token"], local.client_tls(state), history,
                                                        stop, seed, submitted, lock)) for i in range(clients)]
@@ -384,6 +392,10 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # NodeDowns that no kill or restart of that node's worker explains (a master fault, a cut
         # shard replica, a failover's storm would show here).
         "false_node_downs": checkers.false_node_downs(faults, marks, HEARTBEAT_TIMEOUT),
+        # Gangs a machine died under: restarted whole, never on the failed node; and how many of
+        # them ran again within their fault (of how many).
+        "gangs_under_fault": checkers.gangs_under_fault(faults, final),
+        "gangs_restarted": checkers.gangs_restarted(faults),
     }
     checks = {
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
@@ -397,6 +409,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "nemesis_errors": not report["nemesis_errors"],
         "history_exactly_once": archived and not report["history_problems"],
         "false_node_downs": not report["false_node_downs"],
+        "gangs_under_fault": not report["gangs_under_fault"],
     }
     report["failed_checks"] = [name for name, held in checks.items() if not held]
     report["ok"] = not report["failed_checks"]
@@ -500,7 +513,7 @@ def _main() -> None:
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
                     "nemesis_errors", "history_archived", "history_jobs", "history_problems", "false_node_downs",
-                    "failed_checks",
+                    "gangs_under_fault", "gangs_restarted", "failed_checks",
                     "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")

@@ -190,3 +190,24 @@ def test_false_node_downs_are_those_no_worker_fault_explains():
     found = checkers.false_node_downs(faults, marks, timeout=3.0)
     assert len(found) == 2 and found[0].startswith("w2 at") and found[1].startswith("w1 at"), found
     assert checkers.false_node_downs(faults, marks[:1], timeout=3.0) == []
+
+
+def test_gangs_under_fault_find_a_gang_not_restarted_partial_or_back_on_its_failed_node():
+    from types import SimpleNamespace
+
+    def fault(job, **detail):
+        return {"kind": "kill-worker-under-gang", "targets": ["w1"], "start": 0, "end": 1,
+                "detail": {"job": job, "node": "w1", "attempt": 1, "tasks": 2, "restarted": True, **detail}}
+
+    final = {"ok": SimpleNamespace(placements={1: ("w1", "w2"), 2: ("w2", "w3")}),
+             "back": SimpleNamespace(placements={1: ("w1", "w2"), 2: ("w2", "w3"), 3: ("w1", "w3")}),
+             "half": SimpleNamespace(placements={1: ("w1", "w2"), 2: ("w3",)}),
+             "slow": SimpleNamespace(placements={1: ("w1", "w2")})}
+    faults = [fault("ok"), fault("back"), fault("half"), fault("slow", restarted=False), fault("gone"),
+              {"kind": "kill-worker-under-gang", "targets": [], "start": 0, "end": 1,
+               "detail": {"skipped": "the gang did not start"}},
+              {"kind": "kill-worker", "targets": ["w1"], "start": 0, "end": 1, "detail": {}}]
+    assert checkers.gangs_under_fault(faults, final) == [
+        "back: attempt 3 placed on w1, which failed attempt 1", "half: attempt 2 placed 1 of 2 tasks",
+        "gone: gone from the final state"]
+    assert checkers.gangs_restarted(faults) == (4, 5)

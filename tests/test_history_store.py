@@ -52,7 +52,7 @@ def counts(store: HistoryStore) -> tuple[int, int, float, int]:
 
 
 def test_migrating_twice_is_harmless(store):
-    assert store.migrate() == SCHEMA_VERSION == 2 and store.cursor() == 0
+    assert store.migrate() == SCHEMA_VERSION == 3 and store.cursor() == 0
 
 
 def test_an_export_written_twice_writes_each_row_once(store):

@@ -13,7 +13,8 @@ import zlib
 from datetime import UTC, datetime
 from typing import Any
 
-from synapse.client.render import table
+from synapse.client.render import goodput_dict, goodput_line, table
+from synapse.core import codec
 from synapse.core.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.proto import api_pb2
 
@@ -72,7 +73,7 @@ def run_dict(r: api_pb2.HistoryRun) -> dict[str, Any]:
     return {"attempt": r.attempt, "start": r.start, "running": r.running or None, "end": r.end,
             "elapsed_s": round(r.end - r.start, 3), "nodes": list(r.nodes), "tasks": r.tasks, "outcome": r.outcome,
             "reason": r.reason or None, "exit_code": r.exit_code, "gpu_seconds": round(r.gpu_seconds, 3),
-            "cpu_seconds": round(r.cpu_seconds, 3)}
+            "cpu_seconds": round(r.cpu_seconds, 3), "checkpoint_at": r.checkpoint_at or None}
 
 
 def history_dict(j: api_pb2.HistoryJob) -> dict[str, Any]:
@@ -89,7 +90,8 @@ def history_dict(j: api_pb2.HistoryJob) -> dict[str, Any]:
                                                   "gpu": j.resources.gpu},
             "gpu_seconds": round(j.gpu_seconds, 3), "cpu_seconds": round(j.cpu_seconds, 3),
             "time_limit_s": j.time_limit_s or None, "cancelled_by": j.cancelled_by or None,
-            "preemptions": j.preemptions, "runs": [run_dict(r) for r in j.runs]}
+            "preemptions": j.preemptions, "runs": [run_dict(r) for r in j.runs],
+            "goodput": goodput_dict(codec.goodput_from_proto(j.goodput))}
 
 
 def history_table(jobs: list[dict[str, Any]]) -> str:
@@ -113,6 +115,8 @@ def history_description(j: dict[str, Any]) -> str:
              f"{utc(j['end'])} (UTC); waited {slurm_duration(j['wait_s'])}, ran {slurm_duration(j['elapsed_s'])}",
              f"  exit code {_or_dash(j['exit_code'])}; {j['attempts']} attempt(s), {j['preemptions']} preemption(s); "
              f"{j['gpu_seconds'] / 3600:.3f} GPU-hours"]
+    if j["goodput"]["held_gpu_hours"] > 0:
+        lines.append(f"  goodput {goodput_line(j['goodput'])}")
     if j["detail"]:
         lines.append(f"  why: {j['detail']}")
     if j["cancelled_by"]:
@@ -176,9 +180,31 @@ def _sacct_row(j: api_pb2.HistoryJob, run: api_pb2.HistoryRun | None, cluster: s
 
 # ---- usage ---------------------------------------------------------------------------------------
 
-def usage_dicts(reply: api_pb2.GetUsageReply) -> list[dict[str, Any]]:
-    return [{"key": r.key, "gpu_hours": round(r.gpu_hours, 3), "cpu_hours": round(r.cpu_hours, 3), "jobs": r.jobs}
+def usage_dicts(reply: api_pb2.GetUsageReply, goodput: bool = False) -> list[dict[str, Any]]:
+    """The usage rows; with `goodput`, each with where its GPU time went (render.goodput_dict)."""
+    return [{"key": r.key, "gpu_hours": round(r.gpu_hours, 3), "cpu_hours": round(r.cpu_hours, 3), "jobs": r.jobs,
+             **({"goodput": goodput_dict(codec.goodput_from_proto(r.goodput))} if goodput else {})}
             for r in reply.rows]
+
+
+#: The GPU-hours of a goodput dict (render.goodput_dict), in the order the goodput view shows them.
+GOODPUT_HOURS = ("held_gpu_hours", "kept_gpu_hours", "lost_failures_gpu_hours", "lost_restarts_gpu_hours",
+                 "lost_other_gpu_hours", "requeue_wait_gpu_hours")
+
+
+def goodput_table(rows: list[dict[str, Any]], by: str) -> str:
+    """`synctl usage --goodput`: per user, queue or day, of the jobs that ended, the GPU-hours held,
+    kept and lost by cause, the requeue wait, and the goodput; then the total."""
+    total: dict[str, Any] = {k: sum(r["goodput"][k] for r in rows) for k in GOODPUT_HOURS}
+    total["goodput"] = total["kept_gpu_hours"] / total["held_gpu_hours"] if total["held_gpu_hours"] else None
+
+    def line(key: str, g: dict[str, Any]) -> list[str]:
+        return [key, *(f"{g[k]:.3f}" for k in GOODPUT_HOURS),
+                "-" if g["goodput"] is None else f"{g['goodput'] * 100:.1f}%"]
+
+    return table([by.upper(), "HELD", "KEPT", "LOST:FAILURES", "LOST:RESTARTS", "LOST:OTHER", "REQUEUE-WAIT",
+                  "GOODPUT"], [line(r["key"] or "-", r["goodput"]) for r in rows]
+                 + ([line("TOTAL", total)] if rows else [])) + "\n(GPU-hours of the jobs that ended in the period)"
 
 
 def cluster_dict(u: api_pb2.ClusterUsage) -> dict[str, Any]:
@@ -192,10 +218,11 @@ def cluster_dict(u: api_pb2.ClusterUsage) -> dict[str, Any]:
     return out
 
 
-def usage_report(reply: api_pb2.GetUsageReply) -> dict[str, Any]:
-    """What `synctl usage -o json|yaml` prints: the usage rows and the cluster's utilisation."""
-    return {"usage": usage_dicts(reply), "cluster": {"days": [cluster_dict(d) for d in reply.cluster_days],
-                                                     "total": cluster_dict(reply.cluster_total)}}
+def usage_report(reply: api_pb2.GetUsageReply, goodput: bool = False) -> dict[str, Any]:
+    """What `synctl usage -o json|yaml` prints: the usage rows (with `goodput`, their goodput) and
+    the cluster's utilisation."""
+    return {"usage": usage_dicts(reply, goodput), "cluster": {"days": [cluster_dict(d) for d in reply.cluster_days],
+                                                              "total": cluster_dict(reply.cluster_total)}}
 
 
 def usage_table(rows: list[dict[str, Any]], by: str) -> str:
@@ -212,8 +239,11 @@ def _utilization_row(label: str, u: dict[str, Any]) -> list[str]:
             f"{gpu['allocated_percent']:.1f}%", f"{cpu['allocated_percent']:.1f}%"]
 
 
-def usage_report_table(report: dict[str, Any], by: str) -> str:
-    """The usage table, then the cluster's GPU utilisation per UTC day and over the period."""
+def usage_report_table(report: dict[str, Any], by: str, goodput: bool = False) -> str:
+    """The usage table (with `goodput`, the goodput view), then the cluster's GPU utilisation per UTC
+    day and over the period."""
+    if goodput:
+        return goodput_table(report["usage"], by)
     cluster = report["cluster"]
     if not cluster["days"]:
         return usage_table(report["usage"], by) + "\n\nCluster utilisation: no samples in the period"

@@ -7,6 +7,7 @@ are an interface scripts rely on); the table forms are for people. Times show in
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from synapse.core import codec
+from synapse.core.goodput import Goodput
 from synapse.core.model import EndReason
 from synapse.core.quantity import format_cpu, format_memory, format_wait
 from synapse.proto import api_pb2
@@ -75,7 +77,27 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "singleton": spec.singleton or None,
         "checkpoint": {"signal": spec.checkpoint.signal, "notice_s": spec.checkpoint.notice}
         if spec.has_checkpoint else None,
+        "progress": {"step": info.step if info.step >= 0 else None,
+                     "checkpoint_at": info.checkpoint_at or None,
+                     "checkpoint_step": info.checkpoint_step if info.checkpoint_step >= 0 else None,
+                     "at": info.progress_at} if info.progress_at else None,
+        "goodput": goodput_dict(codec.goodput_from_proto(info.goodput)) if info.HasField("goodput") else None,
     }
+
+
+def goodput_dict(g: Goodput) -> dict[str, Any]:
+    """GPU-hours by where they went, and the goodput (None while nothing was held: JSON has no nan)."""
+    out: dict[str, Any] = g.hours()
+    out["goodput"] = None if math.isnan(g.goodput) else g.goodput
+    return out
+
+
+def goodput_line(g: dict[str, Any]) -> str:
+    """A job's (or a queue's) goodput in a line: the GPU-hours held, kept and lost, by cause."""
+    ratio = "-" if g["goodput"] is None else f"{g['goodput'] * 100:.1f}%"
+    return (f"{ratio} of {g['held_gpu_hours']:.3f} GPU-h held kept; lost: failures "
+            f"{g['lost_failures_gpu_hours']:.3f}, restarts {g['lost_restarts_gpu_hours']:.3f}, other stops "
+            f"{g['lost_other_gpu_hours']:.3f} GPU-h; requeue wait {g['requeue_wait_gpu_hours']:.3f} GPU-h")
 
 
 def _array_dict(info: api_pb2.JobInfo, spec: Any) -> dict[str, Any] | None:
@@ -151,6 +173,15 @@ def job_description(j: dict[str, Any]) -> str:
     if j.get("excluded_nodes"):
         lines.append(f"Excluded:   {', '.join(j['excluded_nodes'])} (they ended earlier attempts: never placed there "
                      "again)")
+    p = j.get("progress")
+    if p:
+        checkpoint = (f"checkpoint {when(p['checkpoint_at'])}" + (f" (step {p['checkpoint_step']})"
+                      if p["checkpoint_step"] is not None else "")) if p["checkpoint_at"] else "no checkpoint"
+        step = f"step {p['step']}, " if p["step"] is not None else ""
+        lines.append(f"Progress:   {step}{checkpoint} (reported {when(p['at'])})")
+    g = j.get("goodput")
+    if g and g["held_gpu_hours"] > 0:
+        lines.append(f"Goodput:    {goodput_line(g)}")
     if j["failure"]:
         lines.append(f"Failed:     {j['failure']}")
         if j["tasks"]:  # the output is for the job's owner and admins: describe says where to read it

@@ -855,16 +855,21 @@ def history(obj: Context, user: str, queue: str, state: str, job_id: str, since:
 @main.command("usage")
 @click.option("--by", type=click.Choice(["user", "queue", "day"]), default="user", show_default=True,
               help="sum GPU- and CPU-hours per user, queue or UTC day")
+@click.option("--goodput", is_flag=True,
+              help="the goodput view: GPU-hours held, kept and lost (failures, restarts, other stops), the "
+                   "requeue wait, and kept/held, of the jobs that ended")
 @SINCE
 @UNTIL
 @OUTPUT
 @click.pass_obj
-def usage(obj: Context, by: str, since: str, until: str, output: str) -> None:
+def usage(obj: Context, by: str, goodput: bool, since: str, until: str, output: str) -> None:
     """GPU-hours and CPU-hours allocated, per user, queue or day, and the cluster's utilisation
-    (allocated, idle, down) per day, from the history store."""
+    (allocated, idle, down) per day, from the history store; with --goodput, where the GPU time
+    went."""
     start, end = _times(since, until)
     reply = run(lambda: obj.client.call("GetUsage", api_pb2.GetUsageRequest(by=by, since=start, until=end)))
-    emit(accounting.usage_report(reply), output, lambda report: accounting.usage_report_table(report, by))
+    emit(accounting.usage_report(reply, goodput), output,
+         lambda report: accounting.usage_report_table(report, by, goodput))
 
 
 if __name__ == "__main__":

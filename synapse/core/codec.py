@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from synapse.core import commands as c
 from synapse.core.arrays import JobArray
 from synapse.core.dependencies import Resolved
+from synapse.core.goodput import Goodput
 from synapse.core.model import (
     Assignment,
     CheckpointSpec,
@@ -34,6 +35,7 @@ from synapse.core.model import (
     Node,
     PackMode,
     Placement,
+    Progress,
     Queue,
     Resources,
     Role,
@@ -62,6 +64,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     # DrainNode stop gives apply only to jobs that a SubmitCheckpointJob made, which no older
     # replica can hold: those kinds keep their versions.
     c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3, c.SubmitCheckpointJob: 3, c.CheckpointNotice: 3,
+    # Goodput: an attempt's last checkpoint, as its tasks reported it.
+    c.RecordProgress: 4,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -243,6 +247,10 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
         case c.CheckpointNotice():
             env.checkpoint_notice.CopyFrom(commands_pb2.CheckpointNotice(
                 job_id=cmd.job_id, attempt=cmd.attempt, stop_at=cmd.stop_at, cause=cmd.cause))
+        case c.RecordProgress():
+            env.record_progress.CopyFrom(commands_pb2.RecordProgress(
+                job_id=cmd.job_id, attempt=cmd.attempt, checkpoint_at=cmd.checkpoint_at,
+                checkpoint_step=cmd.checkpoint_step, step=cmd.step, problem=cmd.problem))
         case c.ResizeGang():
             env.resize_gang.CopyFrom(commands_pb2.ResizeGang(job_id=cmd.job_id, attempt=cmd.attempt, size=cmd.size,
                                                              reason=cmd.reason))
@@ -350,6 +358,10 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
         case "checkpoint_notice":
             b = env.checkpoint_notice
             return c.CheckpointNotice(job_id=b.job_id, attempt=b.attempt, stop_at=b.stop_at, cause=b.cause, **base)
+        case "record_progress":
+            b = env.record_progress
+            return c.RecordProgress(job_id=b.job_id, attempt=b.attempt, checkpoint_at=b.checkpoint_at,
+                                    checkpoint_step=b.checkpoint_step, step=b.step, problem=b.problem, **base)
         case "resize_gang":
             b = env.resize_gang
             return c.ResizeGang(job_id=b.job_id, attempt=b.attempt, size=b.size, reason=b.reason, **base)
@@ -493,6 +505,26 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         array_index=job.array_index, failure_cause=job.failure_cause, waiting_code=waiting_code,
         restarts_used=job.restarts_used(), requeues=job.preemptions + job.resizes + job.requeues,
         excluded_nodes=list(job.excluded_nodes))
+
+
+def goodput_to_proto(g: Goodput) -> api_pb2.Goodput:
+    return api_pb2.Goodput(held_gpu_s=g.held, kept_gpu_s=g.kept, lost_failures_gpu_s=g.lost_failures,
+                           lost_restarts_gpu_s=g.lost_restarts, lost_other_gpu_s=g.lost_other,
+                           requeue_wait_gpu_s=g.requeue_wait)
+
+
+def goodput_from_proto(p: api_pb2.Goodput) -> Goodput:
+    return Goodput(p.held_gpu_s, p.kept_gpu_s, p.lost_failures_gpu_s, p.lost_restarts_gpu_s, p.lost_other_gpu_s,
+                   p.requeue_wait_gpu_s)
+
+
+def progress_to_info(info: api_pb2.JobInfo, progress: Progress | None) -> None:
+    """Put a job's progress (model.Progress) into its JobInfo."""
+    if progress is None:
+        info.checkpoint_step = info.step = -1
+        return
+    info.checkpoint_at, info.checkpoint_step = progress.checkpoint_at, progress.checkpoint_step
+    info.step, info.progress_at = progress.step, progress.at
 
 
 def array_counts_to_proto(array: JobArray, running: int) -> api_pb2.ArrayCounts:

@@ -163,6 +163,21 @@ class CheckpointNotice(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecordProgress(Command):
+    """An attempt's progress as its tasks reported it (SYNAPSE_PROGRESS_FILE): its last checkpoint,
+    which goodput accounting needs on every replica (a new leader must know it), and a progress
+    file's garbage, once, as a job event. Command-set version 4; the leader proposes it only when
+    the checkpoint changed, sparingly (synapse.core.leader_state)."""
+
+    job_id: str
+    attempt: int
+    checkpoint_at: float = 0.0  #: when the attempt's last checkpoint was saved; 0 = none
+    checkpoint_step: int = -1  #: the step it saved (-1: not said)
+    step: int = -1  #: the latest step reported (-1: not said)
+    problem: str = ""  #: a task's progress file held garbage (ignored): said as an event; "" = none
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetArrayThrottle(Command):
     """Change how many elements of an array may hold a gang at once (0: no limit)."""
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,6 +66,7 @@ from synapse.core.model import (
     Node,
     NodeStatus,
     PackMode,
+    Progress,
     Queue,
     Resources,
     Run,
@@ -89,7 +91,7 @@ _JOB_REASONS = {
     "Requeued": ("GangRestarting", "Warning"), "Succeeded": ("JobSucceeded", "Normal"),
     "Failed": ("JobFailed", "Warning"), "Cancelled": ("JobCancelled", "Normal"),
     "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
-    "Notice": ("CheckpointNotice", "Normal"),
+    "Notice": ("CheckpointNotice", "Normal"), "ProgressIgnored": ("ProgressIgnored", "Warning"),
 }
 #: How a Notice event names the planned stop it announces.
 _PLANNED_STOPS: dict[str, str] = {EndReason.TIME_LIMIT: "its time limit", EndReason.PREEMPTED: "the preemption",
@@ -198,6 +200,7 @@ class ClusterState:
             c.HistoryExported: self._history_exported,
             c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
             c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
+            c.RecordProgress: self._record_progress,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -608,6 +611,28 @@ class ClusterState:
         if job.notice_at:
             return Result(True, value="already noticed")
         self._give_notice(job, cmd.at, cmd.stop_at, cmd.cause)
+        return Result(True)
+
+    def _record_progress(self, cmd: c.RecordProgress) -> Result:
+        """Record an attempt's last checkpoint (and step) as its tasks reported it, while its gang
+        exists (a stopping one too: it may save on its checkpoint notice); a checkpoint never goes
+        back in time. A progress file's garbage becomes a Warning event, once per report."""
+        job = self.jobs.get(cmd.job_id)
+        if job is None:
+            return Result.not_found(f"unknown job {cmd.job_id}")
+        if not job.status.has_gang or job.attempt != cmd.attempt:
+            return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not holding "
+                                   f"attempt {cmd.attempt}")
+        if cmd.checkpoint_at < 0 or not math.isfinite(cmd.checkpoint_at):
+            return Result.rejected(f"checkpoint_at must be a time, not {cmd.checkpoint_at}")
+        old = job.progress if job.progress is not None and job.progress.attempt == job.attempt else None
+        checkpoint_at, checkpoint_step = cmd.checkpoint_at, cmd.checkpoint_step
+        if old is not None and old.checkpoint_at > checkpoint_at:
+            checkpoint_at, checkpoint_step = old.checkpoint_at, old.checkpoint_step
+        step = cmd.step if cmd.step >= 0 or old is None else old.step
+        job.progress = Progress(job.attempt, checkpoint_at, checkpoint_step, step, cmd.at)
+        if cmd.problem:
+            self._event(job, cmd.at, "ProgressIgnored", cmd.problem[:300])
         return Result(True)
 
     def _give_notice(self, job: Job, at: float, stop_at: float, cause: str) -> None:
@@ -1285,7 +1310,8 @@ class ClusterState:
             ended_at=max((t.ended_at for t in job.tasks), default=job.placed_at),
             nodes=tuple(t.node_id for t in job.tasks), resources=job.spec.resources, outcome=str(outcome),
             reason=why, exit_code=next((t.exit_code for t in ended if t.exit_code), 0) or 0,
-            gpu_seconds=sum(r.gpu * s for r, s in held), cpu_seconds=sum(r.cpu / 1000 * s for r, s in held)))
+            gpu_seconds=sum(r.gpu * s for r, s in held), cpu_seconds=sum(r.cpu / 1000 * s for r, s in held),
+            checkpoint_at=job.progress.checkpoint_at if job.progress and job.progress.attempt == job.attempt else 0.0))
         if len(job.runs) > MAX_RUNS_PER_JOB:
             del job.runs[1]
 

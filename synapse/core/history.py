@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from synapse.core import goodput
+from synapse.core.goodput import Goodput
 from synapse.core.model import EndReason, Job, JobStatus, Node, NodeStatus, Run
 
 #: Records written per store transaction, at most.
@@ -52,6 +54,7 @@ class RunRecord:
     exit_code: int
     gpu_seconds: float
     cpu_seconds: float
+    checkpoint_at: float = 0.0  #: its last checkpoint as its tasks reported it (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,7 @@ class JobRecord:
     preemptions: int
     archive_seq: int
     runs: tuple[RunRecord, ...]
+    goodput: Goodput = Goodput()  #: where its GPU time went (synapse.core.goodput), in GPU-seconds
 
     @property
     def elapsed(self) -> float:
@@ -117,7 +121,7 @@ def run_record(job: Job, run: Run) -> RunRecord:
                      start=run.placed_at, running=run.started_at, end=run.ended_at, nodes=_distinct(run.nodes),
                      tasks=len(run.nodes), cpu=run.resources.cpu, memory=run.resources.memory,
                      gpu=run.resources.gpu, outcome=run.outcome, reason=run.reason, exit_code=run.exit_code,
-                     gpu_seconds=run.gpu_seconds, cpu_seconds=run.cpu_seconds)
+                     gpu_seconds=run.gpu_seconds, cpu_seconds=run.cpu_seconds, checkpoint_at=run.checkpoint_at)
 
 
 def job_record(job: Job) -> JobRecord:
@@ -142,7 +146,8 @@ def job_record(job: Job) -> JobRecord:
         nodes=_distinct(last.nodes) if last else (), cpu=spec.resources.cpu, memory=spec.resources.memory,
         gpu=spec.resources.gpu, gpu_seconds=sum(r.gpu_seconds for r in runs),
         cpu_seconds=sum(r.cpu_seconds for r in runs), time_limit=spec.time_limit,
-        cancelled_by=job.cancelled_by, preemptions=job.preemptions, archive_seq=job.archive_seq, runs=runs)
+        cancelled_by=job.cancelled_by, preemptions=job.preemptions, archive_seq=job.archive_seq, runs=runs,
+        goodput=goodput.of_job(job, job.finished_at))
 
 
 def export_batch(state: Any, store_cursor: int, limit: int = EXPORT_BATCH) -> ExportBatch:

@@ -33,6 +33,13 @@ What it decides:
 * **Heartbeats** (`Heartbeat`): a node the state holds DOWN comes back up, and a health report that
   differs from the state is recorded; one proposal at a time per node for each. Replicas absorb
   their link shard's heartbeats and forward only those that call for such a change.
+* **Progress** (`ProgressReport`): what a task wrote to its progress file, as its worker forwarded
+  it. The leader keeps each job's latest in memory (describe job reads it) and puts the attempt's
+  last checkpoint into the log (`RecordProgress`, command-set version 4) so that a new leader
+  accounts goodput the same: only when the checkpoint changed, the attempt's first at once and then
+  at most one per job every `checkpoint_record_interval` (a stopping attempt's, and every pending
+  one before a node is declared DOWN, at once), never one per report; a progress file's garbage
+  once per attempt.
 * **Liveness digests** (`LivenessDigest`): a shard's nodes heard since its last digest, with how
   long ago; they feed heartbeat expiry (synapse.core.heartbeat: a shard whose digests stop gives
   its nodes a full timeout to move before any is declared DOWN).
@@ -57,7 +64,7 @@ from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
 from synapse.core.fsm import ClusterState
 from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
-from synapse.core.model import EndReason, Job, JobStatus, NodeStatus, excluded_for
+from synapse.core.model import EndReason, Job, JobStatus, NodeStatus, Progress, excluded_for
 from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
 
@@ -105,6 +112,8 @@ class LeaderConfig:
     #: the decayed usage's half-life the state should have (synapse.core.fairshare); None: leave it be
     usage_half_life: float | None = None
     preempt: bool = True  #: plan preemptions (only for jobs of admin-defined queues)
+    #: a job's changed checkpoint goes into the log at most this often (its attempt's first at once)
+    checkpoint_record_interval: float = 15.0
     policy: QueuePolicy = schedule_round  #: the queue policy (the simulator runs baselines through it)
 
 
@@ -177,7 +186,22 @@ class Proposed:
     value: str = ""  #: the command's result value (e.g. how many jobs a ForgetJobs forgot)
 
 
-Stimulus = Started | RoundDue | MonitorDue | Heartbeat | LivenessDigest | Proposed
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """A task's progress file changed: its last complete value, as its worker forwarded it."""
+
+    job_id: str
+    attempt: int
+    index: int
+    node_id: str  #: the worker that forwarded it: only the task's own node may speak for it
+    at: float  #: when the leader heard it (wall clock)
+    step: int = -1  #: -1: not said
+    checkpoint_at: float = 0.0  #: when its last checkpoint was saved; 0: none said
+    checkpoint_step: int = -1
+    problem: str = ""  #: the file held garbage (ignored); the worker says it once per task
+
+
+Stimulus = Started | RoundDue | MonitorDue | Heartbeat | LivenessDigest | ProgressReport | Proposed
 
 
 # ---- instructions ---------------------------------------------------------------------------------
@@ -222,6 +246,9 @@ class LeaderView(Protocol):
     def held_silent(self) -> int:
         """Silent nodes the mass-silence guard held back from DOWN at the last monitor pass."""
 
+    def progress_of(self, job_id: str) -> Progress | None:
+        """A job's latest progress as its tasks reported it to this leader (newer than the log's)."""
+
 
 class LeaderState:
     """One leadership term's memory and decisions. Mutated only through `handle`."""
@@ -255,9 +282,20 @@ class LeaderState:
         self.noticing: set[tuple[str, int]] = set()
         #: (job, attempt) a FailAttempt for an unsatisfiable dependency is on its way for; handle only
         self.failing: set[tuple[str, int]] = set()
+        #: each job's latest reported progress (its current attempt's); handle only; readers only
+        #: `get` an entry, and entries are replaced whole
+        self.progress: dict[str, Progress] = {}
+        #: (job, attempt) -> when its last RecordProgress was proposed (the rate limit); handle only
+        self.progress_recorded: dict[tuple[str, int], float] = {}
+        self.progress_recording: set[tuple[str, int]] = set()  #: a RecordProgress in flight; handle only
+        #: (job, attempt) -> a progress file's garbage not yet put into the log; handle only
+        self.progress_problems: dict[tuple[str, int], str] = {}
+        #: (job, attempt) whose garbage was said already (once per attempt); handle only
+        self.progress_said: set[tuple[str, int]] = set()
         self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
             Started: self._started, RoundDue: self._round, MonitorDue: self._monitor,
-            Heartbeat: self._heartbeat, LivenessDigest: self._digest, Proposed: self._proposed,
+            Heartbeat: self._heartbeat, LivenessDigest: self._digest, ProgressReport: self._progress,
+            Proposed: self._proposed,
         }
 
     def handle(self, state: ClusterState, *stimuli: Stimulus) -> list[Instruction]:
@@ -286,6 +324,9 @@ class LeaderState:
 
     def shard_silences(self, shards: Iterable[str], now: float) -> dict[str, float]:
         return self.heartbeats.shard_silences(shards, now)
+
+    def progress_of(self, job_id: str) -> Progress | None:
+        return self.progress.get(job_id)
 
     # ---- stimuli -----------------------------------------------------------------------------------
 
@@ -421,7 +462,11 @@ class LeaderState:
         # From version 3 a lost node's gangs requeue uncharged (NodeLost); before, as every release does.
         down = c.NodeLost if s.cluster_version >= codec.KIND_VERSIONS[c.NodeLost] else c.NodeDown
         ready = [n.id for n in state.nodes.values() if n.status is NodeStatus.READY]
-        for node_id, silent in self._declarable(self.heartbeats.silence(ready, s.mono), len(ready), s.mono):
+        declared = self._declarable(self.heartbeats.silence(ready, s.mono), len(ready), s.mono)
+        # Every checkpoint this leader knows goes into the log ahead of a NodeDown (the log keeps the
+        # order): the attempts it ends are accounted with their last checkpoint.
+        out += self._record_progress_due(state, s.at, force=bool(declared))
+        for node_id, silent in declared:
             log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
             out.append(Propose(down(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
         noticeable = s.cluster_version >= codec.KIND_VERSIONS[c.CheckpointNotice]
@@ -542,6 +587,69 @@ class LeaderState:
                 out.append(Propose(c.DrainNode(at=s.at, node_id=s.node_id, cordon=False, reason=reason)))
         return out
 
+    def _progress(self, state: ClusterState, s: ProgressReport) -> list[Instruction]:
+        """Keep the job's latest progress (a checkpoint never goes back); put it into the log when
+        the rate limit allows (`_record_progress`)."""
+        job = state.jobs.get(s.job_id)
+        if job is None or job.attempt != s.attempt or not job.status.has_gang \
+                or not 0 <= s.index < len(job.tasks) or job.tasks[s.index].node_id != s.node_id:
+            return []
+        key = (job.id, job.attempt)
+        old = self.progress.get(job.id)
+        if old is not None and old.attempt != job.attempt:
+            old = None
+        checkpoint_at, checkpoint_step = s.checkpoint_at, s.checkpoint_step
+        if old is not None and old.checkpoint_at >= checkpoint_at:
+            checkpoint_at, checkpoint_step = old.checkpoint_at, old.checkpoint_step
+        step = s.step if s.step >= 0 or old is None else old.step
+        self.progress[job.id] = Progress(job.attempt, checkpoint_at, checkpoint_step, step, s.at)
+        if s.problem and key not in self.progress_said:
+            self.progress_said.add(key)
+            self.progress_problems[key] = f"progress file of task {s.index} ignored: {s.problem}"
+        return self._record_progress(state, job, s.at)
+
+    def _record_progress(self, state: ClusterState, job: Job, now: float, force: bool = False) -> list[Instruction]:
+        """A RecordProgress for the job's attempt when its checkpoint differs from the log's (or it
+        has garbage to say): the attempt's first at once, later ones at most every
+        `checkpoint_record_interval`, a stopping attempt's (it saves on its notice) or a forced one
+        at once; one in flight at a time. Below command-set version 4, nothing: memory only."""
+        key = (job.id, job.attempt)
+        mine = self.progress.get(job.id)
+        if key in self.progress_recording or mine is None or mine.attempt != job.attempt \
+                or max(self.cluster_version, state.cluster_version) < codec.KIND_VERSIONS[c.RecordProgress]:
+            return []
+        logged = job.progress if job.progress is not None and job.progress.attempt == job.attempt else None
+        changed = bool(mine.checkpoint_at) and (logged is None or logged.checkpoint_at != mine.checkpoint_at)
+        problem = self.progress_problems.get(key, "")
+        if not (changed or problem):
+            return []
+        last = self.progress_recorded.get(key)
+        if not (problem or force or last is None or job.status is JobStatus.STOPPING
+                or now - last >= self.config.checkpoint_record_interval):
+            return []
+        self.progress_recording.add(key)
+        self.progress_recorded[key] = now
+        self.progress_problems.pop(key, None)
+        return [Propose(c.RecordProgress(at=now, job_id=job.id, attempt=job.attempt, checkpoint_at=mine.checkpoint_at,
+                                         checkpoint_step=mine.checkpoint_step, step=mine.step, problem=problem))]
+
+    def _record_progress_due(self, state: ClusterState, now: float, force: bool) -> list[Instruction]:
+        """The RecordProgress commands the rate limit held back and now allows (all of them when
+        `force`); the memory of jobs no longer holding that attempt's gang is dropped."""
+        out: list[Instruction] = []
+        for job_id, mine in list(self.progress.items()):
+            job = state.jobs.get(job_id)
+            if job is None or job.attempt != mine.attempt or not job.status.has_gang:
+                del self.progress[job_id]
+                continue
+            out += self._record_progress(state, job, now, force)
+        live = {(j, p.attempt) for j, p in self.progress.items()}
+        for memo in (self.progress_recorded, self.progress_problems):
+            for key in [k for k in memo if k not in live and k not in self.progress_recording]:
+                del memo[key]
+        self.progress_said &= live | self.progress_recording
+        return out
+
     def _digest(self, state: ClusterState, s: LivenessDigest) -> list[Instruction]:
         self.heartbeats.digest(s.shard, s.mono, s.ages)
         return []
@@ -569,6 +677,8 @@ class LeaderState:
             self.resizing.discard(cmd.job_id)
         elif isinstance(cmd, c.CheckpointNotice):
             self.noticing.discard((cmd.job_id, cmd.attempt))
+        elif isinstance(cmd, c.RecordProgress):
+            self.progress_recording.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.FailAttempt) and cmd.cause == dependencies.NEVER_SATISFIED:
             self.failing.discard((cmd.job_id, cmd.attempt))
         elif isinstance(cmd, c.ForgetJobs) and s.ok:
@@ -598,3 +708,5 @@ class LeaderState:
         assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"
         assert all(state.jobs.get(j) is not None for j, _ in self.noticing), "a CheckpointNotice in flight for no job"
         assert self.mass_silence_since is not None or not self.held_silent, "nodes held with no mass silence"
+        assert self.progress_recording <= set(self.progress_recorded), "a RecordProgress in flight, not recorded"
+        assert set(self.progress_problems) <= self.progress_said, "garbage to say that was not said once"

@@ -298,6 +298,19 @@ class Run:
     exit_code: int  #: the first non-zero exit code of its tasks, else 0
     gpu_seconds: float  #: GPUs held times how long each task held them (placement to its end)
     cpu_seconds: float  #: cores (cpu/1000) held times how long, likewise
+    #: when its last checkpoint was saved, as its tasks reported it (RecordProgress); 0: none reported
+    checkpoint_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """An attempt's progress as its tasks last reported it (SYNAPSE_PROGRESS_FILE, RecordProgress)."""
+
+    attempt: int
+    checkpoint_at: float = 0.0  #: when its last checkpoint was saved (seconds since the epoch); 0: none
+    checkpoint_step: int = -1  #: the step that checkpoint saved; -1: not said
+    step: int = -1  #: the latest step reported with it; -1: not said
+    at: float = 0.0  #: when it was recorded
 
 
 @dataclass(slots=True)
@@ -352,6 +365,9 @@ class Job:
     #: history exporter's cursor counts these; 0 while unfinished; apply only
     archive_seq: int = 0
     archived_at: float = 0.0  #: when the history store was known to hold it (0: not yet); apply only
+    #: its latest attempt's progress as recorded (RecordProgress, command-set version 4); None: none
+    #: reported; apply only
+    progress: Progress | None = None
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

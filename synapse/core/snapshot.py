@@ -29,6 +29,7 @@ from synapse.core.model import (
     Node,
     NodeStatus,
     PackMode,
+    Progress,
     Queue,
     Resources,
     Role,
@@ -50,7 +51,10 @@ SNAPSHOT_VERSION = 2
 SNAPSHOT_VERSION_3 = 3
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
-READABLE_VERSIONS = (1, 2, 3)
+#: The version written once the state holds a recorded progress (a job's, or a run's checkpoint:
+#: RecordProgress, command-set version 4): a version-3 release refuses it rather than drop them.
+SNAPSHOT_VERSION_4 = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
@@ -62,10 +66,11 @@ def encode(state: Any) -> dict[str, Any]:
     jobs = [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)]
     arrays = [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)]
     nodes = [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)]
+    progress = any("progress" in j or any(len(r) > _RUN_V3_LEN for r in j["runs"]) for j in jobs)
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
     return {
-        "version": SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
+        "version": SNAPSHOT_VERSION_4 if progress else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
         "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
         "replicas": {k: list(v) for k, v in sorted(state.replicas.items())},
@@ -244,18 +249,27 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             "archived_at": j.archived_at, **({"requeues": j.requeues} if j.requeues else {}),
             **({"stop_notice": j.stop_notice} if j.stop_notice else {}),
             **({"notice_at": j.notice_at} if j.notice_at else {}),
-            **({"excluded_nodes": list(j.excluded_nodes)} if j.excluded_nodes else {})}
+            **({"excluded_nodes": list(j.excluded_nodes)} if j.excluded_nodes else {}),
+            **({"progress": _progress_to_list(j.progress)} if j.progress is not None else {})}
+
+
+def _progress_to_list(p: Progress) -> list[Any]:
+    return [p.attempt, p.checkpoint_at, p.checkpoint_step, p.step, p.at]
+
+
+#: A run's record up to version 3; a checkpoint (version 4) is appended only when one was reported.
+_RUN_V3_LEN = 11
 
 
 def _run_to_list(r: Run) -> list[Any]:
     return [r.attempt, r.placed_at, r.started_at, r.ended_at, list(r.nodes), _res(r.resources), r.outcome,
-            r.reason, r.exit_code, r.gpu_seconds, r.cpu_seconds]
+            r.reason, r.exit_code, r.gpu_seconds, r.cpu_seconds, *([r.checkpoint_at] if r.checkpoint_at else [])]
 
 
 def _run_from_list(v: list[Any]) -> Run:
     return Run(attempt=v[0], placed_at=v[1], started_at=v[2], ended_at=v[3], nodes=tuple(v[4]),
                resources=Resources(*v[5]), outcome=v[6], reason=v[7], exit_code=v[8], gpu_seconds=v[9],
-               cpu_seconds=v[10])
+               cpu_seconds=v[10], checkpoint_at=v[11] if len(v) > _RUN_V3_LEN else 0.0)
 
 
 def _job_from_dict(d: dict[str, Any]) -> Job:
@@ -273,7 +287,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               resizes=d.get("resizes", 0), requeues=d.get("requeues", 0),
               runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
               archived_at=d.get("archived_at", 0.0), stop_notice=d.get("stop_notice", 0.0),
-              notice_at=d.get("notice_at", 0.0), excluded_nodes=tuple(d.get("excluded_nodes", ())))
+              notice_at=d.get("notice_at", 0.0), excluded_nodes=tuple(d.get("excluded_nodes", ())),
+              progress=Progress(*d["progress"]) if "progress" in d else None)
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when

@@ -9,7 +9,10 @@ key job_id + attempt), `history_usage_daily` (GPU- and CPU-seconds per UTC day, 
 number up to which the store holds every finished job), and, from schema version 2,
 `history_cluster_daily` (allocated, idle and down GPU- and CPU-seconds per UTC day, sampled by the
 leader) with `history_cluster_sampled` (when the last sample was added, so that two leaders never
-count the same seconds). `export` writes a batch and moves the cursor
+count the same seconds). Schema version 3 adds goodput (synapse.core.goodput): a job's GPU-seconds
+held, kept and lost by cause (`GOODPUT_COLUMNS`, on `history_jobs`, and summed per day, user and
+queue on `history_usage_daily`, on the day the job ended) and a run's last reported checkpoint
+(`checkpoint_at`); rows written before it read 0. `export` writes a batch and moves the cursor
 in one transaction, and only from the cursor it was computed against: rows are upserted on their
 natural keys and a run's usage is added only when its row is new, so a batch written twice changes
 nothing, and a batch that fails moves nothing.
@@ -33,6 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from synapse.core.goodput import Goodput
 from synapse.core.history import (
     UTILIZATION_MAX_GAP_S,
     ClusterSample,
@@ -54,6 +58,15 @@ MAX_PAGE = 5000
 _MIGRATION_LOCK = 0x5359_4E48
 
 metadata = sa.MetaData()
+
+#: Schema version 3: where a job's GPU-seconds went (synapse.core.goodput), on history_jobs and
+#: history_usage_daily; each is the Goodput field of the same name without `_gpu_seconds`.
+GOODPUT_COLUMNS = ("held_gpu_seconds", "kept_gpu_seconds", "lost_failures_gpu_seconds", "lost_restarts_gpu_seconds",
+                   "lost_other_gpu_seconds", "requeue_wait_gpu_seconds")
+
+
+def _goodput_columns() -> list[sa.Column]:
+    return [sa.Column(name, sa.Double, nullable=False, server_default="0") for name in GOODPUT_COLUMNS]
 
 jobs = sa.Table(
     "history_jobs", metadata,
@@ -86,6 +99,7 @@ jobs = sa.Table(
     sa.Column("array_job", sa.String(300), nullable=True),
     sa.Column("array_index", sa.Integer, nullable=True),
     sa.Column("dependency", sa.Text, nullable=True),
+    *_goodput_columns(),  # schema version 3
 )
 sa.Index("ix_history_jobs_end", jobs.c.end_at, jobs.c.job_id)
 # each filter's index ends with the page order (end, id), so a page is read in order, never sorted
@@ -112,6 +126,7 @@ runs = sa.Table(
     sa.Column("exit_code", sa.Integer, nullable=False),
     sa.Column("gpu_seconds", sa.Double, nullable=False),
     sa.Column("cpu_seconds", sa.Double, nullable=False),
+    sa.Column("checkpoint_at", sa.Double, nullable=False, server_default="0"),  # schema version 3; 0: none
 )
 sa.Index("ix_history_runs_end", runs.c.end_at)
 
@@ -123,6 +138,7 @@ usage_daily = sa.Table(
     sa.Column("gpu_seconds", sa.Double, nullable=False),
     sa.Column("cpu_seconds", sa.Double, nullable=False),
     sa.Column("jobs", sa.Integer, nullable=False),  # jobs that ended that day
+    *_goodput_columns(),  # schema version 3: of the jobs that ended that day
 )
 
 cursor_table = sa.Table(
@@ -163,8 +179,19 @@ def _v2(conn: Connection) -> None:
     conn.execute(cluster_sampled.insert().values(id=1, at=0.0))
 
 
+def _v3(conn: Connection) -> None:
+    """Goodput columns on tables made before them (a store created by this release has them)."""
+    for table, names in ((jobs, GOODPUT_COLUMNS), (usage_daily, GOODPUT_COLUMNS), (runs, ("checkpoint_at",))):
+        have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+        for name in names:
+            if name not in have:
+                column = table.c[name]
+                kind = column.type.compile(dialect=conn.dialect)
+                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind} NOT NULL DEFAULT 0"))
+
+
 #: Schema versions in order: (version, step). Append; never edit a released step.
-MIGRATIONS = ((1, _v1), (2, _v2))
+MIGRATIONS = ((1, _v1), (2, _v2), (3, _v3))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -320,7 +347,8 @@ class HistoryStore:
                 index_elements=[usage_daily.c.day, usage_daily.c.user_name, usage_daily.c.queue],
                 set_={"gpu_seconds": usage_daily.c.gpu_seconds + insert.excluded.gpu_seconds,
                       "cpu_seconds": usage_daily.c.cpu_seconds + insert.excluded.cpu_seconds,
-                      "jobs": usage_daily.c.jobs + insert.excluded.jobs}), usage)
+                      "jobs": usage_daily.c.jobs + insert.excluded.jobs,
+                      **{name: usage_daily.c[name] + insert.excluded[name] for name in GOODPUT_COLUMNS}}), usage)
         return len(records) - len(known_jobs)
 
     def _insert(self, table: sa.Table):
@@ -408,7 +436,8 @@ class HistoryStore:
         keys = [columns[0].label("key"), *columns[1:]]
         stmt = (sa.select(*keys, sa.func.sum(usage_daily.c.gpu_seconds).label("gpu_seconds"),
                           sa.func.sum(usage_daily.c.cpu_seconds).label("cpu_seconds"),
-                          sa.func.sum(usage_daily.c.jobs).label("jobs"))
+                          sa.func.sum(usage_daily.c.jobs).label("jobs"),
+                          *(sa.func.sum(usage_daily.c[name]).label(name) for name in GOODPUT_COLUMNS))
                 .group_by(*columns).order_by(*columns))
         return self._days(stmt, usage_daily.c.day, since, until)
 
@@ -462,26 +491,44 @@ def _job_row(r: JobRecord) -> dict[str, Any]:
             "attempts": r.attempts, "tasks": r.tasks, "nodes": ",".join(r.nodes), "cpu_millis": r.cpu,
             "memory_bytes": r.memory, "gpus": r.gpu, "gpu_seconds": r.gpu_seconds, "cpu_seconds": r.cpu_seconds,
             "time_limit": r.time_limit, "cancelled_by": r.cancelled_by, "preemptions": r.preemptions,
-            "archive_seq": r.archive_seq, "array_job": None, "array_index": None, "dependency": None}
+            "archive_seq": r.archive_seq, "array_job": None, "array_index": None, "dependency": None,
+            **_goodput_row(r.goodput)}
+
+
+def _goodput_row(g: Goodput) -> dict[str, float]:
+    return {"held_gpu_seconds": g.held, "kept_gpu_seconds": g.kept, "lost_failures_gpu_seconds": g.lost_failures,
+            "lost_restarts_gpu_seconds": g.lost_restarts, "lost_other_gpu_seconds": g.lost_other,
+            "requeue_wait_gpu_seconds": g.requeue_wait}
+
+
+def goodput_of_row(row: dict[str, Any]) -> Goodput:
+    """A row's goodput columns (None, as a sum over no rows gives, reads 0)."""
+    held, kept, failures, restarts, other, wait = (row.get(name) or 0.0 for name in GOODPUT_COLUMNS)
+    return Goodput(held, kept, failures, restarts, other, wait)
 
 
 def _run_row(r: RunRecord) -> dict[str, Any]:
     return {"job_id": r.job_id, "attempt": r.attempt, "user_name": r.user, "queue": r.queue, "start_at": r.start,
             "running_at": r.running, "end_at": r.end, "nodes": ",".join(r.nodes), "tasks": r.tasks,
             "cpu_millis": r.cpu, "memory_bytes": r.memory, "gpus": r.gpu, "outcome": r.outcome, "reason": r.reason,
-            "exit_code": r.exit_code, "gpu_seconds": r.gpu_seconds, "cpu_seconds": r.cpu_seconds}
+            "exit_code": r.exit_code, "gpu_seconds": r.gpu_seconds, "cpu_seconds": r.cpu_seconds,
+            "checkpoint_at": r.checkpoint_at}
 
 
 def _usage(new_runs: list[RunRecord], new_jobs: list[JobRecord]) -> list[dict[str, Any]]:
     """The daily usage rows to add: each new run's seconds spread over the UTC days it ran, and one
     job on the day each new job ended (one row per key, as one upsert may touch a row only once)."""
     sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    spent: dict[tuple[str, str, str], Goodput] = defaultdict(Goodput)
     for run in new_runs:
         for day, share in day_shares(run.start, run.end):
             entry = sums[(day, run.user, run.queue)]
             entry[0] += run.gpu_seconds * share
             entry[1] += run.cpu_seconds * share
     for job in new_jobs:
-        sums[(day_of(job.end), job.user, job.queue)][2] += 1
-    return [{"day": d, "user_name": u, "queue": q, "gpu_seconds": g, "cpu_seconds": c, "jobs": int(n)}
+        key = (day_of(job.end), job.user, job.queue)
+        sums[key][2] += 1
+        spent[key] += job.goodput
+    return [{"day": d, "user_name": u, "queue": q, "gpu_seconds": g, "cpu_seconds": c, "jobs": int(n),
+             **_goodput_row(spent.get((d, u, q), Goodput()))}
             for (d, u, q), (g, c, n) in sorted(sums.items())]

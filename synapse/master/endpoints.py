@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import hmac
 import logging
+import math
 import re
 import secrets
 import time
@@ -29,11 +30,12 @@ from synapse.common.auth import (
     REPLICA_CREDENTIAL_KEY,
 )
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, elastic, fairshare, preemption
+from synapse.core import codec, dependencies, elastic, fairshare, goodput, preemption
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec, notice_capped
+from synapse.core.leader_state import ProgressReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
@@ -328,6 +330,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         state = self.m.state
         if job.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
+        info.goodput.CopyFrom(codec.goodput_to_proto(goodput.of_job(job, time.time())))
+        heard = view.progress_of(job.id) if view is not None else None  # the leader's may be newer than the log's
+        logged = job.progress
+        codec.progress_to_info(info, heard if heard is not None and (logged is None or heard.at >= logged.at)
+                               else logged)
         array = state.arrays.get(job.array_id) if job.array_id else None
         if array is not None and array.rep == job.id:  # it stands for every never-placed element
             info.array_waiting = format_ranges(array.waiting_ranges())
@@ -980,14 +987,28 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._leader(context)
         now = self.m.now()
         version = self.m.raft.cluster_version()
+        progress = [progress_report(e, request.node_id, now) for e in request.events if e.progress]
+        loops = self.m.leader_loops
+        if progress and loops is not None and loops.ready.is_set():
+            loops.progress(progress)  # best effort: the next report says it again
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else
                 c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
                              exit_code=e.exit_code, reason=e.reason[:512],
                              cause=e.cause[:32] if codec.CAUSE_VERSIONS.get(e.cause, 1) <= version else "")
-                for e in request.events]
+                for e in request.events if not e.progress]
         results = await self._propose_all(cmds, context)
-        return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))
+        return api_pb2.ReportTaskEventsReply(accepted=len(progress) + sum(1 for r in results if r.ok))
+
+
+def progress_report(e, node_id: str, now: float) -> ProgressReport:
+    """A worker's progress event (an api_pb2.TaskEvent) as the leader's stimulus: a checkpoint time
+    in the future is read as now (a task's clock is not the cluster's)."""
+    at = e.checkpoint_at if math.isfinite(e.checkpoint_at) and e.checkpoint_at > 0 else 0.0
+    return ProgressReport(job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=node_id, at=now,
+                          step=max(-1, e.step),
+                          checkpoint_at=min(at, now), checkpoint_step=max(-1, e.checkpoint_step),
+                          problem=e.progress_problem[:200])
 
 
 def _host_port(value: str) -> bool:

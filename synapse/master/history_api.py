@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from synapse.core import codec
 from synapse.proto import api_pb2, types_pb2
 
 #: The final states a history query may filter on.
@@ -66,7 +67,8 @@ async def usage(history: Any, request: api_pb2.GetUsageRequest) -> api_pb2.GetUs
     days = await _ask(history, "cluster_usage", request.since, request.until)
     return api_pb2.GetUsageReply(
         rows=[api_pb2.UsageRow(key=r["key"], gpu_hours=(r["gpu_seconds"] or 0.0) / 3600,
-                               cpu_hours=(r["cpu_seconds"] or 0.0) / 3600, jobs=int(r["jobs"] or 0)) for r in rows],
+                               cpu_hours=(r["cpu_seconds"] or 0.0) / 3600, jobs=int(r["jobs"] or 0),
+                               goodput=_goodput(r)) for r in rows],
         cluster_days=[_cluster(d["day"], d) for d in days],
         cluster_total=_cluster("", {name: sum(d[name] or 0.0 for d in days) for name in _CLUSTER_FIELDS}))
 
@@ -79,6 +81,13 @@ _CLUSTER_FIELDS = {f"{state}_{kind}_seconds": f"{state}_{kind}_hours"
 def _cluster(day: str, row: dict[str, Any]) -> api_pb2.ClusterUsage:
     return api_pb2.ClusterUsage(day=day, **{hours: (row[seconds] or 0.0) / 3600
                                             for seconds, hours in _CLUSTER_FIELDS.items()})
+
+
+def _goodput(row: dict[str, Any]) -> api_pb2.Goodput:
+    """A store row's goodput columns (history schema version 3)."""
+    from synapse.history.store import goodput_of_row  # SQLAlchemy: loaded by masters with a store only
+
+    return codec.goodput_to_proto(goodput_of_row(row))
 
 
 def _resources(row: dict[str, Any]) -> types_pb2.Resources:
@@ -100,4 +109,6 @@ def _job(row: dict[str, Any]) -> api_pb2.HistoryJob:
         runs=[api_pb2.HistoryRun(attempt=r["attempt"], start=r["start_at"], running=r["running_at"], end=r["end_at"],
                                  nodes=_nodes(r["nodes"]), tasks=r["tasks"], resources=_resources(r),
                                  outcome=r["outcome"], reason=r["reason"], exit_code=r["exit_code"],
-                                 gpu_seconds=r["gpu_seconds"], cpu_seconds=r["cpu_seconds"]) for r in row["runs"]])
+                                 gpu_seconds=r["gpu_seconds"], cpu_seconds=r["cpu_seconds"],
+                                 checkpoint_at=r.get("checkpoint_at") or 0.0) for r in row["runs"]],
+        goodput=_goodput(row))

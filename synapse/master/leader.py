@@ -33,6 +33,7 @@ from synapse.core.leader_state import (
     LeaderView,
     LivenessDigest,
     MonitorDue,
+    ProgressReport,
     Propose,
     Proposed,
     Reschedule,
@@ -195,6 +196,13 @@ class LeaderLoops:
         if out:
             self._spawn(self.carry_out(out))
         return status
+
+    def progress(self, reports: list[ProgressReport]) -> None:
+        """Tasks' progress reports (synapse.worker.progress); what the brain proposes goes out
+        without holding the caller."""
+        out = self._handle(*reports)
+        if out:
+            self._spawn(self.carry_out(out))
 
     def digest(self, digest) -> None:
         """A link shard's digest (an api_pb2.LivenessDigest): its changes as heartbeats, its ages as

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from synapse.core import commands as c
+from synapse.core import goodput
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
 from synapse.core.scheduler import PENDING_REASONS
 from synapse.core.shards import hosts
@@ -142,6 +143,11 @@ class StateCollector(Collector):
             queues = {DEFAULT_QUEUE: 0, **{name: q.guaranteed.gpu for name, q in state.queues.items()}}
             usage = {name: state.queue_usage.get(name) for name in queues}
             pending = len(state.pending)
+            spent: dict[str, goodput.Goodput] = {name: goodput.Goodput() for name in queues}
+            for job in state.jobs.values():
+                if job.runs or job.status.has_gang:
+                    queue = state.queue_of(job)
+                    spent[queue] = spent.get(queue, goodput.Goodput()) + goodput.of_job(job, now)
         for (st, queue), n in sorted(counts.items()):
             jobs.add_metric([st, queue], n)
         for st, n in by_state.items():
@@ -154,6 +160,7 @@ class StateCollector(Collector):
             queue_used.add_metric([name], usage[name].gpu if usage[name] else 0)
             queue_guaranteed.add_metric([name], guaranteed)
         yield from (jobs, gpus, rack_gpus, nodes, queue_used, queue_guaranteed)
+        yield from _goodput(spent)
         yield _gauge("synapse_jobs_pending", "jobs waiting to be placed", pending)
         yield _gauge("synapse_nodes_suspect", "nodes cordoned as suspects: gangs of different jobs ended there by a "
                      "node-side cause within the window (an admin's uncordon clears it)", suspect)
@@ -167,6 +174,26 @@ class StateCollector(Collector):
             reasons.add_metric([code], sum(1 for w in waiting.values() if w.code == code))
         yield reasons
         yield _gauge("synapse_oldest_pending_seconds", "how long the oldest pending job has waited", oldest)
+
+
+#: The parts of a queue's GPU time synapse_goodput_gpu_hours gives (synapse.core.goodput).
+GOODPUT_PARTS = ("held", "kept", "lost_failures", "lost_restarts", "lost_other", "requeue_wait")
+
+
+def _goodput(spent: dict[str, goodput.Goodput]):
+    """Each queue's GPU-hours by where they went, and its goodput, over the jobs the state holds
+    (running, and finished within the retention)."""
+    hours = GaugeMetricFamily("synapse_goodput_gpu_hours", "GPU-hours of the jobs the state holds, per queue, by "
+                              "part: held, kept, lost to failures, restarts and other stops (of held), and the "
+                              "requeue wait (not held)", labels=["queue", "part"])
+    ratio = GaugeMetricFamily("synapse_goodput", "kept over held GPU-hours of the jobs the state holds, per queue "
+                              "(absent while a queue held nothing)", labels=["queue"])
+    for name, g in sorted(spent.items()):
+        for part in GOODPUT_PARTS:
+            hours.add_metric([name, part], getattr(g, part) / 3600)
+        if g.held > 0:
+            ratio.add_metric([name], g.goodput)
+    yield from (hours, ratio)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -316,6 +316,11 @@ class JobInfo(_message.Message):
     RESTARTS_USED_FIELD_NUMBER: _builtins.int
     REQUEUES_FIELD_NUMBER: _builtins.int
     EXCLUDED_NODES_FIELD_NUMBER: _builtins.int
+    GOODPUT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    PROGRESS_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -351,6 +356,14 @@ class JobInfo(_message.Message):
     """
     requeues: _builtins.int
     """attempts ended through no fault of its own (node lost, drain, preemption, resize)"""
+    checkpoint_at: _builtins.float
+    """its current (or last) attempt's last checkpoint; 0 = none reported"""
+    checkpoint_step: _builtins.int
+    """the step that checkpoint saved (-1 = not said)"""
+    step: _builtins.int
+    """the latest step reported (-1 = not said)"""
+    progress_at: _builtins.float
+    """when that progress was heard; 0 = never"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
@@ -372,6 +385,12 @@ class JobInfo(_message.Message):
     @_builtins.property
     def excluded_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """nodes that ended its earlier attempts (lost, or a failing health check's"""
+
+    @_builtins.property
+    def goodput(self) -> Global___Goodput:
+        """drain): its later attempts are never placed there
+        Goodput (synapse.core.goodput), as of when it was read, and the progress its tasks reported.
+        """
 
     def __init__(
         self,
@@ -403,14 +422,61 @@ class JobInfo(_message.Message):
         restarts_used: _builtins.int = ...,
         requeues: _builtins.int = ...,
         excluded_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        goodput: Global___Goodput | None = ...,
+        checkpoint_at: _builtins.float = ...,
+        checkpoint_step: _builtins.int = ...,
+        step: _builtins.int = ...,
+        progress_at: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "goodput", b"goodput", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "progress_at", b"progress_at", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobInfo: _TypeAlias = JobInfo  # noqa: Y015
+
+@_typing.final
+class Goodput(_message.Message):
+    """Where the GPU time of a job (or a queue) went, in GPU-seconds (synapse.core.goodput)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELD_GPU_S_FIELD_NUMBER: _builtins.int
+    KEPT_GPU_S_FIELD_NUMBER: _builtins.int
+    LOST_FAILURES_GPU_S_FIELD_NUMBER: _builtins.int
+    LOST_RESTARTS_GPU_S_FIELD_NUMBER: _builtins.int
+    LOST_OTHER_GPU_S_FIELD_NUMBER: _builtins.int
+    REQUEUE_WAIT_GPU_S_FIELD_NUMBER: _builtins.int
+    held_gpu_s: _builtins.float
+    """every attempt's GPUs from its placement to its end (or now)"""
+    kept_gpu_s: _builtins.float
+    """of held, what became progress that was kept"""
+    lost_failures_gpu_s: _builtins.float
+    """of held, since the last checkpoint of attempts a node-side cause ended"""
+    lost_restarts_gpu_s: _builtins.float
+    """of held, from placement to running of attempts after a requeue"""
+    lost_other_gpu_s: _builtins.float
+    """of held, since the last checkpoint of attempts other requeues ended"""
+    requeue_wait_gpu_s: _builtins.float
+    """not held: the gang's GPUs times its waits in the queue after requeues"""
+    def __init__(
+        self,
+        *,
+        held_gpu_s: _builtins.float = ...,
+        kept_gpu_s: _builtins.float = ...,
+        lost_failures_gpu_s: _builtins.float = ...,
+        lost_restarts_gpu_s: _builtins.float = ...,
+        lost_other_gpu_s: _builtins.float = ...,
+        requeue_wait_gpu_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_gpu_s", b"held_gpu_s", "kept_gpu_s", b"kept_gpu_s", "lost_failures_gpu_s", b"lost_failures_gpu_s", "lost_other_gpu_s", b"lost_other_gpu_s", "lost_restarts_gpu_s", b"lost_restarts_gpu_s", "requeue_wait_gpu_s", b"requeue_wait_gpu_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Goodput: _TypeAlias = Goodput  # noqa: Y015
 
 @_typing.final
 class AttemptPlacement(_message.Message):
@@ -1261,6 +1327,11 @@ class TaskEvent(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     CAUSE_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    PROGRESS_PROBLEM_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1270,6 +1341,16 @@ class TaskEvent(_message.Message):
     reason: _builtins.str
     cause: _builtins.str
     """Completed, Error, Signal or OOMKilled (from the task's cgroup)"""
+    progress: _builtins.bool
+    """progress = true: not a start or an exit, the task's progress file (SYNAPSE_PROGRESS_FILE) changed;
+    the fields below carry its last complete value (-1 / 0: not said).
+    """
+    step: _builtins.int
+    checkpoint_at: _builtins.float
+    """seconds since the epoch"""
+    checkpoint_step: _builtins.int
+    progress_problem: _builtins.str
+    """the file held garbage (said once per task); ignored"""
     def __init__(
         self,
         *,
@@ -1280,10 +1361,15 @@ class TaskEvent(_message.Message):
         exit_code: _builtins.int = ...,
         reason: _builtins.str = ...,
         cause: _builtins.str = ...,
+        progress: _builtins.bool = ...,
+        step: _builtins.int = ...,
+        checkpoint_at: _builtins.float = ...,
+        checkpoint_step: _builtins.int = ...,
+        progress_problem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "reason", b"reason", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "progress", b"progress", "progress_problem", b"progress_problem", "reason", b"reason", "started", b"started", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2234,6 +2320,7 @@ class HistoryRun(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     GPU_SECONDS_FIELD_NUMBER: _builtins.int
     CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_AT_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     start: _builtins.float
     """placed: resources allocated"""
@@ -2247,6 +2334,8 @@ class HistoryRun(_message.Message):
     exit_code: _builtins.int
     gpu_seconds: _builtins.float
     cpu_seconds: _builtins.float
+    checkpoint_at: _builtins.float
+    """its last checkpoint as its tasks reported it (0: none)"""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2268,10 +2357,11 @@ class HistoryRun(_message.Message):
         exit_code: _builtins.int = ...,
         gpu_seconds: _builtins.float = ...,
         cpu_seconds: _builtins.float = ...,
+        checkpoint_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_seconds", b"cpu_seconds", "end", b"end", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "nodes", b"nodes", "outcome", b"outcome", "reason", b"reason", "resources", b"resources", "running", b"running", "start", b"start", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "checkpoint_at", b"checkpoint_at", "cpu_seconds", b"cpu_seconds", "end", b"end", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "nodes", b"nodes", "outcome", b"outcome", "reason", b"reason", "resources", b"resources", "running", b"running", "start", b"start", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2304,6 +2394,7 @@ class HistoryJob(_message.Message):
     CANCELLED_BY_FIELD_NUMBER: _builtins.int
     PREEMPTIONS_FIELD_NUMBER: _builtins.int
     RUNS_FIELD_NUMBER: _builtins.int
+    GOODPUT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     name: _builtins.str
     user: _builtins.str
@@ -2336,6 +2427,10 @@ class HistoryJob(_message.Message):
 
     @_builtins.property
     def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___HistoryRun]: ...
+    @_builtins.property
+    def goodput(self) -> Global___Goodput:
+        """where its GPU time went (history schema version 3; zeros before)"""
+
     def __init__(
         self,
         *,
@@ -2362,10 +2457,11 @@ class HistoryJob(_message.Message):
         cancelled_by: _builtins.str = ...,
         preemptions: _builtins.int = ...,
         runs: _abc.Iterable[Global___HistoryRun] | None = ...,
+        goodput: Global___Goodput | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["goodput", b"goodput", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancelled_by", b"cancelled_by", "cpu_seconds", b"cpu_seconds", "detail", b"detail", "eligible", b"eligible", "end", b"end", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "job_id", b"job_id", "name", b"name", "nodes", b"nodes", "preemptions", b"preemptions", "priority", b"priority", "queue", b"queue", "reason", b"reason", "resources", b"resources", "runs", b"runs", "start", b"start", "state", b"state", "submit", b"submit", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancelled_by", b"cancelled_by", "cpu_seconds", b"cpu_seconds", "detail", b"detail", "eligible", b"eligible", "end", b"end", "exit_code", b"exit_code", "goodput", b"goodput", "gpu_seconds", b"gpu_seconds", "job_id", b"job_id", "name", b"name", "nodes", b"nodes", "preemptions", b"preemptions", "priority", b"priority", "queue", b"queue", "reason", b"reason", "resources", b"resources", "runs", b"runs", "start", b"start", "state", b"state", "submit", b"submit", "tasks", b"tasks", "time_limit_s", b"time_limit_s", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2431,11 +2527,16 @@ class UsageRow(_message.Message):
     GPU_HOURS_FIELD_NUMBER: _builtins.int
     CPU_HOURS_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
+    GOODPUT_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     gpu_hours: _builtins.float
     cpu_hours: _builtins.float
     jobs: _builtins.int
     """jobs that ended in the period"""
+    @_builtins.property
+    def goodput(self) -> Global___Goodput:
+        """of the jobs that ended in the period (synapse.core.goodput)"""
+
     def __init__(
         self,
         *,
@@ -2443,10 +2544,11 @@ class UsageRow(_message.Message):
         gpu_hours: _builtins.float = ...,
         cpu_hours: _builtins.float = ...,
         jobs: _builtins.int = ...,
+        goodput: Global___Goodput | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["goodput", b"goodput"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_hours", b"cpu_hours", "gpu_hours", b"gpu_hours", "jobs", b"jobs", "key", b"key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_hours", b"cpu_hours", "goodput", b"goodput", "gpu_hours", b"gpu_hours", "jobs", b"jobs", "key", b"key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

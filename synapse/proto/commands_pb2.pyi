@@ -67,6 +67,7 @@ class Command(_message.Message):
     SET_CLUSTER_VERSION_FIELD_NUMBER: _builtins.int
     SUBMIT_CHECKPOINT_JOB_FIELD_NUMBER: _builtins.int
     CHECKPOINT_NOTICE_FIELD_NUMBER: _builtins.int
+    RECORD_PROGRESS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -163,6 +164,10 @@ class Command(_message.Message):
 
     @_builtins.property
     def checkpoint_notice(self) -> Global___CheckpointNotice: ...
+    @_builtins.property
+    def record_progress(self) -> Global___RecordProgress:
+        """Command-set version 4, goodput (numbers 180-199)."""
+
     def __init__(
         self,
         *,
@@ -207,12 +212,13 @@ class Command(_message.Message):
         set_cluster_version: Global___SetClusterVersion | None = ...,
         submit_checkpoint_job: Global___SubmitJob | None = ...,
         checkpoint_notice: Global___CheckpointNotice | None = ...,
+        record_progress: Global___RecordProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1003,6 +1009,49 @@ class CheckpointNotice(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckpointNotice: _TypeAlias = CheckpointNotice  # noqa: Y015
+
+@_typing.final
+class RecordProgress(_message.Message):
+    """A running (or stopping) attempt's progress as its tasks reported it (SYNAPSE_PROGRESS_FILE): its
+    last checkpoint, for goodput accounting. The leader proposes one only when the checkpoint changed
+    (at most one per job every few seconds), or once when a task's progress file held garbage.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    checkpoint_at: _builtins.float
+    """when the attempt's last checkpoint was saved (seconds since the epoch); 0 = none"""
+    checkpoint_step: _builtins.int
+    """the step it saved, when the task said (-1 = not said)"""
+    step: _builtins.int
+    """the latest step reported (-1 = not said)"""
+    problem: _builtins.str
+    """a progress file's garbage, said once per task: an event; "" = none"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        checkpoint_at: _builtins.float = ...,
+        checkpoint_step: _builtins.int = ...,
+        step: _builtins.int = ...,
+        problem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "job_id", b"job_id", "problem", b"problem", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordProgress: _TypeAlias = RecordProgress  # noqa: Y015
 
 @_typing.final
 class PendingReasons(_message.Message):

@@ -43,6 +43,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from synapse.core import goodput
 from synapse.sim.replay import BIG_GANG_GPUS, JobRecord, RunResult
 
 SIZE_CLASSES = (("1", 1, 1), ("2-8", 2, 8), ("16-32", 9, 32), ("64-128", 33, 128), ("256+", 129, 1 << 30))
@@ -168,20 +169,19 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
 
 
 def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
-    """`goodput`, `failure_lost_gpu_hours` and `restart_gpu_hours` of the jobs that ended."""
-    held = kept = lost = restart = 0.0
+    """`goodput`, `failure_lost_gpu_hours` and `restart_gpu_hours` of the jobs that ended, by the
+    leader's definition (synapse.core.goodput): a preempted run keeps nothing, a failed one what its
+    last checkpoint saved, the run that ended the job all but its restart."""
+    attempts = []
     for r in ended:
-        held += sum(stop - start for start, stop in r.preempted) * r.gpus
-        for start, stop, saved in r.failures:
-            held += (stop - start) * r.gpus
-            kept += saved * r.gpus
-            lost += (stop - start - saved) * r.gpus
+        attempts += [goodput.Attempt(r.gpus, stop - start, goodput.OTHER) for start, stop in r.preempted]
+        attempts += [goodput.Attempt(r.gpus, stop - start, goodput.FAILURE, kept_s=saved)
+                     for start, stop, saved in r.failures]
         if not math.isnan(r.start):
-            held += (r.end - r.start) * r.gpus
-            kept += max(0.0, r.end - r.start - r.restart_s) * r.gpus
-            restart += min(r.restart_s, r.end - r.start) * r.gpus
-    return {"goodput": kept / held if held else math.nan, "failure_lost_gpu_hours": lost / 3600,
-            "restart_gpu_hours": restart / 3600}
+            attempts.append(goodput.Attempt(r.gpus, r.end - r.start, goodput.FINISHED, restart_s=r.restart_s))
+    total = goodput.account(attempts)
+    return {"goodput": total.goodput, "failure_lost_gpu_hours": total.lost_failures / 3600,
+            "restart_gpu_hours": total.lost_restarts / 3600}
 
 
 def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:

@@ -44,6 +44,7 @@ from synapse.worker import state as ws
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
+from synapse.worker.progress import ProgressWatcher, progress_file
 from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class WorkerAgent:
         self.healthy = True
         self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
         self.state = ws.WorkerState(stop_grace=stop_grace)
+        self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
         self.events: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.client = MasterClient(masters, token, deadline=10.0, tls=tls)
@@ -228,6 +230,10 @@ class WorkerAgent:
                 next_poll = time.monotonic() + POLL_S
                 changed |= self._poll_processes()
                 self._carry_out(self.state.handle(ws.Tick(), time.monotonic()))
+                if self.progress.due(time.monotonic()) and self.progress.poll(
+                        [(t.assignment.key, progress_file(self.runtime.task_files(t.assignment)[0]))
+                         for t in self.state.running()], time.monotonic(), time.time()):
+                    self.reports_ready.set()
             if changed:
                 self._save_state()
                 if self.state.unreported:
@@ -398,15 +404,17 @@ class WorkerAgent:
             self.reports_ready.wait(1.0)
             self.reports_ready.clear()
             batch = tuple(self.state.unreported)
-            if not batch:
+            progress = self.progress.take()
+            if not batch and not progress:
                 continue
             request = api_pb2.ReportTaskEventsRequest(node_id=self.node_id, events=[
                 api_pb2.TaskEvent(job_id=r.key[0], attempt=r.key[1], index=r.key[2], started=r.started,
-                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause) for r in batch])
+                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause) for r in batch] + progress)
             try:
                 self.report_client.call("ReportTaskEvents", request, deadline=10.0)
                 self.events.put(ws.ReportsAcknowledged(batch))
             except (ClientError, ClusterUnavailable) as exc:
+                self.progress.put_back(progress)
                 log.warning("report failed node=%s reports=%d error=%s; retrying", self.node_id, len(batch), exc)
                 self.stopping.wait(0.5)
                 self.reports_ready.set()

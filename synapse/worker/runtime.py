@@ -33,6 +33,7 @@ from pathlib import Path
 
 from synapse.core.model import Assignment, EndReason
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
+from synapse.worker.progress import progress_file
 
 #: How long a probe through the runtime template may take (it runs only after a task failed).
 PROBE_TIMEOUT_S = 10.0
@@ -227,7 +228,7 @@ class ProcessRuntime:
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
         shim_error_file(exit_file).unlink(missing_ok=True)
-        env = {**os.environ, **task_env(a)}
+        env = {**os.environ, **task_env(a), "SYNAPSE_PROGRESS_FILE": str(progress_file(exit_file))}
         name = ""
         if self.cgroups is not None:
             name = task_id(a)
