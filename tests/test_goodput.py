@@ -239,7 +239,8 @@ def test_the_watcher_forwards_a_checkpoint_at_once_a_step_sparingly_and_garbage_
 #: Rank 0 writes a step, then a checkpoint (now), then garbage twice; both tasks run on.
 TRAIN = ("sh", "-c", 'if [ "$RANK" = 0 ]; then echo "step=5" >> "$SYNAPSE_PROGRESS_FILE"; sleep 0.3; '
                      'echo "step=10 checkpoint=$(date +%s)" >> "$SYNAPSE_PROGRESS_FILE"; sleep 2; '
-                     'echo "oops" >> "$SYNAPSE_PROGRESS_FILE"; sleep 1.5; echo "oops again" >> "$SYNAPSE_PROGRESS_FILE"; '
+                     'echo "oops" >> "$SYNAPSE_PROGRESS_FILE"; sleep 1.5; '
+                     'echo "oops again" >> "$SYNAPSE_PROGRESS_FILE"; '
                      'fi; sleep 300')
 
 
@@ -290,7 +291,9 @@ def test_a_killed_worker_costs_the_work_since_the_checkpoint_a_failover_kept(mak
     assert "LOST:FAILURES" in synctl(cluster, "usage", "--by", "queue", "--goodput").output
     from tests.test_metrics import get
 
-    status, text = get(cluster.state["masters"][0]["http_address"], "/metrics", ca=cluster.state["ca"])
+    leader = cluster.wait_leader()  # (the first master may be the one killed above)
+    http = next(m["http_address"] for m in cluster.state["masters"] if m["id"] == leader)
+    status, text = get(http, "/metrics", ca=cluster.state["ca"])
     assert status == 200 and 'synapse_goodput{queue="default"}' in text
     assert 'synapse_goodput_gpu_hours{part="lost_failures",queue="default"}' in text
 
@@ -301,7 +304,8 @@ def _history_row(cluster, job_id: str) -> dict | None:
     engine = sa.create_engine(f"sqlite:///{cluster.data_dir / 'history.sqlite'}")
     try:
         with engine.connect() as conn:
-            row = conn.execute(sa.text("select * from history_jobs where job_id = :j"), {"j": job_id}).mappings().first()
+            rows = conn.execute(sa.text("select * from history_jobs where job_id = :j"), {"j": job_id})
+            row = rows.mappings().first()
             return dict(row) if row else None
     except sa.exc.OperationalError:
         return None

@@ -70,7 +70,8 @@ def encode(state: Any) -> dict[str, Any]:
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
     return {
-        "version": SNAPSHOT_VERSION_4 if progress else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
+        "version": SNAPSHOT_VERSION_4 if progress else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
+        "levels": list(state.levels),
         "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
         "replicas": {k: list(v) for k, v in sorted(state.replicas.items())},
