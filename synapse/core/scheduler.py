@@ -63,6 +63,7 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.placement import ClusterView, explain, pack_depth
+from synapse.core.spares import last_domain, may_use_spares, restarting
 from synapse.core.topology import Domain
 
 
@@ -231,8 +232,10 @@ def schedule_round(state: ClusterState, now: float,
     # reservation must not fall on them for another job.
     holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
     gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
-    for job in [*holders, *(j for j in (queue_order if queue_order is not None else state.pending_jobs(start))
-                            if j.id not in state.holds)]:
+    order = queue_order if queue_order is not None else state.pending_jobs(start)
+    if start == 0:
+        order = _restarts_first(order, within_priority=queue_order is None)
+    for job in [*holders, *(j for j in order if j.id not in state.holds)]:
         held_back = gate.held(job) if job.id not in state.holds else None
         if held_back is not None:
             result.waiting[job.id] = WaitReason((), held_back.message, held_back.code)
@@ -244,12 +247,18 @@ def schedule_round(state: ClusterState, now: float,
             result.examined.append(job.id)
             continue
         hold = state.holds.get(job.id)
-        spec = job.spec if hold else _local_spec(view, job, now, tuning, rack_fit)
+        restart = restarting(job)  # a lost node ended its last attempt: no locality wait, its own shape
+        spec = job.spec if hold or restart else _local_spec(view, job, now, tuning, rack_fit)
         may_use = tuple(_ends_before(job.spec, r, now) for r in reservations)
-        shape = (job.id,) if hold else _shape(spec, may_use)
+        shape = (job.id,) if hold or restart else _shape(spec, may_use)
         excluded = excluded_for(state.nodes, job)  # the nodes that ended its earlier attempts are not for it
         if excluded:
             shape = (*shape, excluded)
+        #: spares: kept for restarts; a job with a time limit may have them where nothing else fits
+        off_spares = state.spares if state.spares and not (hold or restart) else frozenset()
+        guest = bool(off_spares) and may_use_spares(job)
+        if off_spares:
+            shape = (*shape, guest)
         if spec is not job.spec and tuning.weigh_locality:
             shape = (*shape, job.spec.time_limit)  # whether it splits depends on its time limit
         if shape in failed:
@@ -258,12 +267,20 @@ def schedule_round(state: ClusterState, now: float,
             continue
         blocked = held - frozenset(hold.nodes) if hold else held
         blocked = blocked | excluded
+        if off_spares and not guest:
+            blocked = blocked | off_spares
         for r, may in zip(reservations, may_use, strict=True):
             if not may:
                 blocked = blocked | r.nodes
         plan = None
         if hold is not None:  # on the nodes its preemption freed first: the victims' others stay theirs
             view.set_blocked(frozenset(state.nodes) - (frozenset(hold.nodes) - excluded))
+            plan = place_largest(view, job.id, job.attempt, spec)
+        if restart and plan is None:  # its surviving nodes and replacements in its own domain first
+            view.set_blocked(blocked | _outside(state, last_domain(state, job)))
+            plan = place_largest(view, job.id, job.attempt, spec)
+        if guest and plan is None:  # off the spares if it fits there
+            view.set_blocked(blocked | off_spares)
             plan = place_largest(view, job.id, job.attempt, spec)
         view.set_blocked(blocked)
         plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
@@ -296,7 +313,7 @@ def schedule_round(state: ClusterState, now: float,
         if is_elastic(spec):
             spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
         message, code = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning,
-                                        depth)
+                                        depth, restart)
         if excluded:
             message += f"; excluded nodes (they ended earlier attempts): {', '.join(sorted(excluded))}"
         result.waiting[job.id] = failed[shape] = WaitReason((), message, code, spec=spec, blocked=view.blocked)
@@ -318,16 +335,19 @@ def _ends_before(spec: JobSpec, reservation: Reservation, now: float) -> bool:
 
 def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
                     reservations: list[Reservation], previous: Reservation | None, clock: _DrainClock,
-                    tuning: Tuning, depth: int | None = None) -> tuple[str, str]:
-    """Reserve nodes for a gang that does not fit, if it is among the first blocked ones; the
-    message and code of why it waits. The new reservation is appended to `reservations`;
-    `depth` the level it goes at (None: the lowest domain that holds the gang)."""
+                    tuning: Tuning, depth: int | None = None, restart: bool = False) -> tuple[str, str]:
+    """Reserve nodes for a gang that does not fit, if it is among the first blocked ones or a
+    restart after a lost node (which always reserves, ahead of the others: while it waits, backfill
+    must not take what it needs); the message and code of why it waits. The new reservation is
+    appended to `reservations`; `depth` the level it goes at (None: the lowest domain that holds the
+    gang)."""
     local = " (waiting for one " + spec.topology.pack + ")" if spec.topology != job.spec.topology else ""
-    if len(reservations) >= tuning.reservations:
+    if len(reservations) >= tuning.reservations and not restart:
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
-    # Its excluded nodes never free for it: a reservation holds none of them.
-    until = dict.fromkeys(excluded_for(state.nodes, job), math.inf) | _reserved_until(reservations)
+    # Its excluded nodes never free for it: a reservation holds none of them; nor spares, but for a restart.
+    never = excluded_for(state.nodes, job) | (frozenset() if restart else state.spares)
+    until = dict.fromkeys(never, math.inf) | _reserved_until(reservations)
     reservation = _reserve(state, view, job, spec, previous, until, clock, tuning, sticky=not reservations,
                            depth=depth)
     if reservation is None:
@@ -342,6 +362,25 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                 "BehindReservation")
     reservations.append(reservation)
     return "does not fit now" + local + "; " + reservation.describe(), "Resources"
+
+
+def _restarts_first(jobs: Iterable[Job], within_priority: bool) -> Iterable[Job]:
+    """The queue with each restart after a lost node at the head of its priority (with queues
+    defined, at the head of the queue): it is re-placed in the very next round, ahead of what
+    waited beside it, not only of what arrived since."""
+    jobs = list(jobs)
+    if not any(restarting(j) for j in jobs):
+        return jobs
+    if within_priority:
+        return sorted(jobs, key=lambda j: (-j.spec.priority, not restarting(j)))  # stable: queue order kept
+    return sorted(jobs, key=lambda j: not restarting(j))
+
+
+def _outside(state: ClusterState, domain: Domain) -> frozenset[str]:
+    """The nodes outside a topology domain (none for the whole cluster)."""
+    if not domain:
+        return frozenset()
+    return frozenset(n.id for n in state.nodes.values() if n.topology[:len(domain)] != domain)
 
 
 def _unusable_nodes_reason(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:

@@ -54,7 +54,7 @@ READABLE_VERSIONS = (1, 2, 3)
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
-_NODE_VERSION_3_KEYS = frozenset({"suspect", "failures"})
+_NODE_VERSION_3_KEYS = frozenset({"suspect", "failures", "spare"})  # spare: set by command-set version 4 only
 
 
 def encode(state: Any) -> dict[str, Any]:
@@ -123,6 +123,8 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         node = _node_from_dict(nd)
         state.nodes[node.id] = node
         state.live_tasks[node.id] = set()
+        if node.spare:
+            state.spares = state.spares | {node.id}
         state.index.update(node)
         state._note_capacity(node.capacity)  # derived as apply keeps it, by apply's own code
     decay = data.get("decay", {})
@@ -181,7 +183,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
             "registered_at": n.registered_at, "status_changed_at": n.status_changed_at,
             "labels": [list(kv) for kv in n.labels], "isolation": n.isolation, "cordon_reason": n.cordon_reason,
             "health_cordon": n.health_cordon, "health": n.health, **({"suspect": True} if n.suspect else {}),
-            **({"failures": [list(f) for f in n.failures]} if n.failures else {})}
+            **({"failures": [list(f) for f in n.failures]} if n.failures else {}),
+            **({"spare": True} if n.spare else {})}
 
 
 def _node_from_dict(d: dict[str, Any]) -> Node:
@@ -193,7 +196,8 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
                 isolation=d.get("isolation", ""), cordon_reason=d.get("cordon_reason", ""),
                 health_cordon=d.get("health_cordon", False), health=d.get("health", ""),
                 suspect=d.get("suspect", False),
-                failures=tuple((at, job_id, cause) for at, job_id, cause in d.get("failures", ())))
+                failures=tuple((at, job_id, cause) for at, job_id, cause in d.get("failures", ())),
+                spare=d.get("spare", False))
 
 
 def _spec_to_dict(s: JobSpec) -> dict[str, Any]:

@@ -27,7 +27,10 @@ Definitions (docs/evaluation/ repeats them):
   failed one's run up to its last checkpoint; 1 with no failures and no preemption; the spread
   penalty is not counted here). `failure_lost_gpu_hours`: GPU-hours held by attempts that failures
   ended and not kept (work since the last checkpoint, and the restart of an attempt that failed
-  again); `restart_gpu_hours`: the restart of the attempts that ran to their end;
+  again; with recovery `spares`, also the guests evicted from spares); `restart_gpu_hours`: the
+  restart of the attempts that ran to their end; `requeue_wait_gpu_hours`: the GPUs of each attempt
+  a failure ended times the wait until the next attempt started (held by no one: no part of goodput,
+  but what a gang that could not restart at once went without);
   `node_failures`: nodes failed in the submission window (the same count for every policy).
   `big_gang_mean_jct_s`: mean JCT of the big gangs that ended; `failed_big_gang_mean_jct_s`, of
   those among them that lost an attempt to a failure (`failed_big_gangs`).
@@ -168,20 +171,23 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
 
 
 def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
-    """`goodput`, `failure_lost_gpu_hours` and `restart_gpu_hours` of the jobs that ended."""
-    held = kept = lost = restart = 0.0
+    """`goodput`, `failure_lost_gpu_hours`, `restart_gpu_hours` and `requeue_wait_gpu_hours` of the
+    jobs that ended."""
+    held = kept = lost = restart = wait = 0.0
     for r in ended:
         held += sum(stop - start for start, stop in r.preempted) * r.gpus
-        for start, stop, saved in r.failures:
+        for i, (start, stop, saved) in enumerate(r.failures):
             held += (stop - start) * r.gpus
             kept += saved * r.gpus
             lost += (stop - start - saved) * r.gpus
+            following = r.failures[i + 1][0] if i + 1 < len(r.failures) else r.start
+            wait += max(0.0, following - stop) * r.gpus
         if not math.isnan(r.start):
             held += (r.end - r.start) * r.gpus
             kept += max(0.0, r.end - r.start - r.restart_s) * r.gpus
             restart += min(r.restart_s, r.end - r.start) * r.gpus
     return {"goodput": kept / held if held else math.nan, "failure_lost_gpu_hours": lost / 3600,
-            "restart_gpu_hours": restart / 3600}
+            "restart_gpu_hours": restart / 3600, "requeue_wait_gpu_hours": wait / 3600}
 
 
 def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:
