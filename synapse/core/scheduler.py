@@ -352,7 +352,19 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                            depth=depth)
     if reservation is None:
         if _closest_depth(view, spec) is None:
-            return _unusable_nodes_reason(state, spec) or (
+            unusable = _unusable_nodes_reason(state, spec)
+            if unusable is not None and restart:
+                # A restart waiting for nodes that are DOWN keeps the usable nodes of its own domain
+                # (its survivors among them) until they are back: backfill onto them would make it
+                # wait for those jobs too once its nodes return.
+                kept_nodes = _kept_for_restart(state, job, until)
+                if kept_nodes:
+                    domain = last_domain(state, job)
+                    reservations.append(Reservation(job.id, job.attempt, domain, kept_nodes, math.inf,
+                                                    chosen_at=now))
+                    return (f"{unusable[0]}; keeps {len(kept_nodes)} node(s) of {topology_path(domain)} for "
+                            f"its restart", unusable[1])
+            return unusable or (
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
         if not reservations:  # no other reservation is in its way: its excluded nodes are (the caller names
             # them), or no domain's nodes hold it when idle after all (the bound is only an upper bound)
@@ -362,6 +374,16 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                 "BehindReservation")
     reservations.append(reservation)
     return "does not fit now" + local + "; " + reservation.describe(), "Resources"
+
+
+def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float]) -> frozenset[str]:
+    """The usable nodes of the domain of a restart's last run that no other reservation or hold
+    keeps, as many as its gang's tasks at most, its survivors first."""
+    domain = last_domain(state, job)
+    survivors = set(job.runs[-1].nodes) if job.runs else set()
+    nodes = sorted((n for n in state.nodes.values() if n.topology[:len(domain)] == domain and n.accepts_work
+                    and n.id not in until), key=lambda n: (n.id not in survivors, n.id))
+    return frozenset(n.id for n in nodes[:job.spec.tasks])
 
 
 def _restarts_first(jobs: Iterable[Job], within_priority: bool) -> Iterable[Job]:
