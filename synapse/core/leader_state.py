@@ -18,6 +18,10 @@ What it decides:
   (`PendingReasons`, for those whose reason changed). A pending job a dependency of which can never
   be met (synapse.core.dependencies) is failed for good, `FailAttempt(final, cause
   DependencyNeverSatisfied)` naming the upstream job, unless it asked to wait.
+* **Spares** (with `LeaderConfig.spares`, synapse.core.spares): each round first proposes the
+  spare set `designate` chooses when it differs from the state's (`SetSpares`, from command-set
+  version 4), and evicts the guests of spares for the first restart after a lost node that waits
+  (`Preempt`, rule `spare`: their notice and grace, then the nodes are the restart's).
 * **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
   the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
   a running attempt past its time limit fails for good (a job with a checkpoint notice gets its
@@ -310,10 +314,12 @@ class LeaderState:
         self.last_round = result
         self.previous = result.reservations or result.reservation
         self.memo, self._waiting = result.memo, result.waiting
-        failures = designation + self._unsatisfiable(state, s.at, result.examined) + self._evict(state, s.at, result)
+        failures = designation + self._unsatisfiable(state, s.at, result.examined)
+        evictions = self._evict(state, s.at, result)  # after the commits: their nodes are none of them
         if result.plans:
             return failures + [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt,
-                                                    placements=p.placements)) for p in result.plans]
+                                                    placements=p.placements)) for p in result.plans] + evictions
+        failures += evictions
         out = failures + self._preempt(state, s.at)
         out += self._grow(state, s.at, result)
         return out + self._pending_reasons(state, s.at, result.examined)
@@ -340,15 +346,16 @@ class LeaderState:
 
     def _evict(self, state: ClusterState, now: float, result: RoundResult) -> list[Instruction]:
         """Evict the guests of spares for the first restart after a lost node that waits (one a
-        round: the next sees the nodes held for it)."""
+        round: the next sees the nodes held for it), on nodes none of this round's plans use."""
         if not state.spares or self.evicting:
             return []
+        planned = {p.node_id for plan in result.plans for p in plan.placements}
         for job_id in result.waiting:
             job = state.jobs.get(job_id)
             if job is None or job.status is not JobStatus.PENDING or not spares.restarting(job):
                 continue
             cmd = spares.eviction(state, job, now)
-            if cmd is not None:
+            if cmd is not None and not planned.intersection(cmd.nodes):
                 self.evicting.add((job.id, job.attempt))
                 log.info("evicting from spares job=%s attempt=%d victims=%s nodes=%s", job.id, job.attempt,
                          ",".join(v.job_id for v in cmd.victims), ",".join(cmd.nodes))

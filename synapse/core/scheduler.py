@@ -37,6 +37,12 @@ admitted, see synapse.core.admission):
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
   job's `time_limit` ends before that reservation is expected to start (known only when every
   task on its nodes has a time limit itself; otherwise those nodes stay untouched).
+* A **restart** after a lost node (synapse.core.spares.restarting) goes to the head of its
+  priority (of the queue, with queues defined), is placed in the domain of its last run first (its
+  survivors and replacements there), waits for no rack, and always reserves, beyond
+  `Tuning.reservations`; waiting for nodes that are DOWN, it keeps the usable nodes of its domain.
+  **Spares** take restarts anywhere and other jobs only if they have a time limit and fit nowhere
+  else; reservations of other gangs never hold them (the leader evicts their guests for a restart).
 """
 
 from __future__ import annotations
