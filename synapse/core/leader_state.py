@@ -310,11 +310,13 @@ class LeaderState:
 
     def _round(self, state: ClusterState, s: RoundDue) -> list[Instruction]:
         designation = self._designate(state, s.at)
+        if designation:  # plan once it applies: a plan of this round could fall on a node it designates
+            return designation + [Reschedule("spares designated")]
         result = self.config.policy(state, s.at, self.previous, None if s.full else self.memo)
         self.last_round = result
         self.previous = result.reservations or result.reservation
         self.memo, self._waiting = result.memo, result.waiting
-        failures = designation + self._unsatisfiable(state, s.at, result.examined)
+        failures = self._unsatisfiable(state, s.at, result.examined)
         evictions = self._evict(state, s.at, result)  # after the commits: their nodes are none of them
         if result.plans:
             return failures + [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt,

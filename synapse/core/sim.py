@@ -100,6 +100,7 @@ class Simulator:
         self._ids = itertools.count(1)
         #: a task end in `_ends` may have been overtaken (a preemption or a lost node ended it first)
         self._overtaken = False
+        self._designated = False  #: the last round designated spares (its plans are left to the next)
 
     @property
     def lost_gpu_seconds(self) -> float:
@@ -123,10 +124,11 @@ class Simulator:
 
         `full=False` lets the memo of the previous round skip the jobs it saw, as the leader's
         event-driven rounds do; a full round (the leader's periodic one) looks at every pending job
-        again. With preemption on, rounds follow one another while they place or preempt."""
+        again. With preemption on, rounds follow one another while they place or preempt; a round
+        that designated spares (and placed nothing: see LeaderState) is followed by another."""
         preempted = self._round(full)
         result = self.leader.last_round
-        while self.preempt and self.state.queues and (result.plans or preempted):
+        while (self.preempt and self.state.queues and (result.plans or preempted)) or self._designated:
             preempted = self._round(False)
             result = self.leader.last_round
         return result
@@ -134,7 +136,7 @@ class Simulator:
     def _round(self, full: bool) -> bool:
         """One round; True when it committed a preemption."""
         self.rounds += 1
-        preempted = False
+        preempted = self._designated = False
         for instruction in self.leader.handle(self.state, RoundDue(at=self.now, full=full)):
             if not isinstance(instruction, Propose):
                 continue  # a Reschedule: the caller's loop decides when rounds follow
@@ -146,6 +148,7 @@ class Simulator:
                 preempted = True
             else:
                 self.apply(cmd)
+                self._designated = self._designated or isinstance(cmd, c.SetSpares)
             self.leader.handle(self.state, Proposed(instruction, True))
         return preempted
 
