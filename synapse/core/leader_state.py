@@ -383,7 +383,9 @@ class LeaderState:
         for job in sorted(growing, key=lambda j: j.queue_key()):
             if first_waiting is not None and first_waiting < job.queue_key():
                 continue
-            view.set_blocked(blocked | excluded_for(state.nodes, job))  # never grow onto a node that failed it
+            # never grow onto a node that failed it, nor onto spares unless it may be evicted from them
+            view.set_blocked(blocked | excluded_for(state.nodes, job)
+                             | (frozenset() if spares.may_use_spares(job) else state.spares))
             size = growth(view, job, now)
             if size:
                 self.resizing.add(job.id)
