@@ -115,10 +115,12 @@ def designate(state: ClusterState, policy: SparePolicy) -> tuple[frozenset[str],
             notes.append(f"{policy.per} {topology_path(key)} has {len(members)} node(s): too few for "
                          f"{policy.nodes} spare(s) and a node for work; none designated there")
             continue
-        usable = [n for n in members if n.accepts_work and not _taken(state, n)]
-        kept = [n for n in usable if n.spare][:policy.nodes]
-        fresh = sorted((n for n in usable if not n.spare), key=lambda n: (_cost(state, n), n.used.gpu))
-        chosen.update(n.id for n in kept + fresh[:policy.nodes - len(kept)])
+        kept = [n for n in members if n.spare and n.accepts_work and not _taken(state, n)][:policy.nodes]
+        chosen.update(n.id for n in kept)
+        if len(kept) < policy.nodes:  # only then are the others weighed (a round per change runs this)
+            fresh = sorted((n for n in members if not n.spare and n.accepts_work and not _taken(state, n)),
+                           key=lambda n: (_cost(state, n), n.used.gpu))
+            chosen.update(n.id for n in fresh[:policy.nodes - len(kept)])
     return frozenset(chosen), tuple(notes)
 
 
