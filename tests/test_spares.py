@@ -133,21 +133,21 @@ def test_synapse_local_refuses_more_spares_than_a_rack_has_workers(tmp_path):
 # ---- restarts without spares ----------------------------------------------------------------------------
 
 
-def test_a_restart_goes_ahead_of_an_older_waiting_gang_of_its_priority():
-    """X (submitted first) waits for 3 nodes; A, placed before it arrived, loses a node: A is
-    re-placed at once on its survivor and the free node, not behind X."""
+def test_a_restart_is_placed_in_the_next_round_on_its_survivor_ahead_of_what_arrived_since():
+    """A loses a node while X, submitted after it, waits for 3 nodes: A keeps its place ahead of
+    X and is re-placed at once on its survivor and the free node of its rack, never the lost one."""
     state = cluster(racks=1, nodes_per_rack=4)
     submit(state, "L", at=1.0)
     place(state, "L", "r0-n3")
     submit(state, "A", at=10.0, tasks=2)
     place(state, "A", "r0-n0", "r0-n1")
-    submit(state, "X", at=5.0, tasks=3)  # earlier in the queue than A
+    submit(state, "X", at=30.0, tasks=3)
     lose(state, "r0-n0")
     a = state.jobs["A"]
     assert (a.status, restarting(a)) == (JobStatus.PENDING, True)
     result = schedule_round(state, now=60.0)
     assert [p.job_id for p in result.plans] == ["A"]
-    assert nodes_of(result.plans, "A") == ["r0-n1", "r0-n2"]  # the survivor and the free node of its rack
+    assert nodes_of(result.plans, "A") == ["r0-n1", "r0-n2"]
     assert result.waiting["X"].code in ("Resources", "NodesUnavailable", "BehindReservation")
 
 
@@ -225,7 +225,7 @@ def test_a_failed_gang_restarts_on_its_racks_spare_evicting_the_guest_with_its_n
 def test_two_failures_in_a_rack_with_one_spare_one_restarts_at_once_the_other_waits_reserved():
     """Two 2-task gangs and a guest on the spare fill a 5-node rack; both gangs lose a node at once:
     the rack has room (with the spare) for one of them, which restarts at once; the other waits at
-    the head of the queue with a reservation, ahead of a job submitted before the failures."""
+    the head of the queue with a reservation, so the job submitted after them does not take its nodes."""
     sim = spare_sim(racks=1, nodes_per_rack=5)
     a = sim.submit(spec(tasks=2), 10_000.0)
     b = sim.submit(spec(tasks=2), 10_000.0)
@@ -233,7 +233,7 @@ def test_two_failures_in_a_rack_with_one_spare_one_restarts_at_once_the_other_wa
     guest = sim.submit(spec(tasks=1, time_limit=3600), 3000.0)
     sim.schedule()
     assert sim.state.jobs[guest].tasks[0].node_id == "r0-n0"  # the spare, the only node left
-    waiting = sim.submit(spec(tasks=1), 10_000.0)  # queued before the failures
+    waiting = sim.submit(spec(tasks=1), 10_000.0)  # queued behind them
     sim.now = 100.0
     sim.lose_node(sim.state.jobs[a].tasks[0].node_id)
     sim.lose_node(sim.state.jobs[b].tasks[0].node_id)

@@ -352,12 +352,11 @@ class LeaderState:
         if not state.spares or self.evicting:
             return []
         planned = {p.node_id for plan in result.plans for p in plan.placements}
-        for job_id in result.examined:  # the holders, then the restarts, first: stop at the first other job
+        for job_id in result.examined:  # in queue order
             job = state.jobs.get(job_id)
-            if job is None or job.id in state.holds or job.status is not JobStatus.PENDING:
+            if job is None or job.id in state.holds or job.status is not JobStatus.PENDING \
+                    or not spares.restarting(job):
                 continue
-            if not spares.restarting(job):
-                break
             cmd = spares.eviction(state, job, now)
             if cmd is not None and not planned.intersection(cmd.nodes):
                 self.evicting.add((job.id, job.attempt))

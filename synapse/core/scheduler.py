@@ -37,10 +37,11 @@ admitted, see synapse.core.admission):
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
   job's `time_limit` ends before that reservation is expected to start (known only when every
   task on its nodes has a time limit itself; otherwise those nodes stay untouched).
-* A **restart** after a lost node (synapse.core.spares.restarting) goes to the head of its
-  priority (of the queue, with queues defined), is placed in the domain of its last run first (its
-  survivors and replacements there), waits for no rack, and always reserves, beyond
-  `Tuning.reservations`; waiting for nodes that are DOWN, it keeps the usable nodes of its domain.
+* A **restart** after a lost node (synapse.core.spares.restarting) keeps its place in the queue
+  (its original submission: ahead of what arrived since, not of what waited before it, whose
+  reservations it respects), is placed in the domain of its last run first (its survivors and
+  replacements there), waits for no rack, and always reserves, beyond `Tuning.reservations`;
+  waiting for nodes that are DOWN, it keeps the usable nodes of its domain.
   **Spares** take restarts anywhere and other jobs only if they have a time limit and fit nowhere
   else; reservations of other gangs never hold them (the leader evicts their guests for a restart).
 """
@@ -238,10 +239,8 @@ def schedule_round(state: ClusterState, now: float,
     # reservation must not fall on them for another job.
     holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
     gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
-    order = queue_order if queue_order is not None else state.pending_jobs(start)
-    if start == 0:
-        order = _restarts_first(order, within_priority=queue_order is None)
-    for job in [*holders, *(j for j in order if j.id not in state.holds)]:
+    for job in [*holders, *(j for j in (queue_order if queue_order is not None else state.pending_jobs(start))
+                            if j.id not in state.holds)]:
         held_back = gate.held(job) if job.id not in state.holds else None
         if held_back is not None:
             result.waiting[job.id] = WaitReason((), held_back.message, held_back.code)
@@ -390,18 +389,6 @@ def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float])
     nodes = sorted((n for n in state.nodes.values() if n.topology[:len(domain)] == domain and n.accepts_work
                     and n.id not in until), key=lambda n: (n.id not in survivors, n.id))
     return frozenset(n.id for n in nodes[:job.spec.tasks])
-
-
-def _restarts_first(jobs: Iterable[Job], within_priority: bool) -> Iterable[Job]:
-    """The queue with each restart after a lost node at the head of its priority (with queues
-    defined, at the head of the queue): it is re-placed in the very next round, ahead of what
-    waited beside it, not only of what arrived since."""
-    jobs = list(jobs)
-    if not any(restarting(j) for j in jobs):
-        return jobs
-    if within_priority:
-        return sorted(jobs, key=lambda j: (-j.spec.priority, not restarting(j)))  # stable: queue order kept
-    return sorted(jobs, key=lambda j: not restarting(j))
 
 
 def _outside(state: ClusterState, domain: Domain) -> frozenset[str]:
