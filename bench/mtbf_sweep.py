@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -66,7 +67,7 @@ def main() -> None:
     for mtbf in mtbfs:
         for recovery in recoveries:
             runs = [one(shape, days, seed, mtbf, recovery, args.out) for seed in seeds]
-            means[(mtbf, recovery)] = {k: statistics.fmean(r[k] for r in runs) for k in KEYS}
+            means[(mtbf, recovery)] = {k: _mean([r[k] for r in runs]) for k in KEYS}
     print(f"gang-heavy, {shape.describe()}, {days:g} days, load 0.9, synapse, checkpoint 10m, restart 1m; "
           f"means over seeds {args.seeds if not args.quick else '1'}")
     print(f"{'MTBF h':>7} {'recovery':>8} {'goodput':>8} {'fail-lost':>9} {'requeue-wait':>12} "
@@ -77,6 +78,12 @@ def main() -> None:
               f"{m['failed_big_gang_mean_jct_s'] / 3600:>16.2f}")
     if args.plot:
         plot(args.plot, means, mtbfs, recoveries)
+
+
+def _mean(values: list[float]) -> float:
+    """The mean over the seeds that have a value (a seed without a failed big gang has none: nan)."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(known) if known else math.nan
 
 
 def plot(path: Path, means: dict, mtbfs: list[float], recoveries: list[str]) -> None:
@@ -97,6 +104,7 @@ def plot(path: Path, means: dict, mtbfs: list[float], recoveries: list[str]) -> 
         ax.set_title(title)
         if key == "requeue_wait_gpu_hours":
             ax.set_yscale("symlog", linthresh=10)
+            ax.set_ylim(bottom=0)
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
