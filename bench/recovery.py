@@ -95,7 +95,7 @@ def trial(data_dir: Path, state: dict, client: MasterClient, tasks: int, n: int,
     running_at = [e.at for e in again.events if e.kind == "Running"][-1]
     for stop in filter(None, (job_id, guest_id)):
         client.cancel(stop)
-        wait_for(lambda: client.get_job(stop).status == "CANCELLED", "the jobs to stop")
+        wait_for(lambda stop=stop: client.get_job(stop).status == "CANCELLED", "the jobs to stop")
     # The operator repairs the machine: its worker back, its cordon (a suspect's) lifted.
     local.restart(data_dir, state, next(w for w in state["workers"] if w["id"] == victim), heartbeat=0.5)
     wait_for(lambda: any(x.id == victim and x.status == "READY" for x in client.list_nodes()), "the worker back")

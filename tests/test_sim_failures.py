@@ -166,7 +166,8 @@ def test_spares_recovery_restarts_the_gang_at_once_on_its_racks_spare():
     guest = next(r for r in result.records if r.id == evict.victims[0].job_id)
     assert len(guest.failures) == 1  # evicted: it keeps its last checkpoint, and its loss counts as a failure's
     s = summarize(result)
-    assert s["requeue_wait_gpu_hours"] == pytest.approx(24 * 30 / 3600 + 8 * (guest.start - guest.failures[0][1]) / 3600)
+    guest_wait = guest.start - guest.failures[0][1]
+    assert s["requeue_wait_gpu_hours"] == pytest.approx(24 * 30 / 3600 + 8 * guest_wait / 3600)
 
 
 def test_back_recovery_refuses_a_trace_with_dependencies():

@@ -75,6 +75,15 @@ def test_the_first_registered_node_of_each_rack_becomes_its_spare_and_a_new_lead
     assert restored.spares == sim.state.spares and restored.digest() == sim.state.digest()
 
 
+def test_a_leader_whose_cluster_file_asks_for_no_spares_releases_them():
+    sim = spare_sim()
+    assert sim.state.spares
+    brain = LeaderState(LeaderConfig(job_retention=0))
+    [proposal] = [i for i in brain.handle(sim.state, RoundDue(at=1.0)) if isinstance(i, Propose)]
+    assert proposal.cmd.node_ids == () and "r0-n0 released (not needed)" in proposal.cmd.reason
+    assert sim.apply(proposal.cmd).ok and not sim.state.spares
+
+
 def test_designation_waits_for_every_member_to_apply_version_4():
     state = cluster(racks=1, nodes_per_rack=3)
     brain = LeaderState(LeaderConfig(spares=ONE_SPARE, job_retention=0))

@@ -332,10 +332,11 @@ class LeaderState:
         leader agrees with the last one and proposes nothing."""
         policy = self.config.spares
         version = max(self.cluster_version, state.cluster_version)
-        if policy is None or self.designating or state.other_changes == self.spares_checked \
+        if (policy is None and not state.spares) or self.designating or state.other_changes == self.spares_checked \
                 or version < codec.KIND_VERSIONS[c.SetSpares]:
             return []
-        chosen, notes = spares.designate(state, policy)
+        # A cluster file that no longer asks for spares releases them.
+        chosen, notes = spares.designate(state, policy) if policy is not None else (frozenset(), ())
         if chosen == state.spares:
             self.spares_checked = state.other_changes
             return []
