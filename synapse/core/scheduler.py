@@ -342,8 +342,8 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                     reservations: list[Reservation], previous: Reservation | None, clock: _DrainClock,
                     tuning: Tuning, depth: int | None = None, restart: bool = False) -> tuple[str, str]:
     """Reserve nodes for a gang that does not fit, if it is among the first blocked ones or a
-    restart after a lost node (which always reserves, ahead of the others: while it waits, backfill
-    must not take what it needs); the message and code of why it waits. The new reservation is
+    restart after a lost node (which always reserves, whatever `Tuning.reservations`: while it
+    waits, backfill must not take what it needs); the message and code of why it waits. The new reservation is
     appended to `reservations`; `depth` the level it goes at (None: the lowest domain that holds the
     gang)."""
     local = " (waiting for one " + spec.topology.pack + ")" if spec.topology != job.spec.topology else ""
