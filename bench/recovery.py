@@ -2,12 +2,16 @@
 
     python bench/recovery.py               # a table
     python bench/recovery.py --json        # {"detect_p50_s", "restart_p50_s", "total_p50_s", ...}
+    python bench/recovery.py --guest       # the spare runs a job with a time limit, evicted for the restart
+    python bench/recovery.py --no-spare    # the worker left over is an ordinary node (no `spares:`)
 
-An N-task x 8-GPU gang runs on N of the rack's N + 1 workers (the one left over stands where a spare
-would); kill -9 of one of its workers, and of that worker's tasks, as a machine dies. Detection: from
+An N-task x 8-GPU gang runs on N of the rack's N + 1 workers; the one left over is the rack's spare
+(`synapse-local up --spares-per-rack 1`), idle, or with `--guest` running a 1-task job with a time
+limit (and a 2 s checkpoint notice) that the restart evicts; kill -9 of one of the gang's workers,
+and of that worker's tasks, as a machine dies. Detection: from
 the kill to the leader's NodeLost (the job's Stopping event, stamped by the leader that proposed
 it); restart: from there to every task of the next attempt started (its Running event). The gang
-requeues at its place, uncharged, excluding the lost node (so on the free worker). Between trials
+requeues at its place, uncharged, excluding the lost node (so on the spare). Between trials
 the killed worker is restarted and uncordoned, as an operator repairs a machine. Heartbeats every
 0.5 s, DOWN after 3 s of silence (synapse-local's timings), so detection is that timeout and the
 digest and monitor ticks. Target (issue 35, with a spare in the rack): restart p50 <= 2 s after
@@ -33,7 +37,7 @@ from support.measure import percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
 from synapse.core import codec  # noqa: E402
-from synapse.core.model import JobSpec, Resources  # noqa: E402
+from synapse.core.model import CheckpointSpec, JobSpec, Resources  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
 
@@ -63,12 +67,22 @@ def kill_machine(data_dir: Path, state: dict, worker_id: str) -> float:
     return killed_at
 
 
-def trial(data_dir: Path, state: dict, client: MasterClient, tasks: int, n: int) -> tuple[float, float]:
+def trial(data_dir: Path, state: dict, client: MasterClient, tasks: int, n: int, spare: bool,
+          guest: bool) -> tuple[float, float]:
     """(detection, restart) seconds for one lost node under a running gang."""
     spec = JobSpec(name=f"recover{n}", tasks=tasks, resources=Resources(1000, 1 << 30, 8),
                    command=("sleep", "600"), max_restarts=0)
+    spare_id = wait_for(lambda: next((x.id for x in client.list_nodes() if x.spare), None),
+                        "a spare designated") if spare else ""
     job_id = client.submit(codec.job_spec_to_proto(spec))
     first = wait_for(lambda: (j := client.get_job(job_id)).status == "RUNNING" and j, "the gang to run")
+    guest_id = ""
+    if guest:
+        guest_spec = JobSpec(name=f"guest{n}", tasks=1, resources=Resources(1000, 1 << 30, 8),
+                             command=("sleep", "600"), time_limit=3600,
+                             checkpoint=CheckpointSpec("USR1", 2.0))
+        guest_id = client.submit(codec.job_spec_to_proto(guest_spec))
+        wait_for(lambda: client.get_job(guest_id).status == "RUNNING", "the guest to run")
     victim = first.tasks[0].node_id
     killed_at = kill_machine(data_dir, state, victim)
     # The next attempt after the one that ran when the machine died: on a loaded machine an earlier
@@ -76,10 +90,12 @@ def trial(data_dir: Path, state: dict, client: MasterClient, tasks: int, n: int)
     again = wait_for(lambda: (j := client.get_job(job_id)).status == "RUNNING" and j.attempt > first.attempt
                      and j, "the gang to run again", timeout=120)
     assert victim not in {t.node_id for t in again.tasks}, "restarted on the lost node"
+    assert not spare_id or spare_id in {t.node_id for t in again.tasks}, "not restarted on the spare"
     lost_at = [e.at for e in again.events if e.kind == "Stopping"][-1]
     running_at = [e.at for e in again.events if e.kind == "Running"][-1]
-    client.cancel(job_id)
-    wait_for(lambda: client.get_job(job_id).status == "CANCELLED", "the gang to stop")
+    for stop in filter(None, (job_id, guest_id)):
+        client.cancel(stop)
+        wait_for(lambda stop=stop: client.get_job(stop).status == "CANCELLED", "the jobs to stop")
     # The operator repairs the machine: its worker back, its cordon (a suspect's) lifted.
     local.restart(data_dir, state, next(w for w in state["workers"] if w["id"] == victim), heartbeat=0.5)
     wait_for(lambda: any(x.id == victim and x.status == "READY" for x in client.list_nodes()), "the worker back")
@@ -93,22 +109,30 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a 2-task gang, 2 trials (for CI)")
+    parser.add_argument("--no-spare", dest="spare", action="store_false",
+                        help="no spares: the worker left over is an ordinary node")
+    parser.add_argument("--guest", action="store_true",
+                        help="the spare runs a job with a time limit, which the restart evicts")
     args = parser.parse_args()
+    if args.guest and not args.spare:
+        parser.error("--guest needs the spare")
     if args.quick:
         args.tasks, args.trials = 2, 2
     with tempfile.TemporaryDirectory(prefix="synapse-bench-recovery-") as tmp:
         data_dir = Path(tmp) / "cluster"
-        state = local.up(data_dir, 3, args.tasks + 1, 1, 8, local.free_base_port(3), heartbeat=0.5)
+        state = local.up(data_dir, 3, args.tasks + 1, 1, 8, local.free_base_port(3), heartbeat=0.5,
+                         spares_per_rack=1 if args.spare else 0)
         client = MasterClient([m["api_address"] for m in state["masters"]], state["token"], deadline=30,
                               tls=local.client_tls(state))
         try:
-            results = [trial(data_dir, state, client, args.tasks, n) for n in range(args.trials)]
+            results = [trial(data_dir, state, client, args.tasks, n, args.spare, args.guest)
+                       for n in range(args.trials)]
         finally:
             client.close()
             local.down(data_dir)
     detect, restart = [r[0] for r in results], [r[1] for r in results]
     total = [a + b for a, b in results]
-    report = {"tasks": args.tasks, "trials": args.trials,
+    report = {"tasks": args.tasks, "trials": args.trials, "spare": args.spare, "guest": args.guest,
               "detect_p50_s": round(statistics.median(detect), 3), "detect_max_s": round(max(detect), 3),
               "restart_p50_s": round(statistics.median(restart), 3), "restart_max_s": round(max(restart), 3),
               "restart_p90_s": round(percentile(restart, 0.9), 3),
@@ -117,7 +141,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(report))
         return
-    print(f"{args.tasks}-task x 8-GPU gang, kill -9 of one of its workers, {args.trials} trial(s):")
+    where = "its rack's spare" + (" (evicting a guest)" if args.guest else "") if args.spare else "a free worker"
+    print(f"{args.tasks}-task x 8-GPU gang, kill -9 of one of its workers, restart on {where}, {args.trials} trial(s):")
     print(f"  detection (kill -> NodeLost):            p50 {report['detect_p50_s']} s, max {report['detect_max_s']} s")
     print(f"  restart (NodeLost -> all tasks running): p50 {report['restart_p50_s']} s, "
           f"max {report['restart_max_s']} s; all: {report['restart_s']}")

@@ -110,13 +110,17 @@ def _task(data, state, now, job_id, job, attempt, node_id, term, word):
 
 
 def _node(data, state, now, job_id, job, attempt, node_id, term, word):
-    kind = data.draw(st.sampled_from(["down", "lost", "up", "cordon", "health", "drain", "register", "join"]))
+    kind = data.draw(st.sampled_from(["down", "lost", "up", "cordon", "health", "drain", "register", "join",
+                                      "spares"]))
     if kind == "down":
         return [c.NodeDown(at=now, term=term, node_id=node_id)]
     if kind == "lost":
         return [c.NodeLost(at=now, term=term, node_id=node_id, reason="test")]
     if kind == "up":
         return [c.NodeUp(at=now, term=term, node_id=node_id)]
+    if kind == "spares":
+        return [c.SetSpares(at=now, term=term, node_ids=tuple(data.draw(st.lists(st.sampled_from(NODE_IDS + ["ghost"]),
+                                                                                 max_size=3))))]
     if kind == "cordon":
         return [c.SetSchedulable(at=now, node_id=node_id, schedulable=data.draw(st.booleans()))]
     if kind == "health":
@@ -137,7 +141,7 @@ def _node(data, state, now, job_id, job, attempt, node_id, term, word):
 
 def _job(data, state, now, job_id, job, attempt, node_id, term, word):
     kind = data.draw(st.sampled_from(["cancel", "fail", "notice", "throttle", "resize", "preempt", "forget",
-                                      "archive", "overflow", "reasons"]))
+                                      "archive", "overflow", "reasons", "progress"]))
     if kind == "cancel":
         return [c.CancelJob(at=now, job_id=job_id)]
     if kind == "fail":
@@ -146,6 +150,11 @@ def _job(data, state, now, job_id, job, attempt, node_id, term, word):
     if kind == "notice":
         return [c.CheckpointNotice(at=now, term=term, job_id=job_id, attempt=attempt,
                                    stop_at=now + data.draw(st.sampled_from([-1.0, 30.0])))]
+    if kind == "progress":
+        return [c.RecordProgress(at=now, term=term, job_id=job_id, attempt=attempt,
+                                 checkpoint_at=data.draw(st.sampled_from([0.0, now, now + 1e6, -1.0])),
+                                 checkpoint_step=data.draw(st.integers(-2, 5)), step=data.draw(st.integers(-2, 5)),
+                                 problem=data.draw(st.sampled_from(["", "garbage"])))]
     if kind == "throttle":
         return [c.SetArrayThrottle(at=now, job_id=job_id, throttle=data.draw(st.integers(-1, 3)))]
     if kind == "resize":

@@ -124,12 +124,50 @@ def test_front_recovery_gives_the_failed_big_gang_a_jct_no_worse_than_back(polic
         assert s["failed_big_gangs"] == 1 and s["failed_big_gang_mean_jct_s"] == jct[recovery]
     assert jct["front"] <= jct["back"]
     # Back: behind the small jobs, which take the seven nodes the gang left at once and hold them
-    # for 20000 s. Front, for the baselines: the gang at the head holds them and restarts when the
-    # node is back (4100). Synapse's reservation cannot count on a node that is down, so the small
-    # jobs start on the seven nodes anyway and front is no better than back there (yet).
+    # for 20000 s. Front: the gang at the head holds them and restarts when the node is back
+    # (4100); Synapse's restart, waiting for a node that is DOWN, keeps its survivors the same way.
     assert jct["back"] == pytest.approx(3500 + 20_000 + 60 + 10_000 - 3000)
-    if policy != "synapse":
-        assert jct["front"] == pytest.approx(4100 + 60 + 10_000 - 3000)
+    assert jct["front"] == pytest.approx(4100 + 60 + 10_000 - 3000)
+
+
+def _nodes_of(trace, shape, model, job_id):
+    run = Replay(trace, shape, POLICIES["synapse"], failures=model)
+    run.replay()
+    return set(run.state.jobs[job_id].placements[1])
+
+
+def test_spares_recovery_restarts_the_gang_at_once_on_its_racks_spare():
+    """A 3-node gang in a rack of 4 (one a spare), 1-node jobs with time limits filling the rest,
+    the spares too; one of the gang's nodes fails: with spares it restarts after the guest's grace,
+    on its survivors and its rack's spare; without, it waits for the others to end."""
+    shape = ClusterShape(nodes=8, gpus_per_node=8, racks=2)
+    jobs = [_job("gang", 0.0, 24, 10_000.0, 20_000.0)]
+    jobs += [_job(f"small{i}", 1000.0 + i, 8, 20_000.0, 30_000.0) for i in range(5)]
+    trace = Trace(jobs=jobs, shape=shape)
+    never = ((1e12, "n0000"),)
+    model = {r: FailureModel(mtbf_s=1.0, checkpoint_every_s=600, restart_cost_s=60, repair_s=600, recovery=r,
+                             script=never) for r in ("front", "spares")}
+    hit = sorted(_nodes_of(trace, shape, model["front"], "gang") & _nodes_of(trace, shape, model["spares"], "gang"))[0]
+    jct, runs = {}, {}
+    for recovery in ("front", "spares"):
+        failing = FailureModel(mtbf_s=1.0, checkpoint_every_s=600, restart_cost_s=60, repair_s=600,
+                               recovery=recovery, script=((3500.0, hit),))
+        run = Replay(trace, shape, POLICIES["synapse"], failures=failing)
+        result = run.replay()
+        gang = next(r for r in result.records if r.id == "gang")
+        assert gang.status == "SUCCEEDED" and len(gang.failures) == 1
+        jct[recovery], runs[recovery] = gang.end - gang.submit, (run, result)
+    run, result = runs["spares"]
+    [evict] = run.preemptions
+    assert evict.rule == "spare" and evict.job_id == "gang" and len(evict.victims) == 1
+    # The guest's grace (30 s), the restart (60 s), what was left at the checkpoint (7000 s).
+    assert jct["spares"] == pytest.approx(3500 + 30 + 60 + 10_000 - 3000)
+    assert jct["front"] > 20_000  # behind the small jobs' 20000 s
+    guest = next(r for r in result.records if r.id == evict.victims[0].job_id)
+    assert len(guest.failures) == 1  # evicted: it keeps its last checkpoint, and its loss counts as a failure's
+    s = summarize(result)
+    guest_wait = guest.start - guest.failures[0][1]
+    assert s["requeue_wait_gpu_hours"] == pytest.approx(24 * 30 / 3600 + 8 * guest_wait / 3600)
 
 
 def test_back_recovery_refuses_a_trace_with_dependencies():

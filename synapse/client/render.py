@@ -213,8 +213,8 @@ def submitted(job_id: str, request_id: str, output: str) -> str:
 def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
     capacity, used = codec.resources_from_proto(n.capacity), codec.resources_from_proto(n.used)
     return {"id": n.id, "address": n.address, "topology": "/".join(n.topology), "status": n.status,
-            "schedulable": n.schedulable, "cordon_reason": n.cordon_reason or None, "health": n.health or None,
-            "labels": dict(sorted(n.labels.items())), "isolation": n.isolation or None,
+            "schedulable": n.schedulable, "spare": n.spare, "cordon_reason": n.cordon_reason or None,
+            "health": n.health or None, "labels": dict(sorted(n.labels.items())), "isolation": n.isolation or None,
             "gpus": capacity.gpu, "gpus_used": used.gpu,
             "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
             "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
@@ -228,7 +228,8 @@ def _labels(n: dict[str, Any]) -> str:
 def nodes_table(nodes: list[dict[str, Any]]) -> str:
     return table(
         ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"],
-        [[n["id"], n["status"], "yes" if n["schedulable"] else "no", n["topology"],
+        [[n["id"], n["status"], ("yes" if n["schedulable"] else "no") + (", spare" if n.get("spare") else ""),
+          n["topology"],
           f"{n['gpus_used']}/{n['gpus']}", _labels(n), f"{n['cpu_used']}/{n['cpu']}",
           f"{n['memory_used']}/{n['memory']}", n["live_tasks"], n["address"],
           n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")] for n in nodes])
@@ -237,7 +238,9 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
 def node_description(n: dict[str, Any]) -> str:
     """`describe node`: status, why it is cordoned, health, labels, how it confines tasks, its use."""
     lines = [f"Node:         {n['id']}   Address: {n['address']}", f"Status:       {n['status']}",
-             f"Schedulable:  {'yes' if n['schedulable'] else 'no: ' + (n['cordon_reason'] or 'cordoned')}",
+             f"Schedulable:  {'yes' if n['schedulable'] else 'no: ' + (n['cordon_reason'] or 'cordoned')}"
+             + ("; a spare (restarts after a lost node, and jobs with a time limit it may evict)"
+                if n.get("spare") else ""),
              f"Health:       {'failing: ' + n['health'] if n['health'] else 'passing (or no health check)'}",
              f"Topology:     {n['topology']}",
              f"Labels:       {', '.join(f'{k}={v}' for k, v in n['labels'].items()) or '-'}",

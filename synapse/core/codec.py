@@ -66,6 +66,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3, c.SubmitCheckpointJob: 3, c.CheckpointNotice: 3,
     # Goodput: an attempt's last checkpoint, as its tasks reported it.
     c.RecordProgress: 4,
+    # Spare nodes (synapse.core.spares): an older replica knows no spare.
+    c.SetSpares: 4,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -175,6 +177,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.register_node.CopyFrom(register_node_to_proto(cmd))
         case c.NodeLost():
             env.node_lost.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
+        case c.SetSpares():
+            env.set_spares.CopyFrom(commands_pb2.SetSpares(node_ids=list(cmd.node_ids), reason=cmd.reason))
         case c.SetClusterVersion():
             env.set_cluster_version.CopyFrom(commands_pb2.SetClusterVersion(version=cmd.version))
         case c.DrainNode():
@@ -325,6 +329,8 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
         case "node_lost":
             return c.NodeLost(node_id=env.node_lost.node_id, reason=env.node_lost.reason, **base)
+        case "set_spares":
+            return c.SetSpares(node_ids=tuple(env.set_spares.node_ids), reason=env.set_spares.reason, **base)
         case "set_cluster_version":
             return c.SetClusterVersion(version=env.set_cluster_version.version, **base)
         case "drain_node":
@@ -549,7 +555,7 @@ def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:
         capacity=resources_to_proto(node.capacity), used=resources_to_proto(node.used),
         gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,
         live_tasks=live_tasks, labels=dict(node.labels), isolation=node.isolation, cordon_reason=node.cordon_reason,
-        health=node.health)
+        health=node.health, spare=node.spare)
 
 
 def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:

@@ -178,6 +178,15 @@ class RecordProgress(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SetSpares(Command):
+    """The nodes designated spares, all of them: every other node is not one (command-set version 4;
+    the leader proposes the set synapse.core.spares.designate chooses, `reason` saying why it changed)."""
+
+    node_ids: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetArrayThrottle(Command):
     """Change how many elements of an array may hold a gang at once (0: no limit)."""
 

@@ -154,6 +154,8 @@ class ClusterState:
         self.queues: dict[str, Queue] = {}  #: by name; apply only (the default queue is implicit)
         self.holds: dict[str, Hold] = {}  #: preemptor job id -> nodes held for it alone; apply only
         self.held_nodes: dict[str, str] = {}  #: node id -> preemptor holding it; derived
+        #: the nodes designated spares (Node.spare); derived, replaced whole by apply, rebuilt on restore
+        self.spares: frozenset[str] = frozenset()
         #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
@@ -201,6 +203,7 @@ class ClusterState:
             c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
             c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
             c.RecordProgress: self._record_progress,
+            c.SetSpares: self._set_spares,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -443,6 +446,21 @@ class ClusterState:
                     self._stop_attempt(job, f"failed: node {node.id} unhealthy ({message})", cmd.at,
                                        failure=f"node {node.id} of task {task.index} unhealthy: {message}")
         return Result(True)
+
+    def _set_spares(self, cmd: c.SetSpares) -> Result:
+        """Designate exactly these nodes spares (all or nothing: an unknown node rejects the set)."""
+        unknown = sorted(set(cmd.node_ids) - set(self.nodes))
+        if unknown:
+            return Result.not_found(f"unknown node(s) {', '.join(unknown)}")
+        chosen = frozenset(cmd.node_ids)
+        why = f": {cmd.reason}" if cmd.reason else ""
+        for node_id in sorted(chosen ^ self.spares):
+            node = self.nodes[node_id]
+            node.spare = node_id in chosen
+            self.emit(cmd.at, "Normal", "node", "NodeSpare" if node.spare else "NodeSpareReleased", node_id,
+                      ("designated a spare" if node.spare else "no longer a spare") + why)
+        self.spares = chosen
+        return Result(True, value=str(len(chosen)))
 
     def _set_cluster_version(self, cmd: c.SetClusterVersion) -> Result:
         if cmd.version <= self.cluster_version:

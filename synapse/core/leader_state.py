@@ -18,6 +18,10 @@ What it decides:
   (`PendingReasons`, for those whose reason changed). A pending job a dependency of which can never
   be met (synapse.core.dependencies) is failed for good, `FailAttempt(final, cause
   DependencyNeverSatisfied)` naming the upstream job, unless it asked to wait.
+* **Spares** (with `LeaderConfig.spares`, synapse.core.spares): each round first proposes the
+  spare set `designate` chooses when it differs from the state's (`SetSpares`, from command-set
+  version 4), and evicts the guests of spares for the first restart after a lost node that waits
+  (`Preempt`, rule `spare`: their notice and grace, then the nodes are the restart's).
 * **Heartbeat expiry, time limits, retention** (`MonitorDue`): a READY node silent for longer than
   the heartbeat timeout goes DOWN (a new leader first gives every node a full timeout, `Started`);
   a running attempt past its time limit fails for good (a job with a checkpoint notice gets its
@@ -58,7 +62,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from synapse.core import admission, codec, dependencies, preemption
+from synapse.core import admission, codec, dependencies, preemption, spares
 from synapse.core import commands as c
 from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
@@ -67,6 +71,7 @@ from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
 from synapse.core.model import EndReason, Job, JobStatus, NodeStatus, Progress, excluded_for
 from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
+from synapse.core.spares import SparePolicy
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +120,7 @@ class LeaderConfig:
     #: a job's changed checkpoint goes into the log at most this often (its attempt's first at once)
     checkpoint_record_interval: float = 15.0
     policy: QueuePolicy = schedule_round  #: the queue policy (the simulator runs baselines through it)
+    spares: SparePolicy | None = None  #: spare nodes to keep (synapse.core.spares); None: none
 
 
 # ---- stimuli --------------------------------------------------------------------------------------
@@ -292,6 +298,12 @@ class LeaderState:
         self.progress_problems: dict[tuple[str, int], str] = {}
         #: (job, attempt) whose garbage was said already (once per attempt); handle only
         self.progress_said: set[tuple[str, int]] = set()
+        #: a SetSpares is on its way; handle only
+        self.designating = False
+        #: state.other_changes when the spares were last found right (nothing to designate since); handle only
+        self.spares_checked = -1
+        #: (job, attempt) an eviction from spares is on its way for; handle only
+        self.evicting: set[tuple[str, int]] = set()
         self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
             Started: self._started, RoundDue: self._round, MonitorDue: self._monitor,
             Heartbeat: self._heartbeat, LivenessDigest: self._digest, ProgressReport: self._progress,
@@ -338,17 +350,62 @@ class LeaderState:
         return [Reschedule("leader ready")]
 
     def _round(self, state: ClusterState, s: RoundDue) -> list[Instruction]:
+        designation = self._designate(state, s.at)
+        if designation:  # plan once it applies: a plan of this round could fall on a node it designates
+            return designation + [Reschedule("spares designated")]
         result = self.config.policy(state, s.at, self.previous, None if s.full else self.memo)
         self.last_round = result
         self.previous = result.reservations or result.reservation
         self.memo, self._waiting = result.memo, result.waiting
         failures = self._unsatisfiable(state, s.at, result.examined)
+        evictions = self._evict(state, s.at, result)  # after the commits: their nodes are none of them
         if result.plans:
             return failures + [Propose(c.CommitPlan(at=s.at, job_id=p.job_id, attempt=p.attempt,
-                                                    placements=p.placements)) for p in result.plans]
+                                                    placements=p.placements)) for p in result.plans] + evictions
+        failures += evictions
         out = failures + self._preempt(state, s.at)
         out += self._grow(state, s.at, result)
         return out + self._pending_reasons(state, s.at, result.examined)
+
+    def _designate(self, state: ClusterState, now: float) -> list[Instruction]:
+        """Propose the spares the policy asks for when they differ from the state's (one SetSpares
+        in flight at a time; command-set version 4). The choice keeps the spares there are, so a new
+        leader agrees with the last one and proposes nothing."""
+        policy = self.config.spares
+        version = max(self.cluster_version, state.cluster_version)
+        if (policy is None and not state.spares) or self.designating or state.other_changes == self.spares_checked \
+                or version < codec.KIND_VERSIONS[c.SetSpares]:
+            return []
+        # A cluster file that no longer asks for spares releases them.
+        chosen, notes = spares.designate(state, policy) if policy is not None else (frozenset(), ())
+        if chosen == state.spares:
+            self.spares_checked = state.other_changes
+            return []
+        for note in notes:
+            log.warning("spares: %s", note)
+        reason = "; ".join(filter(None, (spares.change_reason(state, chosen), *notes)))
+        log.info("designating spares count=%d change=%s", len(chosen), reason)
+        self.designating = True
+        return [Propose(c.SetSpares(at=now, node_ids=tuple(sorted(chosen)), reason=reason))]
+
+    def _evict(self, state: ClusterState, now: float, result: RoundResult) -> list[Instruction]:
+        """Evict the guests of spares for the first restart after a lost node that waits (one a
+        round: the next sees the nodes held for it), on nodes none of this round's plans use."""
+        if not state.spares or self.evicting:
+            return []
+        planned = {p.node_id for plan in result.plans for p in plan.placements}
+        for job_id in result.examined:  # in queue order
+            job = state.jobs.get(job_id)
+            if job is None or job.id in state.holds or job.status is not JobStatus.PENDING \
+                    or not spares.restarting(job):
+                continue
+            cmd = spares.eviction(state, job, now)
+            if cmd is not None and not planned.intersection(cmd.nodes):
+                self.evicting.add((job.id, job.attempt))
+                log.info("evicting from spares job=%s attempt=%d victims=%s nodes=%s", job.id, job.attempt,
+                         ",".join(v.job_id for v in cmd.victims), ",".join(cmd.nodes))
+                return [Propose(cmd)]
+        return []
 
     def _grow(self, state: ClusterState, now: float, result: RoundResult) -> list[Instruction]:
         """Grow running elastic gangs that room now allows, in queue order, while nothing waits ahead
@@ -369,7 +426,9 @@ class LeaderState:
         for job in sorted(growing, key=lambda j: j.queue_key()):
             if first_waiting is not None and first_waiting < job.queue_key():
                 continue
-            view.set_blocked(blocked | excluded_for(state.nodes, job))  # never grow onto a node that failed it
+            # never grow onto a node that failed it, nor onto spares unless it may be evicted from them
+            view.set_blocked(blocked | excluded_for(state.nodes, job)
+                             | (frozenset() if spares.may_use_spares(job) else state.spares))
             size = growth(view, job, now)
             if size:
                 self.resizing.add(job.id)
@@ -668,7 +727,10 @@ class LeaderState:
                          len(cmd.placements), len({p.node_id for p in cmd.placements}))
             else:
                 return [Reschedule(f"plan of job {cmd.job_id} not committed")]
+        elif isinstance(cmd, c.SetSpares):
+            self.designating = False
         elif isinstance(cmd, c.Preempt):
+            self.evicting.discard((cmd.job_id, cmd.attempt))
             if s.ok:
                 log.info("preemption committed job=%s rule=%s victims=%s nodes=%s", cmd.job_id, cmd.rule,
                          ",".join(v.job_id for v in cmd.victims), ",".join(cmd.nodes))
@@ -707,6 +769,7 @@ class LeaderState:
         assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"
         assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"
         assert all(state.jobs.get(j) is not None for j, _ in self.noticing), "a CheckpointNotice in flight for no job"
+        assert all(state.jobs.get(j) is not None for j, _ in self.evicting), "an eviction in flight for no job"
         assert self.mass_silence_since is not None or not self.held_silent, "nodes held with no mass silence"
         assert self.progress_recording <= set(self.progress_recorded), "a RecordProgress in flight, not recorded"
         assert set(self.progress_problems) <= self.progress_said, "garbage to say that was not said once"

@@ -88,6 +88,9 @@ class Node:
     #: the latest node-side ends of gangs here, oldest first: (at, job id, NODE_SIDE_CAUSES member),
     #: at most fsm.MAX_NODE_FAILURES; an admin's uncordon clears them; apply only
     failures: tuple[tuple[float, str, str], ...] = ()
+    #: designated a spare (SetSpares, synapse.core.spares): only restarts after a lost node and jobs
+    #: that may be evicted for one are placed here; apply only
+    spare: bool = False
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, "")

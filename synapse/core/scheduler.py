@@ -37,6 +37,13 @@ admitted, see synapse.core.admission):
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
   job's `time_limit` ends before that reservation is expected to start (known only when every
   task on its nodes has a time limit itself; otherwise those nodes stay untouched).
+* A **restart** after a lost node (synapse.core.spares.restarting) keeps its place in the queue
+  (its original submission: ahead of what arrived since, not of what waited before it, whose
+  reservations it respects), is placed in the domain of its last run first (its survivors and
+  replacements there), waits for no rack, and always reserves, beyond `Tuning.reservations`;
+  waiting for nodes that are DOWN, it keeps the usable nodes of its domain.
+  **Spares** take restarts anywhere and other jobs only if they have a time limit and fit nowhere
+  else; reservations of other gangs never hold them (the leader evicts their guests for a restart).
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.placement import ClusterView, explain, pack_depth
+from synapse.core.spares import last_domain, may_use_spares, restarting
 from synapse.core.topology import Domain
 
 
@@ -244,12 +252,18 @@ def schedule_round(state: ClusterState, now: float,
             result.examined.append(job.id)
             continue
         hold = state.holds.get(job.id)
-        spec = job.spec if hold else _local_spec(view, job, now, tuning, rack_fit)
+        restart = restarting(job)  # a lost node ended its last attempt: no locality wait, its own shape
+        spec = job.spec if hold or restart else _local_spec(view, job, now, tuning, rack_fit)
         may_use = tuple(_ends_before(job.spec, r, now) for r in reservations)
-        shape = (job.id,) if hold else _shape(spec, may_use)
+        shape = (job.id,) if hold or restart else _shape(spec, may_use)
         excluded = excluded_for(state.nodes, job)  # the nodes that ended its earlier attempts are not for it
         if excluded:
             shape = (*shape, excluded)
+        #: spares: kept for restarts; a job with a time limit may have them where nothing else fits
+        off_spares = state.spares if state.spares and not (hold or restart) else frozenset()
+        guest = bool(off_spares) and may_use_spares(job)
+        if off_spares:
+            shape = (*shape, guest)
         if spec is not job.spec and tuning.weigh_locality:
             shape = (*shape, job.spec.time_limit)  # whether it splits depends on its time limit
         if shape in failed:
@@ -258,12 +272,20 @@ def schedule_round(state: ClusterState, now: float,
             continue
         blocked = held - frozenset(hold.nodes) if hold else held
         blocked = blocked | excluded
+        if off_spares and not guest:
+            blocked = blocked | off_spares
         for r, may in zip(reservations, may_use, strict=True):
             if not may:
                 blocked = blocked | r.nodes
         plan = None
         if hold is not None:  # on the nodes its preemption freed first: the victims' others stay theirs
             view.set_blocked(frozenset(state.nodes) - (frozenset(hold.nodes) - excluded))
+            plan = place_largest(view, job.id, job.attempt, spec)
+        if restart and plan is None:  # its surviving nodes and replacements in its own domain first
+            view.set_blocked(blocked | _outside(state, last_domain(state, job)))
+            plan = place_largest(view, job.id, job.attempt, spec)
+        if guest and plan is None:  # off the spares if it fits there
+            view.set_blocked(blocked | off_spares)
             plan = place_largest(view, job.id, job.attempt, spec)
         view.set_blocked(blocked)
         plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
@@ -296,7 +318,7 @@ def schedule_round(state: ClusterState, now: float,
         if is_elastic(spec):
             spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
         message, code = _blocked_reason(state, view, job, spec, now, reservations, kept.get(job.id), clock, tuning,
-                                        depth)
+                                        depth, restart)
         if excluded:
             message += f"; excluded nodes (they ended earlier attempts): {', '.join(sorted(excluded))}"
         result.waiting[job.id] = failed[shape] = WaitReason((), message, code, spec=spec, blocked=view.blocked)
@@ -318,21 +340,36 @@ def _ends_before(spec: JobSpec, reservation: Reservation, now: float) -> bool:
 
 def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
                     reservations: list[Reservation], previous: Reservation | None, clock: _DrainClock,
-                    tuning: Tuning, depth: int | None = None) -> tuple[str, str]:
-    """Reserve nodes for a gang that does not fit, if it is among the first blocked ones; the
-    message and code of why it waits. The new reservation is appended to `reservations`;
-    `depth` the level it goes at (None: the lowest domain that holds the gang)."""
+                    tuning: Tuning, depth: int | None = None, restart: bool = False) -> tuple[str, str]:
+    """Reserve nodes for a gang that does not fit, if it is among the first blocked ones or a
+    restart after a lost node (which always reserves, whatever `Tuning.reservations`: while it
+    waits, backfill must not take what it needs); the message and code of why it waits. The new reservation is
+    appended to `reservations`; `depth` the level it goes at (None: the lowest domain that holds the
+    gang)."""
     local = " (waiting for one " + spec.topology.pack + ")" if spec.topology != job.spec.topology else ""
-    if len(reservations) >= tuning.reservations:
+    if len(reservations) >= tuning.reservations and not restart:
         return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
-    # Its excluded nodes never free for it: a reservation holds none of them.
-    until = dict.fromkeys(excluded_for(state.nodes, job), math.inf) | _reserved_until(reservations)
+    # Its excluded nodes never free for it: a reservation holds none of them; nor spares, but for a restart.
+    never = excluded_for(state.nodes, job) | (frozenset() if restart else state.spares)
+    until = dict.fromkeys(never, math.inf) | _reserved_until(reservations)
     reservation = _reserve(state, view, job, spec, previous, until, clock, tuning, sticky=not reservations,
                            depth=depth)
     if reservation is None:
         if _closest_depth(view, spec) is None:
-            return _unusable_nodes_reason(state, spec) or (
+            unusable = _unusable_nodes_reason(state, spec)
+            if unusable is not None and restart:
+                # A restart waiting for nodes that are DOWN keeps the usable nodes of its own domain
+                # (its survivors among them) until they are back: backfill onto them would make it
+                # wait for those jobs too once its nodes return.
+                kept_nodes = _kept_for_restart(state, job, until)
+                if kept_nodes:
+                    domain = last_domain(state, job)
+                    reservations.append(Reservation(job.id, job.attempt, domain, kept_nodes, math.inf,
+                                                    chosen_at=now))
+                    return (f"{unusable[0]}; keeps {len(kept_nodes)} node(s) of {topology_path(domain)} for "
+                            f"its restart", unusable[1])
+            return unusable or (
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
         if not reservations:  # no other reservation is in its way: its excluded nodes are (the caller names
             # them), or no domain's nodes hold it when idle after all (the bound is only an upper bound)
@@ -342,6 +379,23 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                 "BehindReservation")
     reservations.append(reservation)
     return "does not fit now" + local + "; " + reservation.describe(), "Resources"
+
+
+def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float]) -> frozenset[str]:
+    """The usable nodes of the domain of a restart's last run that no other reservation or hold
+    keeps, as many as its gang's tasks at most, its survivors first."""
+    domain = last_domain(state, job)
+    survivors = set(job.runs[-1].nodes) if job.runs else set()
+    nodes = sorted((n for n in state.nodes.values() if n.topology[:len(domain)] == domain and n.accepts_work
+                    and n.id not in until), key=lambda n: (n.id not in survivors, n.id))
+    return frozenset(n.id for n in nodes[:job.spec.tasks])
+
+
+def _outside(state: ClusterState, domain: Domain) -> frozenset[str]:
+    """The nodes outside a topology domain (none for the whole cluster)."""
+    if not domain:
+        return frozenset()
+    return frozenset(n.id for n in state.nodes.values() if n.topology[:len(domain)] != domain)
 
 
 def _unusable_nodes_reason(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:

@@ -7,6 +7,10 @@ reservations of the round before, the preemption step, the pending reasons. The 
 the driver's part (it applies what the brain proposes and reports the outcome) and the workers'
 (it ends each task after the duration its job was given, or at the end of a preemption's grace).
 
+With `spares` (synapse.core.spares), the brain designates spare nodes (SetSpares) and evicts
+their guests for a restart after a lost node (a Preempt of rule `spare`, whose victims exit after
+their notice and grace like any other's).
+
 With `preempt=True` (and queues defined by an admin), a round that places nothing may commit a
 `Preempt`: the victims' tasks exit after the grace the command gives them (as the workers report
 them), the state machine requeues the victims with their original submission time, and the held
@@ -33,11 +37,13 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.fsm import ClusterState
 from synapse.core.leader_state import LeaderConfig, LeaderState, Propose, Proposed, QueuePolicy, RoundDue
 from synapse.core.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
 from synapse.core.scheduler import RoundResult, schedule_round
+from synapse.core.spares import SparePolicy
 
 #: Exit code of a task stopped by SIGTERM at the end of its grace.
 SIGTERM_EXIT = 143
@@ -75,11 +81,13 @@ class Simulator:
     """Drives a ClusterState through scheduling rounds and task lifetimes on a simulated clock."""
 
     def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS, policy: QueuePolicy = schedule_round, *,
-                 preempt: bool = False) -> None:
+                 preempt: bool = False, spares: SparePolicy | None = None) -> None:
         self.state = ClusterState(levels)
         self.preempt = preempt  #: run the leader's preemption step (only does anything with queues defined)
         #: the leader's brain; the simulator is its driver (heartbeats and retention never come up)
-        self.leader = LeaderState(LeaderConfig(preempt=preempt, policy=policy, job_retention=0))
+        self.leader = LeaderState(LeaderConfig(preempt=preempt, policy=policy, job_retention=0, spares=spares))
+        if spares is not None:  # every member of a simulated cluster runs this code: spares may be designated
+            self.state.apply(c.SetClusterVersion(at=0.0, version=codec.COMMAND_VERSION))
         self.preemptions: list[c.Preempt] = []  #: every Preempt committed, in order
         #: (victim, start, stop, GPUs) of every attempt preempted: held until its tasks exited, work
         #: lost (the victim reruns from the start)
@@ -92,6 +100,7 @@ class Simulator:
         self._ids = itertools.count(1)
         #: a task end in `_ends` may have been overtaken (a preemption or a lost node ended it first)
         self._overtaken = False
+        self._designated = False  #: the last round designated spares (its plans are left to the next)
 
     @property
     def lost_gpu_seconds(self) -> float:
@@ -115,10 +124,11 @@ class Simulator:
 
         `full=False` lets the memo of the previous round skip the jobs it saw, as the leader's
         event-driven rounds do; a full round (the leader's periodic one) looks at every pending job
-        again. With preemption on, rounds follow one another while they place or preempt."""
+        again. With preemption on, rounds follow one another while they place or preempt; a round
+        that designated spares (and placed nothing: see LeaderState) is followed by another."""
         preempted = self._round(full)
         result = self.leader.last_round
-        while self.preempt and self.state.queues and (result.plans or preempted):
+        while (self.preempt and self.state.queues and (result.plans or preempted)) or self._designated:
             preempted = self._round(False)
             result = self.leader.last_round
         return result
@@ -126,7 +136,7 @@ class Simulator:
     def _round(self, full: bool) -> bool:
         """One round; True when it committed a preemption."""
         self.rounds += 1
-        preempted = False
+        preempted = self._designated = False
         for instruction in self.leader.handle(self.state, RoundDue(at=self.now, full=full)):
             if not isinstance(instruction, Propose):
                 continue  # a Reschedule: the caller's loop decides when rounds follow
@@ -138,6 +148,7 @@ class Simulator:
                 preempted = True
             else:
                 self.apply(cmd)
+                self._designated = self._designated or isinstance(cmd, c.SetSpares)
             self.leader.handle(self.state, Proposed(instruction, True))
         return preempted
 

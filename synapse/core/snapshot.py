@@ -49,16 +49,19 @@ SNAPSHOT_VERSION = 2
 #: version-2 release refuses it rather than drop them. A state without them encodes (and digests)
 #: exactly as version 2 did, so replicas compare equal during an upgrade.
 SNAPSHOT_VERSION_3 = 3
+#: The version written once the state holds what command-set version 4 brought (a recorded
+#: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares): a version-3
+#: release refuses it rather than drop them.
+SNAPSHOT_VERSION_4 = 4
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
-#: The version written once the state holds a recorded progress (a job's, or a run's checkpoint:
-#: RecordProgress, command-set version 4): a version-3 release refuses it rather than drop them.
-SNAPSHOT_VERSION_4 = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
 _NODE_VERSION_3_KEYS = frozenset({"suspect", "failures"})
+#: A node's records of version 4, written only when set.
+_NODE_VERSION_4_KEYS = frozenset({"spare"})
 
 
 def encode(state: Any) -> dict[str, Any]:
@@ -66,11 +69,12 @@ def encode(state: Any) -> dict[str, Any]:
     jobs = [_job_to_dict(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)]
     arrays = [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)]
     nodes = [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)]
-    progress = any("progress" in j or any(len(r) > _RUN_V3_LEN for r in j["runs"]) for j in jobs)
+    v4 = any("progress" in j or any(len(r) > _RUN_V3_LEN for r in j["runs"]) for j in jobs) \
+        or any(_NODE_VERSION_4_KEYS & set(n) for n in nodes)
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
     return {
-        "version": SNAPSHOT_VERSION_4 if progress else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
+        "version": SNAPSHOT_VERSION_4 if v4 else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
         "levels": list(state.levels),
         "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
@@ -129,6 +133,8 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         node = _node_from_dict(nd)
         state.nodes[node.id] = node
         state.live_tasks[node.id] = set()
+        if node.spare:
+            state.spares = state.spares | {node.id}
         state.index.update(node)
         state._note_capacity(node.capacity)  # derived as apply keeps it, by apply's own code
     decay = data.get("decay", {})
@@ -187,7 +193,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
             "registered_at": n.registered_at, "status_changed_at": n.status_changed_at,
             "labels": [list(kv) for kv in n.labels], "isolation": n.isolation, "cordon_reason": n.cordon_reason,
             "health_cordon": n.health_cordon, "health": n.health, **({"suspect": True} if n.suspect else {}),
-            **({"failures": [list(f) for f in n.failures]} if n.failures else {})}
+            **({"failures": [list(f) for f in n.failures]} if n.failures else {}),
+            **({"spare": True} if n.spare else {})}
 
 
 def _node_from_dict(d: dict[str, Any]) -> Node:
@@ -199,7 +206,8 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
                 isolation=d.get("isolation", ""), cordon_reason=d.get("cordon_reason", ""),
                 health_cordon=d.get("health_cordon", False), health=d.get("health", ""),
                 suspect=d.get("suspect", False),
-                failures=tuple((at, job_id, cause) for at, job_id, cause in d.get("failures", ())))
+                failures=tuple((at, job_id, cause) for at, job_id, cause in d.get("failures", ())),
+                spare=d.get("spare", False))
 
 
 def _spec_to_dict(s: JobSpec) -> dict[str, Any]:

@@ -156,18 +156,37 @@ def load_state(data_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def spares_problem(spares_per_rack: int, workers: int, racks: int) -> str:
+    """Why `--spares-per-rack` cannot be used with these workers and racks, or "": every rack must
+    keep a node for work besides its spares."""
+    if spares_per_rack < 0:
+        return "--spares-per-rack must not be negative"
+    if not spares_per_rack or not workers:
+        return ""
+    smallest = workers // max(1, racks)  # workers go round-robin over the racks
+    if spares_per_rack >= smallest:
+        return (f"--spares-per-rack {spares_per_rack}: the smallest rack has {smallest} worker(s) "
+                f"({workers} over {racks} rack(s)); a rack needs more workers than spares")
+    return ""
+
+
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = True, durability: str = "fsync",
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
-       user_certs: tuple[str, ...] = (), spare_masters: int = 0, history: str = "") -> dict[str, Any]:
+       user_certs: tuple[str, ...] = (), spare_masters: int = 0, history: str = "",
+       spares_per_rack: int = 0) -> dict[str, Any]:
     """Start a local cluster (TLS on unless `tls` is False); returns what cluster.json records.
     With `netns`, each master runs in its own network namespace with its own address (see
     synapse.netns; needs root). With `user_certs` (and `tls`), client certificates for these user
     names, and `tls.user_certs` on.
     `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into.
     `history`: the history store's URL; "" is a SQLite file in the data dir (shared by its masters);
-    "none" keeps no history."""
+    "none" keeps no history.
+    `spares_per_rack`: spare nodes the leader keeps in each rack (`spares:` in the cluster file)."""
     data_dir = data_dir.resolve()
+    problem = spares_problem(spares_per_rack, workers, racks)
+    if problem:
+        raise click.ClickException(problem)
     if (data_dir / "cluster.json").exists():
         running = [p for p in _pids(load_state(data_dir)) if is_ours(p, data_dir)]
         if running:
@@ -223,6 +242,8 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
         "replicas": replicas}
     if history_url:
         doc["history"] = {"url": history_url}
+    if spares_per_rack:
+        doc["spares"] = {"per": "rack", "nodes": spares_per_rack}
     tls_dir = data_dir / "tls"
     if tls_dir.exists():  # an earlier cluster's: workers would take TLS from its files (worker_argv)
         shutil.rmtree(tls_dir)

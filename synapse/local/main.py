@@ -66,9 +66,11 @@ def main() -> None:
 @click.option("--history", default="", metavar="URL",
               help="history store: sqlite:////PATH or postgresql+psycopg://USER@HOST/DB; default a SQLite file "
                    "in the data dir; 'none' keeps no history")
+@click.option("--spares-per-rack", default=0, show_default=True, type=click.IntRange(min=0),
+              help="spare nodes the leader keeps in each rack for gangs that lost a node")
 def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
            heartbeat: float, insecure: bool, tls: bool, user_certs: tuple[str, ...], netns: bool,
-           history: str) -> None:
+           history: str, spares_per_rack: int) -> None:
     """Start the cluster in the background (TLS on); returns once it is ready."""
     if insecure and tls:
         raise click.UsageError("--insecure and --tls contradict each other")
@@ -77,7 +79,7 @@ def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_work
               "who can reach these ports sees the tokens. Use it only for tests of plain mode.", err=True)
     with _stopped_on_interrupt(data_dir, "stopping what `up` started"):
         state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, not insecure,
-                   netns=netns, user_certs=user_certs, history=history)
+                   netns=netns, user_certs=user_certs, history=history, spares_per_rack=spares_per_rack)
     click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
                f"files in {state['data_dir']}")
     scheme = "https" if state["ca"] else "http"

@@ -12,6 +12,7 @@
                                               # (with history: after the store holds them); 0 = keep forever
     max_array_size: 10000                     # the most elements a job array may have
     fair_share_half_life: 7d                  # fair share remembers GPU time used, halved every 7d; 0: current only
+    spares: {per: rack, nodes: 1}             # optional: spare nodes per rack for restarts (docs: Operating, Spares)
     history:                                  # optional: job history and accounting (docs: Operating, History store)
       url: {env: SYNAPSE_HISTORY_URL}         # sqlite:////var/lib/synapse/history.sqlite or
                                               # postgresql+psycopg://USER:PASSWORD@HOST/DB
@@ -49,6 +50,7 @@ from synapse.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
 from synapse.core.fairshare import DEFAULT_HALF_LIFE_S
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
+from synapse.core.spares import SparePolicy
 from synapse.history.settings import HistorySettings
 
 #: Raft's heartbeat (AppendEntries period), fixed; election timeouts are sized against it.
@@ -89,6 +91,7 @@ class ClusterConfig:
     user_certs: bool = False
     history: HistorySettings | None = None  #: None: no history store
     fair_share_half_life: float = DEFAULT_HALF_LIFE_S  #: seconds; the decayed usage admission weighs; 0: current only
+    spares: SparePolicy | None = None  #: spare nodes the leader keeps (synapse.core.spares); None: none
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replica(self, replica_id: str) -> Replica:
@@ -141,7 +144,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
-             "job_retention", "max_array_size", "history", "fair_share_half_life"}
+             "job_retention", "max_array_size", "history", "fair_share_half_life", "spares"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -213,7 +216,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
         user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size,
         history=_history(doc.get("history"), need_secrets),
-        fair_share_half_life=_duration(doc, "fair_share_half_life", DEFAULT_HALF_LIFE_S))
+        fair_share_half_life=_duration(doc, "fair_share_half_life", DEFAULT_HALF_LIFE_S),
+        spares=_spares(doc.get("spares"), tuple(levels)))
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
     if config.user_certs and not config.require_worker_certs:
@@ -222,6 +226,19 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ConfigError("heartbeat_timeout: must be longer than heartbeat_interval")
     return config
+
+
+def _spares(doc: Any, levels: tuple[str, ...]) -> SparePolicy | None:
+    """The `spares:` section: `{per: LEVEL, nodes: N}` (N spares in each domain of that level)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) - {"per", "nodes"} or "nodes" not in doc:
+        raise ConfigError("spares: must be {per: rack, nodes: N}")
+    policy = SparePolicy(per=str(doc.get("per", levels[-1])), nodes=doc["nodes"])
+    problem = policy.problem(levels)
+    if problem:
+        raise ConfigError(problem)
+    return policy if policy.nodes else None
 
 
 def _history(doc: Any, need_secrets: bool) -> HistorySettings | None:

@@ -75,7 +75,7 @@ class LeaderLoops:
             late_after=max(config.heartbeat_timeout / 2, config.heartbeat_timeout - config.heartbeat_interval),
             job_retention=config.job_retention,
             history=history is not None, usage_half_life=config.fair_share_half_life,
-            max_unarchived=history.settings.max_unarchived if history is not None else 0))
+            max_unarchived=history.settings.max_unarchived if history is not None else 0, spares=config.spares))
         self.view: LeaderView = self.brain  #: what endpoints, metrics and the dashboard read
         self._tasks: list[asyncio.Task] = []
         self.stopped = False

@@ -538,6 +538,7 @@ class NodeInfo(_message.Message):
     ISOLATION_FIELD_NUMBER: _builtins.int
     CORDON_REASON_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
+    SPARE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     address: _builtins.str
     status: _builtins.str
@@ -549,6 +550,8 @@ class NodeInfo(_message.Message):
     """why it is not schedulable (an admin, or its health check)"""
     health: _builtins.str
     """empty when its health check passes (or it has none); else the failure"""
+    spare: _builtins.bool
+    """designated a spare (synapse.core.spares)"""
     @_builtins.property
     def topology(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -577,10 +580,11 @@ class NodeInfo(_message.Message):
         isolation: _builtins.str = ...,
         cordon_reason: _builtins.str = ...,
         health: _builtins.str = ...,
+        spare: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "used", b"used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "spare", b"spare", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

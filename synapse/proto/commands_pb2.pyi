@@ -68,6 +68,7 @@ class Command(_message.Message):
     SUBMIT_CHECKPOINT_JOB_FIELD_NUMBER: _builtins.int
     CHECKPOINT_NOTICE_FIELD_NUMBER: _builtins.int
     RECORD_PROGRESS_FIELD_NUMBER: _builtins.int
+    SET_SPARES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -168,6 +169,10 @@ class Command(_message.Message):
     def record_progress(self) -> Global___RecordProgress:
         """Command-set version 4, goodput (numbers 180-199)."""
 
+    @_builtins.property
+    def set_spares(self) -> Global___SetSpares:
+        """Command-set version 4, spare nodes: numbers 160-179."""
+
     def __init__(
         self,
         *,
@@ -213,12 +218,13 @@ class Command(_message.Message):
         submit_checkpoint_job: Global___SubmitJob | None = ...,
         checkpoint_notice: Global___CheckpointNotice | None = ...,
         record_progress: Global___RecordProgress | None = ...,
+        set_spares: Global___SetSpares | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_job", b"submit_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress", "set_spares"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1052,6 +1058,33 @@ class RecordProgress(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RecordProgress: _TypeAlias = RecordProgress  # noqa: Y015
+
+@_typing.final
+class SetSpares(_message.Message):
+    """The nodes designated spares, all of them (every other node is not one); `reason` says why the
+    set changed, for the events.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_IDS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    @_builtins.property
+    def node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        node_ids: _abc.Iterable[_builtins.str] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_ids", b"node_ids", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetSpares: _TypeAlias = SetSpares  # noqa: Y015
 
 @_typing.final
 class PendingReasons(_message.Message):

@@ -10,8 +10,12 @@ when one of its nodes fails, the progress since its last checkpoint is lost and 
 runs what was left at that checkpoint, plus `restart_cost_s` (detection, placement, process start,
 loading the checkpoint).
 
-`recovery` says where a gang stopped by a failure waits: `front` is what Synapse's state machine
-does (the `NodeLost` command: it requeues at its place, its queue key the original submission);
+`recovery` says where a gang stopped by a failure waits: `front` (the default) is what Synapse does
+on a cluster without spares (the `NodeLost` command requeues it at its place, and the scheduler
+re-places it first in the next round, in its own rack when it can, reserving for it when it cannot);
+`spares` is the same on a cluster that keeps `spares_per_rack` spare nodes per rack, designated and
+evicted for restarts by the leader's own code (synapse.core.spares; Synapse's policies only: a
+baseline policy runs as `front`);
 `back` is what a scheduler without that rule amounts to, a user resubmitting at the failure time
 behind everything that arrived since. `back` is the simulator's alone: the replay cancels the
 requeued job and submits a copy, through the ordinary commands. It is not a switch of the
@@ -28,7 +32,7 @@ import random
 from dataclasses import dataclass
 
 #: Where a gang stopped by a node failure waits (see the module's docstring).
-RECOVERIES = ("front", "back")
+RECOVERIES = ("front", "back", "spares")
 #: The max_restarts each job that succeeds in the trace is submitted with when failures are
 #: simulated. The state machine requeues a gang uncharged only so many times for lost nodes
 #: (fsm.MAX_UNCHARGED_REQUEUES) and then charges max_restarts; a long training job sets it high,
@@ -48,6 +52,7 @@ class FailureModel:
     restart_cost_s: float = 0.0  #: added to the run of every attempt after a failure
     repair_s: float = 3600.0  #: a failed node is back after this long
     recovery: str = "front"  #: one of RECOVERIES
+    spares_per_rack: int = 1  #: with recovery `spares`: spare nodes kept in each rack
     seed: int = 1
     #: (time, node) of every failure, instead of drawn ones (a crafted scenario; repairs as above)
     script: tuple[tuple[float, str], ...] = ()
@@ -60,6 +65,8 @@ class FailureModel:
             return "--checkpoint-every, --restart-cost and --repair-time may not be negative"
         if self.recovery not in RECOVERIES:
             return f"--recovery must be one of {', '.join(RECOVERIES)}"
+        if self.recovery == "spares" and self.spares_per_rack < 1:
+            return "--spares-per-rack must be at least 1 with --recovery spares"
         return ""
 
     def kept(self, productive_s: float) -> float:

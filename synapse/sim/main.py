@@ -217,14 +217,17 @@ def _above_zero(_ctx, _param, value: float | None) -> float | None:
 @click.option("--repair-time", default="1h", show_default=True, metavar="DURATION",
               help="With --node-mtbf: a failed node comes back after this long.")
 @click.option("--recovery", type=click.Choice(RECOVERIES), default="front", show_default=True,
-              help="With --node-mtbf: a gang stopped by a failure waits at its place (front: Synapse's rule) "
-                   "or is resubmitted behind what arrived since (back: simulated only).")
+              help="With --node-mtbf: a gang stopped by a failure is re-placed first, at its place (front: "
+                   "Synapse's rule), the same with spare nodes in every rack (spares: Synapse's policies), or "
+                   "is resubmitted behind what arrived since (back: simulated only).")
+@click.option("--spares-per-rack", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --recovery spares: spare nodes kept in each rack.")
 @click.option("--failure-seed", type=int, default=None,
               help="With --node-mtbf: seed of the failure times [the trace's generation seed, else 1].")
 @_shape_options
 def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, min_gpus,
         jitter_s, repeats, jitter_seed, workers, mtbf_hours, checkpoint_every, restart_cost, repair_time, recovery,
-        failure_seed, nodes, gpus_per_node, racks):
+        spares_per_rack, failure_seed, nodes, gpus_per_node, racks):
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
     if jitter_s is None and (repeats is not None or jitter_seed is not None or workers is not None):
         fail(PROG, "--repeats, --jitter-seed and --workers go with --jitter SECONDS")
@@ -237,7 +240,7 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
         trace, shape = load_trace(trace_path, nodes, gpus_per_node, racks, min_gpus)
         queues = load_queues(queues_path, trace)
         failures = _failure_model(trace, mtbf_hours, checkpoint_every, restart_cost, repair_time, recovery,
-                                  failure_seed)
+                                  failure_seed, spares_per_rack)
     except (TraceError, ValueError) as exc:
         fail(PROG, str(exc))
 
@@ -248,7 +251,8 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
     if failures:
         caption += (f"; node failures: MTBF {failures.mtbf_s / 3600:g} h, repair {failures.repair_s:g} s, checkpoint "
                     f"every {failures.checkpoint_every_s:g} s, restart {failures.restart_cost_s:g} s, recovery "
-                    f"{failures.recovery}, seed {failures.seed}")
+                    f"{failures.recovery}" + (f" ({failures.spares_per_rack} per rack)" if failures.recovery == "spares"
+                                              else "") + f", seed {failures.seed}")
     text = table(summaries, caption, FAILURE_TABLE if failures else ())
     noise = None
     if jitter_s is not None:
@@ -278,7 +282,7 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
 
 
 def _failure_model(trace: Trace, mtbf_hours: float | None, checkpoint_every: str, restart_cost: str,
-                   repair_time: str, recovery: str, seed: int | None) -> FailureModel | None:
+                   repair_time: str, recovery: str, seed: int | None, spares_per_rack: int = 1) -> FailureModel | None:
     """The failure options of `run`, checked; None without --node-mtbf."""
     from synapse.core.quantity import QuantityError, parse_duration
 
@@ -296,7 +300,7 @@ def _failure_model(trace: Trace, mtbf_hours: float | None, checkpoint_every: str
                      if word.startswith("seed=") and word[5:].isdigit()), 1)
     model = FailureModel(mtbf_s=mtbf_hours * 3600, checkpoint_every_s=seconds["--checkpoint-every"],
                          restart_cost_s=seconds["--restart-cost"], repair_s=seconds["--repair-time"],
-                         recovery=recovery, seed=seed)
+                         recovery=recovery, seed=seed, spares_per_rack=spares_per_rack)
     problem = model.problem()
     if problem:
         raise ValueError(problem)
@@ -386,6 +390,7 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
 #: The columns `run` adds with --node-mtbf.
 FAILURE_TABLE = (("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodput", 0.01, "{:.1f}%"),
                  ("fail-lost GPU-h", "failure_lost_gpu_hours", 1, "{:.0f}"),
+                 ("requeue-wait GPU-h", "requeue_wait_gpu_hours", 1, "{:.0f}"),
                  ("big mean JCT h", "big_gang_mean_jct_s", 3600, "{:.2f}"),
                  ("failed big", "failed_big_gangs", 1, "{:.0f}"),
                  ("failed big JCT h", "failed_big_gang_mean_jct_s", 3600, "{:.2f}"))

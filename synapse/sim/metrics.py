@@ -27,7 +27,10 @@ Definitions (docs/evaluation/ repeats them):
   failed one's run up to its last checkpoint; 1 with no failures and no preemption; the spread
   penalty is not counted here). `failure_lost_gpu_hours`: GPU-hours held by attempts that failures
   ended and not kept (work since the last checkpoint, and the restart of an attempt that failed
-  again); `restart_gpu_hours`: the restart of the attempts that ran to their end;
+  again; with recovery `spares`, also the guests evicted from spares); `restart_gpu_hours`: the
+  restart of the attempts that ran to their end; `requeue_wait_gpu_hours`: the GPUs of each attempt
+  a failure ended times the wait until the next attempt started (held by no one: no part of goodput,
+  but what a gang that could not restart at once went without);
   `node_failures`: nodes failed in the submission window (the same count for every policy).
   `big_gang_mean_jct_s`: mean JCT of the big gangs that ended; `failed_big_gang_mean_jct_s`, of
   those among them that lost an attempt to a failure (`failed_big_gangs`).
@@ -169,19 +172,25 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
 
 
 def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
-    """`goodput`, `failure_lost_gpu_hours` and `restart_gpu_hours` of the jobs that ended, by the
-    leader's definition (synapse.core.goodput): a preempted run keeps nothing, a failed one what its
-    last checkpoint saved, the run that ended the job all but its restart."""
+    """`goodput`, `failure_lost_gpu_hours`, `restart_gpu_hours` and `requeue_wait_gpu_hours` of the
+    jobs that ended, by the leader's definition (synapse.core.goodput): a preempted run keeps nothing,
+    a failed one what its last checkpoint saved, the run that ended the job all but its restart. The
+    requeue wait: each failed attempt's GPUs times its wait until the next attempt starts."""
     attempts = []
+    wait = 0.0
     for r in ended:
         attempts += [goodput.Attempt(r.gpus, stop - start, goodput.OTHER) for start, stop in r.preempted]
         attempts += [goodput.Attempt(r.gpus, stop - start, goodput.FAILURE, kept_s=saved)
                      for start, stop, saved in r.failures]
+        for i, (_, stop, _) in enumerate(r.failures):
+            following = r.failures[i + 1][0] if i + 1 < len(r.failures) else r.start
+            if not math.isnan(following):
+                wait += max(0.0, following - stop) * r.gpus
         if not math.isnan(r.start):
             attempts.append(goodput.Attempt(r.gpus, r.end - r.start, goodput.FINISHED, restart_s=r.restart_s))
     total = goodput.account(attempts)
     return {"goodput": total.goodput, "failure_lost_gpu_hours": total.lost_failures / 3600,
-            "restart_gpu_hours": total.lost_restarts / 3600}
+            "restart_gpu_hours": total.lost_restarts / 3600, "requeue_wait_gpu_hours": wait / 3600}
 
 
 def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:

@@ -10,7 +10,8 @@ A policy that `preempts` (synapse's) also runs the leader's preemption step (syn
 victims stop after their grace, lose their work and rerun in full, at the spread penalty of
 wherever their new attempt lands.
 With a failure model (synapse.sim.failures), nodes die and come back: the replay commits the
-leader's NodeLost and NodeUp, and each gang stopped by a failure resumes from its last checkpoint.
+leader's NodeLost and NodeUp, and each gang stopped by a failure resumes from its last checkpoint;
+with recovery `spares`, so does a guest evicted from a spare for a restart.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from synapse.core.fsm import ClusterState
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
 from synapse.core.sim import Simulator, TaskEnd
+from synapse.core.spares import SPARE_RULE, SparePolicy
 from synapse.sim.failures import LOST, MAX_RESTARTS, FailureModel, NodeFailures
 from synapse.sim.policies import Policy
 from synapse.sim.trace import CPU_PER_GPU, MEMORY_PER_GPU, ClusterShape, Trace, TraceJob
@@ -99,7 +101,9 @@ class Replay(Simulator):
 
     def __init__(self, trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,
                  queues: tuple[Queue, ...] = (), failures: FailureModel | None = None) -> None:
-        super().__init__(policy=self._timed, preempt=policy.preempts)
+        spares = SparePolicy("rack", failures.spares_per_rack) \
+            if failures is not None and failures.recovery == "spares" and policy.tunable else None
+        super().__init__(policy=self._timed, preempt=policy.preempts, spares=spares)
         self.trace, self.shape, self.spec_policy = trace, shape, policy
         self.spread_factor = spread_factor
         self.queues = queues
@@ -260,6 +264,24 @@ class Replay(Simulator):
                                      reason=f"time limit of {job.spec.time_limit:.0f}s exceeded",
                                      cause=EndReason.TIME_LIMIT))
         super().end_task(end)
+
+    def _preempt(self, cmd: c.Preempt) -> None:
+        """With failures simulated, a guest evicted from a spare for a restart keeps the progress
+        up to its last checkpoint, as a failed gang does (its loss counts as the failure's)."""
+        super()._preempt(cmd)
+        if self.failures is None or cmd.rule != SPARE_RULE:
+            return
+        model = self.failures.model
+        for v in cmd.victims:
+            self.lost_runs.pop(next(i for i in range(len(self.lost_runs) - 1, -1, -1)
+                                    if self.lost_runs[i][0] == v.job_id))
+            origin = self._origin.get(v.job_id, v.job_id)
+            start, speed, restart = self._attempt[v.job_id]
+            stop = self.now + v.notice + v.grace
+            kept = model.kept(max(0.0, self.now - start - restart))
+            self._work[origin] = self._work.get(origin, self.row_of(v.job_id).duration) - kept * speed
+            self._restarted.add(origin)
+            self._failed_runs.setdefault(origin, []).append((start, stop, kept))
 
     def _node_events(self, at: float) -> int:
         """Fail and restore the nodes due by `at`; how many events that was."""
