@@ -468,3 +468,14 @@ def test_a_stalled_leader_holds_the_nodes_its_late_digests_then_vouch_for(make):
     # ... then the digests that waited for it arrive: no one was silent after all
     d.handle(LivenessDigest("A", at=45, mono=45, ages=tuple((n, 1.0) for n in nodes)))
     assert [monitor(d, t) for t in range(46, 50)] == [[]] * 4 and d.brain.held_silent == 0
+
+
+def test_the_outcome_of_a_drain_is_heard_and_the_stimuli_after_it_too(make):
+    """A DrainNode's outcome once raised in the brain (it was logged as a SetNodeHealth), and the
+    outcomes after it in the same batch went unheard: here a NodeUp's, whose node stayed 'proposed'."""
+    d = make(cluster(racks=1, nodes_per_rack=2))
+    d.brain.proposed_health.add(N0)
+    d.brain.proposed_up.add(N1)
+    d.handle(Proposed(Propose(c.DrainNode(at=1.0, node_id=N0, reason="health")), True, "j1"),
+             Proposed(Propose(c.NodeUp(at=1.0, node_id=N1)), True))
+    assert N0 not in d.brain.proposed_health and N1 not in d.brain.proposed_up

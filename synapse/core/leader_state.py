@@ -717,10 +717,16 @@ class LeaderState:
         cmd = s.proposal.cmd
         if isinstance(cmd, c.NodeUp):
             self.proposed_up.discard(cmd.node_id)
-        elif isinstance(cmd, c.SetNodeHealth | c.DrainNode):
+        elif isinstance(cmd, c.SetNodeHealth):
             self.proposed_health.discard(cmd.node_id)
             if s.ok:
                 log.info("node health recorded node=%s healthy=%s message=%s", cmd.node_id, cmd.healthy, cmd.message)
+        elif isinstance(cmd, c.DrainNode):
+            # (A DrainNode has no health of its own: logging one as a SetNodeHealth raised here, and
+            # the stimuli after it in the batch went unheard. mypy --strict found it.)
+            self.proposed_health.discard(cmd.node_id)
+            if s.ok:
+                log.info("node drained node=%s reason=%s jobs=%s", cmd.node_id, cmd.reason, s.value)
         elif isinstance(cmd, c.CommitPlan):
             if s.ok:
                 log.info("gang committed job=%s attempt=%d tasks=%d nodes=%d", cmd.job_id, cmd.attempt,
