@@ -67,7 +67,7 @@ def share(queue: Queue, usage: Resources, pool: Resources) -> float:
     return worst / queue.weight
 
 
-def admission_key(state: ClusterState, job: Job, pool: Resources) -> tuple:
+def admission_key(state: ClusterState, job: Job, pool: Resources) -> tuple[bool, float, tuple[int, float, int]]:
     """Order across queues: gangs that stay within their queue's guarantee first, then the lowest
     share after admission; within a queue, priority then submission time (the job's queue key)."""
     queue = queue_of(state, job)

@@ -136,7 +136,7 @@ def job_attempts(job: Job, now: float) -> list[Attempt]:
         gpus = float(len(job.tasks) * job.spec.resources.gpu)
         restarted = previous_end is not None
         running_at = job.started_at or now
-        wait = job.placed_at - previous_end if restarted else 0.0
+        wait = job.placed_at - previous_end if previous_end is not None else 0.0
         out.append(Attempt(gpus, now - job.placed_at, FINISHED,
                            restart_s=running_at - job.placed_at if restarted else 0.0, wait_s=wait))
     elif job.status is JobStatus.PENDING and previous_end is not None:

@@ -60,7 +60,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from synapse.core import admission, codec, dependencies, preemption, spares
 from synapse.core import commands as c
@@ -304,7 +304,7 @@ class LeaderState:
         self.spares_checked = -1
         #: (job, attempt) an eviction from spares is on its way for; handle only
         self.evicting: set[tuple[str, int]] = set()
-        self._handlers: dict[type, Callable[[ClusterState, object], list[Instruction]]] = {
+        self._handlers: dict[type, Callable[[ClusterState, Any], list[Instruction]]] = {
             Started: self._started, RoundDue: self._round, MonitorDue: self._monitor,
             Heartbeat: self._heartbeat, LivenessDigest: self._digest, ProgressReport: self._progress,
             Proposed: self._proposed,

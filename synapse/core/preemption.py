@@ -46,6 +46,12 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.placement import pack_depth
+from synapse.core.topology import Domain
+
+#: A plan's cost, compared as a tuple: (highest victim priority, GPUs pushed below guarantees, GPU-seconds
+#: lost, victims, their ids); a lower bound on it, its first three (a prefix compares as a tuple would).
+Cost = tuple[int, int, float, int, tuple[str, ...]]
+Bound = tuple[int, int, float]
 
 DEFAULT_RULES = ("reclaim", "priority", "backfill")
 _LIVE = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING})
@@ -66,7 +72,7 @@ class _Candidate:
     below: int  #: GPUs its going alone would push its queue below its guarantee
     gpus: int  #: GPUs the gang holds
 
-    def cost(self) -> tuple:
+    def cost(self) -> tuple[int, int, float, str]:
         return (self.job.spec.priority, self.below, self.lost, self.job.id)
 
 
@@ -138,15 +144,15 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
                 f"{'within' if within_guarantee else 'beyond'} its guarantee)")
 
     depths = _depths(state, job)
-    best: tuple[tuple, tuple[_Candidate, ...], tuple[str, ...], tuple] | None = None
+    best: tuple[Cost, tuple[_Candidate, ...], tuple[str, ...], Domain] | None = None
     considered = 0
-    alternatives: list[tuple[float, str, tuple]] = []  # (GPU-seconds lost, description, domain) of each domain
+    alternatives: list[tuple[float, str, Domain]] = []  # (GPU-seconds lost, description, domain) of each domain
     index, nodes = state.index, state.nodes
     for depth in depths:
-        by_domain: dict[tuple, list[_Candidate]] = {}  # each candidate under every domain it touches
-        gpus_in: dict[tuple, list[tuple[float, int]]] = {}  # domain -> (lost per GPU, GPUs there)
+        by_domain: dict[Domain, list[_Candidate]] = {}  # each candidate under every domain it touches
+        gpus_in: dict[Domain, list[tuple[float, int]]] = {}  # domain -> (lost per GPU, GPUs there)
         for candidate in candidates:
-            here: dict[tuple, int] = {}
+            here: dict[Domain, int] = {}
             for t in candidate.job.tasks:
                 if index.contains(t.node_id):  # the node accepts work (a victim's tasks are live)
                     key = nodes[t.node_id].topology[:depth]
@@ -253,7 +259,7 @@ def _depths(state: ClusterState, job: Job) -> list[int]:
     return [depth] if job.spec.topology.mode.value == "required" else [depth, 0]
 
 
-def _nodes_of(state: ClusterState, domain: tuple) -> list[str]:
+def _nodes_of(state: ClusterState, domain: Domain) -> list[str]:
     """The nodes of a domain that accept work, from the capacity index."""
     stats = state.index.domains[domain]
     if stats.entries is not None:
@@ -261,9 +267,9 @@ def _nodes_of(state: ClusterState, domain: tuple) -> list[str]:
     return sorted(n for child in stats.children for n in _nodes_of(state, child))
 
 
-def _held_for_others(state: ClusterState, job: Job, depth: int) -> dict[tuple, int]:
+def _held_for_others(state: ClusterState, job: Job, depth: int) -> dict[Domain, int]:
     """Free GPUs per domain on nodes held for other preemptors (out of reach for this job)."""
-    out: dict[tuple, int] = {}
+    out: dict[Domain, int] = {}
     for node_id, holder in state.held_nodes.items():
         if holder != job.id and state.index.contains(node_id):
             node = state.nodes[node_id]
@@ -272,7 +278,7 @@ def _held_for_others(state: ClusterState, job: Job, depth: int) -> dict[tuple, i
     return out
 
 
-def _lower_bound(job: Job, free: int, candidates: list[_Candidate], gpus_in: list[tuple[float, int]]) -> tuple:
+def _lower_bound(job: Job, free: int, candidates: list[_Candidate], gpus_in: list[tuple[float, int]]) -> Bound:
     """A bound no victim set in this domain can beat, compared like a plan's cost: the lowest
     candidate priority, no GPUs below a guarantee, and the least GPU-time lost to free the GPUs
     the gang lacks here (a fractional knapsack over the candidates' GPUs in the domain; a gang is

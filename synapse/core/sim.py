@@ -127,11 +127,16 @@ class Simulator:
         again. With preemption on, rounds follow one another while they place or preempt; a round
         that designated spares (and placed nothing: see LeaderState) is followed by another."""
         preempted = self._round(full)
-        result = self.leader.last_round
+        result = self._last_round()
         while (self.preempt and self.state.queues and (result.plans or preempted)) or self._designated:
             preempted = self._round(False)
-            result = self.leader.last_round
+            result = self._last_round()
         return result
+
+    def _last_round(self) -> RoundResult:
+        """The round the brain just ran; an empty one when it ran none (a RoundDue that designated
+        spares places nothing: see LeaderState)."""
+        return self.leader.last_round or RoundResult()
 
     def _round(self, full: bool) -> bool:
         """One round; True when it committed a preemption."""
