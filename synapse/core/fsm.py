@@ -185,6 +185,7 @@ class ClusterState:
             c.HistoryExported: self._history_exported,
             c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
             c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
+            c.SubmitImageJob: self._submit_job,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -554,6 +555,8 @@ class ClusterState:
         """Why a submission's checkpoint notice cannot be accepted, or '' (jobspec.check_checkpoint)."""
         if cmd.spec.has_checkpoint and not isinstance(cmd, c.SubmitCheckpointJob):
             return "a checkpoint notice needs a SubmitCheckpointJob command"
+        if cmd.spec.has_image_run and not isinstance(cmd, c.SubmitImageJob):
+            return "mounts, or a job without a command, need a SubmitImageJob command"
         try:
             check_checkpoint(cmd.spec)
         except JobFileError as exc:
@@ -868,6 +871,18 @@ class ClusterState:
             # Rank 0 never started; the clash is its node's, so the attempt stops without failing
             # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
             self._stop_attempt(job, message, cmd.at, cause=EndReason.MASTER_PORT_IN_USE)
+        elif reason == EndReason.IMAGE_PULL_FAILED:
+            # The task never ran. A node-side failure requeues the gang uncharged, without the
+            # node; a failure of the reference would fail on every node: the job fails, not retried.
+            # (A version-4 cause: an older replica never sees it, see endpoints.ReportTaskEvents.)
+            failure = f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}: {message}"
+            if cmd.node_side:
+                job.excluded_nodes = (*(n for n in job.excluded_nodes if n != task.node_id),
+                                      task.node_id)[-MAX_EXCLUDED_NODES:]
+                self._stop_attempt(job, f"{reason} on {task.node_id}: {message}", cmd.at, cause=reason)
+            else:
+                job.final_failure = True
+                self._stop_attempt(job, f"failed: {reason} on {task.node_id}: {message}", cmd.at, failure=failure)
         elif cmd.exit_code != 0:
             why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
             self._stop_attempt(job, f"failed: {why}", cmd.at,
@@ -1225,8 +1240,9 @@ class ClusterState:
         elif job.stop_cause == EndReason.PREEMPTED:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
-        elif job.stop_cause in REQUEUED_CAUSES and not (job.stop_cause == EndReason.NODE_LOST
-                                                         and job.requeues >= MAX_UNCHARGED_REQUEUES):
+        elif (job.stop_cause in REQUEUED_CAUSES or job.stop_cause == EndReason.IMAGE_PULL_FAILED) \
+                and not (job.stop_cause in (EndReason.NODE_LOST, EndReason.IMAGE_PULL_FAILED)
+                         and job.requeues >= MAX_UNCHARGED_REQUEUES):
             job.requeues += 1
             self._requeue_unfailed(job, at, f"after {job.stop_reason}")
         elif job.final_failure:
@@ -1362,7 +1378,7 @@ def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
         return EndReason.OOM_KILLED, cmd.reason
     if job.status is JobStatus.STOPPING and job.stop_cause:
         return job.stop_cause, job.stop_reason
-    if cmd.cause == EndReason.MASTER_PORT_IN_USE:
+    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED):
         return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
     if cmd.cause in WORKER_REASONS:
         cause = cmd.cause

@@ -151,6 +151,9 @@ class JobSpec:
     tasks_min: int = 0  #: elastic gangs: the least tasks it runs with (`tasks` is the most); 0 = not elastic
     resize_interval: float = 0.0  #: elastic gangs: seconds between two growths at least; 0 = the default
     checkpoint: CheckpointSpec = CheckpointSpec()  #: the checkpoint notice (command-set version 3)
+    #: bind mounts into the job's image: (source on the node, target in the image, read-only)
+    #: (command-set version 4); each worker allows only the sources under its --allow-mount prefixes
+    mounts: tuple[tuple[str, str, bool], ...] = ()
 
     @property
     def has_workflow(self) -> bool:
@@ -161,6 +164,12 @@ class JobSpec:
     def has_checkpoint(self) -> bool:
         """True when it asks for a checkpoint notice (a field that needs command-set version 3)."""
         return bool(self.checkpoint.signal)
+
+    @property
+    def has_image_run(self) -> bool:
+        """True when it uses what needs command-set version 4: mounts, or an image's entrypoint in
+        place of a command (an older replica refuses a spec without a command)."""
+        return bool(self.mounts or (self.image and not self.command))
 
     @property
     def total(self) -> Resources:
@@ -202,6 +211,10 @@ class EndReason(enum.StrEnum):
     DRAINED = "Drained"  #: stopped because its node (or another node of its gang) was drained
     #: rank 0's rendezvous port was in use on its node, so rank 0 never started (synapse.core.rendezvous)
     MASTER_PORT_IN_USE = "MasterPortInUse"
+    #: its node could not get the job's image: the reference is wrong (not found, unauthorised, a
+    #: digest mismatch: the job fails, not retried) or the node is (unreachable registry, full disk,
+    #: timeout: the gang requeues elsewhere, uncharged, without that node)
+    IMAGE_PULL_FAILED = "ImagePullFailed"
 
 
 #: The causes besides preemption and resizing that end an attempt through no fault of the job: it
@@ -224,7 +237,7 @@ NOTICED_CAUSES = frozenset({EndReason.TIME_LIMIT, EndReason.PREEMPTED, EndReason
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
 WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
-                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE})
+                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED})
 
 
 class TaskState(enum.StrEnum):
@@ -539,6 +552,8 @@ class Assignment:
     #: ahead of SIGTERM (jobspec.NOTICE_SIGNALS spelling); "" = no notice
     notice_signal: str = ""
     notice: float = 0.0  #: with stop and notice_signal: SIGTERM comes this many seconds after the notice
+    #: the job's bind mounts (source on the node, target in the image, read-only), for a task in an image
+    mounts: tuple[tuple[str, str, bool], ...] = ()
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -48,9 +48,12 @@ SNAPSHOT_VERSION = 2
 #: version-2 release refuses it rather than drop them. A state without them encodes (and digests)
 #: exactly as version 2 did, so replicas compare equal during an upgrade.
 SNAPSHOT_VERSION_3 = 3
+#: The version written once a job's spec holds what version 3 cannot read (mounts, or no command:
+#: the job runs its image's entrypoint): a version-3 release refuses it rather than drop them.
+SNAPSHOT_VERSION_4 = 4
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
@@ -64,8 +67,10 @@ def encode(state: Any) -> dict[str, Any]:
     nodes = [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)]
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
+    images = any("mounts" in s or not s["command"] for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays])
     return {
-        "version": SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION, "levels": list(state.levels),
+        "version": SNAPSHOT_VERSION_4 if images else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
+        "levels": list(state.levels),
         "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
         "replicas": {k: list(v) for k, v in sorted(state.replicas.items())},
@@ -204,7 +209,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "grace": s.grace, "gpu_model": s.gpu_model, "array": s.array, "array_throttle": s.array_throttle,
             "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable,
             "tasks_min": s.tasks_min, "resize_interval": s.resize_interval,
-            **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {})}
+            **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {}),
+            **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {})}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -217,7 +223,8 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    after=tuple((k, j) for k, j in d.get("after", ())), singleton=d.get("singleton", False),
                    on_unsatisfiable=d.get("on_unsatisfiable", ""), tasks_min=d.get("tasks_min", 0),
                    resize_interval=d.get("resize_interval", 0.0),
-                   checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))))
+                   checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))),
+                   mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:

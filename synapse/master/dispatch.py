@@ -46,7 +46,7 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
         master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
-        gpus=task.gpus, command=job.spec.command, image=job.spec.image, stop=stop,
+        gpus=task.gpus, command=job.spec.command, image=job.spec.image, mounts=job.spec.mounts, stop=stop,
         grace=job.stop_grace if stop else 0.0, resources=task.resources, notice_signal=signal, notice=notice,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
         env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),

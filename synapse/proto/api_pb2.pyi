@@ -1188,6 +1188,7 @@ class Assignment(_message.Message):
     RESOURCES_FIELD_NUMBER: _builtins.int
     NOTICE_SIGNAL_FIELD_NUMBER: _builtins.int
     NOTICE_S_FIELD_NUMBER: _builtins.int
+    MOUNTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1219,6 +1220,10 @@ class Assignment(_message.Message):
     def resources(self) -> _types_pb2.Resources:
         """the task's own: the worker confines it to them (memory, cpu quota)"""
 
+    @_builtins.property
+    def mounts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Mount]:
+        """the job's bind mounts into its image"""
+
     def __init__(
         self,
         *,
@@ -1241,10 +1246,11 @@ class Assignment(_message.Message):
         resources: _types_pb2.Resources | None = ...,
         notice_signal: _builtins.str = ...,
         notice_s: _builtins.float = ...,
+        mounts: _abc.Iterable[_types_pb2.Mount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "mounts", b"mounts", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1261,6 +1267,7 @@ class TaskEvent(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     CAUSE_FIELD_NUMBER: _builtins.int
+    NODE_SIDE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1270,6 +1277,8 @@ class TaskEvent(_message.Message):
     reason: _builtins.str
     cause: _builtins.str
     """Completed, Error, Signal or OOMKilled (from the task's cgroup)"""
+    node_side: _builtins.bool
+    """with cause ImagePullFailed: another node may succeed"""
     def __init__(
         self,
         *,
@@ -1280,10 +1289,11 @@ class TaskEvent(_message.Message):
         exit_code: _builtins.int = ...,
         reason: _builtins.str = ...,
         cause: _builtins.str = ...,
+        node_side: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "reason", b"reason", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "node_side", b"node_side", "reason", b"reason", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,6 +10,9 @@ Threads, each feeding events into one queue that the main loop drains in order:
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
+* pulls (a pool of PULL_THREADS): a task in an image waits, starting, while the node's image store
+  gets its image (one pull per image however many tasks ask); the result comes back as an event,
+  and the task starts then, or ends ImagePullFailed without having run;
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
 """
@@ -25,8 +28,9 @@ import signal
 import threading
 import time
 from concurrent import futures
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -41,10 +45,11 @@ from synapse.core.shards import ranked
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
 from synapse.worker import state as ws
+from synapse.worker.container import ContainerRefused
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
-from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use
+from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use, task_id
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,25 @@ TASK_JOURNAL = "task-events.jsonl"
 #: The node's own credential, as RegisterNode returned it ({"node_id", "credential"}, mode 0600): with
 #: it the worker needs neither the cluster token nor its join token again.
 CREDENTIAL_FILE = "node-credential.json"
+#: Images pulled at once (the store pulls each image once, however many tasks wait for it).
+PULL_THREADS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ImageReady:
+    """The image store holds a task's image now (pinned for the task)."""
+
+    key: ws.Key
+    image: Any  #: the store's Image
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFailed:
+    """The image store could not get a task's image."""
+
+    key: ws.Key
+    message: str  #: names the node, the image and the cause
+    node_side: bool  #: another node may succeed
 
 
 def _signal_name(number: int) -> str:
@@ -95,7 +119,8 @@ class WorkerAgent:
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
                  tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
-                 health: HealthCheck | None = None, drain_on_failure: bool = False) -> None:
+                 health: HealthCheck | None = None, drain_on_failure: bool = False, images: Any = None,
+                 allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None) -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
@@ -103,7 +128,11 @@ class WorkerAgent:
         self.join_token = join_token  #: registers this node the first time, if it has no credential yet
         self.data_dir = data_dir
         self.heartbeat_interval = heartbeat_interval
-        self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max)
+        self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max, allow_mounts,
+                                      *((cdi_dirs,) if cdi_dirs is not None else ()))
+        #: the node's image store (synapse.images.store.ImageStore); None: tasks in images cannot run here
+        self.images = images
+        self.pulls = futures.ThreadPoolExecutor(max_workers=PULL_THREADS, thread_name_prefix="pull")
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
         self.health = health  #: the health check, if the operator gave one
@@ -221,7 +250,10 @@ class WorkerAgent:
             except queue.Empty:
                 event = None
             changed = False
-            if event is not None:
+            if isinstance(event, ImageReady | ImageFailed):
+                self._pulled(event)
+                changed = True
+            elif event is not None:
                 self._carry_out(self.state.handle(event, time.monotonic()))
                 changed = True
             if time.monotonic() >= next_poll:
@@ -235,13 +267,52 @@ class WorkerAgent:
 
     def _carry_out(self, instructions: list) -> None:
         for ins in instructions:
-            if isinstance(ins, ws.Start):
+            if isinstance(ins, ws.Start) and self.runtime.contained(ins.assignment):
+                self._save_state()
+                self.pulls.submit(self._pull, ins.assignment)
+            elif isinstance(ins, ws.Start):
                 self._start(ins.assignment)
             elif isinstance(ins, ws.Signal):
                 log.info("signal task=%s sig=%s", ins.key, _signal_name(ins.signal))
                 self.runtime.signal(ins.handle, ins.signal)
 
-    def _start(self, a: Assignment) -> None:
+    def _pull(self, a: Assignment) -> None:
+        """(pull thread) Get the task's image from the store, pinned for the task; the outcome goes
+        to the main loop as an event."""
+        if self.images is None:
+            self.events.put(ImageFailed(a.key, f"node {self.node_id} has no image store", True))
+            return
+        try:
+            image = self.images.ensure(a.image, holder=task_id(a))
+        except Exception as exc:  # the store's PullError, or anything else it raised: the task must end
+            cause = getattr(exc, "cause", "")
+            node_side = bool(getattr(exc, "node_side", True))
+            log.warning("image pull failed task=%s image=%s cause=%s node_side=%s error=%s", a.key, a.image,
+                        cause or type(exc).__name__, node_side, exc)
+            self.events.put(ImageFailed(a.key, f"node {self.node_id}: image {a.image}: "
+                                               f"{cause or type(exc).__name__}: {exc}", node_side))
+            return
+        self.events.put(ImageReady(a.key, image))
+
+    def _pulled(self, event: ImageReady | ImageFailed) -> None:
+        """A pull ended: start its task, unless a stop came meanwhile; or end it ImagePullFailed."""
+        task = self.state.tasks.get(event.key)
+        if task is None or task.phase != "starting" or task.handle is not None:
+            if self.images is not None:
+                self.images.release("{}.{}.{}".format(*event.key))  # task_id's spelling
+            if task is not None and task.handle is None:
+                self._carry_out(self.state.handle(ws.TaskStartFailed(
+                    event.key, "stopped before its image was ready"), time.monotonic()))
+            return
+        a = task.assignment
+        if isinstance(event, ImageFailed):
+            self.metrics.exits.labels("start_failed").inc()
+            self._carry_out(self.state.handle(ws.TaskStartFailed(event.key, event.message, EndReason.IMAGE_PULL_FAILED,
+                                                                 node_side=event.node_side), time.monotonic()))
+            return
+        self._start(a, event.image)
+
+    def _start(self, a: Assignment, image: Any = None) -> None:
         # Record the intent first: a crash between the fork and the next save must not leave a
         # task this worker forgets and would start a second time (see _load_state).
         seen = time.monotonic()
@@ -254,10 +325,11 @@ class WorkerAgent:
                                               time.monotonic()))
             return
         try:
-            handle = self.runtime.start(a)
-        except OSError as exc:
+            handle = self.runtime.start(a, image)
+        except (OSError, ContainerRefused) as exc:
             self.metrics.exits.labels("start_failed").inc()
             log.warning("task start failed task=%s error=%s", a.key, exc)
+            self._end_container(a)
             self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, str(exc)), time.monotonic()))
             return
         self.metrics.task_start.observe(time.monotonic() - seen)
@@ -265,6 +337,13 @@ class WorkerAgent:
                  a.rank, handle.pid)
         self._journal("start", a, pid=handle.pid)
         self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+
+    def _end_container(self, a: Assignment) -> None:
+        """An ended task in an image: drop its writable layer, unpin its image."""
+        if self.runtime.contained(a):
+            self.runtime.dispose(a)
+            if self.images is not None:
+                self.images.release(task_id(a))
 
     def _master_port_clash(self, a: Assignment) -> str:
         """Why rank 0 must not start here ("" if it may): its MASTER_PORT is taken on this node, by a
@@ -305,6 +384,7 @@ class WorkerAgent:
                 self.metrics.exits.labels(outcome).inc()
                 # The cgroup goes once its OOM count has been read: the task's end is now known.
                 self.runtime.release(task.handle.cgroup)
+                self._end_container(a)
                 self._carry_out(self.state.handle(
                     ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause), time.monotonic()))
                 changed = True
@@ -402,7 +482,8 @@ class WorkerAgent:
                 continue
             request = api_pb2.ReportTaskEventsRequest(node_id=self.node_id, events=[
                 api_pb2.TaskEvent(job_id=r.key[0], attempt=r.key[1], index=r.key[2], started=r.started,
-                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause) for r in batch])
+                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause, node_side=r.node_side)
+                for r in batch])
             try:
                 self.report_client.call("ReportTaskEvents", request, deadline=10.0)
                 self.events.put(ws.ReportsAcknowledged(batch))
@@ -432,11 +513,12 @@ class WorkerAgent:
         self.state.known = tuple(data["known"])  # type: ignore[assignment]
         self.state.done = {tuple(k) for k in data["done"]}  # type: ignore[misc]
         self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"],  # type: ignore[arg-type]
-                                           r.get("cause", "")) for r in data["unreported"]]
+                                           r.get("cause", ""), r.get("node_side", False)) for r in data["unreported"]]
         for t in data["tasks"]:
             a = t["assignment"]
             assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
                                        "env": tuple(tuple(kv) for kv in a["env"]),
+                                       "mounts": tuple(tuple(m) for m in a.get("mounts", ())),
                                        "resources": Resources(**a.get("resources", {}))})
             task = ws.LocalTask(assignment, phase=t["phase"])
             # A task recorded as starting may have been forked just before a crash: its shim's
@@ -452,6 +534,9 @@ class WorkerAgent:
             if t.get("noticed"):  # given its notice: not again, and a stop with one waits from now
                 task.noticed_at = time.monotonic()
             self.state.tasks[assignment.key] = task
+            if self.runtime.contained(assignment) and self.images is not None:
+                # Its root stays mounted in its own namespace; the pin keeps the store from evicting it.
+                self.pulls.submit(self.images.ensure, assignment.image, holder=task_id(assignment))
             log.info("re-adopting task=%s pid=%d alive=%s cgroup=%s", assignment.key, task.handle.pid,
                      alive(task.handle), task.handle.cgroup or "-")
 

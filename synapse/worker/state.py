@@ -60,7 +60,9 @@ class TaskStarted:
 class TaskStartFailed:
     key: Key
     reason: str
-    cause: str = EndReason.ERROR  #: MasterPortInUse when rank 0's port was taken (it never started)
+    #: MasterPortInUse when rank 0's port was taken, ImagePullFailed when its image could not be had
+    cause: str = EndReason.ERROR
+    node_side: bool = False  #: with ImagePullFailed: the failure lies in the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,7 @@ class Report:
     exit_code: int = 0
     reason: str = ""
     cause: str = ""
+    node_side: bool = False  #: with ImagePullFailed: the failure lies in the node, another may succeed
 
 
 @dataclass(slots=True)
@@ -150,7 +153,7 @@ class WorkerState:
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return self._notice(event.key, task, task.notice_pending, now)
             case TaskStartFailed():
-                self._exited(event.key, 127, event.reason, event.cause)
+                self._exited(event.key, 127, event.reason, event.cause, event.node_side)
                 return []
             case TaskExited():
                 self._exited(event.key, event.exit_code, event.reason, event.cause)
@@ -210,12 +213,13 @@ class WorkerState:
             return out
         return out + [Signal(key, task.handle, signal.SIGTERM)]
 
-    def _exited(self, key: Key, code: int, reason: str, cause: str) -> None:
+    def _exited(self, key: Key, code: int, reason: str, cause: str, node_side: bool = False) -> None:
         task = self.tasks.pop(key, None)
         if task is None:
             return
         self.done.add(key)
-        self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause))
+        self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause,
+                                      node_side=node_side))
 
     def _escalate(self, now: float) -> list[Start | Signal]:
         out: list[Start | Signal] = []

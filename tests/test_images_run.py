@@ -1,0 +1,235 @@
+"""Tasks inside images: the built-in container runtime's plan (pure), the sandbox on a real root
+file system, and jobs from images on a real local cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from synapse.core import jobspec
+from synapse.core.jobspec import JobFileError
+from synapse.core.model import Assignment
+from synapse.worker import container
+from synapse.worker.container import ContainerRefused, Mount
+from synapse.worker.runtime import ProcessRuntime, alive
+
+BUSYBOX = shutil.which("busybox")
+APPLETS = ("sh", "cat", "ls", "echo", "env", "pwd", "sleep", "touch", "grep", "id", "test", "stat")
+needs_root_fs = pytest.mark.skipif(not BUSYBOX or os.geteuid() != 0 and not os.path.exists("/proc/self/ns/user"),
+                                   reason="needs busybox and namespaces")
+
+
+def busybox_root(path: Path, release: str = "imgrun-test 1") -> Path:
+    """A root file system with a static busybox and an os-release the tests look for."""
+    (path / "bin").mkdir(parents=True)
+    shutil.copy(BUSYBOX, path / "bin" / "busybox")
+    for name in APPLETS:
+        (path / "bin" / name).symlink_to("busybox")
+    (path / "etc").mkdir()
+    (path / "etc" / "os-release").write_text(f"NAME={release}\n")
+    return path
+
+
+def assignment(**kw) -> Assignment:
+    fields = dict(job_id="j1", attempt=1, index=0, rank=0, world_size=1, local_rank=0, local_world_size=1,
+                  node_rank=0, master_addr="127.0.0.1", master_port=0, gpus=(), command=(), env=(),
+                  image="dir:/images/x")
+    fields.update(kw)
+    return Assignment(**fields)
+
+
+def image(root: Path, env=(), working_dir="", entrypoint=(), cmd=()) -> SimpleNamespace:
+    """What the store's `ensure` returns, as far as the runtime reads it."""
+    return SimpleNamespace(root=root, config=SimpleNamespace(env=env, working_dir=working_dir, entrypoint=entrypoint,
+                                                             cmd=cmd, user=""))
+
+
+def plan(tmp_path: Path, **kw) -> container.ContainerSpec:
+    args = dict(task_dir=tmp_path / "task", image_root="/images/x", image_env=(), working_dir="", entrypoint=(),
+                cmd=(), command=("true",), task_env={}, gpus=(), mounts=(), allowed_mounts=(), cdi_specs=())
+    args.update(kw)
+    return container.plan(**args)
+
+
+# ---- the plan (pure) ------------------------------------------------------------------------------
+
+def test_the_jobs_command_replaces_entrypoint_and_cmd_and_without_one_the_image_runs_its_own(tmp_path):
+    assert plan(tmp_path, command=("python", "x.py"), entrypoint=("/init",), cmd=("serve",)).argv == ("python", "x.py")
+    assert plan(tmp_path, command=(), entrypoint=("/init",), cmd=("serve", "-v")).argv == ("/init", "serve", "-v")
+    assert plan(tmp_path, command=(), cmd=("sh",)).argv == ("sh",)
+    with pytest.raises(ContainerRefused, match="no command"):
+        plan(tmp_path, command=())
+
+
+def test_env_layers_image_then_job_then_synapse_and_workdir_from_the_image(tmp_path):
+    spec = plan(tmp_path, image_env=("PATH=/opt/bin:/bin", "A=image", "B=image"), working_dir="/srv",
+                task_env={"B": "job", "RANK": "3"})
+    assert spec.env == {"PATH": "/opt/bin:/bin", "A": "image", "B": "job", "RANK": "3"}
+    assert spec.cwd == "/srv"
+    assert plan(tmp_path).env["PATH"] == container.DEFAULT_PATH and plan(tmp_path).cwd == "/"
+
+
+def test_mounts_only_under_allowed_prefixes(tmp_path):
+    data = tmp_path / "data"
+    (data / "set").mkdir(parents=True)
+    (tmp_path / "secret").mkdir()
+    (data / "link").symlink_to(tmp_path / "secret")
+    ok = Mount(str(data / "set"), "/data", True)
+    assert plan(tmp_path, mounts=(ok,), allowed_mounts=(str(data),)).mounts == (ok,)
+    refusals = [
+        (Mount(str(tmp_path / "secret"), "/s"), (str(data),), "not under a prefix this worker allows"),
+        (Mount(str(data / "link"), "/s"), (str(data),), "not under a prefix"),  # a link out of the prefix
+        (Mount(str(data / "set"), "/data"), (), "allows no mounts"),
+        (Mount(str(data / "gone"), "/data"), (str(data),), "no such file"),
+        (Mount(str(data / "set"), "/proc/x"), (str(data),), "belongs to the runtime"),
+        (Mount(str(data / "set"), "/"), (str(data),), "belongs to the runtime"),
+        (Mount("data/set", "/data"), (str(data),), "absolute"),
+        (Mount(str(data) + "/../secret", "/data"), (str(data),), "'..'"),
+    ]
+    for mount, allowed, why in refusals:
+        with pytest.raises(ContainerRefused, match=why):
+            plan(tmp_path, mounts=(mount,), allowed_mounts=allowed)
+
+
+def test_gpus_without_cdi_only_the_tasks_own_devices_and_the_control_ones(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (dev / name).write_text("")
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    (libs / "libcuda.so.550.1").write_text("")
+    (libs / "libc.so.6").write_text("")
+    spec = plan(tmp_path, gpus=(1, 2), dev_root=str(dev), lib_dirs=(str(libs),))
+    assert [d.target for d in spec.devices] == ["/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert [m.target for m in spec.mounts] == [f"{container.DRIVER_LIB_DIR}/libcuda.so.550.1"]
+    assert spec.mounts[0].readonly and spec.env["LD_LIBRARY_PATH"] == container.DRIVER_LIB_DIR
+    assert plan(tmp_path, dev_root=str(dev), lib_dirs=(str(libs),)).devices == ()  # no GPUs: no devices
+
+
+def test_a_cdi_spec_decides_devices_mounts_and_env_and_its_hooks_are_skipped(tmp_path):
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "nvidia.yaml").write_text("""
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits: {deviceNodes: [{path: /dev/nvidia0}]}
+- name: "1"
+  containerEdits: {deviceNodes: [{path: /dev/nvidia1, hostPath: /host/dev/nvidia1}]}
+containerEdits:
+  env: [NVIDIA_VISIBLE_DEVICES=void, CDI_SEEN=yes]
+  deviceNodes: [{path: /dev/nvidiactl}]
+  mounts: [{hostPath: /host/lib/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1, options: [ro, nosuid]}]
+  hooks: [{hookName: createContainer, path: /usr/bin/nvidia-ctk, args: [nvidia-ctk, hook, update-ldcache]}]
+""")
+    (cdi / "other.json").write_text(json.dumps({"kind": "example.com/nic", "devices": []}))
+    (cdi / "broken.json").write_text("{")
+    spec = plan(tmp_path, gpus=(1,), cdi_specs=container.load_cdi_specs([str(cdi), str(tmp_path / "none")]),
+                task_env={"CDI_SEEN": "job"})
+    assert spec.devices == (Mount("/dev/nvidiactl", "/dev/nvidiactl"), Mount("/host/dev/nvidia1", "/dev/nvidia1"))
+    assert spec.mounts == (Mount("/host/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", True),)
+    assert spec.env["NVIDIA_VISIBLE_DEVICES"] == "void" and spec.env["CDI_SEEN"] == "job"
+    assert spec.skipped == ("hook createContainer /usr/bin/nvidia-ctk",)
+
+
+def parse(text: str):
+    return jobspec.parse_job(yaml.safe_load(text))
+
+
+def test_jobspec_mounts_and_no_command_with_an_image():
+    spec = parse("name: x\ntasks: 1\nresources: {cpu: 1}\nimage: dir:/images/x\n"
+                             "mounts: [{source: /data/set, target: /data, readonly: true}, {source: /scratch}]\n")
+    assert spec.command == () and spec.mounts == (("/data/set", "/data", True), ("/scratch", "/scratch", False))
+    assert spec.has_image_run
+    bad = {
+        "name: x\ntasks: 1\nresources: {cpu: 1}\n": "command",
+        "name: x\ntasks: 1\nresources: {cpu: 1}\ncommand: [a]\nmounts: [{source: /d}]\n": "need an image",
+        "name: x\ntasks: 1\nresources: {cpu: 1}\nimage: dir:/i\nmounts: [{source: d}]\n": "absolute",
+        "name: x\ntasks: 1\nresources: {cpu: 1}\nimage: dir:/i\nmounts: [{source: /d/../e}]\n": "'..'",
+        "name: x\ntasks: 1\nresources: {cpu: 1}\nimage: dir:/i\nmounts: [{source: /d, rw: true}]\n": "mounts\\[0\\]",
+    }
+    for text, why in bad.items():
+        with pytest.raises(JobFileError, match=why):
+            parse(text)
+
+
+# ---- the sandbox on a real root file system -----------------------------------------------------------
+
+def run_task(runtime: ProcessRuntime, a: Assignment, img, timeout: float = 30.0, stop_after: float = 0.0):
+    handle = runtime.start(a, img)
+    deadline = time.monotonic() + timeout
+    if stop_after:
+        time.sleep(stop_after)
+        runtime.signal(handle, signal.SIGTERM)
+    while alive(handle) and time.monotonic() < deadline:
+        runtime.reap()
+        time.sleep(0.02)
+    assert not alive(handle), "the task did not end"
+    return runtime.outcome(handle, a), Path(handle.log_file).read_text()
+
+
+@needs_root_fs
+def test_a_task_sees_the_image_its_env_and_workdir_and_writes_to_a_layer_of_its_own(tmp_path):
+    root = busybox_root(tmp_path / "root")
+    runtime = ProcessRuntime(tmp_path / "w")
+    img = image(root, env=("FROM_IMAGE=1", "B=image"), working_dir="/work",
+                entrypoint=("sh", "-c"), cmd=("cat /etc/os-release; pwd; echo B=$B I=$FROM_IMAGE R=$RANK; "
+                                              "echo scratch > /etc/new; grep NoNewPrivs /proc/self/status; "
+                                              "echo pid=$$; ls /dev",))
+    a = assignment(env=(("B", "job"),))
+    end, log = run_task(runtime, a, img)
+    assert end.cause == "Completed", log
+    assert "NAME=imgrun-test 1" in log and "/work\n" in log and "B=job I=1 R=0" in log
+    assert "NoNewPrivs:\t1" in log and "pid=2" in log  # pid 1 is the sandbox's init
+    devices = set(log.split("pid=2\n", 1)[1].split())
+    assert {"null", "zero", "full", "random", "urandom", "tty", "shm", "pts"} <= devices
+    assert not any(d.startswith("nvidia") or d.startswith("sd") for d in devices)
+    assert not (root / "etc" / "new").exists()  # the image stays as it was
+    runtime.dispose(a)
+    assert not runtime.container_dir(a).exists()
+
+
+@needs_root_fs
+def test_a_missing_command_ends_command_not_found_and_a_sigterm_reaches_the_task(tmp_path):
+    root = busybox_root(tmp_path / "root")
+    runtime = ProcessRuntime(tmp_path / "w")
+    a = assignment(command=("train.py",))
+    end, log = run_task(runtime, a, image(root))
+    assert (end.exit_code, end.cause) == (127, "CommandNotFound") and "no such command in the image" in end.detail
+    # The task's own handler runs and its own exit status is what the shim records.
+    b = assignment(attempt=2, command=("sh", "-c", "trap 'echo saved; exit 7' TERM; echo ready; sleep 30 & wait"))
+    end, log = run_task(runtime, b, image(root), stop_after=1.5)
+    assert (end.exit_code, end.cause) == (7, "Error") and "saved" in log, log
+
+
+@needs_root_fs
+def test_mounts_and_gpu_devices_inside_the_task(tmp_path, monkeypatch):
+    root = busybox_root(tmp_path / "root")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "input.txt").write_text("dataset\n")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl"):
+        (dev / name).write_text(name)
+    monkeypatch.setenv(container.DEV_ROOT_HOOK, str(dev))
+    runtime = ProcessRuntime(tmp_path / "w", allow_mounts=(str(data),), cdi_dirs=())
+    a = assignment(gpus=(1,), mounts=((str(data), "/mnt/data", True),),
+                   command=("sh", "-c", "cat /mnt/data/input.txt; ls /dev; touch /mnt/data/x || echo read-only"))
+    end, log = run_task(runtime, a, image(root))
+    assert end.cause == "Completed", log
+    assert "dataset" in log and "read-only" in log and not (data / "x").exists()
+    assert "nvidia1" in log and "nvidiactl" in log and "nvidia0" not in log
+    refused = assignment(attempt=2, mounts=((str(tmp_path), "/mnt/all", False),), command=("true",))
+    with pytest.raises(ContainerRefused, match="not under a prefix"):
+        runtime.start(refused, image(root))
