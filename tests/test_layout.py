@@ -26,7 +26,8 @@ ALLOWED = {
     "client": {"core", "common", "proto"},
     "master": {"core", "common", "proto", "history"},
     "history": {"core"},  # the history store and its exporter: the master runs them
-    "worker": {"core", "common", "client", "proto", "images"},  # images: the node's image store
+    "worker": {"core", "common", "client", "proto", "images"},
+    "images": {"core"},  # the node's image store: the worker runs it
     "local": {"core", "common", "client", "proto", "history"},  # history: checks --history's URL
     "sim": {"core", "common"},  # the evaluation: the pure core on a simulated clock, never master/worker/gRPC
     "proto": set(),

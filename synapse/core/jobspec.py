@@ -11,7 +11,7 @@ import re
 import shlex
 from typing import Any
 
-from synapse.core import dependencies
+from synapse.core import dependencies, imageref
 from synapse.core.arrays import MAX_ARRAY_SIZE, ArraySpecError, format_ranges, parse_array
 from synapse.core.model import CheckpointSpec, JobSpec, PackMode, Queue, Resources, TopologySpec
 from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
@@ -255,6 +255,11 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
         raise JobFileError("time_limit", "must be between 0 and 366 days")
     if len(spec.image) > MAX_IMAGE_CHARS:
         raise JobFileError("image", f"is longer than {MAX_IMAGE_CHARS} characters")
+    if spec.image:
+        try:
+            imageref.parse(spec.image)
+        except imageref.ImageRefError as exc:
+            raise JobFileError("image", str(exc)) from None
     if not 0 <= spec.grace <= 86400 or spec.grace != spec.grace:
         raise JobFileError("grace", "must be between 0 and 1 day")
     if spec.gpu_model and (len(spec.gpu_model) > MAX_GPU_MODEL_CHARS or not _MODEL_RE.match(spec.gpu_model)):
