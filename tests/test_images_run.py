@@ -20,6 +20,7 @@ from synapse.core.model import Assignment
 from synapse.worker import container
 from synapse.worker.container import ContainerRefused, Mount
 from synapse.worker.runtime import ProcessRuntime, alive
+from tests.helpers import wait_for
 
 BUSYBOX = shutil.which("busybox")
 APPLETS = ("sh", "cat", "ls", "echo", "env", "pwd", "sleep", "touch", "grep", "id", "test", "stat")
@@ -233,3 +234,152 @@ def test_mounts_and_gpu_devices_inside_the_task(tmp_path, monkeypatch):
     refused = assignment(attempt=2, mounts=((str(tmp_path), "/mnt/all", False),), command=("true",))
     with pytest.raises(ContainerRefused, match="not under a prefix"):
         runtime.start(refused, image(root))
+
+
+# ---- jobs from images on a real local cluster --------------------------------------------------------
+
+def start_worker(cluster, worker_id: str, rack: str, *extra: str) -> None:
+    """One more worker of `cluster`, with extra flags (the image store's and the runtime's)."""
+    from synapse.local import cluster as local
+    cluster.node_tls(worker_id)
+    argv = local.worker_argv(cluster.data_dir, ",".join(cluster.addresses),
+                             cluster.data_dir / "secrets" / local.JOIN_TOKEN_FILE, worker_id, rack, 8, 0.5)
+    pid = local._spawn(argv + list(extra), cluster.data_dir / "logs" / f"{worker_id}.log")
+    cluster.state["workers"].append({"id": worker_id, "pid": pid, "rack": rack})
+    (cluster.data_dir / "cluster.json").write_text(json.dumps(cluster.state))
+    wait_for(lambda: any(n.id == worker_id for n in cluster.client.list_nodes()), what=f"worker {worker_id}")
+
+
+def submit(cluster, text: str) -> str:
+    from synapse.core import codec
+    return cluster.client.submit(codec.job_spec_to_proto(parse(text)))
+
+
+def finished(cluster, job_id: str, timeout: float = 60.0):
+    return wait_for(lambda: (lambda j: j if j.status in ("SUCCEEDED", "FAILED", "CANCELLED") else None)(
+        cluster.client.get_job(job_id)), timeout, f"job {job_id} to end")
+
+
+def task_logs(cluster, job_id: str, attempt: int = 1) -> list[str]:
+    info = cluster.client.get_job(job_id)
+    nodes = {a.attempt: list(a.nodes) for a in info.attempts}[attempt]
+    return [(cluster.worker_dir(node) / "logs" / job_id / f"attempt-{attempt}" / f"task-{i}.log").read_text()
+            for i, node in enumerate(nodes)]
+
+
+def busybox_entries(images_support) -> list:
+    E = images_support.E
+    return [E("bin", "dir"), E("bin/busybox", data=Path(BUSYBOX).read_bytes(), mode=0o755),
+            *(E(f"bin/{name}", "symlink", target="busybox") for name in APPLETS),
+            E("etc", "dir"), E("etc/os-release", data=b"NAME=synapse-test-image\n"), E("srv", "dir")]
+
+
+@needs_root_fs
+def test_jobs_from_a_registry_image_on_a_local_cluster(make_cluster, tmp_path, monkeypatch):
+    from tests import images_support as s
+    why = s.registry_available()
+    if why:
+        pytest.skip(why)
+    dev = tmp_path / "fake-dev"
+    dev.mkdir()
+    for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm"]:
+        (dev / name).write_text("")
+    monkeypatch.setenv(container.DEV_ROOT_HOOK, str(dev))  # the workers inherit it
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "in.txt").write_text("shared dataset\n")
+    entries = busybox_entries(s)
+    train = s.make_image([s.make_layer(entries)], env=("PATH=/bin", "FROM_IMAGE=yes"))
+    served = s.make_image([s.make_layer(entries)], env=("PATH=/bin",),
+                          cmd=("sh", "-c", "echo entrypoint ran as rank $RANK"))
+    with s.Registry(tmp_path / "registry") as registry:
+        registry.push("team/train", "1", train)
+        registry.push("team/serve", "1", served)
+        cluster = make_cluster(workers=0)
+        for i in (1, 2):
+            start_worker(cluster, f"i{i}", f"rack{i}", "--insecure-registry", registry.host,
+                         "--allow-mount", str(data), "--cdi-spec-dir", str(tmp_path / "no-cdi"))
+        image = f"{registry.host}/team/train:1"
+        gang = (f"name: gang\ntasks: 2\nresources: {{cpu: 1, memory: 1Gi, gpu: 5}}\nimage: {image}\n"
+                f"mounts: [{{source: {data}, target: /data, readonly: true}}]\n"
+                "command: [sh, -c, 'cat /etc/os-release; echo FROM_IMAGE=$FROM_IMAGE RANK=$RANK WORLD=$WORLD_SIZE; "
+                "cat /data/in.txt; echo GPU=$CUDA_VISIBLE_DEVICES; ls /dev']\n")
+        job_id = submit(cluster, gang)
+        assert finished(cluster, job_id).status == "SUCCEEDED", cluster.client.get_job(job_id)
+        logs = task_logs(cluster, job_id)
+        for rank, log in enumerate(logs):
+            assert "NAME=synapse-test-image" in log and f"FROM_IMAGE=yes RANK={rank} WORLD=2" in log, log
+            assert "shared dataset" in log
+            gpus = log.split("GPU=", 1)[1].split()[0].split(",")
+            seen = sorted(w for w in log.split("GPU=", 1)[1].split() if w.startswith("nvidia"))
+            assert len(gpus) == 5 and seen == sorted([f"nvidia{g}" for g in gpus] + ["nvidiactl", "nvidia-uvm"]), log
+        assert len(set(cluster.client.get_job(job_id).attempts[0].nodes)) == 2  # 5 GPUs each: one task a node
+        pulls = len(registry.requests("GET", "/manifests/"))
+        assert pulls >= 2  # each node pulled
+
+        # A second run of the image pulls nothing; a job without a command runs the image's own.
+        again = submit(cluster, gang.replace("name: gang", "name: again"))
+        assert finished(cluster, again).status == "SUCCEEDED"
+        assert len(registry.requests("GET", "/manifests/")) == pulls
+        entry = submit(cluster, f"name: entry\ntasks: 1\nresources: {{cpu: 1}}\nimage: {registry.host}/team/serve:1\n")
+        assert finished(cluster, entry).status == "SUCCEEDED"
+        assert "entrypoint ran as rank 0" in task_logs(cluster, entry)[0]
+
+        # A mount from outside the allowed prefixes ends the task with that reason.
+        refused = submit(cluster, f"name: refused\ntasks: 1\nresources: {{cpu: 1}}\nimage: {image}\n"
+                                  f"mounts: [{{source: {tmp_path}}}]\ncommand: [cat, /etc/os-release]\n")
+        info = finished(cluster, refused)
+        assert info.status == "FAILED" and "not under a prefix this worker allows" in info.failure, info
+
+        # An unknown tag fails the job at once: no node would find it.
+        missing = submit(cluster, f"name: missing\ntasks: 1\nresources: {{cpu: 1}}\nmax_restarts: 3\n"
+                                  f"image: {registry.host}/team/train:nope\ncommand: [true]\n")
+        info = finished(cluster, missing)
+        assert info.status == "FAILED" and info.attempt == 1 and "ImagePullFailed" in info.failure, info
+        assert "NOT_FOUND" in info.failure and ("on i1" in info.failure or "on i2" in info.failure)
+
+    # The registry is gone: a node-side failure, so the gang is requeued without that node, uncharged.
+    unreachable = submit(cluster, f"name: gone\ntasks: 1\nresources: {{cpu: 1}}\nmax_restarts: 0\n"
+                                  f"image: {registry.host}/team/other:1\ncommand: [true]\n")
+    info = wait_for(lambda: (lambda j: j if j.attempt >= 2 else None)(cluster.client.get_job(unreachable)), 90,
+                    "the gang requeued after the pull failed")
+    assert info.restarts_used == 0 and info.requeues >= 1 and info.excluded_nodes, info
+    assert any("ImagePullFailed" in e.message and "UNREACHABLE" in e.message for e in info.events), info.events
+    cluster.client.cancel(unreachable)
+
+
+@needs_root_fs
+def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_path, monkeypatch):
+    from synapse.client import render
+    from synapse.worker.agent import PULL_DELAY_HOOK, TASK_JOURNAL
+    root = busybox_root(tmp_path / "rootfs")
+    cluster = make_cluster(workers=0)
+    start_worker(cluster, "fast", "rack1")
+    monkeypatch.setenv(PULL_DELAY_HOOK, "4")  # this worker's pulls take 4 s more
+    start_worker(cluster, "slow", "rack2")
+    monkeypatch.delenv(PULL_DELAY_HOOK)
+    # The gate is a version-4 command: the leader proposes it once the replicated version says so.
+    wait_for(lambda: cluster.client.replica_status(cluster.addresses[0]).cluster_version >= 4, 30, "version 4")
+    submitted = time.time()
+    job_id = submit(cluster, f"name: gated\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
+                             "command: [cat, /etc/os-release]\n")
+    progress = wait_for(lambda: (lambda p: p if "1 of 2" in p else None)(
+        render.image_progress(render.job_dict(cluster.client.get_job(job_id)))), 30, "one node to hold the image")
+    assert progress == "pulling image: 1 of 2 nodes ready (waiting: slow)"
+    assert not (cluster.worker_dir("fast") / TASK_JOURNAL).exists()  # nothing started meanwhile
+    assert finished(cluster, job_id).status == "SUCCEEDED"
+    starts = [json.loads(line)["at"] for w in ("fast", "slow")
+              for line in (cluster.worker_dir(w) / TASK_JOURNAL).read_text().splitlines()
+              if json.loads(line)["event"] == "start"]
+    assert len(starts) == 2 and min(starts) >= submitted + 4
+    assert any(e.kind == "ImageReady" for e in cluster.client.get_job(job_id).events)
+
+    # Past its image_pull_timeout the attempt ends ImagePullFailed naming the late node, and requeues.
+    late = submit(cluster, f"name: late\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
+                           "image_pull_timeout: 2s\ncommand: [true]\n")
+    info = wait_for(lambda: (lambda j: j if j.attempt >= 2 or j.status == "FAILED" else None)(
+        cluster.client.get_job(late)), 60, "the attempt to time out")
+    assert info.restarts_used == 0, info
+    assert any("TIMEOUT" in e.message and "on node(s) slow" in e.message and "not charged" in e.message
+               for e in info.events), [e.message for e in info.events]
+    cluster.client.cancel(late)

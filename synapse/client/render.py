@@ -62,7 +62,9 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "finished_at": info.finished_at or None,
         "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
                    "exit_code": t.exit_code if t.has_exit_code else None, "reason": t.reason or None,
-                   "reason_message": t.reason_message or None} for t in info.tasks],
+                   "reason_message": t.reason_message or None, "prepared": t.prepared} for t in info.tasks],
+        "image": spec.image or None, "mounts": [{"source": s, "target": t, "readonly": ro} for s, t, ro in spec.mounts],
+        "image_pull_timeout_s": spec.image_pull_timeout or None,
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "waiting_code": info.waiting_code or None,
         "restarts_used": info.restarts_used, "requeues": info.requeues,
@@ -127,7 +129,12 @@ def job_description(j: dict[str, Any]) -> str:
                 if j["requeues"] else ")"),
              f"Gang:       {tasks_column(j)} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
-             f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
+             f"Priority:   {j['priority']}",
+             f"Command:    {' '.join(j['command']) or '(the image' + chr(39) + 's entrypoint)'}",
+             *([f"Image:      {j['image']}" + (f"   {image_progress(j)}" if image_progress(j) else "")]
+               if j.get("image") else []),
+             *([f"Mounts:     " + ", ".join(f"{m['source']} -> {m['target']}" + (" (read-only)" if m["readonly"] else "")
+                                            for m in j["mounts"])] if j.get("mounts") else []),
              *([f"Checkpoint: SIG{j['checkpoint']['signal']} {j['checkpoint']['notice_s']:g}s before a planned stop "
                 "(time limit, preemption, drain, resize), then SIGTERM"] if j.get("checkpoint") else []),
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
@@ -165,6 +172,22 @@ def job_description(j: dict[str, Any]) -> str:
             for t in j["tasks"]]).replace("\n", "\n  ")]
     lines += ["Events:"] + [f"  {when(e['at'])}  {e['kind']:<10} {e['message']}" for e in j["events"]]
     return "\n".join(lines)
+
+
+def image_progress(j: dict[str, Any]) -> str:
+    """While a gang in an image waits for it: "pulling image: 1 of 2 nodes ready (waiting: w2)"; ""
+    otherwise. A task counts as ready once its node holds the image, or once it started."""
+    if j["status"] != "SCHEDULED" or not j["tasks"]:
+        return ""
+    nodes: dict[str, bool] = {}
+    for t in j["tasks"]:
+        ready = t["prepared"] or t["state"] != "ASSIGNED"
+        nodes[t["node"]] = nodes.get(t["node"], True) and ready
+    if all(nodes.values()):
+        return ""
+    waiting = sorted(n for n, ready in nodes.items() if not ready)
+    return (f"pulling image: {sum(nodes.values())} of {len(nodes)} nodes ready "
+            f"(waiting: {', '.join(waiting)})")
 
 
 def job_event_line(event: api_pb2.JobEvent) -> str:

@@ -62,7 +62,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     # replica can hold: those kinds keep their versions.
     c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3, c.SubmitCheckpointJob: 3, c.CheckpointNotice: 3,
     # Images: a job's mounts, and a job that runs its image's entrypoint (no command).
-    c.SubmitImageJob: 4,
+    c.SubmitImageJob: 4, c.TaskPrepared: 4,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -118,7 +118,8 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         singleton=spec.singleton, on_unsatisfiable=spec.on_unsatisfiable, tasks_min=spec.tasks_min,
         resize_interval_s=spec.resize_interval,
         checkpoint=types_pb2.Checkpoint(signal=spec.checkpoint.signal, notice_s=spec.checkpoint.notice)
-        if spec.has_checkpoint else None, mounts=mounts_to_proto(spec.mounts))
+        if spec.has_checkpoint else None, mounts=mounts_to_proto(spec.mounts),
+        image_pull_timeout_s=spec.image_pull_timeout)
 
 
 def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2.Mount]:
@@ -143,7 +144,7 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable,
         tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
         checkpoint=CheckpointSpec(signal=p.checkpoint.signal, notice=p.checkpoint.notice_s),
-        mounts=mounts_from_proto(p.mounts))
+        mounts=mounts_from_proto(p.mounts), image_pull_timeout=p.image_pull_timeout_s)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -226,6 +227,9 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
                 placements=[placement_to_proto(p) for p in cmd.placements]))
         case c.TaskStarted():
             env.task_started.CopyFrom(commands_pb2.TaskStarted(
+                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
+        case c.TaskPrepared():
+            env.task_prepared.CopyFrom(commands_pb2.TaskStarted(
                 job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
         case c.TaskExited():
             env.task_exited.CopyFrom(commands_pb2.TaskExited(
@@ -345,16 +349,16 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
                 spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                            on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
-            spec = dataclasses.replace(spec, checkpoint=CheckpointSpec(), mounts=())  # likewise
+            spec = dataclasses.replace(spec, checkpoint=CheckpointSpec(), mounts=(), image_pull_timeout=0.0)  # likewise
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_workflow_job":
             b = env.submit_workflow_job
-            spec = dataclasses.replace(job_spec_from_proto(b.spec), checkpoint=CheckpointSpec(), mounts=())  # as older replicas
+            spec = dataclasses.replace(job_spec_from_proto(b.spec), checkpoint=CheckpointSpec(), mounts=(), image_pull_timeout=0.0)  # as older replicas
             return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_checkpoint_job":
             b = env.submit_checkpoint_job
             return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
-                                         spec=dataclasses.replace(job_spec_from_proto(b.spec), mounts=()), **base)
+                                         spec=dataclasses.replace(job_spec_from_proto(b.spec), mounts=(), image_pull_timeout=0.0), **base)
         case "submit_image_job":
             b = env.submit_image_job
             return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
@@ -375,6 +379,9 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             b = env.task_started
             return c.TaskStarted(job_id=b.job_id, attempt=b.attempt, index=b.index,
                                  node_id=b.node_id, **base)
+        case "task_prepared":
+            b = env.task_prepared
+            return c.TaskPrepared(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id, **base)
         case "task_exited":
             b = env.task_exited
             return c.TaskExited(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id,
@@ -496,7 +503,7 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),
                                 state=t.state.value, exit_code=t.exit_code or 0,
                                 has_exit_code=t.exit_code is not None, attempt=t.attempt, reason=t.reason,
-                                reason_message=t.reason_message) for t in job.tasks],
+                                reason_message=t.reason_message, prepared=t.prepared) for t in job.tasks],
         events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
         attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
                   for a, nodes in sorted(job.placements.items())],
@@ -537,7 +544,7 @@ def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
         local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
         master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
         env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace, resources=resources_to_proto(a.resources),
-        notice_signal=a.notice_signal, notice_s=a.notice, mounts=mounts_to_proto(a.mounts))
+        notice_signal=a.notice_signal, notice_s=a.notice, mounts=mounts_to_proto(a.mounts), hold=a.hold)
 
 
 def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
@@ -547,4 +554,4 @@ def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
         master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
         env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop, grace=p.grace_s,
         resources=resources_from_proto(p.resources), notice_signal=p.notice_signal, notice=p.notice_s,
-        mounts=mounts_from_proto(p.mounts))
+        mounts=mounts_from_proto(p.mounts), hold=p.hold)

@@ -192,6 +192,17 @@ class TaskStarted(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskPrepared(Command):
+    """A task's node holds its job's image (command-set version 4); the gang's tasks start once
+    every one is (synapse.master.dispatch lists them held until then)."""
+
+    job_id: str
+    attempt: int
+    index: int
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskExited(Command):
     job_id: str
     attempt: int

@@ -64,6 +64,7 @@ from synapse.core.model import (
     TaskState,
     User,
     excluded_for,
+    gang_unprepared,
 )
 from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
@@ -185,7 +186,7 @@ class ClusterState:
             c.HistoryExported: self._history_exported,
             c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
             c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
-            c.SubmitImageJob: self._submit_job,
+            c.SubmitImageJob: self._submit_job, c.TaskPrepared: self._task_prepared,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -498,7 +499,7 @@ class ClusterState:
             return "resources must not be negative"
         if spec.resources == Resources():
             return "a task must ask for some cpu, memory or gpu"
-        if not spec.command:
+        if not spec.command and not spec.image:  # with an image, its entrypoint (a SubmitImageJob alone)
             return "command must not be empty"
         if spec.max_restarts < 0:
             return "max_restarts must not be negative"
@@ -852,6 +853,18 @@ class ClusterState:
             job.status, job.started_at = JobStatus.RUNNING, cmd.at
             self._event(job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
                                                 f"{job.attempt} started")
+        return Result(True)
+
+    def _task_prepared(self, cmd: c.TaskPrepared) -> Result:
+        job, task, rejection = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+        if rejection is not None:
+            return rejection
+        if task.prepared or task.state is not TaskState.ASSIGNED:
+            return Result(True, value="already prepared or started")
+        task.prepared = True
+        if job.status is JobStatus.SCHEDULED and not gang_unprepared(job):
+            self._event(job, cmd.at, "ImageReady", f"every node of attempt {job.attempt} holds image "
+                                                   f"{job.spec.image}: its {len(job.tasks)} task(s) start")
         return Result(True)
 
     def _task_exited(self, cmd: c.TaskExited) -> Result:

@@ -38,7 +38,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
            "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable",
-           "resize_interval", "checkpoint", "mounts"}
+           "resize_interval", "checkpoint", "mounts", "image_pull_timeout"}
 #: The signals a checkpoint notice may be, spelled as `kill -l` gives them without SIG: those a task
 #: can trap and whose default is not to stop or core-dump a process it did not expect (the task
 #: shim, shim.sh, outlives every one of them). A job file may write SIGUSR1 or usr1 too.
@@ -210,7 +210,7 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,
         array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable),
         tasks_min=tasks_min, resize_interval=resize_interval, checkpoint=_checkpoint(doc.get("checkpoint")),
-        mounts=_mounts(doc.get("mounts")))
+        mounts=_mounts(doc.get("mounts")), image_pull_timeout=_pull_timeout(doc.get("image_pull_timeout")))
     check_spec(spec, levels)
     return spec
 
@@ -289,9 +289,22 @@ def _mounts(value: object) -> tuple[tuple[str, str, bool], ...]:
     return tuple(out)
 
 
+def _pull_timeout(value: object) -> float:
+    if value is None:
+        return 0.0
+    try:
+        return parse_duration(value)
+    except QuantityError as exc:
+        raise JobFileError("image_pull_timeout", str(exc)) from None
+
+
 def check_mounts(spec: JobSpec) -> None:
     """Raise JobFileError if a spec's mounts are plainly wrong: no image, a relative path, a `..`,
     too many. Whether a worker allows a source is its own admin's call (--allow-mount)."""
+    if spec.image_pull_timeout and not spec.image:
+        raise JobFileError("image_pull_timeout", "needs an image")
+    if not 0 <= spec.image_pull_timeout <= 86400 or spec.image_pull_timeout != spec.image_pull_timeout:
+        raise JobFileError("image_pull_timeout", "must be between 0 and 1 day")
     if not spec.mounts:
         return
     if not spec.image:

@@ -154,6 +154,9 @@ class JobSpec:
     #: bind mounts into the job's image: (source on the node, target in the image, read-only)
     #: (command-set version 4); each worker allows only the sources under its --allow-mount prefixes
     mounts: tuple[tuple[str, str, bool], ...] = ()
+    #: seconds an attempt may wait for its image on every node before it ends ImagePullFailed; 0: the
+    #: default (DEFAULT_IMAGE_PULL_TIMEOUT_S)
+    image_pull_timeout: float = 0.0
 
     @property
     def has_workflow(self) -> bool:
@@ -169,7 +172,7 @@ class JobSpec:
     def has_image_run(self) -> bool:
         """True when it uses what needs command-set version 4: mounts, or an image's entrypoint in
         place of a command (an older replica refuses a spec without a command)."""
-        return bool(self.mounts or (self.image and not self.command))
+        return bool(self.mounts or (self.image and not self.command) or self.image_pull_timeout)
 
     @property
     def total(self) -> Resources:
@@ -240,6 +243,18 @@ WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGN
                             EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED})
 
 
+#: How long a gang waits for its image on all its nodes, unless its job says otherwise.
+DEFAULT_IMAGE_PULL_TIMEOUT_S = 600.0
+
+
+def gang_unprepared(job: Job) -> list[Task]:
+    """The tasks of a gang in an image whose node does not hold the image yet (a task that started
+    counts as holding it: an older worker, or a runtime template, starts without preparing)."""
+    if not job.spec.image:
+        return []
+    return [t for t in job.tasks if t.state is TaskState.ASSIGNED and not t.prepared and not t.started_at]
+
+
 class TaskState(enum.StrEnum):
     ASSIGNED = "ASSIGNED"  #: committed to a node, not yet reported started
     RUNNING = "RUNNING"
@@ -269,6 +284,8 @@ class Task:
     ended_at: float = 0.0
     reason: str = ""  #: an EndReason once ended
     reason_message: str = ""  #: the detail: exit code, signal, memory limit, who cancelled…
+    #: its node holds the job's image (TaskPrepared, version 4): the gang starts once every task is
+    prepared: bool = False
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -554,6 +571,8 @@ class Assignment:
     notice: float = 0.0  #: with stop and notice_signal: SIGTERM comes this many seconds after the notice
     #: the job's bind mounts (source on the node, target in the image, read-only), for a task in an image
     mounts: tuple[tuple[str, str, bool], ...] = ()
+    #: in an image: pull it and report the task prepared, but start it only once a listing says not held
+    hold: bool = False
 
     @property
     def key(self) -> tuple[str, int, int]:

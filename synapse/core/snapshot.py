@@ -67,7 +67,9 @@ def encode(state: Any) -> dict[str, Any]:
     nodes = [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)]
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
-    images = any("mounts" in s or not s["command"] for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays])
+    images = any("mounts" in s or "image_pull_timeout" in s or not s["command"]
+                 for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays]) \
+        or any("prepared" in t for j in jobs for t in j["tasks"])
     return {
         "version": SNAPSHOT_VERSION_4 if images else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
         "levels": list(state.levels),
@@ -210,7 +212,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable,
             "tasks_min": s.tasks_min, "resize_interval": s.resize_interval,
             **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {}),
-            **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {})}
+            **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {}),
+            **({"image_pull_timeout": s.image_pull_timeout} if s.image_pull_timeout else {})}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -224,14 +227,15 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    on_unsatisfiable=d.get("on_unsatisfiable", ""), tasks_min=d.get("tasks_min", 0),
                    resize_interval=d.get("resize_interval", 0.0),
                    checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))),
-                   mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())))
+                   mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())),
+                   image_pull_timeout=d.get("image_pull_timeout", 0.0))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
     return {"index": t.index, "node_id": t.node_id, "resources": _res(t.resources),
             "gpus": list(t.gpus), "rank": t.rank, "state": t.state.value, "exit_code": t.exit_code,
             "started_at": t.started_at, "ended_at": t.ended_at, "reason": t.reason,
-            "reason_message": t.reason_message}
+            "reason_message": t.reason_message, **({"prepared": True} if t.prepared else {})}
 
 
 def _job_to_dict(j: Job) -> dict[str, Any]:
@@ -290,7 +294,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],
                       started_at=t["started_at"], ended_at=t["ended_at"], reason=t.get("reason", ""),
-                      reason_message=t.get("reason_message", "")) for t in d["tasks"]]
+                      reason_message=t.get("reason_message", ""), prepared=t.get("prepared", False))
+                 for t in d["tasks"]]
     return job
 
 

@@ -980,13 +980,16 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._leader(context)
         now = time.time()
         version = self.m.raft.cluster_version()
+        preparing = version >= codec.KIND_VERSIONS[c.TaskPrepared]
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else
+                c.TaskPrepared(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
+                if e.prepared else
                 c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
                              exit_code=e.exit_code, reason=e.reason[:512],
                              cause=e.cause[:32] if codec.CAUSE_VERSIONS.get(e.cause, 1) <= version else "",
                              node_side=e.node_side)
-                for e in request.events]
+                for e in request.events if preparing or not e.prepared]
         results = await self._propose_all(cmds, context)
         return api_pb2.ReportTaskEventsReply(accepted=sum(1 for r in results if r.ok))
 

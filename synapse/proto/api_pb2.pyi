@@ -224,6 +224,7 @@ class TaskInfo(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     REASON_MESSAGE_FIELD_NUMBER: _builtins.int
+    PREPARED_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     rank: _builtins.int
     node_id: _builtins.str
@@ -236,6 +237,8 @@ class TaskInfo(_message.Message):
     Cancelled; empty while it runs. The message says more (exit code, signal, memory limit).
     """
     reason_message: _builtins.str
+    prepared: _builtins.bool
+    """a task of a job in an image: its node holds the image"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -251,10 +254,11 @@ class TaskInfo(_message.Message):
         attempt: _builtins.int = ...,
         reason: _builtins.str = ...,
         reason_message: _builtins.str = ...,
+        prepared: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "index", b"index", "node_id", b"node_id", "rank", b"rank", "reason", b"reason", "reason_message", b"reason_message", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "index", b"index", "node_id", b"node_id", "prepared", b"prepared", "rank", b"rank", "reason", b"reason", "reason_message", b"reason_message", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1189,6 +1193,7 @@ class Assignment(_message.Message):
     NOTICE_SIGNAL_FIELD_NUMBER: _builtins.int
     NOTICE_S_FIELD_NUMBER: _builtins.int
     MOUNTS_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1210,6 +1215,8 @@ class Assignment(_message.Message):
     """
     notice_s: _builtins.float
     """with stop and notice_signal: SIGTERM this many seconds after the notice"""
+    hold: _builtins.bool
+    """Its image is pulled, and the task waits: the other nodes of its gang do not hold theirs yet."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1247,10 +1254,11 @@ class Assignment(_message.Message):
         notice_signal: _builtins.str = ...,
         notice_s: _builtins.float = ...,
         mounts: _abc.Iterable[_types_pb2.Mount] | None = ...,
+        hold: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "mounts", b"mounts", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "hold", b"hold", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "mounts", b"mounts", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1268,6 +1276,7 @@ class TaskEvent(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     CAUSE_FIELD_NUMBER: _builtins.int
     NODE_SIDE_FIELD_NUMBER: _builtins.int
+    PREPARED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1279,6 +1288,8 @@ class TaskEvent(_message.Message):
     """Completed, Error, Signal or OOMKilled (from the task's cgroup)"""
     node_side: _builtins.bool
     """with cause ImagePullFailed: another node may succeed"""
+    prepared: _builtins.bool
+    """not started: its image is on the node, and it waits for its gang's"""
     def __init__(
         self,
         *,
@@ -1290,10 +1301,11 @@ class TaskEvent(_message.Message):
         reason: _builtins.str = ...,
         cause: _builtins.str = ...,
         node_side: _builtins.bool = ...,
+        prepared: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "node_side", b"node_side", "reason", b"reason", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "node_side", b"node_side", "prepared", b"prepared", "reason", b"reason", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

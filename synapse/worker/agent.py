@@ -67,6 +67,8 @@ TASK_JOURNAL = "task-events.jsonl"
 CREDENTIAL_FILE = "node-credential.json"
 #: Images pulled at once (the store pulls each image once, however many tasks wait for it).
 PULL_THREADS = 4
+#: Test hook: seconds each pull of this worker waits before it asks the store (a slow node in a gang).
+PULL_DELAY_HOOK = "SYNAPSE_TEST_PULL_DELAY_S"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,11 @@ class WorkerAgent:
         #: the node's image store (synapse.images.store.ImageStore); None: tasks in images cannot run here
         self.images = images
         self.pulls = futures.ThreadPoolExecutor(max_workers=PULL_THREADS, thread_name_prefix="pull")
+        #: held tasks whose image is here (key -> the store's Image): they start when a listing
+        #: says they are no longer held; main loop only
+        self.prepared: dict[ws.Key, Any] = {}
+        #: the newest listing's hold of each task (main loop only)
+        self.holds: dict[ws.Key, bool] = {}
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
         self.health = health  #: the health check, if the operator gave one
@@ -255,6 +262,9 @@ class WorkerAgent:
                 changed = True
             elif event is not None:
                 self._carry_out(self.state.handle(event, time.monotonic()))
+                if isinstance(event, ws.AssignmentsReceived) and self.state.known == (event.term, event.version):
+                    self.holds = {a.key: a.hold for a in event.assignments}
+                    self._release_prepared()
                 changed = True
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + POLL_S
@@ -282,6 +292,9 @@ class WorkerAgent:
         if self.images is None:
             self.events.put(ImageFailed(a.key, f"node {self.node_id} has no image store", True))
             return
+        delay = float(os.environ.get(PULL_DELAY_HOOK, "") or 0)
+        if delay > 0:
+            time.sleep(delay)
         try:
             image = self.images.ensure(a.image, holder=task_id(a))
         except Exception as exc:  # the store's PullError, or anything else it raised: the task must end
@@ -305,12 +318,33 @@ class WorkerAgent:
                     event.key, "stopped before its image was ready"), time.monotonic()))
             return
         a = task.assignment
+        if isinstance(event, ImageReady) and self.holds.get(a.key, a.hold):
+            # The gang waits for the image on its other nodes: say this one holds it, start later.
+            log.info("image ready, task held for its gang task=%s image=%s", a.key, a.image)
+            self.prepared[a.key] = event.image
+            self.state.handle(ws.TaskPrepared(a.key), time.monotonic())
+            return
         if isinstance(event, ImageFailed):
             self.metrics.exits.labels("start_failed").inc()
             self._carry_out(self.state.handle(ws.TaskStartFailed(event.key, event.message, EndReason.IMAGE_PULL_FAILED,
                                                                  node_side=event.node_side), time.monotonic()))
             return
         self._start(a, event.image)
+
+    def _release_prepared(self) -> None:
+        """Start the prepared tasks the newest listing no longer holds; end those it stopped."""
+        for key, image in list(self.prepared.items()):
+            task = self.state.tasks.get(key)
+            if task is None or task.handle is not None:
+                del self.prepared[key]
+            elif task.phase != "starting":
+                del self.prepared[key]
+                self._end_container(task.assignment)
+                self._carry_out(self.state.handle(ws.TaskStartFailed(key, "stopped before its gang started"),
+                                                  time.monotonic()))
+            elif not self.holds.get(key, True):
+                del self.prepared[key]
+                self._start(task.assignment, image)
 
     def _start(self, a: Assignment, image: Any = None) -> None:
         # Record the intent first: a crash between the fork and the next save must not leave a
@@ -482,7 +516,8 @@ class WorkerAgent:
                 continue
             request = api_pb2.ReportTaskEventsRequest(node_id=self.node_id, events=[
                 api_pb2.TaskEvent(job_id=r.key[0], attempt=r.key[1], index=r.key[2], started=r.started,
-                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause, node_side=r.node_side)
+                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause, node_side=r.node_side,
+                                  prepared=r.prepared)
                 for r in batch])
             try:
                 self.report_client.call("ReportTaskEvents", request, deadline=10.0)
@@ -513,7 +548,8 @@ class WorkerAgent:
         self.state.known = tuple(data["known"])  # type: ignore[assignment]
         self.state.done = {tuple(k) for k in data["done"]}  # type: ignore[misc]
         self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"],  # type: ignore[arg-type]
-                                           r.get("cause", ""), r.get("node_side", False)) for r in data["unreported"]]
+                                           r.get("cause", ""), r.get("node_side", False), r.get("prepared", False))
+                                 for r in data["unreported"]]
         for t in data["tasks"]:
             a = t["assignment"]
             assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
@@ -534,9 +570,6 @@ class WorkerAgent:
             if t.get("noticed"):  # given its notice: not again, and a stop with one waits from now
                 task.noticed_at = time.monotonic()
             self.state.tasks[assignment.key] = task
-            if self.runtime.contained(assignment) and self.images is not None:
-                # Its root stays mounted in its own namespace; the pin keeps the store from evicting it.
-                self.pulls.submit(self.images.ensure, assignment.image, holder=task_id(assignment))
             log.info("re-adopting task=%s pid=%d alive=%s cgroup=%s", assignment.key, task.handle.pid,
                      alive(task.handle), task.handle.cgroup or "-")
 

@@ -44,6 +44,7 @@ from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
+from synapse.images.store import ImageStore
 from synapse.worker import container
 from synapse.worker import gpus as gpu_discovery
 from synapse.worker import isolation
@@ -227,6 +228,9 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
                         runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key), http=http,
                         cgroups=cgroups, isolation=isolated, pids_max=task_pids_max, labels=labels, health=health,
                         drain_on_failure=health_on_failure == "drain",
+                        images=ImageStore(root / "images", budget_bytes=cache_bytes,
+                                          credentials=Path(registry_credentials) if registry_credentials else None,
+                                          insecure_registries=insecure_registry),
                         allow_mounts=allow_mount, cdi_dirs=cdi_spec_dir or container.CDI_DIRS)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())

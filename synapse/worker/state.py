@@ -74,6 +74,14 @@ class TaskExited:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskPrepared:
+    """A held task's image is on the node: the master hears it, and lists the task unheld once every
+    task of its gang is prepared."""
+
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
 class ReportsAcknowledged:
     reports: tuple[Report, ...]
 
@@ -99,7 +107,7 @@ class Signal:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One fact for the master: a task started, or exited with a code."""
+    """One fact for the master: a task started, or exited with a code, or (`prepared`) holds its image."""
 
     key: Key
     started: bool
@@ -107,6 +115,7 @@ class Report:
     reason: str = ""
     cause: str = ""
     node_side: bool = False  #: with ImagePullFailed: the failure lies in the node, another may succeed
+    prepared: bool = False  #: not started: its image is here, it waits for its gang (neither started nor exited)
 
 
 @dataclass(slots=True)
@@ -152,6 +161,11 @@ class WorkerState:
                     task.term_at = None
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return self._notice(event.key, task, task.notice_pending, now)
+            case TaskPrepared():
+                task = self.tasks.get(event.key)
+                if task is not None and task.phase == "starting" and task.handle is None:
+                    self.unreported.append(Report(event.key, started=False, prepared=True))
+                return []
             case TaskStartFailed():
                 self._exited(event.key, 127, event.reason, event.cause, event.node_side)
                 return []
