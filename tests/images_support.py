@@ -34,13 +34,17 @@ from pathlib import Path
 
 from tests.helpers import wait_for
 
-BUSYBOX = Path("/usr/bin/busybox")
+BUSYBOX = Path("/bin/busybox")
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
 
 def sha(data: bytes) -> str:
@@ -108,21 +112,26 @@ class Img:
 
 
 def make_image(layers: list[Layer], *, arch: str = "amd64", env: tuple[str, ...] = ("PATH=/bin",),
-               cmd: tuple[str, ...] = ("/bin/sh",), diff_ids: list[str] | None = None) -> Img:
+               cmd: tuple[str, ...] = ("/bin/sh",), diff_ids: list[str] | None = None, docker: bool = False) -> Img:
+    """An image of the layers; `docker` gives it Docker's v2 schema 2 media types instead of OCI's."""
     config = json.dumps({"architecture": arch, "os": "linux",
                          "config": {"Env": list(env), "Cmd": list(cmd), "WorkingDir": "/", "User": ""},
                          "rootfs": {"type": "layers", "diff_ids": diff_ids or [layer.diff_id for layer in layers]}},
                         sort_keys=True).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": {"mediaType": OCI_CONFIG, "digest": sha(config), "size": len(config)},
-                           "layers": [{"mediaType": layer.media_type, "digest": sha(layer.blob), "size": len(layer.blob)}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST if docker else OCI_MANIFEST,
+                           "config": {"mediaType": DOCKER_CONFIG if docker else OCI_CONFIG, "digest": sha(config),
+                                      "size": len(config)},
+                           "layers": [{"mediaType": DOCKER_LAYER if docker else layer.media_type,
+                                       "digest": sha(layer.blob), "size": len(layer.blob)}
                                       for layer in layers]}).encode()
-    return Img(manifest, {sha(config): config, **{sha(layer.blob): layer.blob for layer in layers}})
+    return Img(manifest, {sha(config): config, **{sha(layer.blob): layer.blob for layer in layers}},
+               DOCKER_MANIFEST if docker else OCI_MANIFEST)
 
 
-def make_index(images: list[tuple[Img, str]]) -> Img:
-    """An image index over (image, architecture) pairs; its blobs include the child manifests."""
-    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX,
+def make_index(images: list[tuple[Img, str]], docker: bool = False) -> Img:
+    """An image index (a Docker manifest list with `docker`) over (image, architecture) pairs; its
+    blobs include the child manifests."""
+    index = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST if docker else OCI_INDEX,
                         "manifests": [{"mediaType": img.media_type, "digest": img.digest, "size": len(img.manifest),
                                        "platform": {"os": "linux", "architecture": arch}}
                                       for img, arch in images]}).encode()
@@ -130,7 +139,7 @@ def make_index(images: list[tuple[Img, str]]) -> Img:
     for img, _ in images:
         blobs.update(img.blobs)
         blobs[img.digest] = img.manifest
-    return Img(index, blobs, OCI_INDEX)
+    return Img(index, blobs, DOCKER_LIST if docker else OCI_INDEX)
 
 
 def busybox_image(extra: list[E] | None = None) -> Img:
@@ -234,7 +243,7 @@ class TokenIssuer:
         self.users = users
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "synapse test token signer")])
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.key.public_key())
                      .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
                      .not_valid_after(now + datetime.timedelta(days=1)).sign(self.key, hashes.SHA256()))
@@ -422,3 +431,62 @@ def tree(root: Path) -> dict[str, tuple]:
 
 def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True)
+
+
+class FakeRegistry:
+    """A tiny, deliberately broken registry: `routes` maps a request path to a function given the
+    handler, which writes whatever response the test wants. `hits` counts requests per path."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, object] = {}
+        self.hits: dict[str, int] = {}
+        self.release = threading.Event()  #: set on close: a stalled response may end
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = urllib.parse.urlsplit(self.path).path
+                fake.hits[path] = fake.hits.get(path, 0) + 1
+                route = fake.routes.get(path)
+                try:
+                    if route is None:
+                        self.send_response(404)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                    else:
+                        route(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def serve(self, path: str, body: bytes, content_type: str = "application/octet-stream", **headers: str) -> None:
+        def route(h: BaseHTTPRequestHandler) -> None:
+            h.send_response(200)
+            h.send_header("Content-Type", content_type)
+            h.send_header("Content-Length", str(len(body)))
+            for k, v in headers.items():
+                h.send_header(k.replace("_", "-"), v)
+            h.end_headers()
+            h.wfile.write(body)
+        self.routes[path] = route
+
+    def serve_image(self, repository: str, tag: str, img: Img) -> None:
+        """Every document and blob of img at its usual path (tampering is the test's business)."""
+        self.serve(f"/v2/{repository}/manifests/{tag}", img.manifest, img.media_type)
+        self.serve(f"/v2/{repository}/manifests/{img.digest}", img.manifest, img.media_type)
+        for digest, data in img.blobs.items():
+            self.serve(f"/v2/{repository}/blobs/{digest}", data)
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 
 from synapse.images.store import ImageStore, PullError
-from tests.images_support import (BUSYBOX, E, busybox_image, layered_image, make_image, make_layer, tree,
-                                  write_archive, write_layout)
+from tests.images_support import (
+    BUSYBOX,
+    E,
+    busybox_image,
+    layered_image,
+    make_image,
+    make_layer,
+    tree,
+    write_archive,
+    write_layout,
+)
 
 pytestmark = pytest.mark.skipif(not BUSYBOX.exists(), reason="busybox-static is not installed "
                                                                "(scripts/install-test-packages.sh)")
@@ -89,6 +98,7 @@ def test_whiteouts_opaque_dirs_hard_links_and_symlinks_apply_as_umoci_applies_th
     ([E("h", "hardlink", target="../../../../etc/hostname")], "escapes the root"),
     ([E("h", "hardlink", target="/etc/hostname")], "does not exist"),
     ([E("f", data=b"x"), E("f/under-a-file", data=b"x")], "which is not a directory"),
+    ([E("d/" * 300 + "deep", data=b"x")], "more than 256 directories deep"),
 ])
 def test_layers_that_reach_outside_the_root_are_refused_and_leave_nothing(tmp_path, entries, why):
     outside = tmp_path / "outside"
@@ -115,6 +125,18 @@ def test_device_nodes_are_skipped_fifos_made_and_setuid_bits_stripped(tmp_path):
     assert (root / "bin" / "su").stat().st_mode & 0o7777 == 0o755
     assert (root / "shared").stat().st_mode & 0o7777 == 0o775
     assert (root / "tmp").stat().st_mode & 0o7777 == 0o1777
+
+
+def test_a_whiteout_under_a_missing_directory_changes_nothing_but_one_through_a_symlink_is_refused(tmp_path):
+    ok = make_image([make_layer([E("a", data=b"a")]), make_layer([E("no/such/.wh.thing", data=b"")])])
+    bad = make_image([make_layer([E("etc", "dir"), E("link", "symlink", target="etc")]),
+                      make_layer([E("link/.wh.passwd", data=b"")])])
+    write_layout(tmp_path / "layout", {"ok": ok, "bad": bad})
+    store = ImageStore(tmp_path / "store")
+    assert sorted(p.name for p in store.ensure(f"oci:{tmp_path}/layout:ok").root.iterdir()) == ["a"]
+    with pytest.raises(PullError) as err:
+        store.ensure(f"oci:{tmp_path}/layout:bad")
+    assert err.value.cause == "BAD_IMAGE" and "link, which is a symlink" in err.value.message
 
 
 def test_content_that_does_not_match_its_digest_is_never_unpacked(tmp_path):

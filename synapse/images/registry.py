@@ -22,7 +22,6 @@ import json
 import logging
 import random
 import re
-import socket
 import ssl
 import threading
 import time
@@ -118,7 +117,8 @@ class RegistryClient:
         self.credentials = (credentials or {}).get(registry) or (credentials or {}).get(self.endpoint)
         self.timeout = timeout
         self.retries = max(0, retries)
-        self.ssl = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        self.ca_file = ca_file
+        self._ssl: ssl.SSLContext | None = None  #: made on first HTTPS use (loading the CAs takes a while)
         self._lock = threading.Lock()
         self._auth: dict[str, str] = {}  #: scope -> Authorization header value; guarded by _lock
 
@@ -200,7 +200,7 @@ class RegistryClient:
         try:
             resp.conn.sock and resp.conn.sock.settimeout(self._socket_timeout(deadline))
             return resp.body.read(n)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PullError("TIMEOUT", f"{self.registry} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
             raise PullError("UNREACHABLE", f"{self.registry}: {exc}") from None
@@ -255,14 +255,17 @@ class RegistryClient:
         timeout = self._socket_timeout(deadline)
         try:
             if parts.scheme == "https":
+                with self._lock:
+                    if self._ssl is None:
+                        self._ssl = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
                 conn: http.client.HTTPConnection = http.client.HTTPSConnection(parts.netloc, timeout=timeout,
-                                                                               context=self.ssl)
+                                                                               context=self._ssl)
             else:
                 conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
             target = parts.path + (f"?{parts.query}" if parts.query else "")
             conn.request("GET", target, headers={"User-Agent": "synapse-worker", **headers})
             body = conn.getresponse()
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PullError("TIMEOUT", f"{parts.netloc} did not answer within {timeout:g} s") from None
         except ssl.SSLError as exc:
             raise PullError("UNREACHABLE", f"{parts.netloc}: TLS failed: {exc}") from None

@@ -2,7 +2,7 @@
 a task; `release` unpins; unpinned images are evicted least recently used first when the store is
 over its budget.
 
-On disk, under `root` (the worker's `--image-cache`):
+On disk, under `root` (`images/` in the worker's data directory):
 - `blobs/sha256/<hex>`: configs and layers, each verified against its digest and size as it was
   written (blobs.py), shared by the images that use them;
 - `images/<hex>/rootfs`: one unpacked root per image manifest digest, shared read-only by every task
@@ -55,7 +55,8 @@ PROGRESS_STEP = 1 << 20
 
 
 class ImageStore:
-    """Images on this node under `root`; see the module docstring. Thread-safe."""
+    """Images on this node under `root`; see the module docstring. Thread-safe. A malformed
+    credentials file raises ValueError here, so the worker refuses to start with it."""
 
     def __init__(self, root: Path, *, budget_bytes: int | None = None, credentials: Path | None = None,
                  insecure_registries: Iterable[str] = (), timeout: float = 60.0, retries: int = 3,
@@ -86,15 +87,22 @@ class ImageStore:
     def ensure(self, reference: str, *, holder: str = "", progress: Callable[[PullProgress], None] | None = None,
                deadline: float | None = None) -> Image:
         """The image, ready on this node; pulls it if it is not here. Blocks; `deadline` is a
-        time.monotonic() instant. Pins it for `holder` when given. Raises PullError."""
+        time.monotonic() instant bounding the wait and the pull. Pins it for `holder` when given (an
+        image ensured without a holder may be evicted once another pull needs the room). Raises
+        PullError. `progress` is called from the pulling threads."""
         ref = _parse(reference)
         if ref.transport == "dir":
             return _dir_image(ref)
         canonical = str(ref)
-        with self._flight(canonical):
+        flight = self._flight(canonical)
+        if not flight.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise PullError("TIMEOUT", f"{canonical}: the deadline passed while another pull of it ran")
+        try:
             image = self._cached_image(ref, canonical, holder)
             if image is None:
                 image = self._pull(ref, canonical, holder, progress, deadline)
+        finally:
+            flight.release()
         if progress:
             progress(PullProgress(canonical, 0, 0, "done"))
         self._evict(keep=image.digest)

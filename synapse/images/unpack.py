@@ -47,7 +47,9 @@ CHUNK = 1 << 20
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: How many parent directory fds the applier keeps open between entries.
+#: The deepest path an entry may have (Linux's PATH_MAX of 4096 allows about 2000; images need far fewer).
+MAX_DEPTH = 256
+#: How many directory fds the applier keeps open between entries.
 _CACHE_FDS = 64
 
 
@@ -62,6 +64,10 @@ class _Hashing:
         data = self.inner.read(n)
         self.hash.update(data)
         return data
+
+
+class _Missing(PullError):
+    """A path an entry needs does not exist."""
 
 
 class _Applier:
@@ -89,34 +95,51 @@ class _Applier:
         parts = tuple(p for p in name.split("/") if p not in ("", "."))
         if ".." in parts:
             raise self._refuse(name, "escapes the root ('..')")
+        if len(parts) > MAX_DEPTH:
+            raise self._refuse(name[:200], f"is more than {MAX_DEPTH} directories deep")
         if any("\0" in p for p in parts):
             raise self._refuse(name, "has a NUL byte")
         return parts
 
     def directory(self, parts: tuple[str, ...], name: str, create: bool = True) -> int:
-        """An fd of the directory at `parts`, walked from the root without following any symlink."""
-        fd = self._fds.get(parts)
-        if fd is not None:
-            return fd
+        """An fd of the directory at `parts`, walked from the root (or the nearest cached ancestor)
+        one component at a time without following any symlink."""
         if not parts:
             return self.root_fd
-        parent = self.directory(parts[:-1], name, create)
+        depth = len(parts)
+        while depth and parts[:depth] not in self._fds:
+            depth -= 1
+        fd = self._fds[parts[:depth]] if depth else self.root_fd
+        for i in range(depth, len(parts)):
+            fd = self._child(fd, parts[:i + 1], name, create)
+            self._fds[parts[:i + 1]] = fd
+        return fd
+
+    def _child(self, parent: int, parts: tuple[str, ...], name: str, create: bool) -> int:
         component = parts[-1]
         try:
-            fd = os.open(component, _DIR_FLAGS, dir_fd=parent)
+            return os.open(component, _DIR_FLAGS, dir_fd=parent)
         except FileNotFoundError:
             if not create:
-                raise self._refuse(name, f"refers to {'/'.join(parts)}, which does not exist") from None
+                raise _Missing("BAD_IMAGE", f"{self.what}: entry {name!r} refers to {'/'.join(parts)}, which does "
+                                            "not exist; refused") from None
             os.mkdir(component, 0o755, dir_fd=parent)
-            fd = os.open(component, _DIR_FLAGS, dir_fd=parent)
+            return os.open(component, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 kind = "a symlink" if stat.S_ISLNK(os.stat(component, dir_fd=parent, follow_symlinks=False).st_mode) \
                     else "not a directory"
                 raise self._refuse(name, f"would be written through {'/'.join(parts)}, which is {kind}") from None
             raise
-        self._fds[parts] = fd
-        return fd
+
+    def exists(self, parts: tuple[str, ...], name: str) -> bool:
+        """Whether the directory at `parts` exists (a whiteout under a missing one has nothing to do);
+        a path through a symlink is still refused."""
+        try:
+            self.directory(parts, name, create=False)
+        except _Missing:
+            return False
+        return True
 
     def remove(self, dfd: int, base: str) -> None:
         """Remove whatever is at base in dfd (a directory with all it holds), never following a symlink."""
@@ -150,7 +173,7 @@ class _Applier:
             target = parts[:-1] + (base[len(WHITEOUT):],)
             if target[-1] in ("", ".", ".."):
                 raise self._refuse(member.name, "is a whiteout of nothing")
-            if target not in self.added:
+            if target not in self.added and self.exists(parts[:-1], member.name):
                 self.remove(self.directory(parts[:-1], member.name), target[-1])
             return
         if member.ischr() or member.isblk():
