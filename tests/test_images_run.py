@@ -359,7 +359,8 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
     start_worker(cluster, "slow", "rack2")
     monkeypatch.delenv(PULL_DELAY_HOOK)
     # The gate is a version-4 command: the leader proposes it once the replicated version says so.
-    wait_for(lambda: cluster.client.replica_status(cluster.addresses[0]).cluster_version >= 4, 30, "version 4")
+    wait_for(lambda: max(cluster.client.replica_status(a).cluster_version for a in cluster.addresses) >= 4, 30,
+             "version 4")
     submitted = time.time()
     job_id = submit(cluster, f"name: gated\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
                              "command: [cat, /etc/os-release]\n")
