@@ -164,6 +164,36 @@ def test_jobspec_mounts_and_no_command_with_an_image():
             parse(text)
 
 
+def test_placement_prefers_nodes_that_hold_the_image_among_equally_good_ones():
+    import dataclasses
+
+    from synapse.core import commands as c
+    from synapse.core.model import Placement
+    from synapse.core.placement import ClusterView, place
+    from tests.helpers import checked, cluster, spec
+
+    state = cluster(racks=2, nodes_per_rack=2)
+    image = "registry.example/train:1"
+    ran = dataclasses.replace(spec(gpu=1), image=image)
+    checked(state, c.SubmitJob(at=0, job_id="ran", request_id="ran", spec=ran))
+    checked(state, c.CommitPlan(at=0, job_id="ran", attempt=1, placements=(Placement(0, "r1-n1", (0,), 0),)))
+    checked(state, c.TaskPrepared(at=1, job_id="ran", attempt=1, index=0, node_id="r1-n1"))
+    checked(state, c.TaskExited(at=2, job_id="ran", attempt=1, index=0, node_id="r1-n1", exit_code=0))
+
+    def nodes(job_spec):
+        result = place(ClusterView(state.nodes, state.index, state.levels, state.jobs), "j", 1, job_spec)
+        return [p.node_id for p in result.plan.placements]
+
+    one_node = dataclasses.replace(spec(gpu=8), image=image)
+    assert nodes(one_node) == ["r1-n1"]  # every node is as tight: the one holding the image
+    assert nodes(dataclasses.replace(one_node, image="other:1")) == ["r0-n0"]  # no holder: as before
+    assert nodes(dataclasses.replace(spec(tasks=2, gpu=8), image=image)) == ["r1-n0", "r1-n1"]  # its rack
+    # Never a looser fit for it: a node with exactly the room left wins over the holder.
+    checked(state, c.SubmitJob(at=3, job_id="busy", request_id="busy", spec=spec(gpu=4)))
+    checked(state, c.CommitPlan(at=3, job_id="busy", attempt=1, placements=(Placement(0, "r0-n1", (0, 1, 2, 3), 0),)))
+    assert nodes(dataclasses.replace(spec(gpu=4), image=image)) == ["r0-n1"]
+
+
 # ---- the sandbox on a real root file system -----------------------------------------------------------
 
 def run_task(runtime: ProcessRuntime, a: Assignment, img, timeout: float = 30.0, stop_after: float = 0.0):
@@ -316,6 +346,9 @@ def test_jobs_from_a_registry_image_on_a_local_cluster(make_cluster, tmp_path, m
         assert len(set(cluster.client.get_job(job_id).attempts[0].nodes)) == 2  # 5 GPUs each: one task a node
         pulls = len(registry.requests("GET", "/manifests/"))
         assert pulls >= 2  # each node pulled
+        from synapse.client import render
+        wide = render.nodes_table([render.node_dict(n) for n in cluster.client.list_nodes()], wide=True)
+        assert [line.split()[-1] for line in wide.splitlines() if line.startswith(("i1 ", "i2 "))] == [image, image]
 
         # A second run of the image pulls nothing; a job without a command runs the image's own.
         again = submit(cluster, gang.replace("name: gang", "name: again"))

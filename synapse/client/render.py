@@ -62,7 +62,8 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "finished_at": info.finished_at or None,
         "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
                    "exit_code": t.exit_code if t.has_exit_code else None, "reason": t.reason or None,
-                   "reason_message": t.reason_message or None, "prepared": t.prepared} for t in info.tasks],
+                   "reason_message": t.reason_message or None, **({"prepared": True} if t.prepared else {})}
+                  for t in info.tasks],
         "image": spec.image or None, "mounts": [{"source": s, "target": t, "readonly": ro} for s, t, ro in spec.mounts],
         "image_pull_timeout_s": spec.image_pull_timeout or None,
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
@@ -181,7 +182,7 @@ def image_progress(j: dict[str, Any]) -> str:
         return ""
     nodes: dict[str, bool] = {}
     for t in j["tasks"]:
-        ready = t["prepared"] or t["state"] != "ASSIGNED"
+        ready = t.get("prepared", False) or t["state"] != "ASSIGNED"
         nodes[t["node"]] = nodes.get(t["node"], True) and ready
     if all(nodes.values()):
         return ""
@@ -210,20 +211,23 @@ def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
             "gpus": capacity.gpu, "gpus_used": used.gpu,
             "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
             "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
-            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
+            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks, "images": list(n.images)}
 
 
 def _labels(n: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in n["labels"].items() if k == "gpu_model") or "-"
 
 
-def nodes_table(nodes: list[dict[str, Any]]) -> str:
+def nodes_table(nodes: list[dict[str, Any]], wide: bool = False) -> str:
+    """`get nodes`; `wide` adds the images each node holds, as far as the replicated state knows."""
     return table(
-        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"],
+        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"]
+        + (["IMAGES"] if wide else []),
         [[n["id"], n["status"], "yes" if n["schedulable"] else "no", n["topology"],
           f"{n['gpus_used']}/{n['gpus']}", _labels(n), f"{n['cpu_used']}/{n['cpu']}",
           f"{n['memory_used']}/{n['memory']}", n["live_tasks"], n["address"],
-          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")] for n in nodes])
+          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")]
+         + ([",".join(n["images"]) or "-"] if wide else []) for n in nodes])
 
 
 def node_description(n: dict[str, Any]) -> str:

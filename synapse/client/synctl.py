@@ -344,12 +344,13 @@ def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> N
 
 
 @get.command("nodes")
-@OUTPUT
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]), default="table",
+              show_default=True, help="output format (wide: also the images each node holds)")
 @click.pass_obj
 def get_nodes(obj: Context, output: str) -> None:
     """List nodes with their capacity and use."""
     nodes = [render.node_dict(n) for n in run(obj.client.list_nodes)]
-    emit(nodes, output, render.nodes_table)
+    emit(nodes, output, lambda data: render.nodes_table(data, wide=output == "wide"))
 
 
 @main.group()

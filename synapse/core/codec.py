@@ -14,7 +14,7 @@ every member has told it it knows that kind's version, so a cluster upgrades one
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -529,8 +529,8 @@ def user_to_info(user: User) -> api_pb2.UserInfo:
                             created_at=user.created_at, created_by=user.created_by, token_set_at=user.token_set_at)
 
 
-def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:
-    return api_pb2.NodeInfo(
+def node_to_info(node: Node, live_tasks: int, images: Iterable[str] = ()) -> api_pb2.NodeInfo:
+    return api_pb2.NodeInfo(images=list(images),
         id=node.id, address=node.address, topology=list(node.topology),
         capacity=resources_to_proto(node.capacity), used=resources_to_proto(node.used),
         gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,

@@ -330,7 +330,7 @@ class LeaderState:
         waiting = [state.jobs[j].queue_key() for j, w in result.waiting.items()
                    if w.code not in HELD_CODES and j in state.jobs]
         first_waiting = min(waiting, default=None)
-        view = ClusterView(state.nodes, state.index, state.levels)
+        view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
         blocked = frozenset(state.held_nodes).union(*(r.nodes for r in result.reservations))
         out: list[Instruction] = []
         for job in sorted(growing, key=lambda j: j.queue_key()):

@@ -7,7 +7,7 @@ that mutates instances held in the cluster state; everything else reads them or 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -253,6 +253,19 @@ def gang_unprepared(job: Job) -> list[Task]:
     if not job.spec.image:
         return []
     return [t for t in job.tasks if t.state is TaskState.ASSIGNED and not t.prepared and not t.started_at]
+
+
+def image_holders(jobs: Iterable[Job]) -> dict[str, frozenset[str]]:
+    """Image reference -> the nodes known to hold it: those where a task of a job still in the state,
+    with that image, was prepared or started. What the replicated state knows (a node's store may
+    have evicted an image since); placement prefers such nodes among equally good ones."""
+    out: dict[str, set[str]] = {}
+    for job in jobs:
+        if job.spec.image:
+            nodes = {t.node_id for t in job.tasks if t.prepared or t.started_at}
+            if nodes:
+                out.setdefault(job.spec.image, set()).update(nodes)
+    return {image: frozenset(nodes) for image, nodes in out.items()}
 
 
 class TaskState(enum.StrEnum):

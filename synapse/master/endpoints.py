@@ -34,7 +34,7 @@ from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec, notice_capped
-from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
+from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role, image_holders
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
 from synapse.master import history_api
@@ -411,7 +411,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._current_read(context)
         with self.m.lock:
             state = self.m.state
-            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]))
+            held: dict[str, list[str]] = {}
+            for image, nodes in sorted(image_holders(state.jobs.values()).items()):
+                for node_id in nodes:
+                    held.setdefault(node_id, []).append(image)
+            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]), held.get(n.id, ()))
                                                  for n in sorted(state.nodes.values(), key=lambda n: n.id)])
 
     def _owner(self, job_id: str) -> str | None:

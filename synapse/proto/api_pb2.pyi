@@ -463,6 +463,7 @@ class NodeInfo(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    IMAGES_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_FIELD_NUMBER: _builtins.int
@@ -488,6 +489,12 @@ class NodeInfo(_message.Message):
     health: _builtins.str
     """empty when its health check passes (or it has none); else the failure"""
     @_builtins.property
+    def images(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Images tasks of jobs still in the state were prepared or ran with here (what placement prefers;
+        the node's store may have evicted one since).
+        """
+
+    @_builtins.property
     def topology(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def capacity(self) -> _types_pb2.Resources: ...
@@ -502,6 +509,7 @@ class NodeInfo(_message.Message):
     def __init__(
         self,
         *,
+        images: _abc.Iterable[_builtins.str] | None = ...,
         id: _builtins.str = ...,
         address: _builtins.str = ...,
         topology: _abc.Iterable[_builtins.str] | None = ...,
@@ -518,7 +526,7 @@ class NodeInfo(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "used", b"used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "images", b"images", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
