@@ -266,6 +266,35 @@ def test_mounts_and_gpu_devices_inside_the_task(tmp_path, monkeypatch):
         runtime.start(refused, image(root))
 
 
+@needs_root_fs
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root (to become nobody), setpriv and the system's python3")
+def test_a_worker_that_is_not_root_runs_tasks_in_a_user_namespace():
+    import subprocess
+    import tempfile
+
+    from synapse.worker.runtime import SANDBOX
+    base = Path(tempfile.mkdtemp(prefix="synapse-userns-"))
+    try:
+        os.chmod(base, 0o755)
+        root = busybox_root(base / "root")
+        spec = plan(base, image_root=str(root), task_dir=base / "task",
+                    command=("sh", "-c", "id -u; cat /proc/self/uid_map; echo kept > /new; cat /new; "
+                                         "grep NoNewPrivs /proc/self/status"))
+        spec_file = container.prepare(base / "task", spec)
+        launcher = shutil.copy(SANDBOX, base / "sandbox.py")  # readable by nobody wherever the checkout is
+        for path in [base, *base.rglob("*")]:
+            os.lchown(path, 65534, 65534)
+        run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-I",
+                              "-S", str(launcher), str(spec_file)], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stdout + run.stderr
+        lines = run.stdout.split()
+        assert lines[:4] == ["0", "0", "65534", "1"]  # root inside, the worker's uid outside
+        assert "kept" in lines and "NoNewPrivs:" in lines
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ---- jobs from images on a real local cluster --------------------------------------------------------
 
 def start_worker(cluster, worker_id: str, rack: str, *extra: str) -> None:
@@ -407,6 +436,28 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
               if json.loads(line)["event"] == "start"]
     assert len(starts) == 2 and min(starts) >= submitted + 4
     assert any(e.kind == "ImageReady" for e in cluster.client.get_job(job_id).events)
+
+    # Cancelled while it waits for the slow node: neither task ever starts.
+    waiting = submit(cluster, f"name: waiting\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
+                              "command: [true]\n")
+    wait_for(lambda: "1 of 2" in render.image_progress(render.job_dict(cluster.client.get_job(waiting))), 30,
+             "one node to hold the image")
+    cluster.client.cancel(waiting)
+    assert finished(cluster, waiting).status == "CANCELLED"
+    assert not any(json.loads(line)["job"] == waiting for w in ("fast", "slow")
+                   for line in (cluster.worker_dir(w) / TASK_JOURNAL).read_text().splitlines())
+
+    # A worker restarted under a running task re-adopts it: its root stays, and it ends as it would have.
+    adopted = submit(cluster, f"name: adopted\ntasks: 1\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
+                              "command: [sh, -c, 'sleep 3; cat /etc/os-release']\n")
+    info = wait_for(lambda: (lambda j: j if j.status == "RUNNING" else None)(cluster.client.get_job(adopted)), 30,
+                    "the task to run")
+    node = info.tasks[0].node_id
+    cluster.restart_worker(node)
+    assert finished(cluster, adopted).status == "SUCCEEDED"
+    assert "NAME=imgrun-test 1" in task_logs(cluster, adopted)[0]
+    assert "re-adopting task" in (cluster.data_dir / "logs" / f"{node}.log").read_text()
+    wait_for(lambda: not any((cluster.worker_dir(node) / "containers").iterdir()), 10, "the writable layer dropped")
 
     # Past its image_pull_timeout the attempt ends ImagePullFailed naming the late node, and requeues.
     late = submit(cluster, f"name: late\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
