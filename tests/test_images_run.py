@@ -468,3 +468,40 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
     assert any("TIMEOUT" in e.message and "on node(s) slow" in e.message and "not charged" in e.message
                for e in info.events), [e.message for e in info.events]
     cluster.client.cancel(late)
+
+
+#: What the DDP image takes from the host besides /usr (Debian's /bin, /lib… are links into /usr).
+HOST_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf")
+
+
+@pytest.mark.torch_image
+@needs_root_fs
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3")
+                    or os.system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0,
+                    reason="needs Debian's python3 with torch (python3-torch)")
+def test_the_ddp_example_runs_from_an_image_of_the_hosts_python_and_torch(make_cluster, tmp_path):
+    """The image is the host's /usr (hard links: no copy) with the example's script in /app; the gang
+    trains over gloo on the host's network, as from any image."""
+    import subprocess
+
+    root = tmp_path / "torch-image"
+    root.mkdir()
+    subprocess.run(["cp", "-al", "/usr", str(root / "usr")], check=True)
+    for name in ("bin", "sbin", "lib", "lib64"):
+        if os.path.islink(f"/{name}"):
+            (root / name).symlink_to(os.readlink(f"/{name}"))
+    (root / "etc").mkdir()
+    for name in HOST_ETC:
+        if os.path.exists(f"/etc/{name}"):
+            subprocess.run(["cp", "-a", f"/etc/{name}", str(root / "etc" / name)], check=True)
+    (root / "app").mkdir()
+    shutil.copy(Path(__file__).resolve().parent.parent / "examples" / "torch" / "ddp_train.py", root / "app")
+    cluster = make_cluster(workers=2)
+    job_id = submit(cluster, f"name: ddp-image\ntasks: 2\nresources: {{cpu: 1, memory: 1Gi}}\nimage: dir:{root}\n"
+                             "command: [python3, /app/ddp_train.py, --steps, '40']\nenv: {OMP_NUM_THREADS: '1'}\n")
+    info = finished(cluster, job_id, timeout=180)
+    logs = task_logs(cluster, job_id)
+    assert info.status == "SUCCEEDED", "\n".join(log[-2000:] for log in logs)
+    done = [dict(kv.split("=", 1) for kv in line.split()[1:]) for log in logs for line in log.splitlines()
+            if line.startswith("done ")]
+    assert sorted(d["rank"] for d in done) == ["0", "1"] and len({d["weights"] for d in done}) == 1

@@ -134,8 +134,8 @@ def job_description(j: dict[str, Any]) -> str:
              f"Command:    {' '.join(j['command']) or '(the image' + chr(39) + 's entrypoint)'}",
              *([f"Image:      {j['image']}" + (f"   {image_progress(j)}" if image_progress(j) else "")]
                if j.get("image") else []),
-             *([f"Mounts:     " + ", ".join(f"{m['source']} -> {m['target']}" + (" (read-only)" if m["readonly"] else "")
-                                            for m in j["mounts"])] if j.get("mounts") else []),
+             *(["Mounts:     " + ", ".join(f"{m['source']} -> {m['target']}" + (" (read-only)" * m["readonly"])
+                                           for m in j["mounts"])] if j.get("mounts") else []),
              *([f"Checkpoint: SIG{j['checkpoint']['signal']} {j['checkpoint']['notice_s']:g}s before a planned stop "
                 "(time limit, preemption, drain, resize), then SIGTERM"] if j.get("checkpoint") else []),
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "

@@ -122,6 +122,11 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         image_pull_timeout_s=spec.image_pull_timeout)
 
 
+def _before_images(spec: JobSpec) -> JobSpec:
+    """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout."""
+    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0)
+
+
 def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2.Mount]:
     return [types_pb2.Mount(source=s, target=t, readonly=ro) for s, t, ro in mounts]
 
@@ -349,16 +354,17 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
                 spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                            on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
-            spec = dataclasses.replace(spec, checkpoint=CheckpointSpec(), mounts=(), image_pull_timeout=0.0)  # likewise
+            spec = dataclasses.replace(_before_images(spec), checkpoint=CheckpointSpec())  # likewise
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_workflow_job":
             b = env.submit_workflow_job
-            spec = dataclasses.replace(job_spec_from_proto(b.spec), checkpoint=CheckpointSpec(), mounts=(), image_pull_timeout=0.0)  # as older replicas
+            # as older replicas read it
+            spec = dataclasses.replace(_before_images(job_spec_from_proto(b.spec)), checkpoint=CheckpointSpec())
             return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_checkpoint_job":
             b = env.submit_checkpoint_job
             return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
-                                         spec=dataclasses.replace(job_spec_from_proto(b.spec), mounts=(), image_pull_timeout=0.0), **base)
+                                         spec=_before_images(job_spec_from_proto(b.spec)), **base)
         case "submit_image_job":
             b = env.submit_image_job
             return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)

@@ -430,8 +430,9 @@ class Dashboard:
         if spec.image:
             nodes = {n for _, _, n, _, _, _ in gang}
             late = {n for _, i, n, _, _, _ in gang if i in pulling}
-            facts.append(["Image", escape(spec.image) + (f": pulling, {len(nodes - late)} of {len(nodes)} nodes ready "
-                                                         f"(waiting: {escape(', '.join(sorted(late)))})" if late else "")])
+            progress = f": pulling, {len(nodes - late)} of {len(nodes)} nodes ready " \
+                       f"(waiting: {escape(', '.join(sorted(late)))})" if late else ""
+            facts.append(["Image", escape(spec.image) + progress])
         if waiting is not None:
             facts.append(["Waiting", escape(why)])
         elif status == "PENDING" and not self.m.raft.is_leader():

@@ -12,10 +12,10 @@ worker gives each task the signal once (synapse.worker.state).
 
 from __future__ import annotations
 
-from synapse.core.elastic import is_elastic
-from synapse.core.fsm import ClusterState
 from synapse.core import codec
 from synapse.core import commands as c
+from synapse.core.elastic import is_elastic
+from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, gang_unprepared
 from synapse.core.rendezvous import master_port
 

@@ -45,9 +45,8 @@ from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.images.store import ImageStore
-from synapse.worker import container
+from synapse.worker import container, isolation
 from synapse.worker import gpus as gpu_discovery
-from synapse.worker import isolation
 from synapse.worker.agent import WorkerAgent, load_credential
 from synapse.worker.health import HealthCheck, command_problem
 from synapse.worker.runtime import stop_all
@@ -150,7 +149,8 @@ def node_id_for(data_dir: Path, given: str) -> str:
                    "evicted, least recently used first [env: SYNAPSE_IMAGE_CACHE_SIZE]")
 @click.option("--registry-credentials", envvar="SYNAPSE_REGISTRY_CREDENTIALS", default="",
               type=click.Path(dir_okay=False),
-              help="a Docker config.json-style file of registry credentials (auths) [env: SYNAPSE_REGISTRY_CREDENTIALS]")
+              help="a Docker config.json-style file of registry credentials (auths) "
+                   "[env: SYNAPSE_REGISTRY_CREDENTIALS]")
 @click.option("--insecure-registry", multiple=True, metavar="HOST:PORT",
               help="a registry reached over plain HTTP (repeatable)")
 @click.option("--allow-mount", multiple=True, metavar="PREFIX",

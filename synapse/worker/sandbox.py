@@ -178,7 +178,8 @@ def prepare_root(spec: dict, user_ns: bool) -> None:
     make_dev(root, spec.get("devices", []))
     sys_dir = _make_target(root, "/sys", True)
     mount("/sys", sys_dir, None, MS_BIND | MS_REC)
-    mount(None, sys_dir, None, MS_BIND | MS_REMOUNT | MS_RDONLY | (os.statvfs(sys_dir).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)))
+    locked = os.statvfs(sys_dir).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount(None, sys_dir, None, MS_BIND | MS_REMOUNT | MS_RDONLY | locked)
     for name in ("/etc/hosts", "/etc/resolv.conf"):
         if os.path.exists(name):
             bind(root, name, name, True)
