@@ -417,7 +417,7 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
     root = busybox_root(tmp_path / "rootfs")
     cluster = make_cluster(workers=0)
     start_worker(cluster, "fast", "rack1")
-    monkeypatch.setenv(PULL_DELAY_HOOK, "4")  # this worker's pulls take 4 s more
+    monkeypatch.setenv(PULL_DELAY_HOOK, "6")  # this worker's pulls take 6 s more
     start_worker(cluster, "slow", "rack2")
     monkeypatch.delenv(PULL_DELAY_HOOK)
     # The gate is a version-4 command: the leader proposes it once the replicated version says so.
@@ -426,15 +426,20 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
     submitted = time.time()
     job_id = submit(cluster, f"name: gated\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
                              "command: [cat, /etc/os-release]\n")
-    progress = wait_for(lambda: (lambda p: p if "1 of 2" in p else None)(
+    # The slow node's worker says how far it is (it waits for the hook first: "queued").
+    progress = wait_for(lambda: (lambda p: p if "1 of 2" in p and "slow queued" in p else None)(
         render.image_progress(render.job_dict(cluster.client.get_job(job_id)))), 30, "one node to hold the image")
-    assert progress == "pulling image: 1 of 2 nodes ready (waiting: slow)"
+    assert progress == "pulling image: 1 of 2 nodes ready (waiting: slow queued)"
+    from tests.test_dashboard import fetch
+    leader = cluster.master(cluster.wait_leader())["http_address"]
+    page = fetch(leader, f"/jobs/{job_id}", cluster.token, ca=cluster.tls.ca)[2]
+    assert "pulling, 1 of 2 nodes ready (waiting: slow queued)" in page and "ASSIGNED (pulling image)" in page
     assert not (cluster.worker_dir("fast") / TASK_JOURNAL).exists()  # nothing started meanwhile
     assert finished(cluster, job_id).status == "SUCCEEDED"
     starts = [json.loads(line)["at"] for w in ("fast", "slow")
               for line in (cluster.worker_dir(w) / TASK_JOURNAL).read_text().splitlines()
               if json.loads(line)["event"] == "start"]
-    assert len(starts) == 2 and min(starts) >= submitted + 4
+    assert len(starts) == 2 and min(starts) >= submitted + 6
     assert any(e.kind == "ImageReady" for e in cluster.client.get_job(job_id).events)
 
     # Cancelled while it waits for the slow node: neither task ever starts.

@@ -15,7 +15,7 @@ import yaml
 
 from synapse.core import codec
 from synapse.core.model import EndReason
-from synapse.core.quantity import format_cpu, format_memory, format_wait
+from synapse.core.quantity import format_cpu, format_memory, format_pull, format_wait
 from synapse.proto import api_pb2
 
 
@@ -66,6 +66,8 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
                   for t in info.tasks],
         "image": spec.image or None, "mounts": [{"source": s, "target": t, "readonly": ro} for s, t, ro in spec.mounts],
         "image_pull_timeout_s": spec.image_pull_timeout or None,
+        "pulls": {p.node_id: {"phase": p.phase, "done_bytes": p.done_bytes, "total_bytes": p.total_bytes}
+                  for p in info.pulls},
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "waiting_code": info.waiting_code or None,
         "restarts_used": info.restarts_used, "requeues": info.requeues,
@@ -186,9 +188,14 @@ def image_progress(j: dict[str, Any]) -> str:
         nodes[t["node"]] = nodes.get(t["node"], True) and ready
     if all(nodes.values()):
         return ""
-    waiting = sorted(n for n, ready in nodes.items() if not ready)
+    waiting = [n + _pull_state(j.get("pulls", {}).get(n)) for n, ready in sorted(nodes.items()) if not ready]
     return (f"pulling image: {sum(nodes.values())} of {len(nodes)} nodes ready "
             f"(waiting: {', '.join(waiting)})")
+
+
+def _pull_state(pull: dict[str, Any] | None) -> str:
+    """A node's pull as the leader last heard it: " 45% of 1.2Gi", " unpack"; "" if not heard."""
+    return f" {format_pull(pull['phase'], pull['done_bytes'], pull['total_bytes'])}" if pull else ""
 
 
 def job_event_line(event: api_pb2.JobEvent) -> str:

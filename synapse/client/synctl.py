@@ -190,7 +190,7 @@ class _Submit(click.Command):
 @click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
 @click.option("--mem", "--memory", "memory", help="memory per task, e.g. 16Gi")
 @click.option("--gpu", type=int, help="GPUs per task")
-@click.option("--image", help="container image for an external runtime")
+@click.option("--image", help="container image the tasks run in (see docs: Container images)")
 @click.option("--pack", help="topology level to pack the gang in (rack, block, zone, node)")
 @click.option("--required", is_flag=True, help="wait rather than spread beyond --pack")
 @click.option("--priority", type=int)

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from synapse.core import fairshare
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, gang_unprepared, topology_path
-from synapse.core.quantity import format_wait
+from synapse.core.quantity import format_pull, format_wait
 from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
@@ -430,8 +430,10 @@ class Dashboard:
         if spec.image:
             nodes = {n for _, _, n, _, _, _ in gang}
             late = {n for _, i, n, _, _, _ in gang if i in pulling}
+            heard = {n: self.m.pull_progress.get((job_id, attempt, n)) for n in late}
+            late_text = ", ".join(n + (f" {format_pull(*heard[n][:3])}" if heard[n] else "") for n in sorted(late))
             progress = f": pulling, {len(nodes - late)} of {len(nodes)} nodes ready " \
-                       f"(waiting: {escape(', '.join(sorted(late)))})" if late else ""
+                       f"(waiting: {escape(late_text)})" if late else ""
             facts.append(["Image", escape(spec.image) + progress])
         if waiting is not None:
             facts.append(["Waiting", escape(why)])

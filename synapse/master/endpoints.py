@@ -75,6 +75,8 @@ MAX_PAGE = 5000
 #: lets the worker notice a silent leader change).
 WATCH_REFRESH_S = 5.0
 MAX_ID_CHARS = 256
+#: How long a worker's report of a pull's progress stands on the leader (workers send one a second).
+PULL_PROGRESS_TTL_S = 30.0
 #: The longest a join token may live (0 = never expires is allowed too, for an admin who says so).
 MAX_JOIN_TOKEN_TTL_S = 366 * 86400.0
 
@@ -326,6 +328,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
         state = self.m.state
+        if job.spec.image and job.status is JobStatus.SCHEDULED:
+            now = time.monotonic()
+            for node_id in sorted({t.node_id for t in job.tasks}):
+                heard = self.m.pull_progress.get((job.id, job.attempt, node_id))
+                if heard is not None and now - heard[3] < PULL_PROGRESS_TTL_S:
+                    info.pulls.append(api_pb2.PullProgress(job_id=job.id, attempt=job.attempt, node_id=node_id,
+                                                           phase=heard[0], done_bytes=heard[1], total_bytes=heard[2]))
         if job.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
         array = state.arrays.get(job.array_id) if job.array_id else None
@@ -976,6 +985,20 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await self._abort_stopping(context)
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             f"replica {self.m.replica.id} has no leader in reach; attach to another")
+
+    async def ReportPullProgress(self, request, context):
+        """How far a node's pulls are, kept in the leader's memory only (a new leader hears the next)."""
+        await self._worker_identity(request.node_id, context)
+        if len(request.pulls) > 1000:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pulls: at most 1000 per report")
+        await self._leader(context)
+        now = time.monotonic()
+        progress = {key: value for key, value in self.m.pull_progress.items() if now - value[3] < PULL_PROGRESS_TTL_S}
+        for p in request.pulls:
+            progress[(p.job_id[:MAX_ID_CHARS], p.attempt, request.node_id)] = (p.phase[:16], p.done_bytes,
+                                                                               p.total_bytes, now)
+        self.m.pull_progress = progress
+        return api_pb2.ReportPullProgressReply()
 
     async def ReportTaskEvents(self, request, context):
         await self._worker_identity(request.node_id, context)

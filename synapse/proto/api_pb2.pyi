@@ -290,9 +290,89 @@ class JobEvent(_message.Message):
 Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
 
 @_typing.final
+class PullProgress(_message.Message):
+    """One pull a worker is doing for a task of a gang in an image."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    DONE_BYTES_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    index: _builtins.int
+    phase: _builtins.str
+    """manifest, layers, unpack or done (the image store's phases)"""
+    done_bytes: _builtins.int
+    total_bytes: _builtins.int
+    node_id: _builtins.str
+    """in JobInfo: the node pulling"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        index: _builtins.int = ...,
+        phase: _builtins.str = ...,
+        done_bytes: _builtins.int = ...,
+        total_bytes: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "done_bytes", b"done_bytes", "index", b"index", "job_id", b"job_id", "node_id", b"node_id", "phase", b"phase", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullProgress: _TypeAlias = PullProgress  # noqa: Y015
+
+@_typing.final
+class ReportPullProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    PULLS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    @_builtins.property
+    def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]: ...
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        pulls: _abc.Iterable[Global___PullProgress] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "pulls", b"pulls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPullProgressRequest: _TypeAlias = ReportPullProgressRequest  # noqa: Y015
+
+@_typing.final
+class ReportPullProgressReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPullProgressReply: _TypeAlias = ReportPullProgressReply  # noqa: Y015
+
+@_typing.final
 class JobInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PULLS_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
@@ -356,6 +436,10 @@ class JobInfo(_message.Message):
     requeues: _builtins.int
     """attempts ended through no fault of its own (node lost, drain, preemption, resize)"""
     @_builtins.property
+    def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]:
+        """A gang waiting for its image: how far each node's pull is, as the leader last heard (soft state)."""
+
+    @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskInfo]: ...
@@ -380,6 +464,7 @@ class JobInfo(_message.Message):
     def __init__(
         self,
         *,
+        pulls: _abc.Iterable[Global___PullProgress] | None = ...,
         id: _builtins.str = ...,
         spec: _types_pb2.JobSpec | None = ...,
         status: _builtins.str = ...,
@@ -410,7 +495,7 @@ class JobInfo(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

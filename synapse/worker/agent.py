@@ -13,6 +13,8 @@ Threads, each feeding events into one queue that the main loop drains in order:
 * pulls (a pool of PULL_THREADS): a task in an image waits, starting, while the node's image store
   gets its image (one pull per image however many tasks ask); the result comes back as an event,
   and the task starts then, or ends ImagePullFailed without having run;
+* progress: while pulls run, once a second, how far each is (ReportPullProgress: the leader keeps
+  it in memory for `synctl describe job`);
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
 """
@@ -140,6 +142,9 @@ class WorkerAgent:
         self.prepared: dict[ws.Key, Any] = {}
         #: the newest listing's hold of each task (main loop only)
         self.holds: dict[ws.Key, bool] = {}
+        #: the pulls under way: task key -> the store's latest PullProgress (None before its first);
+        #: written by the pull threads (one key each), read by the progress thread
+        self.pulling: dict[ws.Key, Any] = {}
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
         self.health = health  #: the health check, if the operator gave one
@@ -194,7 +199,8 @@ class WorkerAgent:
                         "connection may take a gang's MASTER_PORT; start net.ipv4.ip_local_port_range at %d or above",
                         self.node_id, *ephemeral, overlap.start, overlap.stop - 1, MASTER_PORTS.stop)
         self._register()
-        loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report")]
+        loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report"),
+                 (self._progress_loop, "progress")]
         if self.health is not None:
             loops.append((self._health_loop, "health"))
         threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in loops]
@@ -292,11 +298,13 @@ class WorkerAgent:
         if self.images is None:
             self.events.put(ImageFailed(a.key, f"node {self.node_id} has no image store", True))
             return
-        delay = float(os.environ.get(PULL_DELAY_HOOK, "") or 0)
-        if delay > 0:
-            time.sleep(delay)
+        self.pulling[a.key] = None
         try:
-            image = self.images.ensure(a.image, holder=task_id(a))
+            delay = float(os.environ.get(PULL_DELAY_HOOK, "") or 0)
+            if delay > 0:
+                time.sleep(delay)
+            image = self.images.ensure(a.image, holder=task_id(a),
+                                       progress=lambda p: self.pulling.__setitem__(a.key, p))
         except Exception as exc:  # the store's PullError, or anything else it raised: the task must end
             cause = getattr(exc, "cause", "")
             node_side = bool(getattr(exc, "node_side", True))
@@ -305,6 +313,8 @@ class WorkerAgent:
             self.events.put(ImageFailed(a.key, f"node {self.node_id}: image {a.image}: "
                                                f"{cause or type(exc).__name__}: {exc}", node_side))
             return
+        finally:
+            self.pulling.pop(a.key, None)
         self.events.put(ImageReady(a.key, image))
 
     def _pulled(self, event: ImageReady | ImageFailed) -> None:
@@ -506,6 +516,21 @@ class WorkerAgent:
                 self.healthy, self.health_message = result.healthy, result.message
                 self.heartbeat_now.set()
             self.stopping.wait(max(0.0, self.health.interval - (time.monotonic() - started)))
+
+    def _progress_loop(self) -> None:
+        """Once a second while pulls run, tell the leader how far each is (lost reports do not matter)."""
+        while not self.stopping.wait(1.0):
+            pulls = [api_pb2.PullProgress(job_id=key[0], attempt=key[1], index=key[2],
+                                          phase=p.phase if p else "queued", done_bytes=p.done_bytes if p else 0,
+                                          total_bytes=p.total_bytes if p else 0)
+                     for key, p in list(self.pulling.items())]
+            if not pulls:
+                continue
+            try:
+                self.report_client.call("ReportPullProgress", api_pb2.ReportPullProgressRequest(
+                    node_id=self.node_id, pulls=pulls), deadline=5.0)
+            except (ClientError, ClusterUnavailable) as exc:
+                log.debug("pull progress not reported node=%s error=%s", self.node_id, exc)
 
     def _report_loop(self) -> None:
         while not self.stopping.is_set():
