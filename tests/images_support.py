@@ -424,7 +424,7 @@ def tree(root: Path) -> dict[str, tuple]:
                 out[rel] = ("dir",)
             else:
                 inodes.setdefault(st.st_ino, []).append(rel)
-                out[rel] = ("file", full.read_bytes(), oct(st.st_mode & 0o777))
+                out[rel] = ("file", full.read_bytes(), oct(st.st_mode & 0o777), int(st.st_mtime))
     out["(hard links)"] = tuple(sorted(tuple(sorted(g)) for g in inodes.values() if len(g) > 1))
     return out
 

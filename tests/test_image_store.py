@@ -8,19 +8,25 @@ Images are built offline by tests/images_support.py; no registry is needed here
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from synapse.images.store import ImageStore, PullError
+from synapse.images.unpack import apply_layer
 from tests.images_support import (
     BUSYBOX,
     E,
     busybox_image,
+    layer_tar,
     layered_image,
     make_image,
     make_layer,
@@ -82,6 +88,7 @@ def test_whiteouts_opaque_dirs_hard_links_and_symlinks_apply_as_umoci_applies_th
     assert mine["(hard links)"] == (("etc/keep", "hard/lower"), ("hard/a", "hard/b"))
     assert mine["lib/link.so"] == ("symlink", "/lib/real.so") and mine["abs"] == ("symlink", "/etc/keep")
     assert mine["becomes-dir"] == ("dir",) and mine["becomes-file"][0] == "file" and mine["data/old"][1] == b"new\n"
+    assert {v[3] for v in mine.values() if v and v[0] == "file"} == {1_700_000_000}  # mtimes as in the image
     if not shutil.which("umoci"):
         pytest.skip("umoci is not installed (scripts/install-test-packages.sh)")
     subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{tmp_path}/layout:l", str(tmp_path / "bundle")],
@@ -153,6 +160,8 @@ def test_content_that_does_not_match_its_digest_is_never_unpacked(tmp_path):
     assert err.value.cause == "DIGEST_MISMATCH" and manifest["layers"][0]["digest"] in err.value.message
     assert leftovers(tmp_path / "store") == [] and list((tmp_path / "store" / "blobs" / "sha256").iterdir()) != []
     assert not (tmp_path / "store" / "blobs" / "sha256" / layer.name).exists()  # only the config got in
+    # The config left by the failed pull counts against the budget and goes first when over it.
+    assert ImageStore(tmp_path / "store", budget_bytes=1).usage_bytes() == 0
     layer.write_bytes(bytes(data) + b"more")  # longer than its descriptor
     with pytest.raises(PullError) as err:
         store.ensure(f"oci:{layout}:x")
@@ -242,6 +251,15 @@ def test_a_new_store_on_the_same_root_keeps_images_and_pins(tmp_path):
     assert not second.has(f"oci:{layout}:v") and not image.root.exists()  # unpinned over budget: evicted
 
 
+def test_an_unreadable_state_file_removes_no_root_a_task_may_use(tmp_path):
+    layout = write_layout(tmp_path / "layout", {"v": busybox_image()})
+    image = ImageStore(tmp_path / "store").ensure(f"oci:{layout}:v", holder="job-1/0")
+    (tmp_path / "store" / "state.json").write_text("{not json")
+    store = ImageStore(tmp_path / "store", budget_bytes=1)
+    assert image.root.is_dir() and (tmp_path / "store" / "state.unreadable").exists()
+    assert store.cached() == [] and store.ensure(f"oci:{layout}:v").root == image.root  # pulled again in place
+
+
 def test_a_full_disk_during_unpack_is_disk_full_and_leaves_no_partial_root(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()
@@ -260,3 +278,54 @@ def test_a_full_disk_during_unpack_is_disk_full_and_leaves_no_partial_root(tmp_p
     finally:
         with contextlib.suppress(Exception):
             subprocess.run(["umount", str(mount)], check=True)
+
+
+#: Names and targets that make the dangerous sequences likely: a symlink out of the root, then
+#: writes, links and whiteouts through it.
+_NAMES = ["link", "link/a", "link/b/c", "a", "a/link", "a/link/x", "../a", ".wh.link", "link/.wh..wh..opq",
+          "a/.wh.link", "/link/a"]
+_KINDS = ["symlink"] * 6 + ["file"] * 6 + ["dir"] * 3 + ["hardlink"] * 3 + ["fifo", "char"]
+_TARGETS = {"symlink": ["{outside}", "../../outside", "/", ".."],
+            "hardlink": ["a", "link", "link/a", "{outside}/x", "../outside/x"]}
+
+
+@st.composite
+def _entries(draw):
+    entries = []
+    for _ in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(_KINDS))
+        target = draw(st.sampled_from(_TARGETS[kind])) if kind in _TARGETS else ""
+        entries.append(E(draw(st.sampled_from(_NAMES)), kind, b"data", target))
+    return entries
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.lists(_entries(), min_size=1, max_size=3))
+def test_no_sequence_of_layers_writes_outside_the_root(layers):
+    """Whatever the entries (escaping names, symlinks to outside then writes through them, hard links
+    out, whiteouts of links), applying them changes nothing outside the root, and a refusal is a
+    PullError, never another exception."""
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        outside = tmp / "outside"
+        outside.mkdir()
+        (outside / "x").write_text("untouched")
+        root = tmp / "root"
+        root.mkdir()
+        before = sorted((str(p), p.is_symlink() or p.read_bytes() if p.is_file() else None)
+                        for p in tmp.rglob("*") if root not in p.parents and p != root)
+        for i, entries in enumerate(layers):
+            entries = [E(e.name, e.kind, e.data, e.target.replace("{outside}", str(outside))) for e in entries]
+            raw = layer_tar(entries)
+            blob = tmp / f"layer{i}"
+            blob.write_bytes(raw)
+            try:
+                apply_layer(root, blob, "sha256:" + hashlib.sha256(raw).hexdigest(), f"layer {i}")
+            except PullError as exc:
+                assert exc.cause == "BAD_IMAGE", exc
+                break
+            finally:
+                blob.unlink()
+        after = sorted((str(p), p.is_symlink() or p.read_bytes() if p.is_file() else None)
+                       for p in tmp.rglob("*") if root not in p.parents and p != root)
+        assert after == before

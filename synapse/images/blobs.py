@@ -124,6 +124,20 @@ class BlobStore:
     def remove(self, digest: str) -> None:
         self.path(digest).unlink(missing_ok=True)
 
+    def digests(self) -> set[str]:
+        """Every blob present."""
+        return {"sha256:" + p.name for p in self.root.iterdir()}
+
+    def total_bytes(self) -> int:
+        """What all blobs take (their sizes)."""
+        total = 0
+        for p in self.root.iterdir():
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
     def size(self, digest: str) -> int:
         try:
             return self.path(digest).stat().st_size

@@ -201,6 +201,8 @@ class RegistryClient:
             resp.conn.sock and resp.conn.sock.settimeout(self._socket_timeout(deadline))
             return resp.body.read(n)
         except TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PullError("TIMEOUT", f"the pull's deadline passed while reading from {self.registry}") from None
             raise PullError("TIMEOUT", f"{self.registry} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
             raise PullError("UNREACHABLE", f"{self.registry}: {exc}") from None

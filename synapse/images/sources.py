@@ -5,6 +5,7 @@ its top-level one) and a blob's bytes into a verifying writer, so the store trea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
 import threading
@@ -48,7 +49,10 @@ class LayoutSource:
 
     def __init__(self, ref: ImageRef) -> None:
         self.ref = ref
-        self._lock = threading.Lock()  #: guards the tar file object, read by several blob threads
+        #: Guards the tar file's one file object, read by several blob threads (a directory's files
+        #: are separate objects and need no lock).
+        self._lock: threading.Lock | contextlib.nullcontext = \
+            threading.Lock() if ref.transport == "oci-archive" else contextlib.nullcontext()
         self._tar: tarfile.TarFile | None = None
         self._members: dict[str, tarfile.TarInfo] = {}
         path = Path(ref.path)

@@ -81,6 +81,7 @@ class ImageStore:
         self._clients: dict[str, RegistryClient] = {}  #: registry -> its client (tokens are cached there)
         self._serial = 0
         self._load()
+        self._evict()  # a worker restarted with a smaller budget trims at once
 
     # -- the API --------------------------------------------------------------------------------------
 
@@ -209,9 +210,10 @@ class ImageStore:
                         return self._adopt_locked(digest, canonical, holder)
                 self._evict(need=2 * sum(layer.size for layer in manifest.layers))
                 config, layer_blobs = self._fetch_and_unpack(source, canonical, digest, manifest, report, deadline)
+                rootfs_bytes = disk_usage(self._rootfs(digest))
                 with self._lock:
                     self._images[digest] = {"references": [], "blobs": [manifest.config.digest, *layer_blobs],
-                                            "rootfs_bytes": disk_usage(self._rootfs(digest)), "last_used": 0.0,
+                                            "rootfs_bytes": rootfs_bytes, "last_used": 0.0,
                                             "holders": [], "config": asdict(config)}
                     image = self._adopt_locked(digest, canonical, holder)
         finally:
@@ -238,7 +240,7 @@ class ImageStore:
         def fetch(desc: mf.Descriptor, counted: bool) -> Path:
             def on_bytes(n: int) -> None:
                 if abort.is_set():
-                    raise PullError("TIMEOUT", "the pull was abandoned")  # another layer failed; stop this one
+                    raise _Abandoned  # another layer failed: stop this one, without retrying it
                 if counted:
                     report.add("layers", n)
             return self.blobs.put(desc, lambda writer: source.copy_blob(desc, writer, deadline), on_bytes)
@@ -258,7 +260,12 @@ class ImageStore:
                 apply_layer(rootfs, blob, diff_ids[i], f"{canonical} layer {i} ({layer_digests[i]})",
                             on_bytes=lambda n: report.add("unpack", n))
             final = self._rootfs(digest).parent
-            os.replace(work, final)
+            if final.is_dir():
+                # Only a complete unpack of this digest is ever renamed there: one kept from an
+                # unreadable state file. It is the same tree; keep it (tasks may be using it).
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                os.replace(work, final)
             return config, layer_digests
         except BaseException:
             abort.set()
@@ -276,8 +283,13 @@ class ImageStore:
     # -- eviction -----------------------------------------------------------------------------------------
 
     def _usage_locked(self) -> int:
-        blobs = {b for e in self._images.values() for b in e["blobs"]}
-        return sum(e["rootfs_bytes"] for e in self._images.values()) + sum(self.blobs.size(b) for b in blobs)
+        """The images' roots and every blob file, orphans of failed pulls included."""
+        return sum(e["rootfs_bytes"] for e in self._images.values()) + self.blobs.total_bytes()
+
+    def _unused_blobs_locked(self) -> set[str]:
+        """Blobs no image uses and no pull is using (left by failed pulls, or by evicted images)."""
+        used = {b for e in self._images.values() for b in e["blobs"]} | set(self._busy_blobs)
+        return self.blobs.digests() - used
 
     def _evict(self, keep: str = "", need: int = 0) -> None:
         """Remove unpinned images, least recently used first, until the store is within its budget
@@ -287,6 +299,10 @@ class ImageStore:
         doomed: list[Path] = []
         with self._lock:
             usage = self._usage_locked()
+            if usage + need > self.budget_bytes:
+                for blob in self._unused_blobs_locked():  # first what no image needs
+                    self.blobs.remove(blob)
+                usage = self._usage_locked()
             for digest in sorted(self._images, key=lambda d: self._images[d]["last_used"]):
                 if usage + need <= self.budget_bytes:
                     break
@@ -297,8 +313,7 @@ class ImageStore:
                 for ref in entry["references"]:
                     if self._tags.get(ref) == digest:
                         del self._tags[ref]
-                still_used = {b for e in self._images.values() for b in e["blobs"]} | set(self._busy_blobs)
-                for blob in set(entry["blobs"]) - still_used:
+                for blob in self._unused_blobs_locked():
                     self.blobs.remove(blob)
                 self._serial += 1
                 gone = self.tmp / f"evicted-{self._serial}"
@@ -329,13 +344,17 @@ class ImageStore:
     def _load(self) -> None:
         """Adopt the images a previous store left (those whose root is there); drop the rest."""
         path = self.root / "state.json"
+        trusted = True  #: whether images the state does not list may be removed
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             doc = {}
         except (OSError, ValueError) as exc:
-            log.warning("image store state unreadable path=%s error=%s; starting empty", path, exc)
-            doc = {}
+            # Roots it listed may be in use by tasks still running: keep every one (unlisted, so
+            # no longer counted) and the file for a person to look at.
+            log.warning("image store state unreadable path=%s error=%s; starting empty, keeping images/", path, exc)
+            os.replace(path, path.with_suffix(".unreadable"))
+            doc, trusted = {}, False
         if doc and doc.get("version") != STATE_VERSION:
             log.warning("image store state version=%s unknown; starting empty", doc.get("version"))
             doc = {}
@@ -343,11 +362,15 @@ class ImageStore:
         self._images = {d: e for d, e in images.items() if self._rootfs(d).is_dir()}
         self._tags = {r: d for r, d in (doc.get("tags") or {}).items() if d in self._images}
         known = {d.removeprefix("sha256:") for d in self._images}
-        for stray in (self.root / "images").iterdir():
+        for stray in (self.root / "images").iterdir() if trusted else ():
             if stray.name not in known:  # unpacked but never recorded (a crash between rename and save)
                 shutil.rmtree(stray, ignore_errors=True)
         with self._lock:
             self._save()
+
+
+class _Abandoned(Exception):
+    """Stops a layer download whose pull has already failed (never seen by a caller)."""
 
 
 class _Reporter:

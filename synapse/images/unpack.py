@@ -15,7 +15,10 @@ The rules, and the choices this applier makes where the spec leaves one:
   not be a directory; the link is made without following a symlink.
 - Device nodes (character and block) are skipped: an unprivileged applier cannot make them and a task's
   runtime provides /dev itself. FIFOs are made.
-- Setuid and setgid bits are stripped from every file and directory: the store is shared by all
+- Files and symlinks keep their modification times (a `.pyc` is used only while its source's
+  mtime matches); directories get the time of the unpack.
+- Setuid and setgid bits are stripped from every file and directory, and extended attributes (file
+  capabilities among them) are not applied: the store is shared by all
   tasks on the node and a task never needs to gain privileges from its image. Directories get at
   least u+rwx so later layers can write into them. Owners are not changed: files belong to the
   worker's user (rootless, as `umoci unpack --rootless`).
@@ -202,6 +205,7 @@ class _Applier:
                 raise self._refuse(member.name, "is a symlink to nothing")
             dfd = self.cleared(parts, member.name)
             os.symlink(member.linkname, base, dir_fd=dfd)
+            os.utime(base, (member.mtime, member.mtime), dir_fd=dfd, follow_symlinks=False)
         elif member.islnk():
             target = self.parts(member.linkname)
             if not target:
@@ -241,6 +245,8 @@ class _Applier:
                     view = view[os.write(fd, view):]
                 left -= len(chunk)
             os.fchmod(fd, mode)
+            # Kept as in the image: Python's .pyc files, for one, are valid only for their source's mtime.
+            os.utime(fd, (member.mtime, member.mtime))
         finally:
             os.close(fd)
 
