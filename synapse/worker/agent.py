@@ -342,7 +342,12 @@ class WorkerAgent:
         self._start(a, event.image)
 
     def _release_prepared(self) -> None:
-        """Start the prepared tasks the newest listing no longer holds; end those it stopped."""
+        """Start the prepared tasks the newest listing no longer holds; end those it stopped, and those
+        stopped while their image is still being pulled (the pull's result is then dropped: `_pulled`)."""
+        for key, task in list(self.state.tasks.items()):
+            if key in self.pulling and task.phase == "stopping" and task.handle is None:
+                self._carry_out(self.state.handle(ws.TaskStartFailed(key, "stopped while its image was being pulled"),
+                                                  time.monotonic()))
         for key, image in list(self.prepared.items()):
             task = self.state.tasks.get(key)
             if task is None or task.handle is not None:
