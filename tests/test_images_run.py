@@ -16,7 +16,7 @@ import yaml
 
 from synapse.core import jobspec
 from synapse.core.jobspec import JobFileError
-from synapse.core.model import Assignment
+from synapse.core.model import Assignment, JobStatus
 from synapse.worker import container
 from synapse.worker.container import ContainerRefused, Mount
 from synapse.worker.runtime import ProcessRuntime, alive
@@ -192,6 +192,95 @@ def test_placement_prefers_nodes_that_hold_the_image_among_equally_good_ones():
     checked(state, c.SubmitJob(at=3, job_id="busy", request_id="busy", spec=spec(gpu=4)))
     checked(state, c.CommitPlan(at=3, job_id="busy", attempt=1, placements=(Placement(0, "r0-n1", (0, 1, 2, 3), 0),)))
     assert nodes(dataclasses.replace(spec(gpu=4), image=image)) == ["r0-n1"]
+
+
+def gang_in_image(state, job_id: str = "g", **kw):
+    """A 2-task gang in an image, committed on r0-n0 and r0-n1 at t=10."""
+    import dataclasses
+
+    from synapse.core import commands as c
+    from synapse.core.model import Placement
+    from tests.helpers import checked, spec
+
+    job_spec = dataclasses.replace(spec(tasks=2, gpu=8, max_restarts=3), image="registry.example/train:1", **kw)
+    checked(state, c.SubmitImageJob(at=0, job_id=job_id, request_id=job_id, spec=job_spec)
+            if job_spec.has_image_run else c.SubmitJob(at=0, job_id=job_id, request_id=job_id, spec=job_spec))
+    checked(state, c.CommitPlan(at=10, job_id=job_id, attempt=1, placements=(
+        Placement(0, "r0-n0", tuple(range(8)), 0), Placement(1, "r0-n1", tuple(range(8)), 1))))
+    return state.jobs[job_id]
+
+
+def test_a_gang_is_held_until_every_task_is_prepared_and_only_from_version_4():
+    from synapse.core import commands as c
+    from synapse.master.dispatch import assignments_for_node as assignments_for
+    from tests.helpers import checked, cluster
+
+    state = cluster(racks=1, nodes_per_rack=2)
+    job = gang_in_image(state)
+    assert not any(a.hold for a in assignments_for(state, "r0-n0"))  # version 1: nothing would release it
+    checked(state, c.SetClusterVersion(at=11, version=4))
+    assert [a.hold for a in assignments_for(state, "r0-n0")] == [True]
+    checked(state, c.TaskPrepared(at=12, job_id="g", attempt=1, index=0, node_id="r0-n0"))
+    assert [a.hold for a in assignments_for(state, "r0-n1")] == [True]
+    assert checked(state, c.TaskPrepared(at=13, job_id="g", attempt=1, index=1, node_id="r0-n0")).ok is False
+    checked(state, c.TaskPrepared(at=13, job_id="g", attempt=1, index=1, node_id="r0-n1"))
+    assert [a.hold for a in assignments_for(state, "r0-n0") + assignments_for(state, "r0-n1")] == [False, False]
+    assert job.events[-1].kind == "ImageReady"
+
+
+def test_image_pull_failed_fails_a_reference_and_requeues_a_node_uncharged_without_it():
+    from synapse.core import commands as c
+    from tests.helpers import checked, cluster
+
+    state = cluster(racks=1, nodes_per_rack=4)
+    job = gang_in_image(state, "ref")
+    checked(state, c.TaskExited(at=20, job_id="ref", attempt=1, index=0, node_id="r0-n0", exit_code=127,
+                                reason="NOT_FOUND: no such tag", cause="ImagePullFailed"))
+    checked(state, c.TaskExited(at=21, job_id="ref", attempt=1, index=1, node_id="r0-n1", exit_code=143))
+    assert job.status is JobStatus.FAILED and job.attempt == 1 and "ImagePullFailed" in job.failure
+    node = gang_in_image(state, "node")
+    checked(state, c.TaskExited(at=30, job_id="node", attempt=1, index=1, node_id="r0-n1", exit_code=127,
+                                reason="UNREACHABLE", cause="ImagePullFailed", node_side=True))
+    checked(state, c.TaskExited(at=31, job_id="node", attempt=1, index=0, node_id="r0-n0", exit_code=143))
+    assert (node.status, node.attempt, node.restarts_used(), node.excluded_nodes) == \
+        (JobStatus.PENDING, 2, 0, ("r0-n1",))
+
+
+def test_the_leader_ends_an_attempt_whose_image_is_late_past_its_pull_timeout():
+    from synapse.core import commands as c
+    from synapse.core.leader_state import LeaderState, MonitorDue
+    from synapse.core.model import EndReason
+    from tests.helpers import checked, cluster
+
+    state = cluster(racks=1, nodes_per_rack=2)
+    gang_in_image(state, image_pull_timeout=60.0)
+    checked(state, c.TaskPrepared(at=12, job_id="g", attempt=1, index=0, node_id="r0-n0"))
+    brain = LeaderState()
+
+    def proposed(at: float, version: int = 4):
+        return [i.cmd for i in brain.handle(state, MonitorDue(at=at, mono=at, cluster_version=version))
+                if isinstance(getattr(i, "cmd", None), c.FailAttempt)]
+
+    assert proposed(70) == [] and proposed(71, version=3) == []  # within its timeout; before version 4
+    [fail] = proposed(71)
+    assert (fail.job_id, fail.attempt, fail.cause, fail.final) == ("g", 1, EndReason.IMAGE_PULL_FAILED, False)
+    assert "TIMEOUT" in fail.reason and "r0-n1" in fail.reason and "r0-n0" not in fail.reason
+
+
+def test_worker_state_reports_a_held_task_prepared_once_and_a_pull_failure_with_its_side():
+    from synapse.worker import state as ws
+
+    s = ws.WorkerState()
+    a = assignment(hold=True)
+    assert s.handle(ws.AssignmentsReceived(1, 1, (a,)), now=0) == [ws.Start(a)]
+    s.handle(ws.TaskPrepared(a.key), now=1)
+    assert s.unreported == [ws.Report(a.key, started=False, prepared=True)]
+    s.handle(ws.TaskStartFailed(a.key, "node n: UNREACHABLE", "ImagePullFailed", node_side=True), now=2)
+    assert s.unreported[-1] == ws.Report(a.key, started=False, exit_code=127, reason="node n: UNREACHABLE",
+                                         cause="ImagePullFailed", node_side=True)
+    s.handle(ws.TaskPrepared(a.key), now=3)  # ended: nothing more to say of it
+    assert len(s.unreported) == 2 and a.key in s.done
+    s.validate()
 
 
 # ---- the sandbox on a real root file system -----------------------------------------------------------

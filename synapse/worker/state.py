@@ -17,7 +17,8 @@ Rules:
   SIGKILL after the grace as ever: signal, wait `notice`, SIGTERM, wait `grace`, SIGKILL. A task
   stopped before its process started has nothing to save and gets SIGTERM at once; a stop without
   a notice (a cancellation, a failure, an unlisted task) is SIGTERM at once, even after a notice.
-* Every start and exit is reported until the master acknowledges it.
+* Every start and exit is reported until the master acknowledges it; so is a held task's image
+  being on the node (`TaskPrepared`: its gang starts once every task is, synapse.master.dispatch).
 """
 
 from __future__ import annotations
