@@ -384,6 +384,23 @@ def test_a_worker_that_is_not_root_runs_tasks_in_a_user_namespace():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@needs_root_fs
+def test_a_restarted_worker_unpins_the_images_of_tasks_it_forgot(tmp_path):
+    from synapse.images.store import ImageStore
+    from synapse.worker import state as ws
+    from synapse.worker.agent import WorkerAgent
+    from tests import images_support as s
+    layout = s.write_layout(tmp_path / "layout", {"1": s.busybox_image()})
+    store = ImageStore(tmp_path / "images")
+    kept, forgotten = assignment(index=0, image=f"oci:{layout}:1"), assignment(index=1, image=f"oci:{layout}:1")
+    store.ensure(kept.image, holder="j1.1.0")
+    store.ensure(forgotten.image, holder="j1.1.1")  # pulled for a task that never started before the crash
+    state = ws.WorkerState()
+    state.tasks[kept.key] = ws.LocalTask(kept, phase="running")
+    WorkerAgent._unpin_forgotten(SimpleNamespace(images=ImageStore(tmp_path / "images"), state=state))
+    assert [image.holders for image in ImageStore(tmp_path / "images").cached()] == [("j1.1.0",)]
+
+
 # ---- jobs from images on a real local cluster --------------------------------------------------------
 
 def start_worker(cluster, worker_id: str, rack: str, *extra: str) -> None:

@@ -192,6 +192,7 @@ class WorkerAgent:
         stale = self.runtime.sweep({t.handle.cgroup for t in self.state.tasks.values() if t.handle})
         if stale:
             log.info("removed task cgroups of no known task count=%d names=%s", len(stale), ",".join(stale[:10]))
+        self._unpin_forgotten()
         ephemeral = ephemeral_ports()
         overlap = ephemeral_overlap(*ephemeral) if ephemeral else range(0)
         if overlap:
@@ -386,6 +387,18 @@ class WorkerAgent:
                  a.rank, handle.pid)
         self._journal("start", a, pid=handle.pid)
         self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+
+    def _unpin_forgotten(self) -> None:
+        """Unpin the images of tasks this worker no longer knows (pulled or held, never started, when
+        it stopped: a task the masters still want is pulled, and pinned, again)."""
+        if self.images is None:
+            return
+        known = {task_id(t.assignment) for t in self.state.tasks.values()}
+        forgotten = sorted({h for image in self.images.cached() for h in image.holders} - known)
+        for holder in forgotten:
+            self.images.release(holder)
+        if forgotten:
+            log.info("unpinned images of no known task count=%d holders=%s", len(forgotten), ",".join(forgotten[:10]))
 
     def _end_container(self, a: Assignment) -> None:
         """An ended task in an image: drop its writable layer, unpin its image."""
