@@ -489,9 +489,15 @@ def test_jobs_from_a_registry_image_on_a_local_cluster(make_cluster, tmp_path, m
         again = submit(cluster, gang.replace("name: gang", "name: again"))
         assert finished(cluster, again).status == "SUCCEEDED"
         assert len(registry.requests("GET", "/manifests/")) == pulls
-        entry = submit(cluster, f"name: entry\ntasks: 1\nresources: {{cpu: 1}}\nimage: {registry.host}/team/serve:1\n")
+        entry = submit(cluster, f"name: entry\ntasks: 1\nresources: {{cpu: 1}}\n"
+                                f"image: docker://{registry.host}/team/serve:1\n")
         assert finished(cluster, entry).status == "SUCCEEDED"
         assert "entrypoint ran as rank 0" in task_logs(cluster, entry)[0]
+        # get nodes -o wide lists what the node's store holds, as its worker reports it (canonical
+        # references: the job's docker:// spelling is the state's, not the store's).
+        node = cluster.client.get_job(entry).attempts[0].nodes[0]
+        wait_for(lambda: sorted(next(n for n in cluster.client.list_nodes() if n.id == node).images)
+                 == [f"{registry.host}/team/serve:1", image], 30, "the store's listing")
 
         # A mount from outside the allowed prefixes ends the task with that reason.
         refused = submit(cluster, f"name: refused\ntasks: 1\nresources: {{cpu: 1}}\nimage: {image}\n"

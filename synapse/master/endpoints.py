@@ -77,6 +77,10 @@ WATCH_REFRESH_S = 5.0
 MAX_ID_CHARS = 256
 #: How long a worker's report of a pull's progress stands on the leader (workers send one a second).
 PULL_PROGRESS_TTL_S = 30.0
+#: How long a worker's listing of its image store stands on the leader (workers send one every 10 s).
+NODE_IMAGES_TTL_S = 60.0
+#: The most image references a worker's listing keeps.
+MAX_LISTED_IMAGES = 256
 #: The longest a join token may live (0 = never expires is allowed too, for an admin who says so).
 MAX_JOIN_TOKEN_TTL_S = 366 * 86400.0
 
@@ -424,6 +428,10 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             for image, nodes in sorted(image_holders(state.jobs.values()).items()):
                 for node_id in nodes:
                     held.setdefault(node_id, []).append(image)
+            now = time.monotonic()
+            for node_id, (images, heard) in self.m.node_images.items():
+                if now - heard < NODE_IMAGES_TTL_S:  # what the node's store says beats what the state suggests
+                    held[node_id] = list(images)
             return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]), held.get(n.id, ()))
                                                  for n in sorted(state.nodes.values(), key=lambda n: n.id)])
 
@@ -998,6 +1006,9 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             progress[(p.job_id[:MAX_ID_CHARS], p.attempt, request.node_id)] = (p.phase[:16], p.done_bytes,
                                                                                p.total_bytes, now)
         self.m.pull_progress = progress
+        if request.cache_listed:
+            self.m.node_images[request.node_id] = (tuple(sorted(r[:1024] for r in request.cached[:MAX_LISTED_IMAGES])),
+                                                   now)
         return api_pb2.ReportPullProgressReply()
 
     async def ReportTaskEvents(self, request, context):

@@ -336,18 +336,28 @@ class ReportPullProgressRequest(_message.Message):
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     PULLS_FIELD_NUMBER: _builtins.int
+    CACHE_LISTED_FIELD_NUMBER: _builtins.int
+    CACHED_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
+    cache_listed: _builtins.bool
+    """`cached` lists the node's store (sent every few seconds)"""
     @_builtins.property
     def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]: ...
+    @_builtins.property
+    def cached(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the references of every image the node's store holds"""
+
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         pulls: _abc.Iterable[Global___PullProgress] | None = ...,
+        cache_listed: _builtins.bool = ...,
+        cached: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "pulls", b"pulls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_listed", b"cache_listed", "cached", b"cached", "node_id", b"node_id", "pulls", b"pulls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -575,8 +585,8 @@ class NodeInfo(_message.Message):
     """empty when its health check passes (or it has none); else the failure"""
     @_builtins.property
     def images(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Images tasks of jobs still in the state were prepared or ran with here (what placement prefers;
-        the node's store may have evicted one since).
+        """The images the node's store holds, as its worker last reported them to the leader; without a
+        recent report, those that tasks of jobs still in the state were prepared or ran with here.
         """
 
     @_builtins.property

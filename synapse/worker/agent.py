@@ -69,6 +69,8 @@ TASK_JOURNAL = "task-events.jsonl"
 CREDENTIAL_FILE = "node-credential.json"
 #: Images pulled at once (the store pulls each image once, however many tasks wait for it).
 PULL_THREADS = 4
+#: Seconds between two listings of the node's image store to the leader (`synctl get nodes -o wide`).
+CACHE_REPORT_S = 10.0
 #: Test hook: seconds each pull of this worker waits before it asks the store (a slow node in a gang).
 PULL_DELAY_HOOK = "SYNAPSE_TEST_PULL_DELAY_S"
 
@@ -145,6 +147,9 @@ class WorkerAgent:
         #: the pulls under way: task key -> the store's latest PullProgress (None before its first);
         #: written by the pull threads (one key each), read by the progress thread
         self.pulling: dict[ws.Key, Any] = {}
+        #: when the node's image store was last listed to the leader (progress thread; a pull's end
+        #: resets it, so the next report lists the store again)
+        self.images_listed_at = float("-inf")
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
         self.health = health  #: the health check, if the operator gave one
@@ -316,6 +321,7 @@ class WorkerAgent:
             return
         finally:
             self.pulling.pop(a.key, None)
+            self.images_listed_at = float("-inf")  # the store changed: list it with the next report
         self.events.put(ImageReady(a.key, image))
 
     def _pulled(self, event: ImageReady | ImageFailed) -> None:
@@ -536,17 +542,23 @@ class WorkerAgent:
             self.stopping.wait(max(0.0, self.health.interval - (time.monotonic() - started)))
 
     def _progress_loop(self) -> None:
-        """Once a second while pulls run, tell the leader how far each is (lost reports do not matter)."""
+        """Once a second while pulls run, tell the leader how far each is, and every CACHE_REPORT_S
+        which images the node's store holds (lost reports do not matter: the next one replaces them)."""
         while not self.stopping.wait(1.0):
             pulls = [api_pb2.PullProgress(job_id=key[0], attempt=key[1], index=key[2],
                                           phase=p.phase if p else "queued", done_bytes=p.done_bytes if p else 0,
                                           total_bytes=p.total_bytes if p else 0)
                      for key, p in list(self.pulling.items())]
-            if not pulls:
+            listing = self.images is not None and time.monotonic() - self.images_listed_at >= CACHE_REPORT_S
+            if not pulls and not listing:
                 continue
+            request = api_pb2.ReportPullProgressRequest(node_id=self.node_id, pulls=pulls, cache_listed=listing)
+            if listing:
+                request.cached.extend(sorted({r for image in self.images.cached() for r in image.references}))
             try:
-                self.report_client.call("ReportPullProgress", api_pb2.ReportPullProgressRequest(
-                    node_id=self.node_id, pulls=pulls), deadline=5.0)
+                self.report_client.call("ReportPullProgress", request, deadline=5.0)
+                if listing:
+                    self.images_listed_at = time.monotonic()
             except (ClientError, ClusterUnavailable) as exc:
                 log.debug("pull progress not reported node=%s error=%s", self.node_id, exc)
 
