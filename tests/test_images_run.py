@@ -47,10 +47,10 @@ def assignment(**kw) -> Assignment:
     return Assignment(**fields)
 
 
-def image(root: Path, env=(), working_dir="", entrypoint=(), cmd=()) -> SimpleNamespace:
+def image(root: Path, env=(), working_dir="", entrypoint=(), cmd=(), user="") -> SimpleNamespace:
     """What the store's `ensure` returns, as far as the runtime reads it."""
     return SimpleNamespace(root=root, config=SimpleNamespace(env=env, working_dir=working_dir, entrypoint=entrypoint,
-                                                             cmd=cmd, user=""))
+                                                             cmd=cmd, user=user))
 
 
 def plan(tmp_path: Path, **kw) -> container.ContainerSpec:
@@ -330,6 +330,24 @@ def test_a_missing_command_ends_command_not_found_and_a_sigterm_reaches_the_task
     b = assignment(attempt=2, command=("sh", "-c", "trap 'echo saved; exit 7' TERM; echo ready; sleep 30 & wait"))
     end, log = run_task(runtime, b, image(root), stop_after=1.5)
     assert (end.exit_code, end.cause) == (7, "Error") and "saved" in log, log
+
+
+@needs_root_fs
+@pytest.mark.skipif(os.geteuid() != 0, reason="a worker that is not root runs every task as root of its namespace")
+def test_the_images_user_runs_the_task_and_an_unknown_one_is_refused(tmp_path):
+    root = busybox_root(tmp_path / "root")
+    (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\napp:x:1234:1234::/home/app:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\nstaff:x:50:\n")
+    runtime = ProcessRuntime(tmp_path / "w")
+    probe = ("sh", "-c", "id -u; id -g; echo HOME=$HOME")
+    end, log = run_task(runtime, assignment(command=probe), image(root, user="app"))
+    assert end.cause == "Completed" and log.split() == ["1234", "1234", "HOME=/home/app"], log
+    end, log = run_task(runtime, assignment(attempt=2, command=probe), image(root, user="app:staff"))
+    assert log.split() == ["1234", "50", "HOME=/home/app"], log
+    end, log = run_task(runtime, assignment(attempt=3, command=probe), image(root, user="4321:4321"))
+    assert log.split() == ["4321", "4321", "HOME=/"], log
+    end, log = run_task(runtime, assignment(attempt=4, command=probe), image(root, user="ghost"))
+    assert (end.exit_code, end.cause) == (125, "Error") and "user ghost: not in the image's /etc/passwd" in end.detail
 
 
 @needs_root_fs

@@ -12,6 +12,7 @@ What a task gets:
 * its env: the image's Env, then the GPUs' CDI env, then the job's env and Synapse's variables
   (SYNAPSE_*, the torch.distributed ones), later ones winning;
 * its working directory: the image's WorkingDir (created if the image lacks it), else /;
+* its user: the image's User where the worker runs as root (sandbox.py), else root;
 * devices: the task's own GPUs only (`/dev/nvidiaN` for each allotted index) and the NVIDIA control
   devices that exist, or, where the node has a CDI spec for `nvidia.com/gpu`, the spec's device
   nodes, mounts and env for those GPUs and its common edits. CDI hooks are not run (they are
@@ -87,13 +88,15 @@ class ContainerSpec:
     devices: tuple[Mount, ...] = ()  #: device nodes: source on the host, target in /dev
     mounts: tuple[Mount, ...] = ()
     skipped: tuple[str, ...] = field(default=())  #: what of a CDI spec was not applied, for the log
+    user: str = ""  #: the image's User (name or uid, optional :group); "" runs as root
 
     def to_json(self) -> str:
         return json.dumps({
             "image_root": self.image_root, "upper": self.upper, "work": self.work, "rootfs": self.rootfs,
             "end_file": self.end_file, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "devices": [{"source": d.source, "target": d.target} for d in self.devices],
-            "mounts": [{"source": m.source, "target": m.target, "readonly": m.readonly} for m in self.mounts]})
+            "mounts": [{"source": m.source, "target": m.target, "readonly": m.readonly} for m in self.mounts],
+            "user": self.user})
 
 
 def env_of(image_env: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
@@ -218,7 +221,7 @@ def plan(*, task_dir: Path, image_root: str, image_env: Iterable[str] | Mapping[
          entrypoint: Sequence[str], cmd: Sequence[str], command: Sequence[str], task_env: Mapping[str, str],
          gpus: Sequence[int], mounts: Sequence[Mount], allowed_mounts: Sequence[str],
          cdi_specs: Sequence[Mapping[str, Any]], dev_root: str = "/dev",
-         lib_dirs: Sequence[str] = HOST_LIB_DIRS) -> ContainerSpec:
+         lib_dirs: Sequence[str] = HOST_LIB_DIRS, user: str = "") -> ContainerSpec:
     """The container a task runs in; ContainerRefused when the worker will not run it as asked."""
     argv = argv_of(command, entrypoint, cmd)
     for m in mounts:
@@ -246,7 +249,8 @@ def plan(*, task_dir: Path, image_root: str, image_env: Iterable[str] | Mapping[
     return ContainerSpec(
         image_root=image_root, upper=str(task_dir / "upper"), work=str(task_dir / "work"),
         rootfs=str(task_dir / "rootfs"), end_file=str(task_dir / "end.json"), argv=argv, env=env,
-        cwd=working_dir or "/", devices=tuple(devices), mounts=tuple(extra) + tuple(mounts), skipped=tuple(skipped))
+        cwd=working_dir or "/", devices=tuple(devices), mounts=tuple(extra) + tuple(mounts), skipped=tuple(skipped),
+        user=user)
 
 
 def prepare(task_dir: Path, spec: ContainerSpec) -> Path:

@@ -197,7 +197,7 @@ class ProcessRuntime:
             working_dir=config.working_dir, entrypoint=config.entrypoint, cmd=config.cmd, command=a.command,
             task_env=task_env(a), gpus=a.gpus, mounts=tuple(container.Mount(*m) for m in a.mounts),
             allowed_mounts=self.allow_mounts, cdi_specs=container.load_cdi_specs(self.cdi_dirs),
-            dev_root=os.environ.get(container.DEV_ROOT_HOOK, "/dev"))
+            dev_root=os.environ.get(container.DEV_ROOT_HOOK, "/dev"), user=getattr(config, "user", ""))
 
     def log_path(self, job_id: str, attempt: int, index: int) -> Path:
         return self.work_dir / "logs" / job_id / f"attempt-{attempt}" / f"task-{index}.log"

@@ -22,7 +22,10 @@ notice, a SIGKILL to the group) reach the task directly, as they reach a plain t
   capability but Docker's default set from the bounding set, sets no_new_privs, forks P2 and
   reaps until P2 has ended. As the namespace's init it must catch signals (an init without a
   handler never gets them); when it exits the kernel kills whatever is left in the namespace.
-* P2 execs the task's command (PATH from the task's env). A command that is not in the image ends
+* P2 takes the image's User (a name or uid, with an optional group, looked up in the image's
+  /etc/passwd and /etc/group) where the worker is root, and execs the task's command (PATH from
+  the task's env). Under a user namespace only root is mapped, so the User is not applied there (the
+  task's log says so). A command that is not in the image ends
   with 127, one that cannot be executed with 126, and both leave their reason in the end file.
 
 A setup step that fails writes `{"cause": "Error", "detail": ...}` to the spec's end file and ends
@@ -232,7 +235,40 @@ def _write_end(fd: int, cause: str, detail: str) -> None:
         pass
 
 
-def _exec_task(spec: dict, end_fd: int) -> None:
+def _entries(path: str) -> list[list[str]]:
+    try:
+        with open(path) as f:
+            return [line.rstrip("\n").split(":") for line in f if line.strip() and not line.startswith("#")]
+    except OSError:
+        return []
+
+
+def resolve_user(user: str) -> tuple[int, int, str] | None:
+    """(uid, gid, home) of an image's User (`name`, `uid`, `name:group`, `uid:gid`), read from the
+    image's /etc/passwd and /etc/group (call inside the task's root); None for none (root)."""
+    if not user:
+        return None
+    name, _, group = user.partition(":")
+    passwd = _entries("/etc/passwd")
+    entry = next((e for e in passwd if len(e) >= 6 and (e[0] == name or e[2] == name)), None)
+    if entry is not None:
+        uid, gid, home = int(entry[2]), int(entry[3]), entry[5]
+    elif name.isdigit():
+        uid, gid, home = int(name), int(name), "/"
+    else:
+        raise SetupError(f"user {name}: not in the image's /etc/passwd")
+    if group:
+        found = next((e for e in _entries("/etc/group") if len(e) >= 3 and (e[0] == group or e[2] == group)), None)
+        if found is not None:
+            gid = int(found[2])
+        elif group.isdigit():
+            gid = int(group)
+        else:
+            raise SetupError(f"group {group}: not in the image's /etc/group")
+    return uid, gid, home
+
+
+def _exec_task(spec: dict, end_fd: int, user: tuple[int, int, str] | None) -> None:
     """P2: become the task's command (never returns)."""
     for sig in signal.Signals:
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
@@ -242,8 +278,13 @@ def _exec_task(spec: dict, end_fd: int) -> None:
                 pass
     env = dict(spec["env"])
     env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("HOME", user[2] if user else "/root")
     argv = spec["argv"]
     try:
+        if user is not None:
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
         os.chdir(spec.get("cwd") or "/")
         _execvpe(argv, env)
     except FileNotFoundError:
@@ -278,15 +319,19 @@ def _init(spec: dict, end_fd: int, user_ns: bool) -> int:
     try:
         prepare_root(spec, user_ns)
         pivot(spec["rootfs"])
+        user = resolve_user(spec.get("user", ""))
+        if user is not None and user_ns and user[:2] != (0, 0):
+            os.write(2, f"synapse: the image's User {spec['user']} is not applied: the worker is not root\n".encode())
+            user = None
         drop_privileges()
-    except (SetupError, OSError) as exc:
+    except (SetupError, OSError, ValueError) as exc:
         _write_end(end_fd, "Error", f"container setup failed: {exc}")
         os.write(2, f"synapse: container setup failed: {exc}\n".encode())
         return SETUP_FAILED
     _catch_all()
     child = os.fork()
     if child == 0:
-        _exec_task(spec, end_fd)
+        _exec_task(spec, end_fd, user)
     while True:
         try:
             pid, status = os.wait()
