@@ -73,7 +73,12 @@ def _submit(data, state, now, job_id, job, attempt, node_id, term, word):
                  queue=pick(["", "team-a"] if "team-a" in state.queues else [""], ["nope"]),
                  time_limit=pick([0.0, 60.0], [-1.0]))
     new_id = pick([f"j{len(state.jobs)}"], [job_id, ""])
-    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint"]))
+    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image"]))
+    if kind == "image":
+        shape = dataclasses.replace(shape, image=pick(["127.0.0.1:5000/team/train:1"], ["", "bad ref"]),
+                                    command=pick([(), ("true",)], []),
+                                    mounts=pick([(("/data", "/data", True),), ()], [(("data", "/", False),)]))
+        return [c.SubmitImageJob(at=now, job_id=new_id, request_id=new_id, spec=shape)]
     if kind == "workflow":
         shape = dataclasses.replace(shape, after=((data.draw(st.sampled_from(["ok", "any"])), job_id),))
         return [c.SubmitWorkflowJob(at=now, job_id=new_id, request_id=new_id, spec=shape, by=data.draw(word))]
@@ -102,6 +107,8 @@ def _task(data, state, now, job_id, job, attempt, node_id, term, word):
         job = state.jobs[data.draw(st.sampled_from(placed))]
         task = job.tasks[data.draw(st.integers(0, len(job.tasks) - 1))]
         job_id, attempt, index, node_id = job.id, job.attempt, task.index, task.node_id
+    if data.draw(st.integers(0, 3)) == 0:
+        return [c.TaskPrepared(at=now, job_id=job_id, attempt=attempt, index=index, node_id=node_id)]
     if data.draw(st.booleans()):
         return [c.TaskStarted(at=now, job_id=job_id, attempt=attempt, index=index, node_id=node_id)]
     return [c.TaskExited(at=now, job_id=job_id, attempt=attempt, index=index, node_id=node_id,

@@ -17,7 +17,7 @@ import yaml
 from synapse.core import codec
 from synapse.core.goodput import Goodput
 from synapse.core.model import EndReason
-from synapse.core.quantity import format_cpu, format_memory, format_wait
+from synapse.core.quantity import format_cpu, format_memory, format_pull, format_wait
 from synapse.proto import api_pb2
 
 
@@ -64,7 +64,12 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "finished_at": info.finished_at or None,
         "tasks": [{"index": t.index, "rank": t.rank, "node": t.node_id, "gpus": list(t.gpus), "state": t.state,
                    "exit_code": t.exit_code if t.has_exit_code else None, "reason": t.reason or None,
-                   "reason_message": t.reason_message or None} for t in info.tasks],
+                   "reason_message": t.reason_message or None, **({"prepared": True} if t.prepared else {})}
+                  for t in info.tasks],
+        "image": spec.image or None, "mounts": [{"source": s, "target": t, "readonly": ro} for s, t, ro in spec.mounts],
+        "image_pull_timeout_s": spec.image_pull_timeout or None,
+        "pulls": {p.node_id: {"phase": p.phase, "done_bytes": p.done_bytes, "total_bytes": p.total_bytes}
+                  for p in info.pulls},
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
         "waiting": info.waiting or None, "waiting_code": info.waiting_code or None,
         "restarts_used": info.restarts_used, "requeues": info.requeues,
@@ -149,7 +154,12 @@ def job_description(j: dict[str, Any]) -> str:
                 if j["requeues"] else ")"),
              f"Gang:       {tasks_column(j)} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
-             f"Priority:   {j['priority']}", f"Command:    {' '.join(j['command'])}",
+             f"Priority:   {j['priority']}",
+             f"Command:    {' '.join(j['command']) or '(the image' + chr(39) + 's entrypoint)'}",
+             *([f"Image:      {j['image']}" + (f"   {image_progress(j)}" if image_progress(j) else "")]
+               if j.get("image") else []),
+             *(["Mounts:     " + ", ".join(f"{m['source']} -> {m['target']}" + (" (read-only)" * m["readonly"])
+                                           for m in j["mounts"])] if j.get("mounts") else []),
              *([f"Checkpoint: SIG{j['checkpoint']['signal']} {j['checkpoint']['notice_s']:g}s before a planned stop "
                 "(time limit, preemption, drain, resize), then SIGTERM"] if j.get("checkpoint") else []),
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
@@ -198,6 +208,27 @@ def job_description(j: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def image_progress(j: dict[str, Any]) -> str:
+    """While a gang in an image waits for it: "pulling image: 1 of 2 nodes ready (waiting: w2)"; ""
+    otherwise. A task counts as ready once its node holds the image, or once it started."""
+    if j["status"] != "SCHEDULED" or not j["tasks"]:
+        return ""
+    nodes: dict[str, bool] = {}
+    for t in j["tasks"]:
+        ready = t.get("prepared", False) or t["state"] != "ASSIGNED"
+        nodes[t["node"]] = nodes.get(t["node"], True) and ready
+    if all(nodes.values()):
+        return ""
+    waiting = [n + _pull_state(j.get("pulls", {}).get(n)) for n, ready in sorted(nodes.items()) if not ready]
+    return (f"pulling image: {sum(nodes.values())} of {len(nodes)} nodes ready "
+            f"(waiting: {', '.join(waiting)})")
+
+
+def _pull_state(pull: dict[str, Any] | None) -> str:
+    """A node's pull as the leader last heard it: " 45% of 1.2Gi", " unpack"; "" if not heard."""
+    return f" {format_pull(pull['phase'], pull['done_bytes'], pull['total_bytes'])}" if pull else ""
+
+
 def job_event_line(event: api_pb2.JobEvent) -> str:
     """One of a job's events as `submit --wait` follows them."""
     return f"{when(event.at)}  {event.kind:<10} {event.message}"
@@ -218,21 +249,24 @@ def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
             "gpus": capacity.gpu, "gpus_used": used.gpu,
             "gpus_in_use": list(n.gpus_in_use), "cpu": format_cpu(capacity.cpu),
             "cpu_used": format_cpu(used.cpu), "memory": format_memory(capacity.memory),
-            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks}
+            "memory_used": format_memory(used.memory), "live_tasks": n.live_tasks, "images": list(n.images)}
 
 
 def _labels(n: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in n["labels"].items() if k == "gpu_model") or "-"
 
 
-def nodes_table(nodes: list[dict[str, Any]]) -> str:
+def nodes_table(nodes: list[dict[str, Any]], wide: bool = False) -> str:
+    """`get nodes`; `wide` adds the images each node holds, as far as the replicated state knows."""
     return table(
-        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"],
+        ["ID", "STATUS", "SCHEDULABLE", "TOPOLOGY", "GPUS", "LABELS", "CPU", "MEMORY", "TASKS", "ADDRESS", "REASON"]
+        + (["IMAGES"] if wide else []),
         [[n["id"], n["status"], ("yes" if n["schedulable"] else "no") + (", spare" if n.get("spare") else ""),
           n["topology"],
           f"{n['gpus_used']}/{n['gpus']}", _labels(n), f"{n['cpu_used']}/{n['cpu']}",
           f"{n['memory_used']}/{n['memory']}", n["live_tasks"], n["address"],
-          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")] for n in nodes])
+          n["cordon_reason"] or (f"unhealthy: {n['health']}" if n["health"] else "")]
+         + ([",".join(n["images"]) or "-"] if wide else []) for n in nodes])
 
 
 def node_description(n: dict[str, Any]) -> str:

@@ -190,7 +190,7 @@ class _Submit(click.Command):
 @click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
 @click.option("--mem", "--memory", "memory", help="memory per task, e.g. 16Gi")
 @click.option("--gpu", type=int, help="GPUs per task")
-@click.option("--image", help="container image for an external runtime")
+@click.option("--image", help="container image the tasks run in (see docs: Container images)")
 @click.option("--pack", help="topology level to pack the gang in (rack, block, zone, node)")
 @click.option("--required", is_flag=True, help="wait rather than spread beyond --pack")
 @click.option("--priority", type=int)
@@ -344,12 +344,13 @@ def get_jobs(obj: Context, status: tuple[str, ...], user: str, output: str) -> N
 
 
 @get.command("nodes")
-@OUTPUT
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]), default="table",
+              show_default=True, help="output format (wide: also the images each node holds)")
 @click.pass_obj
 def get_nodes(obj: Context, output: str) -> None:
     """List nodes with their capacity and use."""
     nodes = [render.node_dict(n) for n in run(obj.client.list_nodes)]
-    emit(nodes, output, render.nodes_table)
+    emit(nodes, output, lambda data: render.nodes_table(data, wide=output == "wide"))
 
 
 @main.group()

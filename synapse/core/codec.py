@@ -14,7 +14,7 @@ every member has told it it knows that kind's version, so a cluster upgrades one
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypedDict
@@ -68,12 +68,15 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.RecordProgress: 4,
     # Spare nodes (synapse.core.spares): an older replica knows no spare.
     c.SetSpares: 4,
+    # Images: a job's mounts, and a job that runs its image's entrypoint (no command).
+    c.SubmitImageJob: 4, c.TaskPrepared: 4,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
 #: knows it (synapse.master.endpoints), and apply stays the same on every replica.
 CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2,
-                                                      EndReason.MASTER_PORT_IN_USE: 3})
+                                                      EndReason.MASTER_PORT_IN_USE: 3,
+                                                      EndReason.IMAGE_PULL_FAILED: 4})
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
 COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values())
 #: The version every release applies (the first command set): commands of it are never held back.
@@ -122,7 +125,21 @@ def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         singleton=spec.singleton, on_unsatisfiable=spec.on_unsatisfiable, tasks_min=spec.tasks_min,
         resize_interval_s=spec.resize_interval,
         checkpoint=types_pb2.Checkpoint(signal=spec.checkpoint.signal, notice_s=spec.checkpoint.notice)
-        if spec.has_checkpoint else None)
+        if spec.has_checkpoint else None, mounts=mounts_to_proto(spec.mounts),
+        image_pull_timeout_s=spec.image_pull_timeout)
+
+
+def _before_images(spec: JobSpec) -> JobSpec:
+    """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout."""
+    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0)
+
+
+def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2.Mount]:
+    return [types_pb2.Mount(source=s, target=t, readonly=ro) for s, t, ro in mounts]
+
+
+def mounts_from_proto(mounts) -> tuple[tuple[str, str, bool], ...]:
+    return tuple((m.source, m.target, m.readonly) for m in mounts)
 
 
 def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
@@ -138,7 +155,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
         after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable,
         tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
-        checkpoint=CheckpointSpec(signal=p.checkpoint.signal, notice=p.checkpoint.notice_s))
+        checkpoint=CheckpointSpec(signal=p.checkpoint.signal, notice=p.checkpoint.notice_s),
+        mounts=mounts_from_proto(p.mounts), image_pull_timeout=p.image_pull_timeout_s)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -193,10 +211,17 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
         case c.SetNodeHealth():
             env.set_node_health.CopyFrom(commands_pb2.SetNodeHealth(
                 node_id=cmd.node_id, healthy=cmd.healthy, message=cmd.message, drain=cmd.drain))
+        case c.SubmitImageJob():
+            env.submit_image_job.CopyFrom(commands_pb2.SubmitJob(
+                job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.SubmitCheckpointJob():
+            if cmd.spec.has_image_run:  # an older replica would drop the mounts or refuse the spec
+                raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
             env.submit_checkpoint_job.CopyFrom(commands_pb2.SubmitJob(
                 job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.SubmitWorkflowJob():
+            if cmd.spec.has_image_run:
+                raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
             if cmd.spec.has_checkpoint:  # an older replica would drop the notice and apply another job
                 raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
             env.submit_workflow_job.CopyFrom(commands_pb2.SubmitJob(
@@ -206,6 +231,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
                 raise CodecError("a spec with an array or dependencies travels as SubmitWorkflowJob")
             if cmd.spec.has_checkpoint:
                 raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
+            if cmd.spec.has_image_run:
+                raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
             env.submit_job.CopyFrom(commands_pb2.SubmitJob(
                 job_id=cmd.job_id, request_id=cmd.request_id, spec=job_spec_to_proto(cmd.spec)))
         case c.CommitPlan():
@@ -215,10 +242,13 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
         case c.TaskStarted():
             env.task_started.CopyFrom(commands_pb2.TaskStarted(
                 job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
+        case c.TaskPrepared():
+            env.task_prepared.CopyFrom(commands_pb2.TaskStarted(
+                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
         case c.TaskExited():
             env.task_exited.CopyFrom(commands_pb2.TaskExited(
                 job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id,
-                exit_code=cmd.exit_code, reason=cmd.reason, cause=cmd.cause))
+                exit_code=cmd.exit_code, reason=cmd.reason, cause=cmd.cause, node_side=cmd.node_side))
         case c.CancelJob():
             env.cancel_job.CopyFrom(commands_pb2.CancelJob(job_id=cmd.job_id, reason=cmd.reason))
         case c.FailAttempt():
@@ -350,17 +380,22 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
                 spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                            on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
+            spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout else spec
             if spec.checkpoint != _NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
                 spec = dataclasses.replace(spec, checkpoint=_NO_CHECKPOINT)
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_workflow_job":
             b = env.submit_workflow_job
-            spec = dataclasses.replace(job_spec_from_proto(b.spec), checkpoint=CheckpointSpec())  # as older replicas
+            # as older replicas read it
+            spec = dataclasses.replace(_before_images(job_spec_from_proto(b.spec)), checkpoint=CheckpointSpec())
             return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
         case "submit_checkpoint_job":
             b = env.submit_checkpoint_job
             return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
-                                         spec=job_spec_from_proto(b.spec), **base)
+                                         spec=_before_images(job_spec_from_proto(b.spec)), **base)
+        case "submit_image_job":
+            b = env.submit_image_job
+            return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
         case "checkpoint_notice":
             b = env.checkpoint_notice
             return c.CheckpointNotice(job_id=b.job_id, attempt=b.attempt, stop_at=b.stop_at, cause=b.cause, **base)
@@ -382,10 +417,13 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             b = env.task_started
             return c.TaskStarted(job_id=b.job_id, attempt=b.attempt, index=b.index,
                                  node_id=b.node_id, **base)
+        case "task_prepared":
+            b = env.task_prepared
+            return c.TaskPrepared(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id, **base)
         case "task_exited":
             b = env.task_exited
             return c.TaskExited(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id,
-                                exit_code=b.exit_code, reason=b.reason, cause=b.cause, **base)
+                                exit_code=b.exit_code, reason=b.reason, cause=b.cause, node_side=b.node_side, **base)
         case "cancel_job":
             return c.CancelJob(job_id=env.cancel_job.job_id, reason=env.cancel_job.reason, **base)
         case "fail_attempt":
@@ -503,7 +541,7 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
         tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),
                                 state=t.state.value, exit_code=t.exit_code or 0,
                                 has_exit_code=t.exit_code is not None, attempt=t.attempt, reason=t.reason,
-                                reason_message=t.reason_message) for t in job.tasks],
+                                reason_message=t.reason_message, prepared=t.prepared) for t in job.tasks],
         events=[api_pb2.JobEvent(at=e.at, kind=e.kind, message=e.message) for e in job.events],
         attempts=[api_pb2.AttemptPlacement(attempt=a, nodes=list(nodes))
                   for a, nodes in sorted(job.placements.items())],
@@ -549,8 +587,8 @@ def user_to_info(user: User) -> api_pb2.UserInfo:
                             created_at=user.created_at, created_by=user.created_by, token_set_at=user.token_set_at)
 
 
-def node_to_info(node: Node, live_tasks: int) -> api_pb2.NodeInfo:
-    return api_pb2.NodeInfo(
+def node_to_info(node: Node, live_tasks: int, images: Iterable[str] = ()) -> api_pb2.NodeInfo:
+    return api_pb2.NodeInfo(images=list(images),
         id=node.id, address=node.address, topology=list(node.topology),
         capacity=resources_to_proto(node.capacity), used=resources_to_proto(node.used),
         gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,
@@ -564,7 +602,7 @@ def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:
         local_rank=a.local_rank, local_world_size=a.local_world_size, node_rank=a.node_rank,
         master_addr=a.master_addr, master_port=a.master_port, gpus=list(a.gpus), command=list(a.command),
         env=dict(a.env), image=a.image, stop=a.stop, grace_s=a.grace, resources=resources_to_proto(a.resources),
-        notice_signal=a.notice_signal, notice_s=a.notice)
+        notice_signal=a.notice_signal, notice_s=a.notice, mounts=mounts_to_proto(a.mounts), hold=a.hold)
 
 
 def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
@@ -573,4 +611,5 @@ def assignment_from_proto(p: api_pb2.Assignment) -> Assignment:
         local_rank=p.local_rank, local_world_size=p.local_world_size, node_rank=p.node_rank,
         master_addr=p.master_addr, master_port=p.master_port, gpus=tuple(p.gpus), command=tuple(p.command),
         env=tuple(sorted(p.env.items())), image=p.image, stop=p.stop, grace=p.grace_s,
-        resources=resources_from_proto(p.resources), notice_signal=p.notice_signal, notice=p.notice_s)
+        resources=resources_from_proto(p.resources), notice_signal=p.notice_signal, notice=p.notice_s,
+        mounts=mounts_from_proto(p.mounts), hold=p.hold)

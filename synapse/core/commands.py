@@ -143,8 +143,17 @@ class SubmitCheckpointJob(SubmitWorkflowJob):
     arrays and dependencies included."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitImageJob(SubmitCheckpointJob):
+    """A SubmitJob whose spec has mounts or runs its image's entrypoint (command-set version 4): an
+    older replica would drop the mounts, or refuse a spec without a command, so it travels as its
+    own kind. It carries any spec."""
+
+
 def submit_kind(spec: JobSpec) -> type[SubmitJob]:
     """The kind a submission of `spec` travels as: the oldest that carries all of it."""
+    if spec.has_image_run:
+        return SubmitImageJob
     if spec.has_checkpoint:
         return SubmitCheckpointJob
     return SubmitWorkflowJob if spec.has_workflow else SubmitJob
@@ -226,6 +235,17 @@ class TaskStarted(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskPrepared(Command):
+    """A task's node holds its job's image (command-set version 4); the gang's tasks start once
+    every one is (synapse.master.dispatch lists them held until then)."""
+
+    job_id: str
+    attempt: int
+    index: int
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskExited(Command):
     """A task ended (the worker's exit code and EndReason): its resources are freed; a failure
     stops the gang, and the last task's end settles the attempt."""
@@ -237,6 +257,8 @@ class TaskExited(Command):
     exit_code: int
     reason: str = ""  #: the worker's detail
     cause: str = ""  #: the worker's EndReason: Completed, Error, Signal or OOMKilled ("" from older workers)
+    #: with cause ImagePullFailed: the failure lies in the node, so another node may succeed
+    node_side: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,6 +74,7 @@ from synapse.core.model import (
     TaskState,
     User,
     excluded_for,
+    gang_unprepared,
 )
 from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
@@ -204,6 +205,7 @@ class ClusterState:
             c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
             c.RecordProgress: self._record_progress,
             c.SetSpares: self._set_spares,
+            c.SubmitImageJob: self._submit_job, c.TaskPrepared: self._task_prepared,
         }
 
     # ---- the one door ---------------------------------------------------------------------------
@@ -534,7 +536,7 @@ class ClusterState:
             return "resources must not be negative"
         if spec.resources == Resources():
             return "a task must ask for some cpu, memory or gpu"
-        if not spec.command:
+        if not spec.command and not spec.image:  # with an image, its entrypoint (a SubmitImageJob alone)
             return "command must not be empty"
         if spec.max_restarts < 0:
             return "max_restarts must not be negative"
@@ -591,6 +593,8 @@ class ClusterState:
         """Why a submission's checkpoint notice cannot be accepted, or '' (jobspec.check_checkpoint)."""
         if cmd.spec.has_checkpoint and not isinstance(cmd, c.SubmitCheckpointJob):
             return "a checkpoint notice needs a SubmitCheckpointJob command"
+        if cmd.spec.has_image_run and not isinstance(cmd, c.SubmitImageJob):
+            return "mounts, or a job without a command, need a SubmitImageJob command"
         try:
             check_checkpoint(cmd.spec)
         except JobFileError as exc:
@@ -910,6 +914,18 @@ class ClusterState:
                                                 f"{job.attempt} started")
         return Result(True)
 
+    def _task_prepared(self, cmd: c.TaskPrepared) -> Result:
+        job, task, rejection = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+        if rejection is not None:
+            return rejection
+        if task.prepared or task.state is not TaskState.ASSIGNED:
+            return Result(True, value="already prepared or started")
+        task.prepared = True
+        if job.status is JobStatus.SCHEDULED and not gang_unprepared(job):
+            self._event(job, cmd.at, "ImageReady", f"every node of attempt {job.attempt} holds image "
+                                                   f"{job.spec.image}: its {len(job.tasks)} task(s) start")
+        return Result(True)
+
     def _task_exited(self, cmd: c.TaskExited) -> Result:
         job, task, rejection = self._find_task(cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
         if rejection is not None:
@@ -927,6 +943,18 @@ class ClusterState:
             # Rank 0 never started; the clash is its node's, so the attempt stops without failing
             # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
             self._stop_attempt(job, message, cmd.at, cause=EndReason.MASTER_PORT_IN_USE)
+        elif reason == EndReason.IMAGE_PULL_FAILED:
+            # The task never ran. A node-side failure requeues the gang uncharged, without the
+            # node; a failure of the reference would fail on every node: the job fails, not retried.
+            # (A version-4 cause: an older replica never sees it, see endpoints.ReportTaskEvents.)
+            failure = f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}: {message}"
+            if cmd.node_side:
+                job.excluded_nodes = (*(n for n in job.excluded_nodes if n != task.node_id),
+                                      task.node_id)[-MAX_EXCLUDED_NODES:]
+                self._stop_attempt(job, f"{reason} on {task.node_id}: {message}", cmd.at, cause=reason)
+            else:
+                job.final_failure = True
+                self._stop_attempt(job, f"failed: {reason} on {task.node_id}: {message}", cmd.at, failure=failure)
         elif cmd.exit_code != 0:
             why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
             self._stop_attempt(job, f"failed: {why}", cmd.at,
@@ -1284,8 +1312,9 @@ class ClusterState:
         elif job.stop_cause == EndReason.PREEMPTED:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
-        elif job.stop_cause in REQUEUED_CAUSES and not (job.stop_cause == EndReason.NODE_LOST
-                                                         and job.requeues >= MAX_UNCHARGED_REQUEUES):
+        elif (job.stop_cause in REQUEUED_CAUSES or job.stop_cause == EndReason.IMAGE_PULL_FAILED) \
+                and not (job.stop_cause in (EndReason.NODE_LOST, EndReason.IMAGE_PULL_FAILED)
+                         and job.requeues >= MAX_UNCHARGED_REQUEUES):
             job.requeues += 1
             self._requeue_unfailed(job, at, f"after {job.stop_reason}")
         elif job.final_failure:
@@ -1423,7 +1452,7 @@ def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
         return EndReason.OOM_KILLED, cmd.reason
     if job.status is JobStatus.STOPPING and job.stop_cause:
         return job.stop_cause, job.stop_reason
-    if cmd.cause == EndReason.MASTER_PORT_IN_USE:
+    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED):
         return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
     if cmd.cause in WORKER_REASONS:
         cause = cmd.cause

@@ -28,6 +28,7 @@ MAX_ENV_CHARS = 8192
 MAX_RESTARTS = 1000
 MAX_PRIORITY = 1_000_000
 MAX_IMAGE_CHARS = 1024
+MAX_MOUNTS = 64
 #: The least memory a task may ask for: a worker confines each task to what it asked, and below this
 #: even the task's shim and a small process are OOM-killed at once (Docker's floor is 6 MB).
 MIN_TASK_MEMORY = 8 << 20
@@ -37,7 +38,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
            "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable",
-           "resize_interval", "checkpoint"}
+           "resize_interval", "checkpoint", "mounts", "image_pull_timeout"}
 #: The signals a checkpoint notice may be, spelled as `kill -l` gives them without SIG: those a task
 #: can trap and whose default is not to stop or core-dump a process it did not expect (the task
 #: shim, shim.sh, outlives every one of them). A job file may write SIGUSR1 or usr1 too.
@@ -147,8 +148,12 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     command = doc.get("command")
     if isinstance(command, str):
         command = shlex.split(command)
-    if not isinstance(command, list) or not command or not all(isinstance(a, str | int | float) for a in command):
-        raise JobFileError("command", "is required: a list of strings such as [python, train.py]")
+    if command is None and doc.get("image"):
+        command = []  # the image's Entrypoint and Cmd run
+    if not isinstance(command, list) or not (command or doc.get("image")) \
+            or not all(isinstance(a, str | int | float) for a in command):
+        raise JobFileError("command", "is required (unless an image names its entrypoint): a list of strings "
+                                      "such as [python, train.py]")
     env = doc.get("env", {}) or {}
     if not isinstance(env, dict):
         raise JobFileError("env", "must be a mapping of NAME: value")
@@ -204,7 +209,8 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
         time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,
         array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable),
-        tasks_min=tasks_min, resize_interval=resize_interval, checkpoint=_checkpoint(doc.get("checkpoint")))
+        tasks_min=tasks_min, resize_interval=resize_interval, checkpoint=_checkpoint(doc.get("checkpoint")),
+        mounts=_mounts(doc.get("mounts")), image_pull_timeout=_pull_timeout(doc.get("image_pull_timeout")))
     check_spec(spec, levels)
     return spec
 
@@ -227,8 +233,8 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
     if 0 < r.memory < MIN_TASK_MEMORY:
         raise JobFileError("resources.memory", f"{r.memory} bytes is below {MIN_TASK_MEMORY >> 20}Mi, the least a "
                                                "worker can confine a task to")
-    if not spec.command or len(spec.command) > MAX_COMMAND_ARGS:
-        raise JobFileError("command", f"must have 1 to {MAX_COMMAND_ARGS} arguments")
+    if not (spec.command or spec.image) or len(spec.command) > MAX_COMMAND_ARGS:
+        raise JobFileError("command", f"must have 1 to {MAX_COMMAND_ARGS} arguments (none only with an image)")
     if any(len(a) > MAX_ARG_CHARS for a in spec.command):
         raise JobFileError("command", f"an argument is longer than {MAX_ARG_CHARS} characters")
     if len(spec.env) > MAX_ENV_ENTRIES:
@@ -262,7 +268,56 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
     if spec.queue and queue_name_problem(spec.queue):
         raise JobFileError("queue", queue_name_problem(spec.queue))
     check_checkpoint(spec)
+    check_mounts(spec)
     check_workflow(spec, max_array_size)
+
+
+def _mounts(value: object) -> tuple[tuple[str, str, bool], ...]:
+    """The job file's `mounts:` ([{source, target, readonly}]) as (source, target, readonly)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise JobFileError("mounts", "must be a list such as [{source: /data/set, target: /data, readonly: true}]")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or set(map(str, m)) - {"source", "target", "readonly"}:
+            raise JobFileError(f"mounts[{i}]", "must be a mapping of source, target and readonly")
+        source, target, readonly = m.get("source"), m.get("target", m.get("source")), m.get("readonly", False)
+        if not isinstance(source, str) or not isinstance(target, str) or not isinstance(readonly, bool):
+            raise JobFileError(f"mounts[{i}]", "source and target must be paths, readonly true or false")
+        out.append((source, target, readonly))
+    return tuple(out)
+
+
+def _pull_timeout(value: object) -> float:
+    if value is None:
+        return 0.0
+    try:
+        return parse_duration(value)
+    except QuantityError as exc:
+        raise JobFileError("image_pull_timeout", str(exc)) from None
+
+
+def check_mounts(spec: JobSpec) -> None:
+    """Raise JobFileError if a spec's mounts are plainly wrong: no image, a relative path, a `..`,
+    too many. Whether a worker allows a source is its own admin's call (--allow-mount)."""
+    if spec.image_pull_timeout and not spec.image:
+        raise JobFileError("image_pull_timeout", "needs an image")
+    if not 0 <= spec.image_pull_timeout <= 86400 or spec.image_pull_timeout != spec.image_pull_timeout:
+        raise JobFileError("image_pull_timeout", "must be between 0 and 1 day")
+    if not spec.mounts:
+        return
+    if not spec.image:
+        raise JobFileError("mounts", "need an image: a task without one sees the node's files already")
+    if len(spec.mounts) > MAX_MOUNTS:
+        raise JobFileError("mounts", f"at most {MAX_MOUNTS}")
+    for i, (source, target, _) in enumerate(spec.mounts):
+        for what, path in (("source", source), ("target", target)):
+            if not path.startswith("/") or len(path) > MAX_ARG_CHARS:
+                raise JobFileError(f"mounts[{i}].{what}", f"must be an absolute path, not {path!r}")
+            if ".." in path.split("/") or any(ord(ch) < 0x20 for ch in path) or "," in path or ":" in path:
+                raise JobFileError(f"mounts[{i}].{what}", f"{path!r}: '..', ',', ':' and control characters "
+                                                          "are not allowed")
 
 
 def check_checkpoint(spec: JobSpec) -> None:

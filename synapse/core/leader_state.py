@@ -68,7 +68,16 @@ from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
 from synapse.core.fsm import ClusterState
 from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
-from synapse.core.model import EndReason, Job, JobStatus, NodeStatus, Progress, excluded_for
+from synapse.core.model import (
+    DEFAULT_IMAGE_PULL_TIMEOUT_S,
+    EndReason,
+    Job,
+    JobStatus,
+    NodeStatus,
+    Progress,
+    excluded_for,
+    gang_unprepared,
+)
 from synapse.core.placement import ClusterView
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
 from synapse.core.spares import SparePolicy
@@ -420,7 +429,7 @@ class LeaderState:
         waiting = [state.jobs[j].queue_key() for j, w in result.waiting.items()
                    if w.code not in HELD_CODES and j in state.jobs]
         first_waiting = min(waiting, default=None)
-        view = ClusterView(state.nodes, state.index, state.levels)
+        view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
         blocked = frozenset(state.held_nodes).union(*(r.nodes for r in result.reservations))
         out: list[Instruction] = []
         for job in sorted(growing, key=lambda j: j.queue_key()):
@@ -529,10 +538,28 @@ class LeaderState:
             log.warning("node silent node=%s silent_s=%.1f; declaring it down", node_id, silent)
             out.append(Propose(down(at=s.at, node_id=node_id, reason=f"no heartbeat for {silent:.1f}s")))
         noticeable = s.cluster_version >= codec.KIND_VERSIONS[c.CheckpointNotice]
+        preparing = s.cluster_version >= codec.KIND_VERSIONS[c.TaskPrepared]
         for job in state.jobs.values():
             if job.status is JobStatus.RUNNING and job.spec.time_limit:
                 out += self._time_limit(state, job, s.at, noticeable)
+            elif job.status is JobStatus.SCHEDULED and job.spec.image and preparing:
+                out += self._pull_timeout(job, s.at)
         return out + self._forget(state, s)
+
+    @staticmethod
+    def _pull_timeout(job: Job, now: float) -> list[Instruction]:
+        """A gang whose image is not on all its nodes `image_pull_timeout` after it was placed: the
+        attempt ends ImagePullFailed naming the nodes not ready, and requeues (a cause in the nodes,
+        uncharged; fsm `_maybe_end_attempt`)."""
+        waiting = gang_unprepared(job)
+        timeout = job.spec.image_pull_timeout or DEFAULT_IMAGE_PULL_TIMEOUT_S
+        if not waiting or now - job.placed_at <= timeout:
+            return []
+        nodes = ", ".join(sorted({t.node_id for t in waiting}))
+        log.info("image pull timed out job=%s attempt=%d nodes=%s", job.id, job.attempt, nodes)
+        return [Propose(c.FailAttempt(at=now, job_id=job.id, attempt=job.attempt, cause=EndReason.IMAGE_PULL_FAILED,
+                                      reason=f"TIMEOUT: image {job.spec.image} not ready after {timeout:g}s "
+                                             f"on node(s) {nodes}"))]
 
     def _time_limit(self, state: ClusterState, job: Job, now: float, noticeable: bool) -> list[Instruction]:
         """A running attempt's time limit: its checkpoint notice `notice` before the limit, then the

@@ -7,7 +7,7 @@ that mutates instances held in the cluster state; everything else reads them or 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -154,6 +154,12 @@ class JobSpec:
     tasks_min: int = 0  #: elastic gangs: the least tasks it runs with (`tasks` is the most); 0 = not elastic
     resize_interval: float = 0.0  #: elastic gangs: seconds between two growths at least; 0 = the default
     checkpoint: CheckpointSpec = CheckpointSpec()  #: the checkpoint notice (command-set version 3)
+    #: bind mounts into the job's image: (source on the node, target in the image, read-only)
+    #: (command-set version 4); each worker allows only the sources under its --allow-mount prefixes
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    #: seconds an attempt may wait for its image on every node before it ends ImagePullFailed; 0: the
+    #: default (DEFAULT_IMAGE_PULL_TIMEOUT_S)
+    image_pull_timeout: float = 0.0
 
     @property
     def has_workflow(self) -> bool:
@@ -164,6 +170,12 @@ class JobSpec:
     def has_checkpoint(self) -> bool:
         """True when it asks for a checkpoint notice (a field that needs command-set version 3)."""
         return bool(self.checkpoint.signal)
+
+    @property
+    def has_image_run(self) -> bool:
+        """True when it uses what needs command-set version 4: mounts, or an image's entrypoint in
+        place of a command (an older replica refuses a spec without a command)."""
+        return bool(self.mounts or (self.image and not self.command) or self.image_pull_timeout)
 
     @property
     def total(self) -> Resources:
@@ -205,6 +217,10 @@ class EndReason(enum.StrEnum):
     DRAINED = "Drained"  #: stopped because its node (or another node of its gang) was drained
     #: rank 0's rendezvous port was in use on its node, so rank 0 never started (synapse.core.rendezvous)
     MASTER_PORT_IN_USE = "MasterPortInUse"
+    #: its node could not get the job's image: the reference is wrong (not found, unauthorised, a
+    #: digest mismatch: the job fails, not retried) or the node is (unreachable registry, full disk,
+    #: timeout: the gang requeues elsewhere, uncharged, without that node)
+    IMAGE_PULL_FAILED = "ImagePullFailed"
 
 
 #: The causes besides preemption and resizing that end an attempt through no fault of the job: it
@@ -227,7 +243,32 @@ NOTICED_CAUSES = frozenset({EndReason.TIME_LIMIT, EndReason.PREEMPTED, EndReason
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
 WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
-                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE})
+                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED})
+
+
+#: How long a gang waits for its image on all its nodes, unless its job says otherwise.
+DEFAULT_IMAGE_PULL_TIMEOUT_S = 600.0
+
+
+def gang_unprepared(job: Job) -> list[Task]:
+    """The tasks of a gang in an image whose node does not hold the image yet (a task that started
+    counts as holding it: an older worker, or a runtime template, starts without preparing)."""
+    if not job.spec.image:
+        return []
+    return [t for t in job.tasks if t.state is TaskState.ASSIGNED and not t.prepared and not t.started_at]
+
+
+def image_holders(jobs: Iterable[Job]) -> dict[str, frozenset[str]]:
+    """Image reference -> the nodes known to hold it: those where a task of a job still in the state,
+    with that image, was prepared or started. What the replicated state knows (a node's store may
+    have evicted an image since); placement prefers such nodes among equally good ones."""
+    out: dict[str, set[str]] = {}
+    for job in jobs:
+        if job.spec.image:
+            nodes = {t.node_id for t in job.tasks if t.prepared or t.started_at}
+            if nodes:
+                out.setdefault(job.spec.image, set()).update(nodes)
+    return {image: frozenset(nodes) for image, nodes in out.items()}
 
 
 class TaskState(enum.StrEnum):
@@ -259,6 +300,8 @@ class Task:
     ended_at: float = 0.0
     reason: str = ""  #: an EndReason once ended
     reason_message: str = ""  #: the detail: exit code, signal, memory limit, who cancelled…
+    #: its node holds the job's image (TaskPrepared, version 4): the gang starts once every task is
+    prepared: bool = False
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -558,6 +601,10 @@ class Assignment:
     #: ahead of SIGTERM (jobspec.NOTICE_SIGNALS spelling); "" = no notice
     notice_signal: str = ""
     notice: float = 0.0  #: with stop and notice_signal: SIGTERM comes this many seconds after the notice
+    #: the job's bind mounts (source on the node, target in the image, read-only), for a task in an image
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    #: in an image: pull it and report the task prepared, but start it only once a listing says not held
+    hold: bool = False
 
     @property
     def key(self) -> tuple[str, int, int]:

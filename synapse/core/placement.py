@@ -15,6 +15,9 @@ How a gang is placed:
    tightest such child; otherwise take the child with the most room and repeat. The same rule
    applies down to nodes, so tasks share nodes when resources allow.
 4. Ranks follow topology order, so rank neighbours are topology neighbours.
+5. A gang in an image prefers, among domains and nodes equally good by the rules above, those that
+   hold its image already (`model.image_holders`: what the replicated state knows), so it skips
+   the pull; the preference never makes a placement looser.
 
 The capacity index (`topology.py`) bounds each domain's capacity from histograms and totals, so a
 decision reads a few hundred domain summaries and only the nodes of the racks it actually fills.
@@ -27,7 +30,18 @@ import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from synapse.core.model import JobSpec, Node, PackMode, Placement, Plan, Resources, Shortfall, topology_path
+from synapse.core.model import (
+    Job,
+    JobSpec,
+    Node,
+    PackMode,
+    Placement,
+    Plan,
+    Resources,
+    Shortfall,
+    image_holders,
+    topology_path,
+)
 from synapse.core.topology import CapacityIndex, Domain, DomainStats, NodeEntry
 
 #: Nodes looked at when searching one domain for a single node that holds the rest of a gang.
@@ -45,10 +59,16 @@ class ClusterView:
     The underlying nodes and index are never modified here.
     """
 
-    def __init__(self, nodes: Mapping[str, Node], index: CapacityIndex, levels: tuple[str, ...]) -> None:
+    def __init__(self, nodes: Mapping[str, Node], index: CapacityIndex, levels: tuple[str, ...],
+                 jobs: Mapping[str, Job] | None = None) -> None:
         self.nodes = nodes
         self.index = index
         self.levels = levels
+        self.jobs = jobs  #: the state's jobs, read for image locality only (None: no preference)
+        self._holders: dict[str, frozenset[str]] | None = None  #: image_holders(jobs), made on first use
+        #: the nodes, and every domain above them, holding the image of the gang being placed now
+        self.preferred: frozenset[str] = frozenset()
+        self.preferred_domains: frozenset[Domain] = frozenset()
         self._claimed: dict[str, Resources] = {}  #: node -> resources claimed this round
         self._claimed_gpus: dict[str, set[int]] = {}  #: node -> GPU indices claimed this round
         self._blocked: frozenset[str] = frozenset()  #: nodes placement must not use
@@ -82,6 +102,15 @@ class ClusterView:
             return
         for depth in range(len(node.topology) + 1):
             self._touched.setdefault(node.topology[:depth], set()).add(node_id)
+
+    def prefer_image(self, image: str) -> None:
+        """Prefer the nodes holding `image` in the placements that follow ("" for none)."""
+        if image and self.jobs is not None and self._holders is None:
+            self._holders = image_holders(self.jobs.values())
+        nodes = (self._holders or {}).get(image, frozenset()) if image else frozenset()
+        self.preferred = frozenset(n for n in nodes if n in self.nodes)
+        self.preferred_domains = frozenset(self.nodes[n].topology[:depth] for n in self.preferred
+                                           for depth in range(len(self.nodes[n].topology) + 1))
 
     # -- reads --
 
@@ -172,6 +201,7 @@ def place(view: ClusterView, job_id: str, attempt: int, spec: JobSpec, *,
     more than the search, and a queue policy only shows them when asked)."""
     if spec.gpu_model:
         return _place_on_model(view, job_id, attempt, spec, with_reasons)
+    view.prefer_image(spec.image)
     n, per_task = spec.tasks, spec.resources
     leaf = len(view.levels)
     lowest_allowed = 0
@@ -217,8 +247,9 @@ def _fill_at_depth(view: ClusterView, depth: int, n: int, per_task: Resources) -
     for key in view.index.by_depth[depth]:
         b = view.bound(key, per_task)
         if b >= n:
-            holding.append((b - n, view.index.domains[key].dominant_free(per_task), key))
-    for _, _, key in sorted(holding):
+            holding.append((b - n, view.index.domains[key].dominant_free(per_task),
+                            key not in view.preferred_domains, key))
+    for _, _, _, key in sorted(holding):
         fill = _fill(view, key, n, per_task)
         if sum(count for _, count in fill) == n:
             return fill
@@ -235,9 +266,10 @@ def _fill(view: ClusterView, key: Domain, n: int, per_task: Resources) -> list[t
     out: list[tuple[str, int]] = []
     remaining = n
     while remaining and room:
-        holding = [(b - remaining, child) for child, b in room.items() if b >= remaining]
+        holding = [(b - remaining, child not in view.preferred_domains, child) for child, b in room.items()
+                   if b >= remaining]
         if holding:
-            _, child = min(holding)
+            _, _, child = min(holding)
             got = _fill(view, child, remaining, per_task)
             if sum(c for _, c in got) == remaining:
                 return out + got
@@ -283,7 +315,8 @@ def _fill_single_node(view: ClusterView, stats: DomainStats, n: int, per_task: R
     rack with the fewest free GPUs: a job that fits one node fills racks already in use and
     leaves the emptier racks whole for the gangs that need one."""
     looked = 0
-    best: tuple[int, str] | None = None  #: (free GPUs of its rack, node) of the tightest nodes so far
+    #: (free GPUs of its rack, not holding the image, node) of the tightest nodes so far
+    best: tuple[int, bool, str] | None = None
     tight = None  #: the free GPUs of the tightest node that holds them
     leaf = len(view.levels)
     for entry in view.entries(stats, start=n * per_task.gpu):
@@ -293,16 +326,17 @@ def _fill_single_node(view: ClusterView, stats: DomainStats, n: int, per_task: R
         if tight is not None and entry[0] != tight:
             break
         if view.tasks_fit(node_id, per_task) >= n:
-            if len(stats.key) == leaf:
-                return [(node_id, n)]
             tight = entry[0]
-            rack = view.free_total(view.nodes[node_id].topology[:leaf]).gpu
-            if best is None or rack < best[0]:
-                best = (rack, node_id)
+            rack = 0 if len(stats.key) == leaf else view.free_total(view.nodes[node_id].topology[:leaf]).gpu
+            candidate = (rack, node_id not in view.preferred, node_id)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+            if len(stats.key) == leaf and not (view.preferred and candidate[1]):
+                break  # in one rack the first tightest node will do, unless another may hold the image
         looked += 1
         if looked >= SINGLE_NODE_SCAN:
             break
-    return [(best[1], n)] if best is not None else []
+    return [(best[2], n)] if best is not None else []
 
 
 def _plan(view: ClusterView, job_id: str, attempt: int, per_task: Resources,

@@ -102,3 +102,10 @@ def format_wait(pending: bool, submitted_at: float, started_at: float, now: floa
     if pending:
         return format_duration(now - submitted_at)
     return format_duration(started_at - submitted_at) if started_at else "-"
+
+
+def format_pull(phase: str, done_bytes: int, total_bytes: int) -> str:
+    """A node's image pull for people: "45% of 1.2Gi" while layers download, else its phase."""
+    if phase == "layers" and total_bytes > 0:
+        return f"{100 * done_bytes // total_bytes}% of {format_memory(total_bytes)}"
+    return phase

@@ -153,7 +153,7 @@ class WaitReason:
     def shortfalls_in(self, state: ClusterState) -> tuple[Shortfall, ...]:
         if self.shortfalls or self.spec is None:
             return self.shortfalls
-        view = ClusterView(state.nodes, state.index, state.levels)
+        view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
         view.set_blocked(self.blocked)
         return explain(view, self.spec)
 
@@ -219,7 +219,7 @@ def schedule_round(state: ClusterState, now: float,
     if isinstance(previous, Reservation):
         previous = (previous,)
     kept = {r.job_id: r for r in previous or ()}
-    view = ClusterView(state.nodes, state.index, state.levels)
+    view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result = RoundResult()
     failed: dict[tuple, WaitReason] = {}
     reservations: list[Reservation] = []

@@ -50,8 +50,9 @@ SNAPSHOT_VERSION = 2
 #: exactly as version 2 did, so replicas compare equal during an upgrade.
 SNAPSHOT_VERSION_3 = 3
 #: The version written once the state holds what command-set version 4 brought (a recorded
-#: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares): a version-3
-#: release refuses it rather than drop them.
+#: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares; a job's mounts,
+#: pull timeout or no command, which runs its image's entrypoint; a task prepared, TaskPrepared): a
+#: version-3 release refuses it rather than drop them.
 SNAPSHOT_VERSION_4 = 4
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
@@ -73,8 +74,11 @@ def encode(state: Any) -> dict[str, Any]:
         or any(_NODE_VERSION_4_KEYS & set(n) for n in nodes)
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
+    images = any("mounts" in s or "image_pull_timeout" in s or not s["command"]
+                 for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays]) \
+        or any("prepared" in t for j in jobs for t in j["tasks"])
     return {
-        "version": SNAPSHOT_VERSION_4 if v4 else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
+        "version": SNAPSHOT_VERSION_4 if v4 or images else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
         "levels": list(state.levels),
         "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
@@ -218,7 +222,9 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "grace": s.grace, "gpu_model": s.gpu_model, "array": s.array, "array_throttle": s.array_throttle,
             "after": [list(d) for d in s.after], "singleton": s.singleton, "on_unsatisfiable": s.on_unsatisfiable,
             "tasks_min": s.tasks_min, "resize_interval": s.resize_interval,
-            **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {})}
+            **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {}),
+            **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {}),
+            **({"image_pull_timeout": s.image_pull_timeout} if s.image_pull_timeout else {})}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -231,14 +237,16 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    after=tuple((k, j) for k, j in d.get("after", ())), singleton=d.get("singleton", False),
                    on_unsatisfiable=d.get("on_unsatisfiable", ""), tasks_min=d.get("tasks_min", 0),
                    resize_interval=d.get("resize_interval", 0.0),
-                   checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))))
+                   checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))),
+                   mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())),
+                   image_pull_timeout=d.get("image_pull_timeout", 0.0))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
     return {"index": t.index, "node_id": t.node_id, "resources": _res(t.resources),
             "gpus": list(t.gpus), "rank": t.rank, "state": t.state.value, "exit_code": t.exit_code,
             "started_at": t.started_at, "ended_at": t.ended_at, "reason": t.reason,
-            "reason_message": t.reason_message}
+            "reason_message": t.reason_message, **({"prepared": True} if t.prepared else {})}
 
 
 def _job_to_dict(j: Job) -> dict[str, Any]:
@@ -307,7 +315,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],
                       started_at=t["started_at"], ended_at=t["ended_at"], reason=t.get("reason", ""),
-                      reason_message=t.get("reason_message", "")) for t in d["tasks"]]
+                      reason_message=t.get("reason_message", ""), prepared=t.get("prepared", False))
+                 for t in d["tasks"]]
     return job
 
 

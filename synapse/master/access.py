@@ -55,13 +55,13 @@ ACCESS: dict[str, Role] = {
     # workers: a node's own credential (NODE_CALLS), or an admin who also presents it; RegisterNode
     # also takes a join token (JOIN_CALLS)
     "RegisterNode": Role.ADMIN, "Heartbeat": Role.ADMIN, "WatchAssignments": Role.ADMIN,
-    "ReportTaskEvents": Role.ADMIN,
+    "ReportTaskEvents": Role.ADMIN, "ReportPullProgress": Role.ADMIN,
     # replicas: a replica's credential (REPLICA_CALLS)
     "ReportLiveness": Role.ADMIN,
     "CreateJoinToken": Role.ADMIN, "ListJoinTokens": Role.ADMIN, "RevokeJoinToken": Role.ADMIN,
 }
 #: All that a node's credential may call (each for its own node only; the endpoint checks the id).
-NODE_CALLS = frozenset({"RegisterNode", "Heartbeat", "WatchAssignments", "ReportTaskEvents"})
+NODE_CALLS = frozenset({"RegisterNode", "Heartbeat", "WatchAssignments", "ReportTaskEvents", "ReportPullProgress"})
 #: All that a join token may call.
 JOIN_CALLS = frozenset({"RegisterNode"})
 #: All that a replica's credential may call.
@@ -74,7 +74,7 @@ _ADMIN_BECAUSE = {
     "AddUser": "user management", "RemoveUser": "user management", "ListUsers": "user management",
     "ApplyQueues": "queue management", "DeleteQueue": "queue management",
     "RegisterNode": "worker calls", "Heartbeat": "worker calls", "WatchAssignments": "worker calls",
-    "ReportTaskEvents": "worker calls", "ReportLiveness": "replica calls",
+    "ReportTaskEvents": "worker calls", "ReportPullProgress": "worker calls", "ReportLiveness": "replica calls",
     "CreateJoinToken": "join tokens", "ListJoinTokens": "join tokens", "RevokeJoinToken": "join tokens",
 }
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
 from synapse.core import fairshare
-from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
-from synapse.core.quantity import format_wait
+from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, gang_unprepared, topology_path
+from synapse.core.quantity import format_pull, format_wait
 from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
@@ -412,8 +412,11 @@ class Dashboard:
         with self.m.lock:
             state = self.m.state
             spec = job.spec
+            pulling = {t.index for t in gang_unprepared(job)} if job.status is JobStatus.SCHEDULED else set()
             gang = [(t.rank, t.index, t.node_id, topology_path(state.nodes[t.node_id].topology)
-                     if t.node_id in state.nodes else "-", t.gpus, t.state.value) for t in job.tasks]
+                     if t.node_id in state.nodes else "-", t.gpus, t.state.value
+                     + (" (pulling image)" if t.index in pulling else " (image ready)" if pulling else ""))
+                    for t in job.tasks]
             events = list(job.events)
             queue, user, status, attempt = state.queue_of(job), job.user or "-", job.status.value, job.attempt
             view = self.m.leader_view()
@@ -424,6 +427,14 @@ class Dashboard:
                  ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
                  ["Command", escape(" ".join(spec.command))],
                  ["Environment", escape(", ".join(f"{k}=***" for k, _ in spec.env)) or "-"]]
+        if spec.image:
+            nodes = {n for _, _, n, _, _, _ in gang}
+            late = {n for _, i, n, _, _, _ in gang if i in pulling}
+            heard = {n: self.m.pull_progress.get((job_id, attempt, n)) for n in late}
+            late_text = ", ".join(n + (f" {format_pull(*heard[n][:3])}" if heard[n] else "") for n in sorted(late))
+            progress = f": pulling, {len(nodes - late)} of {len(nodes)} nodes ready " \
+                       f"(waiting: {escape(late_text)})" if late else ""
+            facts.append(["Image", escape(spec.image) + progress])
         if waiting is not None:
             facts.append(["Waiting", escape(why)])
         elif status == "PENDING" and not self.m.raft.is_leader():

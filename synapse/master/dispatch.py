@@ -12,9 +12,11 @@ worker gives each task the signal once (synapse.worker.state).
 
 from __future__ import annotations
 
+from synapse.core import codec
+from synapse.core import commands as c
 from synapse.core.elastic import is_elastic
 from synapse.core.fsm import ClusterState
-from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus
+from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, gang_unprepared
 from synapse.core.rendezvous import master_port
 
 
@@ -46,12 +48,20 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
         master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
-        gpus=task.gpus, command=job.spec.command, image=job.spec.image, stop=stop,
+        gpus=task.gpus, command=job.spec.command, image=job.spec.image, mounts=job.spec.mounts, stop=stop,
+        hold=not stop and held(state, job),
         grace=job.stop_grace if stop else 0.0, resources=task.resources, notice_signal=signal, notice=notice,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
         env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
                           ("SYNAPSE_RESTART_REASON", restart_reason(job)), *_checkpoint_env(state, job),
                           *_array_env(state, job), *_elastic_env(job)))))
+
+
+def held(state: ClusterState, job: Job) -> bool:
+    """True while a gang in an image waits for some node to hold it: its tasks pull and report
+    prepared, and start only once every task is (TaskPrepared, version 4: before every replica
+    knows it, nothing would ever release them, so nothing is held)."""
+    return state.cluster_version >= codec.KIND_VERSIONS[c.TaskPrepared] and bool(gang_unprepared(job))
 
 
 def _notice(state: ClusterState, job: Job, stop: bool) -> tuple[str, float]:

@@ -36,7 +36,7 @@ from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec, notice_capped
 from synapse.core.leader_state import ProgressReport
-from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role
+from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role, image_holders
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
 from synapse.master import history_api
@@ -77,6 +77,12 @@ MAX_PAGE = 5000
 #: lets the worker notice a silent leader change).
 WATCH_REFRESH_S = 5.0
 MAX_ID_CHARS = 256
+#: How long a worker's report of a pull's progress stands on the leader (workers send one a second).
+PULL_PROGRESS_TTL_S = 30.0
+#: How long a worker's listing of its image store stands on the leader (workers send one every 10 s).
+NODE_IMAGES_TTL_S = 60.0
+#: The most image references a worker's listing keeps.
+MAX_LISTED_IMAGES = 256
 #: The longest a join token may live (0 = never expires is allowed too, for an admin who says so).
 MAX_JOIN_TOKEN_TTL_S = 366 * 86400.0
 
@@ -328,6 +334,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
         state = self.m.state
+        if job.spec.image and job.status is JobStatus.SCHEDULED:
+            now = time.monotonic()
+            for node_id in sorted({t.node_id for t in job.tasks}):
+                heard = self.m.pull_progress.get((job.id, job.attempt, node_id))
+                if heard is not None and now - heard[3] < PULL_PROGRESS_TTL_S:
+                    info.pulls.append(api_pb2.PullProgress(job_id=job.id, attempt=job.attempt, node_id=node_id,
+                                                           phase=heard[0], done_bytes=heard[1], total_bytes=heard[2]))
         if job.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
         info.goodput.CopyFrom(codec.goodput_to_proto(goodput.of_job(job, time.time())))
@@ -418,7 +431,15 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._current_read(context)
         with self.m.lock:
             state = self.m.state
-            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]))
+            held: dict[str, list[str]] = {}
+            for image, nodes in sorted(image_holders(state.jobs.values()).items()):
+                for node_id in nodes:
+                    held.setdefault(node_id, []).append(image)
+            now = time.monotonic()
+            for node_id, (images, heard) in self.m.node_images.items():
+                if now - heard < NODE_IMAGES_TTL_S:  # what the node's store says beats what the state suggests
+                    held[node_id] = list(images)
+            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]), held.get(n.id, ()))
                                                  for n in sorted(state.nodes.values(), key=lambda n: n.id)])
 
     def _owner(self, job_id: str) -> str | None:
@@ -980,6 +1001,23 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             f"replica {self.m.replica.id} has no leader in reach; attach to another")
 
+    async def ReportPullProgress(self, request, context):
+        """How far a node's pulls are, kept in the leader's memory only (a new leader hears the next)."""
+        await self._worker_identity(request.node_id, context)
+        if len(request.pulls) > 1000:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pulls: at most 1000 per report")
+        await self._leader(context)
+        now = time.monotonic()
+        progress = {key: value for key, value in self.m.pull_progress.items() if now - value[3] < PULL_PROGRESS_TTL_S}
+        for p in request.pulls:
+            progress[(p.job_id[:MAX_ID_CHARS], p.attempt, request.node_id)] = (p.phase[:16], p.done_bytes,
+                                                                               p.total_bytes, now)
+        self.m.pull_progress = progress
+        if request.cache_listed:
+            self.m.node_images[request.node_id] = (tuple(sorted(r[:1024] for r in request.cached[:MAX_LISTED_IMAGES])),
+                                                   now)
+        return api_pb2.ReportPullProgressReply()
+
     async def ReportTaskEvents(self, request, context):
         await self._worker_identity(request.node_id, context)
         if len(request.events) > 10_000:
@@ -991,12 +1029,16 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         loops = self.m.leader_loops
         if progress and loops is not None and loops.ready.is_set():
             loops.progress(progress)  # best effort: the next report says it again
+        preparing = version >= codec.KIND_VERSIONS[c.TaskPrepared]
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else
+                c.TaskPrepared(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
+                if e.prepared else
                 c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
                              exit_code=e.exit_code, reason=e.reason[:512],
-                             cause=e.cause[:32] if codec.CAUSE_VERSIONS.get(e.cause, 1) <= version else "")
-                for e in request.events if not e.progress]
+                             cause=e.cause[:32] if codec.CAUSE_VERSIONS.get(e.cause, 1) <= version else "",
+                             node_side=e.node_side)
+                for e in request.events if not e.progress and (preparing or not e.prepared)]
         results = await self._propose_all(cmds, context)
         return api_pb2.ReportTaskEventsReply(accepted=len(progress) + sum(1 for r in results if r.ok))
 

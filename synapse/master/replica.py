@@ -67,6 +67,11 @@ class Master:
         self.raft = raft
         self.loop: asyncio.AbstractEventLoop | None = None
         self.leader_loops: LeaderWork | None = None  #: the leader loops while this replica leads
+        #: soft state while leading: (job, attempt, node) -> (phase, done bytes, total bytes, monotonic
+        #: time heard) of the pulls held gangs wait for; written by ReportPullProgress, read by job views
+        self.pull_progress: dict[tuple[str, int, str], tuple[str, int, int, float]] = {}
+        #: soft state while leading: node -> (the references its image store holds, monotonic time heard)
+        self.node_images: dict[str, tuple[tuple[str, ...], float]] = {}
         self._node_events: dict[str, asyncio.Event] = {}  #: node id -> set when its assignments may change
         self._leadership_lost = asyncio.Event()  #: set whenever this replica stops leading
         self.deposed_at = float("-inf")  #: monotonic time this replica last stopped leading

@@ -224,6 +224,7 @@ class TaskInfo(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     REASON_MESSAGE_FIELD_NUMBER: _builtins.int
+    PREPARED_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     rank: _builtins.int
     node_id: _builtins.str
@@ -236,6 +237,8 @@ class TaskInfo(_message.Message):
     Cancelled; empty while it runs. The message says more (exit code, signal, memory limit).
     """
     reason_message: _builtins.str
+    prepared: _builtins.bool
+    """a task of a job in an image: its node holds the image"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -251,10 +254,11 @@ class TaskInfo(_message.Message):
         attempt: _builtins.int = ...,
         reason: _builtins.str = ...,
         reason_message: _builtins.str = ...,
+        prepared: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "index", b"index", "node_id", b"node_id", "rank", b"rank", "reason", b"reason", "reason_message", b"reason_message", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "index", b"index", "node_id", b"node_id", "prepared", b"prepared", "rank", b"rank", "reason", b"reason", "reason_message", b"reason_message", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,9 +290,99 @@ class JobEvent(_message.Message):
 Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
 
 @_typing.final
+class PullProgress(_message.Message):
+    """One pull a worker is doing for a task of a gang in an image."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    DONE_BYTES_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    index: _builtins.int
+    phase: _builtins.str
+    """manifest, layers, unpack or done (the image store's phases)"""
+    done_bytes: _builtins.int
+    total_bytes: _builtins.int
+    node_id: _builtins.str
+    """in JobInfo: the node pulling"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        index: _builtins.int = ...,
+        phase: _builtins.str = ...,
+        done_bytes: _builtins.int = ...,
+        total_bytes: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "done_bytes", b"done_bytes", "index", b"index", "job_id", b"job_id", "node_id", b"node_id", "phase", b"phase", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullProgress: _TypeAlias = PullProgress  # noqa: Y015
+
+@_typing.final
+class ReportPullProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    PULLS_FIELD_NUMBER: _builtins.int
+    CACHE_LISTED_FIELD_NUMBER: _builtins.int
+    CACHED_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    cache_listed: _builtins.bool
+    """`cached` lists the node's store (sent every few seconds)"""
+    @_builtins.property
+    def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]: ...
+    @_builtins.property
+    def cached(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the references of every image the node's store holds"""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        pulls: _abc.Iterable[Global___PullProgress] | None = ...,
+        cache_listed: _builtins.bool = ...,
+        cached: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_listed", b"cache_listed", "cached", b"cached", "node_id", b"node_id", "pulls", b"pulls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPullProgressRequest: _TypeAlias = ReportPullProgressRequest  # noqa: Y015
+
+@_typing.final
+class ReportPullProgressReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPullProgressReply: _TypeAlias = ReportPullProgressReply  # noqa: Y015
+
+@_typing.final
 class JobInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PULLS_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
@@ -365,6 +459,10 @@ class JobInfo(_message.Message):
     progress_at: _builtins.float
     """when that progress was heard; 0 = never"""
     @_builtins.property
+    def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]:
+        """A gang waiting for its image: how far each node's pull is, as the leader last heard (soft state)."""
+
+    @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskInfo]: ...
@@ -395,6 +493,7 @@ class JobInfo(_message.Message):
     def __init__(
         self,
         *,
+        pulls: _abc.Iterable[Global___PullProgress] | None = ...,
         id: _builtins.str = ...,
         spec: _types_pb2.JobSpec | None = ...,
         status: _builtins.str = ...,
@@ -430,7 +529,7 @@ class JobInfo(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "goodput", b"goodput", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "progress_at", b"progress_at", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -525,6 +624,7 @@ class NodeInfo(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    IMAGES_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_FIELD_NUMBER: _builtins.int
@@ -553,6 +653,12 @@ class NodeInfo(_message.Message):
     spare: _builtins.bool
     """designated a spare (synapse.core.spares)"""
     @_builtins.property
+    def images(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The images the node's store holds, as its worker last reported them to the leader; without a
+        recent report, those that tasks of jobs still in the state were prepared or ran with here.
+        """
+
+    @_builtins.property
     def topology(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def capacity(self) -> _types_pb2.Resources: ...
@@ -567,6 +673,7 @@ class NodeInfo(_message.Message):
     def __init__(
         self,
         *,
+        images: _abc.Iterable[_builtins.str] | None = ...,
         id: _builtins.str = ...,
         address: _builtins.str = ...,
         topology: _abc.Iterable[_builtins.str] | None = ...,
@@ -584,7 +691,7 @@ class NodeInfo(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "used", b"used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "spare", b"spare", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "cordon_reason", b"cordon_reason", "gpus_in_use", b"gpus_in_use", "health", b"health", "id", b"id", "images", b"images", "isolation", b"isolation", "labels", b"labels", "live_tasks", b"live_tasks", "schedulable", b"schedulable", "spare", b"spare", "status", b"status", "topology", b"topology", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1258,6 +1365,8 @@ class Assignment(_message.Message):
     RESOURCES_FIELD_NUMBER: _builtins.int
     NOTICE_SIGNAL_FIELD_NUMBER: _builtins.int
     NOTICE_S_FIELD_NUMBER: _builtins.int
+    MOUNTS_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1279,6 +1388,8 @@ class Assignment(_message.Message):
     """
     notice_s: _builtins.float
     """with stop and notice_signal: SIGTERM this many seconds after the notice"""
+    hold: _builtins.bool
+    """Its image is pulled, and the task waits: the other nodes of its gang do not hold theirs yet."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1288,6 +1399,10 @@ class Assignment(_message.Message):
     @_builtins.property
     def resources(self) -> _types_pb2.Resources:
         """the task's own: the worker confines it to them (memory, cpu quota)"""
+
+    @_builtins.property
+    def mounts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Mount]:
+        """the job's bind mounts into its image"""
 
     def __init__(
         self,
@@ -1311,10 +1426,12 @@ class Assignment(_message.Message):
         resources: _types_pb2.Resources | None = ...,
         notice_signal: _builtins.str = ...,
         notice_s: _builtins.float = ...,
+        mounts: _abc.Iterable[_types_pb2.Mount] | None = ...,
+        hold: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "hold", b"hold", "image", b"image", "index", b"index", "job_id", b"job_id", "local_rank", b"local_rank", "local_world_size", b"local_world_size", "master_addr", b"master_addr", "master_port", b"master_port", "mounts", b"mounts", "node_rank", b"node_rank", "notice_s", b"notice_s", "notice_signal", b"notice_signal", "rank", b"rank", "resources", b"resources", "stop", b"stop", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1336,6 +1453,8 @@ class TaskEvent(_message.Message):
     CHECKPOINT_AT_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     PROGRESS_PROBLEM_FIELD_NUMBER: _builtins.int
+    NODE_SIDE_FIELD_NUMBER: _builtins.int
+    PREPARED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     attempt: _builtins.int
     index: _builtins.int
@@ -1355,6 +1474,10 @@ class TaskEvent(_message.Message):
     checkpoint_step: _builtins.int
     progress_problem: _builtins.str
     """the file held garbage (said once per task); ignored"""
+    node_side: _builtins.bool
+    """with cause ImagePullFailed: another node may succeed"""
+    prepared: _builtins.bool
+    """not started: its image is on the node; it waits for its gang's other nodes"""
     def __init__(
         self,
         *,
@@ -1370,10 +1493,12 @@ class TaskEvent(_message.Message):
         checkpoint_at: _builtins.float = ...,
         checkpoint_step: _builtins.int = ...,
         progress_problem: _builtins.str = ...,
+        node_side: _builtins.bool = ...,
+        prepared: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "progress", b"progress", "progress_problem", b"progress_problem", "reason", b"reason", "started", b"started", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cause", b"cause", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "exit_code", b"exit_code", "index", b"index", "job_id", b"job_id", "node_side", b"node_side", "prepared", b"prepared", "progress", b"progress", "progress_problem", b"progress_problem", "reason", b"reason", "started", b"started", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -159,6 +159,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.FromString,
                 _registered_method=True)
+        self.ReportPullProgress = channel.unary_unary(
+                '/synapse.v1.Master/ReportPullProgress',
+                request_serializer=synapse_dot_proto_dot_api__pb2.ReportPullProgressRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.ReportPullProgressReply.FromString,
+                _registered_method=True)
         self.ReportLiveness = channel.unary_unary(
                 '/synapse.v1.Master/ReportLiveness',
                 request_serializer=synapse_dot_proto_dot_api__pb2.LivenessDigest.SerializeToString,
@@ -357,6 +362,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportPullProgress(self, request, context):
+        """How far a node's pulls for held tasks are: soft state on the leader, for describe job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportLiveness(self, request, context):
         """Replicas: a link shard's liveness digest to the leader (a replica's credential only).
         """
@@ -530,6 +542,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportTaskEvents,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.SerializeToString,
+            ),
+            'ReportPullProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPullProgress,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.ReportPullProgressRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.ReportPullProgressReply.SerializeToString,
             ),
             'ReportLiveness': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportLiveness,
@@ -1242,6 +1259,33 @@ class Master:
             '/synapse.v1.Master/ReportTaskEvents',
             synapse_dot_proto_dot_api__pb2.ReportTaskEventsRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.ReportTaskEventsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPullProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/ReportPullProgress',
+            synapse_dot_proto_dot_api__pb2.ReportPullProgressRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.ReportPullProgressReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -116,6 +116,8 @@ class JobSpec(_message.Message):
     TASKS_MIN_FIELD_NUMBER: _builtins.int
     RESIZE_INTERVAL_S_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
+    MOUNTS_FIELD_NUMBER: _builtins.int
+    IMAGE_PULL_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -145,6 +147,8 @@ class JobSpec(_message.Message):
     """
     resize_interval_s: _builtins.float
     """at least this long between two growths; 0 = the default (10 min)"""
+    image_pull_timeout_s: _builtins.float
+    """0 = the default (10 minutes)"""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -160,6 +164,10 @@ class JobSpec(_message.Message):
     @_builtins.property
     def checkpoint(self) -> Global___Checkpoint:
         """The checkpoint notice (command-set version 3)."""
+
+    @_builtins.property
+    def mounts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Mount]:
+        """Images (command-set version 4): bind mounts into the job's image."""
 
     def __init__(
         self,
@@ -185,14 +193,45 @@ class JobSpec(_message.Message):
         tasks_min: _builtins.int = ...,
         resize_interval_s: _builtins.float = ...,
         checkpoint: Global___Checkpoint | None = ...,
+        mounts: _abc.Iterable[Global___Mount] | None = ...,
+        image_pull_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "max_restarts", b"max_restarts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class Mount(_message.Message):
+    """A bind mount into a task's image: `source` on the node (under a prefix its worker allows),
+    `target` inside the image.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    READONLY_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    target: _builtins.str
+    readonly: _builtins.bool
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        target: _builtins.str = ...,
+        readonly: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["readonly", b"readonly", "source", b"source", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Mount: _TypeAlias = Mount  # noqa: Y015
 
 @_typing.final
 class Checkpoint(_message.Message):

@@ -134,7 +134,7 @@ def _eligible(state: ClusterState, gate: Gate, result: RoundResult) -> Iterable[
 def fifo(state: ClusterState, now: float, previous: Reservation | None = None,
          memo: RoundMemo | None = None) -> RoundResult:
     """Start jobs in queue order until the first that does not fit."""
-    view = ClusterView(state.nodes, state.index, state.levels)
+    view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result, gate = RoundResult(), Gate(state)
     for job in _eligible(state, gate, result):
         if not _start(result, view, job, gate):
@@ -145,7 +145,7 @@ def fifo(state: ClusterState, now: float, previous: Reservation | None = None,
 def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
            memo: RoundMemo | None = None) -> RoundResult:
     """Start every job that fits, in queue order, holding nothing back for anyone."""
-    view = ClusterView(state.nodes, state.index, state.levels)
+    view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result, gate = RoundResult(), Gate(state)
     failed: set[tuple] = set()  # a shape that failed fails again this round: claims only grow
     for job in _eligible(state, gate, result):
@@ -162,7 +162,7 @@ def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
 def easy(state: ClusterState, now: float, previous: Reservation | None = None,
          memo: RoundMemo | None = None) -> RoundResult:
     """EASY backfilling: one reservation for the head blocked job, backfill what ends before it."""
-    view = ClusterView(state.nodes, state.index, state.levels)
+    view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result, gate = RoundResult(), Gate(state)
     reserved: frozenset[str] | None = None
     shadow = math.inf  #: when the reserved nodes are expected to hold the head job

@@ -10,6 +10,11 @@ Threads, each feeding events into one queue that the main loop drains in order:
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
+* pulls (a pool of PULL_THREADS): a task in an image waits, starting, while the node's image store
+  gets its image (one pull per image however many tasks ask); the result comes back as an event,
+  and the task starts then, or ends ImagePullFailed without having run;
+* progress: while pulls run, once a second, how far each is (ReportPullProgress: the leader keeps
+  it in memory for `synctl describe job`);
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
 """
@@ -25,8 +30,9 @@ import signal
 import threading
 import time
 from concurrent import futures
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -41,11 +47,12 @@ from synapse.core.shards import ranked
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
 from synapse.worker import state as ws
+from synapse.worker.container import ContainerRefused
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
 from synapse.worker.progress import ProgressWatcher, progress_file
-from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use
+from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use, task_id
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,29 @@ TASK_JOURNAL = "task-events.jsonl"
 #: The node's own credential, as RegisterNode returned it ({"node_id", "credential"}, mode 0600): with
 #: it the worker needs neither the cluster token nor its join token again.
 CREDENTIAL_FILE = "node-credential.json"
+#: Images pulled at once (the store pulls each image once, however many tasks wait for it).
+PULL_THREADS = 4
+#: Seconds between two listings of the node's image store to the leader (`synctl get nodes -o wide`).
+CACHE_REPORT_S = 10.0
+#: Test hook: seconds each pull of this worker waits before it asks the store (a slow node in a gang).
+PULL_DELAY_HOOK = "SYNAPSE_TEST_PULL_DELAY_S"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageReady:
+    """The image store holds a task's image now (pinned for the task)."""
+
+    key: ws.Key
+    image: Any  #: the store's Image
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFailed:
+    """The image store could not get a task's image."""
+
+    key: ws.Key
+    message: str  #: names the node, the image and the cause
+    node_side: bool  #: another node may succeed
 
 
 def _signal_name(number: int) -> str:
@@ -96,7 +126,8 @@ class WorkerAgent:
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
                  tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
-                 health: HealthCheck | None = None, drain_on_failure: bool = False) -> None:
+                 health: HealthCheck | None = None, drain_on_failure: bool = False, images: Any = None,
+                 allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None) -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
@@ -104,7 +135,22 @@ class WorkerAgent:
         self.join_token = join_token  #: registers this node the first time, if it has no credential yet
         self.data_dir = data_dir
         self.heartbeat_interval = heartbeat_interval
-        self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max)
+        self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max, allow_mounts,
+                                      *((cdi_dirs,) if cdi_dirs is not None else ()))
+        #: the node's image store (synapse.images.store.ImageStore); None: tasks in images cannot run here
+        self.images = images
+        self.pulls = futures.ThreadPoolExecutor(max_workers=PULL_THREADS, thread_name_prefix="pull")
+        #: held tasks whose image is here (key -> the store's Image): they start when a listing
+        #: says they are no longer held; main loop only
+        self.prepared: dict[ws.Key, Any] = {}
+        #: the newest listing's hold of each task (main loop only)
+        self.holds: dict[ws.Key, bool] = {}
+        #: the pulls under way: task key -> the store's latest PullProgress (None before its first);
+        #: written by the pull threads (one key each), read by the progress thread
+        self.pulling: dict[ws.Key, Any] = {}
+        #: when the node's image store was last listed to the leader (progress thread; a pull's end
+        #: resets it, so the next report lists the store again)
+        self.images_listed_at = float("-inf")
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
         self.health = health  #: the health check, if the operator gave one
@@ -153,6 +199,7 @@ class WorkerAgent:
         stale = self.runtime.sweep({t.handle.cgroup for t in self.state.tasks.values() if t.handle})
         if stale:
             log.info("removed task cgroups of no known task count=%d names=%s", len(stale), ",".join(stale[:10]))
+        self._unpin_forgotten()
         ephemeral = ephemeral_ports()
         overlap = ephemeral_overlap(*ephemeral) if ephemeral else range(0)
         if overlap:
@@ -160,7 +207,8 @@ class WorkerAgent:
                         "connection may take a gang's MASTER_PORT; start net.ipv4.ip_local_port_range at %d or above",
                         self.node_id, *ephemeral, overlap.start, overlap.stop - 1, MASTER_PORTS.stop)
         self._register()
-        loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report")]
+        loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report"),
+                 (self._progress_loop, "progress")]
         if self.health is not None:
             loops.append((self._health_loop, "health"))
         threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in loops]
@@ -223,8 +271,14 @@ class WorkerAgent:
             except queue.Empty:
                 event = None
             changed = False
-            if event is not None:
+            if isinstance(event, ImageReady | ImageFailed):
+                self._pulled(event)
+                changed = True
+            elif event is not None:
                 self._carry_out(self.state.handle(event, time.monotonic()))
+                if isinstance(event, ws.AssignmentsReceived) and self.state.known == (event.term, event.version):
+                    self.holds = {a.key: a.hold for a in event.assignments}
+                    self._release_prepared()
                 changed = True
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + POLL_S
@@ -241,13 +295,86 @@ class WorkerAgent:
 
     def _carry_out(self, instructions: list) -> None:
         for ins in instructions:
-            if isinstance(ins, ws.Start):
+            if isinstance(ins, ws.Start) and self.runtime.contained(ins.assignment):
+                self._save_state()
+                self.pulls.submit(self._pull, ins.assignment)
+            elif isinstance(ins, ws.Start):
                 self._start(ins.assignment)
             elif isinstance(ins, ws.Signal):
                 log.info("signal task=%s sig=%s", ins.key, _signal_name(ins.signal))
                 self.runtime.signal(ins.handle, ins.signal)
 
-    def _start(self, a: Assignment) -> None:
+    def _pull(self, a: Assignment) -> None:
+        """(pull thread) Get the task's image from the store, pinned for the task; the outcome goes
+        to the main loop as an event."""
+        if self.images is None:
+            self.events.put(ImageFailed(a.key, f"node {self.node_id} has no image store", True))
+            return
+        self.pulling[a.key] = None
+        try:
+            delay = float(os.environ.get(PULL_DELAY_HOOK, "") or 0)
+            if delay > 0:
+                time.sleep(delay)
+            image = self.images.ensure(a.image, holder=task_id(a),
+                                       progress=lambda p: self.pulling.__setitem__(a.key, p))
+        except Exception as exc:  # the store's PullError, or anything else it raised: the task must end
+            cause = getattr(exc, "cause", "")
+            node_side = bool(getattr(exc, "node_side", True))
+            log.warning("image pull failed task=%s image=%s cause=%s node_side=%s error=%s", a.key, a.image,
+                        cause or type(exc).__name__, node_side, exc)
+            self.events.put(ImageFailed(a.key, f"node {self.node_id}: image {a.image}: "
+                                               f"{cause or type(exc).__name__}: {exc}", node_side))
+            return
+        finally:
+            self.pulling.pop(a.key, None)
+            self.images_listed_at = float("-inf")  # the store changed: list it with the next report
+        self.events.put(ImageReady(a.key, image))
+
+    def _pulled(self, event: ImageReady | ImageFailed) -> None:
+        """A pull ended: start its task, unless a stop came meanwhile; or end it ImagePullFailed."""
+        task = self.state.tasks.get(event.key)
+        if task is None or task.phase != "starting" or task.handle is not None:
+            if self.images is not None:
+                self.images.release("{}.{}.{}".format(*event.key))  # task_id's spelling
+            if task is not None and task.handle is None:
+                self._carry_out(self.state.handle(ws.TaskStartFailed(
+                    event.key, "stopped before its image was ready"), time.monotonic()))
+            return
+        a = task.assignment
+        if isinstance(event, ImageReady) and self.holds.get(a.key, a.hold):
+            # The gang waits for the image on its other nodes: say this one holds it, start later.
+            log.info("image ready, task held for its gang task=%s image=%s", a.key, a.image)
+            self.prepared[a.key] = event.image
+            self.state.handle(ws.TaskPrepared(a.key), time.monotonic())
+            return
+        if isinstance(event, ImageFailed):
+            self.metrics.exits.labels("start_failed").inc()
+            self._carry_out(self.state.handle(ws.TaskStartFailed(event.key, event.message, EndReason.IMAGE_PULL_FAILED,
+                                                                 node_side=event.node_side), time.monotonic()))
+            return
+        self._start(a, event.image)
+
+    def _release_prepared(self) -> None:
+        """Start the prepared tasks the newest listing no longer holds; end those it stopped, and those
+        stopped while their image is still being pulled (the pull's result is then dropped: `_pulled`)."""
+        for key, task in list(self.state.tasks.items()):
+            if key in self.pulling and task.phase == "stopping" and task.handle is None:
+                self._carry_out(self.state.handle(ws.TaskStartFailed(key, "stopped while its image was being pulled"),
+                                                  time.monotonic()))
+        for key, image in list(self.prepared.items()):
+            task = self.state.tasks.get(key)
+            if task is None or task.handle is not None:
+                del self.prepared[key]
+            elif task.phase != "starting":
+                del self.prepared[key]
+                self._end_container(task.assignment)
+                self._carry_out(self.state.handle(ws.TaskStartFailed(key, "stopped before its gang started"),
+                                                  time.monotonic()))
+            elif not self.holds.get(key, True):
+                del self.prepared[key]
+                self._start(task.assignment, image)
+
+    def _start(self, a: Assignment, image: Any = None) -> None:
         # Record the intent first: a crash between the fork and the next save must not leave a
         # task this worker forgets and would start a second time (see _load_state).
         seen = time.monotonic()
@@ -260,10 +387,11 @@ class WorkerAgent:
                                               time.monotonic()))
             return
         try:
-            handle = self.runtime.start(a)
-        except OSError as exc:
+            handle = self.runtime.start(a, image)
+        except (OSError, ContainerRefused) as exc:
             self.metrics.exits.labels("start_failed").inc()
             log.warning("task start failed task=%s error=%s", a.key, exc)
+            self._end_container(a)
             self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, str(exc)), time.monotonic()))
             return
         self.metrics.task_start.observe(time.monotonic() - seen)
@@ -271,6 +399,25 @@ class WorkerAgent:
                  a.rank, handle.pid)
         self._journal("start", a, pid=handle.pid)
         self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+
+    def _unpin_forgotten(self) -> None:
+        """Unpin the images of tasks this worker no longer knows (pulled or held, never started, when
+        it stopped: a task the masters still want is pulled, and pinned, again)."""
+        if self.images is None:
+            return
+        known = {task_id(t.assignment) for t in self.state.tasks.values()}
+        forgotten = sorted({h for image in self.images.cached() for h in image.holders} - known)
+        for holder in forgotten:
+            self.images.release(holder)
+        if forgotten:
+            log.info("unpinned images of no known task count=%d holders=%s", len(forgotten), ",".join(forgotten[:10]))
+
+    def _end_container(self, a: Assignment) -> None:
+        """An ended task in an image: drop its writable layer, unpin its image."""
+        if self.runtime.contained(a):
+            self.runtime.dispose(a)
+            if self.images is not None:
+                self.images.release(task_id(a))
 
     def _master_port_clash(self, a: Assignment) -> str:
         """Why rank 0 must not start here ("" if it may): its MASTER_PORT is taken on this node, by a
@@ -311,6 +458,7 @@ class WorkerAgent:
                 self.metrics.exits.labels(outcome).inc()
                 # The cgroup goes once its OOM count has been read: the task's end is now known.
                 self.runtime.release(task.handle.cgroup)
+                self._end_container(a)
                 self._carry_out(self.state.handle(
                     ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause), time.monotonic()))
                 changed = True
@@ -399,6 +547,27 @@ class WorkerAgent:
                 self.heartbeat_now.set()
             self.stopping.wait(max(0.0, self.health.interval - (time.monotonic() - started)))
 
+    def _progress_loop(self) -> None:
+        """Once a second while pulls run, tell the leader how far each is, and every CACHE_REPORT_S
+        which images the node's store holds (lost reports do not matter: the next one replaces them)."""
+        while not self.stopping.wait(1.0):
+            pulls = [api_pb2.PullProgress(job_id=key[0], attempt=key[1], index=key[2],
+                                          phase=p.phase if p else "queued", done_bytes=p.done_bytes if p else 0,
+                                          total_bytes=p.total_bytes if p else 0)
+                     for key, p in list(self.pulling.items())]
+            listing = self.images is not None and time.monotonic() - self.images_listed_at >= CACHE_REPORT_S
+            if not pulls and not listing:
+                continue
+            request = api_pb2.ReportPullProgressRequest(node_id=self.node_id, pulls=pulls, cache_listed=listing)
+            if listing:
+                request.cached.extend(sorted({r for image in self.images.cached() for r in image.references}))
+            try:
+                self.report_client.call("ReportPullProgress", request, deadline=5.0)
+                if listing:
+                    self.images_listed_at = time.monotonic()
+            except (ClientError, ClusterUnavailable) as exc:
+                log.debug("pull progress not reported node=%s error=%s", self.node_id, exc)
+
     def _report_loop(self) -> None:
         while not self.stopping.is_set():
             self.reports_ready.wait(1.0)
@@ -409,7 +578,9 @@ class WorkerAgent:
                 continue
             request = api_pb2.ReportTaskEventsRequest(node_id=self.node_id, events=[
                 api_pb2.TaskEvent(job_id=r.key[0], attempt=r.key[1], index=r.key[2], started=r.started,
-                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause) for r in batch] + progress)
+                                  exit_code=r.exit_code, reason=r.reason, cause=r.cause, node_side=r.node_side,
+                                  prepared=r.prepared)
+                for r in batch] + progress)
             try:
                 self.report_client.call("ReportTaskEvents", request, deadline=10.0)
                 self.events.put(ws.ReportsAcknowledged(batch))
@@ -440,11 +611,13 @@ class WorkerAgent:
         self.state.known = tuple(data["known"])  # type: ignore[assignment]
         self.state.done = {tuple(k) for k in data["done"]}  # type: ignore[misc]
         self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"],  # type: ignore[arg-type]
-                                           r.get("cause", "")) for r in data["unreported"]]
+                                           r.get("cause", ""), r.get("node_side", False), r.get("prepared", False))
+                                 for r in data["unreported"]]
         for t in data["tasks"]:
             a = t["assignment"]
             assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
                                        "env": tuple(tuple(kv) for kv in a["env"]),
+                                       "mounts": tuple(tuple(m) for m in a.get("mounts", ())),
                                        "resources": Resources(**a.get("resources", {}))})
             task = ws.LocalTask(assignment, phase=t["phase"])
             # A task recorded as starting may have been forked just before a crash: its shim's

@@ -17,6 +17,11 @@ Tasks are confined in cgroups of their own (`--isolation`, see isolation.py); th
 logged and registered, so `synctl describe node` shows it. `--health-check CMD` runs CMD every
 `--health-interval` seconds; a failing check cordons the node (see health.py).
 
+A task whose job names an image runs inside it (container.py, sandbox.py): the image store in
+DATA_DIR/images (`--image-cache-size`, `--registry-credentials`, `--insecure-registry`) gets it
+first; a job's mounts must come from under an `--allow-mount` prefix; GPUs follow the node's CDI
+spec where it has one (`--cdi-spec-dir`).
+
 SIGTERM or SIGINT stops the agent and leaves its tasks running: a restarted agent re-adopts them,
 as slurmd and the Borglet do. With `--stop-tasks-on-exit` it stops every task first (a machine
 leaving the cluster, or a local cluster being torn down).
@@ -39,13 +44,18 @@ from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
+from synapse.images.store import ImageStore
+from synapse.worker import container, isolation
 from synapse.worker import gpus as gpu_discovery
-from synapse.worker import isolation
 from synapse.worker.agent import WorkerAgent, load_credential
 from synapse.worker.health import HealthCheck, command_problem
 from synapse.worker.runtime import stop_all
 
 log = logging.getLogger(__name__)
+
+
+#: The image store's default disk budget: a few large training images (NGC PyTorch is ~10 GB unpacked).
+DEFAULT_IMAGE_CACHE = "50Gi"
 
 
 def gpu_capacity(flag: str | None) -> tuple[int, dict[str, str], str]:
@@ -134,6 +144,19 @@ def node_id_for(data_dir: Path, given: str) -> str:
 @click.option("--key", default="", help="its private key")
 @click.option("--http", envvar="SYNAPSE_WORKER_HTTP", default="",
               help="host:port for /metrics and /livez (port 0: any free one, written to DATA_DIR/http-address)")
+@click.option("--image-cache-size", envvar="SYNAPSE_IMAGE_CACHE_SIZE", default=DEFAULT_IMAGE_CACHE, show_default=True,
+              help="disk the image store may use under DATA_DIR/images, e.g. 200Gi; images no task uses are "
+                   "evicted, least recently used first [env: SYNAPSE_IMAGE_CACHE_SIZE]")
+@click.option("--registry-credentials", envvar="SYNAPSE_REGISTRY_CREDENTIALS", default="",
+              type=click.Path(dir_okay=False),
+              help="a Docker config.json-style file of registry credentials (auths) "
+                   "[env: SYNAPSE_REGISTRY_CREDENTIALS]")
+@click.option("--insecure-registry", multiple=True, metavar="HOST:PORT",
+              help="a registry reached over plain HTTP (repeatable)")
+@click.option("--allow-mount", multiple=True, metavar="PREFIX",
+              help="a host directory jobs in images may mount from, e.g. /data (repeatable; none by default)")
+@click.option("--cdi-spec-dir", multiple=True, metavar="DIR",
+              help=f"where this node's CDI specs are (repeatable; default: {', '.join(container.CDI_DIRS)})")
 @click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
 def main(masters: str, token: str, token_file: str | None, join_token_file: str | None, node_id: str,
@@ -141,7 +164,9 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
          cpus: str | None, memory: str | None, gpus: str | None, data_dir: str, address: str, port: int,
          heartbeat_interval: float, stop_grace: float, runtime: str, isolation_mode: str, task_pids_max: int,
          health_check: str, health_interval: float, health_timeout: float | None, health_on_failure: str,
-         ca: str, cert: str, key: str, http: str, stop_tasks_on_exit: bool, log_level: str) -> None:
+         ca: str, cert: str, key: str, http: str, image_cache_size: str, registry_credentials: str,
+         insecure_registry: tuple[str, ...], allow_mount: tuple[str, ...], cdi_spec_dir: tuple[str, ...],
+         stop_tasks_on_exit: bool, log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
     if rack and topology:
         fail("synapse-worker", "give --rack or --topology, not both")
@@ -163,8 +188,12 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
     try:
         capacity = Resources(parse_cpu(cpus) if cpus else (os.cpu_count() or 1) * 1000,
                              parse_memory(memory) if memory else detect_memory(), gpu_count)
+        cache_bytes = parse_memory(image_cache_size)
     except QuantityError as exc:
         fail("synapse-worker", str(exc))
+    bad = [p for p in allow_mount if not os.path.isabs(p) or ".." in p.split("/")]
+    if bad:
+        fail("synapse-worker", f"--allow-mount {bad[0]}: must be an absolute path without '..'")
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     node_id = node_id_for(root, node_id)
@@ -198,7 +227,11 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
                         heartbeat_interval=heartbeat_interval, stop_grace=stop_grace,
                         runtime_template=runtime, log_port=port, tls=TLSFiles(ca, cert, key), http=http,
                         cgroups=cgroups, isolation=isolated, pids_max=task_pids_max, labels=labels, health=health,
-                        drain_on_failure=health_on_failure == "drain")
+                        drain_on_failure=health_on_failure == "drain",
+                        images=ImageStore(root / "images", budget_bytes=cache_bytes,
+                                          credentials=Path(registry_credentials) if registry_credentials else None,
+                                          insecure_registries=insecure_registry),
+                        allow_mounts=allow_mount, cdi_dirs=cdi_spec_dir or container.CDI_DIRS)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))

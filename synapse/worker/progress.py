@@ -45,9 +45,15 @@ UNIX_TIME_FLOOR = 1e9
 Key = tuple[str, int, int]
 
 
+#: Where a task in an image finds its progress file: the host directory that holds it is bound
+#: there (a directory, not the file, so a task may also replace the file by a rename).
+CONTAINED_PROGRESS_DIR = "/run/synapse"
+
+
 def progress_file(exit_file: Path) -> Path:
-    """The progress file of the task whose exit file (synapse.worker.runtime) is `exit_file`."""
-    return exit_file.with_suffix(".progress")
+    """The progress file of the task whose exit file (synapse.worker.runtime) is `exit_file`: alone
+    in a directory of its own, which a task in an image sees at CONTAINED_PROGRESS_DIR."""
+    return exit_file.with_suffix(".progress.d") / "progress"
 
 
 @dataclass(frozen=True, slots=True)

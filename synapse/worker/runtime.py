@@ -14,12 +14,17 @@ With cgroups (`isolation.py`) every task gets a cgroup of its own, made before t
 joined by the shim before the command runs; the cgroup says whether the OOM killer ended the task,
 and is removed once the task's end has been read.
 
+A task whose assignment names an image (and no template is set) runs in the built-in container
+runtime: `container.plan` decides what it sees, `sandbox.py` (run by the shim in place of the
+command) builds it; the shim, the cgroup, the signals and the exit status work as for a plain task.
+
 Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
 (`port_in_use`; why and what follows: synapse.core.rendezvous).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shlex
@@ -27,18 +32,22 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from synapse.core.model import Assignment, EndReason
+from synapse.worker import container
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
-from synapse.worker.progress import progress_file
+from synapse.worker.progress import CONTAINED_PROGRESS_DIR, progress_file
 
 #: How long a probe through the runtime template may take (it runs only after a task failed).
 PROBE_TIMEOUT_S = 10.0
 #: The task shim (POSIX sh): records the task's pid and exit status; see the script's header.
 SHIM = Path(__file__).with_name("shim.sh")
+#: The container launcher the shim runs for a task in an image (stdlib only: run without site packages).
+SANDBOX = Path(__file__).with_name("sandbox.py")
 #: Where Linux keeps the range it takes the local ports of outgoing connections from.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -163,11 +172,39 @@ class ProcessRuntime:
     """Runs each task through the shim in its own process group; optional external runtime template."""
 
     def __init__(self, work_dir: Path, template: str = "", cgroups: Cgroups | None = None,
-                 pids_max: int = DEFAULT_PIDS_MAX) -> None:
-        self.work_dir = work_dir  #: per-task files live under work_dir/tasks and work_dir/logs
+                 pids_max: int = DEFAULT_PIDS_MAX, allow_mounts: tuple[str, ...] = (),
+                 cdi_dirs: tuple[str, ...] = container.CDI_DIRS) -> None:
+        #: per-task files live under work_dir/tasks, work_dir/logs and (in an image) work_dir/containers
+        self.work_dir = work_dir
         self.template = shlex.split(template) if template else []
         self.cgroups = cgroups  #: None: tasks run unconfined (--isolation none, or no cgroups here)
         self.pids_max = pids_max
+        self.allow_mounts = allow_mounts  #: the prefixes a job's mounts may come from (--allow-mount)
+        self.cdi_dirs = cdi_dirs  #: where this node's CDI specs are (--cdi-spec-dir)
+
+    def contained(self, a: Assignment) -> bool:
+        """True when the task runs in the built-in container runtime: it names an image, and the
+        worker has no external runtime template (which then takes the image itself)."""
+        return bool(a.image) and not self.template
+
+    def container_dir(self, a: Assignment) -> Path:
+        """The task's container files: its spec, its writable layer, the sandbox's end file."""
+        return self.work_dir / "containers" / task_id(a)
+
+    def container_spec(self, a: Assignment, image) -> container.ContainerSpec:
+        """What the task sees inside `image` (a store's Image); ContainerRefused if it may not run."""
+        config = image.config
+        spec = container.plan(
+            task_dir=self.container_dir(a), image_root=str(image.root), image_env=config.env,
+            working_dir=config.working_dir, entrypoint=config.entrypoint, cmd=config.cmd, command=a.command,
+            task_env=task_env(a), gpus=a.gpus, mounts=tuple(container.Mount(*m) for m in a.mounts),
+            allowed_mounts=self.allow_mounts, cdi_specs=container.load_cdi_specs(self.cdi_dirs),
+            dev_root=os.environ.get(container.DEV_ROOT_HOOK, "/dev"), user=getattr(config, "user", ""))
+        # The task's progress file (synapse.worker.progress), which the worker reads on the host.
+        progress = progress_file(self.task_files(a)[0]).parent
+        return dataclasses.replace(
+            spec, mounts=(*spec.mounts, container.Mount(str(progress), CONTAINED_PROGRESS_DIR)),
+            env={**spec.env, "SYNAPSE_PROGRESS_FILE": f"{CONTAINED_PROGRESS_DIR}/{progress_file(Path('x')).name}"})
 
     def log_path(self, job_id: str, attempt: int, index: int) -> Path:
         return self.work_dir / "logs" / job_id / f"attempt-{attempt}" / f"task-{index}.log"
@@ -219,14 +256,24 @@ class ProcessRuntime:
         name = task_id(a) if self.cgroups is not None and self.cgroups.exists(task_id(a)) else ""
         return Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
 
-    def start(self, a: Assignment) -> Handle:
+    def start(self, a: Assignment, image=None) -> Handle:
         """Start the task in its own cgroup (when confining); raises OSError if even the shim cannot
-        start, or if the task's cgroup cannot be made (it never runs unconfined instead)."""
+        start, or if the task's cgroup cannot be made (it never runs unconfined instead), and
+        ContainerRefused if the task in `image` (the store's Image, for a contained task) may not run
+        as it asks."""
+        command = self.command(a)
+        if self.contained(a):
+            if image is None:
+                raise container.ContainerRefused(f"image {a.image} is not on this node")
+            spec = self.container_spec(a, image)
+            command = [sys.executable, "-I", "-S", str(SANDBOX),
+                       str(container.prepare(self.container_dir(a), spec))]
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file, pid_file = self.task_files(a)
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
+        progress_file(exit_file).parent.mkdir(exist_ok=True)
         shim_error_file(exit_file).unlink(missing_ok=True)
         env = {**os.environ, **task_env(a), "SYNAPSE_PROGRESS_FILE": str(progress_file(exit_file))}
         name = ""
@@ -239,7 +286,7 @@ class ProcessRuntime:
             env["SYNAPSE_SHIM_CGROUPS"] = ":".join(map(str, procs))
         try:
             with open(log_file, "ab") as log:
-                proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *self.command(a)],
+                proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *command],
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                         cwd=str(log_file.parent))
@@ -258,11 +305,23 @@ class ProcessRuntime:
         except OSError:
             shim_error = ""
         end = read_outcome(exit_code(handle), oom, a.resources.memory, shim_error)
+        if self.contained(a):
+            sandbox_end = container.end_of(self.container_dir(a))
+            if sandbox_end is not None and end.cause in (EndReason.ERROR, EndReason.SIGNAL) and not end.detail:
+                cause, detail = sandbox_end
+                reason = EndReason.COMMAND_NOT_FOUND if cause == EndReason.COMMAND_NOT_FOUND else EndReason.ERROR
+                return Outcome(end.exit_code, reason, detail)
+            return end
         if end.cause == EndReason.ERROR and not end.detail and end.exit_code is not None:
             missing = self.missing_command(a, end.exit_code)
             if missing:
                 return Outcome(end.exit_code, EndReason.COMMAND_NOT_FOUND, missing)
         return end
+
+    def dispose(self, a: Assignment) -> None:
+        """Drop an ended task's container files, its writable layer among them."""
+        if self.contained(a):
+            container.drop(self.container_dir(a))
 
     def release(self, name: str) -> None:
         """Remove an ended task's cgroup (killing whatever of it is left)."""

@@ -17,7 +17,8 @@ Rules:
   SIGKILL after the grace as ever: signal, wait `notice`, SIGTERM, wait `grace`, SIGKILL. A task
   stopped before its process started has nothing to save and gets SIGTERM at once; a stop without
   a notice (a cancellation, a failure, an unlisted task) is SIGTERM at once, even after a notice.
-* Every start and exit is reported until the master acknowledges it.
+* Every start and exit is reported until the master acknowledges it; so is a held task's image
+  being on the node (`TaskPrepared`: its gang starts once every task is, synapse.master.dispatch).
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ class TaskStarted:
 class TaskStartFailed:
     key: Key
     reason: str
-    cause: str = EndReason.ERROR  #: MasterPortInUse when rank 0's port was taken (it never started)
+    #: MasterPortInUse when rank 0's port was taken, ImagePullFailed when its image could not be had
+    cause: str = EndReason.ERROR
+    node_side: bool = False  #: with ImagePullFailed: the failure lies in the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,14 @@ class TaskExited:
     exit_code: int
     reason: str = ""
     cause: str = ""  #: Completed, Error, Signal or OOMKilled (runtime.read_outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPrepared:
+    """A held task's image is on the node: the master hears it, and lists the task unheld once every
+    task of its gang is prepared."""
+
+    key: Key
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +108,15 @@ class Signal:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One fact for the master: a task started, or exited with a code."""
+    """One fact for the master: a task started, or exited with a code, or (`prepared`) holds its image."""
 
     key: Key
     started: bool
     exit_code: int = 0
     reason: str = ""
     cause: str = ""
+    node_side: bool = False  #: with ImagePullFailed: the failure lies in the node, another may succeed
+    prepared: bool = False  #: not started: its image is here, it waits for its gang (neither started nor exited)
 
 
 @dataclass(slots=True)
@@ -149,8 +162,13 @@ class WorkerState:
                     task.term_at = None
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return self._notice(event.key, task, task.notice_pending, now)
+            case TaskPrepared():
+                task = self.tasks.get(event.key)
+                if task is not None and task.phase == "starting" and task.handle is None:
+                    self.unreported.append(Report(event.key, started=False, prepared=True))
+                return []
             case TaskStartFailed():
-                self._exited(event.key, 127, event.reason, event.cause)
+                self._exited(event.key, 127, event.reason, event.cause, event.node_side)
                 return []
             case TaskExited():
                 self._exited(event.key, event.exit_code, event.reason, event.cause)
@@ -210,12 +228,13 @@ class WorkerState:
             return out
         return out + [Signal(key, task.handle, signal.SIGTERM)]
 
-    def _exited(self, key: Key, code: int, reason: str, cause: str) -> None:
+    def _exited(self, key: Key, code: int, reason: str, cause: str, node_side: bool = False) -> None:
         task = self.tasks.pop(key, None)
         if task is None:
             return
         self.done.add(key)
-        self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause))
+        self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause,
+                                      node_side=node_side))
 
     def _escalate(self, now: float) -> list[Start | Signal]:
         out: list[Start | Signal] = []
