@@ -10,6 +10,7 @@ Threads, each feeding events into one queue that the main loop drains in order:
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
+* gpu-errors (with GPUs to watch, synapse.worker.gpu_errors): the same for the GPU errors it sees;
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
 """
@@ -41,6 +42,7 @@ from synapse.core.shards import ranked
 from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
 from synapse.worker import state as ws
+from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
@@ -96,7 +98,8 @@ class WorkerAgent:
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
                  tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
-                 health: HealthCheck | None = None, drain_on_failure: bool = False) -> None:
+                 health: HealthCheck | None = None, drain_on_failure: bool = False,
+                 gpu_watch: GpuWatch | None = None) -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
@@ -112,6 +115,8 @@ class WorkerAgent:
         #: the health check's last result: ("" = passing); written by the health thread only
         self.health_message = ""
         self.healthy = True
+        self.gpu_watch = gpu_watch  #: what looks for GPU errors, if anything does
+        self.gpu_errors: tuple = ()  #: the GPU errors seen last (GpuErrorReport); written by the gpu-errors thread only
         self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
@@ -163,6 +168,8 @@ class WorkerAgent:
         loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report")]
         if self.health is not None:
             loops.append((self._health_loop, "health"))
+        if self.gpu_watch is not None:
+            loops.append((self._gpu_loop, "gpu-errors"))
         threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in loops]
         for t in threads:
             t.start()
@@ -364,7 +371,8 @@ class WorkerAgent:
                 sent = time.monotonic()
                 request = api_pb2.HeartbeatRequest(node_id=self.node_id, unhealthy=not self.healthy,
                                                    health_message=self.health_message,
-                                                   drain_on_failure=self.drain_on_failure)
+                                                   drain_on_failure=self.drain_on_failure,
+                                                   gpu_errors=codec.gpu_errors_to_proto(self.gpu_errors))
                 reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0),
                                          order=self.replicas_in_order)
                 self.metrics.heartbeat.observe(time.monotonic() - sent)
@@ -398,6 +406,24 @@ class WorkerAgent:
                 self.healthy, self.health_message = result.healthy, result.message
                 self.heartbeat_now.set()
             self.stopping.wait(max(0.0, self.health.interval - (time.monotonic() - started)))
+
+    def _gpu_loop(self) -> None:
+        """Look for GPU errors every interval; a change is heartbeated at once (the leader stops the
+        gangs on a failed GPU without waiting for the heartbeat timeout)."""
+        assert self.gpu_watch is not None
+        log.info("watching GPUs for errors node=%s source=%s every=%gs", self.node_id, self.gpu_watch.source,
+                 self.gpu_watch.interval)
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            errors = self.gpu_watch.poll()
+            if errors != self.gpu_errors:
+                for e in errors:
+                    log.warning("GPU error node=%s gpu=%s message=%s", self.node_id, e.gpu, e.message)
+                if not errors:
+                    log.info("no GPU error seen any more node=%s", self.node_id)
+                self.gpu_errors = errors
+                self.heartbeat_now.set()
+            self.stopping.wait(max(0.0, self.gpu_watch.interval - (time.monotonic() - started)))
 
     def _report_loop(self) -> None:
         while not self.stopping.is_set():
