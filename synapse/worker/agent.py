@@ -36,6 +36,7 @@ from synapse.common import tickets
 from synapse.common.auth import METADATA_KEY, client_metadata, node_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
+from synapse.core.heartbeat import GpuErrorReport
 from synapse.core.model import Assignment, EndReason, Resources
 from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
@@ -116,7 +117,8 @@ class WorkerAgent:
         self.health_message = ""
         self.healthy = True
         self.gpu_watch = gpu_watch  #: what looks for GPU errors, if anything does
-        self.gpu_errors: tuple = ()  #: the GPU errors seen last (GpuErrorReport); written by the gpu-errors thread only
+        #: the GPU errors seen last; written by the gpu-errors thread only
+        self.gpu_errors: tuple[GpuErrorReport, ...] = ()
         self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
