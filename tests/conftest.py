@@ -54,7 +54,8 @@ class LocalCluster:
     def __init__(self, data_dir: Path, masters: int, workers: int, racks: int, gpus: int, **settings) -> None:
         self.data_dir = data_dir
         self.base_port = local.free_base_port(masters)
-        self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, heartbeat=0.5, **settings)
+        settings.setdefault("heartbeat", 0.5)  # DOWN after max(3 s, 3 heartbeats) of silence
+        self.state = local.up(data_dir, masters, workers, racks, gpus, self.base_port, **settings)
         self.token = self.state["token"]
         self.addresses = [m["api_address"] for m in self.state["masters"]]
         self.tls = local.client_tls(self.state)  #: the client's TLS files (TLS is on unless tls=False)

@@ -118,7 +118,7 @@ def _task(data, state, now, job_id, job, attempt, node_id, term, word):
 
 def _node(data, state, now, job_id, job, attempt, node_id, term, word):
     kind = data.draw(st.sampled_from(["down", "lost", "up", "cordon", "health", "drain", "register", "join",
-                                      "spares"]))
+                                      "spares", "gpu"]))
     if kind == "down":
         return [c.NodeDown(at=now, term=term, node_id=node_id)]
     if kind == "lost":
@@ -133,6 +133,9 @@ def _node(data, state, now, job_id, job, attempt, node_id, term, word):
     if kind == "health":
         return [c.SetNodeHealth(at=now, node_id=node_id, healthy=data.draw(st.booleans()), message="check",
                                 drain=data.draw(st.booleans()))]
+    if kind == "gpu":
+        return [c.GpuFault(at=now, term=term, node_id=node_id, gpus=data.draw(st.sampled_from([(), (0,), (1, 9)])),
+                           message="GPU 0: Xid 79")]
     if kind == "drain":
         return [c.DrainNode(at=now, term=term, node_id=node_id, cordon=data.draw(st.booleans()))]
     register = c.RegisterNode(at=now, node_id=node_id, address="127.0.0.1:1",

@@ -37,6 +37,7 @@ ALL_COMMANDS = [
     c.Preempt(at=18, term=3, job_id="j1", attempt=1, rule="reclaim", nodes=("n1",), explanation="why",
               victims=(c.Victim("j2", 1, 30.0),)),
     c.SubmitJob(at=16, job_id="j2", request_id="r2", spec=spec(queue="a")),
+    c.GpuFault(at=19, term=3, node_id="n1", gpus=(0, 3), message="GPU 0: Xid 79; GPU 3: ECC"),
 ]
 
 

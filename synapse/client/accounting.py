@@ -24,7 +24,8 @@ SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "Partition", "Account", "Group",
                 "ReqGRES", "ReqTRES", "AllocTRES", "Timelimit", "NodeList", "JobName")
 #: Slurm's state for a run's outcome, when it is not the job's own final state.
 _SLURM_STATE = {"Completed": "COMPLETED", "Error": "FAILED", "Signal": "FAILED", "OOMKilled": "OUT_OF_MEMORY",
-                "TimeLimit": "TIMEOUT", "NodeLost": "NODE_FAIL", "Preempted": "PREEMPTED", "Cancelled": "CANCELLED",
+                "TimeLimit": "TIMEOUT", "NodeLost": "NODE_FAIL", "GpuError": "NODE_FAIL", "Preempted": "PREEMPTED",
+                "Cancelled": "CANCELLED",
                 # Slurm cancels a job whose dependency can never be met (kill_invalid_depend)
                 "DependencyNeverSatisfied": "CANCELLED"}
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2})?)?$")
@@ -162,7 +163,7 @@ def _sacct_row(j: api_pb2.HistoryJob, run: api_pb2.HistoryRun | None, cluster: s
         state = {"SUCCEEDED": "COMPLETED", "CANCELLED": f"CANCELLED by {_uid(j.cancelled_by)}"}.get(
             j.state, _SLURM_STATE.get(j.reason, "FAILED"))
     else:  # an earlier run: requeued after it ended (sacct --duplicates shows these)
-        state = _SLURM_STATE[run.outcome] if run is not None and run.outcome in ("Preempted", "NodeLost") \
+        state = _SLURM_STATE[run.outcome] if run is not None and run.outcome in ("Preempted", "NodeLost", "GpuError") \
             else "REQUEUED"
     nodes = list(dict.fromkeys(run.nodes)) if run is not None else []
     start, end = (run.start, run.end) if run is not None else (0.0, j.end)

@@ -150,7 +150,7 @@ def job_description(j: dict[str, Any]) -> str:
     lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
              f"User:       {j['user'] or '-'}   Queue: {j['queue']}",
              f"Attempt:    {j['attempt']} (restarts used {j['restarts_used']} of max_restarts {j['max_restarts']}"
-             + (f"; requeued {j['requeues']} time(s), not charged: node lost, drain, preemption or resize)"
+             + (f"; requeued {j['requeues']} time(s), not charged: node lost, GPU error, drain, preemption or resize)"
                 if j["requeues"] else ")"),
              f"Gang:       {tasks_column(j)} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",

@@ -25,6 +25,7 @@ from synapse.core import commands as c
 from synapse.core.arrays import JobArray
 from synapse.core.dependencies import Resolved
 from synapse.core.goodput import Goodput
+from synapse.core.heartbeat import GpuErrorReport
 from synapse.core.model import (
     Assignment,
     CheckpointSpec,
@@ -70,6 +71,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.SetSpares: 4,
     # Images: a job's mounts, and a job that runs its image's entrypoint (no command).
     c.SubmitImageJob: 4, c.TaskPrepared: 4,
+    # A worker's GPU error (synapse.core.heartbeat.gpu_fault_change): an older replica knows no such end.
+    c.GpuFault: 4,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -197,6 +200,8 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
             env.node_lost.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
         case c.SetSpares():
             env.set_spares.CopyFrom(commands_pb2.SetSpares(node_ids=list(cmd.node_ids), reason=cmd.reason))
+        case c.GpuFault():
+            env.gpu_fault.CopyFrom(commands_pb2.GpuFault(node_id=cmd.node_id, gpus=list(cmd.gpus), message=cmd.message))
         case c.SetClusterVersion():
             env.set_cluster_version.CopyFrom(commands_pb2.SetClusterVersion(version=cmd.version))
         case c.DrainNode():
@@ -361,6 +366,9 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             return c.NodeLost(node_id=env.node_lost.node_id, reason=env.node_lost.reason, **base)
         case "set_spares":
             return c.SetSpares(node_ids=tuple(env.set_spares.node_ids), reason=env.set_spares.reason, **base)
+        case "gpu_fault":
+            b = env.gpu_fault
+            return c.GpuFault(node_id=b.node_id, gpus=tuple(b.gpus), message=b.message, **base)
         case "set_cluster_version":
             return c.SetClusterVersion(version=env.set_cluster_version.version, **base)
         case "drain_node":
@@ -594,6 +602,15 @@ def node_to_info(node: Node, live_tasks: int, images: Iterable[str] = ()) -> api
         gpus_in_use=sorted(node.gpus_in_use), status=node.status.value, schedulable=node.schedulable,
         live_tasks=live_tasks, labels=dict(node.labels), isolation=node.isolation, cordon_reason=node.cordon_reason,
         health=node.health, spare=node.spare)
+
+
+def gpu_errors_to_proto(errors: tuple[GpuErrorReport, ...]) -> list[api_pb2.GpuErrorReport]:
+    return [api_pb2.GpuErrorReport(gpu=e.gpu, message=e.message) for e in errors]
+
+
+def gpu_errors_from_proto(request: api_pb2.HeartbeatRequest) -> tuple[GpuErrorReport, ...]:
+    """A heartbeat's GPU errors (its sender's word: synapse.core.heartbeat.gpu_fault_change bounds them)."""
+    return tuple(GpuErrorReport(e.gpu, e.message) for e in request.gpu_errors)
 
 
 def assignment_to_proto(a: Assignment) -> api_pb2.Assignment:

@@ -86,6 +86,18 @@ class DrainNode(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GpuFault(Command):
+    """A node's worker reports an error of its GPUs `gpus` (none named: its GPUs as a whole), in one
+    command: the node is cordoned with `message` until an admin uncordons it, and every gang with a
+    wanted task on those GPUs stops, requeues at its place uncharged (EndReason GpuError) and avoids
+    the node from then on; the end counts against the node (a suspect). Command-set version 4."""
+
+    node_id: str
+    gpus: tuple[int, ...] = ()
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetClusterVersion(Command):
     """Every member of the cluster applies command-set `version` (etcd's cluster version, kept in
     the replicated state): the kinds of that version may be proposed from now on even while a member

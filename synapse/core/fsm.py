@@ -52,6 +52,7 @@ from synapse.core.model import (
     DEFAULT_QUEUE,
     HEALTH_CHECK_FAILED,
     JOIN_TOKEN_NODES,
+    NODE_FAULTS,
     NOTICED_CAUSES,
     REQUEUED_CAUSES,
     WORKER_REASONS,
@@ -75,6 +76,7 @@ from synapse.core.model import (
     User,
     excluded_for,
     gang_unprepared,
+    gpu_fault_hits,
 )
 from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
@@ -204,7 +206,7 @@ class ClusterState:
             c.HistoryOverflow: self._history_overflow, c.SetUsageHalfLife: self._set_usage_half_life,
             c.SubmitCheckpointJob: self._submit_job, c.CheckpointNotice: self._checkpoint_notice,
             c.RecordProgress: self._record_progress,
-            c.SetSpares: self._set_spares,
+            c.SetSpares: self._set_spares, c.GpuFault: self._gpu_fault,
             c.SubmitImageJob: self._submit_job, c.TaskPrepared: self._task_prepared,
         }
 
@@ -369,7 +371,7 @@ class ClusterState:
         """Gangs of `job_ids` ended on `node` by a node-side `cause`: each job excludes the node from
         its later attempts, and the node's record of such ends grows; with ends of SUSPECT_JOBS
         different jobs within SUSPECT_WINDOW_S of `at`, the node is cordoned as a suspect. Only
-        version-3 commands (NodeLost, a health check's DrainNode) call this."""
+        version-3 commands (NodeLost, a health check's DrainNode) and a GpuFault (4) call this."""
         if not job_ids:
             return
         for job_id in job_ids:
@@ -409,10 +411,11 @@ class ClusterState:
             self.emit(cmd.at, "Normal", "node", "NodeUncordoned" if cmd.schedulable else "NodeCordoned", node.id,
                       ("uncordoned" + (f" by {cmd.by}" if cmd.by else "")) if cmd.schedulable else reason)
         node.schedulable, node.cordon_reason, node.health_cordon = cmd.schedulable, reason, False
-        # An admin's cordon replaces a suspect's; an uncordon also forgives the node its record.
+        # An admin's cordon replaces a suspect's; an uncordon also forgives the node its record (and
+        # its GPU error: the admin says it was repaired).
         node.suspect = False
         if cmd.schedulable:
-            node.failures = ()
+            node.failures, node.gpu_error = (), ""
         self.index.update(node)
         return Result(True)
 
@@ -512,6 +515,33 @@ class ClusterState:
         if health_drain:
             self._note_node_failures(node, stopped, HEALTH_CHECK_FAILED, cmd.at)
         return Result(True, value=",".join(stopped))
+
+    def _gpu_fault(self, cmd: c.GpuFault) -> Result:
+        """A worker's GPU error: stop every gang with a wanted task on the failed GPUs (each requeues at
+        its place uncharged and excludes the node: a node-side end, as a lost node's), and cordon the
+        node with the error until an admin uncordons it. The whole node, not the GPU alone: a GPU
+        that failed this way needs a reset or a reboot, which takes the node's other tasks down too.
+        Returns the ids of the gangs stopped."""
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return Result.not_found(f"unknown node {cmd.node_id}")
+        message = cmd.message or "GPU error"
+        reason = f"GPU error: {message}"
+        hit = sorted({t.job_id for t, wanted in self.tasks_on_node(node.id)
+                      if wanted and gpu_fault_hits(t.gpus, cmd.gpus)})
+        for job_id in hit:
+            self._stop_attempt(self.jobs[job_id], f"GPU error on node {node.id}: {message}", cmd.at,
+                               cause=EndReason.GPU_ERROR)
+        if node.gpu_error != message or hit:
+            self.emit(cmd.at, "Warning", "node", "NodeGpuError", node.id,
+                      reason + (f"; stopping {', '.join(hit)}" if hit else "; no gang on those GPUs"))
+        self._note_node_failures(node, hit, EndReason.GPU_ERROR.value, cmd.at)
+        if node.schedulable or node.cordon_reason != reason:
+            self.emit(cmd.at, "Warning", "node", "NodeCordoned", node.id, reason)
+        # The GPU's error is the reason to give, even on a suspect (which stays one): it says what to repair.
+        node.schedulable, node.health_cordon, node.cordon_reason, node.gpu_error = False, False, reason, message
+        self.index.update(node)
+        return Result(True, value=",".join(hit))
 
     def _set_replica(self, cmd: c.SetReplica) -> Result:
         if not cmd.id:
@@ -1313,7 +1343,7 @@ class ClusterState:
             job.preemptions += 1
             self._requeue_unfailed(job, at, f"after preemption {job.preemptions}")
         elif (job.stop_cause in REQUEUED_CAUSES or job.stop_cause == EndReason.IMAGE_PULL_FAILED) \
-                and not (job.stop_cause in (EndReason.NODE_LOST, EndReason.IMAGE_PULL_FAILED)
+                and not ((job.stop_cause in NODE_FAULTS or job.stop_cause == EndReason.IMAGE_PULL_FAILED)
                          and job.requeues >= MAX_UNCHARGED_REQUEUES):
             job.requeues += 1
             self._requeue_unfailed(job, at, f"after {job.stop_reason}")

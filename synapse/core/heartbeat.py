@@ -17,7 +17,9 @@ node fall silent at once; `Silence.late` lets it tell that apart from machines d
 
 Heartbeats also carry the worker's health check result; `health_change` turns a report that
 differs from the replicated state into the one command that records it (cordoning the node, or
-lifting the cordon its health check set).
+lifting the cordon its health check set). They also carry the GPU errors the worker sees
+(synapse.worker.gpu_errors), for as long as it sees them; `gpu_fault_change` turns those the state
+does not hold yet into a GpuFault.
 """
 
 from __future__ import annotations
@@ -26,10 +28,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from synapse.core import commands as c
-from synapse.core.model import Node
+from synapse.core.model import Node, Task, gpu_fault_hits
 
 #: Longest health message recorded (the worker sends its check's first line of output).
 MAX_HEALTH_MESSAGE = 200
+#: A GpuErrorReport's `gpu` for an error of the node's GPUs as a whole (nvidia-smi itself fails).
+NODE_GPUS = -1
+#: GPU errors of one heartbeat taken into account (the rest are the sender's noise).
+MAX_GPU_ERRORS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class GpuErrorReport:
+    """A GPU error a worker sees, as its heartbeats carry it for as long as it sees it."""
+
+    gpu: int  #: the GPU's index on the node; NODE_GPUS: the node's GPUs as a whole
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,3 +152,29 @@ def health_change(node: Node | None, unhealthy: bool, message: str, drain: bool,
     if not unhealthy and (node.health or node.health_cordon):
         return c.SetNodeHealth(at=at, node_id=node.id, healthy=True)
     return None
+
+
+def gpu_fault(errors: Iterable[GpuErrorReport]) -> tuple[tuple[int, ...], str]:
+    """The GPUs a heartbeat's errors name (none: the node's GPUs as a whole, when any error is the
+    node's) and the message that records them, e.g. "GPU 1: uncorrectable ECC errors: 2"."""
+    errors = sorted(set(list(errors)[:MAX_GPU_ERRORS]), key=lambda e: (e.gpu, e.message))
+    whole = any(e.gpu < 0 for e in errors)
+    gpus = () if whole else tuple(sorted({e.gpu for e in errors}))
+    message = "; ".join(f"{'GPUs' if e.gpu < 0 else f'GPU {e.gpu}'}: {e.message.strip() or 'error'}" for e in errors)
+    return gpus, message[:MAX_HEALTH_MESSAGE]
+
+
+def gpu_fault_change(node: Node | None, errors: tuple[GpuErrorReport, ...],
+                     tasks: Iterable[tuple[Task, bool]], at: float) -> c.GpuFault | None:
+    """The GpuFault a heartbeat's GPU errors call for, or None when the state says so already: the
+    node holds that very error (its cordon) and no gang it hits is still wanted there (`tasks`: the
+    node's live tasks, each with whether it is wanted: ClusterState.tasks_on_node). Level-triggered,
+    so a GpuFault lost to a leader change is proposed again by the next heartbeat; an error that
+    clears lifts nothing (an admin's uncordon does, once the GPU is repaired)."""
+    if node is None or not errors:
+        return None
+    gpus, message = gpu_fault(errors)
+    if node.gpu_error == message and not node.schedulable \
+            and not any(wanted and gpu_fault_hits(task.gpus, gpus) for task, wanted in tasks):
+        return None
+    return c.GpuFault(at=at, node_id=node.id, gpus=gpus, message=message)

@@ -35,7 +35,9 @@ What it decides:
   likely the leader's own view (its network, a stall) than the machines, so it holds them; only a
   silence that lasts `mass_silence_hold` longer gets them declared.
 * **Heartbeats** (`Heartbeat`): a node the state holds DOWN comes back up, and a health report that
-  differs from the state is recorded; one proposal at a time per node for each. Replicas absorb
+  differs from the state is recorded, and a GPU error the worker reports (from command-set
+  version 4) cordons the node and stops the gangs on those GPUs (GpuFault, `gpu_fault_change`);
+  one proposal at a time per node for each. Replicas absorb
   their link shard's heartbeats and forward only those that call for such a change.
 * **Progress** (`ProgressReport`): what a task wrote to its progress file, as its worker forwarded
   it. The leader keeps each job's latest in memory (describe job reads it) and puts the attempt's
@@ -67,7 +69,7 @@ from synapse.core import commands as c
 from synapse.core.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.eligibility import HELD_CODES
 from synapse.core.fsm import ClusterState
-from synapse.core.heartbeat import HeartbeatTracker, Silence, health_change
+from synapse.core.heartbeat import GpuErrorReport, HeartbeatTracker, Silence, gpu_fault_change, health_change
 from synapse.core.model import (
     DEFAULT_IMAGE_PULL_TIMEOUT_S,
     EndReason,
@@ -180,6 +182,7 @@ class Heartbeat:
     at: float
     mono: float
     health: HealthReport | None = None
+    gpu_errors: tuple[GpuErrorReport, ...] = ()  #: the GPU errors its worker sees now
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +292,7 @@ class LeaderState:
         self.no_plan: dict[tuple[str, int, int], str] = {}
         self.proposed_up: set[str] = set()  #: nodes a NodeUp is on its way for; handle only
         self.proposed_health: set[str] = set()  #: nodes a SetNodeHealth is on its way for; handle only
+        self.proposed_gpu: set[str] = set()  #: nodes a GpuFault is on its way for; handle only
         self.last_sweep = -math.inf  #: monotonic time of the last retention sweep; handle only
         #: the command-set version every member applies, as the last MonitorDue said; handle only
         self.cluster_version = codec.BASE_VERSION
@@ -671,6 +675,13 @@ class LeaderState:
                     and any(wanted for _, wanted in state.tasks_on_node(node.id)):
                 self.proposed_health.add(s.node_id)
                 out.append(Propose(c.DrainNode(at=s.at, node_id=s.node_id, cordon=False, reason=reason)))
+        if s.gpu_errors and s.node_id not in self.proposed_gpu \
+                and max(self.cluster_version, state.cluster_version) >= codec.KIND_VERSIONS[c.GpuFault]:
+            # Below version 4 a GPU error is not acted on: an older replica knows no GpuFault.
+            fault = gpu_fault_change(node, s.gpu_errors, state.tasks_on_node(node.id), s.at)
+            if fault is not None:
+                self.proposed_gpu.add(s.node_id)
+                out.append(Propose(fault))
         return out
 
     def _progress(self, state: ClusterState, s: ProgressReport) -> list[Instruction]:
@@ -754,6 +765,11 @@ class LeaderState:
             self.proposed_health.discard(cmd.node_id)
             if s.ok:
                 log.info("node drained node=%s reason=%s jobs=%s", cmd.node_id, cmd.reason, s.value)
+        elif isinstance(cmd, c.GpuFault):
+            self.proposed_gpu.discard(cmd.node_id)
+            if s.ok:
+                log.warning("GPU error recorded node=%s gpus=%s stopped=%s message=%s", cmd.node_id,
+                            ",".join(map(str, cmd.gpus)) or "all", s.value or "-", cmd.message)
         elif isinstance(cmd, c.CommitPlan):
             if s.ok:
                 log.info("gang committed job=%s attempt=%d tasks=%d nodes=%d", cmd.job_id, cmd.attempt,
@@ -798,6 +814,7 @@ class LeaderState:
             "a job both planned and waiting"
         assert self.proposed_up <= set(state.nodes), "a NodeUp in flight for an unknown node"
         assert self.proposed_health <= set(state.nodes), "a SetNodeHealth in flight for an unknown node"
+        assert self.proposed_gpu <= set(state.nodes), "a GpuFault in flight for an unknown node"
         assert len(self.no_plan) <= NO_PLAN_MEMO + PREEMPT_TRIES, "the no-plan memo outgrew its bound"
         assert all(state.jobs.get(j) is not None for j, _ in self.failing), "a FailAttempt in flight for no job"
         assert self.resizing <= set(state.jobs), "a ResizeGang in flight for no job"

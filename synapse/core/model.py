@@ -91,6 +91,9 @@ class Node:
     #: designated a spare (SetSpares, synapse.core.spares): only restarts after a lost node and jobs
     #: that may be evicted for one are placed here; apply only
     spare: bool = False
+    #: the GPU error its worker reported, as a GpuFault recorded it (cordoning the node); "" when
+    #: none; only an admin's uncordon clears it; apply only
+    gpu_error: str = ""
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, "")
@@ -221,18 +224,32 @@ class EndReason(enum.StrEnum):
     #: digest mismatch: the job fails, not retried) or the node is (unreachable registry, full disk,
     #: timeout: the gang requeues elsewhere, uncharged, without that node)
     IMAGE_PULL_FAILED = "ImagePullFailed"
+    #: its node's worker reported an error of a GPU it used (synapse.core.heartbeat.GpuErrorReport)
+    GPU_ERROR = "GpuError"
 
 
 #: The causes besides preemption and resizing that end an attempt through no fault of the job: it
 #: requeues at its place in the queue and uses up none of its restarts (`Job.requeues`);
 #: `max_restarts` counts the job's own failures only.
-REQUEUED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.MASTER_PORT_IN_USE})
+REQUEUED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.MASTER_PORT_IN_USE,
+                             EndReason.GPU_ERROR})
+#: The ends a node's fault forces on a gang without notice: the attempt after one restarts at once
+#: (synapse.core.spares.restarting), and a job requeues uncharged after them only
+#: fsm.MAX_UNCHARGED_REQUEUES times (a job that breaks its nodes must not walk the cluster for ever).
+NODE_FAULTS = frozenset({EndReason.NODE_LOST, EndReason.GPU_ERROR})
 
 
 #: The causes of a gang's end that count against its node (a suspect node, fsm `_note_node_failure`):
-#: the node was lost, or its failing health check drained it. Admin drains and task exits do not.
+#: the node was lost, its failing health check drained it, or its worker reported a GPU error. Admin
+#: drains and task exits do not.
 HEALTH_CHECK_FAILED = "HealthCheckFailed"
-NODE_SIDE_CAUSES = frozenset({EndReason.NODE_LOST.value, HEALTH_CHECK_FAILED})
+NODE_SIDE_CAUSES = frozenset({EndReason.NODE_LOST.value, HEALTH_CHECK_FAILED, EndReason.GPU_ERROR.value})
+
+
+def gpu_fault_hits(task_gpus: tuple[int, ...], gpus: tuple[int, ...]) -> bool:
+    """Whether a GPU error of `gpus` (none named: the node's GPUs as a whole) hits a task holding
+    `task_gpus` (a task that holds no GPU never is)."""
+    return bool(set(task_gpus) & set(gpus)) if gpus else bool(task_gpus)
 
 
 #: The planned stops: a job with a checkpoint notice has its tasks signalled that long before SIGTERM

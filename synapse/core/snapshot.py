@@ -50,9 +50,9 @@ SNAPSHOT_VERSION = 2
 #: exactly as version 2 did, so replicas compare equal during an upgrade.
 SNAPSHOT_VERSION_3 = 3
 #: The version written once the state holds what command-set version 4 brought (a recorded
-#: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares; a job's mounts,
-#: pull timeout or no command, which runs its image's entrypoint; a task prepared, TaskPrepared): a
-#: version-3 release refuses it rather than drop them.
+#: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares; a node's GPU
+#: error, GpuFault; a job's mounts, pull timeout or no command, which runs its image's entrypoint; a
+#: task prepared, TaskPrepared): a version-3 release refuses it rather than drop them.
 SNAPSHOT_VERSION_4 = 4
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
@@ -62,7 +62,7 @@ _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_n
 #: A node's records of version 3, written only when set.
 _NODE_VERSION_3_KEYS = frozenset({"suspect", "failures"})
 #: A node's records of version 4, written only when set.
-_NODE_VERSION_4_KEYS = frozenset({"spare"})
+_NODE_VERSION_4_KEYS = frozenset({"spare", "gpu_error"})
 
 
 def encode(state: Any) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
             "labels": [list(kv) for kv in n.labels], "isolation": n.isolation, "cordon_reason": n.cordon_reason,
             "health_cordon": n.health_cordon, "health": n.health, **({"suspect": True} if n.suspect else {}),
             **({"failures": [list(f) for f in n.failures]} if n.failures else {}),
-            **({"spare": True} if n.spare else {})}
+            **({"spare": True} if n.spare else {}), **({"gpu_error": n.gpu_error} if n.gpu_error else {})}
 
 
 def _node_from_dict(d: dict[str, Any]) -> Node:
@@ -211,7 +211,7 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
                 health_cordon=d.get("health_cordon", False), health=d.get("health", ""),
                 suspect=d.get("suspect", False),
                 failures=tuple((at, job_id, cause) for at, job_id, cause in d.get("failures", ())),
-                spare=d.get("spare", False))
+                spare=d.get("spare", False), gpu_error=d.get("gpu_error", ""))
 
 
 def _spec_to_dict(s: JobSpec) -> dict[str, Any]:

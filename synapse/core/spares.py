@@ -32,7 +32,7 @@ from synapse.core.admission import queue_of
 from synapse.core.fsm import ClusterState
 from synapse.core.model import (
     DEFAULT_GRACE_S,
-    EndReason,
+    NODE_FAULTS,
     Job,
     JobStatus,
     Node,
@@ -67,9 +67,10 @@ class SparePolicy:
 
 
 def restarting(job: Job) -> bool:
-    """True when the job's current attempt follows one that a lost node ended (pending or placed)."""
+    """True when the job's current attempt follows one that a node's fault ended (pending or placed):
+    its node lost, or a GPU error its worker reported (model.NODE_FAULTS)."""
     return bool(job.runs) and job.runs[-1].attempt == job.attempt - 1 \
-        and job.runs[-1].outcome == EndReason.NODE_LOST
+        and job.runs[-1].outcome in NODE_FAULTS
 
 
 def may_use_spares(job: Job) -> bool:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
+from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.leader_state import (
     HealthReport,
@@ -208,8 +209,9 @@ class LeaderLoops:
         """A link shard's digest (an api_pb2.LivenessDigest): its changes as heartbeats, its ages as
         one stimulus; what the brain proposes goes out without holding the caller."""
         now, mono = time.time(), time.monotonic()
-        stimuli: list = [Heartbeat(h.node_id, now, mono, HealthReport(h.unhealthy, h.health_message,
-                                                                       h.drain_on_failure)) for h in digest.changes]
+        stimuli: list = [Heartbeat(h.node_id, now, mono,
+                                   HealthReport(h.unhealthy, h.health_message, h.drain_on_failure),
+                                   codec.gpu_errors_from_proto(h)) for h in digest.changes]
         stimuli.append(LivenessDigest(digest.shard, now, mono, tuple(zip(
             digest.node_ids, (age / 1000 for age in digest.ages_ms), strict=True))))
         out = self._handle(*stimuli)

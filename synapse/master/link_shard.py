@@ -4,7 +4,8 @@ Borg's design (SCALE.md): every replica talks to a subset of the workers, chosen
 synapse.core.shards, and passes the leader only what matters. A heartbeat here is a dict write. Every
 second (at most) this replica sends the leader one `LivenessDigest`: each node heard since the last digest
 with the milliseconds since, plus the heartbeats that call for a change in the state (a DOWN node
-heard, a health report that differs from the applied state), which also go at once. The leader's
+heard, a health report that differs from the applied state, a GPU error it does not hold yet), which
+also go at once. The leader's
 brain decides expiry from the digests (synapse.core.heartbeat); on the leader itself the digest is
 handed to its brain without a call.
 
@@ -29,7 +30,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from synapse.common.auth import REPLICA_CREDENTIAL_KEY
-from synapse.core.heartbeat import health_change
+from synapse.core import codec
+from synapse.core.heartbeat import gpu_fault_change, health_change
 from synapse.core.model import NodeStatus
 from synapse.core.shards import ShardMap
 from synapse.proto import api_pb2, api_pb2_grpc
@@ -131,7 +133,9 @@ class LinkShard:
             if node is None:
                 return "", self.map.order_of(node_id)
             change = node.status is NodeStatus.DOWN or health_change(
-                node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None
+                node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None \
+                or (len(request.gpu_errors) > 0 and gpu_fault_change(
+                    node, codec.gpu_errors_from_proto(request), self.m.state.tasks_on_node(node_id), 0.0) is not None)
             status = node.status.value
         self.heard[node_id] = self.seen[node_id] = time.monotonic()
         if change:

@@ -190,7 +190,7 @@ class Master:
 
     def _changed(self, cmd: c.Command) -> None:
         node_ids: set[str] = set()
-        if isinstance(cmd, c.NodeDown | c.DrainNode) or (isinstance(cmd, c.SetNodeHealth) and cmd.drain):
+        if isinstance(cmd, c.NodeDown | c.DrainNode | c.GpuFault) or (isinstance(cmd, c.SetNodeHealth) and cmd.drain):
             node_ids = set(self._node_events)  # its gangs stop everywhere
         elif hasattr(cmd, "job_id"):
             with self.lock:

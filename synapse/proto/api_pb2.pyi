@@ -1147,6 +1147,7 @@ class HeartbeatRequest(_message.Message):
     UNHEALTHY_FIELD_NUMBER: _builtins.int
     HEALTH_MESSAGE_FIELD_NUMBER: _builtins.int
     DRAIN_ON_FAILURE_FIELD_NUMBER: _builtins.int
+    GPU_ERRORS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     unhealthy: _builtins.bool
     """the worker's health check fails (see --health-check)"""
@@ -1154,6 +1155,10 @@ class HeartbeatRequest(_message.Message):
     """its first line of output, or why it gave none"""
     drain_on_failure: _builtins.bool
     """the operator chose --health-on-failure drain"""
+    @_builtins.property
+    def gpu_errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuErrorReport]:
+        """the GPU errors the worker sees now (synapse.worker.gpu_errors)"""
+
     def __init__(
         self,
         *,
@@ -1161,14 +1166,41 @@ class HeartbeatRequest(_message.Message):
         unhealthy: _builtins.bool = ...,
         health_message: _builtins.str = ...,
         drain_on_failure: _builtins.bool = ...,
+        gpu_errors: _abc.Iterable[Global___GpuErrorReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_on_failure", b"drain_on_failure", "health_message", b"health_message", "node_id", b"node_id", "unhealthy", b"unhealthy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_on_failure", b"drain_on_failure", "gpu_errors", b"gpu_errors", "health_message", b"health_message", "node_id", b"node_id", "unhealthy", b"unhealthy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class GpuErrorReport(_message.Message):
+    """A GPU error a worker sees, in every heartbeat for as long as it sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    gpu: _builtins.int
+    """the GPU's index on the node; -1: the node's GPUs as a whole"""
+    message: _builtins.str
+    """e.g. "uncorrectable ECC errors: 2" """
+    def __init__(
+        self,
+        *,
+        gpu: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu", b"gpu", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuErrorReport: _TypeAlias = GpuErrorReport  # noqa: Y015
 
 @_typing.final
 class HeartbeatReply(_message.Message):

@@ -15,6 +15,7 @@ Threads, each feeding events into one queue that the main loop drains in order:
   and the task starts then, or ends ImagePullFailed without having run;
 * progress: while pulls run, once a second, how far each is (ReportPullProgress: the leader keeps
   it in memory for `synctl describe job`);
+* gpu-errors (with GPUs to watch, synapse.worker.gpu_errors): the same for the GPU errors it sees;
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
 """
@@ -41,6 +42,7 @@ from synapse.common import tickets
 from synapse.common.auth import METADATA_KEY, client_metadata, node_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
+from synapse.core.heartbeat import GpuErrorReport
 from synapse.core.model import Assignment, EndReason, Resources
 from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
@@ -48,6 +50,7 @@ from synapse.proto import api_pb2, api_pb2_grpc
 from synapse.worker import observe
 from synapse.worker import state as ws
 from synapse.worker.container import ContainerRefused
+from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
@@ -127,7 +130,8 @@ class WorkerAgent:
                  tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
                  health: HealthCheck | None = None, drain_on_failure: bool = False, images: Any = None,
-                 allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None) -> None:
+                 allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None,
+                 gpu_watch: GpuWatch | None = None) -> None:
         self.node_id = node_id
         self.topology = topology
         self.capacity = capacity
@@ -158,6 +162,9 @@ class WorkerAgent:
         #: the health check's last result: ("" = passing); written by the health thread only
         self.health_message = ""
         self.healthy = True
+        self.gpu_watch = gpu_watch  #: what looks for GPU errors, if anything does
+        #: the GPU errors seen last; written by the gpu-errors thread only
+        self.gpu_errors: tuple[GpuErrorReport, ...] = ()
         self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
@@ -211,6 +218,8 @@ class WorkerAgent:
                  (self._progress_loop, "progress")]
         if self.health is not None:
             loops.append((self._health_loop, "health"))
+        if self.gpu_watch is not None:
+            loops.append((self._gpu_loop, "gpu-errors"))
         threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in loops]
         for t in threads:
             t.start()
@@ -512,7 +521,8 @@ class WorkerAgent:
                 sent = time.monotonic()
                 request = api_pb2.HeartbeatRequest(node_id=self.node_id, unhealthy=not self.healthy,
                                                    health_message=self.health_message,
-                                                   drain_on_failure=self.drain_on_failure)
+                                                   drain_on_failure=self.drain_on_failure,
+                                                   gpu_errors=codec.gpu_errors_to_proto(self.gpu_errors))
                 reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0),
                                          order=self.replicas_in_order)
                 self.metrics.heartbeat.observe(time.monotonic() - sent)
@@ -567,6 +577,24 @@ class WorkerAgent:
                     self.images_listed_at = time.monotonic()
             except (ClientError, ClusterUnavailable) as exc:
                 log.debug("pull progress not reported node=%s error=%s", self.node_id, exc)
+
+    def _gpu_loop(self) -> None:
+        """Look for GPU errors every interval; a change is heartbeated at once (the leader stops the
+        gangs on a failed GPU without waiting for the heartbeat timeout)."""
+        assert self.gpu_watch is not None
+        log.info("watching GPUs for errors node=%s source=%s every=%gs", self.node_id, self.gpu_watch.source,
+                 self.gpu_watch.interval)
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            errors = self.gpu_watch.poll()
+            if errors != self.gpu_errors:
+                for e in errors:
+                    log.warning("GPU error node=%s gpu=%s message=%s", self.node_id, e.gpu, e.message)
+                if not errors:
+                    log.info("no GPU error seen any more node=%s", self.node_id)
+                self.gpu_errors = errors
+                self.heartbeat_now.set()
+            self.stopping.wait(max(0.0, self.gpu_watch.interval - (time.monotonic() - started)))
 
     def _report_loop(self) -> None:
         while not self.stopping.is_set():

@@ -15,7 +15,8 @@ worker is the same node.
 
 Tasks are confined in cgroups of their own (`--isolation`, see isolation.py); the choice is
 logged and registered, so `synctl describe node` shows it. `--health-check CMD` runs CMD every
-`--health-interval` seconds; a failing check cordons the node (see health.py).
+`--health-interval` seconds; a failing check cordons the node (see health.py). GPUs found by
+discovery are watched for errors every `--gpu-check-interval` seconds (see gpu_errors.py).
 
 A task whose job names an image runs inside it (container.py, sandbox.py): the image store in
 DATA_DIR/images (`--image-cache-size`, `--registry-credentials`, `--insecure-registry`) gets it
@@ -45,7 +46,7 @@ from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.images.store import ImageStore
-from synapse.worker import container, isolation
+from synapse.worker import container, gpu_errors, isolation
 from synapse.worker import gpus as gpu_discovery
 from synapse.worker.agent import WorkerAgent, load_credential
 from synapse.worker.health import HealthCheck, command_problem
@@ -139,6 +140,9 @@ def node_id_for(data_dir: Path, given: str) -> str:
               default="cordon", show_default=True,
               help="cordon the failing node, or also stop (and requeue) the gangs running on it "
                    "[env: SYNAPSE_HEALTH_ON_FAILURE]")
+@click.option("--gpu-check-interval", envvar="SYNAPSE_GPU_CHECK_INTERVAL", type=float, default=10.0,
+              show_default=True, help="seconds between looks at the GPUs for errors (nvidia-smi; only for GPUs "
+                                      "found by --gpus auto); 0: never [env: SYNAPSE_GPU_CHECK_INTERVAL]")
 @click.option("--ca", envvar="SYNAPSE_CA", default="", help="CA of the masters' TLS certificates [env: SYNAPSE_CA]")
 @click.option("--cert", default="", help="this worker's client certificate (mTLS; CN = node id)")
 @click.option("--key", default="", help="its private key")
@@ -164,9 +168,9 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
          cpus: str | None, memory: str | None, gpus: str | None, data_dir: str, address: str, port: int,
          heartbeat_interval: float, stop_grace: float, runtime: str, isolation_mode: str, task_pids_max: int,
          health_check: str, health_interval: float, health_timeout: float | None, health_on_failure: str,
-         ca: str, cert: str, key: str, http: str, image_cache_size: str, registry_credentials: str,
-         insecure_registry: tuple[str, ...], allow_mount: tuple[str, ...], cdi_spec_dir: tuple[str, ...],
-         stop_tasks_on_exit: bool, log_level: str) -> None:
+         gpu_check_interval: float, ca: str, cert: str, key: str, http: str, image_cache_size: str,
+         registry_credentials: str, insecure_registry: tuple[str, ...], allow_mount: tuple[str, ...],
+         cdi_spec_dir: tuple[str, ...], stop_tasks_on_exit: bool, log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
     if rack and topology:
         fail("synapse-worker", "give --rack or --topology, not both")
@@ -231,7 +235,8 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
                         images=ImageStore(root / "images", budget_bytes=cache_bytes,
                                           credentials=Path(registry_credentials) if registry_credentials else None,
                                           insecure_registries=insecure_registry),
-                        allow_mounts=allow_mount, cdi_dirs=cdi_spec_dir or container.CDI_DIRS)
+                        allow_mounts=allow_mount, cdi_dirs=cdi_spec_dir or container.CDI_DIRS,
+                        gpu_watch=gpu_errors.watch_for(node_id, gpu_source, gpu_count, gpu_check_interval))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))
