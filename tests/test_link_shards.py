@@ -188,3 +188,32 @@ def test_killing_the_replica_a_worker_is_attached_to_moves_it_without_a_node_dow
     second = cluster.client.submit(running(4, "true"))
     assert wait_status(cluster.client, second, {"SUCCEEDED"}, timeout=30).status == "SUCCEEDED"
     assert wait_status(cluster.client, job_id, {"SUCCEEDED"}, timeout=30).status == "SUCCEEDED"
+
+
+def test_a_follower_that_names_a_leader_its_digests_do_not_reach_lets_its_workers_go():
+    """Chaos `partition-leader` (seed 1, a false NodeDown about 2.5 s after the heal): the cut-off old
+    leader's outgoing packets were dropped, but the new leader's appends got in now and then, so it
+    named that leader, kept serving and kept its workers while none of its digests got out. A
+    link to a leader is not enough: a whole cut-off without a digest delivered ends the serving."""
+    from types import SimpleNamespace
+
+    from synapse.master.link_shard import LinkShard
+
+    leader = ""
+    master = SimpleNamespace(stopping=False, replica=SimpleNamespace(api="10.0.0.3:1"),
+                             config=SimpleNamespace(heartbeat_interval=0.5, heartbeat_timeout=3.0),
+                             ready_leader_term=lambda: 0, leader_api_address=lambda: leader)
+    shard = LinkShard(master)
+    cut_off = shard.timings.cut_off
+    now = time.monotonic()
+    leader = "10.0.0.1:1"
+    shard.delivered_at = now - cut_off / 2
+    assert shard.serving()  # a link, and digests through within the cut-off (an election passes unnoticed)
+    shard.delivered_at = now - cut_off - 1
+    assert not shard.serving()  # the one-way link of the partition: its workers must move
+    leader = ""
+    shard.delivered_at, shard.leader_contact = now - cut_off / 2, now - cut_off - 1
+    assert not shard.serving()  # no link to a leader for the cut-off (as before)
+    master.ready_leader_term = lambda: 7
+    shard.delivered_at = now - 10 * cut_off
+    assert shard.serving()  # the leader always serves

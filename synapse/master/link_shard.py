@@ -11,9 +11,10 @@ handed to its brain without a call.
 
 A replica hears a worker that is not its shard's too (never refused: it absorbs the heartbeat, and
 its reply names the node's shard, where the worker goes next, and the order of replicas to try
-when that one does not answer). A replica with no link to a leader for `cut_off` stops serving
-workers (UNAVAILABLE), so they move to another replica within a heartbeat or two, before the
-leader's timeout: its silence is the leader's cue to give their nodes that time.
+when that one does not answer). A replica with no link to a leader, or none of whose digests got
+through to one, for `cut_off` stops serving workers (UNAVAILABLE), so they move to another replica
+within a heartbeat or two, before the leader's timeout: its silence is the leader's cue to give
+their nodes that time.
 
 Runs on the replica's event loop only; no lock of its own. Its counters are plain numbers that
 metrics (synapse.master.metrics, on the HTTP thread) read whole.
@@ -108,16 +109,29 @@ class LinkShard:
             log.info("shard map members=%s leader=%s", ",".join(self.map.members), leader or "-")
 
     def serving(self) -> bool:
-        """Whether workers may attach here: it leads, or it has had a link to a leader within the
-        cut-off (an election passes unnoticed; a replica cut off from the others lets its workers go).
-        A slow digest alone does not send workers away: moving thousands at once would only move
-        the load onto the others."""
+        """Whether workers may attach here: it leads, or within the cut-off it has both had a link to
+        a leader and got a digest through to one (an election passes unnoticed; a replica cut off
+        from the others lets its workers go). A slow digest alone does not send workers away
+        (moving thousands at once would only move the load onto the others): only a whole cut-off
+        without one getting through does, and by then the leader holds this shard silent and gives
+        its nodes only the move window (`ShardTimings.move`) to be heard elsewhere.
+
+        A link alone is not enough. A partition that drops only this replica's outgoing packets (a
+        blackhole route: chaos `partition-leader`) still lets the new leader's appends in now and
+        then, so this replica named that leader, kept serving and, its map now agreeing with the
+        leader's, kept its workers, while none of its digests got out. The leader never heard those
+        nodes, and when its grace ran out (about 2.5 s after the heal) before the replica's first
+        digest got through, it declared one DOWN."""
         if self.m.stopping:
             return False
-        if self.m.ready_leader_term() or self.m.leader_api_address():
-            self.leader_contact = time.monotonic()
+        now = time.monotonic()
+        if self.m.ready_leader_term():
+            self.leader_contact = now
             return True
-        return time.monotonic() - self.leader_contact < self.timings.cut_off
+        if self.m.leader_api_address():
+            self.leader_contact = now
+        cut_off = self.timings.cut_off
+        return now - self.leader_contact < cut_off and now - self.delivered_at < cut_off
 
     # ---- heartbeats ----------------------------------------------------------------------------------
 
