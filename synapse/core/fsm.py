@@ -65,6 +65,7 @@ from synapse.core.model import (
     User,
     excluded_for,
 )
+from synapse.core.predict import RunTimes
 from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
 
@@ -107,6 +108,10 @@ SUSPECT_WINDOW_S = 86400.0
 SUSPECT_JOBS = 2
 #: Node-side ends remembered per node (the oldest beyond it are dropped).
 MAX_NODE_FAILURES = 8
+#: The ends of an attempt that tell how long its job runs (synapse.core.predict): it ran until it
+#: exited, or until its time limit; a stop the cluster chose, or a task that never ran, says nothing.
+LEARNED_OUTCOMES = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
+                              EndReason.TIME_LIMIT})
 #: Final states of forgotten jobs kept for dependencies on them (the oldest beyond it are dropped).
 MAX_FINISHED_RECORDS = 200_000
 
@@ -163,6 +168,8 @@ class ClusterState:
         #: archive sequence number -> id of each finished job the store does not hold yet, in finishing
         #: order (what the exporter reads, and what retention may not forget); derived, rebuilt on restore
         self.unarchived: dict[int, str] = {}
+        #: run times learned from attempts that ended on their own (synapse.core.predict); apply only
+        self.run_times = RunTimes()
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -1272,6 +1279,9 @@ class ClusterState:
             gpu_seconds=sum(r.gpu * s for r, s in held), cpu_seconds=sum(r.cpu / 1000 * s for r, s in held)))
         if len(job.runs) > MAX_RUNS_PER_JOB:
             del job.runs[1]
+        run = job.runs[-1]
+        if outcome in LEARNED_OUTCOMES and run.ended_at >= run.started_at:
+            self.run_times.learn(job.user, job.spec.name, job.spec.total.gpu, run.ended_at - run.started_at)
 
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:

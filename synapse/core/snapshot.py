@@ -38,6 +38,7 @@ from synapse.core.model import (
     TopologySpec,
     User,
 )
+from synapse.core.predict import RunTimes
 
 #: The version of the format `encode` writes. 2 added arrays, the final states of forgotten jobs
 #: and the workflow and elastic fields of jobs: a release that reads only version 1 would drop them,
@@ -90,6 +91,10 @@ def encode(state: Any) -> dict[str, Any]:
         **({"join_tokens": [_join_token_to_dict(t) for _, t in sorted(state.join_tokens.items())]}
            if state.join_tokens else {}),
         **({"cluster_version": state.cluster_version} if state.cluster_version > 1 else {}),
+        # Learned run times (synapse.core.predict), only when there are any, least recently learned
+        # first. A release that does not know them reads the snapshot without them: it loses a guess
+        # that only orders and times backfill, never a promise, so the version stays as it is.
+        **({"run_times": state.run_times.to_list()} if len(state.run_times) else {}),
     }
 
 
@@ -160,6 +165,7 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         if job.array_id in state.arrays and not job.status.terminal:
             state.array_live[job.array_id].add(job.id)
     state.finished = {k: v for k, v in data.get("finished", [])}
+    state.run_times = RunTimes.from_list(data.get("run_times", []))
     state.unarchived = dict(sorted(state.unarchived.items()))
     return state
 

@@ -326,6 +326,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             shortfalls=shortfalls,
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
         state = self.m.state
+        if not job.status.terminal:  # what the scheduler expects of its run (synapse.core.predict)
+            elapsed = time.time() - job.started_at if job.started_at else 0.0
+            info.prediction = state.run_times.predict(job.user, job.spec.name, job.spec.total.gpu,
+                                                      job.spec.time_limit, elapsed).describe(
+                job.user or "-", job.spec.name, job.spec.total.gpu)
         if job.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
         array = state.arrays.get(job.array_id) if job.array_id else None

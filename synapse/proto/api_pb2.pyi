@@ -316,6 +316,7 @@ class JobInfo(_message.Message):
     RESTARTS_USED_FIELD_NUMBER: _builtins.int
     REQUEUES_FIELD_NUMBER: _builtins.int
     EXCLUDED_NODES_FIELD_NUMBER: _builtins.int
+    PREDICTION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -351,6 +352,10 @@ class JobInfo(_message.Message):
     """
     requeues: _builtins.int
     """attempts ended through no fault of its own (node lost, drain, preemption, resize)"""
+    prediction: _builtins.str
+    """drain): its later attempts are never placed there
+    how long it is expected to run and on what that rests (synapse.core.predict)
+    """
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     @_builtins.property
@@ -403,10 +408,11 @@ class JobInfo(_message.Message):
         restarts_used: _builtins.int = ...,
         requeues: _builtins.int = ...,
         excluded_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        prediction: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "id", b"id", "prediction", b"prediction", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
