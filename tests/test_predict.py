@@ -12,19 +12,24 @@ from synapse.sim.policies import LIMITS
 from tests.helpers import checked, cluster, spec
 
 
+def brief(p: Prediction) -> tuple:
+    return p.seconds, p.basis, p.runs
+
+
 def test_the_mean_of_the_last_two_runs_of_the_job_then_of_the_user_then_the_limit():
     times = RunTimes()
-    assert times.predict("alice", "train", 64, 7200) == Prediction(7200, "limit")
-    assert times.predict("alice", "train", 64, 0) == Prediction(math.inf, "none")
+    assert brief(times.predict("alice", "train", 64, 7200)) == (7200, "limit", 0)
+    assert brief(times.predict("alice", "train", 64, 0)) == (math.inf, "none", 0)
     for run in (100, 600, 1000):
         times.learn("alice", "train", 64, run)
-    assert times.predict("alice", "train", 64, 7200) == Prediction(800, "job", 3)
+    assert brief(times.predict("alice", "train", 64, 7200)) == (800, "job", 3)
     # another size of the same script is another key: the user's runs are the fallback
-    assert times.predict("alice", "train", 8, 7200) == Prediction(800, "user", 3)
+    assert brief(times.predict("alice", "train", 8, 7200)) == (800, "user", 3)
     times.learn("alice", "eval", 8, 20)
-    assert times.predict("alice", "sweep", 8, 7200) == Prediction(510, "user", 4)
-    assert times.predict("bob", "train", 64, 7200) == Prediction(7200, "limit")
+    assert brief(times.predict("alice", "sweep", 8, 7200)) == (510, "user", 4)
+    assert brief(times.predict("bob", "train", 64, 7200)) == (7200, "limit", 0)
     assert times.predict("alice", "train", 64, 300).seconds == 300  # never beyond the limit
+    assert times.predict("alice", "train", 64, 7200).longest == 1000  # the longer of the two kept
 
 
 def test_a_job_that_outlives_its_prediction_is_raised_to_the_next_step_never_beyond_its_limit():
@@ -43,7 +48,7 @@ def test_jobs_without_a_user_are_not_learned_nor_predicted():
     times = RunTimes()
     times.learn("", "a", 8, 100)
     assert len(times) == 0
-    assert times.predict("", "a", 8, 3600) == Prediction(3600, "limit")
+    assert brief(times.predict("", "a", 8, 3600)) == (3600, "limit", 0)
 
 
 def test_memory_is_bounded_by_keys_and_runs_kept():
@@ -85,7 +90,7 @@ def test_apply_learns_the_runs_that_ended_on_their_own_and_snapshots_keep_them()
     _run(state, "c", node, 600, 0)
     checked(state, c.CancelJob(at=700, job_id="c", by="alice"))  # cancelled: says nothing of the run
     checked(state, c.TaskExited(at=710, job_id="c", attempt=1, index=0, node_id=node, exit_code=143))
-    assert state.run_times.predict("alice", "train", 8, 3600) == Prediction(200, "job", 2)
+    assert brief(state.run_times.predict("alice", "train", 8, 3600)) == (200, "job", 2)
     copy = ClusterState.from_snapshot(state.to_snapshot())
     assert copy.run_times.to_list() == state.run_times.to_list()
     assert copy.digest() == state.digest()

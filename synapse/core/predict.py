@@ -49,6 +49,7 @@ class Prediction:
     basis: str  #: "job": its (user, name, gpus) runs; "user": its user's runs; "limit"; "none"
     runs: int = 0  #: runs of the key it rests on (all seen, not only those kept)
     extended: bool = False  #: the job outlived the learned guess, which was raised (EASY++)
+    longest: float = math.inf  #: the longest of the runs kept (at most the limit; inf without runs)
 
     def describe(self, user: str, name: str, gpus: int) -> str:
         """`predicted 42m from 5 runs of (alice, train-llm, 64 GPU)`, for people."""
@@ -108,11 +109,12 @@ class RunTimes:
             entry = self.keys.get(key)
             if entry is not None:
                 guess = min(cap, sum(entry[1]) / len(entry[1]))
+                longest = min(cap, max(entry[1]))
                 if elapsed < guess:
-                    return Prediction(guess, basis, entry[0])
+                    return Prediction(guess, basis, entry[0], longest=max(longest, guess))
                 raised = next((s for s in STEPS if s > elapsed), math.inf)
-                return Prediction(min(cap, raised if math.isfinite(raised) else 2 * elapsed), basis, entry[0],
-                                  extended=True)
+                raised = min(cap, raised if math.isfinite(raised) else 2 * elapsed)
+                return Prediction(raised, basis, entry[0], extended=True, longest=max(longest, raised))
         return Prediction(cap, "limit" if limit > 0 else "none")
 
     def to_list(self) -> list[list[Any]]:

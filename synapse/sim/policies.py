@@ -82,6 +82,8 @@ def tuned(policy: Policy, text: str) -> Policy:
                 if raw.strip().lower() not in ("true", "false"):
                     raise ValueError
                 value: object = raw.strip().lower() == "true"
+            elif isinstance(default, str):
+                value = raw.strip()
             elif isinstance(default, int):
                 value = int(raw)
             else:
