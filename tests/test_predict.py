@@ -118,3 +118,37 @@ def test_a_short_job_with_a_long_limit_backfills_on_reserved_nodes_once_its_runs
     assert by_runs.plans[0].placements[0].node_id == second
     assert by_runs.reservation.job_id == "gang" and by_runs.reservation.starts_at == 4000
     assert by_limits.plans == [] and "short" in by_limits.waiting
+
+
+def test_describe_job_shows_the_prediction_and_its_basis():
+    from synapse.client import render
+    from tests.test_render import running_job
+
+    info = running_job()
+    info.prediction = Prediction(2520, "job", 5).describe("alice", "train-llm", 64)
+    lines = render.job_description(render.job_dict(info)).split("\n")
+    assert "Predicted:  predicted 42m from 5 run(s) of (alice, train-llm, 64 GPU)" in lines
+
+
+def test_a_real_cluster_learns_from_finished_runs_and_get_job_shows_the_prediction(make_cluster):
+    """One master, one worker: two runs of `train` end, and the third's JobInfo says what the
+    scheduler expects of it, learned through the replicated state."""
+    from synapse.core import codec
+    from synapse.core.model import JobSpec, Resources
+    from tests.helpers import wait_for
+
+    cluster = make_cluster(masters=1, workers=1, racks=1)
+    wait_for(lambda: len(cluster.client.list_nodes()) == 1, 30, "the worker registers")
+
+    def submit(command):
+        return cluster.client.submit(codec.job_spec_to_proto(JobSpec(
+            name="train", tasks=1, resources=Resources(1000, 1 << 30, 8), command=tuple(command), time_limit=3600)))
+
+    for _ in range(2):
+        done = submit(["true"])
+        wait_for(lambda j=done: cluster.client.get_job(j).status == "SUCCEEDED", 60, f"{done} succeeds")
+    later = submit(["sleep", "30"])
+    info = cluster.client.get_job(later)
+    user = info.user or "-"
+    assert "from 2 run(s) of (" + user + ", train, 8 GPU)" in info.prediction, info.prediction
+    cluster.client.cancel(later)
