@@ -152,3 +152,13 @@ def test_a_real_cluster_learns_from_finished_runs_and_get_job_shows_the_predicti
     user = info.user or "-"
     assert "from 2 run(s) of (" + user + ", train, 8 GPU)" in info.prediction, info.prediction
     cluster.client.cancel(later)
+
+
+def test_expect_is_predict_s_seconds():
+    times = RunTimes()
+    for run in (100, 300, 5000):
+        times.learn("alice", "train", 8, run)
+    for args in (("alice", "train", 8, 3600), ("alice", "train", 8, 0), ("alice", "eval", 8, 1000),
+                 ("alice", "train", 8, 3600, 3000), ("alice", "train", 8, 3600, 3599), ("bob", "x", 8, 60),
+                 ("bob", "x", 8, 0), ("", "train", 8, 100), ("alice", "train", 8, 0, 400_000)):
+        assert times.expect(*args) == times.predict(*args).seconds, args

@@ -101,6 +101,19 @@ class RunTimes:
         while len(self.keys) > self.max_keys:
             self.keys.popitem(last=False)
 
+    def expect(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> float:
+        """`predict(...).seconds`, without the rest: what a scheduling round asks for every job it
+        weighs, so it builds nothing."""
+        if user:
+            entry = self.keys.get(("job", user, name, gpus)) or self.keys.get(("user", user))
+            if entry is not None:
+                runs = entry[1]
+                guess = sum(runs) / len(runs)
+                if elapsed >= guess:
+                    return self.predict(user, name, gpus, limit, elapsed).seconds
+                return min(limit, guess) if limit > 0 else guess
+        return limit if limit > 0 else math.inf
+
     def predict(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> Prediction:
         """The run expected of a job of (user, name, gpus) with time `limit` (0: none) that has
         run `elapsed` seconds so far. Reads only."""

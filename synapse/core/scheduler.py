@@ -258,8 +258,11 @@ def schedule_round(state: ClusterState, now: float,
         excluded = excluded_for(state.nodes, job)  # the nodes that ended its earlier attempts are not for it
         if excluded:
             shape = (*shape, excluded)
-        if spec is not job.spec and tuning.weigh_locality:
-            shape = (*shape, run)  # whether it splits depends on how long it is expected to run
+        if spec is not job.spec and tuning.weigh_locality and len(reservations) < tuning.reservations:
+            # Whether it splits depends on how long it is expected to run, but only while it could
+            # hold a reservation (the split is weighed only then): predictions differ from job to
+            # job, and a key with them in it would make every waiting gang a shape of its own.
+            shape = (*shape, run)
         if shape in failed:
             result.waiting[job.id] = failed[shape]
             result.examined.append(job.id)
@@ -341,7 +344,7 @@ def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> 
     if not tuning.predict:
         return limit
     elapsed = now - job.started_at if job.started_at else 0.0
-    guess = state.run_times.predict(job.user, job.spec.name, job.spec.total.gpu, limit, elapsed)
+    guess = state.run_times.predict(job.user, job.spec.name, job.spec.resources.gpu * job.spec.tasks, limit, elapsed)
     return min(limit, guess.longest) if guess.basis == "job" else limit
 
 
@@ -349,11 +352,11 @@ def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True
     """Seconds the job's current attempt is expected to run in all: as the cluster's runs of its
     kind predict (synapse.core.predict, never beyond its time limit; raised if it has run longer),
     or its time limit when `predict` is off; inf when neither is known."""
-    limit = job.spec.time_limit
-    if not predict:
-        return limit or math.inf
+    spec = job.spec
+    if not predict or not job.user:
+        return spec.time_limit or math.inf
     elapsed = now - job.started_at if job.started_at else 0.0
-    return state.run_times.predict(job.user, job.spec.name, job.spec.total.gpu, limit, elapsed).seconds
+    return state.run_times.expect(job.user, spec.name, spec.resources.gpu * spec.tasks, spec.time_limit, elapsed)
 
 
 def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
