@@ -37,6 +37,13 @@ admitted, see synapse.core.admission):
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
   job's `time_limit` ends before that reservation is expected to start (known only when every
   task on its nodes has a time limit itself; otherwise those nodes stay untouched).
+
+"Expected" above is by time limits only with `Tuning.predict` off. With it (the leader's default),
+a job is expected to run what the cluster's own runs of its kind predict (synapse.core.predict,
+learned in apply, so every replica expects the same; the limit when nothing is known): the drain
+clock, hence which nodes a gang reserves and when it expects to start, and the split test use
+that; a job may go on reserved nodes by the longer of the last runs of its own kind only
+(`_backfill_run`). Time limits still end jobs and bound what a reservation promises a later one.
 """
 
 from __future__ import annotations
@@ -251,7 +258,8 @@ def schedule_round(state: ClusterState, now: float,
             continue
         hold = state.holds.get(job.id)
         spec = job.spec if hold else _local_spec(view, job, now, tuning, rack_fit)
-        run = expected_run(state, job, now, tuning.predict) if reservations or tuning.weigh_locality else math.inf
+        run = expected_run(state, job, now, tuning.predict) if spec is not job.spec and tuning.weigh_locality \
+            else math.inf  # only a gang waiting for one domain weighs its run (_split_pays)
         may_use = tuple(_ends_before(_backfill_run(state, job, now, tuning), r, now) for r in reservations) \
             if reservations else ()
         shape = (job.id,) if hold else _shape(spec, may_use)
