@@ -92,3 +92,18 @@ def test_easy_plus_plus_backfills_what_easy_holds_back_once_runs_are_known():
     assert starts["easy"]["short"] >= 3500 and starts["synapse-limits"]["short"] >= 3500
     assert starts["easy++"]["short"] == 1002 and starts["synapse"]["short"] == 1002
     assert starts["easy++"]["gang"] == starts["easy"]["gang"] == 3500  # the gang waits no longer for it
+
+
+def test_a_sweep_pairs_each_policy_with_the_baseline_seed_by_seed():
+    from synapse.sim.sweep import paired
+
+    samples = {"easy": {"mean_jct_s": [[100.0, 200.0]], "big_gang_p99_wait_s": [[10.0, 20.0]],
+                        "useful_utilisation": [[0.70, 0.60]]},
+               "synapse": {"mean_jct_s": [[90.0, 200.0]], "big_gang_p99_wait_s": [[10.0, 30.0]],
+                           "useful_utilisation": [[0.71, 0.60]]}}
+    out = paired(samples, "easy", 1)
+    assert list(out) == ["synapse"]
+    jct, big, util = (out["synapse"][m][0] for m in ("mean_jct_s", "big_gang_p99_wait_s", "useful_utilisation"))
+    assert jct["values"] == [0.9, 1.0] and abs(jct["mean"] - 0.95) < 1e-12
+    assert big["max"] == 1.5
+    assert abs(util["values"][0] - 0.01) < 1e-12 and util["min"] == 0.0
