@@ -102,11 +102,13 @@ class RunTimes:
         while len(self.keys) > self.max_keys:
             self.keys.popitem(last=False)
 
-    def expect(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> float:
+    def expect(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0,
+               own_kind: bool = False) -> float:
         """`predict(...).seconds`, without the rest: what a scheduling round asks for every job it
-        weighs, so it builds nothing."""
+        weighs, so it builds nothing. `own_kind`: from runs of (user, name, gpus) only, never the
+        user's other jobs (else the limit)."""
         if user:
-            entry = self.keys.get(("job", user, name, gpus)) or self.keys.get(("user", user))
+            entry = self.keys.get(("job", user, name, gpus)) or (None if own_kind else self.keys.get(("user", user)))
             if entry is not None:
                 runs = entry[1]
                 guess = sum(runs) / len(runs)

@@ -356,15 +356,18 @@ def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> 
     return min(limit, guess.longest) if guess.basis == "job" else limit
 
 
-def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True) -> float:
+def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True, own_kind: bool = True) -> float:
     """Seconds the job's current attempt is expected to run in all: as the cluster's runs of its
     kind predict (synapse.core.predict, never beyond its time limit; raised if it has run longer),
-    or its time limit when `predict` is off; inf when neither is known."""
+    or its time limit when `predict` is off; inf when neither is known. `own_kind`: only runs of
+    its own (user, name, size) count, not its user's other jobs (the policy's choice: those are
+    too loose a guess to plan by; EASY++ takes them)."""
     spec = job.spec
     if not predict or not job.user:
         return spec.time_limit or math.inf
     elapsed = now - job.started_at if job.started_at else 0.0
-    return state.run_times.expect(job.user, spec.name, spec.resources.gpu * spec.tasks, spec.time_limit, elapsed)
+    return state.run_times.expect(job.user, spec.name, spec.resources.gpu * spec.tasks, spec.time_limit, elapsed,
+                                  own_kind=own_kind)
 
 
 def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,

@@ -181,7 +181,8 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
                 result.reservation = result.reservations[0]
             continue
         # only a job its time limit bounds may go on the reserved nodes (with EASY++ too)
-        ends_first = bool(job.spec.time_limit) and now + expected_run(state, job, now, predict) <= shadow
+        ends_first = bool(job.spec.time_limit) and \
+            now + expected_run(state, job, now, predict, own_kind=False) <= shadow
         shape = (*_shape(job), ends_first)
         if shape in failed:
             continue
@@ -203,14 +204,14 @@ def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: flo
     ends: list[tuple[float, str, int]] = []
     for node_id in free:
         for task, _ in state.tasks_on_node(node_id):
-            run = expected_run(state, state.jobs[task.job_id], now, predict)
+            run = expected_run(state, state.jobs[task.job_id], now, predict, own_kind=False)
             ends.append(((task.started_at or now) + run, node_id, task.resources.gpu))
     for plan in result.plans:  # started this round: not in the state yet
         planned = state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
         if planned is None:
             continue
         pending = state.jobs.get(plan.job_id)
-        at = now + (expected_run(state, pending, now, predict) if pending is not None else
+        at = now + (expected_run(state, pending, now, predict, own_kind=False) if pending is not None else
                     planned.time_limit or math.inf)
         ends += [(at, p.node_id, planned.resources.gpu) for p in plan.placements]
     ends.sort()
