@@ -23,7 +23,7 @@ def invoke(*args):
 def trace_file(tmp_path):
     path = tmp_path / "t.csv"
     result = invoke("generate", "--mix", "philly", "--days", "1", "--load", "0.8", "--seed", "3", *SHAPE,
-                    "-o", str(path))
+                    "--recurrence", "0", "-o", str(path))
     assert result.exit_code == 0, result.output
     return path
 
@@ -45,7 +45,7 @@ def test_generate_then_run_prints_every_policy_as_json(trace_file):
 def test_tuning_changes_synapse_s_knobs_and_leaves_the_baselines_alone(tmp_path):
     path = tmp_path / "gangs.csv"  # a day of gangs on 32 nodes: reservations and rack waits matter
     assert invoke("generate", "--mix", "gang-heavy", "--nodes", "32", "--racks", "4", "--days", "1", "--load", "1.1",
-                  "--seed", "2", "-o", str(path)).exit_code == 0
+                  "--seed", "2", "--recurrence", "0", "-o", str(path)).exit_code == 0
     runs = {}
     for label, extra in (("default", ()), ("tuned", ("--tuning", "reservations=4,locality_wait_s=0"))):
         result = invoke("run", str(path), "--policies", "easy,synapse", "--json", *extra)

@@ -89,7 +89,7 @@ def invoke(*args):
 def trace_file(tmp_path):
     path = tmp_path / "t.csv"
     result = invoke("generate", "--mix", "philly", "--days", "0.5", "--load", "2", "--seed", "3", "--nodes", "8",
-                    "--racks", "2", "-o", str(path))
+                    "--racks", "2", "--recurrence", "0", "-o", str(path))
     assert result.exit_code == 0, result.output
     return path
 
@@ -99,13 +99,13 @@ def test_run_with_jitter_prints_the_ranges_and_the_ratios(trace_file):
     assert result.exit_code == 0, result.output
     out = result.output
     assert out.index("\neasy ") < out.index("noise floor: 3 copies") < out.index("mean JCT h\npolicy")
-    for heading in ("mean JCT h", "big-gang p99 wait h", "utilisation %", "single-rack share %"):
+    for heading in ("mean JCT h", "big-gang p99 wait h", "useful utilisation %", "single-rack share %"):
         table = out.split(f"\n{heading}\n", 1)[1].split("\n\n", 1)[0].splitlines()
         assert table[0].split() == ["policy", "as", "given", "jittered", "/", "easy", "<=", "easy", ">=", "easy"]
         easy, synapse = table[1].split(), table[2].split()
         assert easy[0] == "easy" and len(easy) == 3  # the baseline has no ratio to itself
         assert synapse[0] == "synapse" and synapse[-1].endswith("/4") and synapse[-2].endswith("/4")
-    utilisation = out.split("\nutilisation %\n", 1)[1].splitlines()[1].split()
+    utilisation = out.split("\nuseful utilisation %\n", 1)[1].splitlines()[1].split()
     assert "–" in utilisation[2] and float(utilisation[1]) > 0
 
 

@@ -75,6 +75,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "restarts_used": info.restarts_used, "requeues": info.requeues,
         "excluded_nodes": list(info.excluded_nodes),
         "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
+        "prediction": info.prediction or None,
         "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
         "array": _array_dict(info, spec), "failure_cause": info.failure_cause or None,
         "dependencies": [{"kind": d.kind, "job": d.job_id, "upstream_status": d.upstream_status or None,
@@ -180,6 +181,8 @@ def job_description(j: dict[str, Any]) -> str:
         lines += [f"  - {s}" for s in j["shortfalls"]]
     if j["reservation"]:
         lines.append(f"Reserved:   {j['reservation']}")
+    if j.get("prediction"):
+        lines.append(f"Predicted:  {j['prediction']}")
     if j.get("excluded_nodes"):
         lines.append(f"Excluded:   {', '.join(j['excluded_nodes'])} (they ended earlier attempts: never placed there "
                      "again)")

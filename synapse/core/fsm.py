@@ -78,6 +78,7 @@ from synapse.core.model import (
     gang_unprepared,
     gpu_fault_hits,
 )
+from synapse.core.predict import RunTimes
 from synapse.core.queues import batch_problem
 from synapse.core.topology import CapacityIndex
 
@@ -120,6 +121,12 @@ SUSPECT_WINDOW_S = 86400.0
 SUSPECT_JOBS = 2
 #: Node-side ends remembered per node (the oldest beyond it are dropped).
 MAX_NODE_FAILURES = 8
+#: The ends of an attempt that tell how long its job runs (synapse.core.predict): it ran until it
+#: exited, or until its time limit; a stop the cluster chose, or a task that never ran, says nothing.
+#: The command-set version from which apply learns run times (SetClusterVersion raises it).
+PREDICT_VERSION = 4
+LEARNED_OUTCOMES = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
+                              EndReason.TIME_LIMIT})
 #: Final states of forgotten jobs kept for dependencies on them (the oldest beyond it are dropped).
 MAX_FINISHED_RECORDS = 200_000
 #: Quiet departures from the queue remembered for the round memo (`ClusterState.dequeued`): more
@@ -193,6 +200,8 @@ class ClusterState:
         #: archive sequence number -> id of each finished job the store does not hold yet, in finishing
         #: order (what the exporter reads, and what retention may not forget); derived, rebuilt on restore
         self.unarchived: dict[int, str] = {}
+        #: run times learned from attempts that ended on their own (synapse.core.predict); apply only
+        self.run_times = RunTimes()
         self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
         self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
         self._handlers: dict[type, Callable[[Any], Result]] = {
@@ -1401,6 +1410,11 @@ class ClusterState:
             checkpoint_at=job.progress.checkpoint_at if job.progress and job.progress.attempt == job.attempt else 0.0))
         if len(job.runs) > MAX_RUNS_PER_JOB:
             del job.runs[1]
+        run = job.runs[-1]
+        # Learned from command-set version 4 on only (the cluster version is replicated): a replica
+        # of an older release does not learn, and while one is a member their states must not part.
+        if outcome in LEARNED_OUTCOMES and run.ended_at >= run.started_at and self.cluster_version >= PREDICT_VERSION:
+            self.run_times.learn(job.user, job.spec.name, job.spec.total.gpu, run.ended_at - run.started_at)
 
     def _end_pending(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         """End a job still in the queue. One that holds no nodes for a preemption and is no array

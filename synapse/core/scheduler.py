@@ -44,6 +44,13 @@ admitted, see synapse.core.admission):
   waiting for nodes that are DOWN, it keeps the usable nodes of its domain.
   **Spares** take restarts anywhere and other jobs only if they have a time limit and fit nowhere
   else; reservations of other gangs never hold them (the leader evicts their guests for a restart).
+
+"Expected" above is by time limits only with `Tuning.predict` off. With it (the leader's default),
+a job is expected to run what the cluster's own runs of its kind predict (synapse.core.predict,
+learned in apply, so every replica expects the same; the limit when nothing is known): the drain
+clock, hence which nodes a gang reserves and when it expects to start, and the split test use
+that; a job may go on reserved nodes by the longer of the last runs of its own kind only
+(`_backfill_run`). Time limits still end jobs and bound what a reservation promises a later one.
 """
 
 from __future__ import annotations
@@ -125,6 +132,12 @@ class Tuning:
     #: limit / spread_factor < start in one domain; see _split_pays); off: the fixed wait alone
     weigh_locality: bool = True
     spread_factor: float = 0.9  #: the speed of a gang split across domains, relative to one packed
+    #: expect jobs to run as long as the cluster's own runs predict (synapse.core.predict; the time
+    #: limit when it knows none), not their time limits: when nodes drain, whether a gang should
+    #: split, and (by the longer of the last runs of the job's own kind, see _backfill_run) whether
+    #: a job may run on reserved nodes. The limit still ends a job, and a reservation is done with
+    #: its nodes (what a later reservation is promised) by its limit alone.
+    predict: bool = True
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -134,7 +147,7 @@ TUNING = Tuning()
 #: Conservative backfill (what Slurm's backfill plugin runs), a baseline: every blocked gang
 #: reserves, weighed at every round, and no gang waits for one rack.
 CONSERVATIVE = Tuning(reservations=1 << 30, switch_share=0.0, switch_min_s=0.0, reevaluate_s=0.0,
-                      locality_wait_s=0.0, weigh_locality=False)
+                      locality_wait_s=0.0, weigh_locality=False, predict=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +281,7 @@ def schedule_round(state: ClusterState, now: float,
     if queue_order is not None and start:
         start = 0  # the order depends on usage: no memo (it assumes the plain queue order)
         failed, reservations, result.waiting, pivotal = {}, [], {}, set()
-    clock = _DrainClock(state, now, result.plans)
+    clock = _DrainClock(state, now, result.plans, tuning.predict)
     rack_fit: dict[tuple, bool] = {}  #: (shape, depth) -> some domain of that depth holds it when idle
     # Gangs that preempted others go first: the nodes held for them are theirs alone, and the head
     # reservation must not fall on them for another job.
@@ -291,7 +304,10 @@ def schedule_round(state: ClusterState, now: float,
         hold = state.holds.get(job.id)
         restart = restarting(job)  # a lost node ended its last attempt: no locality wait, its own shape
         spec = job.spec if hold or restart else _local_spec(view, job, now, tuning, rack_fit)
-        may_use = tuple(_ends_before(job.spec, r, now) for r in reservations)
+        run = expected_run(state, job, now, tuning.predict) if spec is not job.spec and tuning.weigh_locality \
+            else math.inf  # only a gang waiting for one domain weighs its run (_split_pays)
+        may_use = tuple(_ends_before(_backfill_run(state, job, now, tuning), r, now) for r in reservations) \
+            if reservations else ()
         shape = (job.id,) if hold or restart else _shape(spec, may_use)
         excluded = excluded_for(state.nodes, job)  # the nodes that ended its earlier attempts are not for it
         if excluded:
@@ -301,8 +317,11 @@ def schedule_round(state: ClusterState, now: float,
         guest = bool(off_spares) and may_use_spares(job)
         if off_spares:
             shape = (*shape, guest)
-        if spec is not job.spec and tuning.weigh_locality:
-            shape = (*shape, job.spec.time_limit)  # whether it splits depends on its time limit
+        if spec is not job.spec and tuning.weigh_locality and len(reservations) < tuning.reservations:
+            # Whether it splits depends on how long it is expected to run, but only while it could
+            # hold a reservation (the split is weighed only then): predictions differ from job to
+            # job, and a key with them in it would make every waiting gang a shape of its own.
+            shape = (*shape, run)
         if shape in failed:
             result.waiting[job.id] = failed[shape]
             result.examined.append(job.id)
@@ -331,7 +350,7 @@ def schedule_round(state: ClusterState, now: float,
                 and len(reservations) < tuning.reservations:  # it would hold a reservation
             split = place_largest(view, job.id, job.attempt, job.spec)
             until = dict.fromkeys(blocked, math.inf) | _reserved_until(reservations)
-            if _split_pays(state, view, job, spec, split is not None, until, clock, tuning):
+            if _split_pays(state, view, job, spec, split is not None, until, clock, tuning, run):
                 spec, plan, depth = job.spec, split, 0
                 shape = _shape(spec, may_use) + ((excluded,) if excluded else ())
         if plan is not None:
@@ -371,10 +390,45 @@ def schedule_round(state: ClusterState, now: float,
     return result
 
 
-def _ends_before(spec: JobSpec, reservation: Reservation, now: float) -> bool:
-    """A job may use reserved nodes only if its time limit ends before the reservation starts."""
-    return (bool(spec.time_limit) and not math.isinf(reservation.starts_at)
-            and now + spec.time_limit <= reservation.starts_at)
+def _ends_before(run: float, reservation: Reservation, now: float) -> bool:
+    """A job may use reserved nodes only if it is expected to end (`run`: its prediction, or its
+    time limit) before the reservation is expected to start."""
+    return not math.isinf(run) and not math.isinf(reservation.starts_at) and now + run <= reservation.starts_at
+
+
+def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> float:
+    """How long a job is taken to run when it asks for reserved nodes, where a wrong guess delays
+    the gang the nodes are kept for.
+
+    Only a job its time limit bounds may go there (the limit bounds the delay it can cause). With
+    `Tuning.predict` it is judged by the longer of the last runs of its own kind (user, name, size),
+    a guess that errs long; a guess from its user's other jobs is too loose to risk the reserved
+    gang's start on, and so is no history: then by its limit. (Measured on the recurring traces,
+    docs/evaluation/results.md: the mean of the last two, or the user's runs, here lengthened the
+    big gangs' waits; the drain clock and the split test still use the mean, where a guess that is
+    short only makes the gang wait for nodes that drain later than expected.)"""
+    limit = job.spec.time_limit
+    if not limit:
+        return math.inf
+    if not tuning.predict:
+        return limit
+    elapsed = now - job.started_at if job.started_at else 0.0
+    guess = state.run_times.predict(job.user, job.spec.name, job.spec.resources.gpu * job.spec.tasks, limit, elapsed)
+    return min(limit, guess.longest) if guess.basis == "job" else limit
+
+
+def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True, own_kind: bool = True) -> float:
+    """Seconds the job's current attempt is expected to run in all: as the cluster's runs of its
+    kind predict (synapse.core.predict, never beyond its time limit; raised if it has run longer),
+    or its time limit when `predict` is off; inf when neither is known. `own_kind`: only runs of
+    its own (user, name, size) count, not its user's other jobs (the policy's choice: those are
+    too loose a guess to plan by; EASY++ takes them)."""
+    spec = job.spec
+    if not predict or not job.user:
+        return spec.time_limit or math.inf
+    elapsed = now - job.started_at if job.started_at else 0.0
+    return state.run_times.expect(job.user, spec.name, spec.resources.gpu * spec.tasks, spec.time_limit, elapsed,
+                                  own_kind=own_kind)
 
 
 def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
@@ -493,12 +547,13 @@ def _local_spec(view: ClusterView, job: Job, now: float, tuning: Tuning, rack_fi
 
 
 class _DrainClock:
-    """When each node is expected to be empty: the latest time limit of the tasks on it (inf when
-    one has none), counting this round's plans (array elements not yet jobs among them) as started
-    now. Computed per node on demand."""
+    """When each node is expected to be empty: the latest expected end (`expected_run`: by
+    prediction, or by time limit) of the tasks on it (inf when one has none), counting this round's
+    plans (array elements not yet jobs among them) as started now. Computed per node on demand."""
 
-    def __init__(self, state: ClusterState, now: float, plans: list[Plan]) -> None:
-        self.state, self.now, self.plans = state, now, plans
+    def __init__(self, state: ClusterState, now: float, plans: list[Plan], predict: bool = False) -> None:
+        self.state, self.now, self.plans, self.predict = state, now, plans, predict
+        self._runs: dict[str, float] = {}  #: job id -> its expected end
         self._seen_plans = 0
         self._planned: dict[str, float] = {}  #: node -> latest end of this round's plans on it
         self._at: dict[str, float] = {}  #: node -> expected empty, this round's plans counted
@@ -508,15 +563,19 @@ class _DrainClock:
             self._count_plans()
         at = self._at.get(node_id)
         if at is None:
-            at = self._at[node_id] = max(_expected_free_at(self.state, (node_id,), self.now),
+            at = self._at[node_id] = max(self._free_at(node_id),
                                          self._planned.get(node_id, self.now))
         return at
 
     def _count_plans(self) -> None:
         for plan in self.plans[self._seen_plans:]:
-            spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
-            limit = spec.time_limit if spec is not None else 0.0
-            end = self.now + limit if limit else math.inf
+            job = self.state.jobs.get(plan.job_id)
+            if job is not None:
+                end = self.now + expected_run(self.state, job, self.now, self.predict)
+            else:
+                spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
+                limit = spec.time_limit if spec is not None else 0.0
+                end = self.now + limit if limit else math.inf
             for p in plan.placements:
                 self._planned[p.node_id] = max(self._planned.get(p.node_id, self.now), end)
                 if p.node_id in self._at:
@@ -525,6 +584,20 @@ class _DrainClock:
 
     def nodes_empty_at(self, nodes: Iterable[str]) -> float:
         return max((self.empty_at(n) for n in nodes), default=self.now)
+
+    def _free_at(self, node_id: str) -> float:
+        """When every live task on the node is expected to have ended (inf if one's end is unknown)."""
+        latest = self.now
+        for job_id, _attempt, index in self.state.live_tasks.get(node_id, ()):
+            end = self._runs.get(job_id)
+            if end is None:
+                job = self.state.jobs[job_id]
+                started = job.tasks[index].started_at or self.now
+                end = self._runs[job_id] = started + expected_run(self.state, job, self.now, self.predict)
+            if math.isinf(end):
+                return math.inf
+            latest = max(latest, end)
+        return latest
 
 
 def _reserved_until(reservations: Iterable[Reservation]) -> dict[str, float]:
@@ -574,17 +647,15 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
 
 
 def _split_pays(state: ClusterState, view: ClusterView, job: Job, local: JobSpec, fits_split: bool,
-                until: Mapping[str, float], clock: _DrainClock, tuning: Tuning) -> bool:
+                until: Mapping[str, float], clock: _DrainClock, tuning: Tuning, run: float) -> bool:
     """Whether a gang waiting for one domain (`local`, its one-domain form) should rather split:
     run split (at `spread_factor` of its speed) from its expected start split (now if
     `fits_split`, else when the nodes that free first anywhere hold it), it would be done before
-    one domain is expected to be free for it. Expected starts come from the time limits of the
+    one domain is expected to be free for it. Expected starts come from the expected ends of the
     tasks running (the drain clock) and the earlier reservations (`until`); when that is unknown
-    (a task without a time limit), the fixed wait decides. A gang without a time limit is taken to
-    run `Tuning.locality_wait_s`."""
-    limit = job.spec.time_limit
-    if not limit:
-        limit = tuning.locality_wait_s
+    (a task without a time limit), the fixed wait decides. `run`: how long the gang is expected to
+    run (expected_run); a gang with no expectation is taken to run `Tuning.locality_wait_s`."""
+    limit = run if not math.isinf(run) else tuning.locality_wait_s
     one = _earliest(state, view, local, until, clock)
     if one is None:
         return fits_split
@@ -695,15 +766,3 @@ def _first_to_hold(view: ClusterView, per_task: Resources, n: int,
             if room >= n:
                 return at, frozenset(chosen)
     return None
-
-
-def _expected_free_at(state: ClusterState, nodes: Iterable[str], now: float) -> float:
-    """When every live task on these nodes will have hit its time limit (inf if one has none)."""
-    latest = now
-    for node_id in nodes:
-        for job_id, _attempt, index in state.live_tasks.get(node_id, ()):
-            job = state.jobs[job_id]
-            if not job.spec.time_limit:
-                return math.inf
-            latest = max(latest, (job.tasks[index].started_at or now) + job.spec.time_limit)
-    return latest

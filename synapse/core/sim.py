@@ -86,8 +86,9 @@ class Simulator:
         self.preempt = preempt  #: run the leader's preemption step (only does anything with queues defined)
         #: the leader's brain; the simulator is its driver (heartbeats and retention never come up)
         self.leader = LeaderState(LeaderConfig(preempt=preempt, policy=policy, job_retention=0, spares=spares))
-        if spares is not None:  # every member of a simulated cluster runs this code: spares may be designated
-            self.state.apply(c.SetClusterVersion(at=0.0, version=codec.COMMAND_VERSION))
+        # Every member of a simulated cluster runs this code, as a real cluster does once upgraded:
+        # spares may be designated, run times are learned (synapse.core.predict).
+        self.state.apply(c.SetClusterVersion(at=0.0, version=codec.COMMAND_VERSION))
         self.preemptions: list[c.Preempt] = []  #: every Preempt committed, in order
         #: (victim, start, stop, GPUs) of every attempt preempted: held until its tasks exited, work
         #: lost (the victim reruns from the start)

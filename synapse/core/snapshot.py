@@ -39,6 +39,7 @@ from synapse.core.model import (
     TopologySpec,
     User,
 )
+from synapse.core.predict import RunTimes
 
 #: The version of the format `encode` writes. 2 added arrays, the final states of forgotten jobs
 #: and the workflow and elastic fields of jobs: a release that reads only version 1 would drop them,
@@ -52,7 +53,8 @@ SNAPSHOT_VERSION_3 = 3
 #: The version written once the state holds what command-set version 4 brought (a recorded
 #: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares; a node's GPU
 #: error, GpuFault; a job's mounts, pull timeout or no command, which runs its image's entrypoint; a
-#: task prepared, TaskPrepared): a version-3 release refuses it rather than drop them.
+#: task prepared, TaskPrepared; learned run times, synapse.core.predict): a version-3 release refuses
+#: it rather than drop them.
 SNAPSHOT_VERSION_4 = 4
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
@@ -71,7 +73,7 @@ def encode(state: Any) -> dict[str, Any]:
     arrays = [_array_to_dict(a) for a in sorted(state.arrays.values(), key=lambda a: a.seq)]
     nodes = [_node_to_dict(n) for n in sorted(state.nodes.values(), key=lambda n: n.id)]
     v4 = any("progress" in j or any(len(r) > _RUN_V3_LEN for r in j["runs"]) for j in jobs) \
-        or any(_NODE_VERSION_4_KEYS & set(n) for n in nodes)
+        or any(_NODE_VERSION_4_KEYS & set(n) for n in nodes) or len(state.run_times) > 0
     newer = state.cluster_version > 1 or any(_VERSION_3_KEYS & set(j) or "checkpoint" in j["spec"] for j in jobs) \
         or any("checkpoint" in a["spec"] for a in arrays) or any(_NODE_VERSION_3_KEYS & set(n) for n in nodes)
     images = any("mounts" in s or "image_pull_timeout" in s or not s["command"]
@@ -104,6 +106,9 @@ def encode(state: Any) -> dict[str, Any]:
         **({"join_tokens": [_join_token_to_dict(t) for _, t in sorted(state.join_tokens.items())]}
            if state.join_tokens else {}),
         **({"cluster_version": state.cluster_version} if state.cluster_version > 1 else {}),
+        # Learned run times (synapse.core.predict), only when there are any (from cluster version 4
+        # on), least recently learned first; a snapshot with them is version 4.
+        **({"run_times": state.run_times.to_list()} if len(state.run_times) else {}),
     }
 
 
@@ -176,6 +181,7 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         if job.array_id in state.arrays and not job.status.terminal:
             state.array_live[job.array_id].add(job.id)
     state.finished = {k: v for k, v in data.get("finished", [])}
+    state.run_times = RunTimes.from_list(data.get("run_times", []))
     state.unarchived = dict(sorted(state.unarchived.items()))
     return state
 

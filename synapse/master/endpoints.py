@@ -341,9 +341,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 if heard is not None and now - heard[3] < PULL_PROGRESS_TTL_S:
                     info.pulls.append(api_pb2.PullProgress(job_id=job.id, attempt=job.attempt, node_id=node_id,
                                                            phase=heard[0], done_bytes=heard[1], total_bytes=heard[2]))
+        if not job.status.terminal:  # what the scheduler expects of its run (synapse.core.predict)
+            elapsed = self.m.now() - job.started_at if job.started_at else 0.0
+            info.prediction = state.run_times.predict(job.user, job.spec.name, job.spec.total.gpu,
+                                                      job.spec.time_limit, elapsed).describe(
+                job.user or "-", job.spec.name, job.spec.total.gpu)
         if job.spec.after:
             info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
-        info.goodput.CopyFrom(codec.goodput_to_proto(goodput.of_job(job, time.time())))
+        info.goodput.CopyFrom(codec.goodput_to_proto(goodput.of_job(job, self.m.now())))
         heard = view.progress_of(job.id) if view is not None else None  # the leader's may be newer than the log's
         logged = job.progress
         codec.progress_to_info(info, heard if heard is not None and (logged is None or heard.at >= logged.at)

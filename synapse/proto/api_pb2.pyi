@@ -410,6 +410,7 @@ class JobInfo(_message.Message):
     RESTARTS_USED_FIELD_NUMBER: _builtins.int
     REQUEUES_FIELD_NUMBER: _builtins.int
     EXCLUDED_NODES_FIELD_NUMBER: _builtins.int
+    PREDICTION_FIELD_NUMBER: _builtins.int
     GOODPUT_FIELD_NUMBER: _builtins.int
     CHECKPOINT_AT_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
@@ -450,6 +451,10 @@ class JobInfo(_message.Message):
     """
     requeues: _builtins.int
     """attempts ended through no fault of its own (node lost, drain, preemption, resize)"""
+    prediction: _builtins.str
+    """drain): its later attempts are never placed there
+    how long it is expected to run and on what that rests (synapse.core.predict)
+    """
     checkpoint_at: _builtins.float
     """its current (or last) attempt's last checkpoint; 0 = none reported"""
     checkpoint_step: _builtins.int
@@ -486,9 +491,7 @@ class JobInfo(_message.Message):
 
     @_builtins.property
     def goodput(self) -> Global___Goodput:
-        """drain): its later attempts are never placed there
-        Goodput (synapse.core.goodput), as of when it was read, and the progress its tasks reported.
-        """
+        """Goodput (synapse.core.goodput), as of when it was read, and the progress its tasks reported."""
 
     def __init__(
         self,
@@ -521,6 +524,7 @@ class JobInfo(_message.Message):
         restarts_used: _builtins.int = ...,
         requeues: _builtins.int = ...,
         excluded_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        prediction: _builtins.str = ...,
         goodput: Global___Goodput | None = ...,
         checkpoint_at: _builtins.float = ...,
         checkpoint_step: _builtins.int = ...,
@@ -529,7 +533,7 @@ class JobInfo(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "goodput", b"goodput", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

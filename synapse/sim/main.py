@@ -24,7 +24,7 @@ from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.core.queues import QueueFileError, parse_queue_file
 from synapse.sim import trace as tracefile
 from synapse.sim.failures import RECOVERIES, FailureModel
-from synapse.sim.generate import MIXES, Recipe, generate
+from synapse.sim.generate import MIXES, RECURRENCE, WITHIN_CV, Recipe, generate
 from synapse.sim.metrics import summarize
 from synapse.sim.noise import NOISE_METRICS, jittered, noise_floor, spread, values_of, versus
 from synapse.sim.policies import DEFAULT_POLICIES, POLICIES, parse_policies, tuned
@@ -81,16 +81,23 @@ def main() -> None:
               help="Gangs above 8 GPUs run (gpus/8)^this longer (the size-length correlation).")
 @click.option("--queue-mix", default="", metavar="NAME=SHARE,...",
               help="Submit jobs to these queues in these shares (e.g. research=0.7,vision=0.3).")
+@click.option("--recurrence", type=float, default=RECURRENCE, show_default=True, metavar="SHARE",
+              help="Share of jobs that resubmit one of their user's job templates (0: today's traces, "
+                   "no users or names).")
+@click.option("--within-cv", type=float, default=WITHIN_CV, show_default=True, metavar="CV",
+              help="Coefficient of variation of a template's run times.")
 @_shape_options
 @click.option("-o", "--output", default="-", show_default=True, help="Where to write the trace CSV.")
-def generate_cmd(mix, load, days, seed, failures, size_exponent, queue_mix, nodes, gpus_per_node, racks, output):
+def generate_cmd(mix, load, days, seed, failures, size_exponent, queue_mix, recurrence, within_cv, nodes,
+                 gpus_per_node, racks, output):
     """Write a synthetic trace from published statistics (Philly durations, Venus arrivals).
 
     The CSV's columns are described in the docs (docs/evaluation/) and at the top of
     synapse/sim/trace.py; its first lines record the cluster shape and these options."""
     try:
         recipe = Recipe(shape=_shape(nodes, gpus_per_node, racks), mix=mix, load=load, days=days, seed=seed,
-                        failures=failures, size_exponent=size_exponent, queue_mix=_queue_mix(queue_mix))
+                        failures=failures, size_exponent=size_exponent, queue_mix=_queue_mix(queue_mix),
+                        recurrence=recurrence, within_cv=within_cv)
         trace = generate(recipe)
     except TraceError as exc:
         fail(PROG, str(exc))
@@ -98,6 +105,30 @@ def generate_cmd(mix, load, days, seed, failures, size_exponent, queue_mix, node
 
 
 main.add_command(generate_cmd, "generate")
+
+
+@main.command("profile", context_settings=CONTEXT_SETTINGS)
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def profile_cmd(trace_path, as_json):
+    """How well the leader's run-time predictor (synapse.core.predict) guesses this trace's runs:
+    the share of jobs predicted within +-10 %, +-50 %, +-100 % and 10x, beside Helios's estimator."""
+    from synapse.sim.profile import BOUNDS, HELIOS, error_profile
+
+    try:
+        shares = error_profile(tracefile.read(trace_path))
+    except TraceError as exc:
+        fail(PROG, str(exc))
+    if as_json:
+        click.echo(json.dumps(shares, indent=1))
+        return
+    labels = [label for label, _ in BOUNDS]
+    click.echo("| predictor | " + " | ".join(labels) + " |")
+    click.echo("|---" * (len(labels) + 1) + "|")
+    click.echo("| user + name + size (EASY++ rule) | " + " | ".join(f"{shares[k]:.0%}" for k in labels) + " |")
+    click.echo("| Helios's estimator (published) | " + " | ".join(f"{h:.0%}" for h in HELIOS) + " |")
+    basis = ", ".join(f"{k.removeprefix('basis_')} {v:.0%}" for k, v in shares.items() if k.startswith("basis_"))
+    click.echo(f"predicted from: {basis}")
 
 
 def _queue_mix(text: str) -> tuple[tuple[str, float], ...]:
@@ -122,7 +153,7 @@ def import_sacct(export, nodes, gpus_per_node, racks, output):
     """Turn a Slurm accounting export (sacct --parsable2) into a trace.
 
     Export with: sacct --allusers --parsable2 --starttime ... --endtime ...
-    --format JobID,Submit,Start,End,State,AllocTRES,ReqTRES,NNodes,Timelimit,User
+    --format JobID,JobName,Submit,Start,End,State,AllocTRES,ReqTRES,NNodes,Timelimit,User
 
     Give the cluster's shape (--nodes, --gpus-per-node, --racks) to record it in the trace; a job
     the shape cannot hold is an error here rather than at replay."""
@@ -382,7 +413,8 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
          ("mean wait h", "mean_wait_s", 3600, "{:.2f}"), ("p99 wait h", "p99_wait_s", 3600, "{:.1f}"),
          ("big p99 wait h", "big_gang_p99_wait_s", 3600, "{:.1f}"), ("big max wait h", "big_gang_max_wait_s", 3600,
                                                                       "{:.1f}"),
-         ("util", "utilisation", 0.01, "{:.1f}%"), ("1-rack", "single_rack_share", 0.01, "{:.1f}%"),
+         ("useful util", "useful_utilisation", 0.01, "{:.1f}%"), ("alloc util", "utilisation", 0.01, "{:.1f}%"),
+         ("1-rack", "single_rack_share", 0.01, "{:.1f}%"),
          ("racks", "mean_racks_spanned", 1, "{:.2f}"), ("sched p99 ms", "sched_p99_ms", 1, "{:.2f}"),
          ("preempt", "preemptions", 1, "{:.0f}"), ("lost GPU-h", "lost_gpu_hours", 1, "{:.0f}"))
 
@@ -444,9 +476,16 @@ def _floats(text: str, what: str) -> list[float]:
               help="Replays run in this many processes.")
 @click.option("--json", "as_json", is_flag=True, help="Print every sample, the intervals and the claims.")
 @click.option("--report", "report_dir", help="Write an HTML report with the sweep curves into this directory.")
+@click.option("--recurrence", type=float, default=RECURRENCE, show_default=True, metavar="SHARE",
+              help="As for generate: share of jobs that resubmit a template of their user (0: none).")
+@click.option("--within-cv", type=float, default=WITHIN_CV, show_default=True, metavar="CV",
+              help="As for generate: coefficient of variation of a template's run times.")
+@click.option("--baseline", default="easy", show_default=True,
+              help="Policy every other one is paired with, seed by seed (ratios of mean JCT and big-gang p99 "
+                   "wait, difference of useful utilisation).")
 @_shape_options
-def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, as_json, report_dir, nodes,
-          gpus_per_node, racks):
+def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, as_json, report_dir, recurrence,
+          within_cv, baseline, nodes, gpus_per_node, racks):
     """Replay generated traces at several loads and seeds; means with 95 % confidence intervals.
 
     A ratio of synapse to another policy is claimed only where the two intervals do not overlap."""
@@ -456,7 +495,8 @@ def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, a
         chosen = [p.name for p in parse_policies(policies)]
         load_list = _floats(loads, "--loads")
         seed_list = [int(s) for s in _floats(seeds, "--seeds")]
-        base = Recipe(shape=_shape(nodes, gpus_per_node, racks), mix=mix, days=days, failures=failures)
+        base = Recipe(shape=_shape(nodes, gpus_per_node, racks), mix=mix, days=days, failures=failures,
+                      recurrence=recurrence, within_cv=within_cv)
         for load in load_list:
             problem = dataclasses.replace(base, load=load).problem()
             if problem:
@@ -465,7 +505,7 @@ def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, a
         fail(PROG, str(exc))
     keep = min(load_list, key=lambda x: abs(x - 0.9))
     result, kept = run_sweep(base, load_list, seed_list, chosen, spread_factor=spread_factor, workers=workers,
-                             keep=keep)
+                             keep=keep, baseline=baseline)
     text = sweep_table(result)
     if report_dir:
         summaries = {r.policy: summarize(r) for r in kept}
@@ -476,7 +516,7 @@ def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, a
 
 def sweep_table(result: dict) -> str:
     metrics = (("mean JCT h", "mean_jct_s", 3600), ("big p99 wait h", "big_gang_p99_wait_s", 3600),
-               ("util", "utilisation", 1), ("1-rack", "single_rack_share", 1))
+               ("useful util", "useful_utilisation", 1), ("1-rack", "single_rack_share", 1))
     n = len(result["seeds"])
     lines = [f"mean ± 95% CI half-width over {n} seed(s)"]
     for li, load in enumerate(result["loads"]):
@@ -490,6 +530,16 @@ def sweep_table(result: dict) -> str:
         for other, by_metric in result["claims_synapse_over"].items():
             lines.append(f"  synapse/{other}: mean JCT {by_metric['mean_jct_s'][li]}; "
                          f"big p99 wait {by_metric['big_gang_p99_wait_s'][li]}")
+        for policy, by_metric in result.get("paired", {}).items():
+            cells = []
+            for key, label, scale in (("mean_jct_s", "mean JCT", 1), ("big_gang_p99_wait_s", "big p99 wait", 1),
+                                      ("useful_utilisation", "useful util pt", 100)):
+                p = by_metric[key][li]
+                half = "" if math.isnan(p["half"]) else f"±{p['half'] * scale:.3f}"
+                worst = f" (max {p['max'] * scale:.2f})" if key != "useful_utilisation" else \
+                    f" (min {p['min'] * scale:+.2f})"
+                cells.append(f"{label} {p['mean'] * scale:.3f}{half}{worst}")
+            lines.append(f"  {policy}/{result['baseline']} by seed: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
 

@@ -20,7 +20,7 @@ from synapse.sim.trace import Trace
 #: (heading, summarize's key, scale, format) of the metrics the noise floor covers.
 NOISE_METRICS = (("mean JCT h", "mean_jct_s", 3600, "{:.2f}"),
                  ("big-gang p99 wait h", "big_gang_p99_wait_s", 3600, "{:.1f}"),
-                 ("utilisation %", "utilisation", 0.01, "{:.1f}"),
+                 ("useful utilisation %", "useful_utilisation", 0.01, "{:.1f}"),
                  ("single-rack share %", "single_rack_share", 0.01, "{:.1f}"))
 
 

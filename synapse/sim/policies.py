@@ -42,6 +42,7 @@ from synapse.core.scheduler import (
     RoundResult,
     Tuning,
     WaitReason,
+    expected_run,
     schedule_round,
 )
 from synapse.core.sim import QueuePolicy
@@ -81,6 +82,8 @@ def tuned(policy: Policy, text: str) -> Policy:
                 if raw.strip().lower() not in ("true", "false"):
                     raise ValueError
                 value: object = raw.strip().lower() == "true"
+            elif isinstance(default, str):
+                value = raw.strip()
             elif isinstance(default, int):
                 value = int(raw)
             else:
@@ -160,8 +163,11 @@ def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
 
 
 def easy(state: ClusterState, now: float, previous: Reservation | None = None,
-         memo: RoundMemo | None = None) -> RoundResult:
-    """EASY backfilling: one reservation for the head blocked job, backfill what ends before it."""
+         memo: RoundMemo | None = None, predict: bool = False) -> RoundResult:
+    """EASY backfilling: one reservation for the head blocked job, backfill what ends before it.
+
+    By time limits; with `predict` (EASY++, Tsafrir et al.), by the run times the cluster's own
+    runs predict (scheduler.expected_run, the same predictor as Synapse's), limits still ending jobs."""
     view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result, gate = RoundResult(), Gate(state)
     reserved: frozenset[str] | None = None
@@ -170,11 +176,13 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
     for job in _eligible(state, gate, result):
         if reserved is None:
             if not _start(result, view, job, gate):
-                shadow, reserved = _easy_reservation(state, view, job, now, result)
+                shadow, reserved = _easy_reservation(state, view, job, now, result, predict)
                 result.reservations = (Reservation(job.id, job.attempt, (), reserved, shadow, now),)
                 result.reservation = result.reservations[0]
             continue
-        ends_first = bool(job.spec.time_limit) and now + job.spec.time_limit <= shadow
+        # only a job its time limit bounds may go on the reserved nodes (with EASY++ too)
+        ends_first = bool(job.spec.time_limit) and \
+            now + expected_run(state, job, now, predict, own_kind=False) <= shadow
         shape = (*_shape(job), ends_first)
         if shape in failed:
             continue
@@ -184,7 +192,7 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
 
 
 def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: float,
-                      result: RoundResult) -> tuple[float, frozenset[str]]:
+                      result: RoundResult, predict: bool) -> tuple[float, frozenset[str]]:
     """When the head job can start if jobs run to their time limits, and the nodes it will use.
 
     Counted in GPUs per node, as a topology-unaware backfill scheduler does: replay the running
@@ -196,13 +204,15 @@ def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: flo
     ends: list[tuple[float, str, int]] = []
     for node_id in free:
         for task, _ in state.tasks_on_node(node_id):
-            limit = state.jobs[task.job_id].spec.time_limit
-            ends.append(((task.started_at or now) + limit if limit else math.inf, node_id, task.resources.gpu))
+            run = expected_run(state, state.jobs[task.job_id], now, predict, own_kind=False)
+            ends.append(((task.started_at or now) + run, node_id, task.resources.gpu))
     for plan in result.plans:  # started this round: not in the state yet
         planned = state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
         if planned is None:
             continue
-        at = now + planned.time_limit if planned.time_limit else math.inf
+        pending = state.jobs.get(plan.job_id)
+        at = now + (expected_run(state, pending, now, predict, own_kind=False) if pending is not None else
+                    planned.time_limit or math.inf)
         ends += [(at, p.node_id, planned.resources.gpu) for p in plan.placements]
     ends.sort()
     fit = sum(g // per_task for g in free.values())
@@ -224,14 +234,21 @@ def _easy_reservation(state: ClusterState, view: ClusterView, job: Job, now: flo
     return shadow, frozenset(held)
 
 
+#: Synapse's policy by time limits alone (as before the predictor).
+LIMITS = dataclasses.replace(TUNING, predict=False)
+
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("fifo", fifo, "strict first come, first served: the head job blocks the queue"),
     Policy("greedy", greedy, "anything that fits starts, no reservation"),
     Policy("easy", easy, "EASY backfill: one reservation for the head job, backfill what ends before it"),
+    Policy("easy++", functools.partial(easy, predict=True),
+           "EASY++: EASY backfill by the run times the cluster's runs predict, limits still ending jobs"),
     Policy("conservative", functools.partial(schedule_round, tuning=CONSERVATIVE),
            "conservative backfill: every blocked job keeps a reservation", tuning=CONSERVATIVE),
-    Policy("synapse", schedule_round, "Synapse's queue policy: rack-aware reservation, backfill by time limit",
-           preempts=True),
+    Policy("synapse", schedule_round, "Synapse's queue policy: rack-aware reservation, backfill by predicted run "
+           "time", preempts=True),
+    Policy("synapse-limits", functools.partial(schedule_round, tuning=LIMITS),
+           "ablation: Synapse's policy by time limits alone, no predictions", tuning=LIMITS, preempts=True),
     Policy("synapse-flat", schedule_round, "ablation: Synapse's policy, blind to racks", topology_visible=False,
            preempts=True),
     Policy("synapse-strict", schedule_round, "ablation: Synapse's policy, gangs that fit in a rack require one",

@@ -168,8 +168,9 @@ class Replay(Simulator):
             # before the whole cluster.
             topology = TopologySpec("rack", PackMode.REQUIRED if self.spec_policy.strict_racks else PackMode.PREFERRED)
         ranges, throttle = parse_array(job.array) if job.array else ((), 0)
-        return JobSpec(name=job.id, tasks=tasks, resources=Resources(CPU_PER_GPU * per, MEMORY_PER_GPU * per, per),
-                       command=("train",), topology=topology, time_limit=job.time_limit, queue=job.queue,
+        return JobSpec(name=job.job_name, tasks=tasks,
+                       resources=Resources(CPU_PER_GPU * per, MEMORY_PER_GPU * per, per), command=("train",),
+                       topology=topology, time_limit=job.time_limit, queue=job.queue,
                        array=format_ranges(ranges), array_throttle=throttle, after=job.dependencies,
                        max_restarts=MAX_RESTARTS if self.failures and not job.exit_code else 0)
 

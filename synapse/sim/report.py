@@ -17,7 +17,7 @@ from synapse.sim.replay import RunResult
 
 #: (metric, axis label, scale) of the load sweep curves.
 SWEEP_CURVES = (("mean_jct_s", "mean JCT (h)", 3600), ("big_gang_p99_wait_s", "big-gang p99 wait (h)", 3600),
-                ("utilisation", "GPU utilisation", 1), ("single_rack_share", "single-rack share", 1))
+                ("useful_utilisation", "useful GPU utilisation", 1), ("single_rack_share", "single-rack share", 1))
 
 
 class ReportError(RuntimeError):

@@ -1,10 +1,11 @@
 """A trace from a Slurm accounting export, so a cluster's own history can be replayed.
 
     sacct --allusers --starttime 2024-05-01 --endtime 2024-06-01 --parsable2 \\
-          --format JobID,Submit,Start,End,State,AllocTRES,ReqTRES,NNodes,Timelimit,User > sacct.txt
+          --format JobID,JobName,Submit,Start,End,State,AllocTRES,ReqTRES,NNodes,Timelimit,User > sacct.txt
 
 Fields are `|`-separated with a header line; `JobID`, `Submit`, `Start`, `End`, `State`, `NNodes`,
-`Timelimit` and one of `AllocTRES` or `ReqTRES` are required (`User` is kept when present).
+`Timelimit` and one of `AllocTRES` or `ReqTRES` are required (`User` and `JobName` are kept when
+present: with the size, they are what the leader's run-time predictor knows a resubmitted job by).
 
 * Job steps (`123.batch`, `123.extern`, `123.0`) are skipped: the allocation's own row is the job.
 * Array tasks (`123_4`) and heterogeneous components (`123+0`) are jobs of their own; a pending
@@ -91,7 +92,7 @@ def parse(text: str, where: str = "sacct") -> tuple[Trace, dict[str, int]]:
         missing.append("AllocTRES or ReqTRES")
     if missing:
         raise TraceError(f"{where}:{header_line}: missing field(s) {', '.join(missing)} (export with "
-                         f"sacct --parsable2 --format {','.join(REQUIRED)},AllocTRES,User)")
+                         f"sacct --parsable2 --format {','.join(REQUIRED)},AllocTRES,User,JobName)")
     skipped = {"job steps": 0, "never started": 0, "not ended": 0, "cpu only": 0}
     rows = []
     for number, line in lines[1:]:
@@ -160,7 +161,8 @@ def _row(row: dict[str, str], skipped: dict[str, int]) -> tuple[float, dict] | N
     gpus = math.ceil(gpus / nodes) * nodes
     return submit, {"id": job_id, "gpus": gpus, "nodes": nodes, "duration": max(1.0, end - start),
                     "time_limit": parse_timelimit(row["Timelimit"]),
-                    "exit_code": 0 if state in SUCCEEDED else 1, "user": row.get("User", "").strip()}
+                    "exit_code": 0 if state in SUCCEEDED else 1, "user": row.get("User", "").strip(),
+                    "name": row.get("JobName", "").strip()}
 
 
 def read(path: str | Path) -> tuple[Trace, dict[str, int]]:

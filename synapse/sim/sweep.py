@@ -2,12 +2,14 @@
 
 For each offered load and seed one trace is generated and replayed through every policy, so the
 policies are compared on identical work (paired). A ratio between two policies is claimed only where
-their intervals do not overlap (metrics.ratio_claim).
+their intervals do not overlap (metrics.ratio_claim); `paired` gives each policy's ratio to a
+baseline seed by seed (the mean of those ratios with its 95 % interval, and the worst seed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -17,8 +19,10 @@ from synapse.sim.policies import POLICIES
 from synapse.sim.replay import RunResult, replay
 
 #: Metrics a sweep aggregates over seeds.
-SWEPT = ("mean_jct_s", "p99_jct_s", "mean_wait_s", "big_gang_p99_wait_s", "utilisation", "single_rack_share",
-         "mean_racks_spanned", "sched_p99_ms")
+SWEPT = ("mean_jct_s", "p99_jct_s", "mean_wait_s", "big_gang_p99_wait_s", "utilisation", "useful_utilisation",
+         "single_rack_share", "mean_racks_spanned", "sched_p99_ms")
+#: What is paired against the baseline policy seed by seed: (metric, "ratio" or "difference").
+PAIRED = (("mean_jct_s", "ratio"), ("big_gang_p99_wait_s", "ratio"), ("useful_utilisation", "difference"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +38,7 @@ def _run(case: Case) -> tuple[Case, dict, RunResult]:
 
 
 def sweep(base: Recipe, loads: list[float], seeds: list[int], policies: list[str], *, spread_factor: float,
-          workers: int = 1, keep: float | None = None) -> tuple[dict, list[RunResult]]:
+          workers: int = 1, keep: float | None = None, baseline: str = "easy") -> tuple[dict, list[RunResult]]:
     """{"loads", "seeds", "policies": {NAME: {metric: [(mean, half width) per load]}}, "samples", "claims"},
     and the replays of the first seed at load `keep` (for the per-run plots)."""
     cases = [Case(dataclasses.replace(base, load=load, seed=seed), p, spread_factor)
@@ -61,4 +65,25 @@ def sweep(base: Recipe, loads: list[float], seeds: list[int], policies: list[str
             claims[other] = {m: [ratio_claim(samples["synapse"][m][i], samples[other][m][i]) for i in range(len(loads))]
                              for m in ("mean_jct_s", "big_gang_p99_wait_s")}
     return {"loads": loads, "seeds": seeds, "policies": curves, "samples": samples,
-            "claims_synapse_over": claims}, kept
+            "claims_synapse_over": claims, "baseline": baseline,
+            "paired": paired(samples, baseline, len(loads)) if baseline in policies else {}}, kept
+
+
+def paired(samples: dict[str, dict[str, list[list[float]]]], baseline: str, loads: int) -> dict:
+    """{policy: {metric: [{"mean", "half", "max", "values"} per load]}}: each policy's ratio to (or
+    difference from) `baseline` on the same trace, seed by seed, with the mean's 95 % interval."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for policy, metrics in samples.items():
+        if policy == baseline:
+            continue
+        out[policy] = {}
+        for metric, how in PAIRED:
+            per_load = []
+            for li in range(loads):
+                pairs = zip(metrics[metric][li], samples[baseline][metric][li], strict=True)
+                values = [a / b if how == "ratio" and b else a - b for a, b in pairs]
+                mean, half = confidence(values)
+                per_load.append({"mean": mean, "half": half, "max": max(values, default=math.nan),
+                                 "min": min(values, default=math.nan), "values": values})
+            out[policy][metric] = per_load
+    return out

@@ -21,6 +21,8 @@ Columns (`id`, `submit_s`, `gpus` and `duration_s` are required; the others may 
   on it; the replay ends a job when it is reached, as Slurm and Synapse's leader do.
 * `exit_code` — 0 for a job that succeeds, anything else for one that fails after `duration_s`.
 * `queue`, `user` — the queue it is submitted to (empty: the default queue), and who submitted it.
+* `name` — the job's name (Slurm's `JobName`): with `user` and `gpus`, what a run-time predictor
+  recognises a resubmitted job by. Written only when some job has one.
 * `array` — an array of gangs (synapse.core.arrays: `0-99%8`): the row stands for one element per
   index, each with the row's GPUs, nodes, duration and exit code; element `i` is job `ID_i`.
 * `after` — dependencies, as `synctl submit --after` takes them: `ok:ID,any:ID2,notok:ID3` (quoted
@@ -36,7 +38,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from synapse.core.arrays import ArraySpecError, parse_array, split_element_id
@@ -45,8 +47,10 @@ from synapse.core.model import Resources
 
 VERSION_LINE = "# synapse-sim trace v1"
 COLUMNS = ("id", "submit_s", "gpus", "nodes", "duration_s", "time_limit_s", "exit_code", "queue", "user", "array",
-           "after")
+           "after", "name")
 REQUIRED = ("id", "submit_s", "gpus", "duration_s")
+#: Columns named otherwise than the TraceJob field they hold.
+_FIELDS = {"submit_s": "submit", "duration_s": "duration", "time_limit_s": "time_limit"}
 #: What each GPU brings with it on a node: 8 cores and 64 GiB (a typical 8-GPU node: 64, 512 GiB).
 CPU_PER_GPU = 8_000
 MEMORY_PER_GPU = 64 << 30
@@ -116,6 +120,12 @@ class TraceJob:
     user: str = ""
     array: str = ""  #: an index spec with its throttle, e.g. `0-99%8`; "" for one job
     after: str = ""  #: dependencies, `ok:ID,any:ID2`; "" for none
+    name: str = ""  #: the job's name (a recurring job's template); "" for none
+
+    @property
+    def job_name(self) -> str:
+        """The name it is submitted under: its `name`, else its id (a job of its own kind)."""
+        return self.name or self.id
 
     @property
     def dependencies(self) -> tuple[tuple[str, str], ...]:
@@ -186,7 +196,7 @@ def _job(row: dict[str, str]) -> TraceJob:
         time_limit=_number(get("time_limit_s"), "time_limit_s", default=0.0),
         exit_code=int(_number(get("exit_code"), "exit_code", integer=True, default=0)),
         queue=get("queue").strip(), user=get("user").strip(), array=get("array").strip(),
-        after=get("after").strip())
+        after=get("after").strip(), name=get("name").strip())
     if not job.id:
         raise TraceError("id is empty")
     if job.array:
@@ -284,9 +294,11 @@ def dumps(trace: Trace) -> str:
     for comment in trace.comments:
         out.write(f"# {comment}\n")
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    # Without names the columns are those of the traces written before names existed.
+    columns = COLUMNS if any(job.name for job in trace.jobs) else COLUMNS[:-1]
+    writer.writerow(columns)
     for job in trace.jobs:
-        writer.writerow([_cell(getattr(job, f.name)) for f in fields(TraceJob)])
+        writer.writerow([_cell(getattr(job, column)) for column in (_FIELDS.get(c, c) for c in columns)])
     return out.getvalue()
 
 
