@@ -486,6 +486,9 @@ def _main() -> None:
     kinds = []
     for k in args.faults:
         why = unavailable(k)
+        if not why and k == "kill-worker-under-gang" and args.workers < GANG_TASKS + 2:
+            # Its gang's nodes, the node a restart without the lost one needs, and one for the workload.
+            why = f"its gang needs {GANG_TASKS + 2} workers or more (--workers {args.workers})"
         if why:
             print(f"skipping fault {k}: {why}", file=sys.stderr)
         else:
