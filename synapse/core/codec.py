@@ -141,7 +141,7 @@ def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2
     return [types_pb2.Mount(source=s, target=t, readonly=ro) for s, t, ro in mounts]
 
 
-def mounts_from_proto(mounts) -> tuple[tuple[str, str, bool], ...]:
+def mounts_from_proto(mounts: Iterable[types_pb2.Mount]) -> tuple[tuple[str, str, bool], ...]:
     return tuple((m.source, m.target, m.readonly) for m in mounts)
 
 

@@ -162,7 +162,7 @@ class ClusterState:
         #: newest last, at most DEQUEUED_KEPT, and how many there were in all. Each is one command
         #: counted in `other_changes` too: while the two counts rise together, only the queue
         #: changed, and a round memo may stand (scheduler.RoundMemo). Local, like other_changes.
-        self.dequeued: deque[tuple] = deque(maxlen=DEQUEUED_KEPT)
+        self.dequeued: deque[tuple[Any, ...]] = deque(maxlen=DEQUEUED_KEPT)
         self.dequeued_count = 0
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
         #: master replicas added at run time: id -> (raft address, api address); apply only

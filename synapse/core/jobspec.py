@@ -292,6 +292,8 @@ def _mounts(value: object) -> tuple[tuple[str, str, bool], ...]:
 def _pull_timeout(value: object) -> float:
     if value is None:
         return 0.0
+    if not isinstance(value, int | float | str):
+        raise JobFileError("image_pull_timeout", f"must be a duration such as 10m, not {value!r}")
     try:
         return parse_duration(value)
     except QuantityError as exc:

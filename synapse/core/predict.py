@@ -81,7 +81,7 @@ class RunTimes:
     def __init__(self, max_keys: int = MAX_KEYS) -> None:
         self.max_keys = max_keys
         #: key -> [runs seen, the last KEEP runs, oldest first]; least recently learned first
-        self.keys: OrderedDict[tuple, list[Any]] = OrderedDict()
+        self.keys: OrderedDict[tuple[Any, ...], list[Any]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -111,7 +111,7 @@ class RunTimes:
             entry = self.keys.get(("job", user, name, gpus)) or (None if own_kind else self.keys.get(("user", user)))
             if entry is not None:
                 runs = entry[1]
-                guess = sum(runs) / len(runs)
+                guess: float = sum(runs) / len(runs)
                 if elapsed >= guess:
                     return self.predict(user, name, gpus, limit, elapsed).seconds
                 return min(limit, guess) if limit > 0 else guess

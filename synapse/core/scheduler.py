@@ -60,6 +60,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from synapse.core.admission import admission_key, max_block, pool_of
 from synapse.core.elastic import at_size, is_elastic, least, place_largest
@@ -80,6 +81,9 @@ from synapse.core.model import (
 from synapse.core.placement import ClusterView, explain, pack_depth
 from synapse.core.spares import last_domain, may_use_spares, restarting
 from synapse.core.topology import Domain
+
+#: What makes gangs fit or fail alike within one round (`_shape`, plus what a round adds to it).
+Shape = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +206,8 @@ class RoundMemo:
     other_changes: int  #: ClusterState.other_changes then
     dequeued: int  #: ClusterState.dequeued_count then
     seen: int  #: how many pending jobs it went through
-    last_key: tuple | None  #: the queue entry of the last one
-    failed: dict[tuple, WaitReason]
+    last_key: tuple[Any, ...] | None  #: the queue entry of the last one
+    failed: dict[Shape, WaitReason]
     reservations: tuple[Reservation, ...]
     waiting: dict[str, WaitReason]
     #: the jobs seen whose departure would change the round: each the first to fail its shape, and
@@ -245,7 +249,7 @@ class RoundResult:
     examined: list[str] = field(default_factory=list)
 
 
-def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> tuple:
+def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> Shape:
     """Jobs of the same shape fit or fail alike within one round (claims and blocks only grow). A
     job that holds nodes from a preemption is a shape of its own (see schedule_round)."""
     r, t = spec.resources, spec.topology
@@ -265,7 +269,7 @@ def schedule_round(state: ClusterState, now: float,
     kept = {r.job_id: r for r in previous or ()}
     view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result = RoundResult()
-    failed: dict[tuple, WaitReason] = {}
+    failed: dict[Shape, WaitReason] = {}
     reservations: list[Reservation] = []
     start = 0
     pivotal: set[str] = set()  #: see RoundMemo.pivotal
@@ -282,7 +286,8 @@ def schedule_round(state: ClusterState, now: float,
         start = 0  # the order depends on usage: no memo (it assumes the plain queue order)
         failed, reservations, result.waiting, pivotal = {}, [], {}, set()
     clock = _DrainClock(state, now, result.plans, tuning.predict)
-    rack_fit: dict[tuple, bool] = {}  #: (shape, depth) -> some domain of that depth holds it when idle
+    #: (tasks, resources, depth) -> some domain of that depth holds such a gang when idle
+    rack_fit: dict[tuple[int, Resources, int], bool] = {}
     # Gangs that preempted others go first: the nodes held for them are theirs alone, and the head
     # reservation must not fall on them for another job.
     holders = [state.jobs[j] for j in sorted(state.holds) if j in state.jobs] if start == 0 else []
@@ -360,8 +365,10 @@ def schedule_round(state: ClusterState, now: float,
             claimed[name] = claimed.get(name, Resources()) + job.spec.total
             gate.placed(job)
             # The array's next elements, under the ids apply gives them, within the queue's max.
-            for more in gate.more_elements(view, job, spec,
-                                           lambda j=job: not (state.queues and max_block(state, j, claimed))):
+            def within_max(j: Job = job) -> bool:
+                return not (state.queues and max_block(state, j, claimed))
+
+            for more in gate.more_elements(view, job, spec, within_max):
                 result.plans.append(more)
                 claimed[name] = claimed[name] + job.spec.total
             continue
@@ -522,7 +529,8 @@ def _queue_order(state: ClusterState) -> list[Job]:
     return sorted(state.pending_jobs(), key=lambda job: admission_key(state, job, pool))
 
 
-def _local_spec(view: ClusterView, job: Job, now: float, tuning: Tuning, rack_fit: dict[tuple, bool]) -> JobSpec:
+def _local_spec(view: ClusterView, job: Job, now: float, tuning: Tuning,
+                rack_fit: dict[tuple[int, Resources, int], bool]) -> JobSpec:
     """Delay scheduling: the spec to place `job` with this round.
 
     A multi-task gang with `preferred` packing that one domain of its pack level (a rack when it
@@ -623,14 +631,15 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
     nodes earlier reservations hold, and until when (inf: for good)."""
     now = clock.now
     limit = job.spec.time_limit or math.inf
-    valid = (previous is not None and previous.job_id == job.id and previous.attempt == job.attempt
-             and all(state.index.contains(n) and not math.isinf(until.get(n, 0.0)) for n in previous.nodes))
-    kept_start = max(clock.nodes_empty_at(previous.nodes), *(until.get(n, now) for n in previous.nodes)) \
-        if valid else math.inf
-    if valid and now - previous.chosen_at < tuning.reevaluate_s:
-        return dataclasses.replace(previous, starts_at=kept_start, ends_at=kept_start + limit)
+    kept = previous if (previous is not None and previous.job_id == job.id and previous.attempt == job.attempt
+                        and all(state.index.contains(n) and not math.isinf(until.get(n, 0.0))
+                                for n in previous.nodes)) else None
+    kept_start = max(clock.nodes_empty_at(kept.nodes), *(until.get(n, now) for n in kept.nodes)) \
+        if kept is not None else math.inf
+    if kept is not None and now - kept.chosen_at < tuning.reevaluate_s:
+        return dataclasses.replace(kept, starts_at=kept_start, ends_at=kept_start + limit)
     best = _earliest(state, view, spec, until, clock, depth)
-    if not valid:
+    if kept is None:
         return None if best is None else Reservation(job.id, job.attempt, *best, chosen_at=now,
                                                      ends_at=best[2] + limit)
     margin = tuning.switch_margin(kept_start - now) if sticky else 0.0
@@ -638,11 +647,11 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
         return Reservation(job.id, job.attempt, *best, chosen_at=now, ends_at=best[2] + limit)
     # Kept in its domain, on the nodes expected to be empty first there now: a node that emptied
     # ahead of its time limit takes the place of one still draining (the start is no later).
-    fresh = best if best is not None and best[0] == previous.domain else \
-        _earliest(state, view, spec, until, clock, within=previous.domain)
+    fresh = best if best is not None and best[0] == kept.domain else \
+        _earliest(state, view, spec, until, clock, within=kept.domain)
     if fresh is not None and fresh[2] <= kept_start:
         return Reservation(job.id, job.attempt, *fresh, chosen_at=now, ends_at=fresh[2] + limit)
-    return Reservation(job.id, job.attempt, previous.domain, previous.nodes, kept_start, chosen_at=now,
+    return Reservation(job.id, job.attempt, kept.domain, kept.nodes, kept_start, chosen_at=now,
                        ends_at=kept_start + limit)
 
 
