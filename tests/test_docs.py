@@ -41,7 +41,7 @@ PAGE_TIMEOUT_S = 90
 TWO_COMMANDS = [
     "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/synapse-local demo",
     "bash scripts/install-test-packages.sh && python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' "
-    "&& .venv/bin/python -m pytest -q",
+    "&& .venv/bin/python -m pytest -q -n 2",
 ]
 README_MAX_LINES = 300
 

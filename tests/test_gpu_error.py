@@ -176,8 +176,10 @@ def test_a_reported_gpu_error_restarts_the_gang_off_the_node_before_any_heartbea
     stopped_at = next(e.at for e in again.events if e.kind == "Stopping")
     running_at = [e.at for e in again.events if e.kind == "Running"][-1]
     timeout = 3 * HEARTBEAT_S
-    assert stopped_at - reported < 3.0 and running_at - reported < timeout / 2, (stopped_at - reported,
-                                                                                 running_at - reported)
+    # Well before a heartbeat timeout (the time it takes is bench/recovery.py --gpu-error's to give:
+    # a loaded test machine once took 4.2 s to stop it, where a quiet one takes 0.2 s).
+    assert stopped_at - reported < timeout / 2 and running_at - reported < timeout, (stopped_at - reported,
+                                                                                     running_at - reported)
     assert victim not in {t.node_id for t in again.tasks}
     assert (again.restarts_used, again.requeues, list(again.excluded_nodes)) == (0, 1, [victim])
     node = next(n for n in cluster.client.list_nodes() if n.id == victim)
