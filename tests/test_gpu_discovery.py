@@ -18,16 +18,22 @@ from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.model import Resources
 from synapse.core.placement import ClusterView, place
-from synapse.worker import gpus
+from synapse.worker import gpu_errors, gpus
 
 SMI_OUTPUT = "0, NVIDIA H100 80GB HBM3, 81559\n1, NVIDIA H100 80GB HBM3, 81559\n"
 
 
 def fake_nvidia_smi(directory: Path, output: str = SMI_OUTPUT) -> Path:
-    """An `nvidia-smi` that answers the worker's query (and fails on anything else, as a check)."""
+    """An `nvidia-smi` that answers the worker's two queries, discovery's and the GPU-error watch's
+    (healthy GPUs: no uncorrectable ECC error), and fails on anything else, as a check. (Answering
+    only discovery's made the watch, after its first 10 s, see a failing nvidia-smi and cordon the
+    node: the test then failed whenever a loaded machine made it last that long.)"""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "nvidia-smi"
+    healthy = "".join(f"{line.split(',')[0]}, 0\n" for line in output.splitlines() if line.strip())
+    watch_query = " ".join(gpu_errors.QUERY[1:])
     script.write_text("#!/bin/sh\n"
+                      f'if [ "$*" = "{watch_query}" ]; then cat <<\'EOF\'\n{healthy}EOF\nexit 0; fi\n'
                       f'if [ "$*" != "{" ".join(gpus.QUERY[1:])}" ]; then echo "unexpected: $*" >&2; exit 9; fi\n'
                       f"cat <<'EOF'\n{output}EOF\n")
     script.chmod(0o755)
