@@ -259,7 +259,10 @@ def test_the_random_commands_cover_every_kind_the_state_machine_handles():
     """The property above means what it says only if its commands reach every handler."""
     seen: set[type] = set()
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    # Derandomized: the same examples on every run, so coverage is a fact about the generators, not
+    # luck (a random run of CI once drew no HistoryOverflow: each kind is about one draw in a hundred).
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None,
+              derandomize=True)
     @given(st.data())
     def collect(data):
         state = started_state()

@@ -557,9 +557,11 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
     monkeypatch.setenv(PULL_DELAY_HOOK, str(SLOW_PULL_S))  # this worker's pulls take this much longer
     start_worker(cluster, "slow", "rack2")
     monkeypatch.delenv(PULL_DELAY_HOOK)
-    # The gate is a version-4 command: the leader proposes it once the replicated version says so.
-    wait_for(lambda: max(cluster.client.replica_status(a).cluster_version for a in cluster.addresses) >= 4, 30,
-             "version 4")
+    # The gate holds tasks once the applied state says version 4, on every replica (the leader's
+    # cluster_version says 4 as soon as every member knows it, before SetClusterVersion applies: a
+    # wait on that let a CI run submit while the state was still at 3, and one task start ungated).
+    wait_for(lambda: min(cluster.client.replica_status(a).applied_version for a in cluster.addresses) >= 4, 30,
+             "version 4 applied on every replica")
     submitted = time.time()
     job_id = submit(cluster, f"name: gated\ntasks: 2\nresources: {{cpu: 1, gpu: 5}}\nimage: dir:{root}\n"
                              "command: [cat, /etc/os-release]\n")

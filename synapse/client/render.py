@@ -307,7 +307,8 @@ def replica_dict(address: str, s: api_pb2.ReplicaStatusReply) -> dict[str, Any]:
             "commands_applied": s.commands_applied, "digest": s.digest[:12],
             "leader": s.leader_api or None, "connected_to": list(s.connected),
             "raft_address": s.raft_address, "log_start": s.log_start,
-            "command_version": s.command_version or None, "cluster_version": s.cluster_version}
+            "command_version": s.command_version or None, "cluster_version": s.cluster_version,
+            "applied_version": s.applied_version or None}
 
 
 def unreachable_replica(address: str, error: str) -> dict[str, Any]:

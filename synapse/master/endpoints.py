@@ -571,7 +571,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             match_index={p: status.get(f"match_idx_server_{p}", 0) for p in partners},
             next_index={p: status.get(f"next_node_idx_server_{p}", 0) for p in partners},
             log_start=self.m.raft.log_start(), command_version=self.m.raft.commands.known,
-            cluster_version=self.m.raft.cluster_version() if self.m.raft.is_leader() else 0)
+            cluster_version=self.m.raft.cluster_version() if self.m.raft.is_leader() else 0,
+            applied_version=self.m.raft.replicated.state.cluster_version)
 
     async def AddReplica(self, request, context):
         """Add a master replica: record its addresses, then add it to the Raft membership.

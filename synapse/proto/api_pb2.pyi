@@ -940,6 +940,7 @@ class ReplicaStatusReply(_message.Message):
     LOG_START_FIELD_NUMBER: _builtins.int
     COMMAND_VERSION_FIELD_NUMBER: _builtins.int
     CLUSTER_VERSION_FIELD_NUMBER: _builtins.int
+    APPLIED_VERSION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     api_address: _builtins.str
     raft_address: _builtins.str
@@ -964,6 +965,10 @@ class ReplicaStatusReply(_message.Message):
     cluster_version: _builtins.int
     """On the leader, the highest command-set version every member is known to apply (etcd's cluster
     version): commands of a newer kind wait until it reaches theirs. 0 on a follower.
+    """
+    applied_version: _builtins.int
+    """The version this replica's applied state is at (the last SetClusterVersion it applied): a gang's
+    image gate, say, holds tasks only once the state every replica applies says version 4.
     """
     @_builtins.property
     def partners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1004,10 +1009,11 @@ class ReplicaStatusReply(_message.Message):
         log_start: _builtins.int = ...,
         command_version: _builtins.int = ...,
         cluster_version: _builtins.int = ...,
+        applied_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "applied_index", b"applied_index", "cluster_version", b"cluster_version", "command_version", b"command_version", "commands_applied", b"commands_applied", "commands_proposed", b"commands_proposed", "commit_index", b"commit_index", "connected", b"connected", "digest", b"digest", "entries_proposed", b"entries_proposed", "id", b"id", "leader_api", b"leader_api", "leader_raft", b"leader_raft", "log_start", b"log_start", "match_index", b"match_index", "next_index", b"next_index", "partners", b"partners", "raft_address", b"raft_address", "state", b"state", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_address", b"api_address", "applied_index", b"applied_index", "applied_version", b"applied_version", "cluster_version", b"cluster_version", "command_version", b"command_version", "commands_applied", b"commands_applied", "commands_proposed", b"commands_proposed", "commit_index", b"commit_index", "connected", b"connected", "digest", b"digest", "entries_proposed", b"entries_proposed", "id", b"id", "leader_api", b"leader_api", "leader_raft", b"leader_raft", "log_start", b"log_start", "match_index", b"match_index", "next_index", b"next_index", "partners", b"partners", "raft_address", b"raft_address", "state", b"state", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
