@@ -15,7 +15,7 @@ from synapse.core import codec
 from synapse.local import cluster as local
 from synapse.master.durability import CorruptionError, check_journal, fsync_durable, seal, unseal
 from tests.conftest import LocalCluster
-from tests.helpers import spec
+from tests.helpers import spec, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,9 +84,14 @@ def test_corrupt_journal_is_refused_and_the_replica_rebuilds_from_its_peers(make
                              capture_output=True, text=True, cwd=ROOT)
     assert rebuild.returncode == 0 and "moved" in rebuild.stdout
     cluster.restart_master(victim)
-    cluster.converged_digest(timeout=30)
-    status = cluster.client.replica_status(cluster.master(victim)["api_address"], digest=True)
-    assert status.digest == cluster.client.replica_status(cluster.client.leader, digest=True).digest
+    # The rebuilt replica holds the leader's state: compared once both have applied the same
+    # commands (two status calls in a row raced the leader's own periodic commands on a loaded run).
+    def same_point():
+        mine = cluster.client.replica_status(cluster.master(victim)["api_address"], digest=True)
+        theirs = cluster.client.replica_status(cluster.client.leader, digest=True)
+        return (mine, theirs) if mine.commands_applied == theirs.commands_applied else None
+    mine, theirs = wait_for(same_point, 30, "the rebuilt replica to catch up with the leader")
+    assert mine.digest == theirs.digest
     assert len(cluster.client.list_jobs()) == 5 and digest
 
 
