@@ -29,9 +29,8 @@ Rules:
   synapse.master.dispatch).
 * A task in an image starts once the node's image store holds it (`ImageReady`), at once unless the
   newest listing holds it for its gang; a held task keeps its image pinned until a listing releases
-  it (then it starts) or stops it (then it ends, its container dropped). A task stopped before it
-  has a process ends at once, with nothing to save; a pull's outcome for a task that is gone only
-  unpins the image.
+  it (then it starts) or stops it (then it ends, its container dropped). A task stopped while its
+  image is pulled ends at once, with nothing to save; the pull's outcome then only unpins the image.
 """
 
 from __future__ import annotations
