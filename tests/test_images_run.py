@@ -271,15 +271,15 @@ def test_worker_state_reports_a_held_task_prepared_once_and_a_pull_failure_with_
     from synapse.worker import state as ws
 
     s = ws.WorkerState()
-    a = assignment(hold=True)
-    assert s.handle(ws.AssignmentsReceived(1, 1, (a,)), now=0) == [ws.Start(a)]
-    s.handle(ws.TaskPrepared(a.key), now=1)
+    a, b = assignment(hold=True), assignment(index=1, hold=True)
+    assert s.handle(ws.AssignmentsReceived(1, 1, (a, b)), now=0) == [ws.Start(a), ws.Start(b)]
+    assert s.handle(ws.ImageReady(a.key, "image"), now=1) == []  # held: prepared, not started
     assert s.unreported == [ws.Report(a.key, started=False, prepared=True)]
-    s.handle(ws.TaskStartFailed(a.key, "node n: UNREACHABLE", "ImagePullFailed", node_side=True), now=2)
-    assert s.unreported[-1] == ws.Report(a.key, started=False, exit_code=127, reason="node n: UNREACHABLE",
+    assert s.handle(ws.ImageFailed(b.key, "node n: UNREACHABLE", node_side=True), now=2) == []
+    assert s.unreported[-1] == ws.Report(b.key, started=False, exit_code=127, reason="node n: UNREACHABLE",
                                          cause="ImagePullFailed", node_side=True)
-    s.handle(ws.TaskPrepared(a.key), now=3)  # ended: nothing more to say of it
-    assert len(s.unreported) == 2 and a.key in s.done
+    assert s.handle(ws.ImageReady(b.key, "image"), now=3) == [ws.Unpin(b.key)]  # ended: nothing more to say
+    assert len(s.unreported) == 2 and b.key in s.done
     s.validate()
 
 

@@ -188,3 +188,202 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
     assert "pkg.master.endpoints -> pkg.worker.agent (master may not import worker)" in bad
     assert "pkg.core.sim -> pkg.core.preemption (a driver of the leader's brain decides nothing itself)" in bad
     assert not any(b.startswith("pkg.core.codec -> pkg.core.model") for b in bad)
+
+
+# ---- the worker's state has one writer ------------------------------------------------------------
+
+WORKER = ROOT / "worker"
+#: The one module that may change a WorkerState (synapse.worker.state's docstring states the rule).
+STATE_MODULE = "state.py"
+#: Methods that change a list, dict or set in place.
+MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "add", "discard",
+            "setdefault", "sort", "reverse", "difference_update", "intersection_update",
+            "symmetric_difference_update", "__setitem__", "__delitem__", "__setattr__", "__delattr__",
+            "__iadd__", "__ior__", "__iand__", "__isub__"}
+#: Methods of WorkerState whose result holds nothing of the state that could be changed through it
+#: (`handle` returns instructions; `view` a frozen copy).
+DETACHED = {"handle", "view"}
+#: Worker code that runs off the agent's main loop: it reads the published view, never the state.
+OFF_THE_MAIN_LOOP = {"agent.py": {"_watch_loop", "_heartbeat_loop", "_report_loop", "_progress_loop",
+                                  "_health_loop", "_gpu_loop", "_pull", "LogService"},
+                     "observe.py": {"_Tasks"}}
+
+
+def _is_state(node: ast.AST) -> bool:
+    """The names the worker uses for its WorkerState: `state`, `self.state`, `agent.state`, ..."""
+    return (isinstance(node, ast.Name) and node.id == "state") or (isinstance(node, ast.Attribute)
+                                                                   and node.attr == "state")
+
+
+def _into_state(node: ast.AST, aliases: set[str]) -> bool:
+    """`node` (an object something is written into) is the state, a part of it or an alias of one:
+    its chain of attributes, subscripts and calls reaches the state or an alias."""
+    while True:
+        if _is_state(node) or (isinstance(node, ast.Name) and node.id in aliases):
+            return True
+        if isinstance(node, ast.Attribute | ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        else:
+            return False
+
+
+def _mentions_state(node: ast.AST, aliases: set[str]) -> bool:
+    """`node` (a value bound to a name) may hold a part of the state: it reads a field or a method's
+    result of the state, or an alias (conservatively: `n = len(state.tasks)` counts too)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and _is_state(sub.value) and sub.attr not in DETACHED:
+            return True
+        if isinstance(sub, ast.Name) and sub.id in aliases:
+            return True
+    return False
+
+
+def _names(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _in_scope(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of `scope`'s own code: nested functions are scopes of their own."""
+    out, todo = [], list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _aliases(nodes: list[ast.AST], inherited: set[str]) -> set[str]:
+    """Names bound to a part of the state (`task = self.state.tasks[k]`, `for t in state.running()`,
+    `with`, `:=`, comprehensions) in a scope's `nodes`, besides the enclosing scopes' (`inherited`),
+    to a fixed point (an alias of an alias)."""
+    aliases = set(inherited)
+    while True:
+        found = set(aliases)
+        for node in nodes:
+            bound: list[tuple[ast.AST, ast.AST]] = []
+            if isinstance(node, ast.Assign):
+                bound = [(t, node.value) for t in node.targets]
+            elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
+                bound = [(node.target, node.value)]
+            elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+                bound = [(node.target, node.iter)]
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                bound = [(node.optional_vars, node.context_expr)]
+            for target, value in bound:
+                if isinstance(target, ast.Name | ast.Tuple | ast.List | ast.Starred) and _mentions_state(value, found):
+                    found |= _names(target)
+        if found == aliases:
+            return aliases
+        aliases = found
+
+
+def _writes(node: ast.AST, aliases: set[str]) -> bool:
+    """`node` assigns to, deletes or mutates in place the state or a part of it."""
+    targets: list[ast.AST] = []
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    for target in targets:
+        for t in (target.elts if isinstance(target, ast.Tuple | ast.List) else [target]):
+            t = t.value if isinstance(t, ast.Starred) else t
+            if isinstance(t, ast.Attribute | ast.Subscript) and _into_state(t.value, aliases):
+                return True
+            if isinstance(node, ast.AugAssign) and isinstance(t, ast.Name) and t.id in aliases:
+                return True  # `reports += [r]` extends the list in place
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in MUTATORS and _into_state(func.value, aliases):
+            return True
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        return name in {"setattr", "delattr"} and bool(node.args) and _into_state(node.args[0], aliases)
+    return False
+
+
+def state_writes(source: str, filename: str = "<snippet>") -> list[str]:
+    """Every place in `source` that assigns to, deletes or mutates in place a WorkerState attribute
+    (or anything inside one, such as a task's field), directly or through an alias: 'file:line code'."""
+    found: list[tuple[int, str]] = []
+
+    def visit(scope: ast.AST, inherited: set[str]) -> None:
+        nodes = _in_scope(scope)
+        aliases = _aliases(nodes, inherited)
+        found.extend((n.lineno, ast.unparse(n).splitlines()[0]) for n in nodes  # type: ignore[attr-defined]
+                     if _writes(n, aliases))
+        for n in nodes:
+            if isinstance(n, SCOPES):
+                visit(n, aliases)
+
+    visit(ast.parse(source, filename), set())
+    return [f"{filename}:{line} {code}" for line, code in sorted(set(found))]
+
+
+def state_reads_off_the_main_loop(source: str, names: set[str], filename: str = "<snippet>") -> list[str]:
+    """Every mention of the state inside the functions or classes `names` (code run by other threads)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in names:
+            found += [f"{filename}:{sub.lineno} {node.name}: {ast.unparse(sub)}" for sub in ast.walk(node)
+                      if _is_state(sub)]
+    return found
+
+
+def test_only_the_state_module_writes_the_workers_state():
+    bad = [w for path in sorted(WORKER.glob("*.py")) if path.name != STATE_MODULE
+           for w in state_writes(path.read_text(), f"synapse/worker/{path.name}")]
+    assert bad == [], "the worker's state changes only through WorkerState.handle (send the main loop an event):\n" \
+        + "\n".join(bad)
+
+
+def test_the_workers_other_threads_read_the_published_view_not_the_state():
+    bad = [r for name, functions in OFF_THE_MAIN_LOOP.items()
+           for r in state_reads_off_the_main_loop((WORKER / name).read_text(), functions, f"synapse/worker/{name}")]
+    assert bad == [], "read `view` (the main loop's copy) off the main loop:\n" + "\n".join(bad)
+    for name, functions in OFF_THE_MAIN_LOOP.items():  # the names above still exist
+        tree = ast.parse((WORKER / name).read_text())
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        assert functions <= defined, f"{name}: no {sorted(functions - defined)} any more: update OFF_THE_MAIN_LOOP"
+
+
+def test_the_state_writer_check_catches_every_kind_of_write():
+    """The checker itself, on a snippet with each kind of write (and reads it must let pass)."""
+    snippet = """\
+class Agent:
+    def run(self, event, now, k, r):
+        self.state.known = (1, 2)
+        self.state.tasks[k] = r
+        self.state.unreported.append(r)
+        del self.state.tasks[k]
+        self.state.done |= {k}
+        self.state.tasks[k].phase = "running"
+        self.state.tasks.get(k).handle = None
+        task = self.state.tasks.get(k)
+        task.killed = True
+        for key, t in list(self.state.tasks.items()):
+            t.grace = 1.0
+        reports = self.state.unreported
+        reports += [r]
+        setattr(self.state, "known", (0, 0))
+        self.agent.state.prepared.pop(k)
+        self.state.known, other = (3, 4), 5
+        self.state = WorkerState.restore(now=now)
+        self._carry_out(self.state.handle(event, now))
+        out = self.state.handle(event, now)
+        out.append(r)
+        batch = self.view.unreported
+        count = len(self.state.tasks)
+        self.other.append(count)
+
+
+def pull(state, k):
+    state.holds.clear()
+"""
+    assert [w.split(" ", 1)[0] for w in state_writes(snippet)] == \
+        [f"<snippet>:{n}" for n in (3, 4, 5, 6, 7, 8, 9, 11, 13, 15, 16, 17, 18, 29)]
+    assert state_reads_off_the_main_loop(snippet, {"pull"}) == ["<snippet>:29 pull: state"]

@@ -6,23 +6,32 @@ from synapse.core.model import Assignment
 from synapse.worker.runtime import Handle
 from synapse.worker.state import (
     AssignmentsReceived,
+    Discard,
+    ImageFailed,
+    ImageReady,
+    PullStarted,
     Report,
     ReportsAcknowledged,
+    SavedTask,
     Signal,
     Start,
+    StateView,
     TaskExited,
     TaskStarted,
     TaskStartFailed,
     Tick,
+    Unpin,
     WorkerState,
     notice_signal,
 )
 
 
-def assignment(job="j", attempt=1, index=0, stop=False, port=29500, grace=0.0, notice_signal="", notice=0.0):
+def assignment(job="j", attempt=1, index=0, stop=False, port=29500, grace=0.0, notice_signal="", notice=0.0,
+               hold=False):
     return Assignment(job_id=job, attempt=attempt, index=index, rank=index, world_size=2, local_rank=0,
                       local_world_size=1, node_rank=index, master_addr="h", master_port=port, gpus=(0,),
-                      command=("true",), env=(), stop=stop, grace=grace, notice_signal=notice_signal, notice=notice)
+                      command=("true",), env=(), stop=stop, grace=grace, notice_signal=notice_signal, notice=notice,
+                      hold=hold)
 
 
 def running(s: WorkerState, a: Assignment, now: float = 0) -> None:
@@ -207,3 +216,102 @@ def test_a_signal_this_machine_does_not_know_is_no_notice():
     running(s, a)
     odd = assignment(stop=True, notice_signal="NOPE", notice=30)
     assert s.handle(AssignmentsReceived(1, 2, (odd,)), now=1) == [Signal(a.key, HANDLE, signal.SIGTERM)]
+
+
+# ---- tasks in images: pulled, held for the gang, released --------------------------------------------
+
+IMAGE = object()  #: stands for the store's Image: the state only hands it back
+
+
+def test_a_task_not_held_starts_with_its_image_once_pulled():
+    s = WorkerState()
+    a = assignment()
+    assert s.handle(AssignmentsReceived(1, 1, (a,)), now=0) == [Start(a)]
+    assert s.waits_for_image(a.key)
+    assert s.handle(ImageReady(a.key, IMAGE), now=1) == [Start(a, IMAGE)]
+    assert s.handle(TaskStarted(a.key, HANDLE), now=2) == []
+    assert not s.waits_for_image(a.key) and s.unreported == [Report(a.key, started=True)]
+    s.validate()
+
+
+def test_a_held_task_is_prepared_and_starts_when_a_listing_releases_it():
+    s = WorkerState()
+    a = assignment(hold=True)
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    assert s.handle(ImageReady(a.key, IMAGE), now=1) == []
+    assert s.unreported == [Report(a.key, started=False, prepared=True)] and s.prepared == {a.key: IMAGE}
+    assert s.handle(AssignmentsReceived(1, 2, (a,)), now=2) == []  # still held
+    assert s.handle(AssignmentsReceived(0, 9, (assignment(),)), now=3) == []  # an old leader's: ignored
+    assert s.handle(AssignmentsReceived(1, 3, (assignment(),)), now=4) == [Start(a, IMAGE)]  # as first listed
+    assert s.prepared == {}
+    s.validate()
+
+
+def test_a_listing_that_releases_a_task_before_its_image_is_here_starts_it_when_pulled():
+    s = WorkerState()
+    a = assignment(hold=True)
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    s.handle(AssignmentsReceived(1, 2, (assignment(),)), now=1)
+    assert s.handle(ImageReady(a.key, IMAGE), now=2) == [Start(a, IMAGE)]
+
+
+def test_a_prepared_task_stopped_ends_and_its_container_goes():
+    s = WorkerState()
+    a = assignment(hold=True)
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    s.handle(ImageReady(a.key, IMAGE), now=1)
+    assert s.handle(AssignmentsReceived(1, 2, ()), now=2) == [Discard(a)]
+    assert s.unreported[-1] == Report(a.key, started=False, exit_code=127, reason="stopped before its gang started",
+                                      cause="Error")
+    assert not s.tasks and not s.prepared and a.key in s.done
+    s.validate()
+
+
+def test_a_task_stopped_while_its_image_is_pulled_ends_at_once_and_the_pull_only_unpins():
+    s = WorkerState()
+    a, b = assignment(), assignment(index=1)
+    s.handle(AssignmentsReceived(1, 1, (a, b)), now=0)
+    s.handle(PullStarted(a.key), now=0)
+    s.handle(PullStarted(b.key), now=0)
+    assert s.handle(AssignmentsReceived(1, 2, (b,)), now=1) == []
+    assert s.unreported == [Report(a.key, started=False, exit_code=127,
+                                   reason="stopped while its image was being pulled", cause="Error")]
+    assert s.handle(ImageReady(a.key, IMAGE), now=2) == [Unpin(a.key)]
+    assert s.handle(ImageFailed(b.key, "node n: image x: NOT_FOUND: gone", node_side=False), now=3) == []
+    assert s.unreported[-1] == Report(b.key, started=False, exit_code=127, reason="node n: image x: NOT_FOUND: gone",
+                                      cause="ImagePullFailed")
+    assert not s.tasks
+    s.validate()
+
+
+# ---- restored after a restart, and read by other threads --------------------------------------------
+
+def test_restore_readopts_tasks_with_a_process_and_forgets_the_others():
+    starting, running_, stopping, never = (assignment(index=i) for i in range(4))
+    s = WorkerState.restore(stop_grace=3, known=(2, 7), done=[("old", 1, 0)], unreported=[Report(("old", 1, 0), False)],
+                            tasks=[SavedTask(starting, "starting", HANDLE), SavedTask(running_, "running", HANDLE,
+                                                                                    noticed=True),
+                                   SavedTask(stopping, "stopping", HANDLE), SavedTask(never, "starting", None)],
+                            now=50)
+    assert (s.stop_grace, s.known, s.done) == (3, (2, 7), {("old", 1, 0)})
+    assert sorted(s.tasks) == [starting.key, running_.key, stopping.key]
+    assert {t.phase for t in s.tasks.values()} == {"running"}  # a stop's timers did not survive: listed again
+    assert s.unreported == [Report(("old", 1, 0), False), Report(starting.key, started=True)]
+    assert s.tasks[running_.key].noticed_at == 50 and s.tasks[starting.key].noticed_at is None
+    # The next listing stops the one that was stopping, and never starts the forgotten one twice.
+    assert s.handle(AssignmentsReceived(2, 8, (starting, running_, never)), now=51) == \
+        [Start(never), Signal(stopping.key, HANDLE, signal.SIGTERM)]
+    s.validate()
+
+
+def test_the_view_is_a_copy_of_one_moment():
+    s = WorkerState()
+    a = assignment()
+    assert s.view() == StateView()
+    running(s, a)
+    view = s.view()
+    assert view == StateView((1, 1), (Report(a.key, started=True),), frozenset({a.key}), ("running",))
+    s.handle(ReportsAcknowledged(view.unreported), now=1)
+    s.handle(TaskExited(a.key, 0), now=1)
+    assert view.unreported == (Report(a.key, started=True),) and a.key in view.tasks  # unchanged
+    assert s.view().tasks == frozenset() and s.view().unreported == (Report(a.key, started=False),)

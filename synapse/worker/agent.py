@@ -1,7 +1,9 @@
 """The worker agent: the I/O around `WorkerState`. Registers, heartbeats, watches assignments,
 starts and stops task processes, reports their starts and exits.
 
-Threads, each feeding events into one queue that the main loop drains in order:
+The main loop alone changes the worker's state (`WorkerState.handle`, synapse.worker.state); the
+other threads feed events into one queue that it drains in order, and read only the copy of the
+state it publishes after every event (`view`):
 * watch: holds a WatchAssignments stream to the node's link shard (the replica that serves it, any
   replica in a pinch), which the client reopens elsewhere, after a jittered pause, whenever it
   breaks, so a replica's death never stops the worker or its tasks nor brings all workers back at once;
@@ -11,10 +13,10 @@ Threads, each feeding events into one queue that the main loop drains in order:
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
 * pulls (a pool of PULL_THREADS): a task in an image waits, starting, while the node's image store
-  gets its image (one pull per image however many tasks ask); the result comes back as an event,
-  and the task starts then, or ends ImagePullFailed without having run;
+  gets its image (one pull per image however many tasks ask); its progress and its result come
+  back as events, and the task starts then, or ends ImagePullFailed without having run;
 * progress: while pulls run, once a second, how far each is (ReportPullProgress: the leader keeps
-  it in memory for `synctl describe job`);
+  it in memory for `synctl describe job`), from the board of pulls the main loop publishes;
 * gpu-errors (with GPUs to watch, synapse.worker.gpu_errors): the same for the GPU errors it sees;
 * the main loop also polls its task processes (every 0.1 s) and writes the state file after every
   change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
@@ -80,20 +82,12 @@ PULL_DELAY_HOOK = "SYNAPSE_TEST_PULL_DELAY_S"
 
 
 @dataclass(frozen=True, slots=True)
-class ImageReady:
-    """The image store holds a task's image now (pinned for the task)."""
+class PullProgressed:
+    """How far a task's image pull is, for the progress thread's reports (I/O bookkeeping, not the
+    worker's state: the main loop keeps it on the board of pulls)."""
 
     key: ws.Key
-    image: Any  #: the store's Image
-
-
-@dataclass(frozen=True, slots=True)
-class ImageFailed:
-    """The image store could not get a task's image."""
-
-    key: ws.Key
-    message: str  #: names the node, the image and the cause
-    node_side: bool  #: another node may succeed
+    progress: Any  #: the store's PullProgress; None: the pull began, nothing fetched yet
 
 
 def _signal_name(number: int) -> str:
@@ -144,17 +138,13 @@ class WorkerAgent:
         #: the node's image store (synapse.images.store.ImageStore); None: tasks in images cannot run here
         self.images = images
         self.pulls = futures.ThreadPoolExecutor(max_workers=PULL_THREADS, thread_name_prefix="pull")
-        #: held tasks whose image is here (key -> the store's Image): they start when a listing
-        #: says they are no longer held; main loop only
-        self.prepared: dict[ws.Key, Any] = {}
-        #: the newest listing's hold of each task (main loop only)
-        self.holds: dict[ws.Key, bool] = {}
         #: the pulls under way: task key -> the store's latest PullProgress (None before its first);
-        #: written by the pull threads (one key each), read by the progress thread
-        self.pulling: dict[ws.Key, Any] = {}
-        #: when the node's image store was last listed to the leader (progress thread; a pull's end
-        #: resets it, so the next report lists the store again)
-        self.images_listed_at = float("-inf")
+        #: main loop only (the pull threads send PullProgressed, ImageReady and ImageFailed)
+        self.pull_progress: dict[ws.Key, Any] = {}
+        #: a copy of `pull_progress` for the progress thread, replaced whole by the main loop
+        self.pull_board: tuple[tuple[ws.Key, Any], ...] = ()
+        #: how many pulls have ended (main loop only): the store changed, the next report lists it
+        self.pulls_ended = 0
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
         self.health = health  #: the health check, if the operator gave one
@@ -166,7 +156,10 @@ class WorkerAgent:
         #: the GPU errors seen last; written by the gpu-errors thread only
         self.gpu_errors: tuple[GpuErrorReport, ...] = ()
         self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
+        #: changed by the main loop alone, through `_handle` (synapse.worker.state's docstring)
         self.state = ws.WorkerState(stop_grace=stop_grace)
+        #: what the other threads read of the state: replaced whole by the main loop after every event
+        self.view = self.state.view()
         self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
         self.events: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
@@ -280,19 +273,19 @@ class WorkerAgent:
             except queue.Empty:
                 event = None
             changed = False
-            if isinstance(event, ImageReady | ImageFailed):
+            if isinstance(event, PullProgressed):
+                self.pull_progress[event.key] = event.progress
+                self.pull_board = tuple(self.pull_progress.items())
+            elif isinstance(event, ws.ImageReady | ws.ImageFailed):
                 self._pulled(event)
                 changed = True
             elif event is not None:
-                self._carry_out(self.state.handle(event, time.monotonic()))
-                if isinstance(event, ws.AssignmentsReceived) and self.state.known == (event.term, event.version):
-                    self.holds = {a.key: a.hold for a in event.assignments}
-                    self._release_prepared()
+                self._handle(event)
                 changed = True
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + POLL_S
                 changed |= self._poll_processes()
-                self._carry_out(self.state.handle(ws.Tick(), time.monotonic()))
+                self._handle(ws.Tick())
                 if self.progress.due(time.monotonic()) and self.progress.poll(
                         [(t.assignment.key, progress_file(self.runtime.task_files(t.assignment)[0]))
                          for t in self.state.running()], time.monotonic(), time.time()):
@@ -302,86 +295,65 @@ class WorkerAgent:
                 if self.state.unreported:
                     self.reports_ready.set()
 
-    def _carry_out(self, instructions: list) -> None:
+    def _handle(self, event: object) -> None:
+        """(main loop) The one door to the state: apply the event, publish the new view, carry out
+        what the state asks."""
+        instructions = self.state.handle(event, time.monotonic())
+        self.view = self.state.view()
+        self._carry_out(instructions)
+
+    def _carry_out(self, instructions: list[ws.Instruction]) -> None:
         for ins in instructions:
-            if isinstance(ins, ws.Start) and self.runtime.contained(ins.assignment):
+            if isinstance(ins, ws.Start) and ins.image is None and self.runtime.contained(ins.assignment):
                 self._save_state()
                 self.pulls.submit(self._pull, ins.assignment)
+                self._handle(ws.PullStarted(ins.assignment.key))
             elif isinstance(ins, ws.Start):
-                self._start(ins.assignment)
+                self._start(ins.assignment, ins.image)
             elif isinstance(ins, ws.Signal):
                 log.info("signal task=%s sig=%s", ins.key, _signal_name(ins.signal))
                 self.runtime.signal(ins.handle, ins.signal)
+            elif isinstance(ins, ws.Unpin):
+                if self.images is not None:
+                    self.images.release("{}.{}.{}".format(*ins.key))  # task_id's spelling
+            elif isinstance(ins, ws.Discard):
+                self._end_container(ins.assignment)
 
     def _pull(self, a: Assignment) -> None:
         """(pull thread) Get the task's image from the store, pinned for the task; the outcome goes
         to the main loop as an event."""
         if self.images is None:
-            self.events.put(ImageFailed(a.key, f"node {self.node_id} has no image store", True))
+            self.events.put(ws.ImageFailed(a.key, f"node {self.node_id} has no image store", True))
             return
-        self.pulling[a.key] = None
+        self.events.put(PullProgressed(a.key, None))
         try:
             delay = float(os.environ.get(PULL_DELAY_HOOK, "") or 0)
             if delay > 0:
                 time.sleep(delay)
             image = self.images.ensure(a.image, holder=task_id(a),
-                                       progress=lambda p: self.pulling.__setitem__(a.key, p))
+                                       progress=lambda p: self.events.put(PullProgressed(a.key, p)))
         except Exception as exc:  # the store's PullError, or anything else it raised: the task must end
             cause = getattr(exc, "cause", "")
             node_side = bool(getattr(exc, "node_side", True))
             log.warning("image pull failed task=%s image=%s cause=%s node_side=%s error=%s", a.key, a.image,
                         cause or type(exc).__name__, node_side, exc)
-            self.events.put(ImageFailed(a.key, f"node {self.node_id}: image {a.image}: "
-                                               f"{cause or type(exc).__name__}: {exc}", node_side))
+            self.events.put(ws.ImageFailed(a.key, f"node {self.node_id}: image {a.image}: "
+                                                  f"{cause or type(exc).__name__}: {exc}", node_side))
             return
-        finally:
-            self.pulling.pop(a.key, None)
-            self.images_listed_at = float("-inf")  # the store changed: list it with the next report
-        self.events.put(ImageReady(a.key, image))
+        self.events.put(ws.ImageReady(a.key, image))
 
-    def _pulled(self, event: ImageReady | ImageFailed) -> None:
-        """A pull ended: start its task, unless a stop came meanwhile; or end it ImagePullFailed."""
-        task = self.state.tasks.get(event.key)
-        if task is None or task.phase != "starting" or task.handle is not None:
-            if self.images is not None:
-                self.images.release("{}.{}.{}".format(*event.key))  # task_id's spelling
-            if task is not None and task.handle is None:
-                self._carry_out(self.state.handle(ws.TaskStartFailed(
-                    event.key, "stopped before its image was ready"), time.monotonic()))
-            return
-        a = task.assignment
-        if isinstance(event, ImageReady) and self.holds.get(a.key, a.hold):
-            # The gang waits for the image on its other nodes: say this one holds it, start later.
-            log.info("image ready, task held for its gang task=%s image=%s", a.key, a.image)
-            self.prepared[a.key] = event.image
-            self.state.handle(ws.TaskPrepared(a.key), time.monotonic())
-            return
-        if isinstance(event, ImageFailed):
+    def _pulled(self, event: ws.ImageReady | ws.ImageFailed) -> None:
+        """(main loop) A pull ended: off the board of pulls, and the store changed (the next report
+        lists it); the state starts the task, holds it for its gang, ends it, or unpins the image."""
+        self.pull_progress.pop(event.key, None)
+        self.pull_board = tuple(self.pull_progress.items())
+        self.pulls_ended += 1
+        if isinstance(event, ws.ImageFailed) and self.state.waits_for_image(event.key):
             self.metrics.exits.labels("start_failed").inc()
-            self._carry_out(self.state.handle(ws.TaskStartFailed(event.key, event.message, EndReason.IMAGE_PULL_FAILED,
-                                                                 node_side=event.node_side), time.monotonic()))
-            return
-        self._start(a, event.image)
-
-    def _release_prepared(self) -> None:
-        """Start the prepared tasks the newest listing no longer holds; end those it stopped, and those
-        stopped while their image is still being pulled (the pull's result is then dropped: `_pulled`)."""
-        for key, task in list(self.state.tasks.items()):
-            if key in self.pulling and task.phase == "stopping" and task.handle is None:
-                self._carry_out(self.state.handle(ws.TaskStartFailed(key, "stopped while its image was being pulled"),
-                                                  time.monotonic()))
-        for key, image in list(self.prepared.items()):
-            task = self.state.tasks.get(key)
-            if task is None or task.handle is not None:
-                del self.prepared[key]
-            elif task.phase != "starting":
-                del self.prepared[key]
-                self._end_container(task.assignment)
-                self._carry_out(self.state.handle(ws.TaskStartFailed(key, "stopped before its gang started"),
-                                                  time.monotonic()))
-            elif not self.holds.get(key, True):
-                del self.prepared[key]
-                self._start(task.assignment, image)
+        self._handle(event)
+        if event.key in self.state.prepared:  # the gang waits for the image on its other nodes
+            a = self.state.tasks[event.key].assignment
+            log.info("image ready, task held for its gang task=%s image=%s", a.key, a.image)
 
     def _start(self, a: Assignment, image: Any = None) -> None:
         # Record the intent first: a crash between the fork and the next save must not leave a
@@ -392,8 +364,7 @@ class WorkerAgent:
         if clash:
             self.metrics.exits.labels("start_failed").inc()
             log.warning("rank 0 not started task=%s reason=%s", a.key, clash)
-            self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, clash, EndReason.MASTER_PORT_IN_USE),
-                                              time.monotonic()))
+            self._handle(ws.TaskStartFailed(a.key, clash, EndReason.MASTER_PORT_IN_USE))
             return
         try:
             handle = self.runtime.start(a, image)
@@ -401,13 +372,13 @@ class WorkerAgent:
             self.metrics.exits.labels("start_failed").inc()
             log.warning("task start failed task=%s error=%s", a.key, exc)
             self._end_container(a)
-            self._carry_out(self.state.handle(ws.TaskStartFailed(a.key, str(exc)), time.monotonic()))
+            self._handle(ws.TaskStartFailed(a.key, str(exc)))
             return
         self.metrics.task_start.observe(time.monotonic() - seen)
         log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d", a.job_id, a.attempt, a.index,
                  a.rank, handle.pid)
         self._journal("start", a, pid=handle.pid)
-        self._carry_out(self.state.handle(ws.TaskStarted(a.key, handle), time.monotonic()))
+        self._handle(ws.TaskStarted(a.key, handle))
 
     def _unpin_forgotten(self) -> None:
         """Unpin the images of tasks this worker no longer knows (pulled or held, never started, when
@@ -468,8 +439,7 @@ class WorkerAgent:
                 # The cgroup goes once its OOM count has been read: the task's end is now known.
                 self.runtime.release(task.handle.cgroup)
                 self._end_container(a)
-                self._carry_out(self.state.handle(
-                    ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause), time.monotonic()))
+                self._handle(ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause))
                 changed = True
         return changed
 
@@ -486,7 +456,7 @@ class WorkerAgent:
         """Hold the assignment stream from the node's shard (any replica serves it); the client moves
         it elsewhere when it breaks, and the loop moves it back when the shard changes."""
         def request() -> api_pb2.WatchAssignmentsRequest:
-            term, version = self.state.known
+            term, version = self.view.known
             return api_pb2.WatchAssignmentsRequest(node_id=self.node_id, known_term=term, known_version=version)
 
         while not self.stopping.is_set():
@@ -558,14 +528,18 @@ class WorkerAgent:
             self.stopping.wait(max(0.0, self.health.interval - (time.monotonic() - started)))
 
     def _progress_loop(self) -> None:
-        """Once a second while pulls run, tell the leader how far each is, and every CACHE_REPORT_S
-        which images the node's store holds (lost reports do not matter: the next one replaces them)."""
+        """Once a second while pulls run, tell the leader how far each is, and every CACHE_REPORT_S,
+        or once a pull has ended, which images the node's store holds (lost reports do not matter:
+        the next one replaces them)."""
+        listed_at, listed_after = float("-inf"), 0  #: when the store was last listed, and after how many pulls' ends
         while not self.stopping.wait(1.0):
             pulls = [api_pb2.PullProgress(job_id=key[0], attempt=key[1], index=key[2],
                                           phase=p.phase if p else "queued", done_bytes=p.done_bytes if p else 0,
                                           total_bytes=p.total_bytes if p else 0)
-                     for key, p in list(self.pulling.items())]
-            listing = self.images is not None and time.monotonic() - self.images_listed_at >= CACHE_REPORT_S
+                     for key, p in self.pull_board]
+            ended = self.pulls_ended
+            listing = self.images is not None and (ended != listed_after
+                                                   or time.monotonic() - listed_at >= CACHE_REPORT_S)
             if not pulls and not listing:
                 continue
             request = api_pb2.ReportPullProgressRequest(node_id=self.node_id, pulls=pulls, cache_listed=listing)
@@ -574,7 +548,7 @@ class WorkerAgent:
             try:
                 self.report_client.call("ReportPullProgress", request, deadline=5.0)
                 if listing:
-                    self.images_listed_at = time.monotonic()
+                    listed_at, listed_after = time.monotonic(), ended
             except (ClientError, ClusterUnavailable) as exc:
                 log.debug("pull progress not reported node=%s error=%s", self.node_id, exc)
 
@@ -600,7 +574,7 @@ class WorkerAgent:
         while not self.stopping.is_set():
             self.reports_ready.wait(1.0)
             self.reports_ready.clear()
-            batch = tuple(self.state.unreported)
+            batch = self.view.unreported
             progress = self.progress.take()
             if not batch and not progress:
                 continue
@@ -632,36 +606,32 @@ class WorkerAgent:
         os.replace(tmp, path)
 
     def _load_state(self) -> None:
+        """(before the threads start) Go on from the state file, if there is one: its tasks that have
+        a process are re-adopted (the rules: WorkerState.restore)."""
         path = self.data_dir / STATE_FILE
         if not path.exists():
             return
         data = json.loads(path.read_text())
-        self.state.known = tuple(data["known"])  # type: ignore[assignment]
-        self.state.done = {tuple(k) for k in data["done"]}  # type: ignore[misc]
-        self.state.unreported = [ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"],  # type: ignore[arg-type]
-                                           r.get("cause", ""), r.get("node_side", False), r.get("prepared", False))
-                                 for r in data["unreported"]]
+        saved = []
         for t in data["tasks"]:
             a = t["assignment"]
             assignment = Assignment(**{**a, "gpus": tuple(a["gpus"]), "command": tuple(a["command"]),
                                        "env": tuple(tuple(kv) for kv in a["env"]),
                                        "mounts": tuple(tuple(m) for m in a.get("mounts", ())),
                                        "resources": Resources(**a.get("resources", {}))})
-            task = ws.LocalTask(assignment, phase=t["phase"])
             # A task recorded as starting may have been forked just before a crash: its shim's
-            # pid file says so. Never started (no pid file): forget it; the master lists it again.
-            task.handle = Handle(**t["handle"]) if t["handle"] else self.runtime.find(assignment)
-            if task.handle is None:
-                continue
-            if task.phase == "starting":
-                task.phase = "running"
-                self.state.unreported.append(ws.Report(assignment.key, started=True))
-            if task.phase == "stopping":  # its stop's timers did not survive: the next listing stops it again
-                task.phase = "running"
-            if t.get("noticed"):  # given its notice: not again, and a stop with one waits from now
-                task.noticed_at = time.monotonic()
-            self.state.tasks[assignment.key] = task
-            log.info("re-adopting task=%s pid=%d alive=%s cgroup=%s", assignment.key, task.handle.pid,
+            # pid file says so. Never started (no pid file): forgotten; the master lists it again.
+            handle = Handle(**t["handle"]) if t["handle"] else self.runtime.find(assignment)
+            saved.append(ws.SavedTask(assignment, t["phase"], handle, bool(t.get("noticed"))))
+        self.state = ws.WorkerState.restore(
+            stop_grace=self.state.stop_grace, known=tuple(data["known"]), done=(tuple(k) for k in data["done"]),
+            unreported=[ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"], r.get("cause", ""),
+                                  r.get("node_side", False), r.get("prepared", False)) for r in data["unreported"]],
+            tasks=saved, now=time.monotonic())
+        self.view = self.state.view()
+        for task in self.state.tasks.values():
+            assert task.handle is not None
+            log.info("re-adopting task=%s pid=%d alive=%s cgroup=%s", task.assignment.key, task.handle.pid,
                      alive(task.handle), task.handle.cgroup or "-")
 
     # ---- log service ---------------------------------------------------------------------------
@@ -720,6 +690,6 @@ class LogService(api_pb2_grpc.WorkerServicer):
                     offset += len(data)
                     yield api_pb2.LogChunk(data=data, offset=offset)
                     continue
-                if not request.follow or (key not in self.agent.state.tasks):
+                if not request.follow or (key not in self.agent.view.tasks):
                     return
                 time.sleep(0.2)

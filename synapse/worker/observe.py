@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from synapse.worker.state import WorkerState
+from synapse.worker.state import StateView
 
 PHASES = ("starting", "running", "stopping")
 
@@ -24,7 +24,7 @@ PHASES = ("starting", "running", "stopping")
 class Observed(Protocol):
     """What the metrics read of the agent (synapse.worker.agent.WorkerAgent, which imports this)."""
 
-    state: WorkerState
+    view: StateView  #: the main loop's copy of the state (the metrics are read on the HTTP server's threads)
     heartbeat_ok: bool
 
 
@@ -35,8 +35,8 @@ class _Tasks(Collector):
     def collect(self):
         family = GaugeMetricFamily("synapse_worker_tasks", "tasks on this worker by phase", labels=["phase"])
         counts = dict.fromkeys(PHASES, 0)
-        for task in list(self.agent.state.tasks.values()):
-            counts[task.phase] = counts.get(task.phase, 0) + 1
+        for phase in self.agent.view.phases:
+            counts[phase] = counts.get(phase, 0) + 1
         for phase in PHASES:
             family.add_metric([phase], counts[phase])
         yield family

@@ -1,9 +1,16 @@
 """The worker's bookkeeping as a state machine: events in, instructions out.
 
-Only `WorkerState.handle` changes the state. The agent (`agent.py`) turns network messages and
-process observations into events, and carries out the instructions it gets back: start a task,
-signal one, report to the master. Nothing here does I/O, so every rule is tested by feeding
-events and asserting the exact instructions.
+One writer: only `WorkerState.handle(event, now)` changes a `WorkerState`, and only the agent's main
+loop calls it (a restarted agent builds its state with `WorkerState.restore`, never by writing
+fields). The agent (`agent.py`) turns network messages, process observations and image pulls into
+events, and carries out the instructions it gets back: start a task, signal one, unpin an image.
+Its other threads never touch the state: they put events on the main loop's queue, and read the
+`StateView` the main loop publishes after every event (a frozen copy, replaced whole, so a reader
+sees one moment's state or the next, never half of a change). What is not here is I/O bookkeeping
+with one writer each (named in the agent: the pulls' progress, the heartbeat's replica order, the
+health check's result). `tests/test_layout.py` fails on code in synapse/worker that writes to the
+state, or to a task of it, anywhere but in this module. Nothing here does I/O, so every rule is
+tested by feeding events and asserting the exact instructions.
 
 Rules:
 * Assignments older than the newest (term, version) seen are ignored: a worker never goes back in
@@ -18,13 +25,20 @@ Rules:
   stopped before its process started has nothing to save and gets SIGTERM at once; a stop without
   a notice (a cancellation, a failure, an unlisted task) is SIGTERM at once, even after a notice.
 * Every start and exit is reported until the master acknowledges it; so is a held task's image
-  being on the node (`TaskPrepared`: its gang starts once every task is, synapse.master.dispatch).
+  being on the node (the master's `TaskPrepared`: its gang starts once every task is,
+  synapse.master.dispatch).
+* A task in an image starts once the node's image store holds it (`ImageReady`), at once unless the
+  newest listing holds it for its gang; a held task keeps its image pinned until a listing releases
+  it (then it starts) or stops it (then it ends, its container dropped). A task stopped while its
+  image is pulled ends at once, with nothing to save; the pull's outcome then only unpins the image.
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from synapse.core.model import Assignment, EndReason
 from synapse.worker.runtime import Handle
@@ -75,11 +89,29 @@ class TaskExited:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskPrepared:
-    """A held task's image is on the node: the master hears it, and lists the task unheld once every
-    task of its gang is prepared."""
+class PullStarted:
+    """The agent asked the image store for a task's image; the outcome comes as `ImageReady` or
+    `ImageFailed`."""
 
     key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class ImageReady:
+    """The image store holds a task's image now, pinned for the task. A held task is then prepared:
+    the master hears it, and lists the task unheld once every task of its gang is prepared."""
+
+    key: Key
+    image: Any  #: the store's Image (synapse.images.store)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFailed:
+    """The image store could not get a task's image."""
+
+    key: Key
+    message: str  #: names the node, the image and the cause
+    node_side: bool  #: another node may succeed
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +128,24 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class Start:
+    """Start the task: at once if it needs no image or `image` is its image in the store; else have
+    its image pulled first (the outcome comes back as `ImageReady` or `ImageFailed`)."""
+
+    assignment: Assignment
+    image: Any = None  #: the store's Image, pinned for the task, once it is on the node
+
+
+@dataclass(frozen=True, slots=True)
+class Unpin:
+    """No process will use the image pulled for this task: release the task's pin on it."""
+
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """A prepared task that will never start: drop its container's files and unpin its image."""
+
     assignment: Assignment
 
 
@@ -119,6 +169,9 @@ class Report:
     prepared: bool = False  #: not started: its image is here, it waits for its gang (neither started nor exited)
 
 
+Instruction = Start | Signal | Unpin | Discard
+
+
 @dataclass(slots=True)
 class LocalTask:
     assignment: Assignment
@@ -135,17 +188,71 @@ class LocalTask:
     term_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SavedTask:
+    """A task as the state file kept it, with the process the agent found for it."""
+
+    assignment: Assignment
+    phase: str
+    handle: Handle | None  #: None: it never got a process
+    noticed: bool = False  #: it had been given its checkpoint notice
+
+
+@dataclass(frozen=True, slots=True)
+class StateView:
+    """What the agent's other threads may read of the state: a copy the main loop publishes whole
+    after every event (`WorkerState.view`)."""
+
+    known: tuple[int, int] = (0, 0)  #: the watch asks for assignments newer than this
+    unreported: tuple[Report, ...] = ()  #: what the reporter sends
+    tasks: frozenset[Key] = frozenset()  #: the live tasks (the log service follows their logs)
+    phases: tuple[str, ...] = ()  #: each live task's phase (the metrics count them)
+
+
 @dataclass(slots=True)
 class WorkerState:
-    """What this worker runs and what the master has yet to hear."""
+    """What this worker runs and what the master has yet to hear. Every field, and every field of
+    its tasks, is changed by `handle` alone, on the agent's main loop (the module's docstring)."""
 
     stop_grace: float = 10.0  #: seconds between SIGTERM and SIGKILL
     known: tuple[int, int] = (0, 0)  #: newest (term, version) of assignments applied
     tasks: dict[Key, LocalTask] = field(default_factory=dict)  #: tasks not yet exited and reported
     done: set[Key] = field(default_factory=set)  #: keys that ran here and ended: never started again
     unreported: list[Report] = field(default_factory=list)  #: facts the master has not acknowledged
+    holds: dict[Key, bool] = field(default_factory=dict)  #: the newest listing's hold of each task it lists
+    #: tasks whose image the store is getting (PullStarted until ImageReady or ImageFailed, even
+    #: once the task has ended)
+    pulling: set[Key] = field(default_factory=set)
+    #: held tasks whose image is on the node (key -> the store's Image, pinned): each starts when a
+    #: listing no longer holds it
+    prepared: dict[Key, Any] = field(default_factory=dict)
 
-    def handle(self, event: object, now: float) -> list[Start | Signal]:
+    @classmethod
+    def restore(cls, *, stop_grace: float, known: tuple[int, int], done: Iterable[Key], unreported: Iterable[Report],
+                tasks: Iterable[SavedTask], now: float) -> WorkerState:
+        """The state a restarted agent goes on from, as its state file kept it. A task without a
+        process is forgotten (the master lists it again, and it starts then); one that was starting
+        runs, reported started again; one that was stopping runs until a listing stops it again (its
+        stop's timers did not survive); one given its notice is not given it again, and a stop with
+        a notice waits from `now`."""
+        state = cls(stop_grace=stop_grace, known=known, done=set(done), unreported=list(unreported))
+        for saved in tasks:
+            if saved.handle is None:
+                continue
+            a = saved.assignment
+            phase = "running" if saved.phase in ("starting", "stopping") else saved.phase
+            state.tasks[a.key] = LocalTask(a, phase=phase, handle=saved.handle,
+                                           noticed_at=now if saved.noticed else None)
+            if saved.phase == "starting":
+                state.unreported.append(Report(a.key, started=True))
+        return state
+
+    def view(self) -> StateView:
+        """A frozen copy of what other threads may read."""
+        return StateView(self.known, tuple(self.unreported), frozenset(self.tasks),
+                         tuple(t.phase for t in self.tasks.values()))
+
+    def handle(self, event: object, now: float) -> list[Instruction]:
         """Apply one event; returns what the agent must do. Reports accumulate in `unreported`."""
         match event:
             case AssignmentsReceived():
@@ -162,11 +269,12 @@ class WorkerState:
                     task.term_at = None
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return self._notice(event.key, task, task.notice_pending, now)
-            case TaskPrepared():
-                task = self.tasks.get(event.key)
-                if task is not None and task.phase == "starting" and task.handle is None:
-                    self.unreported.append(Report(event.key, started=False, prepared=True))
+            case PullStarted():
+                self.pulling.add(event.key)
                 return []
+            case ImageReady() | ImageFailed():
+                self.pulling.discard(event.key)
+                return self._pulled(event)
             case TaskStartFailed():
                 self._exited(event.key, 127, event.reason, event.cause, event.node_side)
                 return []
@@ -181,14 +289,15 @@ class WorkerState:
                 return self._escalate(now)
         raise TypeError(f"unknown event {event!r}")
 
-    def _assigned(self, event: AssignmentsReceived, now: float) -> list[Start | Signal]:
+    def _assigned(self, event: AssignmentsReceived, now: float) -> list[Instruction]:
         if (event.term, event.version) < self.known:
             return []
         self.known = (event.term, event.version)
+        self.holds = {a.key: a.hold for a in event.assignments}
         wanted = {a.key: a for a in event.assignments if not a.stop}
         stops = {a.key: a for a in event.assignments if a.stop}
         listed = {a.key for a in event.assignments}
-        out: list[Start | Signal] = []
+        out: list[Instruction] = []
         for key, a in sorted(wanted.items()):
             if key not in self.tasks and key not in self.done:
                 self.tasks[key] = LocalTask(a)
@@ -200,9 +309,45 @@ class WorkerState:
                 out += self._stop(key, task, stops.get(key), now)
         # Tombstones the master no longer lists can go: a new attempt has a new key anyway.
         self.done &= listed | {r.key for r in self.unreported}
+        return out + self._release()
+
+    def _release(self) -> list[Instruction]:
+        """After a listing: end the tasks it stopped while their image was pulled (the pull's outcome
+        only unpins it: `_pulled`) or while they were held with their image; start the prepared
+        tasks it no longer holds."""
+        out: list[Instruction] = []
+        for key, task in sorted(self.tasks.items()):
+            if task.phase == "stopping" and task.handle is None and key in self.pulling:
+                self._exited(key, 127, "stopped while its image was being pulled", EndReason.ERROR)
+            elif task.phase == "stopping" and task.handle is None and key in self.prepared:
+                out.append(Discard(task.assignment))
+                self._exited(key, 127, "stopped before its gang started", EndReason.ERROR)
+        for key in sorted(self.prepared):
+            if not self.holds.get(key, True):
+                out.append(Start(self.tasks[key].assignment, self.prepared.pop(key)))
         return out
 
-    def _notice(self, key: Key, task: LocalTask, sig: int, now: float) -> list[Start | Signal]:
+    def waits_for_image(self, key: Key) -> bool:
+        """The task is to start once its image is on the node, and it is not yet."""
+        task = self.tasks.get(key)
+        return task is not None and task.phase == "starting" and task.handle is None and key not in self.prepared
+
+    def _pulled(self, event: ImageReady | ImageFailed) -> list[Instruction]:
+        """A pull ended: start its task, or hold it prepared for its gang, or end it ImagePullFailed;
+        for a task that no longer waits for it, only unpin the image."""
+        if not self.waits_for_image(event.key):
+            return [Unpin(event.key)]
+        a = self.tasks[event.key].assignment
+        if isinstance(event, ImageFailed):
+            self._exited(a.key, 127, event.message, EndReason.IMAGE_PULL_FAILED, event.node_side)
+            return []
+        if self.holds.get(a.key, a.hold):  # the gang waits for the image on its other nodes
+            self.prepared[a.key] = event.image
+            self.unreported.append(Report(a.key, started=False, prepared=True))
+            return []
+        return [Start(a, event.image)]
+
+    def _notice(self, key: Key, task: LocalTask, sig: int, now: float) -> list[Instruction]:
         """Give the task its checkpoint notice `sig` once (0: none asked), or once it has a process."""
         if not sig or task.noticed_at is not None:
             return []
@@ -212,7 +357,7 @@ class WorkerState:
         task.notice_pending, task.noticed_at = 0, now
         return [Signal(key, task.handle, sig)]
 
-    def _stop(self, key: Key, task: LocalTask, a: Assignment | None, now: float) -> list[Start | Signal]:
+    def _stop(self, key: Key, task: LocalTask, a: Assignment | None, now: float) -> list[Instruction]:
         """Stop a task no longer wanted (`a`: its stop listing, None if it is no longer listed):
         with a notice, the signal now (unless given already) and SIGTERM `notice` seconds after it;
         else SIGTERM now. SIGKILL follows SIGTERM after the grace (_escalate)."""
@@ -232,12 +377,13 @@ class WorkerState:
         task = self.tasks.pop(key, None)
         if task is None:
             return
+        self.prepared.pop(key, None)
         self.done.add(key)
         self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause,
                                       node_side=node_side))
 
-    def _escalate(self, now: float) -> list[Start | Signal]:
-        out: list[Start | Signal] = []
+    def _escalate(self, now: float) -> list[Instruction]:
+        out: list[Instruction] = []
         for key, task in sorted(self.tasks.items()):
             if task.phase == "stopping" and task.term_at is not None and now >= task.term_at \
                     and task.handle is not None:  # the notice is over
@@ -271,6 +417,13 @@ class WorkerState:
                                             and task.stop_requested_at is None), \
                 f"task {key} waits for SIGTERM without a notice, or after it"
             assert not (task.notice_pending and task.handle is not None), f"task {key} has a process and a notice owed"
+        for key in self.pulling:
+            assert key not in self.tasks or (self.tasks[key].handle is None and key not in self.prepared), \
+                f"task {key} pulled and started or prepared"
+        for key in self.prepared:
+            task = self.tasks.get(key)
+            assert task is not None and task.phase == "starting" and task.handle is None, \
+                f"task {key} prepared but gone, started or stopping"
 
     def running(self) -> list[LocalTask]:
         """Tasks with a process to watch."""
