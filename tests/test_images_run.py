@@ -228,6 +228,24 @@ def test_a_gang_is_held_until_every_task_is_prepared_and_only_from_version_4():
     assert job.events[-1].kind == "ImageReady"
 
 
+def test_a_job_of_one_task_is_never_held_it_starts_as_its_image_arrives():
+    import dataclasses
+
+    from synapse.core import commands as c
+    from synapse.core.model import Placement
+    from synapse.master.dispatch import assignments_for_node as assignments_for
+    from tests.helpers import checked, cluster, spec
+
+    state = cluster(racks=1, nodes_per_rack=3)
+    checked(state, c.SetClusterVersion(at=1, version=4))
+    one = dataclasses.replace(spec(tasks=1, gpu=8), image="registry.example/train:1")
+    checked(state, c.SubmitJob(at=2, job_id="one", request_id="one", spec=one))
+    checked(state, c.CommitPlan(at=3, job_id="one", attempt=1, placements=(Placement(0, "r0-n2", tuple(range(8)), 0),)))
+    assert [a.hold for a in assignments_for(state, "r0-n2")] == [False]
+    gang_in_image(state, "two")  # on r0-n0 and r0-n1
+    assert [a.hold for a in assignments_for(state, "r0-n0")] == [True]
+
+
 def test_image_pull_failed_fails_a_reference_and_requeues_a_node_uncharged_without_it():
     from synapse.core import commands as c
     from tests.helpers import checked, cluster
