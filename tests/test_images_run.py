@@ -116,6 +116,20 @@ def test_gpus_without_cdi_only_the_tasks_own_devices_and_the_control_ones(tmp_pa
     assert plan(tmp_path, dev_root=str(dev), lib_dirs=(str(libs),)).devices == ()  # no GPUs: no devices
 
 
+def test_the_driver_libraries_are_scanned_again_once_a_lib_dir_changes(tmp_path):
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    (libs / "libcuda.so.550.1").write_text("")
+    settled = time.time_ns() - 10 * container.SETTLED_NS
+    os.utime(libs, ns=(settled, settled))  # so the scan is kept
+    assert [m.target for m in container.driver_mounts((str(libs),))] == [f"{container.DRIVER_LIB_DIR}/libcuda.so.550.1"]
+    assert container._driver_libs[(str(libs),)][0] == (settled,)
+    (libs / "libnvidia-ml.so.550.1").write_text("")  # a driver installed beside it
+    (libs / "libcuda.so.550.1").unlink()
+    assert [m.target for m in container.driver_mounts((str(libs),))] == [
+        f"{container.DRIVER_LIB_DIR}/libnvidia-ml.so.550.1"]
+
+
 def test_a_cdi_spec_decides_devices_mounts_and_env_and_its_hooks_are_skipped(tmp_path):
     cdi = tmp_path / "cdi"
     cdi.mkdir()

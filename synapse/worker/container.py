@@ -35,6 +35,7 @@ import json
 import marshal
 import os
 import shutil
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +209,8 @@ def gpu_devices(gpus: Sequence[int], dev_root: str) -> list[Mount]:
 #: changes the times; an unchanged stamp spares the scan (a few ms of the worker's main loop for
 #: each task with GPUs, in a lib dir of 1,500 files). Only the main loop's task starts use it.
 _driver_libs: dict[tuple[str, ...], tuple[tuple[int, ...], tuple[Mount, ...]]] = {}
+#: How old a lib dir's modification time must be for a scan of it to be kept (ns).
+SETTLED_NS = 2_000_000_000
 
 
 def _mtimes(dirs: Sequence[str]) -> tuple[int, ...]:
@@ -226,7 +229,11 @@ def driver_mounts(lib_dirs: Sequence[str] = HOST_LIB_DIRS) -> list[Mount]:
     key, stamp = tuple(lib_dirs), _mtimes(lib_dirs)
     known = _driver_libs.get(key)
     if known is None or known[0] != stamp:
-        known = _driver_libs[key] = (stamp, tuple(_scan_driver_libs(lib_dirs)))
+        known = (stamp, tuple(_scan_driver_libs(lib_dirs)))
+        # A directory's time moves in clock ticks: one changed again within the tick of this scan
+        # would keep its time, so a scan is kept only once its directories' times are settled.
+        if max(stamp) < time.time_ns() - SETTLED_NS:
+            _driver_libs[key] = known
     out = list(known[1])
     smi = shutil.which("nvidia-smi")
     if out and smi:
