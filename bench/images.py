@@ -273,6 +273,8 @@ class BenchCluster:
     def __init__(self, data_dir: Path, workers: int, registry: str) -> None:
         self.data_dir, self.workers, self.registry = data_dir, workers, registry
         self.client: MasterClient | None = None
+        self.state: dict | None = None
+        self.dev_root: str | None = None  #: the caller's DEV_ROOT_HOOK, put back on exit
 
     def __enter__(self) -> BenchCluster:
         fake_dev = self.data_dir.parent / "fake-dev"
@@ -281,8 +283,8 @@ class BenchCluster:
             (fake_dev / name).write_text("")
         self.dev_root = os.environ.get(container.DEV_ROOT_HOOK)
         os.environ[container.DEV_ROOT_HOOK] = str(fake_dev)  # the workers inherit it
-        self.state = local.up(self.data_dir, 3, 0, 1, 1, local.free_base_port(3), heartbeat=0.5)
         try:
+            self.state = local.up(self.data_dir, 3, 0, 1, 1, local.free_base_port(3), heartbeat=0.5)
             addresses = [m["api_address"] for m in self.state["masters"]]
             self.client = MasterClient(addresses, self.state["token"], deadline=30, tls=local.client_tls(self.state))
             join = self.data_dir / "secrets" / local.JOIN_TOKEN_FILE
@@ -307,7 +309,8 @@ class BenchCluster:
     def __exit__(self, *exc) -> None:
         if self.client is not None:
             self.client.close()
-        local.down(self.data_dir)
+        if self.state is not None:  # (a cluster that did not come up was stopped by `up`)
+            local.down(self.data_dir)
         if self.dev_root is None:
             os.environ.pop(container.DEV_ROOT_HOOK, None)
         else:
