@@ -116,6 +116,20 @@ def test_gpus_without_cdi_only_the_tasks_own_devices_and_the_control_ones(tmp_pa
     assert plan(tmp_path, dev_root=str(dev), lib_dirs=(str(libs),)).devices == ()  # no GPUs: no devices
 
 
+def test_the_driver_libraries_are_scanned_again_once_a_lib_dir_changes(tmp_path):
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    (libs / "libcuda.so.550.1").write_text("")
+    settled = time.time_ns() - 10 * container.SETTLED_NS
+    os.utime(libs, ns=(settled, settled))  # so the scan is kept
+    assert [m.target for m in container.driver_mounts((str(libs),))] == [f"{container.DRIVER_LIB_DIR}/libcuda.so.550.1"]
+    assert container._driver_libs[(str(libs),)][0] == (settled,)
+    (libs / "libnvidia-ml.so.550.1").write_text("")  # a driver installed beside it
+    (libs / "libcuda.so.550.1").unlink()
+    assert [m.target for m in container.driver_mounts((str(libs),))] == [
+        f"{container.DRIVER_LIB_DIR}/libnvidia-ml.so.550.1"]
+
+
 def test_a_cdi_spec_decides_devices_mounts_and_env_and_its_hooks_are_skipped(tmp_path):
     cdi = tmp_path / "cdi"
     cdi.mkdir()
@@ -226,6 +240,24 @@ def test_a_gang_is_held_until_every_task_is_prepared_and_only_from_version_4():
     checked(state, c.TaskPrepared(at=13, job_id="g", attempt=1, index=1, node_id="r0-n1"))
     assert [a.hold for a in assignments_for(state, "r0-n0") + assignments_for(state, "r0-n1")] == [False, False]
     assert job.events[-1].kind == "ImageReady"
+
+
+def test_a_job_of_one_task_is_never_held_it_starts_as_its_image_arrives():
+    import dataclasses
+
+    from synapse.core import commands as c
+    from synapse.core.model import Placement
+    from synapse.master.dispatch import assignments_for_node as assignments_for
+    from tests.helpers import checked, cluster, spec
+
+    state = cluster(racks=1, nodes_per_rack=3)
+    checked(state, c.SetClusterVersion(at=1, version=4))
+    one = dataclasses.replace(spec(tasks=1, gpu=8), image="registry.example/train:1")
+    checked(state, c.SubmitJob(at=2, job_id="one", request_id="one", spec=one))
+    checked(state, c.CommitPlan(at=3, job_id="one", attempt=1, placements=(Placement(0, "r0-n2", tuple(range(8)), 0),)))
+    assert [a.hold for a in assignments_for(state, "r0-n2")] == [False]
+    gang_in_image(state, "two")  # on r0-n0 and r0-n1
+    assert [a.hold for a in assignments_for(state, "r0-n0")] == [True]
 
 
 def test_image_pull_failed_fails_a_reference_and_requeues_a_node_uncharged_without_it():

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import glob
 import json
+import marshal
 import os
 import shutil
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +77,7 @@ class Mount:
 
 @dataclass(frozen=True, slots=True)
 class ContainerSpec:
-    """What the sandbox does for one task (written as JSON next to the task's files)."""
+    """What the sandbox does for one task (written next to the task's files by `prepare`)."""
 
     image_root: str
     upper: str
@@ -90,13 +92,14 @@ class ContainerSpec:
     skipped: tuple[str, ...] = field(default=())  #: what of a CDI spec was not applied, for the log
     user: str = ""  #: the image's User (name or uid, optional :group); "" runs as root
 
-    def to_json(self) -> str:
-        return json.dumps({
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (str, list, dict, bool) as the sandbox reads it."""
+        return {
             "image_root": self.image_root, "upper": self.upper, "work": self.work, "rootfs": self.rootfs,
             "end_file": self.end_file, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "devices": [{"source": d.source, "target": d.target} for d in self.devices],
             "mounts": [{"source": m.source, "target": m.target, "readonly": m.readonly} for m in self.mounts],
-            "user": self.user})
+            "user": self.user}
 
 
 def env_of(image_env: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
@@ -201,8 +204,44 @@ def gpu_devices(gpus: Sequence[int], dev_root: str) -> list[Mount]:
     return [Mount(os.path.join(dev_root, n), f"/dev/{n}") for n in names if os.path.exists(os.path.join(dev_root, n))]
 
 
+#: The driver libraries found in each set of lib dirs: lib dirs -> (their modification times when
+#: scanned, the libraries). Installing or removing a driver adds or removes files there, which
+#: changes the times; an unchanged stamp spares the scan (a few ms of the worker's main loop for
+#: each task with GPUs, in a lib dir of 1,500 files). Only the main loop's task starts use it.
+_driver_libs: dict[tuple[str, ...], tuple[tuple[int, ...], tuple[Mount, ...]]] = {}
+#: How old a lib dir's modification time must be for a scan of it to be kept (ns).
+SETTLED_NS = 2_000_000_000
+
+
+def _mtimes(dirs: Sequence[str]) -> tuple[int, ...]:
+    out = []
+    for directory in dirs:
+        try:
+            out.append(os.stat(directory).st_mtime_ns)
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
 def driver_mounts(lib_dirs: Sequence[str] = HOST_LIB_DIRS) -> list[Mount]:
-    """The host's NVIDIA driver libraries and nvidia-smi, read-only where NGC images look for them."""
+    """The host's NVIDIA driver libraries and nvidia-smi, read-only where NGC images look for them
+    (the lib dirs scanned again only when one changed)."""
+    key, stamp = tuple(lib_dirs), _mtimes(lib_dirs)
+    known = _driver_libs.get(key)
+    if known is None or known[0] != stamp:
+        known = (stamp, tuple(_scan_driver_libs(lib_dirs)))
+        # A directory's time moves in clock ticks: one changed again within the tick of this scan
+        # would keep its time, so a scan is kept only once its directories' times are settled.
+        if max(stamp) < time.time_ns() - SETTLED_NS:
+            _driver_libs[key] = known
+    out = list(known[1])
+    smi = shutil.which("nvidia-smi")
+    if out and smi:
+        out.append(Mount(smi, f"{DRIVER_BIN_DIR}/nvidia-smi", True))
+    return out
+
+
+def _scan_driver_libs(lib_dirs: Sequence[str]) -> list[Mount]:
     seen: dict[str, Mount] = {}
     for directory in lib_dirs:
         for pattern in DRIVER_LIB_PATTERNS:
@@ -210,11 +249,7 @@ def driver_mounts(lib_dirs: Sequence[str] = HOST_LIB_DIRS) -> list[Mount]:
                 name = os.path.basename(path)
                 if name not in seen and os.path.isfile(path):
                     seen[name] = Mount(path, f"{DRIVER_LIB_DIR}/{name}", True)
-    out = list(seen.values())
-    smi = shutil.which("nvidia-smi")
-    if out and smi:
-        out.append(Mount(smi, f"{DRIVER_BIN_DIR}/nvidia-smi", True))
-    return out
+    return list(seen.values())
 
 
 def plan(*, task_dir: Path, image_root: str, image_env: Iterable[str] | Mapping[str, str], working_dir: str,
@@ -248,26 +283,28 @@ def plan(*, task_dir: Path, image_root: str, image_env: Iterable[str] | Mapping[
     env.update(task_env)
     return ContainerSpec(
         image_root=image_root, upper=str(task_dir / "upper"), work=str(task_dir / "work"),
-        rootfs=str(task_dir / "rootfs"), end_file=str(task_dir / "end.json"), argv=argv, env=env,
+        rootfs=str(task_dir / "rootfs"), end_file=str(task_dir / "end.marshal"), argv=argv, env=env,
         cwd=working_dir or "/", devices=tuple(devices), mounts=tuple(extra) + tuple(mounts), skipped=tuple(skipped),
         user=user)
 
 
 def prepare(task_dir: Path, spec: ContainerSpec) -> Path:
-    """Make the task's directories and write its spec; the path the sandbox reads."""
+    """Make the task's directories and write its spec; the path the sandbox reads. The format is
+    `marshal`'s (the sandbox loads it without importing json: see sandbox.py); to read one,
+    `python3 -c 'import marshal, pprint, sys; pprint.pprint(marshal.load(open(sys.argv[1], "rb")))' SPEC`."""
     drop(task_dir)
     for name in ("upper", "work", "rootfs"):
         (task_dir / name).mkdir(parents=True, exist_ok=True)
-    path = task_dir / "spec.json"
-    path.write_text(spec.to_json())
+    path = task_dir / "spec.marshal"
+    path.write_bytes(marshal.dumps(spec.to_dict()))
     return path
 
 
 def end_of(task_dir: Path) -> tuple[str, str] | None:
     """(cause, detail) the sandbox left when it refused or could not exec the task, or None."""
     try:
-        data = json.loads((task_dir / "end.json").read_text() or "null")
-    except (OSError, ValueError):
+        data = marshal.loads((task_dir / "end.marshal").read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):  # none written (the task ran), or torn
         return None
     if not isinstance(data, dict) or not data.get("cause"):
         return None
