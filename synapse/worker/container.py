@@ -305,7 +305,10 @@ def end_of(task_dir: Path) -> tuple[str, str] | None:
     try:
         data = marshal.loads((task_dir / "end.marshal").read_bytes())
     except (OSError, ValueError, EOFError, TypeError):  # none written (the task ran), or torn
-        return None
+        try:  # a task a worker before the marshal format started, still running across the upgrade
+            data = json.loads((task_dir / "end.json").read_text())
+        except (OSError, ValueError):
+            return None
     if not isinstance(data, dict) or not data.get("cause"):
         return None
     return str(data["cause"]), str(data.get("detail", ""))

@@ -6,12 +6,13 @@
 `SPEC` is what `synapse.worker.container.plan` decided for the task, as `container.prepare` wrote
 it: the image's root, the task's writable layer, its argv, env and working directory, the devices
 and bind mounts it gets. This file keeps no state (everything it needs is in the spec) and imports
-only what a bare interpreter starts with, plus ctypes' C core: its start is on every contained
-task's start path, where each library module costs CPU time (json, signal's enums and ctypes'
-own Python part cost more than all the rest of the sandbox's work: 40 ms of CPU per start against
-20 here). That is also why the spec and the end file are in `marshal`'s format (the worker and
-the sandbox are the same interpreter) and why the worker imports this file as a module, from its
-cached bytecode, instead of running it as a script, which Python compiles anew every time.
+only what a bare interpreter starts with, plus ctypes: its start is on every contained task's
+start path, where each library module costs CPU time (json, platform and signal's enums cost
+about 12 ms of CPU per start, more than all the rest of the sandbox's work; ctypes' 2 ms are kept
+rather than binding libc through its private C core). That is also why the spec and the end
+file are in `marshal`'s format (the worker and the sandbox are the same interpreter) and why the
+worker imports this file as a module, from its cached bytecode, instead of running it as a
+script, which Python compiles anew every time.
 
 Three processes, all in the shim's process group, so the worker's signals (a SIGTERM, a checkpoint
 notice, a SIGKILL to the group) reach the task directly, as they reach a plain task:
@@ -46,8 +47,8 @@ makes the command pid 1, which drops a SIGTERM it does not handle.
 
 from __future__ import annotations
 
-import _ctypes  # ctypes' C core (see _LibC)
 import _signal as signal  # signal without its enums (the same functions and constants)
+import ctypes
 import errno
 import marshal
 import os
@@ -78,52 +79,12 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SETUP_FAILED = 125
 
 
-class _Int(_ctypes._SimpleCData):
-    _type_ = "i"
-
-
-class _Long(_ctypes._SimpleCData):
-    _type_ = "l"
-
-
-class _ULong(_ctypes._SimpleCData):
-    _type_ = "L"
-
-
-class _CharP(_ctypes._SimpleCData):
-    _type_ = "z"
-
-
-class _Call(_ctypes.CFuncPtr):
-    """A C function returning int that sets errno."""
-
-    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-    _restype_ = _Int
-
-
-class _LibC:
-    """The libc functions the sandbox calls, bound as `ctypes.CDLL(None, use_errno=True)` binds
-    them, from the same C classes (ctypes.c_int and friends are these `_SimpleCData` subclasses),
-    without importing ctypes itself: its __init__ builds every C type and loads two more libraries,
-    about 2 ms of CPU at each task's start (measured here) for five functions."""
-
-    _handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  #: what a _Call looks its function up in
-    mount: _Call
-    umount2: _Call
-    unshare: _Call
-    prctl: _Call
-    syscall: _Call
-
-    def __init__(self) -> None:
-        for name, argtypes in (("mount", [_CharP, _CharP, _CharP, _ULong, _CharP]), ("umount2", [_CharP, _Int]),
-                               ("unshare", [_Int]), ("prctl", [_Int, _ULong, _ULong, _ULong, _ULong]),
-                               ("syscall", [_Long, _CharP, _CharP])):
-            function = _Call((name, self))
-            function.argtypes = argtypes
-            setattr(self, name, function)
-
-
-_libc = _LibC()
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
 
 
 class SetupError(Exception):
@@ -132,7 +93,7 @@ class SetupError(Exception):
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        code = _ctypes.get_errno()
+        code = ctypes.get_errno()
         raise SetupError(f"{what}: {os.strerror(code)}")
 
 
@@ -407,7 +368,7 @@ def main(argv: list[str]) -> int:
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWUSER if user_ns else 0)
     uid, gid = os.getuid(), os.getgid()
     if _libc.unshare(flags) != 0:
-        detail = f"container setup failed: unshare: {os.strerror(_ctypes.get_errno())}"
+        detail = f"container setup failed: unshare: {os.strerror(ctypes.get_errno())}"
         _write_end(end_fd, "Error", detail)
         os.write(2, f"synapse: {detail}\n".encode())
         return SETUP_FAILED
