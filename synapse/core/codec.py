@@ -145,7 +145,9 @@ def mounts_from_proto(mounts: Iterable[types_pb2.Mount]) -> tuple[tuple[str, str
     return tuple((m.source, m.target, m.readonly) for m in mounts)
 
 
-def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
+def job_spec_from_proto(p: types_pb2.JobSpec, default_queue: str = "") -> JobSpec:
+    """The spec a message carries; `default_queue` names the queue when it names none (the API's
+    submission path fills it in here rather than copying the spec again)."""
     try:
         mode = PackMode(p.topology.mode or PackMode.PREFERRED.value)
     except ValueError as exc:
@@ -154,7 +156,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
         name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
         command=tuple(p.command), env=tuple(sorted(p.env.items())),
         topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
-        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s,
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue or default_queue,
+        grace=p.grace_s,
         gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
         after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable,
         tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
