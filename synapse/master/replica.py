@@ -15,8 +15,8 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable
 from typing import Protocol
 
@@ -145,7 +145,8 @@ class Master:
         return grpc.aio.insecure_channel(address)
 
     def new_job_id(self, name: str) -> str:
-        return f"{name[:40]}-{uuid.uuid4().hex[:8]}"
+        """The spec's name and 32 random bits (secrets, not uuid4: a third of the cost per submission)."""
+        return f"{name[:40]}-{secrets.token_hex(4)}"
 
     def leader_api_address(self) -> str:
         """The API address of the leader this replica follows and is connected to, or ''.
