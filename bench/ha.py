@@ -332,7 +332,7 @@ STAGES = {
                                            ("core/jobspec.py", "check_spec")]),
         ("  admission reads under the lock", [("core/fsm.py", "request_conflict"),
                                               ("core/elastic.py", "required_domain_problem")]),
-        ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose")]),
+        ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose_all")]),
         ("  log lines", [("logging/__init__.py", "info"), ("logging/__init__.py", "debug")]),
         ("  metrics", [("master/endpoints.py", "count")]),
         ("scheduling rounds", [("master/leader.py", "_schedule_loop")]),
