@@ -241,9 +241,10 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 
 def thread_load(submits: int, threads: int, cancel: bool, profile_prefix: str,
-                history: str = "", preload: int = 0) -> tuple[str, dict[str, float]]:
-    """(leader id, CPU ms per submission of each of its threads) over a threaded load on a fresh
-    TLS cluster whose masters run with SYNAPSE_TEST_PROFILE=`profile_prefix` (see synapse.master.main)."""
+                history: str = "", preload: int = 0) -> tuple[str, dict[str, float], float]:
+    """(leader id, CPU ms per submission of each of its threads, commands per log entry the leader
+    proposed) over a threaded load on a fresh TLS cluster whose masters run with
+    SYNAPSE_TEST_PROFILE=`profile_prefix` (see synapse.master.main)."""
     os.environ["SYNAPSE_TEST_PROFILE"] = profile_prefix
     try:
         with tempfile.TemporaryDirectory(prefix="synapse-bench-ha-profile-") as tmp:
@@ -254,17 +255,24 @@ def thread_load(submits: int, threads: int, cancel: bool, profile_prefix: str,
                 leader = leader_of(state)
                 pid = next(m["pid"] for m in state["masters"] if m["id"] == leader)
                 submit_load(addresses, state["token"], 100 + preload, threads, prefix="warm", tls=tls)
+                api = next(m["api_address"] for m in state["masters"] if m["id"] == leader)
+                client = MasterClient(addresses, state["token"], tls=tls)
+                first = client.replica_status(api)
                 before = thread_cpu(pid)
                 _, done = submit_load(addresses, state["token"], submits, threads, cancel=cancel, prefix="load",
                                       tls=tls)
                 after = thread_cpu(pid)
+                last = client.replica_status(api)
+                client.close()
             finally:
                 local.down(data_dir)
     finally:
         del os.environ["SYNAPSE_TEST_PROFILE"]
     if len(done) < submits:
         print(f"({submits - len(done)} of {submits} submissions failed; per submission = per one that succeeded)")
-    return leader, {k: (after[k] - before.get(k, 0.0)) * 1000 / max(1, len(done)) for k in after}
+    entries = max(1, last.entries_proposed - first.entries_proposed)
+    per_entry = (last.commands_proposed - first.commands_proposed) / entries
+    return leader, {k: (after[k] - before.get(k, 0.0)) * 1000 / max(1, len(done)) for k in after}, per_entry
 
 
 def profile_run(out_dir: Path, submits: int, threads: int, cancel: bool) -> None:
@@ -275,14 +283,14 @@ def profile_run(out_dir: Path, submits: int, threads: int, cancel: bool) -> None
     import pstats
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _, exact = thread_load(submits, threads, cancel, "")
-    print(f"{submits} submissions{' + cancels' if cancel else ''} from {threads} threads, leader CPU ms per "
-          "submission by thread (no profiler):")
+    _, exact, per_entry = thread_load(submits, threads, cancel, "")
+    print(f"{submits} submissions{' + cancels' if cancel else ''} from {threads} threads, {per_entry:.1f} commands "
+          "per log entry; leader CPU ms per submission by thread (no profiler):")
     for name, ms in sorted(exact.items(), key=lambda kv: -kv[1]):
         if ms >= 0.005:
             print(f"  {name:<24} {ms:7.3f}")
     print(f"  {'all':<24} {sum(exact.values()):7.3f}")
-    leader, profiled = thread_load(submits, threads, cancel, str(out_dir / "m"))
+    leader, profiled, _ = thread_load(submits, threads, cancel, str(out_dir / "m"))
     print(f"the same under cProfile, all threads {sum(profiled.values()):.3f} ms; the leader's stages, each as its "
           "share of its thread's profiled CPU times that thread's CPU without a profiler (ms per submission):")
     for thread, stages in STAGES.items():
@@ -324,8 +332,8 @@ STAGES = {
                                            ("core/jobspec.py", "check_spec")]),
         ("  admission reads under the lock", [("core/fsm.py", "request_conflict"),
                                               ("core/elastic.py", "required_domain_problem")]),
-        ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose")]),
-        ("  log line", [("logging/__init__.py", "info")]),
+        ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose_all")]),
+        ("  log lines", [("logging/__init__.py", "info"), ("logging/__init__.py", "debug")]),
         ("  metrics", [("master/endpoints.py", "count")]),
         ("scheduling rounds", [("master/leader.py", "_schedule_loop")]),
         ("applied-entry hand-off and wake-ups", [("master/raft.py", "_drain")]),

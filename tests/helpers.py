@@ -47,3 +47,20 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", every: f
             return value
         time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def lone_leader(data_dir, **kw):
+    """A one-replica RaftNode on a free port that ticks only when the test calls `node.sync._onTick`,
+    ticked until it leads (it elects itself). The caller destroys it."""
+    from synapse.local.cluster import free_base_port
+    from synapse.master.raft import RaftNode, raft_config
+
+    port = free_base_port(1)
+    node = RaftNode(f"127.0.0.1:{port}", [], raft_config(bind_address=f"127.0.0.1:{port}", data_dir=str(data_dir),
+                                                         password="pw", autoTick=False), **kw)
+    for _ in range(200):
+        node.sync._onTick(0.01)
+        if node.is_leader():
+            return node
+    node.destroy()
+    raise AssertionError("a lone replica did not elect itself")

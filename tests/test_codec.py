@@ -65,3 +65,28 @@ def test_unknown_version_and_empty_body_are_refused():
         codec.decode_command(env.SerializeToString())
     with pytest.raises(codec.CodecError, match="no known body"):
         codec.decode_command(commands_pb2.Command(version=1, at=1).SerializeToString())
+
+
+def test_a_spec_decodes_alike_whether_its_empty_parts_are_absent_or_sent_empty():
+    """job_spec_from_proto shares constants for an absent topology, checkpoint, env, dependencies
+    and mounts; a message that carries them empty (another client's encoder) decodes to the same
+    spec, and one that sets them is read in full. `default_queue` fills only an empty queue."""
+    from synapse.core.model import CheckpointSpec, PackMode, TopologySpec
+    from synapse.proto import types_pb2
+
+    plain = spec()
+    sparse = codec.job_spec_to_proto(plain)
+    assert not sparse.HasField("checkpoint")
+    explicit = types_pb2.JobSpec()
+    explicit.CopyFrom(sparse)
+    explicit.topology.SetInParent()
+    explicit.checkpoint.SetInParent()
+    assert codec.job_spec_from_proto(sparse) == codec.job_spec_from_proto(explicit) == plain
+    full = dataclasses.replace(plain, env=(("A", "1"),), after=(("afterok", "j0"),),
+                               topology=TopologySpec("rack", PackMode.REQUIRED),
+                               checkpoint=CheckpointSpec("USR1", 30.0), mounts=(("/data", "/data", True),))
+    assert codec.job_spec_from_proto(codec.job_spec_to_proto(full)) == full
+    assert codec.job_spec_from_proto(sparse, default_queue="default").queue == "default"
+    assert codec.job_spec_from_proto(codec.job_spec_to_proto(spec(queue="a")), default_queue="default").queue == "a"
+    with pytest.raises(codec.CodecError):
+        codec.job_spec_from_proto(types_pb2.JobSpec(topology=types_pb2.TopologySpec(mode="sideways")))

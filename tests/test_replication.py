@@ -142,20 +142,11 @@ def test_a_replica_that_stops_leading_fails_the_proposals_it_holds(tmp_path):
     proposals still queued behind them 'not leader' (surely not), and the pipeline empties."""
     import asyncio
 
-    from synapse.local.cluster import free_base_port
-    from synapse.master.raft import MAX_IN_FLIGHT, ProposeError, RaftNode
+    from synapse.master.raft import MAX_IN_FLIGHT, ProposeError
+    from tests.helpers import lone_leader
 
-    port = free_base_port(1)
-    node = RaftNode(f"127.0.0.1:{port}", [],
-                    raft_config(bind_address=f"127.0.0.1:{port}", data_dir=str(tmp_path), password="pw",
-                                autoTick=False))
+    node = lone_leader(tmp_path)
     try:
-        for _ in range(200):  # a lone replica elects itself on its own ticks
-            node.sync._onTick(0.01)
-            if node.is_leader():
-                break
-        assert node.is_leader()
-
         async def scenario():
             # Nothing ticks, so nothing commits: the first proposals fill the pipeline, the last waits.
             proposals = []

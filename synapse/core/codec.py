@@ -145,21 +145,34 @@ def mounts_from_proto(mounts: Iterable[types_pb2.Mount]) -> tuple[tuple[str, str
     return tuple((m.source, m.target, m.readonly) for m in mounts)
 
 
-def job_spec_from_proto(p: types_pb2.JobSpec) -> JobSpec:
-    try:
-        mode = PackMode(p.topology.mode or PackMode.PREFERRED.value)
-    except ValueError as exc:
-        raise CodecError(f"topology.mode must be preferred or required, not {p.topology.mode!r}") from exc
+_NO_CHECKPOINT = CheckpointSpec()
+_DEFAULT_TOPOLOGY = TopologySpec()
+
+
+def job_spec_from_proto(p: types_pb2.JobSpec, default_queue: str = "") -> JobSpec:
+    """The spec a message carries; `default_queue` names the queue when it names none (the API's
+    submission path fills it in here rather than copying the spec again). Every replica decodes
+    every submission's spec in apply, so the common empty parts are shared constants, not built."""
+    topology, checkpoint = p.topology, p.checkpoint  # (reading a field absent returns its defaults)
+    if not topology.pack and not topology.mode:
+        pack = _DEFAULT_TOPOLOGY
+    else:
+        try:
+            pack = TopologySpec(pack=topology.pack, mode=PackMode(topology.mode or PackMode.PREFERRED.value))
+        except ValueError as exc:
+            raise CodecError(f"topology.mode must be preferred or required, not {topology.mode!r}") from exc
     return JobSpec(
         name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
-        command=tuple(p.command), env=tuple(sorted(p.env.items())),
-        topology=TopologySpec(pack=p.topology.pack, mode=mode), priority=p.priority,
-        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue, grace=p.grace_s,
+        command=tuple(p.command), env=tuple(sorted(p.env.items())) if p.env else (),
+        topology=pack, priority=p.priority,
+        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue or default_queue,
+        grace=p.grace_s,
         gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
-        after=tuple((d.kind, d.job_id) for d in p.after), singleton=p.singleton, on_unsatisfiable=p.on_unsatisfiable,
-        tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
-        checkpoint=CheckpointSpec(signal=p.checkpoint.signal, notice=p.checkpoint.notice_s),
-        mounts=mounts_from_proto(p.mounts), image_pull_timeout=p.image_pull_timeout_s)
+        after=tuple((d.kind, d.job_id) for d in p.after) if p.after else (), singleton=p.singleton,
+        on_unsatisfiable=p.on_unsatisfiable, tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
+        checkpoint=CheckpointSpec(signal=checkpoint.signal, notice=checkpoint.notice_s)
+        if p.HasField("checkpoint") else _NO_CHECKPOINT,
+        mounts=mounts_from_proto(p.mounts) if p.mounts else (), image_pull_timeout=p.image_pull_timeout_s)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -349,9 +362,6 @@ def command_from_proto(env: commands_pb2.Command, commands: CommandSet = CURRENT
         raise CodecError(f"{type(cmd).__name__} commands need command-set version {needed} (this replica "
                          f"knows 1..{commands.known})")
     return cmd
-
-
-_NO_CHECKPOINT = CheckpointSpec()
 
 
 def _body_from_proto(env: commands_pb2.Command) -> c.Command:

@@ -17,7 +17,8 @@ pysyncobj's Raft itself, PreVote and the AppendEntries receiver rules among them
   tuned to one round, and a cut-off leader falls back about when a new one can be elected.
 * Results: `propose` always passes a timeout and maps pysyncobj's outcomes to `ProposeError`
   kinds, distinguishing "surely not applied" from "maybe applied". `propose_async` groups the
-  proposals made while earlier entries travel into one entry (group commit).
+  proposals made while earlier entries travel into one entry (group commit); `propose_all_async`
+  puts several commands in one entry, never split.
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ class RaftNode:
                                 command_version=commands.known, stopped=self.replicated.stop_reason)
         if durable:
             fsync_durable(self.sync)
-        self._queued: list[tuple[c.Command, asyncio.Future]] = []  #: proposals waiting for this loop turn
+        #: groups of commands proposed together, each with its future, waiting for this loop turn
+        self._queued: list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future]] = []
         self._flush_scheduled = False
         self._in_flight = 0  #: log entries proposed and not yet resolved
         self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
@@ -345,13 +347,25 @@ class RaftNode:
         command with its own result). Under load one Raft round then carries many commands; when
         idle a proposal goes out at once.
         """
-        self.check_cluster_version(cmd)
+        return (await self.propose_all_async((cmd,), timeout))[0]
+
+    async def propose_all_async(self, cmds: tuple[c.Command, ...] | list[c.Command],
+                                timeout: float = 5.0) -> list[c.Result]:
+        """Propose `cmds` as one group: they travel in one log entry, in order (with other
+        proposals' groups, never split), so they commit together or not at all, and a leader change
+        can never leave the first half applied without the second. One result per command."""
+        if not cmds:
+            return []
+        for cmd in cmds:
+            self.check_cluster_version(cmd)
         loop = asyncio.get_running_loop()
         if self.inbox is None or self.inbox.loop is not loop:
             self.bind_loop(loop)
         future: asyncio.Future = loop.create_future()
-        self._queued.append((cmd, future))
-        if not self._flush_scheduled:
+        self._queued.append((cmds, future))
+        # With the pipeline full, the slot's release schedules the flush (one wake-up per entry,
+        # not one per proposal that could not go anyway).
+        if not self._flush_scheduled and self._in_flight < MAX_IN_FLIGHT:
             self._flush_scheduled = True
             loop.call_soon(self._flush, loop)
         expiry = loop.call_later(timeout, _expire, future)  # cheaper than wait_for + shield per proposal
@@ -377,11 +391,23 @@ class RaftNode:
         return ProposeError(_FAIL_NAMES.get(outcome, str(outcome)), maybe_applied=outcome in _MAYBE_APPLIED,
                             leader=self.leader())
 
+    def _take_batch(self) -> list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future]]:
+        """The groups the next entry carries: queued groups in order while they hold at most
+        MAX_BATCH commands together (a larger group travels alone: groups are never split)."""
+        size, n = 0, 0
+        for cmds, _ in self._queued:
+            if n and size + len(cmds) > MAX_BATCH:
+                break
+            size += len(cmds)
+            n += 1
+        batch, self._queued = self._queued[:n], self._queued[n:]
+        return batch
+
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
         while self._queued and self._in_flight < MAX_IN_FLIGHT:
-            batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
-            cmds = [cmd for cmd, _ in batch]
+            batch = self._take_batch()
+            cmds = [cmd for group, _ in batch for cmd in group]
             data = seal(codec.encode_command(cmds[0], self.commands) if len(cmds) == 1
                         else codec.encode_batch(cmds, self.commands))
             futures = [f for _, f in batch]
@@ -403,11 +429,16 @@ class RaftNode:
             slot["release"] = release
             self._releases.add(release)
 
-            def resolve(res: object, err: int, futures: list[asyncio.Future] = futures, release=release) -> None:
+            sizes = [len(group) for group, _ in batch]
+
+            def resolve(res: list | None, err: int, futures: list[asyncio.Future] = futures, release=release,
+                        sizes: list[int] = sizes) -> None:
                 release()
-                for i, f in enumerate(futures):
+                start = 0
+                for f, size in zip(futures, sizes, strict=True):
                     if not f.done():
-                        f.set_result((res[i] if res else None, err))  # type: ignore[index]
+                        f.set_result((res[start:start + size] if res else None, err))
+                    start += size
 
             def on_done(res: object, err: int, resolve=resolve, inbox: LoopInbox = self.inbox) -> None:
                 inbox.post(resolve, res, err)  # tick thread: trivial, never raises
