@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse.client.master_client import ClientError
+from synapse.client.master_client import ClientError, ClusterUnavailable
 from synapse.core import codec
 from synapse.local import cluster as local
 from synapse.master.durability import CorruptionError, check_journal, fsync_durable, seal, unseal
@@ -87,8 +87,11 @@ def test_corrupt_journal_is_refused_and_the_replica_rebuilds_from_its_peers(make
     # The rebuilt replica holds the leader's state: compared once both have applied the same
     # commands (two status calls in a row raced the leader's own periodic commands on a loaded run).
     def same_point():
-        mine = cluster.client.replica_status(cluster.master(victim)["api_address"], digest=True)
-        theirs = cluster.client.replica_status(cluster.client.leader, digest=True)
+        try:
+            mine = cluster.client.replica_status(cluster.master(victim)["api_address"], digest=True)
+            theirs = cluster.client.replica_status(cluster.client.leader, digest=True)
+        except (ClientError, ClusterUnavailable):  # the restarted replica does not answer yet
+            return None
         return (mine, theirs) if mine.commands_applied == theirs.commands_applied else None
     mine, theirs = wait_for(same_point, 30, "the rebuilt replica to catch up with the leader")
     assert mine.digest == theirs.digest

@@ -5,11 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from synapse.client.master_client import MasterClient
+from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.common.auth import client_metadata
 from synapse.core import codec
 from synapse.proto import api_pb2, types_pb2
-from tests.helpers import spec
+from tests.helpers import spec, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -135,8 +135,15 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
                                          "data_dir": str(cluster.data_dir / "masters" / replica_id)})
         cluster.restart_master(replica_id)
         cluster.converged_digest(timeout=20)
-    status = cluster.client.replica_status(cluster.master("m5")["api_address"])
-    assert len(status.partners) == 4 and status.commands_applied > 0
+    # converged_digest compares the replicas that answer: m5 may still be catching up (or starting).
+    def caught_up():
+        try:
+            s = cluster.client.replica_status(cluster.master("m5")["api_address"])
+        except (ClientError, ClusterUnavailable):
+            return None
+        return s if s.commands_applied > 0 else None
+    status = wait_for(caught_up, 30, "m5 to apply the log")
+    assert len(status.partners) == 4
     # Five replicas tolerate two failures: kill two (never the last leader alone), keep writing.
     leader = cluster.wait_leader()
     victims = [m for m in ("m1", "m2", "m3") if m != leader][:2]
