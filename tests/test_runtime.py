@@ -1,5 +1,6 @@
 """The process runtime and the shim, with real subprocesses."""
 
+import os
 import signal
 import time
 
@@ -58,9 +59,15 @@ def test_the_shim_outlives_every_notice_signal_and_the_task_handles_it(tmp_path)
     record the status, and the task's own trap must run (jobspec.NOTICE_SIGNALS, shim.sh)."""
     runtime = ProcessRuntime(tmp_path)
     handles = {name: runtime.start(assignment(i, ["sh", "-c", f"trap 'echo saved on {name}; exit 0' {name}; "
-                                                               "while :; do sleep 0.05; done"], job=f"n{i}"))
+                                                               "echo trapped; while :; do sleep 0.05; done"],
+                                              job=f"n{i}"))
                for i, name in enumerate(NOTICE_SIGNALS)}
-    time.sleep(0.5)
+    # Signalled once its trap is set (a fixed 0.5 s was too short on a loaded machine: a signal
+    # before the trap ends the task, or is lost for a signal ignored by default).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+            os.path.exists(h.log_file) and "trapped" in open(h.log_file).read() for h in handles.values()):
+        time.sleep(0.05)
     for name, handle in handles.items():
         runtime.signal(handle, signal.Signals[f"SIG{name}"])
     for name, handle in handles.items():
