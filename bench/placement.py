@@ -10,7 +10,8 @@ gets a busy level drawn from 50-90 % of its GPUs, spread as a mix of full, parti
 one-task job, so the state is exactly what a running cluster would hold. Gangs of 8, 64 and 256
 tasks x 8 GPUs are placed (preferred packing) by `placement.place`, and, as a baseline in the same
 run, by a naive first fit over all nodes in topology order (what a scheduler without the capacity
-index would do). Target: p99 <= 10 ms for 64 x 8 GPUs on 10,000 nodes.
+index would do). Target (issues 23 and 36): p99 <= 2 ms for 64 x 8 GPUs on 10,000 nodes (it was 10 ms
+before); `--quick` does not build 10,000 nodes and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from synapse.core.placement import ClusterView, place  # noqa: E402
 
 NODE = Resources(64_000, 512 << 30, 8)
 NODES_PER_RACK, RACKS_PER_BLOCK, BLOCKS_PER_ZONE = 32, 8, 4
+#: issue 36's bound on placing 64 x 8 GPUs on 10,000 nodes, p99
+TARGET_P99_MS = 2.0
 
 
 def register_commands(nodes: int) -> list[c.RegisterNode]:
@@ -166,8 +169,12 @@ def main() -> None:
           f"CommitPlan {rates['CommitPlan']:,}/s")
     target = [k for k in report["cases"] if k["nodes"] == 10000 and k["tasks"] == 64]
     if target:
-        verdict = "met" if target[0]["p99_ms"] <= 10 else "MISSED"
-        print(f"target p99 <= 10 ms for 64 x 8 GPUs on 10,000 nodes: {target[0]['p99_ms']:.3f} ms ({verdict})")
+        verdict = "met" if target[0]["p99_ms"] <= TARGET_P99_MS else "MISSED"
+        print(f"target p99 <= {TARGET_P99_MS:g} ms for 64 x 8 GPUs on 10,000 nodes: {target[0]['p99_ms']:.3f} ms "
+              f"({verdict})")
+    else:
+        print(f"target p99 <= {TARGET_P99_MS:g} ms for 64 x 8 GPUs on 10,000 nodes: not measured "
+              "(run with --nodes 10000 --gang 64, or without --quick)")
 
 
 if __name__ == "__main__":

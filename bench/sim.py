@@ -3,16 +3,25 @@
     python bench/sim.py              # a week of gang-heavy on 64 x 8 GPUs, then 30 days on 256 nodes
     python bench/sim.py --quick      # one day on 16 nodes, the same code path
     python bench/sim.py --json
+    python bench/sim.py --no-predict # without the prediction case (two more replays of the month)
 
 Targets (issue 15): a week of the gang-heavy mix on 64 nodes x 8 GPUs (about 3,000 jobs) replays
 through every policy in under a minute; a month on 256 nodes in minutes. Each case also reports
 the time per simulated event (arrivals and task ends) and the mean pending queue length, so the
 growth with queue length and cluster size can be read off the rows.
+
+Issue 36: the run-time predictor adds at most 10 % to the month's replay. The cases above replay
+traces without users, where the predictor answers at once; the prediction case replays the month
+with recurring jobs (generate's default recurrence) through `synapse` and through
+`synapse-limits` (the same policy by time limits alone) and prints what prediction adds, in wall
+time (the target's measure) and in policy time per round (the two decide differently, so the
+rounds differ in number).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -20,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synapse.sim.generate import Recipe, generate  # noqa: E402
+from synapse.sim.generate import RECURRENCE, Recipe, generate  # noqa: E402
 from synapse.sim.metrics import summarize  # noqa: E402
 from synapse.sim.policies import DEFAULT_POLICIES, POLICIES  # noqa: E402
 from synapse.sim.replay import Replay  # noqa: E402
@@ -57,12 +66,31 @@ def case(name: str, recipe: Recipe, policies: list[str]) -> dict:
             "load": recipe.load, "total_wall_s": sum(r["wall_s"] for r in rows), "policies": rows}
 
 
+#: issue 36: what predictions may add to the replay's wall time, at most
+PREDICT_TARGET = 0.10
+
+
+def prediction_case(name: str, recipe: Recipe) -> dict:
+    """`case` through synapse-limits and synapse on the same recurring trace, and what prediction adds."""
+    result = case(name, recipe, ["synapse-limits", "synapse"])
+    off, on = result["policies"]
+
+    def per_round(row: dict) -> float:
+        return row["wall_s"] * row["policy_share"] / max(row["rounds"], 1)
+
+    result["prediction_adds"] = on["wall_s"] / off["wall_s"] - 1
+    result["prediction_adds_per_round"] = per_round(on) / per_round(off) - 1
+    result["target"] = PREDICT_TARGET
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one day on 16 nodes (a few seconds)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     parser.add_argument("--no-month", action="store_true", help="skip the 30-day, 256-node case")
+    parser.add_argument("--no-predict", action="store_true", help="skip the prediction case")
     args = parser.parse_args()
     policies = args.policies.split(",")
     if args.quick:
@@ -73,6 +101,11 @@ def main() -> None:
             cases.append(("month: 30 days gang-heavy, 256 nodes",
                           Recipe(ClusterShape(256, 8, 32), "gang-heavy", 0.9, 30.0, 1)))
     results = [case(name, recipe, policies) for name, recipe in cases]
+    if not args.no_predict:
+        # the month (the quick day with --quick, or the week with --no-month), its jobs recurring
+        name, recipe = cases[-1]
+        results.append(prediction_case(f"prediction: {name.split(': ', 1)[1]}, recurring",
+                                       dataclasses.replace(recipe, recurrence=RECURRENCE)))
     if args.json:
         print(json.dumps({"cases": results}, indent=2))
         return
@@ -83,6 +116,10 @@ def main() -> None:
         for p in r["policies"]:
             print(f"  {p['policy']:<15}{p['wall_s']:>8.1f}{p['events']:>8}{p['us_per_event']:>10.0f}"
                   f"{p['policy_share']:>10.0%}{p['mean_queue']:>12.1f}{p['sched_p99_ms']:>14.2f}")
+        if "prediction_adds" in r:
+            verdict = "met" if r["prediction_adds"] <= r["target"] else "MISSED"
+            print(f"  prediction adds {r['prediction_adds']:+.1%} wall ({r['prediction_adds_per_round']:+.1%} policy "
+                  f"time per round); target at most {r['target']:.0%} wall: {verdict}")
 
 
 if __name__ == "__main__":

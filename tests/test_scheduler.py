@@ -357,10 +357,12 @@ def test_a_preferred_gang_that_fits_one_rack_now_starts_at_once():
     assert [p.job_id for p in plans] == [gang] and {p.node_id for p in plans[0].placements} == {"r1-n0", "r1-n1"}
 
 
-def test_the_head_gang_splits_now_when_split_it_would_be_done_before_a_rack_frees():
+def test_the_head_gang_splits_now_when_split_it_would_end_first():
     """One free node in each rack, the others busy until t=10,000. A 2-node gang with a 1 h limit,
-    split, is expected to be done by 3600 / 0.9 = 4,000 s: it starts split now. With a 10 h limit
-    (done split at 40,000) it waits for one rack, and reserves one (expected free at 10,000)."""
+    split, is expected to end at 3600 / 0.9 = 4,000 s, in one rack at 13,600: it starts split now;
+    so does one with a 10 h limit (40,000 against 46,000), though it would not be done before the
+    rack frees. With a 36 h limit (144,000 split, 139,600 in one rack) it waits for one rack, and
+    reserves one (expected free at 10,000)."""
     s = sim(racks=2, nodes_per_rack=2)
     occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
     gang = s.submit(spec(tasks=2, time_limit=3600), duration=10)
@@ -370,13 +372,19 @@ def test_the_head_gang_splits_now_when_split_it_would_be_done_before_a_rack_free
 
     s = sim(racks=2, nodes_per_rack=2)
     occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
-    long = s.submit(spec(tasks=2, time_limit=36_000), duration=10)
+    ten = s.submit(spec(tasks=2, time_limit=36_000), duration=10)
+    assert [p.job_id for p in schedule_round(s.state, s.now).plans] == [ten]
+
+    s = sim(racks=2, nodes_per_rack=2)
+    occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
+    long = s.submit(spec(tasks=2, time_limit=36 * 3600), duration=10)
     result = schedule_round(s.state, s.now)
     assert result.plans == [] and "waiting for one rack" in result.waiting[long].message
     held = result.reservation
     assert (held.job_id, held.domain, held.nodes, held.starts_at) == \
         (long, ("z0", "b0", "r0"), {"r0-n0", "r0-n1"}, 10_000)
-    # Without a time limit, the gang is taken to run as long as the locality wait (48 h): it waits.
+    # Without a time limit, the gang is taken to run as long as the locality wait (48 h): it waits
+    # (192,000 split against 182,800).
     s = sim(racks=2, nodes_per_rack=2)
     occupy_until(s, {"r0-n0": 10_000, "r1-n0": 10_000})
     unknown = s.submit(spec(tasks=2), duration=10)

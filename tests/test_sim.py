@@ -226,13 +226,14 @@ def test_synapse_waits_a_bounded_time_for_a_rack_and_the_strict_ablation_for_eve
 def test_the_head_gang_splits_when_a_rack_is_expected_too_late():
     """As above, but every job gives its time limit: the racks are expected free at t=10,000, and
     the gang (limit 600 s), split, would be done by 60 + 600 / 0.9: it starts split at once. With a
-    limit of 10 h it waits for a rack."""
+    limit of 36 h it waits for a rack: split, it would end at 60 + 129,600 / 0.9 = 144,060, in one
+    rack at 10,000 + 129,600."""
     def filled(limit):
         return [job(f"f{i}", 0, 8, 50 if i in (3, 7) else 10_000, 10_000) for i in range(8)] + \
             [job("gang", 60, 16, 10, limit)]
     gang = run(filled(600), "synapse")["gang"]
     assert gang.racks == 2 and gang.start == 60
-    gang = run(filled(36_000), "synapse")["gang"]
+    gang = run(filled(36 * 3600), "synapse")["gang"]
     assert gang.racks == 1 and gang.start == 10_000
 
 

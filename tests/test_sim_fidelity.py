@@ -31,7 +31,9 @@ pytestmark = pytest.mark.slow
 #   c, e   start one after the other as the cluster empties
 #   g,x,y  submitted at once on the idle cluster: start together, x beside g in rack0, y in rack1
 #   m      a rack gang: when g ends, one node is free in each rack; it waits 3 s for rack0 rather
-#          than run split (EASY, greedy and conservative start it split there)
+#          than run split (EASY, greedy and conservative start it split there): by the limits,
+#          rack0 frees 5.5 s after its submission, less than a split would slow its 90 s run by
+#          (a ninth of it)
 #   j      the whole cluster, behind m: starts when y ends
 TRACE = """\
 # synapse-sim trace v1
@@ -46,7 +48,7 @@ f,5,16,2,4,8,0,,,,
 g,21,8,1,3,6,0,,,,
 x,21,8,1,6,12,0,,,,
 y,21,8,1,9,18,0,,,,
-m,21.5,16,2,2,20,0,,,,
+m,21.5,16,2,2,90,0,,,,
 j,22,32,4,2,4,0,,,,
 """
 #: Starts this far apart are one round's, on the real cluster (its rounds follow each commit).
