@@ -70,7 +70,10 @@ def test_a_gang_on_a_failed_node_loses_exactly_the_work_since_its_checkpoint():
     job = sim.state.jobs["big"]
     assert job.status is JobStatus.SUCCEEDED and job.requeues == 1 and job.restarts_used() == 0
     s = summarize(run)
-    assert s["failure_lost_gpu_hours"] == pytest.approx(500 * 16 / 3600)
+    assert s["failure_work_lost_gpu_hours"] == pytest.approx(500 * 16 / 3600)
+    assert s["requeue_wait_gpu_hours"] == pytest.approx(500 * 16 / 3600)  # waiting for its node, 3500 to 4000
+    # What the failure cost it in all: the work, the wait and the restart.
+    assert s["failure_lost_gpu_hours"] == pytest.approx((500 + 500 + 100) * 16 / 3600)
     assert s["restart_gpu_hours"] == pytest.approx(100 * 16 / 3600)
     assert s["goodput"] == pytest.approx(10_000 / (3500 + 7100))
     assert s["node_failures"] == 0  # after the last submission (at 0)

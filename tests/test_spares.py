@@ -11,7 +11,7 @@ from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.leader_state import LeaderConfig, LeaderState, Propose, RoundDue
 from synapse.core.model import JobStatus, NodeStatus, Placement
-from synapse.core.scheduler import schedule_round
+from synapse.core.scheduler import TUNING, schedule_round
 from synapse.core.sim import Simulator, uniform_cluster
 from synapse.core.spares import SPARE_RULE, SparePolicy, designate, restarting
 from synapse.local.main import main as synapse_local
@@ -176,6 +176,22 @@ def test_a_restart_that_cannot_start_reserves_so_backfill_does_not_take_its_node
     checked(state, c.NodeUp(at=70.0, node_id="r0-n0"))
     [plan] = schedule_round(state, now=71.0, previous=result.reservations).plans
     assert plan.job_id == "A"  # the repaired node back (the others could never hold it without it)
+
+
+def test_a_restart_keeps_its_survivors_only_while_its_node_may_be_rebooting():
+    """The same gang: its node is not back within Tuning.restart_hold_s (under repair, for hours or
+    for good), so the restart lets its survivors go rather than hold them idle; it still waits."""
+    state = cluster(racks=1, nodes_per_rack=4)
+    submit(state, "A", tasks=4, pack="rack", required=True)
+    place(state, "A", "r0-n0", "r0-n1", "r0-n2", "r0-n3")
+    lose(state, "r0-n0", at=50.0)
+    submit(state, "B", at=55.0, tasks=1)
+    hold = TUNING.restart_hold_s
+    assert schedule_round(state, now=50.0 + hold - 1).reservations[0].job_id == "A"  # still rebooting
+    result = schedule_round(state, now=50.0 + hold)
+    assert [p.job_id for p in result.plans] == ["B"] and result.reservations == ()
+    assert result.waiting["A"].code == "NodesUnavailable"
+    assert "keeps no node for its restart (one is DOWN since 50, longer than a reboot)" in result.waiting["A"].message
 
 
 # ---- spares ------------------------------------------------------------------------------------------
