@@ -302,6 +302,12 @@ class Replay(Simulator):
                 self.failure_times.append(when)
             else:
                 self.restore_node(node_id)
+                if self.state.nodes[node_id].suspect:
+                    # The operator's `synctl uncordon` after the repair: every simulated failure is
+                    # drawn independently of the jobs, so no node here is the black hole the suspect
+                    # rule is for, and a cluster nobody uncordons would only shrink (at a 50-hour
+                    # MTBF, most of it within the week).
+                    self._must(c.SetSchedulable(at=when, node_id=node_id, schedulable=True))
             count += 1
         return count
 
