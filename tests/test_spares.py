@@ -247,6 +247,26 @@ def test_a_failed_gang_restarts_on_its_racks_spare_evicting_the_guest_with_its_n
     sim.leader.validate(sim.state)
 
 
+def test_a_restart_never_evicts_a_guest_gang_larger_than_itself():
+    """A 1-task gang loses its node; the only room is the spares, where one 2-task guest runs on
+    both: evicting 16 GPUs of work to restart 8 would cost more than it saves, so the restart waits."""
+    sim = spare_sim()
+    a = sim.submit(spec(tasks=1, pack="rack", required=True), 10_000.0)
+    sim.submit(spec(tasks=2, pack="rack", required=True), 10_000.0)
+    sim.submit(spec(tasks=3, pack="rack", required=True), 10_000.0)
+    sim.schedule()
+    guest = sim.submit(spec(tasks=2, time_limit=3600, pack="block", required=True), 3000.0)
+    sim.schedule()
+    assert {t.node_id for t in sim.state.jobs[guest].tasks} == {"r0-n0", "r1-n0"}  # on the spares
+    sim.now = 100.0
+    assert sim.lose_node(sim.state.jobs[a].tasks[0].node_id) == [a]
+    sim.schedule()
+    assert sim.preemptions == []
+    g = sim.state.jobs[guest]
+    assert sim.state.jobs[a].status is JobStatus.PENDING and g.status.has_gang and g.preemptions == 0
+    sim.leader.validate(sim.state)
+
+
 def test_two_failures_in_a_rack_with_one_spare_one_restarts_at_once_the_other_waits_reserved():
     """Two 2-task gangs and a guest on the spare fill a 5-node rack; both gangs lose a node at once:
     the rack has room (with the spare) for one of them, which restarts at once; the other waits at
