@@ -30,8 +30,9 @@ from synapse.sim.replay import replay  # noqa: E402
 from synapse.sim.trace import ClusterShape  # noqa: E402
 
 #: What each replay's summary keeps (synapse.sim.metrics).
-KEYS = ("goodput", "failure_lost_gpu_hours", "requeue_wait_gpu_hours", "restart_gpu_hours", "big_gang_mean_jct_s",
-        "failed_big_gangs", "failed_big_gang_mean_jct_s", "node_failures", "mean_jct_s", "utilisation")
+KEYS = ("goodput", "failure_lost_gpu_hours", "failure_work_lost_gpu_hours", "requeue_wait_gpu_hours",
+        "restart_gpu_hours", "restart_held_idle_gpu_hours", "big_gang_mean_jct_s", "failed_big_gangs",
+        "failed_big_gang_mean_jct_s", "node_failures", "mean_jct_s", "utilisation")
 
 
 def one(shape: ClusterShape, days: float, seed: int, mtbf_h: float, recovery: str, out: Path) -> dict:
@@ -70,11 +71,12 @@ def main() -> None:
             means[(mtbf, recovery)] = {k: _mean([r[k] for r in runs]) for k in KEYS}
     print(f"gang-heavy, {shape.describe()}, {days:g} days, load 0.9, synapse, checkpoint 10m, restart 1m; "
           f"means over seeds {args.seeds if not args.quick else '1'}")
-    print(f"{'MTBF h':>7} {'recovery':>8} {'goodput':>8} {'fail-lost':>9} {'requeue-wait':>12} "
-          f"{'big JCT h':>9} {'failed-big JCT h':>16}")
+    print(f"{'MTBF h':>7} {'recovery':>8} {'goodput':>8} {'fail-lost':>9} {'work-lost':>9} {'requeue-wait':>12} "
+          f"{'held-idle':>9} {'big JCT h':>9} {'failed-big JCT h':>16}")
     for (mtbf, recovery), m in means.items():
         print(f"{mtbf:>7g} {recovery:>8} {m['goodput']:>8.4f} {m['failure_lost_gpu_hours']:>9.0f} "
-              f"{m['requeue_wait_gpu_hours']:>12.0f} {m['big_gang_mean_jct_s'] / 3600:>9.2f} "
+              f"{m['failure_work_lost_gpu_hours']:>9.0f} {m['requeue_wait_gpu_hours']:>12.0f} "
+              f"{m['restart_held_idle_gpu_hours']:>9.0f} {m['big_gang_mean_jct_s'] / 3600:>9.2f} "
               f"{m['failed_big_gang_mean_jct_s'] / 3600:>16.2f}")
     if args.plot:
         plot(args.plot, means, mtbfs, recoveries)
@@ -92,9 +94,10 @@ def plot(path: Path, means: dict, mtbfs: list[float], recoveries: list[str]) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("goodput", "goodput", 1.0), ("failure-lost GPU-h", "failure_lost_gpu_hours", 1.0),
-              ("requeue-wait GPU-h", "requeue_wait_gpu_hours", 1.0), ("big gangs' mean JCT, h", "big_gang_mean_jct_s",
-                                                                      3600.0))
+    panels = (("goodput", "goodput", 1.0),
+              ("failure-lost GPU-h (work + restart + wait)", "failure_lost_gpu_hours", 1.0),
+              ("work lost GPU-h (since checkpoint)", "failure_work_lost_gpu_hours", 1.0),
+              ("big gangs' mean JCT, h", "big_gang_mean_jct_s", 3600.0))
     fig, axes = plt.subplots(1, len(panels), figsize=(16, 3.6))
     for ax, (title, key, scale) in zip(axes, panels, strict=True):
         for recovery in recoveries:
@@ -102,7 +105,7 @@ def plot(path: Path, means: dict, mtbfs: list[float], recoveries: list[str]) -> 
         ax.set_xscale("log")
         ax.set_xlabel("node MTBF, hours")
         ax.set_title(title)
-        if key == "requeue_wait_gpu_hours":
+        if key == "failure_lost_gpu_hours":
             ax.set_yscale("symlog", linthresh=10)
             ax.set_ylim(bottom=0)
     axes[0].legend()

@@ -70,11 +70,31 @@ def test_a_gang_on_a_failed_node_loses_exactly_the_work_since_its_checkpoint():
     job = sim.state.jobs["big"]
     assert job.status is JobStatus.SUCCEEDED and job.requeues == 1 and job.restarts_used() == 0
     s = summarize(run)
-    assert s["failure_lost_gpu_hours"] == pytest.approx(500 * 16 / 3600)
+    assert s["failure_work_lost_gpu_hours"] == pytest.approx(500 * 16 / 3600)
+    assert s["requeue_wait_gpu_hours"] == pytest.approx(500 * 16 / 3600)  # waiting for its node, 3500 to 4000
+    # What the failure cost it in all: the work, the wait and the restart.
+    assert s["failure_lost_gpu_hours"] == pytest.approx((500 + 500 + 100) * 16 / 3600)
     assert s["restart_gpu_hours"] == pytest.approx(100 * 16 / 3600)
     assert s["goodput"] == pytest.approx(10_000 / (3500 + 7100))
     assert s["node_failures"] == 0  # after the last submission (at 0)
     assert s["failed_big_gangs"] == 0  # 16 GPUs: not a big gang
+
+
+def test_a_repaired_suspect_node_is_uncordoned_as_its_operator_would():
+    """Gangs of two jobs end on one node within a day: the state machine cordons it as a suspect;
+    the replay's operator uncordons it when its repair is done (a cluster nobody uncordons shrinks)."""
+    shape = ClusterShape(nodes=2, gpus_per_node=8, racks=1)
+    trace = Trace(jobs=[_job("a", 0.0, 8, 200.0), _job("b", 0.0, 8, 200.0),  # a on n0000 at 100
+                        _job("c", 650.0, 8, 200.0), _job("d", 650.0, 8, 200.0)], shape=shape)  # one there at 700
+    model = FailureModel(mtbf_s=1.0, checkpoint_every_s=0, restart_cost_s=0, repair_s=500,
+                         script=((100.0, "n0000"), (700.0, "n0000")))
+    sim = Replay(trace, shape, POLICIES["synapse"], failures=model)
+    run = sim.replay()
+    suspect = [e for e in sim.state.cluster_events if e.reason == "NodeSuspect"]
+    assert [(e.at, e.object_id) for e in suspect] == [(700.0, "n0000")]
+    node = sim.state.nodes["n0000"]
+    assert node.schedulable and not node.suspect  # uncordoned at 1200, when its repair was done
+    assert [r.status for r in run.records] == ["SUCCEEDED"] * 4
 
 
 def test_the_trace_time_limit_bounds_the_whole_run_across_failures():

@@ -11,7 +11,7 @@ from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.leader_state import LeaderConfig, LeaderState, Propose, RoundDue
 from synapse.core.model import JobStatus, NodeStatus, Placement
-from synapse.core.scheduler import schedule_round
+from synapse.core.scheduler import TUNING, schedule_round
 from synapse.core.sim import Simulator, uniform_cluster
 from synapse.core.spares import SPARE_RULE, SparePolicy, designate, restarting
 from synapse.local.main import main as synapse_local
@@ -178,6 +178,22 @@ def test_a_restart_that_cannot_start_reserves_so_backfill_does_not_take_its_node
     assert plan.job_id == "A"  # the repaired node back (the others could never hold it without it)
 
 
+def test_a_restart_keeps_its_survivors_only_while_its_node_may_be_rebooting():
+    """The same gang: its node is not back within Tuning.restart_hold_s (under repair, for hours or
+    for good), so the restart lets its survivors go rather than hold them idle; it still waits."""
+    state = cluster(racks=1, nodes_per_rack=4)
+    submit(state, "A", tasks=4, pack="rack", required=True)
+    place(state, "A", "r0-n0", "r0-n1", "r0-n2", "r0-n3")
+    lose(state, "r0-n0", at=50.0)
+    submit(state, "B", at=55.0, tasks=1)
+    hold = TUNING.restart_hold_s
+    assert schedule_round(state, now=50.0 + hold - 1).reservations[0].job_id == "A"  # still rebooting
+    result = schedule_round(state, now=50.0 + hold)
+    assert [p.job_id for p in result.plans] == ["B"] and result.reservations == ()
+    assert result.waiting["A"].code == "NodesUnavailable"
+    assert "keeps no node for its restart (one is DOWN since 50, longer than a reboot)" in result.waiting["A"].message
+
+
 # ---- spares ------------------------------------------------------------------------------------------
 
 
@@ -228,6 +244,26 @@ def test_a_failed_gang_restarts_on_its_racks_spare_evicting_the_guest_with_its_n
     assert (evicted.status, evicted.preemptions, evicted.restarts_used()) == (JobStatus.PENDING, 1, 0)
     assert any(e.kind == "Preempted" and f"by job {a}" in e.message and "rule spare" in e.message
                for e in evicted.events)
+    sim.leader.validate(sim.state)
+
+
+def test_a_restart_never_evicts_a_guest_gang_larger_than_itself():
+    """A 1-task gang loses its node; the only room is the spares, where one 2-task guest runs on
+    both: evicting 16 GPUs of work to restart 8 would cost more than it saves, so the restart waits."""
+    sim = spare_sim()
+    a = sim.submit(spec(tasks=1, pack="rack", required=True), 10_000.0)
+    sim.submit(spec(tasks=2, pack="rack", required=True), 10_000.0)
+    sim.submit(spec(tasks=3, pack="rack", required=True), 10_000.0)
+    sim.schedule()
+    guest = sim.submit(spec(tasks=2, time_limit=3600, pack="block", required=True), 3000.0)
+    sim.schedule()
+    assert {t.node_id for t in sim.state.jobs[guest].tasks} == {"r0-n0", "r1-n0"}  # on the spares
+    sim.now = 100.0
+    assert sim.lose_node(sim.state.jobs[a].tasks[0].node_id) == [a]
+    sim.schedule()
+    assert sim.preemptions == []
+    g = sim.state.jobs[guest]
+    assert sim.state.jobs[a].status is JobStatus.PENDING and g.status.has_gang and g.preemptions == 0
     sim.leader.validate(sim.state)
 
 

@@ -21,7 +21,9 @@ Prometheus) and the simulator's (synapse.sim.metrics), over the attempts of a jo
 
 Detection (a node silent until its heartbeat timeout) is held by the attempt that the loss ends, so
 it counts in the failure's loss; detection + requeue wait + restart is "from the failure to running
-again".
+again". What failures cost a job in all is the three together, the work lost, the restart and the
+wait (the simulator's `failure_lost_gpu_hours`, synapse.sim.metrics): the work is what checkpoints
+bound, the wait and the restart are what recovery (spares, a head-of-queue restart) changes.
 """
 
 from __future__ import annotations

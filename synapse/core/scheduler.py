@@ -141,6 +141,11 @@ class Tuning:
     #: a job may run on reserved nodes. The limit still ends a job, and a reservation is done with
     #: its nodes (what a later reservation is promised) by its limit alone.
     predict: bool = True
+    #: a restart waiting for nodes that are DOWN keeps the usable nodes of its domain only while
+    #: every DOWN node there went down within this long (a reboot's time): a node not back by then
+    #: is being repaired, for hours or for good, and holding a rack's GPUs idle that long costs more
+    #: than the drain the gang then waits for once the node is back
+    restart_hold_s: float = 900.0
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -421,15 +426,21 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
             unusable = _unusable_nodes_reason(state, spec)
             if unusable is not None and restart:
                 # A restart waiting for nodes that are DOWN keeps the usable nodes of its own domain
-                # (its survivors among them) until they are back: backfill onto them would make it
-                # wait for those jobs too once its nodes return.
+                # (its survivors among them) until they are back, if they may be back soon (a
+                # reboot, Tuning.restart_hold_s): backfill onto them would make it wait for those
+                # jobs too once its nodes return. Nodes under repair would leave them idle for hours.
                 kept_nodes = _kept_for_restart(state, job, until)
-                if kept_nodes:
+                down_since = _down_since(state, last_domain(state, job))
+                if kept_nodes and 0 <= now - down_since < tuning.restart_hold_s:  # none DOWN: inf
                     domain = last_domain(state, job)
                     reservations.append(Reservation(job.id, job.attempt, domain, kept_nodes, math.inf,
                                                     chosen_at=now))
                     return (f"{unusable[0]}; keeps {len(kept_nodes)} node(s) of {topology_path(domain)} for "
-                            f"its restart", unusable[1])
+                            f"its restart until {down_since + tuning.restart_hold_s:.0f}", unusable[1])
+                if kept_nodes:
+                    why = "they are cordoned" if math.isinf(down_since) else \
+                        f"one is DOWN since {down_since:.0f}, longer than a reboot"
+                    return f"{unusable[0]}; keeps no node for its restart ({why})", unusable[1]
             return unusable or (
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
         if not reservations:  # no other reservation is in its way: its excluded nodes are (the caller names
@@ -450,6 +461,12 @@ def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float])
     nodes = sorted((n for n in state.nodes.values() if n.topology[:len(domain)] == domain and n.accepts_work
                     and n.id not in until), key=lambda n: (n.id not in survivors, n.id))
     return frozenset(n.id for n in nodes[:job.spec.tasks])
+
+
+def _down_since(state: ClusterState, domain: Domain) -> float:
+    """When the node DOWN longest in a topology domain went down (inf when none is)."""
+    return min((n.status_changed_at for n in state.nodes.values()
+                if n.status is NodeStatus.DOWN and n.topology[:len(domain)] == domain), default=math.inf)
 
 
 def _outside(state: ClusterState, domain: Domain) -> frozenset[str]:

@@ -20,7 +20,10 @@ The rules, one place for the leader and the simulator:
   Such a guest is evicted when a restart needs the node (`eviction`).
 * **Eviction** goes through the preemption path (`Preempt`, rule `spare`): the guests get their
   checkpoint notice and grace, requeue at their place uncharged, and the nodes are held for the
-  restart alone until they are gone.
+  restart alone until they are gone. It never evicts more GPUs of guests than the restart's gang
+  has: an evicted gang loses its work since its checkpoint and waits to be placed again, so
+  evicting a larger gang than the one restarted costs more than the restart's wait it saves (in
+  the simulator, a 64-GPU restart evicted a 256-GPU guest spread over the spares).
 """
 
 from __future__ import annotations
@@ -163,7 +166,8 @@ def eviction(state: ClusterState, job: Job, now: float) -> c.Preempt | None:
     """For a restart that does not fit now: evict the guests of spares so that it can start, in the
     domain of its last run first, then a level up at a time (not above its required `pack`). The
     nodes it then holds: room it has now there (its surviving nodes), the spares last. None when no
-    eviction makes room (two failures in a rack with one spare: the second waits, reserved)."""
+    eviction makes room (two failures in a rack with one spare: the second waits, reserved), or only
+    one that evicts more GPUs than the restart's gang has (see the module docstring)."""
     if job.id in state.holds or not state.spares or not restarting(job):
         return None
     excluded = excluded_for(state.nodes, job)
@@ -193,13 +197,18 @@ def eviction(state: ClusterState, job: Job, now: float) -> c.Preempt | None:
             freed = n.free + sum((t.resources for g in guests for t in state.jobs[g].tasks
                                   if t.node_id == n.id and t.state.live), Resources())
             spares.append((sum(state.jobs[g].spec.total.gpu for g in guests), n.id, per.count_in(freed), guests))
+        evicted = 0  #: GPUs of the gangs evicted so far
         for _cost_gpus, node_id, fits, guests in sorted(spares):
             if room >= need:
                 break
             if fits <= 0:
                 continue
+            more = sum(state.jobs[g].spec.total.gpu for g in guests if g not in victims)
+            if evicted + more > job.spec.total.gpu:
+                continue  # it would cost gangs larger than the restart what the restart saves
             chosen.append(node_id)
             room += fits
+            evicted += more
             victims.update((g, state.jobs[g]) for g in guests)
         if room >= need and victims:
             return c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=SPARE_RULE,

@@ -422,6 +422,7 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
 #: The columns `run` adds with --node-mtbf.
 FAILURE_TABLE = (("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodput", 0.01, "{:.1f}%"),
                  ("fail-lost GPU-h", "failure_lost_gpu_hours", 1, "{:.0f}"),
+                 ("work-lost GPU-h", "failure_work_lost_gpu_hours", 1, "{:.0f}"),
                  ("requeue-wait GPU-h", "requeue_wait_gpu_hours", 1, "{:.0f}"),
                  ("big mean JCT h", "big_gang_mean_jct_s", 3600, "{:.2f}"),
                  ("failed big", "failed_big_gangs", 1, "{:.0f}"),

@@ -25,12 +25,17 @@ Definitions (docs/evaluation/ repeats them):
   the GPU-hours held, over the jobs that ended (held: every attempt's GPUs from its start to its
   stop, preempted and failed ones included; kept: a finished attempt's run less its restart cost, a
   failed one's run up to its last checkpoint; 1 with no failures and no preemption; the spread
-  penalty is not counted here). `failure_lost_gpu_hours`: GPU-hours held by attempts that failures
-  ended and not kept (work since the last checkpoint, and the restart of an attempt that failed
-  again; with recovery `spares`, also the guests evicted from spares); `restart_gpu_hours`: the
-  restart of the attempts that ran to their end; `requeue_wait_gpu_hours`: the GPUs of each attempt
-  a failure ended times the wait until the next attempt started (held by no one: no part of goodput,
-  but what a gang that could not restart at once went without);
+  penalty is not counted here). `failure_lost_gpu_hours`: what failures cost the gangs they hit,
+  the three ways the issue and shared GOODPUT.md name: `failure_work_lost_gpu_hours` (held by
+  attempts that failures ended and not kept: work since the last checkpoint, and the restart of an
+  attempt that failed again; with recovery `spares`, also the guests evicted from spares), plus
+  `restart_gpu_hours` (the restart of the attempts that ran to their end), plus
+  `requeue_wait_gpu_hours` (the GPUs of each attempt a failure ended times the wait until the next
+  attempt started: held by no one, so no part of goodput, but GPU time the gang went without). A
+  recovery policy changes the wait; the work lost it cannot (the same failures hit whatever runs).
+  `restart_held_idle_gpu_hours`: the cluster's side, GPUs left idle on nodes reserved for
+  attempts after a failure (not in `failure_lost_gpu_hours`: the gang's own GPUs are counted by its
+  wait, and kept survivors would count twice);
   `node_failures`: nodes failed in the submission window (the same count for every policy).
   `big_gang_mean_jct_s`: mean JCT of the big gangs that ended; `failed_big_gang_mean_jct_s`, of
   those among them that lost an attempt to a failure (`failed_big_gangs`).
@@ -158,6 +163,7 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
         "failed_big_gang_mean_jct_s": _mean([r.end - r.submit for r in ended
                                              if r.gpus >= BIG_GANG_GPUS and r.failures]),
         **failure_metrics(ended),
+        "restart_held_idle_gpu_hours": run.restart_held_idle / 3600,
         "node_failures": sum(1 for t in run.failure_times if window_start <= t <= run.horizon),
     }
     delays = [r.start - r.ready for r in started if not math.isnan(r.ready)]
@@ -172,10 +178,12 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
 
 
 def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
-    """`goodput`, `failure_lost_gpu_hours`, `restart_gpu_hours` and `requeue_wait_gpu_hours` of the
-    jobs that ended, by the leader's definition (synapse.core.goodput): a preempted run keeps nothing,
-    a failed one what its last checkpoint saved, the run that ended the job all but its restart. The
-    requeue wait: each failed attempt's GPUs times its wait until the next attempt starts."""
+    """`goodput`, `failure_work_lost_gpu_hours`, `restart_gpu_hours`, `requeue_wait_gpu_hours` and
+    their sum `failure_lost_gpu_hours` of the jobs that ended, by the leader's definition
+    (synapse.core.goodput): a preempted run keeps nothing, a failed one what its last checkpoint
+    saved, the run that ended the job all but its restart. The requeue wait: each failed attempt's
+    GPUs times its wait until the next attempt starts. (Only failures restart at a cost in a replay,
+    and only their waits are counted: all three parts are the failures'.)"""
     attempts = []
     wait = 0.0
     for r in ended:
@@ -189,7 +197,9 @@ def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
         if not math.isnan(r.start):
             attempts.append(goodput.Attempt(r.gpus, r.end - r.start, goodput.FINISHED, restart_s=r.restart_s))
     total = goodput.account(attempts)
-    return {"goodput": total.goodput, "failure_lost_gpu_hours": total.lost_failures / 3600,
+    return {"goodput": total.goodput,
+            "failure_lost_gpu_hours": (total.lost_failures + total.lost_restarts + wait) / 3600,
+            "failure_work_lost_gpu_hours": total.lost_failures / 3600,
             "restart_gpu_hours": total.lost_restarts / 3600, "requeue_wait_gpu_hours": wait / 3600}
 
 

@@ -29,7 +29,7 @@ from synapse.core.fsm import ClusterState
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
 from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
 from synapse.core.sim import Simulator, TaskEnd
-from synapse.core.spares import SPARE_RULE, SparePolicy
+from synapse.core.spares import SPARE_RULE, SparePolicy, restarting
 from synapse.sim.failures import LOST, MAX_RESTARTS, FailureModel, NodeFailures
 from synapse.sim.policies import Policy
 from synapse.sim.trace import CPU_PER_GPU, MEMORY_PER_GPU, ClusterShape, Trace, TraceJob
@@ -94,6 +94,10 @@ class RunResult:
     #: when each node failure happened, until the replay ended (the same times for every policy;
     #: a replay that runs longer sees more of them)
     failure_times: list[float] = field(default_factory=list)
+    #: GPU-seconds left idle, throughout the replay, on nodes reserved for a gang's attempt after a
+    #: failure (a restart, or with recovery `back` its resubmitted copy): what the cluster, not the
+    #: gang, spends on waiting for a restart
+    restart_held_idle: float = 0.0
 
 
 class Replay(Simulator):
@@ -143,6 +147,8 @@ class Replay(Simulator):
         self._origin: dict[str, str] = {}  #: a resubmitted copy's id -> the trace job's (recovery back)
         self._latest: dict[str, str] = {}  #: trace job id -> its latest copy (recovery back)
         self._limited: set[tuple[str, int]] = set()  #: (job, attempt) of attempts that reach their time limit
+        self.restart_held_idle = 0.0  #: see RunResult.restart_held_idle
+        self._held_for_restarts = 0  #: idle GPUs the last round reserved for attempts after a failure
 
     def _must(self, cmd: c.Command) -> None:
         result = self.apply(cmd)
@@ -230,6 +236,7 @@ class Replay(Simulator):
             elif math.isinf(at):
                 break
             self._account(at, jobs[0].submit, self.trace.horizon)
+            self.restart_held_idle += self._held_for_restarts * (at - self.now)
             events += self.advance(at)
             failed = self._node_events(at)
             events += failed
@@ -246,13 +253,14 @@ class Replay(Simulator):
             self.schedule(full=failed > 0 or self.now - last_round >= FULL_ROUND_AFTER_S)
             last_round = self.now
             self._after_round = self._classify()
+            self._held_for_restarts = self._idle_held_for_restarts()
         return RunResult(policy=self.spec_policy.name, shape=self.shape, records=self._records(),
                          round_seconds=self.round_seconds, events=events,
                          wall_seconds=time.perf_counter() - started, horizon=self.trace.horizon,
                          spread_factor=self.spread_factor, queues=self.queues,
                          unfinished=[j.id for j in self.state.pending_jobs()], preemptions=len(self.preemptions),
                          idle=self.idle, big_wait=self.big_wait, failure_model=self.failure_model,
-                         failure_times=self.failure_times)
+                         failure_times=self.failure_times, restart_held_idle=self.restart_held_idle)
 
     def end_task(self, end: TaskEnd) -> None:
         """With failures simulated, an attempt reaching its time limit ends as the leader ends it (a
@@ -294,6 +302,12 @@ class Replay(Simulator):
                 self.failure_times.append(when)
             else:
                 self.restore_node(node_id)
+                if self.state.nodes[node_id].suspect:
+                    # The operator's `synctl uncordon` after the repair: every simulated failure is
+                    # drawn independently of the jobs, so no node here is the black hole the suspect
+                    # rule is for, and a cluster nobody uncordons would only shrink (at a 50-hour
+                    # MTBF, most of it within the week).
+                    self._must(c.SetSchedulable(at=when, node_id=node_id, schedulable=True))
             count += 1
         return count
 
@@ -324,6 +338,22 @@ class Replay(Simulator):
         spec = dataclasses.replace(job.spec, array="", array_throttle=0, after=())
         self._must(c.submit_kind(spec)(at=self.now, job_id=copy_id, request_id=copy_id, spec=spec, by=job.user))
         self._origin[copy_id], self._latest[origin] = origin, copy_id
+
+    def _idle_held_for_restarts(self) -> int:
+        """Idle GPUs on the nodes the last round reserved for attempts after a failure (a node in two
+        reservations counts once, for the first)."""
+        last = self.leader.last_round
+        if self.failures is None or last is None:
+            return 0
+        seen: set[str] = set()
+        idle = 0
+        for r in last.reservations:
+            fresh = r.nodes - seen
+            seen |= r.nodes
+            job = self.state.jobs.get(r.job_id)
+            if job is not None and (restarting(job) or r.job_id in self._origin):
+                idle += sum(self.state.nodes[n].free.gpu for n in fresh if n in self.state.nodes)
+        return idle
 
     def _classify(self) -> tuple[dict[str, int], dict[str, int]]:
         """Idle GPUs by cause and big pending gangs by state, as the last round left them."""
