@@ -522,7 +522,9 @@ class _DrainClock:
 
     def __init__(self, state: ClusterState, now: float, plans: list[Plan], predict: bool = False) -> None:
         self.state, self.now, self.plans, self.predict = state, now, plans, predict
-        self._runs: dict[str, float] = {}  #: job id -> its expected end
+        #: job id -> how long its attempt is expected to run (a job's, not a task's: its tasks start
+        #: apart, and each ends that long after its own start)
+        self._runs: dict[str, float] = {}
         self._seen_plans = 0
         self._planned: dict[str, float] = {}  #: node -> latest end of this round's plans on it
         self._at: dict[str, float] = {}  #: node -> expected empty, this round's plans counted
@@ -555,17 +557,20 @@ class _DrainClock:
         return max((self.empty_at(n) for n in nodes), default=self.now)
 
     def _free_at(self, node_id: str) -> float:
-        """When every live task on the node is expected to have ended (inf if one's end is unknown)."""
+        """When every live task on the node is expected to have ended (inf if one's end is unknown):
+        each task its own start (now, if not started yet) plus its job's expected run. A function of
+        the state and `now` alone, whichever node a round asks about first (a kept reservation's
+        nodes come first, and the round memo carries the answers of a round that asked in another
+        order)."""
         latest = self.now
         for job_id, _attempt, index in self.state.live_tasks.get(node_id, ()):
-            end = self._runs.get(job_id)
-            if end is None:
-                job = self.state.jobs[job_id]
-                started = job.tasks[index].started_at or self.now
-                end = self._runs[job_id] = started + expected_run(self.state, job, self.now, self.predict)
-            if math.isinf(end):
+            job = self.state.jobs[job_id]
+            run = self._runs.get(job_id)
+            if run is None:
+                run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict)
+            if math.isinf(run):
                 return math.inf
-            latest = max(latest, end)
+            latest = max(latest, (job.tasks[index].started_at or self.now) + run)
         return latest
 
 
