@@ -129,6 +129,9 @@ LEARNED_OUTCOMES = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SI
                               EndReason.TIME_LIMIT})
 #: Final states of forgotten jobs kept for dependencies on them (the oldest beyond it are dropped).
 MAX_FINISHED_RECORDS = 200_000
+#: Quiet departures from the queue remembered for the round memo (`ClusterState.dequeued`): more
+#: between two rounds and the next round walks the whole queue, as after any other change.
+DEQUEUED_KEPT = 1024
 
 
 class ApplyFailed(Exception):
@@ -154,6 +157,13 @@ class ClusterState:
         #: stands still, only new jobs have joined the queue, and a scheduling round that placed
         #: nothing need not look at the jobs it already saw (see scheduler.RoundMemo).
         self.other_changes = 0
+        #: the queue entries of pending jobs that left the queue having changed nothing else (a
+        #: cancel or final failure of a PENDING job that holds no nodes and is no array element),
+        #: newest last, at most DEQUEUED_KEPT, and how many there were in all. Each is one command
+        #: counted in `other_changes` too: while the two counts rise together, only the queue
+        #: changed, and a round memo may stand (scheduler.RoundMemo). Local, like other_changes.
+        self.dequeued: deque[tuple[Any, ...]] = deque(maxlen=DEQUEUED_KEPT)
+        self.dequeued_count = 0
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
         #: master replicas added at run time: id -> (raft address, api address); apply only
         self.replicas: dict[str, tuple[str, str]] = {}
@@ -1019,7 +1029,7 @@ class ClusterState:
         job.cancel_requested = True
         job.cancelled_by = cmd.by
         if job.status is JobStatus.PENDING:
-            self._finish(job, JobStatus.CANCELLED, reason, cmd.at)
+            self._end_pending(job, JobStatus.CANCELLED, reason, cmd.at)
             return Result(True)
         self._stop_attempt(job, reason, cmd.at, cause=EndReason.CANCELLED)
         self._maybe_end_attempt(job, cmd.at)
@@ -1043,7 +1053,7 @@ class ClusterState:
                 array.never_satisfied = True
                 array.failed += array.remaining()
                 array.next = array.count
-            self._finish(job, JobStatus.FAILED, f"failed: {cmd.reason}", cmd.at)
+            self._end_pending(job, JobStatus.FAILED, f"failed: {cmd.reason}", cmd.at)
             return Result(True)
         if cmd.final:
             job.final_failure = True
@@ -1405,6 +1415,16 @@ class ClusterState:
         # of an older release does not learn, and while one is a member their states must not part.
         if outcome in LEARNED_OUTCOMES and run.ended_at >= run.started_at and self.cluster_version >= PREDICT_VERSION:
             self.run_times.learn(job.user, job.spec.name, job.spec.total.gpu, run.ended_at - run.started_at)
+
+    def _end_pending(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
+        """End a job still in the queue. One that holds no nodes for a preemption and is no array
+        element (whose array would queue its next) changes nothing a placement reads but the queue
+        and its own status: it is noted in `dequeued` (the command's handler does nothing else)."""
+        quiet = job.id not in self.holds and not job.array_id
+        self._finish(job, status, reason, at)
+        if quiet:
+            self.dequeued.append((job.queue_key(), job.id))
+            self.dequeued_count += 1
 
     def _finish(self, job: Job, status: JobStatus, reason: str, at: float) -> None:
         if job.status is JobStatus.PENDING:

@@ -56,6 +56,7 @@ that; a job may go on reserved nodes by the longer of the last runs of its own k
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -188,27 +189,65 @@ class WaitReason:
 
 @dataclass(frozen=True, slots=True)
 class RoundMemo:
-    """What a round that placed nothing concluded, valid while only submissions follow it.
+    """What a round that placed nothing concluded, valid while only the queue changes after it.
 
     Placement is deterministic, and a submission changes no capacity: the jobs that round saw
     would fail again exactly as they did. The next round then looks only at the jobs queued after
     them (if every new one queues behind them), carrying on with the same failed shapes and
     reservation. A leader with thousands of waiting jobs thus spends per submission, not per job in
-    the queue. Time-dependent backfill (time limits) is refreshed by the periodic full round."""
+    the queue. Time-dependent backfill (time limits) is refreshed by the periodic full round.
+
+    A pending job that left the queue quietly (`ClusterState.dequeued`: cancelled or failed while
+    pending, holding nothing) does not void it either, unless it is `pivotal`. The round's walk is
+    a fold over the queue in order; a job seen that failed on a shape an earlier one failed on, or
+    that the gate held back, changed nothing in that fold but its own waiting entry. Without it,
+    the walk of the same queue gives the same plans (none), reservations, failed shapes and
+    reasons for everyone else. A pivotal job is one whose own evaluation decided something for
+    later ones (it failed a shape first: the failed shapes, any reservation), or one a seen job
+    depends on (its status is what the gate reads). A finished task frees resources and an exit
+    is no quiet departure: it still voids the memo, as every other command does.
+
+    The carried reservations are the answer of a round given its `previous`; the next round gets
+    them as its own `previous`, and a fresh round at the same `now` comes back to each (chosen
+    now, it is kept within `Tuning.reevaluate_s`; weighed again, the choice that won still wins).
+    Carrying them is thus recomputing them, as long as the drain clock answers from the state and
+    `now` alone, never from the order a round asks about nodes in (`_DrainClock._free_at`). The
+    memo is exact at one `now` only (tests/test_round_memo.py): as time moves, locality waits end
+    and expected starts move, which the leader's periodic full round takes in."""
 
     state: ClusterState  #: the state it read (a loaded snapshot is a new object: the memo lapses)
     other_changes: int  #: ClusterState.other_changes then
+    dequeued: int  #: ClusterState.dequeued_count then
     seen: int  #: how many pending jobs it went through
     last_key: tuple[Any, ...] | None  #: the queue entry of the last one
     failed: dict[Shape, WaitReason]
     reservations: tuple[Reservation, ...]
     waiting: dict[str, WaitReason]
+    #: the jobs seen whose departure would change the round: each the first to fail its shape, and
+    #: every upstream a seen job depends on
+    pivotal: frozenset[str] = frozenset()
+
+    def carry_on(self, state: ClusterState) -> tuple[int, list[str]] | None:
+        """Where a round of `state` may carry on from (the position in its queue after the jobs
+        this memo saw), and which of those jobs have left the queue; None if the memo does not hold."""
+        quiet = state.dequeued_count - self.dequeued
+        if self.state is not state or state.other_changes - self.other_changes != quiet \
+                or quiet > len(state.dequeued):
+            return None  # something other than the queue changed (or too many left to tell)
+        gone = [entry for entry in itertools.islice(state.dequeued, len(state.dequeued) - quiet, None)
+                if self.last_key is not None and entry <= self.last_key]
+        if any(job_id in self.pivotal for _, job_id in gone):
+            return None
+        # Every job it saw is still queued but those gone, and none joined ahead of the last one:
+        # one that joined ahead and left again is counted as gone, so it voids the memo too (rare).
+        start = state.pending.bisect_right(self.last_key) if self.last_key is not None else 0
+        if start != self.seen - len(gone):
+            return None
+        return start, [job_id for _, job_id in gone]
 
     def valid_for(self, state: ClusterState) -> bool:
-        if self.state is not state or self.other_changes != state.other_changes:
-            return False
-        # Every job it saw is still pending and none queued ahead of the last one.
-        return self.seen == 0 or (len(state.pending) >= self.seen and state.pending[self.seen - 1] == self.last_key)
+        """Whether a round of `state` may carry on from this memo."""
+        return self.carry_on(state) is not None
 
 
 @dataclass(slots=True)
@@ -246,15 +285,19 @@ def schedule_round(state: ClusterState, now: float,
     failed: dict[Shape, WaitReason] = {}
     reservations: list[Reservation] = []
     start = 0
-    if memo is not None and memo.valid_for(state):
-        failed, reservations, start = dict(memo.failed), list(memo.reservations), memo.seen
+    pivotal: set[str] = set()  #: see RoundMemo.pivotal
+    if memo is not None and (carried := memo.carry_on(state)) is not None:
+        start, gone = carried
+        failed, reservations, pivotal = dict(memo.failed), list(memo.reservations), set(memo.pivotal)
         result.waiting = dict(memo.waiting)
+        for job_id in gone:
+            del result.waiting[job_id]
     held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
     claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
     queue_order = _queue_order(state) if state.queues else None
     if queue_order is not None and start:
         start = 0  # the order depends on usage: no memo (it assumes the plain queue order)
-        failed, reservations, result.waiting = {}, [], {}
+        failed, reservations, result.waiting, pivotal = {}, [], {}, set()
     clock = _DrainClock(state, now, result.plans, tuning.predict)
     #: (tasks, resources, depth) -> some domain of that depth holds such a gang when idle
     rack_fit: dict[tuple[int, Resources, int], bool] = {}
@@ -264,6 +307,8 @@ def schedule_round(state: ClusterState, now: float,
     gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
     for job in [*holders, *(j for j in (queue_order if queue_order is not None else state.pending_jobs(start))
                             if j.id not in state.holds)]:
+        if job.spec.after:  # the gate reads their status: a quiet departure of one changes this job's lot
+            pivotal.update(upstream for _, upstream in job.spec.after)
         held_back = gate.held(job) if job.id not in state.holds else None
         if held_back is not None:
             result.waiting[job.id] = WaitReason((), held_back.message, held_back.code)
@@ -340,6 +385,7 @@ def schedule_round(state: ClusterState, now: float,
                 result.plans.append(more)
                 claimed[name] = claimed[name] + job.spec.total
             continue
+        pivotal.add(job.id)  # it fails its shape first: later jobs of that shape take its verdict
         if hold is not None:
             result.examined.append(job.id)
             result.waiting[job.id] = failed[shape] = WaitReason(
@@ -358,8 +404,9 @@ def schedule_round(state: ClusterState, now: float,
     result.reservations = tuple(reservations)
     if not result.plans and queue_order is None:
         seen = len(state.pending)
-        result.memo = RoundMemo(state, state.other_changes, seen, state.pending[seen - 1] if seen else None,
-                                failed, tuple(reservations), result.waiting)
+        result.memo = RoundMemo(state, state.other_changes, state.dequeued_count, seen,
+                                state.pending[seen - 1] if seen else None, failed, tuple(reservations),
+                                result.waiting, frozenset(pivotal))
     return result
 
 
@@ -539,7 +586,9 @@ class _DrainClock:
 
     def __init__(self, state: ClusterState, now: float, plans: list[Plan], predict: bool = False) -> None:
         self.state, self.now, self.plans, self.predict = state, now, plans, predict
-        self._runs: dict[str, float] = {}  #: job id -> its expected end
+        #: job id -> how long its attempt is expected to run (a job's, not a task's: its tasks start
+        #: apart, and each ends that long after its own start)
+        self._runs: dict[str, float] = {}
         self._seen_plans = 0
         self._planned: dict[str, float] = {}  #: node -> latest end of this round's plans on it
         self._at: dict[str, float] = {}  #: node -> expected empty, this round's plans counted
@@ -572,17 +621,20 @@ class _DrainClock:
         return max((self.empty_at(n) for n in nodes), default=self.now)
 
     def _free_at(self, node_id: str) -> float:
-        """When every live task on the node is expected to have ended (inf if one's end is unknown)."""
+        """When every live task on the node is expected to have ended (inf if one's end is unknown):
+        each task its own start (now, if not started yet) plus its job's expected run. A function of
+        the state and `now` alone, whichever node a round asks about first (a kept reservation's
+        nodes come first, and the round memo carries the answers of a round that asked in another
+        order)."""
         latest = self.now
         for job_id, _attempt, index in self.state.live_tasks.get(node_id, ()):
-            end = self._runs.get(job_id)
-            if end is None:
-                job = self.state.jobs[job_id]
-                started = job.tasks[index].started_at or self.now
-                end = self._runs[job_id] = started + expected_run(self.state, job, self.now, self.predict)
-            if math.isinf(end):
+            job = self.state.jobs[job_id]
+            run = self._runs.get(job_id)
+            if run is None:
+                run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict)
+            if math.isinf(run):
                 return math.inf
-            latest = max(latest, end)
+            latest = max(latest, (job.tasks[index].started_at or self.now) + run)
         return latest
 
 
