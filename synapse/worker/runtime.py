@@ -17,6 +17,14 @@ and is removed once the task's end has been read.
 A task whose assignment names an image (and no template is set) runs in the built-in container
 runtime: `container.plan` decides what it sees, `sandbox.py` (run by the shim in place of the
 command) builds it; the shim, the cgroup, the signals and the exit status work as for a plain task.
+A task held for its gang is created gated (`start(..., gated=True)`): the shim and the sandbox run
+all their set-up at once and the command waits at a pipe until `open_gate` (runc's create/start
+split), so a gang's release costs each task one write, not a sandbox's start. The sandbox inherits
+the pipe's read end through the shim and the worker keeps the write end, so the byte waits in the
+pipe even when the gate opens before the sandbox has started, and a worker that dies closes every
+gate it holds (the sandboxes read EOF and end without running their commands). A marker file in
+the task's container dir, removed once the gate is opened, is how a restarted worker tells a
+created task (never run: `find` kills what is left of it) from a started one.
 
 Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
 (`port_in_use`; why and what follows: synapse.core.rendezvous).
@@ -185,6 +193,9 @@ class ProcessRuntime:
         self.pids_max = pids_max
         self.allow_mounts = allow_mounts  #: the prefixes a job's mounts may come from (--allow-mount)
         self.cdi_dirs = cdi_dirs  #: where this node's CDI specs are (--cdi-spec-dir)
+        #: created tasks' gates (task id -> the write end of the pipe its command waits at, held until
+        #: `open_gate` or `discard`); the agent's main loop only
+        self.gates: dict[str, int] = {}
 
     def contained(self, a: Assignment) -> bool:
         """True when the task runs in the built-in container runtime: it names an image, and the
@@ -194,6 +205,10 @@ class ProcessRuntime:
     def container_dir(self, a: Assignment) -> Path:
         """The task's container files: its spec, its writable layer, the sandbox's end file."""
         return self.work_dir / "containers" / task_id(a)
+
+    def gate_path(self, a: Assignment) -> Path:
+        """A created task's marker (outside its root): there from its creation until its gate opens."""
+        return self.container_dir(a) / "gated"
 
     def container_spec(self, a: Assignment, image) -> container.ContainerSpec:
         """What the task sees inside `image` (a store's Image); ContainerRefused if it may not run."""
@@ -251,27 +266,44 @@ class ProcessRuntime:
         return tasks / f"{task_id(a)}.exit", tasks / f"{task_id(a)}.pid"
 
     def find(self, a: Assignment) -> Handle | None:
-        """The handle of a task's shim from the pid file it wrote, if it ever started."""
+        """The handle of a task's shim from the pid file it wrote, if it ever started. A task created
+        gated whose gate was never opened did not start: its process group is killed (its command
+        never ran) and it is not found; the master lists it again and it is created anew."""
         exit_file, pid_file = self.task_files(a)
         try:
             pid, ticks = (int(x) for x in pid_file.read_text().split())
         except (OSError, ValueError):
             return None
         name = task_id(a) if self.cgroups is not None and self.cgroups.exists(task_id(a)) else ""
-        return Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
+        handle = Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
+        if self.contained(a) and self.gate_path(a).exists():
+            self.discard(a, handle)
+            self.dispose(a)
+            return None
+        return handle
 
-    def start(self, a: Assignment, image=None) -> Handle:
+    def start(self, a: Assignment, image=None, gated: bool = False) -> Handle:
         """Start the task in its own cgroup (when confining); raises OSError if even the shim cannot
         start, or if the task's cgroup cannot be made (it never runs unconfined instead), and
         ContainerRefused if the task in `image` (the store's Image, for a contained task) may not run
-        as it asks."""
+        as it asks. `gated` (a contained task only): create it, its command waiting for `open_gate`."""
         command = self.command(a)
+        gate_r = gate_w = -1
         if self.contained(a):
             if image is None:
                 raise container.ContainerRefused(f"image {a.image} is not on this node")
             spec = self.container_spec(a, image)
-            command = [sys.executable, "-I", "-S", "-c", SANDBOX_LAUNCH, str(SANDBOX.parent),
-                       str(container.prepare(self.container_dir(a), spec))]
+            if gated:
+                gate_r, gate_w = os.pipe()  # neither inheritable: the shim gets the read end by pass_fds
+                spec = dataclasses.replace(spec, gate_fd=gate_r)
+            try:
+                command = [sys.executable, "-I", "-S", "-c", SANDBOX_LAUNCH, str(SANDBOX.parent),
+                           str(container.prepare(self.container_dir(a), spec))]
+                if gated:
+                    self.gate_path(a).touch()
+            except OSError:
+                _close(gate_r, gate_w)
+                raise
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file, pid_file = self.task_files(a)
@@ -286,6 +318,7 @@ class ProcessRuntime:
             try:
                 procs = self.cgroups.create(name, Limits.of(a.resources, self.pids_max))
             except IsolationError as exc:
+                _close(gate_r, gate_w)
                 raise OSError(f"cannot confine the task: {exc}") from None
             env["SYNAPSE_SHIM_CGROUPS"] = ":".join(map(str, procs))
         try:
@@ -293,12 +326,45 @@ class ProcessRuntime:
                 proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *command],
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        cwd=str(log_file.parent))
+                                        cwd=str(log_file.parent), pass_fds=(gate_r,) if gate_r >= 0 else ())
         except OSError:
             if name:
                 self.release(name)
+            _close(gate_r, gate_w)
             raise
+        if gate_r >= 0:
+            os.close(gate_r)
+            self.gates[task_id(a)] = gate_w
         return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file), name)
+
+    def open_gate(self, a: Assignment) -> None:
+        """Let a created task's command run: one byte into its gate, then its marker goes (written
+        first: a worker that crashes between the two kills the task on its restart, `find`, rather
+        than adopt one that would wait for ever). The byte waits in the pipe for a sandbox still
+        setting up; one that already ended (its set-up failed) is left to the exit polling, which
+        reads its end. Without the gate (not created by this worker process) there is nothing to
+        write: that sandbox read EOF when its creator died, and ended unrun."""
+        fd = self.gates.pop(task_id(a), -1)
+        if fd >= 0:
+            try:
+                os.write(fd, b"g")
+            except BrokenPipeError:  # the sandbox is gone already: its end says how
+                pass
+            finally:
+                os.close(fd)
+        self.gate_path(a).unlink(missing_ok=True)
+
+    def discard(self, a: Assignment, handle: Handle, wait: float = 5.0) -> None:
+        """End a created task that will never start: close its gate, SIGKILL its group (its command
+        never ran, there is nothing to save), wait for it to go, remove its cgroup and its marker."""
+        _close(self.gates.pop(task_id(a), -1))
+        self.signal(handle, signal.SIGKILL)
+        deadline = time.monotonic() + wait
+        while alive(handle) and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.01)
+        self.release(handle.cgroup)
+        self.gate_path(a).unlink(missing_ok=True)
 
     def outcome(self, handle: Handle, a: Assignment) -> Outcome:
         """How an ended task ended: its exit status, its cgroup's OOM count when it has one, and
@@ -362,6 +428,12 @@ class ProcessRuntime:
                 return
             if pid == 0:
                 return
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
 
 
 def shim_error_file(exit_file: Path) -> Path:
