@@ -306,7 +306,8 @@ def test_worker_state_reports_a_held_task_prepared_once_and_a_pull_failure_with_
     a, b = assignment(hold=True), assignment(index=1, hold=True)
     assert s.handle(ws.AssignmentsReceived(1, 1, (a, b)), now=0) == [ws.Start(a), ws.Start(b)]
     assert s.handle(ws.ImageReady(a.key, "image"), now=1) == [ws.Create(a, "image")]  # held: created, not started
-    assert s.handle(ws.TaskCreated(a.key, "created"), now=1) == []
+    assert s.handle(ws.TaskCreated(a.key, "created"), now=1) == [] and s.unreported == []
+    assert s.handle(ws.TaskSetUp(a.key), now=1) == []  # at its gate
     assert s.unreported == [ws.Report(a.key, started=False, prepared=True)]
     assert s.handle(ws.ImageFailed(b.key, "node n: UNREACHABLE", node_side=True), now=2) == []
     assert s.unreported[-1] == ws.Report(b.key, started=False, exit_code=127, reason="node n: UNREACHABLE",
@@ -373,9 +374,8 @@ def test_a_created_task_runs_its_command_only_once_its_gate_opens(tmp_path):
     handle = runtime.start(a, image(root), gated=True)
     gate = runtime.gate_path(a)
     assert gate.exists() and not str(gate).startswith(str(runtime.container_dir(a) / "rootfs"))
-    # Its set-up done, it waits: the sandbox's P2 is there (the shim, P0, P1, P2), the command is not.
-    wait_for(lambda: len([p for p in Path("/proc").iterdir() if p.name.isdigit()
-                          and _pgid(p) == handle.pid]) >= 4, 30, "the sandbox to reach its gate")
+    # Its set-up done, it says so and waits there: the command has not run.
+    assert runtime.wait_set_up(runtime.gates["j1.1.0"])
     time.sleep(0.5)
     assert alive(handle) and "ran" not in Path(handle.log_file).read_text()
     assert not (runtime.container_dir(a) / "upper" / "marker").exists()
@@ -390,13 +390,6 @@ def test_a_created_task_runs_its_command_only_once_its_gate_opens(tmp_path):
     runtime.open_gate(b)
     end, log = run_task_end(runtime, early, b)
     assert end.cause == "Completed" and log == "ran early\n", log
-
-
-def _pgid(proc: Path) -> int:
-    try:
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return -1
 
 
 def run_task_end(runtime: ProcessRuntime, handle, a: Assignment, timeout: float = 30.0):
@@ -423,7 +416,7 @@ def test_a_created_task_discarded_or_left_by_a_restarted_worker_never_runs(tmp_p
     # The worker that created it dies (its end of the gate closes): the sandbox ends, its command unrun.
     c = assignment(index=2, command=("sh", "-c", "echo ran"))
     handle_c = runtime.start(c, image(root), gated=True)
-    os.close(runtime.gates.pop("j1.1.2"))
+    runtime.gates.pop("j1.1.2").close()
     end, log = run_task_end(runtime, handle_c, c)
     assert (end.exit_code, end.cause) == (125, "Error") and "gate was closed" in end.detail and "ran" not in log
 

@@ -18,6 +18,7 @@ from synapse.worker.state import (
     Start,
     StateView,
     TaskCreated,
+    TaskSetUp,
     TaskExited,
     TaskStarted,
     TaskStartFailed,
@@ -244,9 +245,11 @@ def test_a_held_task_is_created_prepared_and_started_by_opening_its_gate_when_a_
     a = assignment(hold=True)
     s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
     assert s.handle(ImageReady(a.key, IMAGE), now=1) == [Create(a, IMAGE)]  # set up now, gated
-    assert s.unreported == [] and s.prepared == {a.key: IMAGE}  # prepared once created
     assert s.handle(TaskCreated(a.key, CREATED), now=1) == []
-    assert s.unreported == [Report(a.key, started=False, prepared=True)] and s.created == {a.key: CREATED}
+    # Prepared for the master once its sandbox is at its gate: the release must not race its set-up.
+    assert s.unreported == [] and s.prepared == {a.key: IMAGE} and s.created == {a.key: CREATED}
+    assert s.handle(TaskSetUp(a.key), now=1) == []
+    assert s.unreported == [Report(a.key, started=False, prepared=True)]
     assert s.running() == [] and s.tasks[a.key].handle is None  # not polled, not adopted: it has not run
     assert s.handle(AssignmentsReceived(1, 2, (a,)), now=2) == []  # still held
     assert s.handle(AssignmentsReceived(0, 9, (assignment(),)), now=3) == []  # an old leader's: ignored
@@ -260,7 +263,7 @@ def test_a_held_task_is_created_prepared_and_started_by_opening_its_gate_when_a_
 
 
 def created(s: WorkerState, a: Assignment) -> None:
-    """`a` listed held, its image here, its sandbox created (waiting at its gate as CREATED)."""
+    """`a` listed held, its image here, its sandbox created (as CREATED), not yet at its gate."""
     s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
     s.handle(ImageReady(a.key, IMAGE), now=1)
     s.handle(TaskCreated(a.key, CREATED), now=1)
@@ -286,6 +289,9 @@ def test_a_created_task_that_is_no_longer_prepared_is_killed():
     assert s.handle(TaskCreated(a.key, other), now=1) == [Signal(a.key, other, signal.SIGKILL)]  # a second one
     assert s.handle(TaskCreated(("gone", 1, 0), other), now=1) == [Signal(("gone", 1, 0), other, signal.SIGKILL)]
     assert s.created == {a.key: CREATED}
+    s.handle(TaskSetUp(a.key), now=1)
+    s.handle(TaskSetUp(("gone", 1, 0)), now=1)  # no longer created: nothing to say
+    assert s.unreported == [Report(a.key, started=False, prepared=True)]
     s.validate()
 
 

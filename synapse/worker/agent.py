@@ -12,6 +12,8 @@ state it publishes after every event (`view`):
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
+* gate (one per created task, until its sandbox's set-up is done): sends TaskSetUp then, so the
+  task is reported prepared only with its sandbox waiting at its gate;
 * pulls (a pool of PULL_THREADS): a task in an image waits, starting, while the node's image store
   gets its image (one pull per image however many tasks ask); its progress and its result come
   back as events, and the task starts then, or ends ImagePullFailed without having run;
@@ -382,9 +384,16 @@ class WorkerAgent:
         self.metrics.task_start.observe(time.monotonic() - seen)
         if gated:
             log.info("task created, held for its gang task=%s pid=%d", a.key, handle.pid)
+            gate = self.runtime.gates[task_id(a)]
+            threading.Thread(target=self._watch_gate, args=(a.key, gate), name="gate", daemon=True).start()
             self._handle(ws.TaskCreated(a.key, handle))
         else:
             self._started(a, handle)
+
+    def _watch_gate(self, key: ws.Key, gate: Any) -> None:
+        """(gate thread) Wait until a created task's sandbox is at its gate, or ended or discarded."""
+        self.runtime.wait_set_up(gate)
+        self.events.put(ws.TaskSetUp(key))
 
     def _open(self, a: Assignment, handle: Handle) -> None:
         """Start a created task: open its gate (its command runs now; the journal's start is this moment)."""

@@ -91,8 +91,8 @@ class ContainerSpec:
     mounts: tuple[Mount, ...] = ()
     skipped: tuple[str, ...] = field(default=())  #: what of a CDI spec was not applied, for the log
     user: str = ""  #: the image's User (name or uid, optional :group); "" runs as root
-    #: the fd (inherited through the shim) of a pipe's read end the command waits at until the worker
-    #: opens the gate (runtime.open_gate); -1: none
+    #: the fd (inherited through the shim) of the socket the command waits at until the worker opens
+    #: the gate (runtime.open_gate); -1: none
     gate_fd: int = -1
 
     def to_dict(self) -> dict[str, Any]:

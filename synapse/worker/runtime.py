@@ -18,13 +18,14 @@ A task whose assignment names an image (and no template is set) runs in the buil
 runtime: `container.plan` decides what it sees, `sandbox.py` (run by the shim in place of the
 command) builds it; the shim, the cgroup, the signals and the exit status work as for a plain task.
 A task held for its gang is created gated (`start(..., gated=True)`): the shim and the sandbox run
-all their set-up at once and the command waits at a pipe until `open_gate` (runc's create/start
-split), so a gang's release costs each task one write, not a sandbox's start. The sandbox inherits
-the pipe's read end through the shim and the worker keeps the write end, so the byte waits in the
-pipe even when the gate opens before the sandbox has started, and a worker that dies closes every
-gate it holds (the sandboxes read EOF and end without running their commands). A marker file in
-the task's container dir, removed once the gate is opened, is how a restarted worker tells a
-created task (never run: `find` kills what is left of it) from a started one.
+all their set-up at once and the command waits at a gate until `open_gate` (runc's create/start
+split), so a gang's release costs each task one write, not a sandbox's start. The gate is a socket
+pair: the sandbox inherits one end through the shim and says on it when its set-up is done
+(`wait_set_up`), the worker keeps the other, so its byte waits in the socket even when the gate
+opens before the sandbox has started, and a worker that dies closes every gate it holds (the
+sandboxes read EOF and end without running their commands). A marker file in the task's container
+dir, removed once the gate is opened, is how a restarted worker tells a created task (never run:
+`find` kills what is left of it) from a started one.
 
 Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
 (`port_in_use`; why and what follows: synapse.core.rendezvous).
@@ -193,9 +194,9 @@ class ProcessRuntime:
         self.pids_max = pids_max
         self.allow_mounts = allow_mounts  #: the prefixes a job's mounts may come from (--allow-mount)
         self.cdi_dirs = cdi_dirs  #: where this node's CDI specs are (--cdi-spec-dir)
-        #: created tasks' gates (task id -> the write end of the pipe its command waits at, held until
-        #: `open_gate` or `discard`); the agent's main loop only
-        self.gates: dict[str, int] = {}
+        #: created tasks' gates (task id -> the worker's end of the socket pair its command waits at,
+        #: held until `open_gate` or `discard`); the agent's main loop only
+        self.gates: dict[str, socket.socket] = {}
 
     def contained(self, a: Assignment) -> bool:
         """True when the task runs in the built-in container runtime: it names an image, and the
@@ -288,21 +289,21 @@ class ProcessRuntime:
         ContainerRefused if the task in `image` (the store's Image, for a contained task) may not run
         as it asks. `gated` (a contained task only): create it, its command waiting for `open_gate`."""
         command = self.command(a)
-        gate_r = gate_w = -1
+        mine = theirs = None
         if self.contained(a):
             if image is None:
                 raise container.ContainerRefused(f"image {a.image} is not on this node")
             spec = self.container_spec(a, image)
             if gated:
-                gate_r, gate_w = os.pipe()  # neither inheritable: the shim gets the read end by pass_fds
-                spec = dataclasses.replace(spec, gate_fd=gate_r)
+                mine, theirs = socket.socketpair()  # neither inheritable: the shim gets its end by pass_fds
+                spec = dataclasses.replace(spec, gate_fd=theirs.fileno())
             try:
                 command = [sys.executable, "-I", "-S", "-c", SANDBOX_LAUNCH, str(SANDBOX.parent),
                            str(container.prepare(self.container_dir(a), spec))]
                 if gated:
                     self.gate_path(a).touch()
             except OSError:
-                _close(gate_r, gate_w)
+                _close(mine, theirs)
                 raise
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -318,7 +319,7 @@ class ProcessRuntime:
             try:
                 procs = self.cgroups.create(name, Limits.of(a.resources, self.pids_max))
             except IsolationError as exc:
-                _close(gate_r, gate_w)
+                _close(mine, theirs)
                 raise OSError(f"cannot confine the task: {exc}") from None
             env["SYNAPSE_SHIM_CGROUPS"] = ":".join(map(str, procs))
         try:
@@ -326,15 +327,15 @@ class ProcessRuntime:
                 proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *command],
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        cwd=str(log_file.parent), pass_fds=(gate_r,) if gate_r >= 0 else ())
+                                        cwd=str(log_file.parent), pass_fds=(theirs.fileno(),) if theirs else ())
         except OSError:
             if name:
                 self.release(name)
-            _close(gate_r, gate_w)
+            _close(mine, theirs)
             raise
-        if gate_r >= 0:
-            os.close(gate_r)
-            self.gates[task_id(a)] = gate_w
+        if mine is not None and theirs is not None:
+            theirs.close()
+            self.gates[task_id(a)] = mine
         return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file), name)
 
     def open_gate(self, a: Assignment) -> None:
@@ -344,20 +345,28 @@ class ProcessRuntime:
         setting up; one that already ended (its set-up failed) is left to the exit polling, which
         reads its end. Without the gate (not created by this worker process) there is nothing to
         write: that sandbox read EOF when its creator died, and ended unrun."""
-        fd = self.gates.pop(task_id(a), -1)
-        if fd >= 0:
+        gate = self.gates.pop(task_id(a), None)
+        if gate is not None:
             try:
-                os.write(fd, b"g")
-            except BrokenPipeError:  # the sandbox is gone already: its end says how
+                gate.send(b"g")
+            except OSError:  # the sandbox is gone already: its end says how
                 pass
             finally:
-                os.close(fd)
+                _close(gate)
         self.gate_path(a).unlink(missing_ok=True)
+
+    def wait_set_up(self, gate: socket.socket) -> bool:
+        """(any thread) Block until a created task's sandbox is at its gate (True), or ended or
+        discarded first (False). `gate`: `self.gates[task_id]`, taken on the main loop."""
+        try:
+            return gate.recv(1) == b"r"
+        except OSError:
+            return False
 
     def discard(self, a: Assignment, handle: Handle, wait: float = 5.0) -> None:
         """End a created task that will never start: close its gate, SIGKILL its group (its command
         never ran, there is nothing to save), wait for it to go, remove its cgroup and its marker."""
-        _close(self.gates.pop(task_id(a), -1))
+        _close(self.gates.pop(task_id(a), None))
         self.signal(handle, signal.SIGKILL)
         deadline = time.monotonic() + wait
         while alive(handle) and time.monotonic() < deadline:
@@ -430,10 +439,15 @@ class ProcessRuntime:
                 return
 
 
-def _close(*fds: int) -> None:
-    for fd in fds:
-        if fd >= 0:
-            os.close(fd)
+def _close(*gates: socket.socket | None) -> None:
+    """Close gates; shut down first, which wakes a thread blocked in `wait_set_up` on one."""
+    for gate in gates:
+        if gate is not None:
+            try:
+                gate.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            gate.close()
 
 
 def shim_error_file(exit_file: Path) -> Path:

@@ -31,14 +31,16 @@ notice, a SIGKILL to the group) reach the task directly, as they reach a plain t
   handler never gets them); when it exits the kernel kills whatever is left in the namespace.
 * P2 takes the image's User (a name or uid, with an optional group, looked up in the image's
   /etc/passwd and /etc/group) where the worker is root, and execs the task's command (PATH from
-  the task's env). With a `gate_fd` in the spec (the read end of a pipe whose write end the
+  the task's env). With a `gate_fd` in the spec (one end of a socket pair whose other end the
   worker keeps, inherited through the shim) it first waits there: the worker creates a held
   gang's sandboxes as soon as their image is on the node, and the gang's release only opens the
   gate (runc's create/start split), so no task of a gang pays for its sandbox's set-up after the
-  gang was released. P2 execs once it reads `g`; on anything else, EOF included (the worker
-  discarded the task, or died), it ends with 125 without running the command. An inherited pipe
-  rather than a FIFO opened by path: the worker may open the gate before the sandbox has even
-  started, and a FIFO's byte is lost when it has no reader yet. Under a user namespace only root is mapped, so the User is not applied there (the
+  gang was released. At the gate P2 says `r` (its set-up is done: the worker reports the task
+  prepared only then, so the release does not race the set-up) and execs once it reads `g`; on
+  anything else, EOF included (the worker discarded the task, or died), it ends with 125 without
+  running the command. An inherited socket pair rather than a FIFO opened by path: the worker may
+  open the gate before the sandbox has even started (a FIFO's byte is lost when it has no reader
+  yet), and it carries the `r` back. Under a user namespace only root is mapped, so the User is not applied there (the
   task's log says so). A command that is not in the image ends
   with 127, one that cannot be executed with 126, and both leave their reason in the end file.
 
@@ -285,7 +287,12 @@ def resolve_user(user: str) -> tuple[int, int, str] | None:
 
 
 def _pass_gate(gate_fd: int, end_fd: int) -> None:
-    """P2: wait until the worker opens the task's gate (`g`); anything else ends the task unrun."""
+    """P2 (signals still caught, so a closed socket's SIGPIPE does not kill it): say the set-up is
+    done, wait until the worker opens the task's gate (`g`); anything else ends the task unrun."""
+    try:
+        os.write(gate_fd, b"r")
+    except OSError:
+        pass  # the worker no longer listens (it opened the gate before the set-up was done, or left)
     try:
         got = os.read(gate_fd, 1)
     except OSError:
@@ -298,6 +305,8 @@ def _pass_gate(gate_fd: int, end_fd: int) -> None:
 
 def _exec_task(spec: dict, end_fd: int, user: tuple[int, int, str] | None, gate_fd: int = -1) -> None:
     """P2: become the task's command once its gate (if it has one) opens (never returns)."""
+    if gate_fd >= 0:
+        _pass_gate(gate_fd, end_fd)
     for sig in range(1, signal.NSIG):
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             try:
@@ -314,8 +323,6 @@ def _exec_task(spec: dict, end_fd: int, user: tuple[int, int, str] | None, gate_
             os.setgid(user[1])
             os.setuid(user[0])
         os.chdir(spec.get("cwd") or "/")
-        if gate_fd >= 0:
-            _pass_gate(gate_fd, end_fd)
         _execvpe(argv, env)
     except FileNotFoundError:
         _write_end(end_fd, "CommandNotFound", f"{argv[0]}: no such command in the image")

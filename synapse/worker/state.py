@@ -32,7 +32,9 @@ Rules:
   it (then it starts) or stops it (then it ends, its container dropped). A task stopped while its
   image is pulled ends at once, with nothing to save; the pull's outcome then only unpins the image.
 * A held task whose image is here is created at once (`Create`: its sandbox set up, its command
-  waiting at a gate, synapse.worker.runtime) and reported prepared once created (`TaskCreated`);
+  waiting at a gate, synapse.worker.runtime; `TaskCreated`) and reported prepared once its set-up
+  is done (`TaskSetUp`, or the sandbox ended: its start then says how), so a gang's release does
+  not race its sandboxes' set-up;
   its release is then a `Start` carrying the created process, which the agent starts by opening
   the gate. A created task stopped before its release is discarded with its process (SIGKILL:
   its command never ran). Until its gate opens a created task has no process here (`handle` is
@@ -96,10 +98,17 @@ class TaskExited:
 
 @dataclass(frozen=True, slots=True)
 class TaskCreated:
-    """A held task's sandbox is set up, its command waiting at its gate (the agent carried out `Create`)."""
+    """A held task's sandbox is being set up, to wait at its gate (the agent carried out `Create`)."""
 
     key: Key
-    handle: Handle
+    handle: Handle  #: the created task's shim: its process group is the task's, once its gate opens
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSetUp:
+    """A created task's sandbox reached its gate (or ended before it: its start then shows how)."""
+
+    key: Key
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +309,10 @@ class WorkerState:
                 return self._notice(event.key, task, task.notice_pending, now)
             case TaskCreated():
                 return self._created(event)
+            case TaskSetUp():
+                if event.key in self.created and self.tasks[event.key].phase == "starting":
+                    self.unreported.append(Report(event.key, started=False, prepared=True))
+                return []
             case PullStarted():
                 self.pulling.add(event.key)
                 return []
@@ -359,15 +372,13 @@ class WorkerState:
         return out
 
     def _created(self, event: TaskCreated) -> list[Instruction]:
-        """A held task's sandbox waits at its gate: prepared for the master (its gang starts once
-        every task is); started at once if a listing released it meanwhile. One that is no longer
-        prepared (it ended, or started another way) must never run."""
+        """A held task's sandbox sets up, to wait at its gate (prepared for the master once it is
+        there: `TaskSetUp`); started at once if a listing released it meanwhile. One that is no
+        longer prepared (it ended, or started another way) must never run."""
         task = self.tasks.get(event.key)
         if task is None or event.key not in self.prepared or event.key in self.created:
             return [Signal(event.key, event.handle, signal.SIGKILL)]
         self.created[event.key] = event.handle
-        if task.phase == "starting":
-            self.unreported.append(Report(event.key, started=False, prepared=True))
         if not self.holds.get(event.key, True):
             return [Start(task.assignment, self.prepared.pop(event.key), self.created.pop(event.key))]
         return []
