@@ -42,8 +42,9 @@ than plain at p50.
 TaskPrepared, and the leader's ImageReady event (the last node's TaskPrepared committed) releases
 the gang. Spread = the last task's first instruction minus the first one's; all of them come after
 ImageReady (checked). Printed: spread p50 and max over the trials, ImageReady -> first and last
-start, and the spread of the workers' shim starts (their task journals) beside it, which tells the
-dispatch's share from the sandbox's. Target (issue 34): spread at most 100 ms.
+start, and the spread of the workers' starts (their task journals: for a gang, each gate's
+opening, the sandboxes being set up before the release) beside it, which tells the dispatch's
+share. Target (issue 34): spread at most 100 ms.
 
 On one machine G workers and their sandboxes share its cores, so (d) measures contention a
 cluster of G machines does not have: read it as an upper bound.
@@ -454,7 +455,7 @@ def print_gang(result: dict, judge: bool) -> None:
           f"first instructions, all after ImageReady (the last node's image committed ready):")
     print(f"  spread: p50 {spread['p50_ms']:.1f} ms, max {spread['max_ms']:.1f} ms; all: {spread['all_ms']}")
     print(f"  ImageReady -> first task {result['ready_to_first_p50_ms']:.1f} ms, -> last task "
-          f"{result['ready_to_last_p50_ms']:.1f} ms (p50); the workers' shim starts spread "
+          f"{result['ready_to_last_p50_ms']:.1f} ms (p50); the workers' gate openings spread "
           f"{result['shim_spread_p50_ms']:.1f} ms (p50)")
     if judge:
         verdict(f"spread p50 at most {ms(SPREAD_TARGET_S):.0f} ms", spread["p50_ms"] <= ms(SPREAD_TARGET_S))

@@ -305,7 +305,9 @@ def test_worker_state_reports_a_held_task_prepared_once_and_a_pull_failure_with_
     s = ws.WorkerState()
     a, b = assignment(hold=True), assignment(index=1, hold=True)
     assert s.handle(ws.AssignmentsReceived(1, 1, (a, b)), now=0) == [ws.Start(a), ws.Start(b)]
-    assert s.handle(ws.ImageReady(a.key, "image"), now=1) == []  # held: prepared, not started
+    assert s.handle(ws.ImageReady(a.key, "image"), now=1) == [ws.Create(a, "image")]  # held: created, not started
+    assert s.handle(ws.TaskCreated(a.key, "created"), now=1) == [] and s.unreported == []
+    assert s.handle(ws.TaskSetUp(a.key), now=1) == []  # at its gate
     assert s.unreported == [ws.Report(a.key, started=False, prepared=True)]
     assert s.handle(ws.ImageFailed(b.key, "node n: UNREACHABLE", node_side=True), now=2) == []
     assert s.unreported[-1] == ws.Report(b.key, started=False, exit_code=127, reason="node n: UNREACHABLE",
@@ -362,6 +364,61 @@ def test_a_missing_command_ends_command_not_found_and_a_sigterm_reaches_the_task
     b = assignment(attempt=2, command=("sh", "-c", "trap 'echo saved; exit 7' TERM; echo ready; sleep 30 & wait"))
     end, log = run_task(runtime, b, image(root), stop_after=1.5)
     assert (end.exit_code, end.cause) == (7, "Error") and "saved" in log, log
+
+
+@needs_root_fs
+def test_a_created_task_runs_its_command_only_once_its_gate_opens(tmp_path):
+    root = busybox_root(tmp_path / "root")
+    runtime = ProcessRuntime(tmp_path / "w")
+    a = assignment(command=("sh", "-c", "echo ran; echo written > /marker"))
+    handle = runtime.start(a, image(root), gated=True)
+    gate = runtime.gate_path(a)
+    assert gate.exists() and not str(gate).startswith(str(runtime.container_dir(a) / "rootfs"))
+    # Its set-up done, it says so and waits there: the command has not run.
+    assert runtime.wait_set_up(runtime.gates["j1.1.0"])
+    time.sleep(0.5)
+    assert alive(handle) and "ran" not in Path(handle.log_file).read_text()
+    assert not (runtime.container_dir(a) / "upper" / "marker").exists()
+    runtime.open_gate(a)
+    assert not gate.exists()
+    end, log = run_task_end(runtime, handle, a)
+    assert end.cause == "Completed" and log == "ran\n", log
+    assert ProcessRuntime(tmp_path / "w").find(a).pid == handle.pid  # opened: a restarted worker adopts it
+    # A gate opened before the sandbox has even started its set-up: the byte waits for it.
+    b = assignment(index=1, command=("sh", "-c", "echo ran early"))
+    early = runtime.start(b, image(root), gated=True)
+    runtime.open_gate(b)
+    end, log = run_task_end(runtime, early, b)
+    assert end.cause == "Completed" and log == "ran early\n", log
+
+
+def run_task_end(runtime: ProcessRuntime, handle, a: Assignment, timeout: float = 30.0):
+    wait_for(lambda: not alive(handle) or runtime.reap(), timeout, "the task to end")
+    return runtime.outcome(handle, a), Path(handle.log_file).read_text()
+
+
+@needs_root_fs
+def test_a_created_task_discarded_or_left_by_a_restarted_worker_never_runs(tmp_path):
+    root = busybox_root(tmp_path / "root")
+    runtime = ProcessRuntime(tmp_path / "w")
+    a, b = (assignment(index=i, command=("sh", "-c", "echo ran")) for i in (0, 1))
+    handle_a, handle_b = runtime.start(a, image(root), gated=True), runtime.start(b, image(root), gated=True)
+    runtime.discard(a, handle_a)  # a stop before its gang started: SIGKILL, nothing to save
+    assert not alive(handle_a) and not runtime.gate_path(a).exists() and len(runtime.gates) == 1
+    # A restarted worker (a new runtime: it holds no gate) finds b created, never opened: not adopted.
+    wait_for(lambda: runtime.task_files(b)[1].exists(), 30, "the shim's pid file")
+    assert ProcessRuntime(tmp_path / "w").find(b) is None
+    wait_for(lambda: not alive(handle_b) or runtime.reap(), 30, "the created task to be killed")
+    assert not runtime.container_dir(b).exists()
+    time.sleep(0.3)
+    assert "ran" not in Path(handle_a.log_file).read_text() + Path(handle_b.log_file).read_text()
+    runtime.discard(b, handle_b)  # the old runtime's gate goes too
+    # The worker that created it dies (its end of the gate closes): the sandbox ends, its command unrun.
+    c = assignment(index=2, command=("sh", "-c", "echo ran"))
+    handle_c = runtime.start(c, image(root), gated=True)
+    runtime.gates.pop("j1.1.2").close()
+    end, log = run_task_end(runtime, handle_c, c)
+    assert (end.exit_code, end.cause) == (125, "Error") and "gate was closed" in end.detail and "ran" not in log
 
 
 @needs_root_fs

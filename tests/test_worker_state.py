@@ -6,6 +6,7 @@ from synapse.core.model import Assignment
 from synapse.worker.runtime import Handle
 from synapse.worker.state import (
     AssignmentsReceived,
+    Create,
     Discard,
     ImageFailed,
     ImageReady,
@@ -16,7 +17,9 @@ from synapse.worker.state import (
     Signal,
     Start,
     StateView,
+    TaskCreated,
     TaskExited,
+    TaskSetUp,
     TaskStarted,
     TaskStartFailed,
     Tick,
@@ -234,16 +237,61 @@ def test_a_task_not_held_starts_with_its_image_once_pulled():
     s.validate()
 
 
-def test_a_held_task_is_prepared_and_starts_when_a_listing_releases_it():
+CREATED = Handle(pid=5151, start_ticks=2, exit_file="/c.exit", log_file="/c.log")
+
+
+def test_a_held_task_is_created_prepared_and_started_by_opening_its_gate_when_a_listing_releases_it():
     s = WorkerState()
     a = assignment(hold=True)
     s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
-    assert s.handle(ImageReady(a.key, IMAGE), now=1) == []
-    assert s.unreported == [Report(a.key, started=False, prepared=True)] and s.prepared == {a.key: IMAGE}
+    assert s.handle(ImageReady(a.key, IMAGE), now=1) == [Create(a, IMAGE)]  # set up now, gated
+    assert s.handle(TaskCreated(a.key, CREATED), now=1) == []
+    # Prepared for the master once its sandbox is at its gate: the release must not race its set-up.
+    assert s.unreported == [] and s.prepared == {a.key: IMAGE} and s.created == {a.key: CREATED}
+    assert s.handle(TaskSetUp(a.key), now=1) == []
+    assert s.unreported == [Report(a.key, started=False, prepared=True)]
+    assert s.running() == [] and s.tasks[a.key].handle is None  # not polled, not adopted: it has not run
     assert s.handle(AssignmentsReceived(1, 2, (a,)), now=2) == []  # still held
     assert s.handle(AssignmentsReceived(0, 9, (assignment(),)), now=3) == []  # an old leader's: ignored
-    assert s.handle(AssignmentsReceived(1, 3, (assignment(),)), now=4) == [Start(a, IMAGE)]  # as first listed
-    assert s.prepared == {}
+    # Released: the created process starts (the agent opens its gate, then reports it started).
+    assert s.handle(AssignmentsReceived(1, 3, (assignment(),)), now=4) == [Start(a, IMAGE, CREATED)]
+    assert s.prepared == {} and s.created == {}
+    s.validate()
+    assert s.handle(TaskStarted(a.key, CREATED), now=4) == []
+    assert s.unreported[-1] == Report(a.key, started=True) and s.running()[0].handle == CREATED
+    s.validate()
+
+
+def created(s: WorkerState, a: Assignment) -> None:
+    """`a` listed held, its image here, its sandbox created (as CREATED), not yet at its gate."""
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    s.handle(ImageReady(a.key, IMAGE), now=1)
+    s.handle(TaskCreated(a.key, CREATED), now=1)
+
+
+def test_a_held_task_whose_creation_failed_ends_unprepared():
+    s = WorkerState()
+    a = assignment(hold=True)
+    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
+    s.handle(ImageReady(a.key, IMAGE), now=1)
+    assert s.handle(TaskStartFailed(a.key, "mount /x: not under a prefix"), now=1) == []
+    assert s.unreported == [Report(a.key, started=False, exit_code=127, reason="mount /x: not under a prefix",
+                                   cause="Error")]
+    assert not s.prepared and not s.created and a.key in s.done
+    s.validate()
+
+
+def test_a_created_task_that_is_no_longer_prepared_is_killed():
+    s = WorkerState()
+    a = assignment(hold=True)
+    created(s, a)
+    other = Handle(pid=6161, start_ticks=3, exit_file="/o.exit", log_file="/o.log")
+    assert s.handle(TaskCreated(a.key, other), now=1) == [Signal(a.key, other, signal.SIGKILL)]  # a second one
+    assert s.handle(TaskCreated(("gone", 1, 0), other), now=1) == [Signal(("gone", 1, 0), other, signal.SIGKILL)]
+    assert s.created == {a.key: CREATED}
+    s.handle(TaskSetUp(a.key), now=1)
+    s.handle(TaskSetUp(("gone", 1, 0)), now=1)  # no longer created: nothing to say
+    assert s.unreported == [Report(a.key, started=False, prepared=True)]
     s.validate()
 
 
@@ -255,16 +303,28 @@ def test_a_listing_that_releases_a_task_before_its_image_is_here_starts_it_when_
     assert s.handle(ImageReady(a.key, IMAGE), now=2) == [Start(a, IMAGE)]
 
 
-def test_a_prepared_task_stopped_ends_and_its_container_goes():
+def test_a_prepared_task_stopped_ends_and_its_container_goes_with_its_created_process():
     s = WorkerState()
-    a = assignment(hold=True)
-    s.handle(AssignmentsReceived(1, 1, (a,)), now=0)
-    s.handle(ImageReady(a.key, IMAGE), now=1)
-    assert s.handle(AssignmentsReceived(1, 2, ()), now=2) == [Discard(a)]
-    assert s.unreported[-1] == Report(a.key, started=False, exit_code=127, reason="stopped before its gang started",
-                                      cause="Error")
-    assert not s.tasks and not s.prepared and a.key in s.done
+    a, b = assignment(hold=True), assignment(index=1, hold=True)
+    s.handle(AssignmentsReceived(1, 1, (a, b)), now=0)
+    s.handle(ImageReady(a.key, IMAGE), now=1)  # a: prepared, not yet created
+    s.handle(ImageReady(b.key, IMAGE), now=1)
+    s.handle(TaskCreated(b.key, CREATED), now=1)
+    stop_b = assignment(index=1, hold=True, stop=True)
+    # b's process is killed (SIGKILL: its command never ran); a has none.
+    assert s.handle(AssignmentsReceived(1, 2, (stop_b,)), now=2) == [Discard(a), Discard(b, CREATED)]
+    assert s.unreported[-2:] == [Report(k, started=False, exit_code=127, reason="stopped before its gang started",
+                                        cause="Error") for k in (a.key, b.key)]
+    assert not s.tasks and not s.prepared and not s.created and {a.key, b.key} <= s.done
+    assert s.handle(AssignmentsReceived(1, 3, (assignment(index=1),)), now=3) == []  # never started, even released
     s.validate()
+
+
+def test_a_created_task_is_forgotten_by_a_restarted_worker():
+    a = assignment(hold=True)
+    s = WorkerState.restore(stop_grace=3, known=(1, 1), done=[], unreported=[],
+                            tasks=[SavedTask(a, "starting", None)], now=5)  # runtime.find killed it
+    assert s.tasks == {} and s.handle(AssignmentsReceived(1, 2, (a,)), now=6) == [Start(a)]
 
 
 def test_a_task_stopped_while_its_image_is_pulled_ends_at_once_and_the_pull_only_unpins():

@@ -12,6 +12,8 @@ state it publishes after every event (`view`):
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
+* gate (one per created task, until its sandbox's set-up is done): sends TaskSetUp then, so the
+  task is reported prepared only with its sandbox waiting at its gate;
 * pulls (a pool of PULL_THREADS): a task in an image waits, starting, while the node's image store
   gets its image (one pull per image however many tasks ask); its progress and its result come
   back as events, and the task starts then, or ends ImagePullFailed without having run;
@@ -308,8 +310,12 @@ class WorkerAgent:
                 self._save_state()
                 self.pulls.submit(self._pull, ins.assignment)
                 self._handle(ws.PullStarted(ins.assignment.key))
+            elif isinstance(ins, ws.Start) and ins.created is not None:
+                self._open(ins.assignment, ins.created)
             elif isinstance(ins, ws.Start):
                 self._start(ins.assignment, ins.image)
+            elif isinstance(ins, ws.Create):
+                self._start(ins.assignment, ins.image, gated=True)
             elif isinstance(ins, ws.Signal):
                 log.info("signal task=%s sig=%s", ins.key, _signal_name(ins.signal))
                 self.runtime.signal(ins.handle, ins.signal)
@@ -317,6 +323,9 @@ class WorkerAgent:
                 if self.images is not None:
                     self.images.release("{}.{}.{}".format(*ins.key))  # task_id's spelling
             elif isinstance(ins, ws.Discard):
+                if ins.handle is not None:
+                    log.info("discarding created task=%s pid=%d", ins.assignment.key, ins.handle.pid)
+                    self.runtime.discard(ins.assignment, ins.handle)
                 self._end_container(ins.assignment)
 
     def _pull(self, a: Assignment) -> None:
@@ -355,30 +364,65 @@ class WorkerAgent:
             a = self.state.tasks[event.key].assignment
             log.info("image ready, task held for its gang task=%s image=%s", a.key, a.image)
 
-    def _start(self, a: Assignment, image: Any = None) -> None:
+    def _start(self, a: Assignment, image: Any = None, gated: bool = False) -> None:
+        """Start a task, or (`gated`: a held task, its image here) create it: its sandbox set up now,
+        its command waiting at its gate until the gang's release (`_open`), so the set-up's CPU is
+        spent while the other nodes still pull, not after the release."""
         # Record the intent first: a crash between the fork and the next save must not leave a
         # task this worker forgets and would start a second time (see _load_state).
         seen = time.monotonic()
         self._save_state()
-        clash = self._master_port_clash(a)
+        clash = "" if gated else self._master_port_clash(a)  # a created task is checked as its gate opens
         if clash:
-            self.metrics.exits.labels("start_failed").inc()
-            log.warning("rank 0 not started task=%s reason=%s", a.key, clash)
-            self._handle(ws.TaskStartFailed(a.key, clash, EndReason.MASTER_PORT_IN_USE))
+            self._start_failed(a, clash, EndReason.MASTER_PORT_IN_USE)
             return
         try:
-            handle = self.runtime.start(a, image)
+            handle = self.runtime.start(a, image, gated=gated)
         except (OSError, ContainerRefused) as exc:
-            self.metrics.exits.labels("start_failed").inc()
-            log.warning("task start failed task=%s error=%s", a.key, exc)
-            self._end_container(a)
-            self._handle(ws.TaskStartFailed(a.key, str(exc)))
+            self._start_failed(a, f"{exc}")
             return
         self.metrics.task_start.observe(time.monotonic() - seen)
-        log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d", a.job_id, a.attempt, a.index,
-                 a.rank, handle.pid)
+        if gated:
+            log.info("task created, held for its gang task=%s pid=%d", a.key, handle.pid)
+            gate = self.runtime.gates[task_id(a)]
+            threading.Thread(target=self._watch_gate, args=(a.key, gate), name="gate", daemon=True).start()
+            self._handle(ws.TaskCreated(a.key, handle))
+        else:
+            self._started(a, handle)
+
+    def _watch_gate(self, key: ws.Key, gate: Any) -> None:
+        """(gate thread) Wait until a created task's sandbox is at its gate, or ended or discarded."""
+        self.runtime.wait_set_up(gate)
+        self.events.put(ws.TaskSetUp(key))
+
+    def _open(self, a: Assignment, handle: Handle) -> None:
+        """Start a created task: open its gate (its command runs now; the journal's start is this moment)."""
+        clash = self._master_port_clash(a)
+        if clash:
+            self._start_failed(a, clash, EndReason.MASTER_PORT_IN_USE, handle)
+            return
+        try:
+            self.runtime.open_gate(a)
+        except OSError as exc:
+            self._start_failed(a, f"gate not opened: {exc}", created=handle)
+            return
+        self._started(a, handle, " (gate opened)")
+
+    def _started(self, a: Assignment, handle: Handle, how: str = "") -> None:
+        log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d%s", a.job_id, a.attempt, a.index,
+                 a.rank, handle.pid, how)
         self._journal("start", a, pid=handle.pid)
         self._handle(ws.TaskStarted(a.key, handle))
+
+    def _start_failed(self, a: Assignment, reason: str, cause: str = EndReason.ERROR,
+                      created: Handle | None = None) -> None:
+        """A task that could not start ends so, its created process (if any) and container gone."""
+        self.metrics.exits.labels("start_failed").inc()
+        log.warning("task not started task=%s reason=%s", a.key, reason)
+        if created is not None:
+            self.runtime.discard(a, created)
+        self._end_container(a)
+        self._handle(ws.TaskStartFailed(a.key, reason, cause))
 
     def _unpin_forgotten(self) -> None:
         """Unpin the images of tasks this worker no longer knows (pulled or held, never started, when

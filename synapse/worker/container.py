@@ -91,6 +91,9 @@ class ContainerSpec:
     mounts: tuple[Mount, ...] = ()
     skipped: tuple[str, ...] = field(default=())  #: what of a CDI spec was not applied, for the log
     user: str = ""  #: the image's User (name or uid, optional :group); "" runs as root
+    #: the fd (inherited through the shim) of the socket the command waits at until the worker opens
+    #: the gate (runtime.open_gate); -1: none
+    gate_fd: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (str, list, dict, bool) as the sandbox reads it."""
@@ -99,7 +102,7 @@ class ContainerSpec:
             "end_file": self.end_file, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "devices": [{"source": d.source, "target": d.target} for d in self.devices],
             "mounts": [{"source": m.source, "target": m.target, "readonly": m.readonly} for m in self.mounts],
-            "user": self.user}
+            "user": self.user, "gate_fd": self.gate_fd}
 
 
 def env_of(image_env: Iterable[str] | Mapping[str, str]) -> dict[str, str]:

@@ -17,6 +17,15 @@ and is removed once the task's end has been read.
 A task whose assignment names an image (and no template is set) runs in the built-in container
 runtime: `container.plan` decides what it sees, `sandbox.py` (run by the shim in place of the
 command) builds it; the shim, the cgroup, the signals and the exit status work as for a plain task.
+A task held for its gang is created gated (`start(..., gated=True)`): the shim and the sandbox run
+all their set-up at once and the command waits at a gate until `open_gate` (runc's create/start
+split), so a gang's release costs each task one write, not a sandbox's start. The gate is a socket
+pair: the sandbox inherits one end through the shim and says on it when its set-up is done
+(`wait_set_up`), the worker keeps the other, so its byte waits in the socket even when the gate
+opens before the sandbox has started, and a worker that dies closes every gate it holds (the
+sandboxes read EOF and end without running their commands). A marker file in the task's container
+dir, removed once the gate is opened, is how a restarted worker tells a created task (never run:
+`find` kills what is left of it) from a started one.
 
 Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
 (`port_in_use`; why and what follows: synapse.core.rendezvous).
@@ -185,6 +194,9 @@ class ProcessRuntime:
         self.pids_max = pids_max
         self.allow_mounts = allow_mounts  #: the prefixes a job's mounts may come from (--allow-mount)
         self.cdi_dirs = cdi_dirs  #: where this node's CDI specs are (--cdi-spec-dir)
+        #: created tasks' gates (task id -> the worker's end of the socket pair its command waits at,
+        #: held until `open_gate` or `discard`); the agent's main loop only
+        self.gates: dict[str, socket.socket] = {}
 
     def contained(self, a: Assignment) -> bool:
         """True when the task runs in the built-in container runtime: it names an image, and the
@@ -194,6 +206,10 @@ class ProcessRuntime:
     def container_dir(self, a: Assignment) -> Path:
         """The task's container files: its spec, its writable layer, the sandbox's end file."""
         return self.work_dir / "containers" / task_id(a)
+
+    def gate_path(self, a: Assignment) -> Path:
+        """A created task's marker (outside its root): there from its creation until its gate opens."""
+        return self.container_dir(a) / "gated"
 
     def container_spec(self, a: Assignment, image) -> container.ContainerSpec:
         """What the task sees inside `image` (a store's Image); ContainerRefused if it may not run."""
@@ -251,27 +267,44 @@ class ProcessRuntime:
         return tasks / f"{task_id(a)}.exit", tasks / f"{task_id(a)}.pid"
 
     def find(self, a: Assignment) -> Handle | None:
-        """The handle of a task's shim from the pid file it wrote, if it ever started."""
+        """The handle of a task's shim from the pid file it wrote, if it ever started. A task created
+        gated whose gate was never opened did not start: its process group is killed (its command
+        never ran) and it is not found; the master lists it again and it is created anew."""
         exit_file, pid_file = self.task_files(a)
         try:
             pid, ticks = (int(x) for x in pid_file.read_text().split())
         except (OSError, ValueError):
             return None
         name = task_id(a) if self.cgroups is not None and self.cgroups.exists(task_id(a)) else ""
-        return Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
+        handle = Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
+        if self.contained(a) and self.gate_path(a).exists():
+            self.discard(a, handle)
+            self.dispose(a)
+            return None
+        return handle
 
-    def start(self, a: Assignment, image=None) -> Handle:
+    def start(self, a: Assignment, image=None, gated: bool = False) -> Handle:
         """Start the task in its own cgroup (when confining); raises OSError if even the shim cannot
         start, or if the task's cgroup cannot be made (it never runs unconfined instead), and
         ContainerRefused if the task in `image` (the store's Image, for a contained task) may not run
-        as it asks."""
+        as it asks. `gated` (a contained task only): create it, its command waiting for `open_gate`."""
         command = self.command(a)
+        mine = theirs = None
         if self.contained(a):
             if image is None:
                 raise container.ContainerRefused(f"image {a.image} is not on this node")
             spec = self.container_spec(a, image)
-            command = [sys.executable, "-I", "-S", "-c", SANDBOX_LAUNCH, str(SANDBOX.parent),
-                       str(container.prepare(self.container_dir(a), spec))]
+            if gated:
+                mine, theirs = socket.socketpair()  # neither inheritable: the shim gets its end by pass_fds
+                spec = dataclasses.replace(spec, gate_fd=theirs.fileno())
+            try:
+                command = [sys.executable, "-I", "-S", "-c", SANDBOX_LAUNCH, str(SANDBOX.parent),
+                           str(container.prepare(self.container_dir(a), spec))]
+                if gated:
+                    self.gate_path(a).touch()
+            except OSError:
+                _close(mine, theirs)
+                raise
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file, pid_file = self.task_files(a)
@@ -286,6 +319,7 @@ class ProcessRuntime:
             try:
                 procs = self.cgroups.create(name, Limits.of(a.resources, self.pids_max))
             except IsolationError as exc:
+                _close(mine, theirs)
                 raise OSError(f"cannot confine the task: {exc}") from None
             env["SYNAPSE_SHIM_CGROUPS"] = ":".join(map(str, procs))
         try:
@@ -293,12 +327,53 @@ class ProcessRuntime:
                 proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *command],
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        cwd=str(log_file.parent))
+                                        cwd=str(log_file.parent), pass_fds=(theirs.fileno(),) if theirs else ())
         except OSError:
             if name:
                 self.release(name)
+            _close(mine, theirs)
             raise
+        if mine is not None and theirs is not None:
+            theirs.close()
+            self.gates[task_id(a)] = mine
         return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file), name)
+
+    def open_gate(self, a: Assignment) -> None:
+        """Let a created task's command run: one byte into its gate, then its marker goes (written
+        first: a worker that crashes between the two kills the task on its restart, `find`, rather
+        than adopt one that would wait for ever). The byte waits in the pipe for a sandbox still
+        setting up; one that already ended (its set-up failed) is left to the exit polling, which
+        reads its end. Without the gate (not created by this worker process) there is nothing to
+        write: that sandbox read EOF when its creator died, and ended unrun."""
+        gate = self.gates.pop(task_id(a), None)
+        if gate is not None:
+            try:
+                gate.send(b"g")
+            except OSError:  # the sandbox is gone already: its end says how
+                pass
+            finally:
+                _close(gate)
+        self.gate_path(a).unlink(missing_ok=True)
+
+    def wait_set_up(self, gate: socket.socket) -> bool:
+        """(any thread) Block until a created task's sandbox is at its gate (True), or ended or
+        discarded first (False). `gate`: `self.gates[task_id]`, taken on the main loop."""
+        try:
+            return gate.recv(1) == b"r"
+        except OSError:
+            return False
+
+    def discard(self, a: Assignment, handle: Handle, wait: float = 5.0) -> None:
+        """End a created task that will never start: close its gate, SIGKILL its group (its command
+        never ran, there is nothing to save), wait for it to go, remove its cgroup and its marker."""
+        _close(self.gates.pop(task_id(a), None))
+        self.signal(handle, signal.SIGKILL)
+        deadline = time.monotonic() + wait
+        while alive(handle) and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.01)
+        self.release(handle.cgroup)
+        self.gate_path(a).unlink(missing_ok=True)
 
     def outcome(self, handle: Handle, a: Assignment) -> Outcome:
         """How an ended task ended: its exit status, its cgroup's OOM count when it has one, and
@@ -362,6 +437,17 @@ class ProcessRuntime:
                 return
             if pid == 0:
                 return
+
+
+def _close(*gates: socket.socket | None) -> None:
+    """Close gates; shut down first, which wakes a thread blocked in `wait_set_up` on one."""
+    for gate in gates:
+        if gate is not None:
+            try:
+                gate.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            gate.close()
 
 
 def shim_error_file(exit_file: Path) -> Path:

@@ -31,7 +31,16 @@ notice, a SIGKILL to the group) reach the task directly, as they reach a plain t
   handler never gets them); when it exits the kernel kills whatever is left in the namespace.
 * P2 takes the image's User (a name or uid, with an optional group, looked up in the image's
   /etc/passwd and /etc/group) where the worker is root, and execs the task's command (PATH from
-  the task's env). Under a user namespace only root is mapped, so the User is not applied there (the
+  the task's env). With a `gate_fd` in the spec (one end of a socket pair whose other end the
+  worker keeps, inherited through the shim) it first waits there: the worker creates a held
+  gang's sandboxes as soon as their image is on the node, and the gang's release only opens the
+  gate (runc's create/start split), so no task of a gang pays for its sandbox's set-up after the
+  gang was released. At the gate P2 says `r` (its set-up is done: the worker reports the task
+  prepared only then, so the release does not race the set-up) and execs once it reads `g`; on
+  anything else, EOF included (the worker discarded the task, or died), it ends with 125 without
+  running the command. An inherited socket pair rather than a FIFO opened by path: the worker may
+  open the gate before the sandbox has even started (a FIFO's byte is lost when it has no reader
+  yet), and it carries the `r` back. Under a user namespace only root is mapped, so the User is not applied there (the
   task's log says so). A command that is not in the image ends
   with 127, one that cannot be executed with 126, and both leave their reason in the end file.
 
@@ -277,8 +286,27 @@ def resolve_user(user: str) -> tuple[int, int, str] | None:
     return uid, gid, home
 
 
-def _exec_task(spec: dict, end_fd: int, user: tuple[int, int, str] | None) -> None:
-    """P2: become the task's command (never returns)."""
+def _pass_gate(gate_fd: int, end_fd: int) -> None:
+    """P2 (signals still caught, so a closed socket's SIGPIPE does not kill it): say the set-up is
+    done, wait until the worker opens the task's gate (`g`); anything else ends the task unrun."""
+    try:
+        os.write(gate_fd, b"r")
+    except OSError:
+        pass  # the worker no longer listens (it opened the gate before the set-up was done, or left)
+    try:
+        got = os.read(gate_fd, 1)
+    except OSError:
+        got = b""
+    if got != b"g":
+        _write_end(end_fd, "Error", "the task's gate was closed without starting it")
+        os._exit(SETUP_FAILED)
+    os.close(gate_fd)
+
+
+def _exec_task(spec: dict, end_fd: int, user: tuple[int, int, str] | None, gate_fd: int = -1) -> None:
+    """P2: become the task's command once its gate (if it has one) opens (never returns)."""
+    if gate_fd >= 0:
+        _pass_gate(gate_fd, end_fd)
     for sig in range(1, signal.NSIG):
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             try:
@@ -322,7 +350,7 @@ def _execvpe(argv: list[str], env: dict[str, str]) -> None:
     raise last
 
 
-def _init(spec: dict, end_fd: int, user_ns: bool) -> int:
+def _init(spec: dict, end_fd: int, user_ns: bool, gate_fd: int) -> int:
     """P1: prepare the root, start the task, reap until it has ended; its status."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
@@ -340,7 +368,9 @@ def _init(spec: dict, end_fd: int, user_ns: bool) -> int:
     _catch_all()
     child = os.fork()
     if child == 0:
-        _exec_task(spec, end_fd, user)
+        _exec_task(spec, end_fd, user, gate_fd)
+    if gate_fd >= 0:
+        os.close(gate_fd)  # P2 alone waits at the gate
     while True:
         try:
             pid, status = os.wait()
@@ -364,6 +394,13 @@ def main(argv: list[str]) -> int:
     with open(argv[1], "rb") as f:
         spec = marshal.load(f)
     end_fd = os.open(spec["end_file"], os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    gate_fd = spec.get("gate_fd", -1)
+    if gate_fd >= 0:
+        try:  # the task's command must never inherit it
+            os.set_inheritable(gate_fd, False)
+        except OSError as exc:
+            _write_end(end_fd, "Error", f"container setup failed: gate fd {gate_fd}: {exc.strerror}")
+            return SETUP_FAILED
     user_ns = os.geteuid() != 0
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWUSER if user_ns else 0)
     uid, gid = os.getuid(), os.getgid()
@@ -381,7 +418,9 @@ def main(argv: list[str]) -> int:
     _catch_all()
     child = os.fork()
     if child == 0:
-        os._exit(_init(spec, end_fd, user_ns))
+        os._exit(_init(spec, end_fd, user_ns, gate_fd))
+    if gate_fd >= 0:
+        os.close(gate_fd)
     while True:
         try:
             pid, status = os.waitpid(child, 0)

@@ -31,6 +31,14 @@ Rules:
   newest listing holds it for its gang; a held task keeps its image pinned until a listing releases
   it (then it starts) or stops it (then it ends, its container dropped). A task stopped while its
   image is pulled ends at once, with nothing to save; the pull's outcome then only unpins the image.
+* A held task whose image is here is created at once (`Create`: its sandbox set up, its command
+  waiting at a gate, synapse.worker.runtime; `TaskCreated`) and reported prepared once its set-up
+  is done (`TaskSetUp`, or the sandbox ended: its start then says how), so a gang's release does
+  not race its sandboxes' set-up;
+  its release is then a `Start` carrying the created process, which the agent starts by opening
+  the gate. A created task stopped before its release is discarded with its process (SIGKILL:
+  its command never ran). Until its gate opens a created task has no process here (`handle` is
+  None, it is not polled, and a restarted worker does not adopt it).
 """
 
 from __future__ import annotations
@@ -89,6 +97,21 @@ class TaskExited:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskCreated:
+    """A held task's sandbox is being set up, to wait at its gate (the agent carried out `Create`)."""
+
+    key: Key
+    handle: Handle  #: the created task's shim: its process group is the task's, once its gate opens
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSetUp:
+    """A created task's sandbox reached its gate (or ended before it: its start then shows how)."""
+
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
 class PullStarted:
     """The agent asked the image store for a task's image; the outcome comes as `ImageReady` or
     `ImageFailed`."""
@@ -129,10 +152,21 @@ class Tick:
 @dataclass(frozen=True, slots=True)
 class Start:
     """Start the task: at once if it needs no image or `image` is its image in the store; else have
-    its image pulled first (the outcome comes back as `ImageReady` or `ImageFailed`)."""
+    its image pulled first (the outcome comes back as `ImageReady` or `ImageFailed`). With `created`,
+    the task was created gated (`Create`): starting it is opening its gate."""
 
     assignment: Assignment
     image: Any = None  #: the store's Image, pinned for the task, once it is on the node
+    created: Handle | None = None  #: the created task's process, waiting at its gate
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Set up a held task's sandbox now, its command waiting at a gate until its `Start` (the
+    outcome comes back as `TaskCreated` or `TaskStartFailed`)."""
+
+    assignment: Assignment
+    image: Any  #: the store's Image, pinned for the task
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +178,11 @@ class Unpin:
 
 @dataclass(frozen=True, slots=True)
 class Discard:
-    """A prepared task that will never start: drop its container's files and unpin its image."""
+    """A prepared task that will never start: kill its created process (if it was created), drop its
+    container's files and unpin its image."""
 
     assignment: Assignment
+    handle: Handle | None = None  #: the created task's process, waiting at its gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +205,7 @@ class Report:
     prepared: bool = False  #: not started: its image is here, it waits for its gang (neither started nor exited)
 
 
-Instruction = Start | Signal | Unpin | Discard
+Instruction = Start | Create | Signal | Unpin | Discard
 
 
 @dataclass(slots=True)
@@ -226,6 +262,8 @@ class WorkerState:
     #: held tasks whose image is on the node (key -> the store's Image, pinned): each starts when a
     #: listing no longer holds it
     prepared: dict[Key, Any] = field(default_factory=dict)
+    #: prepared tasks created gated (key -> the process waiting at its gate): started by opening it
+    created: dict[Key, Handle] = field(default_factory=dict)
 
     @classmethod
     def restore(cls, *, stop_grace: float, known: tuple[int, int], done: Iterable[Key], unreported: Iterable[Report],
@@ -269,6 +307,12 @@ class WorkerState:
                     task.term_at = None
                     return [Signal(event.key, event.handle, signal.SIGTERM)]
                 return self._notice(event.key, task, task.notice_pending, now)
+            case TaskCreated():
+                return self._created(event)
+            case TaskSetUp():
+                if event.key in self.created and self.tasks[event.key].phase == "starting":
+                    self.unreported.append(Report(event.key, started=False, prepared=True))
+                return []
             case PullStarted():
                 self.pulling.add(event.key)
                 return []
@@ -320,12 +364,24 @@ class WorkerState:
             if task.phase == "stopping" and task.handle is None and key in self.pulling:
                 self._exited(key, 127, "stopped while its image was being pulled", EndReason.ERROR)
             elif task.phase == "stopping" and task.handle is None and key in self.prepared:
-                out.append(Discard(task.assignment))
+                out.append(Discard(task.assignment, self.created.pop(key, None)))
                 self._exited(key, 127, "stopped before its gang started", EndReason.ERROR)
         for key in sorted(self.prepared):
             if not self.holds.get(key, True):
-                out.append(Start(self.tasks[key].assignment, self.prepared.pop(key)))
+                out.append(Start(self.tasks[key].assignment, self.prepared.pop(key), self.created.pop(key, None)))
         return out
+
+    def _created(self, event: TaskCreated) -> list[Instruction]:
+        """A held task's sandbox sets up, to wait at its gate (prepared for the master once it is
+        there: `TaskSetUp`); started at once if a listing released it meanwhile. One that is no
+        longer prepared (it ended, or started another way) must never run."""
+        task = self.tasks.get(event.key)
+        if task is None or event.key not in self.prepared or event.key in self.created:
+            return [Signal(event.key, event.handle, signal.SIGKILL)]
+        self.created[event.key] = event.handle
+        if not self.holds.get(event.key, True):
+            return [Start(task.assignment, self.prepared.pop(event.key), self.created.pop(event.key))]
+        return []
 
     def waits_for_image(self, key: Key) -> bool:
         """The task is to start once its image is on the node, and it is not yet."""
@@ -341,10 +397,9 @@ class WorkerState:
         if isinstance(event, ImageFailed):
             self._exited(a.key, 127, event.message, EndReason.IMAGE_PULL_FAILED, event.node_side)
             return []
-        if self.holds.get(a.key, a.hold):  # the gang waits for the image on its other nodes
+        if self.holds.get(a.key, a.hold):  # the gang waits for the image on its other nodes: create it
             self.prepared[a.key] = event.image
-            self.unreported.append(Report(a.key, started=False, prepared=True))
-            return []
+            return [Create(a, event.image)]
         return [Start(a, event.image)]
 
     def _notice(self, key: Key, task: LocalTask, sig: int, now: float) -> list[Instruction]:
@@ -378,6 +433,7 @@ class WorkerState:
         if task is None:
             return
         self.prepared.pop(key, None)
+        self.created.pop(key, None)
         self.done.add(key)
         self.unreported.append(Report(key, started=False, exit_code=code, reason=reason, cause=cause,
                                       node_side=node_side))
@@ -424,6 +480,8 @@ class WorkerState:
             task = self.tasks.get(key)
             assert task is not None and task.phase == "starting" and task.handle is None, \
                 f"task {key} prepared but gone, started or stopping"
+        for key in self.created:
+            assert key in self.prepared, f"task {key} created but not prepared"
 
     def running(self) -> list[LocalTask]:
         """Tasks with a process to watch."""
