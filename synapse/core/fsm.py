@@ -29,7 +29,7 @@ Notice event that says when the stop comes.
 How it is organised: the state is a set of tables, the attributes of ClusterTables
 (synapse.core.state.tables), which ClusterState extends with the door (`apply`) and the snapshots.
 The handlers are functions `handler(state, cmd) -> Result` in synapse.core.state, one module per
-table (jobs, arrays, gangs, nodes, node_faults, queues, usage, users, history, cluster), and
+table (jobs, arrays, gangs, tasks, nodes, node_faults, queues, usage, users, history, cluster), and
 `synapse.core.state.registry.HANDLERS` is the one map from a command kind to its handler: look the
 kind up there (`c.DrainNode: node_faults.drain_node`), or in the "Applied by" column of
 docs/architecture/commands.md, which is written from it. What the handlers share (a gang asked to
@@ -50,12 +50,12 @@ from synapse.core.commands import Result
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.state import jobs, transitions, usage
 from synapse.core.state.events import MAX_EVENTS_PER_JOB
-from synapse.core.state.gangs import end_reason
 from synapse.core.state.history import MAX_FINISHED_RECORDS
 from synapse.core.state.node_faults import MAX_EXCLUDED_NODES, MAX_NODE_FAILURES, SUSPECT_JOBS, SUSPECT_WINDOW_S
 from synapse.core.state.queues import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S
 from synapse.core.state.registry import HANDLERS
 from synapse.core.state.tables import DEQUEUED_KEPT, MAX_CLUSTER_EVENTS, ClusterTables
+from synapse.core.state.tasks import end_reason
 from synapse.core.state.transitions import (
     LEARNED_OUTCOMES,
     MAX_RUNS_PER_JOB,

@@ -5,7 +5,8 @@ state itself is ClusterState's attributes; each module's docstring names the one
 
 - jobs: submissions, cancels, failed attempts (`jobs`, `job_by_request`, `pending`)
 - arrays: job arrays and their elements (`arrays`, `array_live`)
-- gangs: plans committed, tasks started/prepared/exited, resizes, checkpoint notices, progress
+- gangs: plans committed, resizes, checkpoint notices, progress
+- tasks: a worker's reports of its tasks (started, prepared, exited) and why a task ended
 - nodes: registration, join tokens, down/up, cordons, spares (`nodes`, `join_tokens`, `spares`)
 - node_faults: health checks, drains, GPU errors, suspect nodes
 - queues: queues, preemption and its holds, pending reasons (`queues`, `holds`)

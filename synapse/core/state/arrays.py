@@ -71,6 +71,7 @@ def element_ended(state: ClusterTables, job: Job, at: float) -> None:
 
 
 def array_maybe_done(state: ClusterTables, array: JobArray, at: float) -> None:
+    """Once every element of the array has ended, record when and make its final cluster event (once)."""
     if array.done and not array.finished_at:
         array.finished_at = at
         status = array.status(False)
@@ -80,6 +81,7 @@ def array_maybe_done(state: ClusterTables, array: JobArray, at: float) -> None:
 
 
 def set_array_throttle(state: ClusterTables, cmd: c.SetArrayThrottle) -> Result:
+    """How many elements of an array may run at once (0: no limit); refused once the array has ended."""
     array = state.arrays.get(cmd.job_id)
     if array is None:
         return Result.not_found(f"unknown array {cmd.job_id}")

@@ -12,6 +12,8 @@ from synapse.core.state.tables import ClusterTables
 
 
 def set_cluster_version(state: ClusterTables, cmd: c.SetClusterVersion) -> Result:
+    """Raise the command-set version every member applies; it never goes down (a lower one changes
+    nothing)."""
     if cmd.version <= state.cluster_version:
         return Result(True, value=f"already at version {state.cluster_version}")
     state.cluster_version = cmd.version
@@ -21,6 +23,7 @@ def set_cluster_version(state: ClusterTables, cmd: c.SetClusterVersion) -> Resul
 
 
 def set_replica(state: ClusterTables, cmd: c.SetReplica) -> Result:
+    """Record a master replica's raft and API addresses, or forget it (`removed`)."""
     if not cmd.id:
         return Result.rejected("replica id must not be empty")
     if cmd.removed:

@@ -23,6 +23,7 @@ JOB_REASONS = {
 
 
 def job_event(state: ClusterTables, job: Job, at: float, kind: str, message: str) -> None:
+    """Record an event in the job's own list (bounded, the first kept) and as a cluster event."""
     job.events.append(Event(at, kind, message))
     if len(job.events) > MAX_EVENTS_PER_JOB:
         del job.events[1]

@@ -1,9 +1,8 @@
-"""The gangs of jobs: a plan committed (re-checked against the state), its tasks started, prepared and
-exited, an elastic gang resized, a running attempt's checkpoint notice and progress.
+"""The gangs of jobs: a plan committed (re-checked against the state), an elastic gang resized, a
+running attempt's checkpoint notice and progress.
 
-State: the jobs' tasks and attempts, the nodes' `used`/`gpus_in_use`, `live_tasks`, `index`.
-Commands: CommitPlan, TaskStarted, TaskPrepared, TaskExited, ResizeGang, CheckpointNotice,
-RecordProgress.
+State: the jobs' tasks and attempts, placements, progress; the nodes' `used`/`gpus_in_use`,
+`live_tasks`, `index`. Commands: CommitPlan, ResizeGang, CheckpointNotice, RecordProgress.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from synapse.core.commands import Result
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     NOTICED_CAUSES,
-    WORKER_REASONS,
     EndReason,
     Job,
     JobStatus,
@@ -24,26 +22,18 @@ from synapse.core.model import (
     PackMode,
     Progress,
     Task,
-    TaskState,
     excluded_for,
-    gang_unprepared,
 )
 from synapse.core.state.arrays import next_element
 from synapse.core.state.events import job_event
-from synapse.core.state.node_faults import MAX_EXCLUDED_NODES
 from synapse.core.state.tables import ClusterTables
-from synapse.core.state.transitions import (
-    end_task,
-    find_task,
-    give_notice,
-    maybe_end_attempt,
-    running_attempt,
-    stop_attempt,
-)
+from synapse.core.state.transitions import give_notice, running_attempt, stop_attempt
 from synapse.core.state.usage import count_usage, release_hold
 
 
 def commit_plan(state: ClusterTables, cmd: c.CommitPlan) -> Result:
+    """Place a pending gang whole, every task on its node and GPUs, once `plan_problem` has re-checked
+    the plan against this state: all or nothing (the gang commit)."""
     job = state.jobs.get(cmd.job_id)
     if job is None:
         return Result.not_found(f"unknown job {cmd.job_id}")
@@ -137,95 +127,6 @@ def plan_problem(state: ClusterTables, job: Job, cmd: c.CommitPlan) -> str:
     return ""
 
 
-def task_started(state: ClusterTables, cmd: c.TaskStarted) -> Result:
-    job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
-    if rejection is not None:
-        return rejection
-    if task.state is not TaskState.ASSIGNED:
-        return Result(True, value=f"task already {task.state.value}")
-    task.state, task.started_at = TaskState.RUNNING, cmd.at
-    state.emit(cmd.at, "Normal", "job", "TaskStarted", job.id, f"task {task.index} (rank {task.rank}) of "
-               f"attempt {job.attempt} started on {task.node_id}")
-    if job.status is JobStatus.SCHEDULED and all(t.started_at for t in job.tasks):
-        job.status, job.started_at = JobStatus.RUNNING, cmd.at
-        job_event(state, job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
-                                                 f"{job.attempt} started")
-    return Result(True)
-
-
-def task_prepared(state: ClusterTables, cmd: c.TaskPrepared) -> Result:
-    job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
-    if rejection is not None:
-        return rejection
-    if task.prepared or task.state is not TaskState.ASSIGNED:
-        return Result(True, value="already prepared or started")
-    task.prepared = True
-    if job.status is JobStatus.SCHEDULED and not gang_unprepared(job):
-        job_event(state, job, cmd.at, "ImageReady", f"every node of attempt {job.attempt} holds image "
-                                                    f"{job.spec.image}: its {len(job.tasks)} task(s) start")
-    return Result(True)
-
-
-def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
-    job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
-    if rejection is not None:
-        return rejection
-    if not task.state.live:
-        return Result(True, value=f"task already {task.state.value}")
-    if not task.started_at:
-        task.started_at = cmd.at
-    reason, message = end_reason(job, cmd)
-    end_task(state, task, TaskState.EXITED, cmd.exit_code, cmd.at, reason, message)
-    state.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
-               f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}: "
-               f"{reason}" + (f" ({message})" if message else ""))
-    if reason == EndReason.MASTER_PORT_IN_USE:
-        # Rank 0 never started; the clash is its node's, so the attempt stops without failing
-        # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
-        stop_attempt(state, job, message, cmd.at, cause=EndReason.MASTER_PORT_IN_USE)
-    elif reason == EndReason.IMAGE_PULL_FAILED:
-        # The task never ran. A node-side failure requeues the gang uncharged, without the
-        # node; a failure of the reference would fail on every node: the job fails, not retried.
-        # (A version-4 cause: an older replica never sees it, see endpoints.ReportTaskEvents.)
-        failure = f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}: {message}"
-        if cmd.node_side:
-            job.excluded_nodes = (*(n for n in job.excluded_nodes if n != task.node_id),
-                                  task.node_id)[-MAX_EXCLUDED_NODES:]
-            stop_attempt(state, job, f"{reason} on {task.node_id}: {message}", cmd.at, cause=reason)
-        else:
-            job.final_failure = True
-            stop_attempt(state, job, f"failed: {reason} on {task.node_id}: {message}", cmd.at, failure=failure)
-    elif cmd.exit_code != 0:
-        why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
-        stop_attempt(state, job, f"failed: {why}", cmd.at,
-                     failure=f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}"
-                     + (f": {message}" if message else ""))
-    maybe_end_attempt(state, job, cmd.at)
-    return Result(True)
-
-
-def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
-    """Why a reported task ended, and the detail. An OOM kill is a fact and always wins; a task the
-    cluster stopped (preemption, cancellation, time limit) ends for that reason; otherwise the
-    worker's reading stands (derived from the exit code when an older worker sent none)."""
-    code = cmd.exit_code
-    if cmd.cause == EndReason.OOM_KILLED:
-        return EndReason.OOM_KILLED, cmd.reason
-    if job.status is JobStatus.STOPPING and job.stop_cause:
-        return job.stop_cause, job.stop_reason
-    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED):
-        return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
-    if cmd.cause in WORKER_REASONS:
-        cause = cmd.cause
-    else:
-        cause = EndReason.COMPLETED if code == 0 else EndReason.SIGNAL if 128 < code <= 192 else EndReason.ERROR
-    if cause == EndReason.SIGNAL:
-        detail = f"signal {code - 128}" if 128 < code <= 192 else "killed"
-    else:
-        detail = f"exit code {code}"
-    return cause, detail + (f"; {cmd.reason}" if cmd.reason else "")
-
-
 def resize_gang(state: ClusterTables, cmd: c.ResizeGang) -> Result:
     """Stop a running elastic gang with its grace so that it restarts at `size` (synapse.core.elastic)."""
     job = running_attempt(state, cmd.job_id, cmd.attempt)
@@ -243,7 +144,7 @@ def resize_gang(state: ClusterTables, cmd: c.ResizeGang) -> Result:
     way = "larger" if cmd.size > len(job.tasks) else "smaller"
     job_event(state, job, cmd.at, "Resizing", f"attempt {job.attempt} stops at {len(job.tasks)} task(s) to restart "
                                               f"{way} (room for {cmd.size} now; the next attempt takes as many as "
-                                         f"fit, up to {job.spec.tasks}); grace {job.stop_grace:g}s")
+                                              f"fit, up to {job.spec.tasks}); grace {job.stop_grace:g}s")
     return Result(True)
 
 

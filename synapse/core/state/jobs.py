@@ -56,6 +56,8 @@ def request_conflict(state: ClusterTables, request_id: str, spec: JobSpec) -> st
 
 
 def submit_job(state: ClusterTables, cmd: c.SubmitJob) -> Result:
+    """A new job or array, pending in its queue; a request id already used returns the job it made (a
+    retry), or is refused with another spec."""
     if cmd.request_id and cmd.request_id in state.job_by_request:
         conflict = request_conflict(state, cmd.request_id, cmd.spec)
         if conflict:
@@ -122,6 +124,8 @@ def workflow_problem(state: ClusterTables, cmd: c.SubmitJob) -> str:
 
 
 def cancel_job(state: ClusterTables, cmd: c.CancelJob) -> Result:
+    """Cancel a job, an array, or an element not yet a job: a pending job ends at once; a gang stops,
+    and the job ends once its tasks are gone."""
     job = state.jobs.get(cmd.job_id)
     if job is None and cmd.job_id in state.arrays:
         return cancel_array(state, state.arrays[cmd.job_id], cmd)
@@ -175,6 +179,9 @@ def cancel_unplaced_element(state: ClusterTables, array_id: str, index: int, cmd
 
 
 def fail_attempt(state: ClusterTables, cmd: c.FailAttempt) -> Result:
+    """Fail the job's current attempt, as the leader decided (a time limit, a dependency never
+    satisfied): a pending job only when `final`; a gang stops, and its job restarts unless `final`
+    or out of restarts."""
     job = state.jobs.get(cmd.job_id)
     if job is None:
         return Result.not_found(f"unknown job {cmd.job_id}")

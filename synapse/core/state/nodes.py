@@ -27,6 +27,8 @@ from synapse.core.state.usage import release_hold
 
 
 def register_node(state: ClusterTables, cmd: c.RegisterNode) -> Result:
+    """A node joins, or joins again with a new address, capacity or topology (refused below what its
+    live tasks use); a DOWN node registering again is READY."""
     if not cmd.node_id:
         return Result.rejected("node id must not be empty")
     if cmd.capacity.is_negative():
@@ -65,6 +67,7 @@ def register_node(state: ClusterTables, cmd: c.RegisterNode) -> Result:
 
 
 def create_join_token(state: ClusterTables, cmd: c.CreateJoinToken) -> Result:
+    """A join token, kept by its hash only; its id and hash must be new (nor may the hash be a user's)."""
     if not cmd.token_id or cmd.token_id in state.join_tokens:
         return Result.rejected(f"join token id {cmd.token_id!r} is empty or taken")
     if not cmd.token_hash or cmd.token_hash in state.join_token_by_hash or cmd.token_hash in state.user_by_token:
@@ -79,6 +82,7 @@ def create_join_token(state: ClusterTables, cmd: c.CreateJoinToken) -> Result:
 
 
 def revoke_join_token(state: ClusterTables, cmd: c.RevokeJoinToken) -> Result:
+    """Forget a join token: no node joins with it any more (those that joined stay)."""
     token = state.join_tokens.pop(cmd.token_id, None)
     if token is None:
         return Result.not_found(f"unknown join token {cmd.token_id}")
@@ -106,6 +110,9 @@ def join_node(state: ClusterTables, cmd: c.JoinNode) -> Result:
 
 
 def node_down(state: ClusterTables, cmd: c.NodeDown) -> Result:
+    """A node is DOWN (NodeDown) or lost (NodeLost): its tasks are lost, their resources freed and
+    their gangs stopped; failed for a NodeDown, requeued uncharged for a NodeLost, which also
+    records the ends against the node and in the jobs' excluded nodes."""
     holder = state.held_nodes.get(cmd.node_id)
     if holder is not None and cmd.node_id in state.nodes:
         release_hold(state, holder)  # the plan lapses; the preemptor is planned afresh
@@ -138,6 +145,7 @@ def node_down(state: ClusterTables, cmd: c.NodeDown) -> Result:
 
 
 def node_up(state: ClusterTables, cmd: c.NodeUp) -> Result:
+    """A DOWN node is heard from again: READY (a cordon, if any, stays)."""
     node = state.nodes.get(cmd.node_id)
     if node is None:
         return Result.not_found(f"unknown node {cmd.node_id}")

@@ -23,6 +23,8 @@ PREEMPTION_WINDOW_S = 86400.0
 
 
 def apply_queues(state: ClusterTables, cmd: c.ApplyQueues) -> Result:
+    """Create or replace these queues, all or none (synapse.core.queues.batch_problem judges the
+    batch)."""
     problem = batch_problem(state.queues, list(cmd.queues)) if cmd.queues else "no queues given"
     if problem:
         return Result.rejected(problem)
@@ -32,6 +34,7 @@ def apply_queues(state: ClusterTables, cmd: c.ApplyQueues) -> Result:
 
 
 def delete_queue(state: ClusterTables, cmd: c.DeleteQueue) -> Result:
+    """Delete a queue that has no child queues and holds no unfinished job."""
     if cmd.name not in state.queues:
         return Result.not_found(f"unknown queue {cmd.name}")
     children = sorted(q.name for q in state.queues.values() if q.parent == cmd.name)

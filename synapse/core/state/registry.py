@@ -14,7 +14,7 @@ from typing import Any
 
 from synapse.core import commands as c
 from synapse.core.commands import Result
-from synapse.core.state import arrays, cluster, gangs, history, jobs, node_faults, nodes, queues, usage, users
+from synapse.core.state import arrays, cluster, gangs, history, jobs, node_faults, nodes, queues, tasks, usage, users
 from synapse.core.state.tables import ClusterTables
 
 HANDLERS: dict[type[c.Command], Callable[[ClusterTables, Any], Result]] = {
@@ -27,9 +27,9 @@ HANDLERS: dict[type[c.Command], Callable[[ClusterTables, Any], Result]] = {
     c.FailAttempt: jobs.fail_attempt,
     c.SetArrayThrottle: arrays.set_array_throttle,
     c.CommitPlan: gangs.commit_plan,
-    c.TaskStarted: gangs.task_started,
-    c.TaskPrepared: gangs.task_prepared,
-    c.TaskExited: gangs.task_exited,
+    c.TaskStarted: tasks.task_started,
+    c.TaskPrepared: tasks.task_prepared,
+    c.TaskExited: tasks.task_exited,
     c.ResizeGang: gangs.resize_gang,
     c.CheckpointNotice: gangs.checkpoint_notice,
     c.RecordProgress: gangs.record_progress,

@@ -117,7 +117,7 @@ def give_notice(state: ClusterTables, job: Job, at: float, stop_at: float, cause
     live = sum(1 for t in job.tasks if t.state.live)
     job_event(state, job, at, "Notice", f"SIG{job.spec.checkpoint.signal} to {live} task(s); "
                                         f"{_PLANNED_STOPS.get(cause, cause)} stops them at "
-                                   f"{utc_clock(stop_at)} ({stop_at - at:g}s notice)")
+                                        f"{utc_clock(stop_at)} ({stop_at - at:g}s notice)")
 
 
 def notice_of(state: ClusterTables, job: Job) -> float:
@@ -214,6 +214,8 @@ def end_pending(state: ClusterTables, job: Job, status: JobStatus, reason: str, 
 
 
 def finish(state: ClusterTables, job: Job, status: JobStatus, reason: str, at: float) -> None:
+    """End a job for good: number it for the history store (`archive_seq`), release its hold, and tell
+    its array."""
     if job.status is JobStatus.PENDING:
         state.pending.discard((job.queue_key(), job.id))
     release_hold(state, job.id)

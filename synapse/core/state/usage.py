@@ -16,6 +16,7 @@ from synapse.core.state.tables import ClusterTables
 
 
 def queue_of(job: Job) -> str:
+    """The queue a job is counted in: its spec's, else the default queue."""
     return job.spec.queue or DEFAULT_QUEUE
 
 
@@ -32,6 +33,7 @@ def count_usage(state: ClusterTables, job: Job, delta: Resources, at: float | No
 
 
 def release_hold(state: ClusterTables, job_id: str) -> None:
+    """Forget the nodes held for a preemptor (placed, ended, or its plan lapsed)."""
     hold = state.holds.pop(job_id, None)
     if hold is not None:
         for node_id in hold.nodes:
@@ -39,6 +41,8 @@ def release_hold(state: ClusterTables, job_id: str) -> None:
 
 
 def set_usage_half_life(state: ClusterTables, cmd: c.SetUsageHalfLife) -> Result:
+    """A new half-life for the decayed usage; every entry is first decayed to the command's time under
+    the old one."""
     if cmd.half_life < 0:
         return Result.rejected("the usage half-life must not be negative")
     for table in (state.queue_decay, state.user_decay):  # decayed up to now under the old half-life

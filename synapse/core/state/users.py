@@ -13,6 +13,7 @@ from synapse.core.state.tables import ClusterTables
 
 
 def add_user(state: ClusterTables, cmd: c.AddUser) -> Result:
+    """A new user with a role, groups and a token's hash (the hash must be no other user's)."""
     problem = user_name_problem(cmd.name) or groups_problem(cmd.groups)
     if problem:
         return Result.rejected(problem)
@@ -27,6 +28,7 @@ def add_user(state: ClusterTables, cmd: c.AddUser) -> Result:
 
 
 def set_user_token(state: ClusterTables, cmd: c.SetUserToken) -> Result:
+    """A user's new token hash (rotation): the old token stops working."""
     user = state.users.get(cmd.name)
     if user is None:
         return Result.not_found(f"unknown user {cmd.name}")
@@ -39,6 +41,7 @@ def set_user_token(state: ClusterTables, cmd: c.SetUserToken) -> Result:
 
 
 def remove_user(state: ClusterTables, cmd: c.RemoveUser) -> Result:
+    """Remove a user: its token stops working."""
     user = state.users.pop(cmd.name, None)
     if user is None:
         return Result.not_found(f"unknown user {cmd.name}")
