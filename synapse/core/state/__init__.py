@@ -1,7 +1,8 @@
 """The handlers of the cluster state machine (synapse.core.fsm.ClusterState), one module per table.
 
 `registry.HANDLERS` maps each command kind to its handler, `handler(state, cmd) -> Result`. The
-state itself is ClusterState's attributes; each module's docstring names the ones it writes:
+state itself is the attributes of `tables.ClusterTables` (which ClusterState extends), grouped
+there by table; each module's docstring names the ones it writes:
 
 - jobs: submissions, cancels, failed attempts (`jobs`, `job_by_request`, `pending`)
 - arrays: job arrays and their elements (`arrays`, `array_live`)

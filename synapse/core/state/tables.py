@@ -44,15 +44,9 @@ class ClusterTables:
     """Nodes, jobs and tasks, plus the indexes placement needs. Mutated only through apply's handlers."""
 
     def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
+        # -- the door (synapse.core.fsm: ClusterState.apply)
         self.levels = tuple(levels)  #: topology level names, widest first; fixed for the cluster
-        self.nodes: dict[str, Node] = {}  #: by node id; apply only
-        self.jobs: dict[str, Job] = {}  #: by job id; apply only
-        self.job_by_request: dict[str, str] = {}  #: client request id -> job id; apply only
-        self.pending: SortedList = SortedList()  #: (queue_key, job id) of PENDING jobs; apply only
-        self.live_tasks: dict[str, set[tuple[str, int, int]]] = {}  #: node id -> live task keys
         self.applied = 0  #: commands applied (accepted or rejected); apply only
-        #: the command-set version every member is known to apply (SetClusterVersion); only rises; apply only
-        self.cluster_version = codec.BASE_VERSION
         self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
         #: commands applied other than submissions and barriers (local: not in snapshots). While it
         #: stands still, only new jobs have joined the queue, and a scheduling round that placed
@@ -65,18 +59,29 @@ class ClusterTables:
         #: changed, and a round memo may stand (scheduler.RoundMemo). Local, like other_changes.
         self.dequeued: deque[tuple[Any, ...]] = deque(maxlen=DEQUEUED_KEPT)
         self.dequeued_count = 0
+        # -- jobs and gangs (state.jobs, state.arrays, state.gangs, state.tasks, state.transitions)
+        self.jobs: dict[str, Job] = {}  #: by job id; apply only
+        self.job_by_request: dict[str, str] = {}  #: client request id -> job id; apply only
+        self.pending: SortedList = SortedList()  #: (queue_key, job id) of PENDING jobs; apply only
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
-        #: master replicas added at run time: id -> (raft address, api address); apply only
-        self.replicas: dict[str, tuple[str, str]] = {}
-        self.users: dict[str, User] = {}  #: by name; apply only
-        self.user_by_token: dict[str, str] = {}  #: token hash -> user name; derived, rebuilt on restore
+        self.live_tasks: dict[str, set[tuple[str, int, int]]] = {}  #: node id -> live task keys
+        self.arrays: dict[str, JobArray] = {}  #: job arrays by id (their elements are jobs once placed); apply only
+        #: each array's elements that are jobs and have not ended; derived, rebuilt on restore
+        self.array_live: dict[str, set[str]] = {}
+        #: run times learned from attempts that ended on their own (synapse.core.predict); apply only
+        self.run_times = RunTimes()
+        # -- nodes (state.nodes, state.node_faults)
+        self.nodes: dict[str, Node] = {}  #: by node id; apply only
         self.join_tokens: dict[str, JoinToken] = {}  #: by token id; apply only
         self.join_token_by_hash: dict[str, str] = {}  #: token hash -> token id; derived, rebuilt on restore
+        #: the nodes designated spares (Node.spare); derived, replaced whole by apply, rebuilt on restore
+        self.spares: frozenset[str] = frozenset()
+        self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
+        self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
+        # -- queues and usage (state.queues, state.usage)
         self.queues: dict[str, Queue] = {}  #: by name; apply only (the default queue is implicit)
         self.holds: dict[str, Hold] = {}  #: preemptor job id -> nodes held for it alone; apply only
         self.held_nodes: dict[str, str] = {}  #: node id -> preemptor holding it; derived
-        #: the nodes designated spares (Node.spare); derived, replaced whole by apply, rebuilt on restore
-        self.spares: frozenset[str] = frozenset()
         #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
@@ -86,25 +91,27 @@ class ClusterTables:
         self.queue_decay: dict[str, fairshare.DecayedUsage] = {}
         self.user_decay: dict[str, fairshare.DecayedUsage] = {}
         self.usage_clock = 0.0  #: the latest time a decayed usage was brought to; apply only
-        #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
-        self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
-        self.event_seq = 0  #: the cursor of the newest event; apply only
-        self.arrays: dict[str, JobArray] = {}  #: job arrays by id (their elements are jobs once placed); apply only
-        #: each array's elements that are jobs and have not ended; derived, rebuilt on restore
-        self.array_live: dict[str, set[str]] = {}
-        #: forgotten jobs' and arrays' final status, for dependencies on them (oldest first, at most
-        #: MAX_FINISHED_RECORDS); apply only
-        self.finished: dict[str, str] = {}
+        # -- identities (state.users)
+        self.users: dict[str, User] = {}  #: by name; apply only
+        self.user_by_token: dict[str, str] = {}  #: token hash -> user name; derived, rebuilt on restore
+        # -- history numbering (state.history)
         self.archive_seq = 0  #: jobs finished so far: the archive sequence number of the newest; apply only
         self.archived_upto = 0  #: the history store holds every finished job numbered up to this; apply only
         self.history_dropped = 0  #: finished jobs forgotten before the store held them (the cap); apply only
         #: archive sequence number -> id of each finished job the store does not hold yet, in finishing
         #: order (what the exporter reads, and what retention may not forget); derived, rebuilt on restore
         self.unarchived: dict[int, str] = {}
-        #: run times learned from attempts that ended on their own (synapse.core.predict); apply only
-        self.run_times = RunTimes()
-        self.index = CapacityIndex(len(self.levels))  #: derived; rebuilt on restore
-        self.largest = Resources()  #: derived: the largest capacity of any node, per dimension
+        #: forgotten jobs' and arrays' final status, for dependencies on them (oldest first, at most
+        #: MAX_FINISHED_RECORDS); apply only
+        self.finished: dict[str, str] = {}
+        # -- the cluster (state.cluster) and its events (ClusterTables.emit, from every table)
+        #: the command-set version every member is known to apply (SetClusterVersion); only rises; apply only
+        self.cluster_version = codec.BASE_VERSION
+        #: master replicas added at run time: id -> (raft address, api address); apply only
+        self.replicas: dict[str, tuple[str, str]] = {}
+        #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only
+        self.cluster_events: deque[ClusterEvent] = deque(maxlen=MAX_CLUSTER_EVENTS)
+        self.event_seq = 0  #: the cursor of the newest event; apply only
 
     def _note_capacity(self, capacity: Resources) -> None:
         """Keep `largest` (a hint for rejecting tasks no node could ever hold; it never shrinks)."""
