@@ -330,7 +330,7 @@ STAGES = {
         ("  authentication", [("master/endpoints.py", "authenticate")]),
         ("  request decode + validation", [("core/codec.py", "job_spec_from_proto"),
                                            ("core/jobspec.py", "check_spec")]),
-        ("  admission reads under the lock", [("core/fsm.py", "request_conflict"),
+        ("  admission reads under the lock", [("core/state/jobs.py", "request_conflict"),
                                               ("core/elastic.py", "required_domain_problem")]),
         ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose_all")]),
         ("  log lines", [("logging/__init__.py", "info"), ("logging/__init__.py", "debug")]),

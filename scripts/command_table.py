@@ -1,14 +1,16 @@
 """The table of state-machine commands in docs/architecture/commands.md, made from the code.
 
-One registry names every command kind: `synapse.core.codec.KIND_VERSIONS` (the command-set version
-that introduced each kind). Each kind's docstring says what it does. This script renders them
-between the page's markers, so the page cannot drift from the code:
+Every command kind is named twice, and the two must agree: `synapse.core.codec.KIND_VERSIONS` (the
+command-set version that introduced each kind: what the codec decodes) and
+`synapse.core.state.registry.HANDLERS` (the function that applies each kind: what apply
+dispatches on). Each kind's docstring says what it does. This script renders them between the
+page's markers, so the page cannot drift from the code:
 
     python3 scripts/command_table.py           # rewrite the table in the page
     python3 scripts/command_table.py --check   # exit 1 if the page's table is not what the code gives
 
 tests/test_docs.py runs the check. It also refuses a kind without a docstring of its own, and a
-kind the state machine has no handler for (or a handler for a kind the registry lacks).
+kind the state machine has no handler for (or a handler for a kind the codec lacks).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse.core import codec  # noqa: E402
-from synapse.core.fsm import ClusterState  # noqa: E402
+from synapse.core.state.registry import HANDLERS  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "architecture" / "commands.md"
 BEGIN, END = "<!-- commands:begin (scripts/command_table.py writes this table) -->", "<!-- commands:end -->"
@@ -39,15 +41,21 @@ def summary(kind: type) -> str:
     return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split()).replace("|", "\\|")
 
 
+def handler_name(kind: type) -> str:
+    """The handler of a kind as `module.function` within synapse.core.state (where to read its rules)."""
+    handler = HANDLERS[kind]
+    return f"{handler.__module__.removeprefix('synapse.core.state.')}.{handler.__name__}"
+
+
 def table() -> str:
-    handled = set(ClusterState()._handlers)
+    handled = set(HANDLERS)
     registered = set(codec.KIND_VERSIONS)
     if handled != registered:
-        raise TableError("the state machine's handlers and codec.KIND_VERSIONS differ: "
+        raise TableError("the state machine's handlers (state.registry.HANDLERS) and codec.KIND_VERSIONS differ: "
                          f"{sorted(k.__name__ for k in handled ^ registered)}")
-    rows = ["| Command | Since | What it does |", "|---|---|---|"]
+    rows = ["| Command | Since | Applied by | What it does |", "|---|---|---|---|"]
     for kind, version in sorted(codec.KIND_VERSIONS.items(), key=lambda kv: (kv[1], kv[0].__name__)):
-        rows.append(f"| `{kind.__name__}` | {version} | {summary(kind)} |")
+        rows.append(f"| `{kind.__name__}` | {version} | `{handler_name(kind)}` | {summary(kind)} |")
     return "\n".join(rows)
 
 

@@ -87,8 +87,8 @@ def test_replay_checks_every_committed_state_and_matches_the_digest(tmp_path, mo
     assert state.jobs["a"].status.value == "SCHEDULED" and state.jobs["b"].status.value == "PENDING"
     # The checker must be able to fail: with the plan re-check broken, the second plan would
     # double-book the node's GPUs, and the replay reports it at the raft index where it happens.
-    from synapse.core.fsm import ClusterState
-    monkeypatch.setattr(ClusterState, "_plan_problem", lambda self, job, cmd: "")
+    from synapse.core.state import gangs
+    monkeypatch.setattr(gangs, "plan_problem", lambda state, job, cmd: "")
     _, problems, _ = checkers.replay_replica(tmp_path)
     assert any("over-allocated" in p or "GPU index twice" in p or "failed midway" in p for p in problems), problems
 

@@ -253,7 +253,7 @@ def gpu_fault_hits(task_gpus: tuple[int, ...], gpus: tuple[int, ...]) -> bool:
 
 
 #: The planned stops: a job with a checkpoint notice has its tasks signalled that long before SIGTERM
-#: (synapse.core.fsm `_stop_attempt`, synapse.worker.state). A cancellation, a failure or a lost
+#: (synapse.core.state.transitions `stop_attempt`, synapse.worker.state). A cancellation, a failure or a lost
 #: node is not planned, and gives none.
 NOTICED_CAUSES = frozenset({EndReason.TIME_LIMIT, EndReason.PREEMPTED, EndReason.DRAINED, EndReason.RESIZED})
 

@@ -1,0 +1,110 @@
+"""A worker's reports of its tasks: started, prepared (its image pulled), exited, and why a task
+ended (`end_reason`). An exit frees what the task held and settles its gang's attempt once the
+last task is gone (synapse.core.state.transitions).
+
+State: the jobs' tasks. Commands: TaskStarted, TaskPrepared, TaskExited.
+"""
+
+from __future__ import annotations
+
+from synapse.core import commands as c
+from synapse.core.commands import Result
+from synapse.core.model import WORKER_REASONS, EndReason, Job, JobStatus, TaskState, gang_unprepared
+from synapse.core.state.events import job_event
+from synapse.core.state.node_faults import MAX_EXCLUDED_NODES
+from synapse.core.state.tables import ClusterTables
+from synapse.core.state.transitions import end_task, find_task, maybe_end_attempt, stop_attempt
+
+
+def task_started(state: ClusterTables, cmd: c.TaskStarted) -> Result:
+    """A worker started a task; the job is RUNNING once every task of the attempt has started."""
+    job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+    if rejection is not None:
+        return rejection
+    if task.state is not TaskState.ASSIGNED:
+        return Result(True, value=f"task already {task.state.value}")
+    task.state, task.started_at = TaskState.RUNNING, cmd.at
+    state.emit(cmd.at, "Normal", "job", "TaskStarted", job.id, f"task {task.index} (rank {task.rank}) of "
+               f"attempt {job.attempt} started on {task.node_id}")
+    if job.status is JobStatus.SCHEDULED and all(t.started_at for t in job.tasks):
+        job.status, job.started_at = JobStatus.RUNNING, cmd.at
+        job_event(state, job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
+                                                 f"{job.attempt} started")
+    return Result(True)
+
+
+def task_prepared(state: ClusterTables, cmd: c.TaskPrepared) -> Result:
+    """A task's node holds its image; once every node of the attempt does, the gang may start
+    (model.gang_unprepared)."""
+    job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+    if rejection is not None:
+        return rejection
+    if task.prepared or task.state is not TaskState.ASSIGNED:
+        return Result(True, value="already prepared or started")
+    task.prepared = True
+    if job.status is JobStatus.SCHEDULED and not gang_unprepared(job):
+        job_event(state, job, cmd.at, "ImageReady", f"every node of attempt {job.attempt} holds image "
+                                                    f"{job.spec.image}: its {len(job.tasks)} task(s) start")
+    return Result(True)
+
+
+def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
+    """A task ended: free what it held and stop its gang on a failure (or requeue it, for a cause the
+    task could not help); the last task's end settles the attempt."""
+    job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
+    if rejection is not None:
+        return rejection
+    if not task.state.live:
+        return Result(True, value=f"task already {task.state.value}")
+    if not task.started_at:
+        task.started_at = cmd.at
+    reason, message = end_reason(job, cmd)
+    end_task(state, task, TaskState.EXITED, cmd.exit_code, cmd.at, reason, message)
+    state.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
+               f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}: "
+               f"{reason}" + (f" ({message})" if message else ""))
+    if reason == EndReason.MASTER_PORT_IN_USE:
+        # Rank 0 never started; the clash is its node's, so the attempt stops without failing
+        # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
+        stop_attempt(state, job, message, cmd.at, cause=EndReason.MASTER_PORT_IN_USE)
+    elif reason == EndReason.IMAGE_PULL_FAILED:
+        # The task never ran. A node-side failure requeues the gang uncharged, without the
+        # node; a failure of the reference would fail on every node: the job fails, not retried.
+        # (A version-4 cause: an older replica never sees it, see endpoints.ReportTaskEvents.)
+        failure = f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}: {message}"
+        if cmd.node_side:
+            job.excluded_nodes = (*(n for n in job.excluded_nodes if n != task.node_id),
+                                  task.node_id)[-MAX_EXCLUDED_NODES:]
+            stop_attempt(state, job, f"{reason} on {task.node_id}: {message}", cmd.at, cause=reason)
+        else:
+            job.final_failure = True
+            stop_attempt(state, job, f"failed: {reason} on {task.node_id}: {message}", cmd.at, failure=failure)
+    elif cmd.exit_code != 0:
+        why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
+        stop_attempt(state, job, f"failed: {why}", cmd.at,
+                     failure=f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}"
+                     + (f": {message}" if message else ""))
+    maybe_end_attempt(state, job, cmd.at)
+    return Result(True)
+
+
+def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
+    """Why a reported task ended, and the detail. An OOM kill is a fact and always wins; a task the
+    cluster stopped (preemption, cancellation, time limit) ends for that reason; otherwise the
+    worker's reading stands (derived from the exit code when an older worker sent none)."""
+    code = cmd.exit_code
+    if cmd.cause == EndReason.OOM_KILLED:
+        return EndReason.OOM_KILLED, cmd.reason
+    if job.status is JobStatus.STOPPING and job.stop_cause:
+        return job.stop_cause, job.stop_reason
+    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED):
+        return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
+    if cmd.cause in WORKER_REASONS:
+        cause = cmd.cause
+    else:
+        cause = EndReason.COMPLETED if code == 0 else EndReason.SIGNAL if 128 < code <= 192 else EndReason.ERROR
+    if cause == EndReason.SIGNAL:
+        detail = f"signal {code - 128}" if 128 < code <= 192 else "killed"
+    else:
+        detail = f"exit code {code}"
+    return cause, detail + (f"; {cmd.reason}" if cmd.reason else "")
