@@ -5,6 +5,7 @@ import signal
 from synapse.core.model import Assignment
 from synapse.worker.runtime import Handle
 from synapse.worker.state import (
+    MACHINE_RESTARTED,
     AssignmentsReceived,
     Create,
     Discard,
@@ -375,3 +376,21 @@ def test_the_view_is_a_copy_of_one_moment():
     s.handle(TaskExited(a.key, 0), now=1)
     assert view.unreported == (Report(a.key, started=True),) and a.key in view.tasks  # unchanged
     assert s.view().tasks == frozenset() and s.view().unreported == (Report(a.key, started=False),)
+
+
+def test_a_task_that_died_with_its_machine_is_reported_ended_by_its_node():
+    """A worker back after its machine restarted (another boot id) finds its tasks dead without an
+    exit status: NodeLost and node-side (the gang requeues uncharged, without this node), not
+    Signal (a failure charged to the job). Without a restart the same end stays Signal."""
+    a, b = assignment(), assignment(index=1)
+    for rebooted, expected in ((True, Report(a.key, started=False, exit_code=-1, reason=MACHINE_RESTARTED,
+                                             cause="NodeLost", node_side=True)),
+                               (False, Report(a.key, started=False, exit_code=-1, reason="no exit status",
+                                              cause="Signal"))):
+        s = WorkerState.restore(stop_grace=3, known=(1, 1), done=[], unreported=[],
+                                tasks=[SavedTask(a, "running", HANDLE), SavedTask(b, "starting", None)], now=5,
+                                rebooted=rebooted)
+        assert set(s.tasks) == {a.key}  # adopted as ever: its end is found and its container dropped
+        assert s.handle(TaskExited(a.key, -1, "no exit status", "Signal"), now=6) == []
+        assert s.unreported == [expected] and a.key in s.done
+        s.validate()

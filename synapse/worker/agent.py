@@ -59,7 +59,7 @@ from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
 from synapse.worker.progress import ProgressWatcher, progress_file
-from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use, task_id
+from synapse.worker.runtime import Handle, ProcessRuntime, alive, boot_id, ephemeral_ports, port_in_use, task_id
 
 log = logging.getLogger(__name__)
 
@@ -639,7 +639,8 @@ class WorkerAgent:
     # ---- state file: re-adopting tasks after a restart ------------------------------------------
 
     def _save_state(self) -> None:
-        data = {"known": list(self.state.known), "done": [list(k) for k in sorted(self.state.done)],
+        data = {"boot_id": boot_id(), "known": list(self.state.known),
+                "done": [list(k) for k in sorted(self.state.done)],
                 "unreported": [asdict(r) | {"key": list(r.key)} for r in self.state.unreported],
                 "tasks": [{"assignment": asdict(t.assignment), "phase": t.phase,
                            "handle": asdict(t.handle) if t.handle else None, "noticed": t.noticed_at is not None}
@@ -671,7 +672,8 @@ class WorkerAgent:
             stop_grace=self.state.stop_grace, known=tuple(data["known"]), done=(tuple(k) for k in data["done"]),
             unreported=[ws.Report(tuple(r["key"]), r["started"], r["exit_code"], r["reason"], r.get("cause", ""),
                                   r.get("node_side", False), r.get("prepared", False)) for r in data["unreported"]],
-            tasks=saved, now=time.monotonic())
+            tasks=saved, now=time.monotonic(), rebooted=data.get("boot_id", boot_id()) != boot_id())
+        # (a state file without a boot id is an older worker's: its machine is taken as not restarted)
         self.view = self.state.view()
         for task in self.state.tasks.values():
             assert task.handle is not None

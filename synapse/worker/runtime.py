@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import os
 import shlex
 import shutil
@@ -126,6 +127,16 @@ class Handle:
     exit_file: str
     log_file: str
     cgroup: str = ""  #: the task's cgroup name ("" when unconfined)
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot of the machine ('' where the kernel does not say): a restarted machine has another."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def process_start_ticks(pid: int) -> int:

@@ -52,6 +52,8 @@ from synapse.core.model import Assignment, EndReason
 from synapse.worker.runtime import Handle
 
 Key = tuple[str, int, int]
+#: What a task that died with its machine is reported as (with cause NodeLost).
+MACHINE_RESTARTED = "its machine restarted while its worker was away (the boot id changed): the task died with it"
 
 
 def notice_signal(name: str) -> int:
@@ -222,6 +224,7 @@ class LocalTask:
     noticed_at: float | None = None  #: when the task was given its checkpoint notice
     #: a stop with a notice: when SIGTERM is due (None: sent with the stop, or not stopping)
     term_at: float | None = None
+    machine_restarted: bool = False  #: re-adopted after its machine restarted: it died with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,12 +270,18 @@ class WorkerState:
 
     @classmethod
     def restore(cls, *, stop_grace: float, known: tuple[int, int], done: Iterable[Key], unreported: Iterable[Report],
-                tasks: Iterable[SavedTask], now: float) -> WorkerState:
+                tasks: Iterable[SavedTask], now: float, rebooted: bool = False) -> WorkerState:
         """The state a restarted agent goes on from, as its state file kept it. A task without a
         process is forgotten (the master lists it again, and it starts then); one that was starting
         runs, reported started again; one that was stopping runs until a listing stops it again (its
         stop's timers did not survive); one given its notice is not given it again, and a stop with
-        a notice waits from `now`."""
+        a notice waits from `now`.
+
+        After the machine restarted (`rebooted`: its boot id changed) every task that had a process
+        died with it: each is adopted as ever (its end found, its container dropped) but reported
+        ended by its node (NodeLost, `node_side`), so its gang requeues uncharged and without this
+        node, as when the master declares the node DOWN first. Read as an ordinary exit (no exit
+        status: Signal) it failed the job for its machine's fault."""
         state = cls(stop_grace=stop_grace, known=known, done=set(done), unreported=list(unreported))
         for saved in tasks:
             if saved.handle is None:
@@ -280,7 +289,7 @@ class WorkerState:
             a = saved.assignment
             phase = "running" if saved.phase in ("starting", "stopping") else saved.phase
             state.tasks[a.key] = LocalTask(a, phase=phase, handle=saved.handle,
-                                           noticed_at=now if saved.noticed else None)
+                                           noticed_at=now if saved.noticed else None, machine_restarted=rebooted)
             if saved.phase == "starting":
                 state.unreported.append(Report(a.key, started=True))
         return state
@@ -323,7 +332,11 @@ class WorkerState:
                 self._exited(event.key, 127, event.reason, event.cause, event.node_side)
                 return []
             case TaskExited():
-                self._exited(event.key, event.exit_code, event.reason, event.cause)
+                task = self.tasks.get(event.key)
+                if task is not None and task.machine_restarted:
+                    self._exited(event.key, event.exit_code, MACHINE_RESTARTED, EndReason.NODE_LOST, node_side=True)
+                else:
+                    self._exited(event.key, event.exit_code, event.reason, event.cause)
                 return []
             case ReportsAcknowledged():
                 acked = set(event.reports)
