@@ -128,6 +128,27 @@ def test_worker_agent_crash_alone_readopts_its_tasks(four_workers):
     assert done.status == "SUCCEEDED" and done.attempt == 1
 
 
+def test_a_machine_back_before_its_node_is_lost_requeues_the_gang_without_it(make_cluster):
+    """The machine dies with its tasks and is back (its worker restarted, its state file from another
+    boot) before the master declares the node lost: the tasks died with the machine, not of the
+    job's doing. The gang requeues uncharged (max_restarts 0 would otherwise fail it) and its next
+    attempt avoids the node. (Heartbeats every 4 s: the node is declared lost after 12 s, well
+    after its worker is back.)"""
+    cluster = make_cluster(workers=4, racks=2, gpus=8, heartbeat=4.0)
+    gang = submit(cluster, "rebooted", 2, ["sleep", "4"], max_restarts=0)
+    info = wait_job(cluster, gang, {"RUNNING"})
+    victim = info.tasks[0].node_id
+    wait_for(lambda: cluster.task_pids(victim), what="task pids")
+    cluster.kill_worker(victim, with_tasks=True)
+    path = cluster.worker_dir(victim) / "worker-state.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"boot_id": "an-earlier-boot"}))
+    cluster.restart_worker(victim)
+    done = wait_job(cluster, gang, {"SUCCEEDED", "FAILED"}, timeout=40)
+    assert (done.status, done.attempt) == ("SUCCEEDED", 2)
+    assert victim not in {t.node_id for t in done.tasks}
+    assert any("machine restarted" in e.message for e in done.events), [e.message for e in done.events]
+
+
 def test_killing_the_leader_mid_gang_does_not_kill_tasks(four_workers):
     cluster = four_workers
     gang = submit(cluster, "steady", 4, ["sleep", "3"])

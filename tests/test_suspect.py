@@ -194,3 +194,40 @@ def test_a_gang_already_stopping_when_its_node_is_lost_does_not_count_against_th
     node = state.nodes["r0-n0"]
     assert (node.suspect, node.failures) == (False, ((50, "b", "NodeLost"),))
     assert state.jobs["a"].excluded_nodes == () and state.jobs["b"].excluded_nodes == ("r0-n0",)
+
+
+def died_with_machine(state, job_id, index, at):
+    job = state.jobs[job_id]
+    node = job.tasks[index].node_id
+    checked(state, c.TaskExited(at=at, job_id=job_id, attempt=job.attempt, index=index, node_id=node, exit_code=-1,
+                                reason="its machine restarted", cause="NodeLost", node_side=True))
+
+
+def test_tasks_that_died_with_their_machine_requeue_the_gang_uncharged_without_the_node():
+    """A worker back after its machine restarted, before the node was declared lost, reports its
+    tasks NodeLost (synapse.worker.state): as for a lost node, the gang requeues uncharged, the
+    job excludes the node and the node keeps the record; a second job so ended makes it a suspect."""
+    state = cluster(racks=1, nodes_per_rack=3)
+    submit(state, "a", tasks=2, max_restarts=0)
+    submit(state, "b", tasks=1)
+    place(state, "a", "r0-n0", "r0-n1")
+    died_with_machine(state, "a", 0, at=50)
+    job = state.jobs["a"]
+    assert job.status is JobStatus.STOPPING and job.stop_cause == "NodeLost"
+    checked(state, c.TaskExited(at=51, job_id="a", attempt=1, index=1, node_id="r0-n1", exit_code=143,
+                                reason="", cause="Signal"))  # its peer, stopped by the cluster
+    assert (job.status, job.attempt, job.restarts_used(), job.excluded_nodes) == (JobStatus.PENDING, 2, 0, ("r0-n0",))
+    assert job.runs[-1].outcome == "NodeLost"
+    assert state.nodes["r0-n0"].failures == ((50, "a", "NodeLost"),)
+    place(state, "b", "r0-n0", at=60)
+    died_with_machine(state, "b", 0, at=70)
+    assert state.nodes["r0-n0"].suspect and not state.nodes["r0-n0"].schedulable
+
+
+def test_without_a_machine_restart_a_task_without_exit_status_fails_its_job():
+    state = cluster(racks=1, nodes_per_rack=2)
+    submit(state, "a", tasks=1, max_restarts=0)
+    place(state, "a", "r0-n0")
+    checked(state, c.TaskExited(at=50, job_id="a", attempt=1, index=0, node_id="r0-n0", exit_code=-1,
+                                reason="no exit status", cause="Signal"))
+    assert state.jobs["a"].status is JobStatus.FAILED and not state.jobs["a"].excluded_nodes

@@ -79,7 +79,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
 #: knows it (synapse.master.endpoints), and apply stays the same on every replica.
 CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2,
                                                       EndReason.MASTER_PORT_IN_USE: 3,
-                                                      EndReason.IMAGE_PULL_FAILED: 4})
+                                                      EndReason.IMAGE_PULL_FAILED: 4,
+                                                      EndReason.NODE_LOST: 4})
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
 COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values())
 #: The version every release applies (the first command set): commands of it are never held back.

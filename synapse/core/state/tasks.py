@@ -11,7 +11,7 @@ from synapse.core import commands as c
 from synapse.core.commands import Result
 from synapse.core.model import WORKER_REASONS, EndReason, Job, JobStatus, TaskState, gang_unprepared
 from synapse.core.state.events import job_event
-from synapse.core.state.node_faults import MAX_EXCLUDED_NODES
+from synapse.core.state.node_faults import MAX_EXCLUDED_NODES, note_node_failures
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.transitions import end_task, find_task, maybe_end_attempt, stop_attempt
 
@@ -79,6 +79,16 @@ def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
         else:
             job.final_failure = True
             stop_attempt(state, job, f"failed: {reason} on {task.node_id}: {message}", cmd.at, failure=failure)
+    elif reason == EndReason.NODE_LOST:
+        # Its machine restarted while its worker was away, before the node was declared lost (a
+        # version-4 cause, synapse.worker.state.WorkerState.restore): the task died with the
+        # machine. As for a lost node, the gang requeues uncharged, and the job excludes the node,
+        # which counts the end against it (a node that keeps rebooting under gangs is a suspect).
+        ending = job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING)
+        stop_attempt(state, job, f"task {task.index} lost ({message})", cmd.at, cause=EndReason.NODE_LOST)
+        node = state.nodes.get(task.node_id)
+        if ending and node is not None:
+            note_node_failures(state, node, [job.id], EndReason.NODE_LOST.value, cmd.at)
     elif cmd.exit_code != 0:
         why = f"task {task.index} exited with code {cmd.exit_code}: {reason}" + (f" ({message})" if message else "")
         stop_attempt(state, job, f"failed: {why}", cmd.at,
@@ -97,8 +107,8 @@ def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
         return EndReason.OOM_KILLED, cmd.reason
     if job.status is JobStatus.STOPPING and job.stop_cause:
         return job.stop_cause, job.stop_reason
-    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED):
-        return cmd.cause, cmd.reason  # it never ran: its exit code means nothing
+    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED, EndReason.NODE_LOST):
+        return cmd.cause, cmd.reason  # it never ran, or died with its machine: its exit code means nothing
     if cmd.cause in WORKER_REASONS:
         cause = cmd.cause
     else:
