@@ -242,6 +242,40 @@ def test_a_gang_is_held_until_every_task_is_prepared_and_only_from_version_4():
     assert job.events[-1].kind == "ImageReady"
 
 
+def test_a_gangs_reports_wake_its_watchers_only_when_they_change_its_lists():
+    from synapse.core import commands as c
+    from synapse.master.dispatch import assignments_for_node as assignments_for
+    from synapse.master.dispatch import nodes_relisted
+    from tests.helpers import checked, cluster
+
+    watched = ("r0-n0", "r0-n1", "r0-n2")
+
+    def relisted(state, cmd) -> set[str]:
+        """The nodes `cmd` wakes; every node whose list it changed must be one of them."""
+        before = {n: assignments_for(state, n) for n in watched}
+        checked(state, cmd)
+        woken = nodes_relisted(state, [cmd], watched)
+        assert {n for n in watched if assignments_for(state, n) != before[n]} <= woken
+        return woken
+
+    state = cluster(racks=1, nodes_per_rack=3)
+    checked(state, c.SetClusterVersion(at=1, version=4))
+    gang_in_image(state)  # on r0-n0 and r0-n1
+    both = {"r0-n0", "r0-n1"}
+    assert relisted(state, c.TaskPrepared(at=12, job_id="g", attempt=1, index=0, node_id="r0-n0")) == set()
+    assert relisted(state, c.TaskPrepared(at=13, job_id="g", attempt=1, index=1, node_id="r0-n1")) == both  # release
+    assert relisted(state, c.TaskStarted(at=14, job_id="g", attempt=1, index=0, node_id="r0-n0")) == set()
+    assert relisted(state, c.TaskStarted(at=15, job_id="g", attempt=1, index=1, node_id="r0-n1")) == both  # RUNNING
+    assert relisted(state, c.TaskExited(at=16, job_id="g", attempt=1, index=0, node_id="r0-n0", exit_code=1)) == both
+    assert nodes_relisted(state, [c.NodeDown(at=17, node_id="r0-n2")], watched) == set(watched)
+    # a task started unprepared (an older worker) counts as holding the image: it may release the gang
+    state = cluster(racks=1, nodes_per_rack=3)
+    checked(state, c.SetClusterVersion(at=1, version=4))
+    gang_in_image(state)
+    assert relisted(state, c.TaskStarted(at=12, job_id="g", attempt=1, index=0, node_id="r0-n0")) == both
+    assert relisted(state, c.TaskStarted(at=13, job_id="g", attempt=1, index=1, node_id="r0-n1")) == both
+
+
 def test_a_job_of_one_task_is_never_held_it_starts_as_its_image_arrives():
     import dataclasses
 

@@ -4,6 +4,7 @@ the replica a worker is attached to moves it without a NodeDown."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import threading
@@ -16,7 +17,7 @@ from synapse.common.auth import REPLICA_CREDENTIAL_KEY, node_metadata
 from synapse.core import codec
 from synapse.core.shards import shard_of
 from synapse.proto import api_pb2
-from tests.helpers import spec
+from tests.helpers import spec, wait_for
 from tests.test_master_ha import proto_spec, register, wait_status
 from tests.test_metrics import scrape, value
 
@@ -122,6 +123,27 @@ def test_only_a_replica_sends_digests(make_cluster):
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+@contextlib.contextmanager
+def beating(stub, metadata, node_id: str = "n1"):
+    """Heartbeats for `node_id` to `stub`'s replica every 0.3 s while the block runs (it stays READY)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.3):
+            try:
+                stub.Heartbeat(api_pb2.HeartbeatRequest(node_id=node_id), metadata=metadata, timeout=2)
+            except grpc.RpcError:
+                pass
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_a_follower_serves_assignments_and_refuses_no_worker(make_cluster):
     cluster = make_cluster()
     leader = cluster.master(cluster.wait_leader())
@@ -129,18 +151,7 @@ def test_a_follower_serves_assignments_and_refuses_no_worker(make_cluster):
     metadata = node_metadata("n1", credential)
     follower = next(m for m in cluster.state["masters"] if m["id"] != leader["id"])
     stub = cluster.node_client("n1").stub(follower["api_address"])
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(0.3):
-            try:
-                stub.Heartbeat(api_pb2.HeartbeatRequest(node_id="n1"), metadata=metadata, timeout=2)
-            except grpc.RpcError:
-                pass
-
-    beating = threading.Thread(target=beat, daemon=True)
-    beating.start()
-    try:
+    with beating(stub, metadata):
         job_id = cluster.client.submit(proto_spec(tasks=1, gpu=8))
         stream = stub.WatchAssignments(api_pb2.WatchAssignmentsRequest(node_id="n1"), metadata=metadata, timeout=10)
         for message in stream:
@@ -156,9 +167,41 @@ def test_a_follower_serves_assignments_and_refuses_no_worker(make_cluster):
                                            metadata=metadata, timeout=10):
                 raise AssertionError("a replica served a version older than the worker's")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        stop.set()
-        beating.join()
+
+
+def test_a_watch_sends_a_list_only_when_it_changed(make_cluster):
+    """Commits that touch a node without changing its list (a cordon and its undoing) send it
+    nothing; the next change does. (Before, every newer version went out: a gang's n TaskPrepared
+    commits sent each of its n workers its unchanged list, n x n messages ahead of its release.)"""
+    cluster = make_cluster()
+    leader = cluster.master(cluster.wait_leader())
+    metadata = node_metadata("n1", register(cluster, "n1").node_credential)
+    follower = next(m for m in cluster.state["masters"] if m["id"] != leader["id"])
+    stub = cluster.node_client("n1").stub(follower["api_address"])
+    stream = stub.WatchAssignments(api_pb2.WatchAssignmentsRequest(node_id="n1"), metadata=metadata, timeout=30)
+    with beating(stub, metadata):
+        first = next(stream)
+        while first.node_status != "READY":  # the follower had not applied the registration yet
+            first = next(stream)
+        assert not first.tasks
+        messages: list = []
+
+        def read() -> None:
+            try:
+                messages.extend(stream)
+            except grpc.RpcError:
+                pass  # cancelled
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        for schedulable in (False, True):  # each commit touches n1 (and is applied before the job's)
+            cluster.client.call("SetSchedulable", api_pb2.SetSchedulableRequest(node_id="n1",
+                                                                                 schedulable=schedulable))
+        job_id = cluster.client.submit(proto_spec(tasks=1, gpu=8))
+        wait_for(lambda: any(t.job_id == job_id for m in messages for t in m.tasks), 20, "n1's list with the job")
+        stream.cancel()
+    assert all(any(t.job_id == job_id for t in m.tasks) for m in messages), \
+        [(m.version, [t.job_id for t in m.tasks]) for m in messages]
 
 
 def test_killing_the_replica_a_worker_is_attached_to_moves_it_without_a_node_down(make_cluster):

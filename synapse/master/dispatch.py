@@ -12,6 +12,8 @@ worker gives each task the signal once (synapse.worker.state).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.elastic import is_elastic
@@ -32,6 +34,45 @@ def assignments_for_node(state: ClusterState, node_id: str) -> list[Assignment]:
         job = state.jobs[task.job_id]
         out.append(_assignment(state, job, task.index, node_id, stop=not wanted))
     return out
+
+
+def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iterable[str]) -> set[str]:
+    """The nodes whose lists `cmds` may have changed, read from the state after they were applied
+    (or later: a later command reports what it changed itself). `watched`: every node whose list
+    is watched here; a node-wide stop (its gangs stop everywhere) returns all of them. A
+    submission changes nothing (a new job has no tasks yet).
+
+    A gang's own reports change its lists at two moments only, and the others wake nobody (each
+    wake builds the list of every watched node of the gang: n reports made n x n lists, and the
+    release queued behind them, bench/images.py). A TaskPrepared can change a hold and nothing
+    else: one after which its gang is still held released nothing. A TaskStarted of a prepared
+    task changes no hold (its node already counted as holding the image), and nothing else a list
+    holds unless it made the job RUNNING (a checkpoint notice then joins the list)."""
+    touched: set[str] = set()
+    for cmd in cmds:
+        if isinstance(cmd, c.SubmitJob):
+            continue
+        if isinstance(cmd, c.NodeDown | c.DrainNode | c.GpuFault) or (isinstance(cmd, c.SetNodeHealth) and cmd.drain):
+            return set(watched)
+        job = state.jobs.get(cmd.job_id) if hasattr(cmd, "job_id") else None  # type: ignore[attr-defined]
+        if job is not None and _changes_no_list(state, job, cmd):
+            continue
+        if job is not None:
+            touched.update(t.node_id for t in job.tasks)
+        if hasattr(cmd, "node_id"):
+            touched.add(cmd.node_id)  # type: ignore[attr-defined]
+        if isinstance(cmd, c.CommitPlan):
+            touched.update(p.node_id for p in cmd.placements)
+    return touched
+
+
+def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
+    """True for a gang's report that cannot have changed any of its lists (nodes_relisted)."""
+    if not isinstance(cmd, c.TaskPrepared | c.TaskStarted) or cmd.attempt != job.attempt:
+        return False
+    if isinstance(cmd, c.TaskPrepared):
+        return held(state, job)
+    return cmd.index < len(job.tasks) and job.tasks[cmd.index].prepared and job.status is not JobStatus.RUNNING
 
 
 def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool) -> Assignment:

@@ -1008,9 +1008,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                     term=term, version=state.applied,
                     node_status=node.status.value if node else "UNKNOWN",
                     tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(state, request.node_id)])
+            # Only a changed list goes out (and the keepalive). A newer version alone is not worth
+            # a message: every commit touching a gang would send each of its workers a list it
+            # already has, and a gang's TaskPrepared and TaskStarted reports, n of them, would send
+            # n x n (the last TaskPrepared, the release, then waited behind them, bench/images.py).
+            # The worker misses nothing: what it runs follows from the list, and its (term,
+            # version) only orders lists and says how far a replica must have applied to serve it.
             body = (reply.node_status, tuple(t.SerializeToString() for t in reply.tasks))
-            if body != last_sent or (term, reply.version) > (request.known_term, request.known_version):
-                request.known_term, request.known_version = term, reply.version
+            if body != last_sent:
                 last_sent = body
                 yield reply
             try:

@@ -26,6 +26,7 @@ from synapse.common.tls import channel_credentials
 from synapse.core import commands as c
 from synapse.core.leader_state import HealthReport, LeaderView
 from synapse.master.config import ClusterConfig
+from synapse.master.dispatch import nodes_relisted
 from synapse.master.durability import free_bytes
 from synapse.master.raft import ProposeError, RaftNode
 
@@ -193,29 +194,10 @@ class Master:
         self._applied.set()
         self._applied = asyncio.Event()
         if self._node_events:  # only when some node's assignments are watched here
-            for node_id in self._nodes_touched(cmds):
+            with self.lock:
+                touched = nodes_relisted(self.state, cmds, tuple(self._node_events))
+            for node_id in touched:
                 self.notify_node(node_id)
-
-    def _nodes_touched(self, cmds: list[c.Command]) -> set[str]:
-        """The nodes whose assignments `cmds` may have changed: every watched one after a node-wide
-        stop. One lock for the whole entry; a submission is skipped (a new job has no tasks yet)."""
-        touched: set[str] = set()
-        with self.lock:
-            for cmd in cmds:
-                if isinstance(cmd, c.SubmitJob):
-                    continue
-                if isinstance(cmd, c.NodeDown | c.DrainNode | c.GpuFault) or (
-                        isinstance(cmd, c.SetNodeHealth) and cmd.drain):
-                    return set(self._node_events)  # its gangs stop everywhere
-                if hasattr(cmd, "job_id"):
-                    job = self.state.jobs.get(cmd.job_id)  # type: ignore[attr-defined]
-                    if job is not None:
-                        touched.update(t.node_id for t in job.tasks)
-                if hasattr(cmd, "node_id"):
-                    touched.add(cmd.node_id)  # type: ignore[attr-defined]
-                if isinstance(cmd, c.CommitPlan):
-                    touched.update(p.node_id for p in cmd.placements)
-        return touched
 
     def notify_node(self, node_id: str) -> None:
         event = self._node_events.pop(node_id, None)

@@ -1,7 +1,7 @@
 """The container launcher: runs one task's command inside its image, run by the shim.
 
-    python3 -I -S -c 'import sys; sys.path.append(sys.argv[1]); …' DIR SPEC   (runtime.SANDBOX_LAUNCH)
-    python3 -I -S sandbox.py SPEC                                             (the same, compiled each time)
+    python3 -I -S -c 'import os, sys; sys.path.append(sys.argv[1]); …' DIR SPEC (runtime.SANDBOX_LAUNCH)
+    python3 -I -S sandbox.py SPEC                                               (the same, compiled each time)
 
 `SPEC` is what `synapse.worker.container.plan` decided for the task, as `container.prepare` wrote
 it: the image's root, the task's writable layer, its argv, env and working directory, the devices
