@@ -61,12 +61,14 @@ def write_in_a_pipeline(nodes, leader: int, writes: int) -> list[int]:
     return outcomes
 
 
-def commit_messages(tmp_path, cls, writes: int = 40) -> tuple[float, list[int], list[int]]:
+def commit_messages(tmp_path, cls, writes: int = 40, more_coming=None) -> tuple[float, list[int], list[int]]:
     """(AppendEntries per entry the leader sent each follower during the writes, each follower's
-    commit index after the writes and a short quiet spell, the leader's)."""
+    commit index after the writes and a short quiet spell, the leader's). `more_coming`: what the
+    leader's proposer says of proposals waiting for the next entry (None: it says nothing)."""
     _, nodes = start(tmp_path, cls)
     try:
         leader = elect(nodes)
+        nodes[leader].more_coming = more_coming
         tick(nodes, 0.2)
         counts = count_appends(nodes)
         outcomes = write_in_a_pipeline(nodes, leader, writes)
@@ -86,6 +88,14 @@ def test_a_leader_under_a_stream_of_writes_sends_one_appendentries_per_entry(tmp
     per_entry, followers, [leader] = commit_messages(tmp_path, SafeSyncObj)
     assert per_entry < 1.4, f"{per_entry:.2f} AppendEntries per entry and follower"
     # The last write's commit index reached the followers alone, within the hold, not a heartbeat.
+    assert followers == [leader, leader]
+
+
+def test_with_no_proposal_waiting_the_commit_index_goes_out_at_once(tmp_path):
+    """An idle leader (raft.RaftNode says no proposal waits) holds nothing: followers, which serve
+    the workers' assignments, apply each write as soon as pysyncobj would have them."""
+    per_entry, followers, [leader] = commit_messages(tmp_path, SafeSyncObj, more_coming=lambda: False)
+    assert per_entry > 1.8, f"{per_entry:.2f} AppendEntries per entry and follower"
     assert followers == [leader, leader]
 
 

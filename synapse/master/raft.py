@@ -290,6 +290,9 @@ class RaftNode:
         self._waiting: set[asyncio.Future] = set()  #: futures of proposals sent and not yet resolved
         self._changes: set[asyncio.Future] = set()  #: futures of membership changes not yet resolved
         self._releases: set[Callable[[], None]] = set()  #: frees each in-flight slot still held
+        # The leader holds a commit index for the next entry's AppendEntries only while proposals
+        # wait for that entry (read by the tick thread: a list's truth is one atomic read).
+        self.sync.more_coming = lambda: bool(self._queued)
         self.entries_proposed = 0  #: log entries proposed from this replica
         self.commands_proposed = 0  #: commands inside them (entries < commands when batching helps)
 

@@ -42,11 +42,14 @@ Each correction, and why (the class docstring and the methods hold the details):
   once, not at the next heartbeat), pysyncobj's leader sent every follower an AppendEntries for
   each new entry and another one, empty but for the new commit index, after each apply. Under load
   the next entry follows within a tick or two (raft.RaftNode proposes the next batch as soon as
-  the previous one's results are back), and its AppendEntries carries the same commit index. Here
-  the leader holds the commit-only message up to COMMIT_HOLD_S for an entry to carry it, and sends
-  it alone only if none went out: no write waits for it (the leader applies and answers as before),
-  followers apply at most that much later, and a loaded leader sends (and encrypts, and hears
-  answers to) about half as many messages (`_SyncObj__applyLogEntries`, `_settle_commit`).
+  the previous one's results are back), and its AppendEntries carries the same commit index. Here,
+  while proposals wait for the next entry (`more_coming`), the leader holds the commit-only
+  message up to COMMIT_HOLD_S for that entry to carry it, and sends it alone only if none went
+  out: no write waits for it (the leader applies and answers as before), followers apply at most
+  that much later, and a loaded leader sends (and encrypts, and hears answers to) about half as
+  many messages (`_SyncObj__applyLogEntries`, `_settle_commit`). With nothing waiting, the commit
+  index goes out at once: followers (which serve the workers' assignments) lag no write on an
+  idle cluster.
 * **Snapshot contents.** pysyncobj pickles every attribute set after its own `__init__` into its
   snapshots, and a replica loading one takes them over: every attribute of SafeSyncObj exists
   before `SyncObj.__init__` runs (`snapshot_extras` lists any that slipped through).
@@ -187,6 +190,8 @@ class SafeSyncObj(SyncObj):
         #: index no message has carried yet; None: nothing owed. The first changes with every send.
         self._commit_owed: tuple[float, float] | None = None
         self._poll_messages: Callable[[float], None] | None = None  #: the poller's own poll
+        #: whether proposals wait for the next entry (raft.RaftNode sets it; None: take it that they do)
+        self.more_coming: Callable[[], bool] | None = None
         super().__init__(*args, **kwargs)
         transport = self._SyncObj__transport
         self._drop_link, self._add_link = transport.dropNode, transport.addNode
@@ -289,6 +294,8 @@ class SafeSyncObj(SyncObj):
         send = SyncObj._SyncObj__applyLogEntries(self)
         if not send or self._SyncObj__raftState != _RAFT_STATE.LEADER or not self.COMMIT_HOLD_S:
             return send
+        if self.more_coming is not None and not self.more_coming():
+            return send  # no entry is on its way to carry it
         if self._commit_owed is None or self._commit_owed[0] != self._SyncObj__newAppendEntriesTime:
             self._commit_owed = (self._SyncObj__newAppendEntriesTime, monotonic())
         return False  # _settle_commit sends it, unless the next entry's AppendEntries carries it first
