@@ -2,6 +2,7 @@
 snapshot, and the scheduler's use of it (a backfill the limits forbid and a prediction allows)."""
 
 import math
+import random
 
 from synapse.core import commands as c
 from synapse.core.fsm import PREDICT_VERSION, ClusterState
@@ -176,3 +177,24 @@ def test_expect_is_predict_s_seconds():
                  ("alice", "train", 8, 3600, 3000), ("alice", "train", 8, 3600, 3599), ("bob", "x", 8, 60),
                  ("bob", "x", 8, 0), ("", "train", 8, 100), ("alice", "train", 8, 0, 400_000)):
         assert times.expect(*args) == times.predict(*args).seconds, args
+
+
+def test_expect_and_longest_own_answer_as_predict_does_whatever_the_runs_limit_and_time_run():
+    """The round's cheap readers (expect, longest_own) are predict without the Prediction: the same
+    floats on every path (guess, raised to a step, past the last step, capped by the limit)."""
+    rng = random.Random(36)
+    times = RunTimes()
+    edges = [0.0, 1.0, 59.9, 60.0, 61.0, *STEPS, STEPS[-1] + 1, 1e7]
+    for _ in range(300):
+        times.learn(rng.choice(["alice", "bob"]), rng.choice(["train", "eval"]), rng.choice([8, 64]),
+                    rng.choice([rng.uniform(0, 400_000), rng.choice(edges)]))
+        user, name, gpus = rng.choice(["alice", "bob", "carol", ""]), rng.choice(["train", "eval", "x"]), \
+            rng.choice([8, 64])
+        limit = rng.choice([0.0, 60.0, 3600.0, rng.uniform(1, 500_000), *rng.sample(edges, 2)])
+        elapsed = rng.choice([0.0, rng.uniform(0, 800_000), *rng.sample(edges, 2)])
+        p = times.predict(user, name, gpus, limit, elapsed)
+        assert times.expect(user, name, gpus, limit, elapsed) == p.seconds, (user, name, gpus, limit, elapsed)
+        if p.basis == "job":
+            assert times.expect(user, name, gpus, limit, elapsed, own_kind=True) == p.seconds
+        own = times.longest_own(user, name, gpus, limit, elapsed)
+        assert own == (p.longest if p.basis == "job" else None), (user, name, gpus, limit, elapsed)

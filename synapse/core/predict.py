@@ -64,6 +64,15 @@ class Prediction:
         return f"{head} from {self.runs} run(s) of {what}{tail}"
 
 
+def _raised(elapsed: float, cap: float) -> float:
+    """What a job that has run `elapsed`, past its prediction, is predicted to run in all: the next
+    of `STEPS` (twice what it has run beyond the last), never beyond `cap`."""
+    for step in STEPS:
+        if step > elapsed:
+            return min(cap, step)
+    return min(cap, 2 * elapsed)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -112,10 +121,22 @@ class RunTimes:
             if entry is not None:
                 runs = entry[1]
                 guess: float = sum(runs) / len(runs)
-                if elapsed >= guess:
-                    return self.predict(user, name, gpus, limit, elapsed).seconds
-                return min(limit, guess) if limit > 0 else guess
+                cap = limit if limit > 0 else math.inf
+                return min(cap, guess) if elapsed < min(cap, guess) else _raised(elapsed, cap)
         return limit if limit > 0 else math.inf
+
+    def longest_own(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> float | None:
+        """`predict(...).longest` when the prediction rests on runs of (user, name, gpus) itself;
+        None when it does not. What a scheduling round asks for every job that might go on reserved
+        nodes (scheduler._backfill_run), so, like `expect`, it builds nothing."""
+        entry = self.keys.get(("job", user, name, gpus)) if user else None
+        if entry is None:
+            return None
+        runs = entry[1]
+        cap = limit if limit > 0 else math.inf
+        guess = min(cap, sum(runs) / len(runs))
+        longest = min(cap, max(runs))
+        return max(longest, guess if elapsed < guess else _raised(elapsed, cap))
 
     def predict(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> Prediction:
         """The run expected of a job of (user, name, gpus) with time `limit` (0: none) that has
@@ -128,8 +149,7 @@ class RunTimes:
                 longest = min(cap, max(entry[1]))
                 if elapsed < guess:
                     return Prediction(guess, basis, entry[0], longest=max(longest, guess))
-                raised = next((s for s in STEPS if s > elapsed), math.inf)
-                raised = min(cap, raised if math.isfinite(raised) else 2 * elapsed)
+                raised = _raised(elapsed, cap)
                 return Prediction(raised, basis, entry[0], extended=True, longest=max(longest, raised))
         return Prediction(cap, "limit" if limit > 0 else "none")
 

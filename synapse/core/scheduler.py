@@ -324,8 +324,11 @@ def schedule_round(state: ClusterState, now: float,
         spec = job.spec if hold or restart else _local_spec(view, job, now, tuning, rack_fit)
         run = expected_run(state, job, now, tuning.predict) if spec is not job.spec and tuning.weigh_locality \
             else math.inf  # only a gang waiting for one domain weighs its run (_split_pays)
-        may_use = tuple(_ends_before(_backfill_run(state, job, now, tuning), r, now) for r in reservations) \
-            if reservations else ()
+        if reservations:
+            backfill_run = _backfill_run(state, job, now, tuning)
+            may_use = tuple(_ends_before(backfill_run, r, now) for r in reservations)
+        else:
+            may_use = ()
         shape = (job.id,) if hold or restart else _shape(spec, may_use)
         excluded = excluded_for(state.nodes, job)  # the nodes that ended its earlier attempts are not for it
         if excluded:
@@ -433,8 +436,9 @@ def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> 
     if not tuning.predict:
         return limit
     elapsed = now - job.started_at if job.started_at else 0.0
-    guess = state.run_times.predict(job.user, job.spec.name, job.spec.resources.gpu * job.spec.tasks, limit, elapsed)
-    return min(limit, guess.longest) if guess.basis == "job" else limit
+    longest = state.run_times.longest_own(job.user, job.spec.name, job.spec.resources.gpu * job.spec.tasks, limit,
+                                          elapsed)
+    return limit if longest is None else min(limit, longest)
 
 
 def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True, own_kind: bool = True) -> float:
