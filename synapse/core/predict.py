@@ -134,8 +134,8 @@ class RunTimes:
             return None
         runs = entry[1]
         cap = limit if limit > 0 else math.inf
-        guess = min(cap, sum(runs) / len(runs))
-        longest = min(cap, max(runs))
+        guess: float = min(cap, sum(runs) / len(runs))
+        longest: float = min(cap, max(runs))
         return max(longest, guess if elapsed < guess else _raised(elapsed, cap))
 
     def predict(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> Prediction:
