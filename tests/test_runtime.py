@@ -2,7 +2,11 @@
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 from synapse.core.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment
@@ -122,3 +126,28 @@ def test_restarted_agent_adopts_a_task_forked_just_before_a_crash(tmp_path):
     finally:
         agent.log_server.stop(grace=0)
         stop_all(agent.runtime, [handle], grace=0.5)
+
+
+def test_a_worker_started_with_signals_ignored_gives_its_tasks_them_back():
+    """A worker started under `nohup` (SIGHUP ignored) passed the ignore to every task, and a shell
+    cannot trap a signal ignored when it started: a job whose notice is SIGHUP never saw it. The
+    runtime turns each ignored task signal into a handler that does nothing, which exec resets."""
+    script = textwrap.dedent("""
+        import signal, subprocess, sys, tempfile
+        from pathlib import Path
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if sys.argv[1] == "runtime":
+            from synapse.worker.runtime import ProcessRuntime
+            ProcessRuntime(Path(tempfile.mkdtemp()))
+        out = subprocess.run(["sh", "-c", "trap 'echo caught HUP' HUP; trap 'echo caught TERM' TERM; "
+                              "kill -HUP $$; kill -TERM $$; echo done"], capture_output=True, text=True).stdout
+        signal.raise_signal(signal.SIGHUP)  # this process still survives it
+        print(out.replace(chr(10), " ").strip())
+    """)
+    runs = {kind: subprocess.run([sys.executable, "-c", script, kind], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                                 timeout=60)
+            for kind in ("runtime", "plain")}
+    assert runs["runtime"].stdout.strip() == "caught HUP caught TERM done", runs["runtime"]
+    assert runs["plain"].stdout.strip() == "done", runs["plain"]  # the control: ignored, not trapped

@@ -43,10 +43,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from synapse.core.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
 from synapse.worker import container
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
@@ -132,6 +134,31 @@ class Handle:
     cgroup: str = ""  #: the task's cgroup name ("" when unconfined)
 
 
+#: The signals a task may be sent: every checkpoint notice's, and the stop's.
+TASK_SIGNALS = tuple(getattr(signal, f"SIG{name}") for name in (*NOTICE_SIGNALS, "TERM"))
+
+
+def handle_ignored_signals() -> None:
+    """Give each task signal that this process ignores a handler that does nothing instead.
+
+    An ignored signal stays ignored across fork and exec, and a shell cannot trap a signal that
+    was ignored when it started. So a worker started with SIGHUP ignored (under `nohup`, say) made
+    the shim and every task ignore it: a job whose checkpoint notice is SIGHUP never saw it, and
+    with SIGTERM ignored, a stop waited out the whole grace before SIGKILL. A caught signal is
+    reset to its default at exec, and a handler that does nothing still lets this process survive
+    the signal. Only the main thread may set handlers: elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in TASK_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, _ignore)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler that does nothing (see handle_ignored_signals)."""
+
+
 @functools.cache
 def boot_id() -> str:
     """This boot of the machine ('' where the kernel does not say): a restarted machine has another."""
@@ -208,6 +235,7 @@ class ProcessRuntime:
         self.pids_max = pids_max
         self.allow_mounts = allow_mounts  #: the prefixes a job's mounts may come from (--allow-mount)
         self.cdi_dirs = cdi_dirs  #: where this node's CDI specs are (--cdi-spec-dir)
+        handle_ignored_signals()
         #: created tasks' gates (task id -> the worker's end of the socket pair its command waits at,
         #: held until `open_gate` or `discard`); the agent's main loop only
         self.gates: dict[str, socket.socket] = {}
