@@ -87,8 +87,9 @@ class TLSError(AuthError):
 _TLS_FAILURE_HINTS = ("handshake", "certificate", "ssl_error", "tsi_", "ssl routines")
 #: ... unless the handshake was cut short, not refused: the try's deadline passed or the replica's
 #: end closed mid-handshake (a loaded machine: "Handshake read failed (Shutting down endpoint)",
-#: "(Endpoint closing)", "tcp handshaker shutdown"). Those are retried like any unavailable replica.
-_HANDSHAKE_CUT_HINTS = ("shutting down endpoint", "endpoint closing", "handshaker shutdown")
+#: "(Endpoint closing)", "tcp handshaker shutdown"; a replica killed or restarting meanwhile:
+#: "(recvmsg:Connection reset by peer (104))"). Those are retried like any unavailable replica.
+_HANDSHAKE_CUT_HINTS = ("shutting down endpoint", "endpoint closing", "handshaker shutdown", "connection reset by peer")
 
 
 class ClusterUnavailable(Exception):
