@@ -113,9 +113,10 @@ def chromium(tmp_path):
         started.append((proc, None))
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
+        # Chromium writes the file after creating it: wait for its first line, not only the file.
+        while not (port_file.exists() and port_file.read_text().split()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert port_file.exists(), "chromium did not open its DevTools port"
+        assert port_file.exists() and port_file.read_text().split(), "chromium did not open its DevTools port"
         port = int(port_file.read_text().split()[0])
         request = urllib.request.Request(f"http://127.0.0.1:{port}/json/new?about:blank", method="PUT")
         with urllib.request.urlopen(request, timeout=10) as reply:

@@ -50,8 +50,12 @@ class ClusterStopping(RuntimeError):
     """`restart` was asked to start a process of a cluster that is being (or has been) stopped."""
 
 
-def free_base_port(masters: int, low: int = 20000, high: int = 40000) -> int:
-    """A base port whose API (base+i), Raft (base+100+i) and HTTP (base+200+i) ports are all free now."""
+def free_base_port(masters: int, low: int = 20000, high: int = 32000) -> int:
+    """A base port whose API (base+i), Raft (base+100+i) and HTTP (base+200+i) ports are all free now.
+    Below Linux's default ephemeral range (32768-60999): a port the kernel lends to an outgoing
+    connection between this check and the bind looked free here, and gRPC binds with SO_REUSEPORT,
+    so a cluster's client could reach another process's server on it (a TLS failure at start, once
+    in a CI-like run)."""
     import random
 
     for _ in range(500):
