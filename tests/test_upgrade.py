@@ -52,7 +52,7 @@ UNKNOWN_BODY = commands_pb2.Command(version=1, at=3).SerializeToString() + b"\x9
 def test_every_command_kind_has_the_version_that_introduced_it():
     kinds = {k for k in vars(c).values() if isinstance(k, type) and issubclass(k, c.Command) and k is not c.Command}
     assert set(codec.KIND_VERSIONS) == kinds
-    versions = {*codec.KIND_VERSIONS.values(), *codec.CAUSE_VERSIONS.values()}
+    versions = {*codec.KIND_VERSIONS.values(), *codec.CAUSE_VERSIONS.values(), codec.SEALED_TRANSPORT_VERSION}
     assert codec.BASE_VERSION in versions and max(versions) == codec.COMMAND_VERSION
     assert versions == set(range(codec.BASE_VERSION, codec.COMMAND_VERSION + 1))  # no version skipped
 

@@ -81,8 +81,12 @@ CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUN
                                                       EndReason.MASTER_PORT_IN_USE: 3,
                                                       EndReason.IMAGE_PULL_FAILED: 4,
                                                       EndReason.NODE_LOST: 4})
+#: A version that changed no command but how replicas talk: from version 5 they seal the Raft
+#: transport's messages with AES-GCM (synapse.master.cipher), which an older replica cannot read. A
+#: replica seals so only once the cluster version is this (every member reads it); until then, Fernet.
+SEALED_TRANSPORT_VERSION = 5
 #: The highest command-set version this code knows: what its replica reports, and the most it applies.
-COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values())
+COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values(), SEALED_TRANSPORT_VERSION)
 #: The version every release applies (the first command set): commands of it are never held back.
 BASE_VERSION = 1
 

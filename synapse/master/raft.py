@@ -279,7 +279,13 @@ class RaftNode:
         self.dump_watch = DumpFailureWatch()
         logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
         self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated],
-                                command_version=commands.known, stopped=self.replicated.stop_reason)
+                                command_version=commands.known, stopped=self.replicated.stop_reason,
+                                reads_sealed=commands.known >= codec.SEALED_TRANSPORT_VERSION)
+        if self.sync.cipher is not None:
+            # Messages go out sealed with AES-GCM once the replicated cluster version says every
+            # member reads it (synapse.master.cipher); it only rises. Read by the tick thread.
+            self.sync.cipher.sealed = \
+                lambda: self.replicated.state.cluster_version >= codec.SEALED_TRANSPORT_VERSION
         if durable:
             fsync_durable(self.sync)
         #: groups of commands proposed together, each with its future, waiting for this loop turn

@@ -50,6 +50,9 @@ Each correction, and why (the class docstring and the methods hold the details):
   many messages (`_SyncObj__applyLogEntries`, `_settle_commit`). With nothing waiting, the commit
   index goes out at once: followers (which serve the workers' assignments) lag no write on an
   idle cluster.
+* **The transport's seal.** pysyncobj seals every message with Fernet, a tenth of a loaded
+  leader's CPU; `encryptor` is synapse.master.cipher's RaftCipher instead: AES-GCM once every
+  member reads it (the cluster version), Fernet until then, both always read.
 * **Snapshot contents.** pysyncobj pickles every attribute set after its own `__init__` into its
   snapshots, and a replica loading one takes them over: every attribute of SafeSyncObj exists
   before `SyncObj.__init__` runs (`snapshot_extras` lists any that slipped through).
@@ -70,6 +73,7 @@ from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 
+from synapse.master.cipher import RaftCipher
 from synapse.master.durability import SnapshotWriter
 
 log = logging.getLogger(__name__)
@@ -153,10 +157,15 @@ class SafeSyncObj(SyncObj):
     #: at once, as pysyncobj does). Well under a heartbeat: only followers' apply waits for it.
     COMMIT_HOLD_S = 0.005
 
-    def __init__(self, *args, command_version: int = 0, stopped: Callable[[], str] | None = None, **kwargs) -> None:
+    def __init__(self, *args, command_version: int = 0, stopped: Callable[[], str] | None = None,
+                 reads_sealed: bool = True, **kwargs) -> None:
         # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
         # pickles any attribute set later into its snapshots, and a replica loading one takes them
         # over (a bound method set later made every snapshot fail: "Failed to store full dump").
+        conf = kwargs.get("conf", args[2] if len(args) > 2 else None)
+        password = getattr(conf, "password", None)
+        #: what seals the transport's messages (`encryptor`); None without a password
+        self.cipher = RaftCipher(password, reads_sealed=reads_sealed) if password else None
         self.diverged = ""  #: why this replica can no longer be trusted, once it cannot
         #: why the consumer stopped applying ('' while it applies); fixed at construction
         self._stopped: Callable[[], str] = stopped or (lambda: "")
@@ -198,6 +207,15 @@ class SafeSyncObj(SyncObj):
         transport.dropNode, transport.addNode = self._guarded_drop, self._guarded_add
         self._send, transport.send = transport.send, self._send_with_version
         self._poll_messages, self._poller.poll = self._poller.poll, self._poll
+
+    @property
+    def encryptor(self) -> RaftCipher | None:
+        """What pysyncobj's transport seals and opens messages with: AES-GCM once every peer reads it,
+        Fernet until then (synapse.master.cipher), in place of pysyncobj's Fernet alone."""
+        return self.cipher
+
+    def _getEncryptor(self) -> RaftCipher | None:
+        return self.cipher
 
     def snapshot_extras(self) -> list[str]:
         """Attributes pysyncobj would pickle into a snapshot besides its own (none, if all is well)."""
