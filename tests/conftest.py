@@ -22,6 +22,12 @@ from synapse.common.tls import TLSFiles, channel_credentials, issue_worker
 from synapse.local import cluster as local
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet
+from synapse.master.raft import CHECK_OWN_ENTRIES_ENV
+
+# Every replica the tests start (in this process or as a master process, which inherits it) decodes
+# the entries it proposed, and stops if they differ from the commands it encoded: a leader applies
+# its own entries without decoding them (synapse.master.raft.ReplicatedState.proposing).
+os.environ[CHECK_OWN_ENTRIES_ENV] = "1"
 
 # Property tests draw the same examples on every run, so a run's verdict is about the code and not
 # the draw (a random CI run once drew a failing example nobody had seen, and another drew no

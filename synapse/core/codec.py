@@ -519,6 +519,23 @@ def encode_batch(cmds: list[c.Command], commands: CommandSet = CURRENT) -> bytes
     return env.SerializeToString()
 
 
+def identical(a: object, b: object) -> bool:
+    """Whether two values are equal and of the same types all the way down (1 and 1.0, or a list
+    and a tuple, are equal to == but not here): what a decoded command must be to the command that
+    was encoded, for a replica to apply either alike (synapse.master.raft.ReplicatedState.proposing)."""
+    if type(a) is not type(b):
+        return False
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return all(identical(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple))
+        return len(a) == len(b) and all(identical(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (dict, MappingProxyType)):
+        assert isinstance(b, (dict, MappingProxyType))
+        return a.keys() == b.keys() and all(identical(v, b[k]) for k, v in a.items())
+    return a == b
+
+
 def _parse(data: bytes) -> commands_pb2.Command:
     env = commands_pb2.Command()
     try:

@@ -95,7 +95,8 @@ class ClusterState(ClusterTables):
         """Decode a single-command log entry and apply it (CodecError as for `apply_entry`)."""
         return self.apply_entry(data)[0][1]
 
-    def apply_entry(self, data: bytes, commands: codec.CommandSet = codec.CURRENT) -> list[tuple[c.Command, Result]]:
+    def apply_entry(self, data: bytes, commands: codec.CommandSet = codec.CURRENT,
+                    decoded: list[c.Command] | None = None) -> list[tuple[c.Command, Result]]:
         """Apply every command of a log entry (one, or a batch's, in order) with its result.
 
         An entry this code cannot apply (a command kind or version it does not know, an undecodable
@@ -103,9 +104,10 @@ class ClusterState(ClusterTables):
         It was written by code that knows more: rejecting it would part this state from the states
         of the replicas that apply it, so the replica must stop before it instead (see
         synapse.master.raft.ReplicatedState) and apply it once upgraded. Rejections of commands it
-        knows (validation, a stale term) are results, as ever.
+        knows (validation, a stale term) are results, as ever. `decoded`: the entry's commands as
+        the replica that proposed it encoded them (decoding `data` gives them back), not decoded again.
         """
-        cmds = codec.decode_entry(data, commands)
+        cmds = codec.decode_entry(data, commands) if decoded is None else decoded
         unknown = [type(cmd).__name__ for cmd in cmds if type(cmd) not in self._handlers]
         if unknown:
             raise codec.CodecError(f"no handler for command type {', '.join(unknown)}")

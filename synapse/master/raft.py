@@ -121,6 +121,18 @@ _MAYBE_APPLIED = {FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME, FAIL_
 _FAIL_NAMES = {getattr(FAIL_REASON, n): n for n in dir(FAIL_REASON) if n.isupper()}
 #: Most commands one group-commit log entry carries.
 MAX_BATCH = 256
+#: Own entries whose commands a replica keeps for their apply (ReplicatedState.proposing): one or
+#: two are in flight; the rest never applied (a lost leadership) and are dropped past this many.
+OWN_KEPT = 64
+#: The kinds whose entries the replica that proposed them applies as it encoded them, undecoded
+#: (ReplicatedState.proposing): submissions, which only MasterServicer.SubmitJob makes, from a spec
+#: the codec decoded from the request, a float clock reading and strings, so that decoding gives
+#: them back type for type (tests/test_codec.py). Other kinds are built from Python values that
+#: decode to equal but not always identical ones (an int time comes back a float): decoded.
+OWN_KINDS = frozenset({c.SubmitJob, c.SubmitWorkflowJob, c.SubmitCheckpointJob, c.SubmitImageJob})
+#: TEST ONLY (set by tests/conftest.py): a replica decodes the entries it proposed anyway and stops
+#: if they differ from the commands it encoded (ReplicatedState.proposing).
+CHECK_OWN_ENTRIES_ENV = "SYNAPSE_TEST_CHECK_OWN_ENTRIES"
 #: Log entries in flight at once; later proposals wait and travel together in the next one. One:
 #: the leader's CPU, not the round trip, limits a loaded cluster here, and each entry costs every
 #: replica a journal write, an fsync, an encrypted message and an apply whatever it carries. With
@@ -168,6 +180,24 @@ class ReplicatedState(SyncObjConsumer):
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
         self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
+        #: sealed entry -> the commands this replica encoded into it, for the entries it proposed
+        #: (written by the loop, taken by the tick thread's apply): see `proposing`
+        self._own: dict[bytes, list[c.Command]] = {}
+        #: decode own entries anyway and stop if they differ from what was encoded (tests)
+        self.check_own = os.environ.get(CHECK_OWN_ENTRIES_ENV) == "1"
+
+    def proposing(self, data: bytes, cmds: list[c.Command]) -> None:
+        """`data`, about to be proposed, encodes `cmds`: its apply here takes them as they are.
+
+        A leader decoded every submission it had just encoded: most of its apply's decoding. For the
+        kinds of OWN_KINDS, decoding gives the same commands back, field for field and type for type
+        (tests/test_codec.py; with CHECK_OWN_ENTRIES_ENV set, as the test suite sets it, every such
+        apply checks it), and an entry is looked up by its whole bytes, so what applies is what the
+        log holds. An entry that never applies (a lost leadership) is forgotten with the rest past
+        OWN_KEPT."""
+        if len(self._own) >= OWN_KEPT:
+            self._own.clear()
+        self._own[data] = cmds
 
     @replicated
     def apply(self, data: bytes) -> list[c.Result] | None:
@@ -183,9 +213,12 @@ class ReplicatedState(SyncObjConsumer):
             self.corruption = f"corrupt log entry{self._entry_index()}: {exc}"
             log.critical("%s; this replica stops applying", self.corruption)
             return None
+        own = self._own.pop(data, None) if self._own else None
+        if own is not None and self.check_own and not self._decodes_to(payload, own):
+            return None
         try:
             with self.lock:
-                applied = self.state.apply_entry(payload, self.commands)
+                applied = self.state.apply_entry(payload, self.commands, decoded=own)
         except codec.CodecError as exc:  # written by code that knows more (apply_entry changed nothing)
             self.unknown_entry = (f"log entry{self._entry_index()} holds a command this replica's code cannot "
                                   f"apply: {exc}")
@@ -202,6 +235,16 @@ class ReplicatedState(SyncObjConsumer):
             except Exception:  # noqa: BLE001 - a raising callback makes pysyncobj apply twice
                 log.exception("apply listener failed")
         return [result for _, result in applied]
+
+    def _decodes_to(self, payload: bytes, cmds: list[c.Command]) -> bool:
+        """Whether `payload` decodes to `cmds` exactly; if not, this replica stops (CHECK_OWN_ENTRIES_ENV)."""
+        decoded = codec.decode_entry(payload, self.commands)
+        if codec.identical(decoded, cmds):
+            return True
+        self.apply_failure = (f"log entry{self._entry_index()} does not decode to the commands encoded into it: "
+                              f"{cmds!r} encoded, {decoded!r} decoded")
+        log.critical("%s; this replica stops applying", self.apply_failure)
+        return False
 
     def stop_reason(self) -> str:
         """Why this replica stopped applying ('' while it applies)."""
@@ -453,6 +496,8 @@ class RaftNode:
                 inbox.post(resolve, res, err)  # tick thread: trivial, never raises
 
             loop.call_later(IN_FLIGHT_TIMEOUT_S, release)  # a lost callback must not stall the pipeline
+            if all(type(cmd) in OWN_KINDS for cmd in cmds):
+                self.replicated.proposing(data, cmds)
             self.replicated.apply(data, callback=on_done)
 
     def abandon(self) -> int:
