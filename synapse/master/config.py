@@ -19,6 +19,7 @@
       retention: 0                            # rows older than this are purged; 0 = keep forever
       max_unarchived: 50000                   # finished jobs kept in the state while the store lags
     durability: fsync                         # fsync (default) | none; see synapse/master/durability.py
+    group_commit_delay: 3ms                   # under load, a log entry waits this long for more writes; 0: never
     min_free_disk: 256Mi                      # refuse writes below this much free space
     tls:                                      # optional: TLS for the API, mTLS for workers
       ca: /etc/synapse/ca.pem
@@ -55,6 +56,10 @@ from synapse.history.settings import HistorySettings
 
 #: Raft's heartbeat (AppendEntries period), fixed; election timeouts are sized against it.
 RAFT_HEARTBEAT_S = 0.05
+#: How long a loaded leader's next log entry waits for more proposals (`group_commit_delay`; see
+#: synapse.master.raft, GROUP_COMMIT_FULL), by default, and at most.
+GROUP_COMMIT_DELAY_S = 0.003
+MAX_GROUP_COMMIT_DELAY_S = 0.05
 
 
 class ConfigError(ValueError):
@@ -85,6 +90,7 @@ class ClusterConfig:
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  #: the most elements a job array may have
     durability: str = "fsync"  #: fsync | none
     min_free_disk: int = 256 << 20  #: bytes
+    group_commit_delay: float = GROUP_COMMIT_DELAY_S  #: seconds (synapse.master.raft); 0: none
     tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
     require_worker_certs: bool = False
     #: a verified client certificate's common name identifies a user when the call carries no token
@@ -144,7 +150,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
-             "job_retention", "max_array_size", "history", "fair_share_half_life", "spares"}
+             "job_retention", "max_array_size", "history", "fair_share_half_life", "spares", "group_commit_delay"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -200,6 +206,10 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if need_secrets and not password:
         raise ConfigError("raft_password: required (pysyncobj's Raft port runs what it receives "
                           "from anyone who knows no password)")
+    group_commit_delay = _duration(doc, "group_commit_delay", GROUP_COMMIT_DELAY_S)
+    if not 0 <= group_commit_delay <= MAX_GROUP_COMMIT_DELAY_S:
+        raise ConfigError(f"group_commit_delay: from 0 to {MAX_GROUP_COMMIT_DELAY_S * 1000:.0f}ms "
+                          "(every write under load waits for it)")
     max_array_size = doc.get("max_array_size", DEFAULT_MAX_ARRAY_SIZE)
     if isinstance(max_array_size, bool) or not isinstance(max_array_size, int) \
             or not 1 <= max_array_size <= MAX_ARRAY_SIZE:
@@ -212,7 +222,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         heartbeat_interval=_duration(doc, "heartbeat_interval", 5.0),
         heartbeat_timeout=_duration(doc, "heartbeat_timeout", 10.0),
         election_min=election_min, election_max=election_max, tls=tls, durability=durability,
-        min_free_disk=min_free_disk, job_retention=_duration(doc, "job_retention", 3600.0),
+        min_free_disk=min_free_disk, group_commit_delay=group_commit_delay,
+        job_retention=_duration(doc, "job_retention", 3600.0),
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
         user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size,
         history=_history(doc.get("history"), need_secrets),

@@ -162,7 +162,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         raise StorageError(f"journal corrupt: {problem}. Rebuild this replica from its peers with: "
                            f"synapse-master rebuild --config FILE --id {replica_id}")
     raft = RaftNode(replica.raft, partners, conf, config.topology_levels, durable=config.durability == "fsync",
-                    commands=command_set(os.environ))
+                    commands=command_set(os.environ), group_commit_delay=config.group_commit_delay)
     master = Master(config, replica_id, raft)
     if config.history is not None:
         from synapse.history.exporter import History  # SQLAlchemy, for masters with a history store

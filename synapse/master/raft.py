@@ -39,7 +39,7 @@ from synapse.core import commands as c
 from synapse.core.fsm import ApplyFailed, ClusterState
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.snapshot import snapshot_digest
-from synapse.master.config import RAFT_HEARTBEAT_S
+from synapse.master.config import GROUP_COMMIT_DELAY_S, RAFT_HEARTBEAT_S
 from synapse.master.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
 from synapse.master.safesyncobj import SafeSyncObj
 
@@ -133,6 +133,16 @@ OWN_KINDS = frozenset({c.SubmitJob, c.SubmitWorkflowJob, c.SubmitCheckpointJob, 
 #: TEST ONLY (set by tests/conftest.py): a replica decodes the entries it proposed anyway and stops
 #: if they differ from the commands it encoded (ReplicatedState.proposing).
 CHECK_OWN_ENTRIES_ENV = "SYNAPSE_TEST_CHECK_OWN_ENTRIES"
+#: Group commit's delay (PostgreSQL's commit_delay, Kafka's linger.ms): under load, when an entry
+#: is resolved and proposals wait for the next one, it waits this long for more to join it, unless
+#: GROUP_COMMIT_FULL already wait. A proposal made with nothing in flight goes at once, so an idle
+#: cluster never waits. Every entry costs each replica a journal write, an fsync, a sealed message
+#: per peer and an apply whatever it carries: on bench/ha.py's loaded cluster 3 ms took an entry
+#: from about 5 submissions to about 8 and the leader's CPU per submission down by a tenth or more
+#: (docs/benchmarks.md). `group_commit_delay` in the cluster file sets it; GROUP_COMMIT_DELAY_S
+#: (synapse.master.config) is its default.
+#: GROUP_COMMIT_FULL: proposals that make an entry worth sending without waiting out the delay.
+GROUP_COMMIT_FULL = 16
 #: Log entries in flight at once; later proposals wait and travel together in the next one. One:
 #: the leader's CPU, not the round trip, limits a loaded cluster here, and each entry costs every
 #: replica a journal write, an fsync, an encrypted message and an apply whatever it carries. With
@@ -316,8 +326,11 @@ class RaftNode:
 
     def __init__(self, self_address: str, partners: list[str], conf: SyncObjConf,
                  levels: tuple[str, ...] = DEFAULT_LEVELS, durable: bool = True,
-                 commands: codec.CommandSet = codec.CURRENT) -> None:
+                 commands: codec.CommandSet = codec.CURRENT,
+                 group_commit_delay: float = GROUP_COMMIT_DELAY_S) -> None:
         self.commands = commands  #: the command kinds and versions this replica's code applies
+        #: how long the next entry waits for more proposals under load (see GROUP_COMMIT_DELAY_S)
+        self.group_commit_delay = group_commit_delay
         self.replicated = ReplicatedState(levels, commands)
         self.dump_watch = DumpFailureWatch()
         logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
@@ -334,6 +347,7 @@ class RaftNode:
         #: groups of commands proposed together, each with its future, waiting for this loop turn
         self._queued: list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future]] = []
         self._flush_scheduled = False
+        self._delayed: asyncio.TimerHandle | None = None  #: a flush waiting out the group-commit delay
         self._in_flight = 0  #: log entries proposed and not yet resolved
         self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
         self._waiting: set[asyncio.Future] = set()  #: futures of proposals sent and not yet resolved
@@ -420,6 +434,10 @@ class RaftNode:
         if not self._flush_scheduled and self._in_flight < MAX_IN_FLIGHT:
             self._flush_scheduled = True
             loop.call_soon(self._flush, loop)
+        elif self._delayed is not None and len(self._queued) >= GROUP_COMMIT_FULL:
+            self._delayed.cancel()  # enough to share an entry: it need not wait any longer
+            self._delayed = None
+            loop.call_soon(self._flush, loop)
         expiry = loop.call_later(timeout, _expire, future)  # cheaper than wait_for + shield per proposal
         try:
             res, err = await future
@@ -457,6 +475,7 @@ class RaftNode:
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
+        self._delayed = None
         while self._queued and self._in_flight < MAX_IN_FLIGHT:
             batch = self._take_batch()
             cmds = [cmd for group, _ in batch for cmd in group]
@@ -476,7 +495,10 @@ class RaftNode:
                     self._in_flight -= 1
                     if self._queued and not self._flush_scheduled:
                         self._flush_scheduled = True
-                        loop.call_soon(self._flush, loop)
+                        if self.group_commit_delay > 0 and len(self._queued) < GROUP_COMMIT_FULL:
+                            self._delayed = loop.call_later(self.group_commit_delay, self._flush, loop)
+                        else:
+                            loop.call_soon(self._flush, loop)
 
             slot["release"] = release
             self._releases.add(release)
