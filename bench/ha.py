@@ -91,6 +91,29 @@ def leader_of(state: dict) -> str:
         client.close()
 
 
+#: Submissions each cluster takes before a measured load: its first calls' one-time costs stay out.
+WARMUP = 100
+
+
+def settle(state: dict, threads: int, tls: TLSFiles, timeout: float = 20.0) -> None:
+    """Bring a fresh cluster to where it runs for good before a measured load: every replica's
+    applied state at this release's command-set version (a leader records it about a second after
+    it is elected; until then replicas talk as the older release does: synapse.master.cipher),
+    then WARMUP submissions."""
+    addresses = [m["api_address"] for m in state["masters"]]
+    client = MasterClient(addresses, state["token"], tls=tls)
+    deadline = time.monotonic() + timeout
+    try:
+        while min(client.replica_status(a).applied_version for a in addresses) < codec.COMMAND_VERSION:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the cluster did not reach command-set version {codec.COMMAND_VERSION} "
+                                 f"within {timeout:.0f}s")
+            time.sleep(0.1)
+    finally:
+        client.close()
+    submit_load(addresses, state["token"], WARMUP, threads, prefix="warm", tls=tls)
+
+
 def submit_load(client_addresses: list[str], token: str, total: int, threads: int, *, cancel: bool = False,
                 prefix: str = "load", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
     """Submissions per second (with `cancel`, each job is cancelled once submitted: a job that
@@ -254,7 +277,9 @@ def thread_load(submits: int, threads: int, cancel: bool, profile_prefix: str,
                 addresses, tls = [m["api_address"] for m in state["masters"]], local.client_tls(state)
                 leader = leader_of(state)
                 pid = next(m["pid"] for m in state["masters"] if m["id"] == leader)
-                submit_load(addresses, state["token"], 100 + preload, threads, prefix="warm", tls=tls)
+                settle(state, threads, tls)
+                if preload:
+                    submit_load(addresses, state["token"], preload, threads, prefix="preload", tls=tls)
                 api = next(m["api_address"] for m in state["masters"] if m["id"] == leader)
                 client = MasterClient(addresses, state["token"], tls=tls)
                 first = client.replica_status(api)
@@ -344,8 +369,10 @@ STAGES = {
         ("  apply: checksum, decode, state machine", [("master/raft.py", "apply")]),
         ("    decode", [("core/codec.py", "decode_entry")]),
         ("  journal write + fdatasync", [("master/durability.py", "flushed")]),
-        ("  Raft messages: encrypt + compress", [("cryptography/fernet.py", "encrypt_at_time")]),
-        ("  Raft messages: decrypt", [("cryptography/fernet.py", "decrypt")]),
+        ("  Raft messages: seal (AES-GCM; Fernet before version 5)", [("master/cipher.py", "encrypt_at_time")]),
+        ("  Raft messages: open", [("master/cipher.py", "extract_timestamp"), ("master/cipher.py", "decrypt")]),
+        ("  Raft messages: zlib", [("~", "<built-in method zlib.compress>"),
+                                   ("~", "<built-in method zlib.decompress>")]),
     ],
     "asyncio": [
         ("history store writes (SQLite, executor thread)", [("history/store.py", "export")]),
@@ -380,6 +407,7 @@ def main() -> None:
             leader = leader_of(state)
             elections = Elections(state)
             tls = local.client_tls(state)
+            settle(state, args.threads, tls)
             with elections.phase("load"), CpuMeter(state["masters"], leader) as meter:
                 rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads, tls=tls)
             leader_address = next(m["api_address"] for m in state["masters"] if m["id"] == leader)
@@ -395,6 +423,7 @@ def main() -> None:
         loose = local.up(loose_dir, 3, 0, 1, 8, local.free_base_port(3), durability="none")
         try:
             loose_elections = Elections(loose)
+            settle(loose, args.threads, local.client_tls(loose))
             with loose_elections.phase("no-fsync load"):
                 loose_rate, loose_latencies = submit_load([m["api_address"] for m in loose["masters"]],
                                                           loose["token"], args.submits, args.threads,
@@ -414,6 +443,7 @@ def main() -> None:
             fin = local.up(finishing_dir, 3, 0, 1, 8, local.free_base_port(3), history=history)
             try:
                 fin_elections = Elections(fin)
+                settle(fin, args.threads, local.client_tls(fin))
                 with fin_elections.phase(f"submit+cancel load, {name} history"), \
                         CpuMeter(fin["masters"], leader_of(fin)) as fin_meter:
                     fin_rate, _ = submit_load([m["api_address"] for m in fin["masters"]], fin["token"], args.submits,
@@ -429,6 +459,7 @@ def main() -> None:
         plain = local.up(plain_dir, 3, 0, 1, 8, local.free_base_port(3), tls=False)
         try:
             plain_elections = Elections(plain)
+            settle(plain, args.threads, PLAIN)
             with plain_elections.phase("plaintext load"), CpuMeter(plain["masters"], leader_of(plain)) as plain_meter:
                 plain_rate, plain_latencies = submit_load([m["api_address"] for m in plain["masters"]], plain["token"],
                                                           args.submits, args.threads)
