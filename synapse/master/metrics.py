@@ -217,6 +217,9 @@ class Metrics:
         self.registry.register(FSYNC_SECONDS)
         self.proposals = Counter("synapse_raft_proposals", "commands this replica proposed, by outcome",
                                  ["result"], registry=self.registry)
+        #: the two outcomes of every proposal that committed, looked up once (not a labels() per command)
+        self.proposals_applied = self.proposals.labels("applied")
+        self.proposals_rejected = self.proposals.labels("rejected")
         self.commit_seconds = Histogram("synapse_raft_commit_seconds", "proposal to applied here, on success",
                                         buckets=FAST, registry=self.registry)
         self.round_seconds = Histogram("synapse_scheduling_round_seconds", "one scheduling round (leader)",
