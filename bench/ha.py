@@ -374,7 +374,10 @@ STAGES = {
         ("  Raft messages: zlib", [("~", "<built-in method zlib.compress>"),
                                    ("~", "<built-in method zlib.decompress>")]),
     ],
-    "asyncio": [
+    "asyncio": [  # the default executor's threads on asyncio's own loop ...
+        ("history store writes (SQLite, executor thread)", [("history/store.py", "export")]),
+    ],
+    "uvloop": [  # ... and on uvloop's (uvloop_0, uvloop_1, ...)
         ("history store writes (SQLite, executor thread)", [("history/store.py", "export")]),
     ],
 }
