@@ -14,7 +14,9 @@ from synapse.master import raft
 from synapse.master.config import ConfigError, parse_cluster_config
 from tests.helpers import lone_leader
 
-DELAY = 0.2  #: long against a tick, so what waits for it is told apart from what does not
+#: long against the few ticks an entry takes even on a loaded machine, so what waits for it is told
+#: apart from what does not (only one test waits it out)
+DELAY = 1.0
 
 
 async def _tick_until(node, *futures) -> None:

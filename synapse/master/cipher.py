@@ -11,8 +11,8 @@ A sealed message here is
     MAGIC (1) | sender salt (16) | timestamp (8) | nonce (12) | ciphertext and tag
 
 under AES-256-GCM with the whole header as associated data. The key is the sender's own: HMAC-
-SHA256 of a key derived from the Raft password (PBKDF2, as pysyncobj derives Fernet's) and of a
-salt drawn once per process, so the nonces, a counter, never repeat under one key however long a
+SHA256 of the key pysyncobj derives from the Raft password for Fernet (PBKDF2, derived once here
+for both) and of a salt drawn once per process, so the nonces, a counter, never repeat under one key however long a
 cluster lives or however often a replica restarts. A receiver derives each sender's key once.
 
 Rolling upgrades: a replica of an older release reads only Fernet. Every replica reads both (a
@@ -23,6 +23,7 @@ says so: synapse.master.raft.RaftNode answers from the replicated cluster versio
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import itertools
@@ -33,7 +34,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
-from pysyncobj.encryptor import getEncryptor
+from pysyncobj.encryptor import SALT as FERNET_SALT
 
 #: The first byte of an AES-GCM message (a Fernet token is base64 text: its first byte is 'g').
 MAGIC = b"\xa5"
@@ -41,9 +42,8 @@ _SALT = 16
 _NONCE = 12
 _HEADER = 1 + _SALT + 8 + _NONCE
 _TAG = 16
-#: The PBKDF2 salt of the transport key (pysyncobj's Fernet key uses its own).
-KEY_SALT = b"synapse-raft-transport-aes-gcm-v1"
-KEY_ITERATIONS = 100_000
+#: pysyncobj's derivation of its Fernet key from the password (pysyncobj.encryptor.getEncryptor).
+FERNET_ITERATIONS = 100_000
 #: How many senders' keys a receiver keeps: each replica process is one sender; a restart adds one.
 MAX_SENDERS = 64
 
@@ -54,9 +54,10 @@ class RaftCipher:
     Fernet (tests of a mixed-version cluster)."""
 
     def __init__(self, password: str, reads_sealed: bool = True) -> None:
-        self.fernet: Fernet = getEncryptor(password)
-        self._key = PBKDF2HMAC(algorithm=hashes.SHA256(), length=32, salt=KEY_SALT,
-                               iterations=KEY_ITERATIONS).derive(password.encode())
+        fernet_key = PBKDF2HMAC(algorithm=hashes.SHA256(), length=32, salt=FERNET_SALT,
+                                iterations=FERNET_ITERATIONS).derive(password.encode())
+        self.fernet = Fernet(base64.urlsafe_b64encode(fernet_key))  #: pysyncobj's, what older releases read
+        self._key = hmac.new(fernet_key, b"synapse-raft-transport-aes-gcm-v1", hashlib.sha256).digest()
         self._salt = os.urandom(_SALT)
         self._own = AESGCM(self._sender_key(self._salt))
         self._counter = itertools.count(1)
