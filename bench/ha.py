@@ -19,7 +19,8 @@ The main cluster runs with TLS (the default); (d) the same load on a plaintext c
 (`--insecure`) in the same run tells what TLS costs, in rate and in CPU per submission.
 (c) The history exporter's cost: jobs submitted then cancelled (so they finish and are archived)
 per second, and the leader's CPU per such job, on a fresh cluster with SQLite history
-(synapse-local's default) and on a fresh one without history, in the same run.
+(synapse-local's default) and on a fresh one without history, in the same run, in the order with,
+without, without, with (each figure the mean of its two loads).
 `--profile DIR` instead splits the leader's CPU per submission by thread and by stage (see
 `profile_run`; docs/benchmarks.md, "Where a submission's CPU goes").
 """
@@ -439,11 +440,13 @@ def main() -> None:
         # history, whose exporter archives each, and on a fresh one that keeps no history: what the
         # exporter costs. Both start empty: on the main cluster, the thousands of jobs the loads
         # above left pending made every round after a cancel walk the whole queue, and that, not
-        # the exporter, was most of the difference.
-        finishing = {}
-        for name, history in (("with", ""), ("without", "none")):
-            finishing_dir = workdir / f"cluster-history-{name}"
-            fin = local.up(finishing_dir, 3, 0, 1, 8, local.free_base_port(3), history=history)
+        # the exporter, was most of the difference. In the order with, without, without, with
+        # (each figure the mean of its two): this machine's speed drifts over a run, and a load
+        # always measured second took the drift as if it were the exporter's.
+        finishing: dict[str, list[tuple[float, float]]] = {"with": [], "without": []}
+        for name in ("with", "without", "without", "with"):
+            finishing_dir = workdir / f"cluster-history-{name}-{len(finishing[name])}"
+            fin = local.up(finishing_dir, 3, 0, 1, 8, local.free_base_port(3), history="" if name == "with" else "none")
             try:
                 fin_elections = Elections(fin)
                 settle(fin, args.threads, local.client_tls(fin))
@@ -453,10 +456,12 @@ def main() -> None:
                                               args.threads, cancel=True, prefix="done", tls=local.client_tls(fin))
                 fin_elections.close()
                 elections.counts.update(fin_elections.counts)
-                finishing[name] = (fin_rate, fin_meter.per_submit_ms(args.submits)["leader"])
+                finishing[name].append((fin_rate, fin_meter.per_submit_ms(args.submits)["leader"]))
             finally:
                 local.down(finishing_dir)
-        (history_rate, history_cpu), (bare_rate, bare_cpu) = finishing["with"], finishing["without"]
+        (history_rate, history_cpu), (bare_rate, bare_cpu) = (
+            (statistics.fmean(r for r, _ in finishing[name]), round(statistics.fmean(c for _, c in finishing[name]), 3))
+            for name in ("with", "without"))
         # The same load on a plaintext cluster (`synapse-local up --insecure`): what TLS costs.
         plain_dir = workdir / "cluster-plain"
         plain = local.up(plain_dir, 3, 0, 1, 8, local.free_base_port(3), tls=False)
