@@ -248,3 +248,25 @@ def test_get_usage_carries_the_cluster_days_and_their_total(store):
     total = reply.cluster_total
     assert (total.day, total.allocated_gpu_hours, total.idle_gpu_hours, total.down_gpu_hours) == (
         "", 2.02, pytest.approx(6.06), 0.0)
+
+
+@pytest.mark.parametrize("n", [1, 127, 128, 129, 300])
+def test_a_batch_of_any_size_writes_every_row_with_its_own_values(store, n):
+    """Rows go as multi-row statements of 128, 64, ... 1 rows (ROWS_PER_STATEMENT): each row's
+    values land on its own row whatever the batch's size, and the usage sums count each once."""
+    template = records()[0]  # "ok": one run on 2 tasks
+    batch = [dataclasses.replace(template, job_id=f"j{i:04d}", name=f"name-{i}", priority=i, archive_seq=i + 1,
+                                 runs=tuple(dataclasses.replace(r, job_id=f"j{i:04d}", exit_code=i % 7)
+                                            for r in template.runs))
+             for i in range(n)]
+    assert store.export(batch, expected=0, upto=n, at=1.0) == n
+    with store.engine.connect() as conn:
+        got = {row.job_id: (row.name, row.priority, row.archive_seq)
+               for row in conn.execute(sa.select(jobs.c.job_id, jobs.c.name, jobs.c.priority, jobs.c.archive_seq))}
+        exits = {job_id: code for job_id, code in conn.execute(sa.select(runs.c.job_id, runs.c.exit_code))}
+    assert got == {f"j{i:04d}": (f"name-{i}", i, i + 1) for i in range(n)}
+    assert exits == {f"j{i:04d}": i % 7 for i in range(n)}
+    per_job = sum(r.gpu_seconds for r in template.runs)
+    assert counts(store) == (n, n * len(template.runs), pytest.approx(n * per_job), n)
+    assert store.export(batch, expected=n, upto=n, at=2.0) == 0  # written again: nothing changes
+    assert counts(store) == (n, n * len(template.runs), pytest.approx(n * per_job), n)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -207,38 +207,65 @@ _KNOWN_JOBS = sa.select(jobs.c.job_id).where(jobs.c.job_id.in_(sa.bindparam("ids
 _KNOWN_RUNS = sa.select(runs.c.job_id, runs.c.attempt).where(runs.c.job_id.in_(sa.bindparam("ids", expanding=True)))
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """A write compiled once for a dialect and run with its rows as the driver takes them.
+#: Rows per statement of the export's upserts on SQLite, largest first: a batch of n rows goes as
+#: n's binary parts (120 = 64 + 32 + 16 + 8), each one multi-row statement. 128 rows of
+#: history_jobs bind 4,480 values (SQLite takes 32,766 since 3.32).
+ROWS_PER_STATEMENT = (128, 64, 32, 16, 8, 4, 2, 1)
+
+
+class _Upsert:
+    """One of the export's writes, compiled once for a dialect, run with its rows as the driver
+    takes them.
 
     SQLAlchemy's `conn.execute(statement, rows)` looks the statement up in its compiled cache (a
-    cache key over every column of the upsert) and converts each row dict to the driver's
-    parameters in Python: ~35 µs of an exported job's ~50 on the leader. Here both happen once;
-    a row goes to the driver's executemany as a tuple (qmark drivers: SQLite) or as the dict
-    itself (named: psycopg). Only for statements whose parameters are plain values (no type
-    processors: the history tables' columns are numbers and text)."""
+    cache key over every column of the upsert) and converts each row to the driver's parameters in
+    Python: ~35 µs of an exported job's ~50 on the leader. Here that happens once, and a row goes
+    to the driver as a tuple (SQLite) or as the dict itself (psycopg).
 
-    sql: str
-    order: Callable[[dict[str, Any]], tuple[Any, ...]] | None  #: a row's values in the SQL's order; None: named
+    SQLite's executemany runs a row at a time and lets go of Python's lock around each. Alone
+    that is cheap; on a loaded leader, whose event loop and Raft thread take the lock at once,
+    each let-go cost ~20 µs more to get it back (120 jobs exported: 17.5 µs of thread CPU per job
+    alone, 95.8 µs beside one busy thread). So on SQLite a statement carries up to 128 rows
+    (`ROWS_PER_STATEMENT`): the one-row SQL with its VALUES group repeated, checked to hold every
+    parameter. psycopg's executemany pipelines the rows already, and the same multi-row statements
+    cost it four times the CPU (it adapts each of their thousands of parameters): PostgreSQL keeps
+    executemany. Only for statements whose parameters are plain values (no type processors: the
+    history tables' columns are numbers and text)."""
 
-    @classmethod
-    def of(cls, statement: sa.ClauseElement, dialect: sa.Dialect) -> _Prepared:
+    def __init__(self, statement: sa.ClauseElement, columns: tuple[str, ...], dialect: sa.Dialect) -> None:
         compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
-        if not compiled.positional:
-            return cls(str(compiled), None)
-        names = compiled.positiontup or []
-        get = operator.itemgetter(*names)
-        return cls(str(compiled), get if len(names) > 1 else (lambda row: (get(row),)))
+        self.sql, self.columns, self.positional = str(compiled), columns, bool(compiled.positional)
+        self.values = operator.itemgetter(*columns)
+        if self.positional and tuple(compiled.positiontup or ()) != columns:
+            raise RuntimeError(f"the upsert's parameters are not the table's columns in order: {self.sql}")
+        group = f"VALUES ({', '.join('?' * len(columns))})"
+        #: the VALUES group to repeat for several rows ('' : one row a statement)
+        self._group = group if self.positional and self.sql.count(group) == 1 \
+            and self.sql.count("?") == len(columns) else ""
+        self._multi: dict[int, str] = {}
+
+    def _sql_for(self, n: int) -> str:
+        if n not in self._multi:
+            self._multi[n] = self.sql.replace(self._group, "VALUES " + ", ".join([self._group[7:]] * n), 1)
+        return self._multi[n]
 
     def run(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        conn.exec_driver_sql(self.sql, [self.order(row) for row in rows] if self.order else rows)
+        if not self._group:
+            conn.exec_driver_sql(self.sql, [self.values(row) for row in rows] if self.positional else rows)
+            return
+        done = 0
+        for size in ROWS_PER_STATEMENT:
+            while len(rows) - done >= size:
+                conn.exec_driver_sql(self._sql_for(size),
+                                     tuple(v for row in rows[done:done + size] for v in self.values(row)))
+                done += size
 
 
 @dataclass(frozen=True, slots=True)
 class _Upserts:
-    jobs: _Prepared
-    runs: _Prepared
-    usage: _Prepared
+    jobs: _Upsert
+    runs: _Upsert
+    usage: _Upsert
 
 
 class CursorMoved(StoreError):
@@ -385,11 +412,12 @@ class HistoryStore:
         return len(records) - len(known_jobs)
 
     def _upserts(self) -> _Upserts:
-        """The export's three upserts, compiled for this store's dialect at the first export."""
+        """The export's three writes, compiled for this store's dialect at the first export."""
         if self._prepared is None:
             insert = self._insert(jobs)
-            update = {c.name: insert.excluded[c.name] for c in jobs.c if c.name != "job_id"}
-            job_upsert = insert.on_conflict_do_update(index_elements=[jobs.c.job_id], set_=update)
+            job_upsert = insert.on_conflict_do_update(
+                index_elements=[jobs.c.job_id],
+                set_={c.name: insert.excluded[c.name] for c in jobs.c if c.name != "job_id"})
             run_insert = self._insert(runs).on_conflict_do_nothing(index_elements=[runs.c.job_id, runs.c.attempt])
             insert = self._insert(usage_daily)
             usage_upsert = insert.on_conflict_do_update(
@@ -399,8 +427,8 @@ class HistoryStore:
                       "jobs": usage_daily.c.jobs + insert.excluded.jobs,
                       **{name: usage_daily.c[name] + insert.excluded[name] for name in GOODPUT_COLUMNS}})
             dialect = self.engine.dialect
-            self._prepared = _Upserts(_Prepared.of(job_upsert, dialect), _Prepared.of(run_insert, dialect),
-                                      _Prepared.of(usage_upsert, dialect))
+            self._prepared = _Upserts(*(_Upsert(statement, tuple(c.name for c in table.c), dialect) for statement, table
+                                        in ((job_upsert, jobs), (run_insert, runs), (usage_upsert, usage_daily))))
         return self._prepared
 
     def _insert(self, table: sa.Table):
