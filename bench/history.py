@@ -59,7 +59,8 @@ def finished_state(n: int) -> ClusterState:
         state.apply(c.CommitPlan(at=t + 1, job_id=job_id, attempt=1,
                                  placements=(Placement(0, node, tuple(range(8)), 0),)))
         state.apply(c.TaskStarted(at=t + 2, job_id=job_id, attempt=1, index=0, node_id=node))
-        state.apply(c.TaskExited(at=t + 60, job_id=job_id, attempt=1, index=0, node_id=node, exit_code=1 if i % 7 == 0 else 0))
+        state.apply(c.TaskExited(at=t + 60, job_id=job_id, attempt=1, index=0, node_id=node,
+                                 exit_code=1 if i % 7 == 0 else 0))
     return state
 
 
