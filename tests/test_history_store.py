@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from synapse.core import history
+from synapse.history import store as store_module
 from synapse.history.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -270,3 +271,19 @@ def test_a_batch_of_any_size_writes_every_row_with_its_own_values(store, n):
     assert counts(store) == (n, n * len(template.runs), pytest.approx(n * per_job), n)
     assert store.export(batch, expected=n, upto=n, at=2.0) == 0  # written again: nothing changes
     assert counts(store) == (n, n * len(template.runs), pytest.approx(n * per_job), n)
+
+
+def test_an_older_sqlite_library_gets_statements_within_its_999_values(tmp_path, monkeypatch):
+    """SQLite before 3.32 binds at most 999 values a statement: 28 rows of history_jobs' 35 columns."""
+    monkeypatch.setattr(store_module, "SQLITE_MAX_PARAMS", 999)
+    old = HistoryStore(f"sqlite:///{tmp_path / 'history.sqlite'}")
+    old.migrate()
+    upserts = old._upserts()
+    assert upserts.jobs.sizes == (16, 8, 4, 2, 1) and max(upserts.jobs.sizes) * len(jobs.c) <= 999
+    template = records()[0]
+    batch = [dataclasses.replace(template, job_id=f"j{i:03d}", archive_seq=i + 1,
+                                 runs=tuple(dataclasses.replace(r, job_id=f"j{i:03d}") for r in template.runs))
+             for i in range(100)]
+    assert old.export(batch, expected=0, upto=100, at=1.0) == 100
+    assert counts(old)[:2] == (100, 100 * len(template.runs))
+    old.close()

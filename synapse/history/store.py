@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import sqlite3
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -209,8 +210,11 @@ _KNOWN_RUNS = sa.select(runs.c.job_id, runs.c.attempt).where(runs.c.job_id.in_(s
 
 #: Rows per statement of the export's upserts on SQLite, largest first: a batch of n rows goes as
 #: n's binary parts (120 = 64 + 32 + 16 + 8), each one multi-row statement. 128 rows of
-#: history_jobs bind 4,480 values (SQLite takes 32,766 since 3.32).
+#: history_jobs bind 4,480 values: only sizes within `SQLITE_MAX_PARAMS` are used.
 ROWS_PER_STATEMENT = (128, 64, 32, 16, 8, 4, 2, 1)
+#: The values one SQLite statement may bind: 32,766 since SQLite 3.32, 999 before (the library
+#: Python's sqlite3 was built against: an older distribution's is older).
+SQLITE_MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 
 
 class _Upsert:
@@ -226,15 +230,19 @@ class _Upsert:
     that is cheap; on a loaded leader, whose event loop and Raft thread take the lock at once,
     each let-go cost ~20 µs more to get it back (120 jobs exported: 17.5 µs of thread CPU per job
     alone, 95.8 µs beside one busy thread). So on SQLite a statement carries up to 128 rows
-    (`ROWS_PER_STATEMENT`): the one-row SQL with its VALUES group repeated, checked to hold every
-    parameter. psycopg's executemany pipelines the rows already, and the same multi-row statements
-    cost it four times the CPU (it adapts each of their thousands of parameters): PostgreSQL keeps
-    executemany. Only for statements whose parameters are plain values (no type processors: the
-    history tables' columns are numbers and text)."""
+    (`ROWS_PER_STATEMENT`, fewer where the SQLite library binds fewer values): the one-row SQL
+    with its VALUES group repeated, checked to hold every parameter. psycopg's executemany
+    pipelines the rows already, and the same multi-row statements cost it four times the CPU (it
+    adapts each of their thousands of parameters): PostgreSQL keeps executemany. Only for
+    statements whose parameters are plain values (no type processors: the history tables' columns
+    are numbers and text)."""
 
-    def __init__(self, statement: sa.ClauseElement, columns: tuple[str, ...], dialect: sa.Dialect) -> None:
+    def __init__(self, statement: sa.ClauseElement, columns: tuple[str, ...], dialect: sa.Dialect,
+                 max_params: int) -> None:
         compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
         self.sql, self.columns, self.positional = str(compiled), columns, bool(compiled.positional)
+        #: the rows a statement may carry, largest first (1 always: a row is one statement's worth)
+        self.sizes = tuple(n for n in ROWS_PER_STATEMENT if n == 1 or n * len(columns) <= max_params)
         self.values = operator.itemgetter(*columns)
         if self.positional and tuple(compiled.positiontup or ()) != columns:
             raise RuntimeError(f"the upsert's parameters are not the table's columns in order: {self.sql}")
@@ -254,7 +262,7 @@ class _Upsert:
             conn.exec_driver_sql(self.sql, [self.values(row) for row in rows] if self.positional else rows)
             return
         done = 0
-        for size in ROWS_PER_STATEMENT:
+        for size in self.sizes:
             while len(rows) - done >= size:
                 conn.exec_driver_sql(self._sql_for(size),
                                      tuple(v for row in rows[done:done + size] for v in self.values(row)))
@@ -427,8 +435,9 @@ class HistoryStore:
                       "jobs": usage_daily.c.jobs + insert.excluded.jobs,
                       **{name: usage_daily.c[name] + insert.excluded[name] for name in GOODPUT_COLUMNS}})
             dialect = self.engine.dialect
-            self._prepared = _Upserts(*(_Upsert(statement, tuple(c.name for c in table.c), dialect) for statement, table
-                                        in ((job_upsert, jobs), (run_insert, runs), (usage_upsert, usage_daily))))
+            self._prepared = _Upserts(*(_Upsert(statement, tuple(c.name for c in table.c), dialect, SQLITE_MAX_PARAMS)
+                                        for statement, table in ((job_upsert, jobs), (run_insert, runs),
+                                                                 (usage_upsert, usage_daily))))
         return self._prepared
 
     def _insert(self, table: sa.Table):
