@@ -36,6 +36,7 @@ DEFLATE_LEVEL = 3
 #: and a final stored block's first byte.
 _HEADER = b"\x78\x01"
 _FINAL_STORED = b"\x01"
+_STORED_START = _HEADER + _FINAL_STORED
 
 
 def _adler32(data: bytes) -> int:
@@ -60,7 +61,7 @@ def compress(data: bytes, level: int = DEFLATE_LEVEL) -> bytes:
 def decompress(data: bytes) -> bytes:
     """The bytes of a zlib stream; zlib.error if it is damaged. A stream of one stored block (what
     `compress` writes) is read here, any other by zlib."""
-    if data[:3] == _HEADER + _FINAL_STORED and len(data) >= 11:
+    if data[:3] == _STORED_START and len(data) >= 11:
         size = int.from_bytes(data[3:5], "little")
         if len(data) == size + 11 and int.from_bytes(data[5:7], "little") == size ^ 0xFFFF:
             body = data[7:7 + size]
