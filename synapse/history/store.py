@@ -223,13 +223,14 @@ class _Upsert:
 
     SQLAlchemy's `conn.execute(statement, rows)` looks the statement up in its compiled cache (a
     cache key over every column of the upsert) and converts each row to the driver's parameters in
-    Python: ~35 µs of an exported job's ~50 on the leader. Here that happens once, and a row goes
+    Python: most of an exported job's CPU on the leader. Here that happens once, and a row goes
     to the driver as a tuple (SQLite) or as the dict itself (psycopg).
 
     SQLite's executemany runs a row at a time and lets go of Python's lock around each. Alone
     that is cheap; on a loaded leader, whose event loop and Raft thread take the lock at once,
-    each let-go cost ~20 µs more to get it back (120 jobs exported: 17.5 µs of thread CPU per job
-    alone, 95.8 µs beside one busy thread). So on SQLite a statement carries up to 128 rows
+    each let-go cost far more than the row (120 jobs a batch, one row a statement: ~17 µs of thread
+    CPU per job alone, ~95 beside one busy thread; `bench/lock_handoff.py`). So on SQLite a
+    statement carries up to 128 rows
     (`ROWS_PER_STATEMENT`, fewer where the SQLite library binds fewer values): the one-row SQL
     with its VALUES group repeated, checked to hold every parameter. psycopg's executemany
     pipelines the rows already, and the same multi-row statements cost it four times the CPU (it

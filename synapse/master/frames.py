@@ -3,10 +3,10 @@
 pysyncobj's TcpConnection sends each message as `zlib.compress(pickle.dumps(message), 3)` and
 reads it with `zlib.decompress`. On a loaded replica that cost far more than the work: zlib lets go
 of Python's lock around every deflate and inflate, and with the event loop, gRPC's threads and the
-tick thread all wanting the lock, getting it back cost ~20 us of CPU each time. A 190-byte answer
-to an AppendEntries cost a follower 26-30 us to compress; a leader spent ~47 us compressing each
-1.3 KB AppendEntries and ~9 us decompressing each answer (thread CPU time, measured under
-bench/ha.py's load; 5.6 us alone against 25.7 us with one busy thread beside it for the same call).
+tick thread all wanting the lock, getting it back costs a switch. `bench/lock_handoff.py` (thread
+CPU per call, beside one busy Python thread): zlib.compress of 1.5 KB ~80 us against ~15 alone;
+framing it here ~1 us either way. A one-off trace under bench/ha.py's load put a leader's zlib at
+~0.018 ms per submission.
 
 Here a message of up to STORED_MAX bytes goes out as one *stored* deflate block inside a normal
 zlib stream (header, block, Adler-32), assembled in Python: no lock let go, a copy and a checksum.
