@@ -372,8 +372,8 @@ STAGES = {
         ("  journal write + fdatasync", [("master/durability.py", "flushed")]),
         ("  Raft messages: seal (AES-GCM; Fernet before version 5)", [("master/cipher.py", "encrypt_at_time")]),
         ("  Raft messages: open", [("master/cipher.py", "extract_timestamp"), ("master/cipher.py", "decrypt")]),
-        ("  Raft messages: zlib", [("~", "<built-in method zlib.compress>"),
-                                   ("~", "<built-in method zlib.decompress>")]),
+        ("  Raft messages: framing (synapse.master.frames; zlib above 32 KiB)",
+         [("master/frames.py", "compress"), ("master/frames.py", "decompress")]),
     ],
     "asyncio": [  # the default executor's threads on asyncio's own loop ...
         ("history store writes (SQLite, executor thread)", [("history/store.py", "export")]),

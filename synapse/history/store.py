@@ -241,7 +241,7 @@ class _Upsert:
     def __init__(self, statement: sa.ClauseElement, columns: tuple[str, ...], dialect: sa.Dialect,
                  max_params: int) -> None:
         compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
-        self.sql, self.columns, self.positional = str(compiled), columns, bool(compiled.positional)
+        self.sql, self.positional = str(compiled), bool(compiled.positional)
         #: the rows a statement may carry, largest first (1 always: a row is one statement's worth)
         self.sizes = tuple(n for n in ROWS_PER_STATEMENT if n == 1 or n * len(columns) <= max_params)
         self.values = operator.itemgetter(*columns)
