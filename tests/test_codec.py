@@ -122,3 +122,45 @@ def test_a_spec_decodes_alike_whether_its_empty_parts_are_absent_or_sent_empty()
     assert codec.job_spec_from_proto(codec.job_spec_to_proto(spec(queue="a")), default_queue="default").queue == "a"
     with pytest.raises(codec.CodecError):
         codec.job_spec_from_proto(types_pb2.JobSpec(topology=types_pb2.TopologySpec(mode="sideways")))
+
+
+def _pinned_commands() -> list[c.Command]:
+    from synapse.core.model import CheckpointSpec, PackMode, TopologySpec
+
+    return [
+        c.SubmitJob(at=3, by="alice", job_id="j1", request_id="r1",
+                    spec=spec(tasks=4, pack="rack", required=True, priority=5, time_limit=60)),
+        c.SubmitJob(at=16, job_id="j2", request_id="", spec=spec(queue="a")),
+        c.SubmitWorkflowJob(at=20, by="bob", job_id="j3", request_id="r3",
+                            spec=dataclasses.replace(spec(tasks=2), env=(("A", "1"),), array="0-9", array_throttle=2,
+                                                     after=(("ok", "j1"),), tasks_min=1, resize_interval=30.0)),
+        c.SubmitCheckpointJob(at=21, by="bob", job_id="j4", request_id="r4",
+                              spec=dataclasses.replace(spec(), checkpoint=CheckpointSpec("SIGUSR1", 60.0),
+                                                       time_limit=3600.0,
+                                                       topology=TopologySpec("", PackMode.REQUIRED))),
+        c.SubmitImageJob(at=22, by="bob", job_id="j5", request_id="r5",
+                         spec=dataclasses.replace(spec(), image="registry.local/team/train:1", command=(),
+                                                  mounts=(("/data", "/data", True),), image_pull_timeout=600.0)),
+        c.PendingReasons(at=17, term=3, entries=(c.PendingReason("j1", 2, "QueueAtMax", "queue a is at its max"),)),
+        c.PendingReasons(at=23, term=3, entries=()),
+    ]
+
+
+def test_the_bytes_of_what_a_submission_proposes_are_pinned():
+    """Submissions and pending reasons are written into their envelope in place (a batch's too), not
+    built apart and copied in: the log entry's bytes must stay those of the copying encoder (SHA-256
+    prefixes taken from it), which older replicas and journals already hold. Presence matters: a
+    spec's resources and topology are always sent, a checkpoint only when asked for, and an entry
+    with no pending reasons still carries its (empty) body."""
+    import hashlib
+
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    cmds = _pinned_commands()
+    assert [digest(codec.encode_command(cmd)) for cmd in cmds] == [
+        "e2436c9cd9e5ca7d", "bf39ad64fc151687", "751f0d6c3a8c130b", "1498a5cb5dc5cb59", "5c395fbaf095a5a2",
+        "1dc82be88dc5c83a", "8a43a473ff08f89f"]
+    assert digest(codec.encode_batch(cmds)) == "8f1650a340d558a7"
+    assert digest(codec.job_spec_to_proto(cmds[2].spec).SerializeToString()) == "092e35e415964a9d"
+    assert codec.decode_entry(codec.encode_batch(cmds)) == cmds
