@@ -444,6 +444,7 @@ def main() -> None:
         # (each figure the mean of its two): this machine's speed drifts over a run, and a load
         # always measured second took the drift as if it were the exporter's.
         finishing: dict[str, list[tuple[float, float]]] = {"with": [], "without": []}
+        loads: list[dict] = []  #: each load as run, in the report too: the means hide one odd load
         for name in ("with", "without", "without", "with"):
             finishing_dir = workdir / f"cluster-history-{name}-{len(finishing[name])}"
             fin = local.up(finishing_dir, 3, 0, 1, 8, local.free_base_port(3), history="" if name == "with" else "none")
@@ -457,6 +458,8 @@ def main() -> None:
                 fin_elections.close()
                 elections.counts.update(fin_elections.counts)
                 finishing[name].append((fin_rate, fin_meter.per_submit_ms(args.submits)["leader"]))
+                loads.append({"history": name, "per_s": round(fin_rate, 1), "leader_cpu_ms": finishing[name][-1][1],
+                              "machine_busy": round(fin_meter.busy, 2)})
             finally:
                 local.down(finishing_dir)
         (history_rate, history_cpu), (bare_rate, bare_cpu) = (
@@ -491,6 +494,7 @@ def main() -> None:
               "submit_cancel_per_s_without_history": round(bare_rate, 1),
               "submit_cancel_leader_cpu_ms_with_history": history_cpu,
               "submit_cancel_leader_cpu_ms_without_history": bare_cpu,
+              "submit_cancel_loads": loads,
               "plain_submits_per_s": round(plain_rate, 1),
               "plain_submit_p99_ms": round(percentile(plain_latencies, 0.99), 2),
               "plain_cpu_ms_per_submit": plain_meter.per_submit_ms(args.submits),
