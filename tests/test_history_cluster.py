@@ -178,3 +178,56 @@ def test_a_postgres_store_down_at_start_and_restarted_mid_run_loses_and_doubles_
                  what="nothing left unarchived")
     finally:
         postgres.start()
+
+
+def exported(cluster, replica_id: str) -> float:
+    """synapse_history_exported_jobs_total of one master: the job rows its process wrote (-1 while
+    it does not answer)."""
+    try:
+        _, body = get(cluster.master(replica_id)["http_address"], "/metrics", ca=cluster.state["ca"])
+    except OSError:
+        return -1.0
+    line = next(x for x in body.splitlines() if x.startswith("synapse_history_exported_jobs_total "))
+    return float(line.split()[1])
+
+
+@pytest.mark.slow
+def test_a_follower_writes_the_rows_and_the_leader_takes_over_when_it_dies(make_cluster):
+    """The leader's process spends nothing on the store's writes: the first follower by Raft
+    address exports, the leader proposes the store's cursor. Once that follower is killed, the
+    leader exports itself; back, the follower takes over again. Every job is stored once, and the
+    state archives them all."""
+    from synapse.history.exporter import TAKEOVER_S
+
+    cluster = make_cluster(masters=3, workers=1, gpus=2, history="")
+    leader = cluster.wait_leader()
+    first = {submit(cluster, f"a{i}", ["true"], gpu=0) for i in range(4)}
+    wait_for(lambda: archived_ids(cluster) >= first, timeout=30, what="the first jobs in history")
+    ids = [m["id"] for m in cluster.state["masters"]]
+    wait_for(lambda: sum(exported(cluster, i) for i in ids) >= len(first), what="the rows counted")
+    writers = {i: exported(cluster, i) for i in ids}
+    assert writers[leader] == 0 and sum(1 for n in writers.values() if n) == 1, writers
+    follower = next(i for i, n in writers.items() if n)
+
+    cluster.kill_master(follower)
+    second = {submit(cluster, f"b{i}", ["true"], gpu=0) for i in range(4)}
+    # the leader hears the follower gone (its link drops) and exports without waiting TAKEOVER_S
+    wait_for(lambda: archived_ids(cluster) >= second, timeout=TAKEOVER_S, what="the leader to take over")
+    assert exported(cluster, leader) >= len(second)
+
+    cluster.restart_master(follower)
+    wait_for(lambda: exported(cluster, follower) == 0, what="the follower back")  # a new process
+    # Until the leader hears the new process (its link, then its version), the leader goes on
+    # exporting: finished jobs go to whichever of them the leader deems the exporter.
+    third: set[str] = set()
+    deadline = time.monotonic() + 30
+    while exported(cluster, follower) <= 0:
+        assert time.monotonic() < deadline, "the follower did not export again"
+        third.add(submit(cluster, f"c{len(third)}", ["true"], gpu=0))
+        time.sleep(0.5)
+    wait_for(lambda: archived_ids(cluster) >= third, timeout=30, what="the last jobs in history")
+    rows = stored_rows(cluster, "")
+    assert sorted(job_id for job_id, _ in rows) == sorted(first | second | third) and all(n == 1 for _, n in rows)
+    http = cluster.master(cluster.wait_leader())["http_address"]
+    wait_for(lambda: "synapse_history_unarchived_jobs 0.0" in get(http, "/metrics", ca=cluster.state["ca"])[1],
+             timeout=30, what="every finished job archived in the state")

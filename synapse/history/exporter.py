@@ -1,14 +1,24 @@
 """The history exporter of a master: the I/O around `synapse.core.history.export_batch`.
 
-On the leader only, `export_loop` reads the store's cursor, takes the next batch of finished jobs
-from the replicated state (under the master lock), writes the rows and the new cursor in one store
-transaction (in a worker thread: the event loop, and so submission and scheduling, never wait on
-the database), then proposes HistoryExported(upto) so every replica knows those jobs are archived
-and retention may count from now. If the leader dies between the store's commit and the proposal,
-the next leader reads the store's cursor, finds nothing newer to write and proposes the cursor
-alone; rows written twice are upserts of the same values. While the store is unreachable the loop
-retries with backoff, and finished jobs wait in the replicated state (up to the cap, see
-`LeaderState._forget`); `History.lag_reason` says why for logs, metrics and `readyz?verbose`.
+A follower writes the rows, so the leader's process (its event loop, its Raft thread, Python's
+lock) spends nothing on them: the first member by Raft address other than the leader
+(`exporter_of`), while it has a live link to the leader, runs `follower_export_loop`. Each pass
+reads the store's cursor, takes the next batch of finished jobs from its own replicated state
+(under the master lock) and writes the rows and the new cursor in one store transaction (in a
+worker thread: the event loop never waits on the database). The leader's `export_loop` reads the
+store's cursor and proposes HistoryExported(cursor), so every replica knows those jobs are
+archived and retention may count from then. The leader exports itself, the same way, when it is
+alone, when it has not heard from that follower lately (down, cut off, or of a release that does
+not export), and when a finished job has waited TAKEOVER_S unarchived.
+
+Two exporters at once (a follower cut off from its leader that still reaches the store, a leader
+taking over) write nothing twice: the store's cursor moves in the rows' transaction only from the
+value the pass read (else CursorMoved, and the pass reads it again), and rows are upserts of
+values fixed once a job has finished. A leader that dies between a commit and its proposal leaves
+nothing to repair: the next one reads the store's cursor and proposes it. While the store is
+unreachable the loops retry with backoff, and finished jobs wait in the replicated state (up to
+the cap, see `LeaderState._forget`); `History.lag_reason` says why for logs, metrics and
+`readyz?verbose`.
 
 Beside it, `utilization_loop` samples the nodes every UTILIZATION_EVERY_S and adds the seconds since
 the store's last sample to the day's cluster row (`HistoryStore.add_utilization`): utilisation is
@@ -20,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.history import EXPORT_BATCH, UTILIZATION_EVERY_S, cluster_sample, export_batch
+from synapse.core.history import EXPORT_BATCH, UTILIZATION_EVERY_S, ExportBatch, cluster_sample, export_batch
 from synapse.history.settings import HistorySettings
 from synapse.history.store import CursorMoved, HistoryStore, StoreError, redacted
 
@@ -35,6 +46,9 @@ EXPORT_IDLE_S = 1.0
 #: Exports (and the passes that look for them) are at least this far apart: jobs finishing meanwhile go
 #: into one transaction and one proposal.
 EXPORT_MIN_INTERVAL_S = 0.2
+#: The leader exports itself once a finished job has waited this long unarchived: the exporting
+#: follower is down, or cannot reach the store.
+TAKEOVER_S = 10.0
 #: Backoff between attempts while the store fails: from the first to the last, doubling.
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
 #: How often the leader purges rows older than `history.retention`.
@@ -92,57 +106,94 @@ class History:
             log.info("history store reachable again url=%s", redacted(self.settings.url))
         self.error = ""
 
+    def _stood_down(self) -> None:
+        """This replica no longer writes (another does): a failure it saw is not its to report."""
+        self.error = ""
 
-async def export_loop(loops: ExportDriver, history: History) -> None:
-    """Export finished jobs for as long as this term lasts (see the module docstring)."""
-    master = loops.master
-    cursor: int | None = None  # the store's, as last read or written by this loop
+
+def exporter_of(members: Iterable[str], leader: str | None) -> str | None:
+    """The replica (Raft address) that exports: the first member other than the leader, so the
+    leader's process spends nothing on the store's writes; None when the leader is alone or no
+    leader is known (then the leader exports, if there is one)."""
+    followers = sorted(set(members) - {leader}) if leader else []
+    return followers[0] if followers else None
+
+
+def _oldest_unarchived_wait(state: Any, now: float) -> float:
+    """Seconds the oldest finished job not yet archived has waited (0 if none; call under the lock)."""
+    for job_id in state.unarchived.values():
+        return max(0.0, now - state.jobs[job_id].finished_at)
+    return 0.0
+
+
+async def _export_pass(master: Any, history: History, cursor: int | None) -> tuple[int, ExportBatch]:
+    """Write this replica's next batch of finished jobs to the store, the rows and the store's
+    cursor in one transaction; return the store's cursor after it, and the batch (an empty one
+    when the store is ahead of a follower's state: it is a moment behind). Raises StoreError or
+    CursorMoved."""
+    if cursor is None:
+        cursor = await _read_cursor(master, history)
+    with master.lock:
+        if cursor > master.state.archive_seq and not master.raft.is_leader():
+            return cursor, ExportBatch()
+        batch = export_batch(master.state, cursor)
+    if batch.problem:
+        raise StoreError(batch.problem)
+    if batch.records:
+        started = time.perf_counter()
+        new = await asyncio.to_thread(history.store.export, batch.records, cursor, batch.upto, master.now())
+        history.exported += new
+        log.debug("history exported jobs=%d new=%d upto=%d seconds=%.3f", len(batch.records), new,
+                  batch.upto, time.perf_counter() - started)
+    return (batch.upto if batch.records else cursor), batch
+
+
+async def _read_cursor(master: Any, history: History) -> int:
+    """The store's cursor (its tables created or migrated first); notes a store behind the cluster."""
+    await asyncio.to_thread(history.store.migrate)
+    cursor = await asyncio.to_thread(history.store.cursor)
+    with master.lock:
+        archived = master.state.archived_upto
+    if cursor < archived:
+        history.gap = (f"the store lacks finished jobs {cursor + 1}..{archived}, which the cluster "
+                       "archived in another store (a SQLite file per machine? a restored backup?)")
+        log.warning("history store behind the cluster: %s", history.gap)
+    return cursor
+
+
+async def _wait_for_change(changed: asyncio.Event) -> None:
+    # Passes at least this far apart, found something or not: the state changes at every applied
+    # entry, hundreds of times a second under load, and a pass per change (the lock, the scan, a
+    # wake-up) was 2 % of a loaded leader's event loop for nothing. What changes meanwhile sets
+    # `changed`, taken before the pass: the wait returns at once.
+    await asyncio.sleep(EXPORT_MIN_INTERVAL_S)
+    try:
+        await asyncio.wait_for(changed.wait(), EXPORT_IDLE_S)
+    except TimeoutError:
+        pass
+
+
+async def _passes(master: Any, history: History, running: Callable[[], bool],
+                  one_pass: Callable[[int | None], Awaitable[tuple[int | None, bool] | None]]) -> None:
+    """Run `one_pass(cursor)` while `running()`: it gets the store's cursor as last read or written
+    (None: read it) and returns it with whether more waits (go on at once), or None when it did
+    not use the store (this replica does not export now). A store that fails is retried with
+    backoff, a cursor that moved is read again; between passes, `_wait_for_change`."""
+    cursor: int | None = None
     delay = RETRY_FIRST_S
-    while not loops.stopped:
+    while running():
         changed = master.state_changed()
         try:
-            if cursor is None:
-                await asyncio.to_thread(history.store.migrate)
-                cursor = await asyncio.to_thread(history.store.cursor)
-                with master.lock:
-                    archived = master.state.archived_upto
-                if cursor < archived:
-                    history.gap = (f"the store lacks finished jobs {cursor + 1}..{archived}, which the cluster "
-                                   "archived in another store (a SQLite file per machine? a restored backup?)")
-                    log.warning("history store behind the cluster: %s", history.gap)
-            with master.lock:
-                batch = export_batch(master.state, cursor)
-                archived = master.state.archived_upto
-            if batch.problem:
-                raise StoreError(batch.problem)
-            if batch.records:
-                started = time.perf_counter()
-                new = await asyncio.to_thread(history.store.export, batch.records, cursor, batch.upto, master.now())
-                history.exported += new
-                log.debug("history exported jobs=%d new=%d upto=%d seconds=%.3f", len(batch.records), new,
-                          batch.upto, time.perf_counter() - started)
-                cursor = batch.upto
-            if batch.upto > archived:
-                if master.raft.cluster_version() < codec.KIND_VERSIONS[c.HistoryExported]:
-                    # A new leader has not heard every member's version yet (or one still runs an
-                    # older release): the rows are in the store; the cursor's entry waits for it.
-                    await asyncio.sleep(RETRY_FIRST_S)
-                    continue
-                result = await loops.propose(c.HistoryExported(at=master.now(), upto=batch.upto))
-                if result is None or not result.ok:
-                    cursor = None  # re-read: the state or the store may have moved
-                    await asyncio.sleep(RETRY_FIRST_S)
-                    continue
+            done = await one_pass(cursor)
+            if done is None:  # nothing tried: the store's state is another loop's to tell
+                cursor = None
+                await asyncio.sleep(EXPORT_IDLE_S)
+                continue
+            cursor, more = done
             history._recovered()
             delay = RETRY_FIRST_S
-            await _purge_if_due(history, master.now())
-            if batch.more:
+            if more:
                 continue
-            # Passes at least this far apart, found something or not: the state changes at every
-            # applied entry, hundreds of times a second under load, and a pass per change (the
-            # lock, the scan, a wake-up) was 2 % of a loaded leader's event loop for nothing. What
-            # changes meanwhile sets `changed`, taken before this pass: the wait below returns at once.
-            await asyncio.sleep(EXPORT_MIN_INTERVAL_S)
         except CursorMoved as exc:
             log.info("history cursor moved under this exporter: %s; re-reading it", exc)
             cursor = None
@@ -153,10 +204,62 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
             await asyncio.sleep(delay)
             delay = min(RETRY_MAX_S, delay * 2)
             continue
-        try:
-            await asyncio.wait_for(changed.wait(), EXPORT_IDLE_S)
-        except TimeoutError:
-            pass
+        await _wait_for_change(changed)
+
+
+async def export_loop(loops: ExportDriver, history: History) -> None:
+    """The leader's part, for as long as this term lasts (see the module docstring): propose
+    HistoryExported up to the store's cursor as the exporting follower moves it; export itself when
+    there is no follower, when it has not heard from the exporting one lately, or when finished
+    jobs have waited TAKEOVER_S unarchived (that follower cut off from the store, or of a release
+    that does not export)."""
+    master = loops.master
+
+    async def one_pass(cursor: int | None) -> tuple[int | None, bool] | None:
+        with master.lock:
+            waited = _oldest_unarchived_wait(master.state, master.now())
+        exporter = exporter_of([master.replica.raft, *master.raft.partners()], master.replica.raft)
+        # Not heard from lately (down, cut off, or of a release that tells no version): no wait.
+        if exporter is None or not master.raft.member_versions().get(exporter) or waited > TAKEOVER_S:
+            cursor, batch = await _export_pass(master, history, cursor)
+            upto = batch.upto  # above the store's cursor with nothing written: a proposal was lost
+        else:  # the follower writes: read where it got
+            cursor = upto = await (_read_cursor(master, history) if cursor is None
+                                   else asyncio.to_thread(history.store.cursor))
+            batch = ExportBatch()
+        with master.lock:
+            archived, last = master.state.archived_upto, master.state.archive_seq
+        if archived < upto <= last:
+            if master.raft.cluster_version() < codec.KIND_VERSIONS[c.HistoryExported]:
+                # A new leader has not heard every member's version yet (or one still runs an
+                # older release): the rows are in the store; the cursor's entry waits for it.
+                await asyncio.sleep(RETRY_FIRST_S)
+                return cursor, True
+            result = await loops.propose(c.HistoryExported(at=master.now(), upto=upto))
+            if result is None or not result.ok:
+                await asyncio.sleep(RETRY_FIRST_S)
+                return None, True  # read it again: the state or the store may have moved
+        await _purge_if_due(history, master.now())
+        return cursor, batch.more
+
+    await _passes(master, history, lambda: not loops.stopped, one_pass)
+
+
+async def follower_export_loop(master: Any, history: History, stop: asyncio.Event) -> None:
+    """A follower's part, until `stop`: while it is the exporter (`exporter_of`) and linked to its
+    leader, write finished jobs to the store from its own state; the leader proposes the cursor."""
+
+    async def one_pass(cursor: int | None) -> tuple[int | None, bool] | None:
+        if master.raft.is_leader():
+            return None  # export_loop's to do
+        leader = master.raft.leader_if_connected()
+        if leader is None or exporter_of([master.replica.raft, *master.raft.partners()], leader) != master.replica.raft:
+            history._stood_down()
+            return None
+        cursor, batch = await _export_pass(master, history, cursor)
+        return cursor, batch.more
+
+    await _passes(master, history, lambda: not stop.is_set(), one_pass)
 
 
 async def _purge_if_due(history: History, now: float) -> None:

@@ -202,6 +202,11 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     guard = asyncio.create_task(master.watchdog(stop))
     shard = asyncio.create_task(master.shard.run(stop))
     pulse = asyncio.create_task(_report_health(master, health))
+    exporter = None
+    if master.history is not None:  # a follower writes the history store's rows (synapse.history.exporter)
+        from synapse.history.exporter import follower_export_loop
+
+        exporter = asyncio.create_task(follower_export_loop(master, master.history, stop))
     systemd.notify("READY=1")
     await stop.wait()
     systemd.notify("STOPPING=1")
@@ -211,6 +216,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         timer.daemon = True
         timer.start()
     pulse.cancel()
+    if exporter is not None:
+        exporter.cancel()
     shard.cancel()
     await master.shard.close()
     await health.enter_graceful_shutdown()
