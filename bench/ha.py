@@ -363,7 +363,7 @@ STAGES = {
         ("  metrics", [("master/endpoints.py", "count")]),
         ("scheduling rounds", [("master/leader.py", "_schedule_loop")]),
         ("applied-entry hand-off and wake-ups", [("master/raft.py", "_drain")]),
-        ("history exporter (loop side)", [("history/exporter.py", "export_loop")]),
+        ("history exporter (loop side; both loops)", [("history/exporter.py", "_passes")]),
     ],
     "Thread-1": [
         ("pysyncobj tick (all of the below)", [("master/safesyncobj.py", "_onTick")]),

@@ -5,9 +5,10 @@
     python bench/history.py --json
 
 Export: jobs run through the replicated state machine (submit, place, start, exit), then the
-exporter's own steps run back to back as on the leader: `export_batch` picks the next 2,000 finished
-jobs from the state and builds their records, `HistoryStore.export` upserts them with their runs and
-daily usage and moves the cursor in one transaction. Reported: finished jobs archived per second
+exporter's own steps run back to back as on the master that writes (a follower;
+synapse.history.exporter): `export_batch` picks the next 2,000 finished jobs from the state and
+builds their records, `HistoryStore.export` upserts them with their runs and daily usage and moves
+the cursor in one transaction. Reported: finished jobs archived per second
 (target: at least 2,000/s on both backends).
 
 Queries: the store is filled with synthetic finished jobs (one run each) spread over 90 days, 100
