@@ -8,8 +8,9 @@ reads the store's cursor, takes the next batch of finished jobs from its own rep
 worker thread: the event loop never waits on the database). The leader's `export_loop` reads the
 store's cursor and proposes HistoryExported(cursor), so every replica knows those jobs are
 archived and retention may count from then. The leader exports itself, the same way, when it is
-alone, when it has not heard from that follower lately (down, cut off, or of a release that does
-not export), and when a finished job has waited TAKEOVER_S unarchived.
+alone, when it has not heard from that follower lately (down, cut off), and when a finished job has
+waited TAKEOVER_S unarchived (the follower cannot write, or runs an earlier release, which does not
+export).
 
 Two exporters at once (a follower cut off from its leader that still reaches the store, a leader
 taking over) write nothing twice: the store's cursor moves in the rows' transaction only from the

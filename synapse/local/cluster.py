@@ -50,16 +50,24 @@ class ClusterStopping(RuntimeError):
     """`restart` was asked to start a process of a cluster that is being (or has been) stopped."""
 
 
+#: "LOW-HIGH": the ports `free_base_port` takes its ranges from (all of a range's ports inside),
+#: instead of 20000-32000. The tests give each pytest-xdist worker its own (tests/conftest.py).
+PORTS_ENV = "SYNAPSE_LOCAL_PORTS"
+
+
 def free_base_port(masters: int, low: int = 20000, high: int = 32000) -> int:
     """A base port whose API (base+i), Raft (base+100+i) and HTTP (base+200+i) ports are all free now.
     Below Linux's default ephemeral range (32768-60999): a port the kernel lends to an outgoing
     connection between this check and the bind looked free here, and gRPC binds with SO_REUSEPORT,
     so a cluster's client could reach another process's server on it (a TLS failure at start, once
-    in a CI-like run)."""
+    in a CI-like run). Two processes that check at once can still pick overlapping ranges (one's
+    Raft port another's API port: a TLS failure at start, once more): PORTS_ENV keeps them apart."""
     import random
 
+    if os.environ.get(PORTS_ENV):
+        low, high = (int(x) for x in os.environ[PORTS_ENV].split("-"))
     for _ in range(500):
-        base = random.randrange(low, high, 10)
+        base = random.randrange(low, max(low + 10, high - 300), 10)
         if all(_port_free(base + off + i) for off in (0, 100, 200) for i in range(masters)):
             return base
     raise RuntimeError("no free port range found")
