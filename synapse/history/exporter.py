@@ -120,6 +120,11 @@ def exporter_of(members: Iterable[str], leader: str | None) -> str | None:
     return followers[0] if followers else None
 
 
+def _exporter(master: Any, leader: str | None) -> str | None:
+    """`exporter_of` this replica's view of the members, under `leader`."""
+    return exporter_of([master.replica.raft, *master.raft.partners()], leader)
+
+
 def _oldest_unarchived_wait(state: Any, now: float) -> float:
     """Seconds the oldest finished job not yet archived has waited (0 if none; call under the lock)."""
     for job_id in state.unarchived.values():
@@ -219,7 +224,7 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
     async def one_pass(cursor: int | None) -> tuple[int | None, bool] | None:
         with master.lock:
             waited = _oldest_unarchived_wait(master.state, master.now())
-        exporter = exporter_of([master.replica.raft, *master.raft.partners()], master.replica.raft)
+        exporter = _exporter(master, master.replica.raft)
         # Not heard from lately (down, cut off, or of a release that tells no version): no wait.
         if exporter is None or not master.raft.member_versions().get(exporter) or waited > TAKEOVER_S:
             cursor, batch = await _export_pass(master, history, cursor)
@@ -254,7 +259,7 @@ async def follower_export_loop(master: Any, history: History, stop: asyncio.Even
         if master.raft.is_leader():
             return None  # export_loop's to do
         leader = master.raft.leader_if_connected()
-        if leader is None or exporter_of([master.replica.raft, *master.raft.partners()], leader) != master.replica.raft:
+        if leader is None or _exporter(master, leader) != master.replica.raft:
             history._stood_down()
             return None
         cursor, batch = await _export_pass(master, history, cursor)

@@ -53,6 +53,8 @@ class ClusterStopping(RuntimeError):
 #: "LOW-HIGH": the ports `free_base_port` takes its ranges from (all of a range's ports inside),
 #: instead of 20000-32000. The tests give each pytest-xdist worker its own (tests/conftest.py).
 PORTS_ENV = "SYNAPSE_LOCAL_PORTS"
+#: The ports a base port spans: API base+i, Raft base+100+i, HTTP base+200+i (fewer than 100 masters).
+_BASE_SPAN = 300
 
 
 def free_base_port(masters: int, low: int = 20000, high: int = 32000) -> int:
@@ -67,7 +69,7 @@ def free_base_port(masters: int, low: int = 20000, high: int = 32000) -> int:
     if os.environ.get(PORTS_ENV):
         low, high = (int(x) for x in os.environ[PORTS_ENV].split("-"))
     for _ in range(500):
-        base = random.randrange(low, max(low + 10, high - 300), 10)
+        base = random.randrange(low, max(low + 10, high - _BASE_SPAN), 10)
         if all(_port_free(base + off + i) for off in (0, 100, 200) for i in range(masters)):
             return base
     raise RuntimeError("no free port range found")
