@@ -14,6 +14,7 @@ import filecmp
 import pathlib
 import shutil
 import sys
+import sysconfig
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -26,10 +27,25 @@ def generate(out_dir: pathlib.Path) -> None:
     from grpc_tools import protoc  # dev dependency: grpcio-tools
 
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
-    args = ["protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}", f"--mypy_out={out_dir}",
+    args = ["protoc", f"-I{PROTO_ROOT}", f"--plugin=protoc-gen-mypy={mypy_plugin()}",
+            f"--python_out={out_dir}", f"--mypy_out={out_dir}",
             f"--grpc_python_out={out_dir}", *protos]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
+
+
+def mypy_plugin() -> pathlib.Path:
+    """The protoc-gen-mypy script installed beside this interpreter (mypy-protobuf, a dev extra).
+
+    Named by path, not looked up on PATH: a venv's bin directory is on PATH only while the venv
+    is activated, and the README runs `.venv/bin/python` without activating it.
+    """
+    scripts = pathlib.Path(sysconfig.get_path("scripts"))
+    for directory in (scripts, pathlib.Path(sys.executable).parent):
+        plugin = directory / "protoc-gen-mypy"
+        if plugin.exists():
+            return plugin
+    raise SystemExit(f"protoc-gen-mypy not found in {scripts}: pip install -e '.[dev]'")
 
 
 def generated_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:

@@ -1,5 +1,6 @@
 """The committed generated code must be what the .proto files generate today."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -9,9 +10,15 @@ import google.protobuf
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+#: What a machine's PATH holds before anything is activated: the README runs `.venv/bin/python`
+#: without activating the venv, so nothing in the venv's bin directory is on PATH.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def test_regenerating_changes_nothing():
+    env = {**os.environ, "PATH": SYSTEM_PATH}
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
