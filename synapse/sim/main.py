@@ -148,25 +148,33 @@ def _queue_mix(text: str) -> tuple[tuple[str, float], ...]:
 @main.command("import-sacct", context_settings=CONTEXT_SETTINGS)
 @click.argument("export", metavar="SACCT_EXPORT")
 @_shape_options
+@click.option("--skip-bad", is_flag=True,
+              help="Import the rows that can be read and name each bad one on stderr (default: import nothing).")
 @click.option("-o", "--output", default="-", show_default=True, help="Where to write the trace CSV.")
-def import_sacct(export, nodes, gpus_per_node, racks, output):
+def import_sacct(export, nodes, gpus_per_node, racks, skip_bad, output):
     """Turn a Slurm accounting export (sacct --parsable2) into a trace.
 
     Export with: sacct --allusers --parsable2 --starttime ... --endtime ...
     --format JobID,JobName,Submit,Start,End,State,AllocTRES,ReqTRES,NNodes,Timelimit,User
 
-    Give the cluster's shape (--nodes, --gpus-per-node, --racks) to record it in the trace; a job
-    the shape cannot hold is an error here rather than at replay."""
+    A bad row (times out of order, a field that cannot be read) stops the import, naming every bad
+    line; --skip-bad imports the others. Give the cluster's shape (--nodes, --gpus-per-node,
+    --racks) to record it in the trace; a job the shape cannot hold is an error here rather than at
+    replay."""
+    from synapse.sim.sacct import BadRow, describe_skipped
     from synapse.sim.sacct import read as read_sacct
 
+    bad: list[BadRow] | None = [] if skip_bad else None
     try:
-        trace, skipped = read_sacct(export)
+        trace, skipped = read_sacct(export, bad)
         if nodes or gpus_per_node or racks:
             trace.shape = _shape(nodes, gpus_per_node, racks)
             trace.check(trace.shape)
     except TraceError as exc:
         fail(PROG, str(exc))
-    click.echo(f"{len(trace.jobs)} jobs; skipped " + ", ".join(f"{v} {k}" for k, v in skipped.items()), err=True)
+    for row in bad or ():
+        click.echo(f"{export}:{row.line}: skipped: {row.reason}", err=True)
+    click.echo(f"{len(trace.jobs)} jobs; skipped {describe_skipped(skipped, bad or [])}", err=True)
     _write(tracefile.dumps(trace), output)
 
 

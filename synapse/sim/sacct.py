@@ -18,13 +18,16 @@ present: with the size, they are what the leader's run-time predictor knows a re
   skipped. GPUs that do not divide evenly over the nodes are rounded up to a whole number a node.
 * Timelimit: minutes, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM` or `D-HH:MM:SS`; UNLIMITED or Partition_Limit mean none.
 
-A row that cannot be read raises TraceError naming its line.
+A row that cannot be read (a field count unlike the header's, an unparsable time, size, state or
+time limit, times out of order, a job id seen before) is bad: `parse` raises BadRows naming every
+bad line and its reason, or, given a list to put them in, leaves them out and imports the rest.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -36,8 +39,26 @@ FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_
           "CANCELLED"}
 NOT_ENDED = {"PENDING", "RUNNING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "REVOKED", "SIGNALING",
              "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "CONFIGURING", "COMPLETING"}
-_GPU_RE = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
+_GPU_RE = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=([^,]*)")
 _MISSING = {"", "Unknown", "None", "N/A"}
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A row of the export that cannot be read: its line in the file and why."""
+
+    line: int
+    reason: str
+
+
+class BadRows(TraceError):
+    """Every bad row of an export that was imported without skipping them: nothing was imported."""
+
+    def __init__(self, where: str, rows: list[BadRow]):
+        self.rows = rows  #: the bad rows, in the file's order
+        listing = "".join(f"\n  {where}:{r.line}: {r.reason}" for r in rows)
+        super().__init__(f"{where}: {len(rows)} bad row(s), nothing imported (--skip-bad imports the others):"
+                         f"{listing}")
 
 
 def _time(raw: str, field: str) -> float | None:
@@ -76,12 +97,15 @@ def _gpus(row: dict[str, str]) -> int:
     for field in ("AllocTRES", "ReqTRES"):
         found = _GPU_RE.search(row.get(field, ""))
         if found:
-            return int(found.group(1))
+            count = found.group(1)
+            if not count.isdigit():
+                raise TraceError(f"{field} {found.group(0).lstrip(',')[:30]!r} is not a whole number of GPUs")
+            return int(count)
     return 0
 
 
-def parse(text: str, where: str = "sacct") -> tuple[Trace, dict[str, int]]:
-    """The trace, and how many rows were skipped for each reason."""
+def parse(text: str, where: str = "sacct", bad: list[BadRow] | None = None) -> tuple[Trace, dict[str, int]]:
+    """The trace and how many rows were skipped for each reason; bad rows go to `bad`, else raise BadRows."""
     lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise TraceError(f"{where}: empty (expected sacct --parsable2 output with a header line)")
@@ -95,36 +119,47 @@ def parse(text: str, where: str = "sacct") -> tuple[Trace, dict[str, int]]:
                          f"sacct --parsable2 --format {','.join(REQUIRED)},AllocTRES,User,JobName)")
     skipped = {"job steps": 0, "never started": 0, "not ended": 0, "cpu only": 0}
     rows = []
+    bad_rows: list[BadRow] = []
+    first_seen: dict[str, int] = {}  # job id -> the line it was first imported from
     for number, line in lines[1:]:
         values = line.split("|")
         if len(values) == len(header) + 1 and values[-1] == "":  # --parsable (not 2) ends rows with '|'
             values.pop()
         if len(values) != len(header):
-            raise TraceError(f"{where}:{number}: {len(values)} field(s), the header has {len(header)}")
-        row = dict(zip(header, values, strict=True))
+            bad_rows.append(BadRow(number, f"{len(values)} field(s), the header has {len(header)}"))
+            continue
         try:
-            parsed = _row(row, skipped)
+            parsed = _row(dict(zip(header, values, strict=True)), skipped)
         except TraceError as exc:
-            raise TraceError(f"{where}:{number}: {exc}") from None
-        if parsed is not None:
-            rows.append(parsed)
+            bad_rows.append(BadRow(number, str(exc)))
+            continue
+        if parsed is None:
+            continue
+        job_id = parsed[1]["id"]
+        if job_id in first_seen:
+            bad_rows.append(BadRow(number, f"job {job_id} appears twice (first on line {first_seen[job_id]})"))
+            continue
+        first_seen[job_id] = number
+        rows.append(parsed)
+    if bad_rows and bad is None:
+        raise BadRows(where, bad_rows)
+    if bad is not None:
+        bad.extend(bad_rows)
     if not rows:
-        raise TraceError(f"{where}: no job that ran on GPUs and ended (skipped: {_describe(skipped)})")
+        left_out = describe_skipped(skipped, bad_rows)
+        raise TraceError(f"{where}: no job that ran on GPUs and ended (skipped: {left_out})")
     origin = min(submit for submit, _ in rows)
     jobs = [TraceJob(**{**fields, "submit": round(submit - origin, 1)}) for submit, fields in rows]
     jobs.sort(key=lambda j: j.submit)
-    seen: set[str] = set()
-    for job in jobs:
-        if job.id in seen:
-            raise TraceError(f"{where}: job {job.id} appears twice")
-        seen.add(job.id)
     first = datetime.fromtimestamp(origin).isoformat(timespec="seconds")
     return Trace(jobs, None, (f"imported: {Path(where).name}, submissions from {first}; skipped: "
-                              f"{_describe(skipped)}",)), skipped
+                              f"{describe_skipped(skipped, bad_rows)}",)), skipped
 
 
-def _describe(skipped: dict[str, int]) -> str:
-    return ", ".join(f"{v} {k}" for k, v in skipped.items()) or "none"
+def describe_skipped(skipped: dict[str, int], bad_rows: list[BadRow]) -> str:
+    """What was left out, as `2 job steps, 1 cpu only, 3 bad rows`."""
+    counts = [*(f"{v} {k}" for k, v in skipped.items()), *([f"{len(bad_rows)} bad rows"] if bad_rows else [])]
+    return ", ".join(counts) or "none"
 
 
 def _row(row: dict[str, str], skipped: dict[str, int]) -> tuple[float, dict] | None:
@@ -165,9 +200,10 @@ def _row(row: dict[str, str], skipped: dict[str, int]) -> tuple[float, dict] | N
                     "name": row.get("JobName", "").strip()}
 
 
-def read(path: str | Path) -> tuple[Trace, dict[str, int]]:
+def read(path: str | Path, bad: list[BadRow] | None = None) -> tuple[Trace, dict[str, int]]:
+    """The trace of an export file (see `parse`)."""
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot read: {exc}") from None
-    return parse(text, str(path))
+    return parse(text, str(path), bad)
