@@ -31,6 +31,7 @@ import click
 import yaml
 
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
+from synapse.common.datadir import make_private
 from synapse.common.tls import TLSFiles, generate
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet, Unavailable
@@ -209,6 +210,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     if data_dir.is_dir():
         _sweep(data_dir)  # whatever a killed run in this data dir left
         (data_dir / STOPPING).unlink(missing_ok=True)
+    make_private(data_dir)  # whoever calls: its logs, config and history are the user's alone
     if masters not in (1, 3, 5):
         raise click.ClickException("--masters must be 1, 3 or 5")
     ports = [base_port + off + i for off in (0, 100, 200) for i in range(masters)]

@@ -23,6 +23,7 @@ import click
 
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
+from synapse.common.datadir import private_umask
 from synapse.local import interrupts
 from synapse.local.cluster import NETNS_LEDGER, client_env, client_tls, down, is_alive, is_ours, load_state, up
 from synapse.local.demo import demo
@@ -46,6 +47,7 @@ DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type
 @version_option("synapse-local")
 def main() -> None:
     """Run a Synapse cluster (masters and workers) on this machine."""
+    private_umask()  # the cluster's files (config, logs, secrets, history) are this user's alone
 
 
 @main.command("up")

@@ -41,6 +41,7 @@ import click
 
 from synapse.client.master_client import AuthError, PermissionDenied, parse_addresses
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
+from synapse.common.datadir import TASK_UMASK_ENV, make_private, private_umask
 from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
@@ -172,6 +173,7 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
          registry_credentials: str, insecure_registry: tuple[str, ...], allow_mount: tuple[str, ...],
          cdi_spec_dir: tuple[str, ...], stop_tasks_on_exit: bool, log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
+    os.environ[TASK_UMASK_ENV] = f"{private_umask():04o}"  # the worker's files private; its tasks' as before
     if rack and topology:
         fail("synapse-worker", "give --rack or --topology, not both")
     addresses = parse_addresses(masters)
@@ -199,7 +201,7 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
     if bad:
         fail("synapse-worker", f"--allow-mount {bad[0]}: must be an absolute path without '..'")
     root = Path(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    make_private(root)
     node_id = node_id_for(root, node_id)
     configure("synapse-worker", node_id, log_level)
     try:
