@@ -56,19 +56,21 @@ class ClusterStopping(RuntimeError):
 
 
 #: "LOW-HIGH": the ports `free_base_port` takes its ranges from (all of a range's ports inside),
-#: instead of 20000-32000. The tests give each pytest-xdist worker its own (tests/conftest.py).
+#: instead of 8000-20000. The tests give each pytest-xdist worker its own (tests/conftest.py).
 PORTS_ENV = "SYNAPSE_LOCAL_PORTS"
 #: The ports a base port spans: API base+i, Raft base+100+i, HTTP base+200+i (fewer than 100 masters).
 _BASE_SPAN = 300
 
 
-def free_base_port(masters: int, low: int = 20000, high: int = 32000) -> int:
+def free_base_port(masters: int, low: int = 8000, high: int = 20000) -> int:
     """A base port whose API (base+i), Raft (base+100+i) and HTTP (base+200+i) ports are all free now.
     Below Linux's default ephemeral range (32768-60999): a port the kernel lends to an outgoing
     connection between this check and the bind looked free here, and gRPC binds with SO_REUSEPORT,
     so a cluster's client could reach another process's server on it (a TLS failure at start, once
-    in a CI-like run). Two processes that check at once can still pick overlapping ranges (one's
-    Raft port another's API port: a TLS failure at start, once more): PORTS_ENV keeps them apart."""
+    in a CI-like run). Below the default rendezvous range too (20000-29999, synapse.core.rendezvous):
+    a gang's rank 0 would otherwise find its MASTER_PORT held by a master (an attempt lost). Two
+    processes that check at once can still pick overlapping ranges (one's Raft port another's API
+    port: a TLS failure at start, once more): PORTS_ENV keeps them apart."""
     import random
 
     if os.environ.get(PORTS_ENV):
