@@ -25,7 +25,7 @@ from synapse.core import commands as c
 from synapse.core.elastic import is_elastic
 from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, Secret, gang_unprepared
-from synapse.core.rendezvous import master_port
+from synapse.core.rendezvous import MASTER_PORTS, master_port
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,15 @@ def host_of(address: str) -> str:
     return host.strip("[]") or address
 
 
-def assignments_for_node(state: ClusterState, node_id: str, unseal: Unseal | None = None) -> list[Assignment]:
+def assignments_for_node(state: ClusterState, node_id: str, unseal: Unseal | None = None,
+                         ports: range = MASTER_PORTS) -> list[Assignment]:
     """Every live task on the node with its torch.distributed environment and (with `unseal`) its
-    job's secrets, in key order."""
+    job's secrets, in key order; `ports`: the cluster file's rendezvous_ports (synapse.core.rendezvous)."""
     out = []
     for task, wanted in state.tasks_on_node(node_id):
         job = state.jobs[task.job_id]
         secrets = _opened(job, unseal) if wanted and job.spec.secrets and unseal is not None else ()
-        out.append(_assignment(state, job, task.index, node_id, stop=not wanted, secrets=secrets))
+        out.append(_assignment(state, job, task.index, node_id, stop=not wanted, secrets=secrets, ports=ports))
     return out
 
 
@@ -100,7 +101,7 @@ def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
 
 
 def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool,
-                secrets: tuple[tuple[str, str], ...] = ()) -> Assignment:
+                secrets: tuple[tuple[str, str], ...] = (), ports: range = MASTER_PORTS) -> Assignment:
     by_rank = sorted(job.tasks, key=lambda t: t.rank)
     task = job.tasks[index]
     node_order: list[str] = []
@@ -113,7 +114,7 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
     return Assignment(
         job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
-        master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
+        master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt, ports),
         gpus=task.gpus, command=job.spec.command, image=job.spec.image, mounts=job.spec.mounts, stop=stop,
         hold=not stop and held(state, job),
         grace=job.stop_grace if stop else 0.0, resources=task.resources, notice_signal=signal, notice=notice,

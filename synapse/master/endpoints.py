@@ -1024,8 +1024,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 reply = api_pb2.Assignments(
                     term=term, version=state.applied,
                     node_status=node.status.value if node else "UNKNOWN",
-                    tasks=[codec.assignment_to_proto(a)
-                           for a in assignments_for_node(state, request.node_id, self._seal.open)])
+                    tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(
+                        state, request.node_id, self._seal.open, self.m.config.rendezvous_ports)])
             # Only a changed list goes out (and the keepalive). A newer version alone is not worth
             # a message: every commit touching a gang would send each of its workers a list it
             # already has, and a gang's TaskPrepared and TaskStarted reports, n of them, would send
