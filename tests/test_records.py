@@ -1,0 +1,139 @@
+"""Records that tell the truth (issue 44, item 4), in the pure core and what synctl prints: an
+elastic gang's history at the size it ran, a refused mount and a never-run task without an exit
+code. No sockets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from synapse.client import accounting
+from synapse.core import commands as c
+from synapse.core import history
+from synapse.core.model import NEVER_RAN_VERSION, EndReason, JobStatus, Placement
+from synapse.proto import api_pb2, types_pb2
+from tests.helpers import checked, cluster, spec
+
+
+def run_at(state, job_id: str, nodes: list[str], at: float) -> None:
+    """Place the pending job's attempt on these whole nodes and start every task."""
+    job = state.jobs[job_id]
+    checked(state, c.CommitPlan(at=at, job_id=job_id, attempt=job.attempt, placements=tuple(
+        Placement(i, n, tuple(range(8)), i) for i, n in enumerate(nodes))))
+    for t in job.tasks:
+        checked(state, c.TaskStarted(at=at + 1, job_id=job_id, attempt=job.attempt, index=t.index, node_id=t.node_id))
+
+
+def exit_all(state, job_id: str, at: float, code: int = 0) -> None:
+    job = state.jobs[job_id]
+    for t in list(job.tasks):
+        checked(state, c.TaskExited(at=at, job_id=job_id, attempt=t.attempt, index=t.index, node_id=t.node_id,
+                                    exit_code=code))
+
+
+def as_proto(record: history.JobRecord) -> api_pb2.HistoryJob:
+    """The record as the history API carries it (synapse.master.history_api, field for field)."""
+    res = types_pb2.Resources(cpu_millis=record.cpu, memory_bytes=record.memory, gpu=record.gpu)
+    return api_pb2.HistoryJob(
+        job_id=record.job_id, name=record.name, user=record.user, queue=record.queue, submit=record.submit,
+        eligible=record.eligible, start=record.start, end=record.end, state=record.state, reason=record.reason,
+        exit_code=record.exit_code, attempts=record.attempts, tasks=record.tasks, nodes=record.nodes, resources=res,
+        gpu_seconds=record.gpu_seconds, runs=[api_pb2.HistoryRun(
+            attempt=r.attempt, start=r.start, running=r.running, end=r.end, nodes=r.nodes, tasks=r.tasks,
+            resources=res, outcome=r.outcome, reason=r.reason, exit_code=r.exit_code, gpu_seconds=r.gpu_seconds)
+            for r in record.runs])
+
+
+def sacct_fields(job: api_pb2.HistoryJob, duplicates: bool = False) -> list[dict[str, str]]:
+    return [dict(zip(accounting.SACCT_FIELDS, line.split("|"), strict=True))
+            for line in accounting.sacct_lines([job], "synapse", header=False, duplicates=duplicates)]
+
+
+def test_an_elastic_gang_is_recorded_at_the_size_each_attempt_ran_not_its_maximum():
+    state = cluster(racks=1, nodes_per_rack=6)
+    elastic = dataclasses.replace(spec(name="e", tasks=6, gpu=8), tasks_min=2, resize_interval=60.0)
+    assert checked(state, c.SubmitWorkflowJob(at=1, job_id="e", request_id="e", spec=elastic)).ok
+    run_at(state, "e", [f"r0-n{i}" for i in range(4)], at=10)  # 4 of its 2-6 fit
+    checked(state, c.ResizeGang(at=100, job_id="e", attempt=1, size=3, reason="a node is needed"))
+    exit_all(state, "e", at=101, code=143)
+    assert state.jobs["e"].status is JobStatus.PENDING  # the resize starts a new attempt: a new interval
+    run_at(state, "e", ["r0-n0", "r0-n1", "r0-n2"], at=110)
+    exit_all(state, "e", at=210)
+    record = history.job_record(state.jobs["e"])
+    assert [(r.attempt, r.tasks, r.gpu_seconds) for r in record.runs] == [(1, 4, 4 * 8 * 91), (2, 3, 3 * 8 * 100)]
+    assert (record.tasks, record.gpu) == (3, 8)  # the last run's size, not the spec's 6
+    d = accounting.history_dict(as_proto(record))
+    assert accounting.history_table([d]).split("\n")[1].split()[9] == "24"  # GPUS: 3 x 8, not 6 x 8
+    (last,) = sacct_fields(as_proto(record))
+    assert (last["ReqTRES"], last["AllocTRES"], last["NCPUS"]) == (
+        "cpu=3,mem=3072M,node=3,gres/gpu=24", "cpu=3,mem=3072M,node=3,gres/gpu=24", "3")
+    first, again = sacct_fields(as_proto(record), duplicates=True)
+    assert (first["State"], first["AllocTRES"]) == ("REQUEUED", "cpu=4,mem=4096M,node=4,gres/gpu=32")
+    assert again["AllocTRES"] == last["AllocTRES"]
+
+
+def test_an_elastic_gang_that_ran_with_4_of_6_tasks_is_in_history_with_4():
+    state = cluster(racks=1, nodes_per_rack=4)
+    elastic = dataclasses.replace(spec(name="e", tasks=6, gpu=8), tasks_min=2, resize_interval=60.0)
+    assert checked(state, c.SubmitWorkflowJob(at=1, job_id="e", request_id="e", spec=elastic)).ok
+    run_at(state, "e", [f"r0-n{i}" for i in range(4)], at=10)
+    exit_all(state, "e", at=20)
+    record = history.job_record(state.jobs["e"])
+    assert (record.state, record.tasks, record.runs[0].tasks) == ("SUCCEEDED", 4, 4)
+    (row,) = sacct_fields(as_proto(record))
+    assert row["ReqGRES"] == "gpu:32" and row["AllocTRES"].endswith("gres/gpu=32")  # 4 x 8, not 48
+
+
+def image_gang(state, job_id: str, at: float):
+    job_spec = dataclasses.replace(spec(tasks=2, gpu=8, max_restarts=3), image="registry.example/train:1")
+    assert checked(state, c.SubmitImageJob(at=at, job_id=job_id, request_id=job_id, spec=job_spec)).ok
+    checked(state, c.CommitPlan(at=at + 1, job_id=job_id, attempt=1, placements=(
+        Placement(0, "r0-n0", tuple(range(8)), 0), Placement(1, "r0-n1", tuple(range(8)), 1))))
+    return state.jobs[job_id]
+
+
+def test_a_refused_mount_fails_the_job_at_its_first_attempt_naming_the_allowed_prefixes():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SetClusterVersion(at=1, version=NEVER_RAN_VERSION))
+    job = image_gang(state, "m", at=2)
+    why = "mount /home/ann: not under a prefix this worker allows (/data, /scratch)"
+    checked(state, c.TaskExited(at=5, job_id="m", attempt=1, index=0, node_id="r0-n0", exit_code=127, reason=why,
+                                cause=EndReason.MOUNT_REFUSED))
+    checked(state, c.TaskExited(at=6, job_id="m", attempt=1, index=1, node_id="r0-n1", exit_code=143))
+    assert (job.status, job.attempt, job.restarts_used()) == (JobStatus.FAILED, 1, 0)  # max_restarts 3, unused
+    assert "MountRefused" in job.failure and "(/data, /scratch)" in job.failure
+    assert "not retried" in job.events[-1].message
+    task = job.tasks[0]
+    assert (task.reason, task.exit_code) == (EndReason.MOUNT_REFUSED, None)  # it never ran: no exit code
+    record = history.job_record(job)
+    assert (record.reason, record.exit_code, record.runs[0].outcome) == ("MountRefused", 0, "MountRefused")
+    d = accounting.history_dict(as_proto(record))
+    assert d["exit_code"] is None and d["runs"][0]["exit_code"] is None
+    assert "exit code -;" in accounting.history_description(d)
+
+
+def test_a_task_whose_image_was_never_pulled_has_no_exit_code_in_history():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SetClusterVersion(at=1, version=NEVER_RAN_VERSION))
+    job = image_gang(state, "p", at=2)
+    checked(state, c.TaskExited(at=5, job_id="p", attempt=1, index=0, node_id="r0-n0", exit_code=127,
+                                reason="NOT_FOUND: no such tag", cause=EndReason.IMAGE_PULL_FAILED))
+    checked(state, c.TaskExited(at=6, job_id="p", attempt=1, index=1, node_id="r0-n1", exit_code=127,
+                                reason="stopped while its image was being pulled", cause=EndReason.ERROR))
+    assert job.status is JobStatus.FAILED and job.tasks[0].exit_code is None
+    assert any("task 0 of attempt 1 did not start on r0-n0: ImagePullFailed" in e.message
+               for e in state.cluster_events)
+    record = history.job_record(job)
+    assert (record.reason, record.exit_code, record.runs[0].exit_code) == ("ImagePullFailed", 0, 0)
+    d = accounting.history_dict(as_proto(record))
+    assert accounting.history_table([d]).split("\n")[1].split()[5] == "-"
+    (row,) = sacct_fields(as_proto(record))
+    assert row["ExitCode"] == "0:0"
+
+
+def test_before_every_replica_knows_version_6_a_never_run_task_keeps_the_workers_code():
+    state = cluster(racks=1, nodes_per_rack=2)
+    checked(state, c.SetClusterVersion(at=1, version=NEVER_RAN_VERSION - 1))
+    job = image_gang(state, "p", at=2)
+    checked(state, c.TaskExited(at=5, job_id="p", attempt=1, index=0, node_id="r0-n0", exit_code=127,
+                                reason="NOT_FOUND: no such tag", cause=EndReason.IMAGE_PULL_FAILED))
+    assert job.tasks[0].exit_code == 127  # as an older replica applies it: the states stay equal
