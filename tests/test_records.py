@@ -137,3 +137,26 @@ def test_before_every_replica_knows_version_6_a_never_run_task_keeps_the_workers
     checked(state, c.TaskExited(at=5, job_id="p", attempt=1, index=0, node_id="r0-n0", exit_code=127,
                                 reason="NOT_FOUND: no such tag", cause=EndReason.IMAGE_PULL_FAILED))
     assert job.tasks[0].exit_code == 127  # as an older replica applies it: the states stay equal
+
+
+def test_an_array_keeps_its_first_start_through_a_snapshot_from_version_6():
+    from synapse.core.fsm import ClusterState
+    from synapse.core.leader_state import LeaderState, Started
+    from tests.test_arrays import finish, run_round, submit_array
+
+    for version, first_start in ((NEVER_RAN_VERSION - 1, 0.0), (NEVER_RAN_VERSION, 20.0)):
+        state = cluster(racks=1, nodes_per_rack=2)
+        checked(state, c.SetClusterVersion(at=1, version=version))
+        submit_array(state, "0-3", gpu=8)
+        brain = LeaderState()
+        brain.handle(state, Started(at=2, mono=2))
+        at = 20.0
+        while state.arrays["A"].ended < 4:
+            run_round(state, brain, at)
+            for job_id in [j for j in state.array_live.get("A", ()) if state.jobs[j].status.has_gang]:
+                finish(state, job_id, at=at)
+            at += 10
+        array = state.arrays["A"]
+        assert (array.status(False), array.started_at) == (JobStatus.SUCCEEDED, first_start)
+        again = ClusterState.from_snapshot(state.to_snapshot())
+        assert again.arrays["A"].started_at == first_start and again.digest() == state.digest()

@@ -378,7 +378,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         status = array.status(running > 0)
         view = Job(id=array.id, spec=array.spec, request_id=array.request_id, submitted_at=array.submitted_at,
                    seq=array.seq, status=status, user=array.user, finished_at=array.finished_at,
-                   array_id=array.id)
+                   started_at=array.started_at, array_id=array.id)
         info = codec.job_to_info(view)
         info.array_index = -1
         info.array.CopyFrom(codec.array_counts_to_proto(array, running))

@@ -37,6 +37,9 @@ def task_started(state: ClusterTables, cmd: c.TaskStarted) -> Result:
                f"attempt {job.attempt} started on {task.node_id}")
     if job.status is JobStatus.SCHEDULED and all(t.started_at for t in job.tasks):
         job.status, job.started_at = JobStatus.RUNNING, cmd.at
+        array = state.arrays.get(job.array_id) if job.array_id else None
+        if array is not None and not array.started_at and state.cluster_version >= NEVER_RAN_VERSION:
+            array.started_at = cmd.at  # the array's first start, which `describe` of the array shows
         job_event(state, job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
                                                  f"{job.attempt} started")
     return Result(True)
