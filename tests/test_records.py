@@ -160,3 +160,22 @@ def test_an_array_keeps_its_first_start_through_a_snapshot_from_version_6():
         assert (array.status(False), array.started_at) == (JobStatus.SUCCEEDED, first_start)
         again = ClusterState.from_snapshot(state.to_snapshot())
         assert again.arrays["A"].started_at == first_start and again.digest() == state.digest()
+
+
+def test_a_waiting_gangs_reason_and_reservation_say_a_time_of_day_never_an_epoch():
+    import re
+
+    from synapse.core.scheduler import schedule_round
+
+    now = 1_796_520_000.0  # 2026-12-06 01:20 UTC
+    state = cluster(racks=1, nodes_per_rack=2)
+    busy = dataclasses.replace(spec(name="busy", tasks=1, gpu=8), time_limit=3600.0)
+    assert checked(state, c.SubmitJob(at=now - 60, job_id="busy", request_id="busy", spec=busy)).ok
+    run_at(state, "busy", ["r0-n0"], at=now - 50)
+    assert checked(state, c.SubmitJob(at=now, job_id="gang", request_id="gang", spec=spec(tasks=2, gpu=8))).ok
+    result = schedule_round(state, now)
+    reservation = result.reservation
+    assert reservation is not None and reservation.job_id == "gang"
+    for text in (result.waiting["gang"].message, reservation.describe(now)):
+        assert "expected free at 02:19 UTC" in text and not re.search(r"\d{10}", text), text
+    assert "expected free at 2026-12-06 02:19 UTC" in reservation.describe(now + 86400)

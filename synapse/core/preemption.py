@@ -46,6 +46,7 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.placement import pack_depth
+from synapse.core.quantity import format_moment
 from synapse.core.topology import Domain
 
 #: A plan's cost, compared as a tuple: (highest victim priority, GPUs pushed below guarantees, GPU-seconds
@@ -136,7 +137,8 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     if not candidates:
         if protected:
             until, who = min(protected)
-            return f"the gangs it could preempt are protected by min_runtime (the first, {who}, until {until:.0f})"
+            return (f"the gangs it could preempt are protected by min_runtime (the first, {who}, until "
+                    f"{format_moment(until, now)})")
         if exempt:
             return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
                     f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")

@@ -345,7 +345,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         info = codec.job_to_info(
             job, waiting=waiting.message if waiting else "", waiting_code=waiting.code if waiting else "",
             shortfalls=shortfalls,
-            reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
+            reservation=reservation.describe(self.m.now()) if reservation and reservation.job_id == job.id else "")
         state = self.m.state
         if job.spec.image and job.status is JobStatus.SCHEDULED:
             now = time.monotonic()
