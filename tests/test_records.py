@@ -179,3 +179,134 @@ def test_a_waiting_gangs_reason_and_reservation_say_a_time_of_day_never_an_epoch
     for text in (result.waiting["gang"].message, reservation.describe(now)):
         assert "expected free at 02:19 UTC" in text and not re.search(r"\d{10}", text), text
     assert "expected free at 2026-12-06 02:19 UTC" in reservation.describe(now + 86400)
+
+
+# ---- preempt --what-if: the leader's own step ------------------------------------------------------
+
+def _preemption_world(data) -> tuple[object, float]:
+    """A random cluster: 2 racks of 2 nodes (8 GPUs each), maybe queues, running gangs of random
+    queues, priorities and ages, and waiting gangs that may or may not fit."""
+    from hypothesis import strategies as st
+
+    from synapse.core.fsm import ClusterState
+    from synapse.core.model import Queue, Resources
+    from synapse.core.sim import uniform_cluster
+
+    now = 100_000.0
+    state = ClusterState()
+    for cmd in uniform_cluster(racks_per_block=2, nodes_per_rack=2):
+        checked(state, cmd)
+    queues = data.draw(st.lists(st.sampled_from([
+        Queue("a", guaranteed=Resources(0, 0, 16)), Queue("b", preemption_rules=("priority",)),
+        Queue("b", min_runtime=600), Queue("a", preemption_rules=("reclaim", "priority", "backfill")),
+        Queue("b", guaranteed=Resources(0, 0, 16), preemption_rules=("fair_share", "priority"))]),
+        min_size=1, max_size=2, unique_by=lambda q: q.name), label="queues") if data.draw(st.integers(0, 5)) else []
+    if queues:
+        checked(state, c.ApplyQueues(at=0, queues=tuple(queues)))
+    names = [q.name for q in queues]
+    nodes = [f"r{r}-n{n}" for r in range(2) for n in range(2)]
+    for i in range(data.draw(st.integers(1, 4), label="running")):
+        free = [n for n in nodes if not state.nodes[n].gpus_in_use]
+        if not free:
+            break
+        on = data.draw(st.lists(st.sampled_from(free), min_size=1, max_size=2, unique=True), label="on")
+        job_id = f"run{i}"
+        started = now - data.draw(st.sampled_from([60, 900, 4000]), label="age")
+        checked(state, c.SubmitJob(at=started - 1, job_id=job_id, request_id=job_id, spec=spec(
+            name=job_id, tasks=len(on), gpu=8, queue=data.draw(st.sampled_from(["", *names]), label="queue"),
+            priority=data.draw(st.integers(0, 2), label="priority"))))
+        checked(state, c.CommitPlan(at=started, job_id=job_id, attempt=1, placements=tuple(
+            Placement(k, n, tuple(range(8)), k) for k, n in enumerate(on))))
+        for t in state.jobs[job_id].tasks:
+            checked(state, c.TaskStarted(at=started, job_id=job_id, attempt=1, index=t.index, node_id=t.node_id))
+    for i in range(data.draw(st.integers(1, 3), label="waiting")):
+        job_id = f"wait{i}"
+        checked(state, c.SubmitJob(at=now - 30 + i, job_id=job_id, request_id=job_id, spec=spec(
+            name=job_id, tasks=data.draw(st.integers(1, 4), label="tasks"), gpu=8,
+            queue=data.draw(st.sampled_from([*names, *names, ""]), label="queue"),
+            priority=data.draw(st.integers(0, 3), label="priority"),
+            pack=data.draw(st.sampled_from(["", "rack"]), label="pack"))))
+    return state, now
+
+
+def _settled(state, brain, now: float) -> None:
+    """Rounds until one places nothing, their plans committed as the log would (a Preempt is not)."""
+    from synapse.core.leader_state import Propose, RoundDue
+
+    for _ in range(6):
+        out = brain.handle(state, RoundDue(at=now))
+        commits = [i.cmd for i in out if isinstance(i, Propose) and isinstance(i.cmd, c.CommitPlan)]
+        if not commits:
+            return
+        for cmd in commits:
+            state.apply(cmd)
+
+
+def test_what_if_answers_what_the_next_round_does_over_random_states():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from synapse.core.leader_state import LeaderState, Propose, RoundDue, Started
+    from synapse.core.preemption import PreemptionPlan
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.data())
+    def check(data):
+        state, now = _preemption_world(data)
+        brain = LeaderState()
+        brain.handle(state, Started(at=now, mono=0.0))
+        _settled(state, brain, now)
+        pending = list(state.pending_jobs())
+        said = {j.id: brain.what_if(state, j, now) for j in pending}
+        out = brain.handle(state, RoundDue(at=now))
+        preempts = [i.cmd for i in out if isinstance(i, Propose) and isinstance(i.cmd, c.Preempt)]
+        if any(isinstance(i, Propose) and isinstance(i.cmd, c.CommitPlan) for i in out):
+            return  # a round that places gangs preempts nothing yet (its next one decides)
+        promised = {job_id: p.command for job_id, p in said.items() if isinstance(p, PreemptionPlan)}
+        assert promised == {p.job_id: p for p in preempts}, (said, preempts)
+
+    check()
+
+
+def test_with_no_queues_what_if_promises_nothing_and_says_why():
+    from synapse.core.leader_state import LeaderState, RoundDue, Started
+
+    state = cluster(racks=1, nodes_per_rack=2)
+    for job_id, priority, on in (("low", 0, ["r0-n0", "r0-n1"]), ("high", 5, [])):
+        checked(state, c.SubmitJob(at=1, job_id=job_id, request_id=job_id, spec=spec(
+            name=job_id, tasks=2, gpu=8, priority=priority)))
+        if on:
+            run_at(state, job_id, on, at=2)
+    brain = LeaderState()
+    brain.handle(state, Started(at=5000, mono=0.0))
+    brain.handle(state, RoundDue(at=5000))
+    said = brain.what_if(state, state.jobs["high"], 5000)
+    assert said == "no queue is defined: only jobs of a queue an admin defined preempt"
+
+
+def test_a_gang_that_preempts_waits_in_the_rack_it_preempts_in_not_the_one_it_reserved():
+    """rack0's gang ends within minutes (the round reserves rack0 for the waiting gang), rack1's
+    started 100 s ago (preempting it loses least): the preemption is in rack1, and so are the
+    gang's wait reason and reservation, where they named rack0."""
+    from synapse.core.leader_state import LeaderState, Propose, RoundDue, Started
+    from synapse.core.model import Queue
+
+    state = cluster(racks=2, nodes_per_rack=2)
+    checked(state, c.ApplyQueues(at=0, queues=(Queue("a"),)))
+    now = 100_000.0
+    for job_id, nodes, started, limit in (("old", ["r0-n0", "r0-n1"], now - 3500, 3600.0),
+                                          ("young", ["r1-n0", "r1-n1"], now - 100, 0.0)):
+        job_spec = dataclasses.replace(spec(name=job_id, tasks=2, gpu=8, queue="a"), time_limit=limit)
+        assert checked(state, c.SubmitJob(at=started - 1, job_id=job_id, request_id=job_id, spec=job_spec)).ok
+        run_at(state, job_id, nodes, at=started)
+    assert checked(state, c.SubmitJob(at=now - 10, job_id="big", request_id="big", spec=spec(
+        name="big", tasks=2, gpu=8, queue="a", priority=5, pack="rack", required=True))).ok
+    brain = LeaderState()
+    brain.handle(state, Started(at=now, mono=0.0))
+    out = brain.handle(state, RoundDue(at=now))
+    (preempt,) = [i.cmd for i in out if isinstance(i, Propose) and isinstance(i.cmd, c.Preempt)]
+    assert preempt.nodes == ("r1-n0", "r1-n1") and preempt.explanation.startswith("preempting in z0/b0/r1")
+    (entries,) = [i.cmd.entries for i in out if isinstance(i, Propose) and isinstance(i.cmd, c.PendingReasons)]
+    for reason in (brain.wait_reason("big"), *entries):
+        assert reason.code == "Preempting" and "z0/b0/r1" in reason.message and "r0" not in reason.message, reason
+    assert brain.head_reservation() is None and all(r.job_id != "big" for r in brain.reservations())

@@ -60,8 +60,11 @@ _LIVE = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING})
 
 @dataclass(frozen=True, slots=True)
 class PreemptionPlan:
+    """A preemption to propose, the work it loses, and the domain it preempts in (its path)."""
+
     command: c.Preempt
     lost_gpu_seconds: float
+    domain: str = ""
 
 
 @dataclass(slots=True)  # not frozen: built for thousands of gangs per plan, and frozen init is slow
@@ -211,7 +214,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         sorted({v.rule for v in victims}))
     command = c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=rule, nodes=held, explanation="; ".join(facts),
                         victims=tuple(c.Victim(v.job.id, v.job.attempt, _grace(v), _notice(v)) for v in victims))
-    return PreemptionPlan(command, cost[2])
+    return PreemptionPlan(command, cost[2], chosen)
 
 
 def _pushed_below(state: ClusterState, victims: tuple[_Candidate, ...]) -> int:

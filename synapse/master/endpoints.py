@@ -29,7 +29,7 @@ from synapse.common.auth import (
     REPLICA_CREDENTIAL_KEY,
 )
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, elastic, fairshare, goodput, preemption
+from synapse.core import codec, dependencies, elastic, fairshare, goodput
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
@@ -831,9 +831,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 pass
 
     async def PreemptWhatIf(self, request, context):
-        """What preemption would do for a pending job now; commits nothing."""
+        """What the leader's preemption step would do for a pending job now (its own function, rules
+        and last round: LeaderState.what_if); commits nothing."""
         await self._check_id(request.job_id, "job_id", context)
         await self._current_read(context)
+        view = self.m.leader_view()
+        if view is None:  # it led for the read, and stepped down since
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.m.replica.id} no longer leads; retry")
         with self.m.lock:
             job = self.m.state.jobs.get(request.job_id)
             if job is None:
@@ -845,7 +849,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 return api_pb2.PreemptWhatIfReply(
                     explanation=f"job {job.id} already preempted {', '.join(hold.victims)} (rule {hold.rule}) and "
                                 f"holds {', '.join(hold.nodes)}")
-            found = preemption.plan(self.m.state, job, self.m.now())
+            found = view.what_if(self.m.state, job, self.m.now())
         if isinstance(found, str):
             return api_pb2.PreemptWhatIfReply(explanation=found)
         cmd = found.command
