@@ -96,6 +96,7 @@ NO_PLAN_MEMO = 10_000
 RETENTION_SWEEP_S = 10.0
 FORGET_CHUNK = 500
 
+
 @dataclass(frozen=True, slots=True)
 class PreemptionStep:
     """What the preemption step decides: the gang it preempts for (its plan), or none; and the gangs
