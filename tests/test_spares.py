@@ -191,7 +191,8 @@ def test_a_restart_keeps_its_survivors_only_while_its_node_may_be_rebooting():
     result = schedule_round(state, now=50.0 + hold)
     assert [p.job_id for p in result.plans] == ["B"] and result.reservations == ()
     assert result.waiting["A"].code == "NodesUnavailable"
-    assert "keeps no node for its restart (one is DOWN since 50, longer than a reboot)" in result.waiting["A"].message
+    assert "keeps no node for its restart (one is DOWN since 00:00 UTC, longer than a reboot)" \
+        in result.waiting["A"].message
 
 
 # ---- spares ------------------------------------------------------------------------------------------

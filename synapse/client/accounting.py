@@ -15,6 +15,7 @@ from typing import Any
 
 from synapse.client.render import goodput_dict, goodput_line, table
 from synapse.core import codec
+from synapse.core.model import NEVER_RAN
 from synapse.core.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.proto import api_pb2
 
@@ -71,18 +72,20 @@ def slurm_duration(seconds: float) -> str:
 # ---- history -------------------------------------------------------------------------------------
 
 def run_dict(r: api_pb2.HistoryRun) -> dict[str, Any]:
+    """A run; one whose command never ran (an image not pulled, a mount refused) has no exit code."""
     return {"attempt": r.attempt, "start": r.start, "running": r.running or None, "end": r.end,
             "elapsed_s": round(r.end - r.start, 3), "nodes": list(r.nodes), "tasks": r.tasks, "outcome": r.outcome,
-            "reason": r.reason or None, "exit_code": r.exit_code, "gpu_seconds": round(r.gpu_seconds, 3),
+            "reason": r.reason or None, "exit_code": None if r.outcome in NEVER_RAN else r.exit_code,
+            "gpu_seconds": round(r.gpu_seconds, 3),
             "cpu_seconds": round(r.cpu_seconds, 3), "checkpoint_at": r.checkpoint_at or None}
 
 
 def history_dict(j: api_pb2.HistoryJob) -> dict[str, Any]:
-    """A finished job; one that never ran (cancelled, or failed on a dependency) has no start and no
-    exit code (None)."""
+    """A finished job; one that never ran (cancelled, or failed on a dependency) has no start, and
+    one whose last run never ran its command has no exit code (None)."""
     return {"id": j.job_id, "name": j.name, "user": j.user or None, "queue": j.queue, "priority": j.priority,
             "state": j.state, "reason": j.reason, "detail": j.detail or None,
-            "exit_code": j.exit_code if j.start else None,
+            "exit_code": j.exit_code if j.start and j.reason not in NEVER_RAN else None,
             "submit": j.submit, "eligible": j.eligible, "start": j.start or None, "end": j.end,
             "elapsed_s": round(j.end - j.start, 3) if j.start else 0.0,
             "wait_s": round((j.start or j.end) - j.eligible, 3), "attempts": j.attempts, "tasks": j.tasks,
@@ -126,8 +129,8 @@ def history_description(j: dict[str, Any]) -> str:
         lines.append("Runs:")
         lines += ["  " + line for line in table(
             ["ATTEMPT", "START (UTC)", "END (UTC)", "OUTCOME", "EXIT", "NODES", "REASON"],
-            [[r["attempt"], utc(r["start"]), utc(r["end"]), r["outcome"], r["exit_code"], ",".join(r["nodes"]),
-              r["reason"] or "-"] for r in j["runs"]]).splitlines()]
+            [[r["attempt"], utc(r["start"]), utc(r["end"]), r["outcome"], _or_dash(r["exit_code"]),
+              ",".join(r["nodes"]), r["reason"] or "-"] for r in j["runs"]]).splitlines()]
     return "\n".join(lines)
 
 
@@ -156,9 +159,10 @@ def sacct_lines(jobs: list[api_pb2.HistoryJob], cluster: str, header: bool = Tru
 
 def _sacct_row(j: api_pb2.HistoryJob, run: api_pb2.HistoryRun | None, cluster: str, final: bool) -> str:
     res = j.resources
-    cpus = math.ceil(res.cpu_millis * j.tasks / 1000)
-    mem = f"{math.ceil(res.memory_bytes * j.tasks / (1 << 20))}M"
-    req = f"cpu={cpus},mem={mem},node={len(j.nodes) or 1}" + (f",gres/gpu={res.gpu * j.tasks}" if res.gpu else "")
+    tasks = run.tasks if run is not None and run.tasks else j.tasks  # each run at the size it ran (elastic)
+    cpus = math.ceil(res.cpu_millis * tasks / 1000)
+    mem = f"{math.ceil(res.memory_bytes * tasks / (1 << 20))}M"
+    req = f"cpu={cpus},mem={mem},node={len(j.nodes) or 1}" + (f",gres/gpu={res.gpu * tasks}" if res.gpu else "")
     if final:
         state = {"SUCCEEDED": "COMPLETED", "CANCELLED": f"CANCELLED by {_uid(j.cancelled_by)}"}.get(
             j.state, _SLURM_STATE.get(j.reason, "FAILED"))
@@ -167,13 +171,13 @@ def _sacct_row(j: api_pb2.HistoryJob, run: api_pb2.HistoryRun | None, cluster: s
             else "REQUEUED"
     nodes = list(dict.fromkeys(run.nodes)) if run is not None else []
     start, end = (run.start, run.end) if run is not None else (0.0, j.end)
-    alloc = (f"cpu={cpus},mem={mem},node={len(nodes)}" + (f",gres/gpu={res.gpu * j.tasks}" if res.gpu else "")) \
+    alloc = (f"cpu={cpus},mem={mem},node={len(nodes)}" + (f",gres/gpu={res.gpu * tasks}" if res.gpu else "")) \
         if run is not None else ""
     fields = [j.job_id, j.job_id, cluster, j.queue, j.queue, j.user, str(_uid(j.user)), j.user, str(_uid(j.user)),
               utc(j.submit), utc(j.eligible), utc(start) if run is not None else "None", utc(end),
               slurm_duration(end - start) if run is not None else "00:00:00",
               _exit(run.exit_code if run is not None else j.exit_code), state, str(len(nodes) or len(j.nodes) or 1),
-              str(cpus), str(cpus), mem, f"gpu:{res.gpu * j.tasks}" if res.gpu else "", req, alloc,
+              str(cpus), str(cpus), mem, f"gpu:{res.gpu * tasks}" if res.gpu else "", req, alloc,
               slurm_duration(j.time_limit_s) if j.time_limit_s else "UNLIMITED", ",".join(nodes) or "None",
               j.name]
     return "|".join(f.replace("|", "/") for f in fields)

@@ -146,6 +146,9 @@ class JobArray:
     failed: int = 0
     cancelled_count: int = 0
     finished_at: float = 0.0  #: when its last element ended
+    #: when its first element started (every task of it); set by apply from command-set version 6
+    #: (model.NEVER_RAN_VERSION: an older replica keeps none), 0 until then
+    started_at: float = 0.0
     #: derived from spec.array (not in snapshots): the ranges, and the count before each range
     ranges: Ranges = ()
     count: int = 0  #: derived: how many indices

@@ -27,6 +27,7 @@ from synapse.core.dependencies import Resolved
 from synapse.core.goodput import Goodput
 from synapse.core.heartbeat import GpuErrorReport
 from synapse.core.model import (
+    NEVER_RAN_VERSION,
     Assignment,
     CheckpointSpec,
     EndReason,
@@ -83,7 +84,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
 CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2,
                                                       EndReason.MASTER_PORT_IN_USE: 3,
                                                       EndReason.IMAGE_PULL_FAILED: 4,
-                                                      EndReason.NODE_LOST: 4})
+                                                      EndReason.NODE_LOST: 4,
+                                                      EndReason.MOUNT_REFUSED: NEVER_RAN_VERSION})
 #: A version that changed no command but how replicas talk: from version 5 they seal the Raft
 #: transport's messages with AES-GCM (synapse.master.cipher), which an older replica cannot read. A
 #: replica seals so only once the cluster version is this (every member reads it); until then, Fernet.

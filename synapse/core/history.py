@@ -23,7 +23,7 @@ from typing import Any
 
 from synapse.core import goodput
 from synapse.core.goodput import Goodput
-from synapse.core.model import EndReason, Job, JobStatus, Node, NodeStatus, Run
+from synapse.core.model import NEVER_RAN, EndReason, Job, JobStatus, Node, NodeStatus, Run
 
 #: Records written per store transaction, at most.
 EXPORT_BATCH = 2000
@@ -51,7 +51,7 @@ class RunRecord:
     gpu: int  #: per task
     outcome: str  #: an EndReason
     reason: str
-    exit_code: int
+    exit_code: int  #: 0 when its command never ran (outcome in model.NEVER_RAN): no exit code
     gpu_seconds: float
     cpu_seconds: float
     checkpoint_at: float = 0.0  #: its last checkpoint as its tasks reported it (0: none)
@@ -75,9 +75,9 @@ class JobRecord:
     #: ran and failed, the cluster's cause (DependencyNeverSatisfied)
     reason: str
     detail: str  #: why it ended, for people
-    exit_code: int  #: its last run's (0 when it never ran: no exit code)
+    exit_code: int  #: its last run's (0 when its command never ran: no exit code)
     attempts: int
-    tasks: int
+    tasks: int  #: its last run's (an elastic gang's size as it ran); the spec's when it never ran
     nodes: tuple[str, ...]  #: the distinct nodes of its last run
     cpu: int  #: per task, millicores
     memory: int  #: per task, bytes
@@ -117,17 +117,21 @@ def _distinct(nodes: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def run_record(job: Job, run: Run) -> RunRecord:
+    """The record of one run; one that ended before its command ran (model.NEVER_RAN) has no exit
+    code: 0 here, as for a job that never ran, and readers show none (an older replica's state
+    holds the worker's 127 in its place)."""
     return RunRecord(job_id=job.id, attempt=run.attempt, user=job.user, queue=job.spec.queue or "default",
                      start=run.placed_at, running=run.started_at, end=run.ended_at, nodes=_distinct(run.nodes),
                      tasks=len(run.nodes), cpu=run.resources.cpu, memory=run.resources.memory,
-                     gpu=run.resources.gpu, outcome=run.outcome, reason=run.reason, exit_code=run.exit_code,
+                     gpu=run.resources.gpu, outcome=run.outcome, reason=run.reason,
+                     exit_code=0 if run.outcome in NEVER_RAN else run.exit_code,
                      gpu_seconds=run.gpu_seconds, cpu_seconds=run.cpu_seconds, checkpoint_at=run.checkpoint_at)
 
 
 def job_record(job: Job) -> JobRecord:
     """The accounting record of a finished job (from the replicated state alone)."""
     runs = tuple(run_record(job, r) for r in job.runs)
-    last = job.runs[-1] if job.runs else None
+    last = runs[-1] if runs else None
     if job.status is JobStatus.CANCELLED:
         reason = EndReason.CANCELLED
     elif last is not None:
@@ -142,7 +146,7 @@ def job_record(job: Job) -> JobRecord:
         job_id=job.id, name=spec.name, user=job.user, queue=spec.queue or "default", priority=spec.priority,
         submit=job.submitted_at, eligible=job.submitted_at, start=job.runs[0].placed_at if job.runs else 0.0,
         end=job.finished_at, state=job.status.value, reason=str(reason), detail=detail,
-        exit_code=last.exit_code if last else 0, attempts=job.attempt, tasks=spec.tasks,
+        exit_code=last.exit_code if last else 0, attempts=job.attempt, tasks=last.tasks if last else spec.tasks,
         nodes=_distinct(last.nodes) if last else (), cpu=spec.resources.cpu, memory=spec.resources.memory,
         gpu=spec.resources.gpu, gpu_seconds=sum(r.gpu_seconds for r in runs),
         cpu_seconds=sum(r.cpu_seconds for r in runs), time_limit=spec.time_limit,

@@ -96,6 +96,18 @@ NO_PLAN_MEMO = 10_000
 RETENTION_SWEEP_S = 10.0
 FORGET_CHUNK = 500
 
+
+@dataclass(frozen=True, slots=True)
+class PreemptionStep:
+    """What the preemption step decides: the gang it preempts for (its plan), or none; and the gangs
+    it found without a plan, why, by (job, attempt, state.other_changes)."""
+
+    job_id: str = ""
+    plan: preemption.PreemptionPlan | None = None
+    no_plan: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
+    cut: bool = False  #: it stopped at PREEMPT_TRIES gangs tried
+
+
 #: A queue policy: (state, now, previous reservations, memo) -> the round's plans, as schedule_round.
 QueuePolicy = Callable[[ClusterState, float, "Reservation | tuple[Reservation, ...] | None", "RoundMemo | None"],
                        RoundResult]
@@ -266,6 +278,9 @@ class LeaderView(Protocol):
 
     def progress_of(self, job_id: str) -> Progress | None:
         """A job's latest progress as its tasks reported it to this leader (newer than the log's)."""
+
+    def what_if(self, state: ClusterState, job: Job, now: float) -> preemption.PreemptionPlan | str:
+        """What the leader's preemption step would do for a pending job now: its plan, or why none."""
 
 
 class LeaderState:
@@ -470,39 +485,100 @@ class LeaderState:
         return out
 
     def _preempt(self, state: ClusterState, now: float) -> list[Instruction]:
-        """Plan one preemption for the first waiting gang, in queue order, that a rule allows.
+        """Plan one preemption for the first waiting gang, in queue order, that a rule allows
+        (`preemption_step`); its wait reason and reservation then name the preemption's domain.
 
         Only jobs of queues an admin defined preempt (the implicit default queue never does, so a
         cluster without queues schedules as before)."""
-        if not (self.config.preempt and state.queues):
+        step = self.preemption_step(state, now)
+        for key, why in step.no_plan.items():
+            self.no_plan[key] = why
+        if len(self.no_plan) > NO_PLAN_MEMO:
+            self.no_plan.clear()
+        waiting = dict(self._waiting)
+        for (job_id, _attempt, _changes), why in step.no_plan.items():
+            waiting[job_id] = dataclasses.replace(waiting[job_id],
+                                                  message=f"{waiting[job_id].message}; no preemption: {why}")
+        if step.plan is None:
+            if step.no_plan:
+                self._waiting = waiting
             return []
-        found, tried, verdicts = None, 0, {}
+        cmd = step.plan.command
+        # The round's reservation for this gang (the nodes expected to drain first) is not where it
+        # will run: the preemption holds other nodes for it. Its wait reason and `describe` say
+        # the preemption's domain, as the Preempting event does, and keep no reservation for it.
+        waiting[cmd.job_id] = WaitReason(
+            (), f"preempting in {step.plan.domain}: stopping {', '.join(v.job_id for v in cmd.victims)} (rule "
+                f"{cmd.rule}); {', '.join(cmd.nodes)} to be held for it", "Preempting")
+        self._waiting = waiting
+        if self.last_round is not None:
+            kept = tuple(r for r in self.reservations() if r.job_id != cmd.job_id)
+            self.last_round = dataclasses.replace(self.last_round, reservation=kept[0] if kept else None,
+                                                  reservations=kept)
+        return [Propose(cmd)]
+
+    def preemption_step(self, state: ClusterState, now: float, upto: str = "") -> PreemptionStep:
+        """What the preemption step decides now (it changes nothing): the first waiting gang, in
+        queue order, that may preempt (`preemption_gate`) and has a plan, trying at most
+        PREEMPT_TRIES gangs not already known to have none. With `upto`, it stops at that job:
+        what-if (`what_if`) asks this same question, so it answers what the leader does."""
+        no_plan: dict[tuple[str, int, int], str] = {}
+        tried = 0
         for job in state.pending_jobs():
             if tried >= PREEMPT_TRIES:
-                break
-            if job.id not in self._waiting or job.id in state.holds or self._waiting[job.id].code in HELD_CODES:
-                continue  # a job held back (dependency, throttle, singleton) may not run now, so it takes no room
-            if state.queue_of(job) not in state.queues or admission.max_block(state, job):
+                return PreemptionStep(no_plan=no_plan, cut=True)
+            if self.preemption_gate(state, job):
+                if job.id == upto:
+                    break
                 continue
             key = (job.id, job.attempt, state.other_changes)
-            if key in self.no_plan:
+            known = self.no_plan.get(key)
+            if known is not None:
+                if job.id == upto:
+                    return PreemptionStep(job.id, no_plan={key: known})
                 continue
             tried += 1
             planned = preemption.plan(state, job, now)
             if isinstance(planned, str):
-                self.no_plan[key] = verdicts[job.id] = planned
+                no_plan[key] = planned
+                if job.id == upto:
+                    break
                 continue
-            found = planned.command
-            break
-        if len(self.no_plan) > NO_PLAN_MEMO:
-            self.no_plan.clear()
-        if verdicts:
-            waiting = dict(self._waiting)
-            for job_id, why in verdicts.items():
-                waiting[job_id] = dataclasses.replace(waiting[job_id],
-                                                      message=f"{waiting[job_id].message}; no preemption: {why}")
-            self._waiting = waiting
-        return [] if found is None else [Propose(found)]
+            return PreemptionStep(job.id, planned, no_plan)
+        return PreemptionStep(no_plan=no_plan)
+
+    def preemption_gate(self, state: ClusterState, job: Job) -> str:
+        """Why the leader's preemption step passes over this pending job ("" if it weighs it)."""
+        if not self.config.preempt:
+            return "this leader does not preempt"
+        if not state.queues:
+            return "no queue is defined: only jobs of a queue an admin defined preempt"
+        waiting = self._waiting.get(job.id)
+        if job.id in state.holds:
+            return f"it already holds {', '.join(state.holds[job.id].nodes)} from a preemption"
+        if waiting is None:
+            return "the scheduler has not weighed it yet (it will within a round)"
+        if waiting.code in HELD_CODES:  # it may not run now (dependency, throttle, singleton): it takes no room
+            return f"it may not run now: {waiting.message}"
+        if state.queue_of(job) not in state.queues:
+            return f"its queue {state.queue_of(job)} is not one an admin defined: only those preempt"
+        return admission.max_block(state, job)
+
+    def what_if(self, state: ClusterState, job: Job, now: float) -> preemption.PreemptionPlan | str:
+        """What the preemption step would do for `job` now: its plan, or why it preempts nothing
+        for it (call under the state's lock; changes nothing)."""
+        why = self.preemption_gate(state, job)
+        if why:
+            return why
+        step = self.preemption_step(state, now, upto=job.id)
+        if step.job_id == job.id and step.plan is not None:
+            return step.plan
+        if step.plan is not None:
+            return f"job {step.job_id} comes first in queue order and preempts first; this job is weighed after it"
+        if step.cut:
+            return f"the leader weighs the first {PREEMPT_TRIES} waiting gangs a round that may preempt, and this " \
+                   "job is behind them"
+        return next(iter(step.no_plan.values()), "no preemption plan")
 
     def _pending_reasons(self, state: ClusterState, now: float, examined: Iterable[str]) -> list[Instruction]:
         """Put into the log why gangs wait, for those whose reason changed since it was recorded

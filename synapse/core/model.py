@@ -246,6 +246,16 @@ class EndReason(enum.StrEnum):
     IMAGE_PULL_FAILED = "ImagePullFailed"
     #: its node's worker reported an error of a GPU it used (synapse.core.heartbeat.GpuErrorReport)
     GPU_ERROR = "GpuError"
+    #: a host path it asks to mount lies outside the prefixes its worker allows: the job fails at
+    #: once, not retried (no attempt can mend it), and the reason names the allowed prefixes
+    MOUNT_REFUSED = "MountRefused"
+
+
+#: The ends of a task whose command never ran: it has no exit code (a worker sends 127 in its place).
+NEVER_RAN = frozenset({EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED, EndReason.MOUNT_REFUSED})
+#: The command-set version that brought MountRefused, and from which apply records no exit code for
+#: a task that never ran (an older replica keeps the worker's 127: the change waits for every member).
+NEVER_RAN_VERSION = 6
 
 
 #: The causes besides preemption and resizing that end an attempt through no fault of the job: it
@@ -280,7 +290,8 @@ NOTICED_CAUSES = frozenset({EndReason.TIME_LIMIT, EndReason.PREEMPTED, EndReason
 
 #: The reasons a worker may report; the others come from the cluster's own decisions.
 WORKER_REASONS = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
-                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED})
+                            EndReason.COMMAND_NOT_FOUND, EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED,
+                            EndReason.MOUNT_REFUSED})
 
 
 #: How long a gang waits for its image on all its nodes, unless its job says otherwise.

@@ -46,6 +46,7 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.placement import pack_depth
+from synapse.core.quantity import format_moment
 from synapse.core.topology import Domain
 
 #: A plan's cost, compared as a tuple: (highest victim priority, GPUs pushed below guarantees, GPU-seconds
@@ -59,8 +60,11 @@ _LIVE = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING})
 
 @dataclass(frozen=True, slots=True)
 class PreemptionPlan:
+    """A preemption to propose, the work it loses, and the domain it preempts in (its path)."""
+
     command: c.Preempt
     lost_gpu_seconds: float
+    domain: str = ""
 
 
 @dataclass(slots=True)  # not frozen: built for thousands of gangs per plan, and frozen init is slow
@@ -136,7 +140,8 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     if not candidates:
         if protected:
             until, who = min(protected)
-            return f"the gangs it could preempt are protected by min_runtime (the first, {who}, until {until:.0f})"
+            return (f"the gangs it could preempt are protected by min_runtime (the first, {who}, until "
+                    f"{format_moment(until, now)})")
         if exempt:
             return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
                     f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")
@@ -209,7 +214,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         sorted({v.rule for v in victims}))
     command = c.Preempt(at=now, job_id=job.id, attempt=job.attempt, rule=rule, nodes=held, explanation="; ".join(facts),
                         victims=tuple(c.Victim(v.job.id, v.job.attempt, _grace(v), _notice(v)) for v in victims))
-    return PreemptionPlan(command, cost[2])
+    return PreemptionPlan(command, cost[2], chosen)
 
 
 def _pushed_below(state: ClusterState, victims: tuple[_Candidate, ...]) -> int:

@@ -7,7 +7,9 @@ float number of seconds: integers keep the replicated arithmetic exact on every 
 
 from __future__ import annotations
 
+import math
 import re
+from datetime import UTC, datetime
 
 _MEMORY_SUFFIXES = {
     "": 1,
@@ -95,6 +97,17 @@ def format_duration(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_moment(at: float, now: float) -> str:
+    """A moment in prose the leader writes (wait reasons, which the log keeps and any replica shows
+    later): `14:02 UTC`, with its date when not on `now`'s UTC day, `unknown` for none (inf). Never
+    an epoch, and never relative: a duration would be stale by the time it is read."""
+    if not math.isfinite(at) or at <= 0:
+        return "unknown"
+    moment = datetime.fromtimestamp(at, UTC)
+    clock = moment.strftime("%H:%M UTC")
+    return clock if moment.date() == datetime.fromtimestamp(now, UTC).date() else f"{moment:%Y-%m-%d} {clock}"
 
 
 def format_wait(pending: bool, submitted_at: float, started_at: float, now: float) -> str:

@@ -79,6 +79,7 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.placement import ClusterView, explain, pack_depth
+from synapse.core.quantity import format_moment
 from synapse.core.spares import last_domain, may_use_spares, restarting
 from synapse.core.topology import Domain
 
@@ -100,10 +101,10 @@ class Reservation:
     #: a later gang's reservation may take the same nodes from then on
     ends_at: float = math.inf
 
-    def describe(self) -> str:
-        start = "unknown" if math.isinf(self.starts_at) else f"{self.starts_at:.0f}"
+    def describe(self, now: float) -> str:
+        """`job J holds 2 node(s) in rack1 (expected free at 14:02 UTC)`, as of `now`."""
         return (f"job {self.job_id} holds {len(self.nodes)} node(s) in "
-                f"{topology_path(self.domain)} (expected free at {start})")
+                f"{topology_path(self.domain)} (expected free at {format_moment(self.starts_at, now)})")
 
 
 #: Why a gang waits, a closed set ranked from the most to the least lasting (metrics count by it).
@@ -465,7 +466,7 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
     gang)."""
     local = " (waiting for one " + spec.topology.pack + ")" if spec.topology != job.spec.topology else ""
     if len(reservations) >= tuning.reservations and not restart:
-        return (f"does not fit outside the reservations{local} ({reservations[0].describe()}, "
+        return (f"does not fit outside the reservations{local} ({reservations[0].describe(now)}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
     # Its excluded nodes never free for it: a reservation holds none of them; nor spares, but for a restart.
     never = excluded_for(state.nodes, job) | (frozenset() if restart else state.spares)
@@ -487,10 +488,11 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
                     reservations.append(Reservation(job.id, job.attempt, domain, kept_nodes, math.inf,
                                                     chosen_at=now))
                     return (f"{unusable[0]}; keeps {len(kept_nodes)} node(s) of {topology_path(domain)} for "
-                            f"its restart until {down_since + tuning.restart_hold_s:.0f}", unusable[1])
+                            f"its restart until {format_moment(down_since + tuning.restart_hold_s, now)}",
+                            unusable[1])
                 if kept_nodes:
                     why = "they are cordoned" if math.isinf(down_since) else \
-                        f"one is DOWN since {down_since:.0f}, longer than a reboot"
+                        f"one is DOWN since {format_moment(down_since, now)}, longer than a reboot"
                     return f"{unusable[0]}; keeps no node for its restart ({why})", unusable[1]
             return unusable or (
                 "can never fit: no domain it may use is large enough even when idle", "Unschedulable")
@@ -498,10 +500,10 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
             # them), or no domain's nodes hold it when idle after all (the bound is only an upper bound)
             return ("can never fit without the nodes excluded for it" if excluded_for(state.nodes, job) else
                     "can never fit: no domain it may use holds it even when idle"), "Unschedulable"
-        return (f"does not fit outside the reservations{local} ({reservations[0].describe()})",
+        return (f"does not fit outside the reservations{local} ({reservations[0].describe(now)})",
                 "BehindReservation")
     reservations.append(reservation)
-    return "does not fit now" + local + "; " + reservation.describe(), "Resources"
+    return "does not fit now" + local + "; " + reservation.describe(now), "Resources"
 
 
 def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float]) -> frozenset[str]:

@@ -345,7 +345,8 @@ def _array_to_dict(a: JobArray) -> dict[str, Any]:
             "submitted_at": a.submitted_at, "seq": a.seq, "throttle": a.throttle, "next": a.next, "rep": a.rep,
             "skipped": sorted(a.skipped), "cancelled": a.cancelled,
             "never_satisfied": a.never_satisfied, "succeeded": a.succeeded, "failed": a.failed,
-            "cancelled_count": a.cancelled_count, "finished_at": a.finished_at}
+            "cancelled_count": a.cancelled_count, "finished_at": a.finished_at,
+            **({"started_at": a.started_at} if a.started_at else {})}  # absent: as an older release wrote it
 
 
 def _array_from_dict(d: dict[str, Any]) -> JobArray:
@@ -353,7 +354,8 @@ def _array_from_dict(d: dict[str, Any]) -> JobArray:
                     submitted_at=d["submitted_at"], seq=d["seq"], throttle=d["throttle"], next=d["next"],
                     rep=d["rep"], skipped=set(d["skipped"]), cancelled=d["cancelled"],
                     never_satisfied=d.get("never_satisfied", False), succeeded=d["succeeded"],
-                    failed=d["failed"], cancelled_count=d["cancelled_count"], finished_at=d["finished_at"])
+                    failed=d["failed"], cancelled_count=d["cancelled_count"], finished_at=d["finished_at"],
+                    started_at=d.get("started_at", 0.0))
 
 
 def _join_token_to_dict(t: JoinToken) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from synapse.common.auth import (
     REPLICA_CREDENTIAL_KEY,
 )
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, elastic, fairshare, goodput, preemption
+from synapse.core import codec, dependencies, elastic, fairshare, goodput
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
@@ -355,7 +355,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         info = codec.job_to_info(
             job, waiting=waiting.message if waiting else "", waiting_code=waiting.code if waiting else "",
             shortfalls=shortfalls, env_shown=self._sees_env(job.user),
-            reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
+            reservation=reservation.describe(self.m.now()) if reservation and reservation.job_id == job.id else "")
         state = self.m.state
         if job.spec.image and job.status is JobStatus.SCHEDULED:
             now = time.monotonic()
@@ -393,7 +393,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         status = array.status(running > 0)
         view = Job(id=array.id, spec=array.spec, request_id=array.request_id, submitted_at=array.submitted_at,
                    seq=array.seq, status=status, user=array.user, finished_at=array.finished_at,
-                   array_id=array.id)
+                   started_at=array.started_at, array_id=array.id)
         info = codec.job_to_info(view, env_shown=self._sees_env(array.user))
         info.array_index = -1
         info.array.CopyFrom(codec.array_counts_to_proto(array, running))
@@ -846,9 +846,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 pass
 
     async def PreemptWhatIf(self, request, context):
-        """What preemption would do for a pending job now; commits nothing."""
+        """What the leader's preemption step would do for a pending job now (its own function, rules
+        and last round: LeaderState.what_if); commits nothing."""
         await self._check_id(request.job_id, "job_id", context)
         await self._current_read(context)
+        view = self.m.leader_view()
+        if view is None:  # it led for the read, and stepped down since
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.m.replica.id} no longer leads; retry")
         with self.m.lock:
             job = self.m.state.jobs.get(request.job_id)
             if job is None:
@@ -860,7 +864,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 return api_pb2.PreemptWhatIfReply(
                     explanation=f"job {job.id} already preempted {', '.join(hold.victims)} (rule {hold.rule}) and "
                                 f"holds {', '.join(hold.nodes)}")
-            found = preemption.plan(self.m.state, job, self.m.now())
+            found = view.what_if(self.m.state, job, self.m.now())
         if isinstance(found, str):
             return api_pb2.PreemptWhatIfReply(explanation=found)
         cmd = found.command

@@ -425,7 +425,8 @@ class WorkerAgent:
             log.warning("image pull failed task=%s image=%s cause=%s node_side=%s error=%s", a.key, a.image,
                         cause or type(exc).__name__, node_side, exc)
             self.events.put(ws.ImageFailed(a.key, f"node {self.node_id}: image {a.image}: "
-                                                  f"{cause or type(exc).__name__}: {exc}", node_side))
+                                                  f"{cause or type(exc).__name__}: {getattr(exc, 'message', exc)}",
+                                           node_side))
             return
         self.events.put(ws.ImageReady(a.key, image))
 
@@ -458,7 +459,7 @@ class WorkerAgent:
         try:
             handle = self.runtime.start(a, image, gated=gated)
         except (OSError, ContainerRefused) as exc:
-            self._start_failed(a, f"{exc}")
+            self._start_failed(a, f"{exc}", getattr(exc, "cause", EndReason.ERROR))
             return
         self.metrics.task_start.observe(time.monotonic() - seen)
         if gated:

@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from synapse.core.model import EndReason
+
 #: The NVIDIA control devices a task with GPUs gets, where the node has them.
 NVIDIA_CONTROL = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 #: Where a node's CDI specs live (the CDI specification's defaults).
@@ -62,8 +64,17 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class ContainerRefused(Exception):
-    """The worker will not run this task as asked (a mount outside the allowed prefixes, no command
-    at all); the message says why, for the job's events."""
+    """The worker will not run this task as asked (no command at all, an image not on the node);
+    the message says why, for the job's events, and `cause` is the task's EndReason."""
+
+    cause: str = EndReason.ERROR
+
+
+class MountRefused(ContainerRefused):
+    """A mount the worker will not make (outside its allowed prefixes, or not a safe path): no
+    attempt can mend it, so the job fails at once (EndReason.MOUNT_REFUSED)."""
+
+    cause = EndReason.MOUNT_REFUSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +276,7 @@ def plan(*, task_dir: Path, image_root: str, image_env: Iterable[str] | Mapping[
     for m in mounts:
         why = allowed_mount(m.source, m.target, allowed_mounts)
         if why:
-            raise ContainerRefused(why)
+            raise MountRefused(why)
     env = env_of(image_env)
     env.setdefault("PATH", DEFAULT_PATH)
     devices: list[Mount] = []

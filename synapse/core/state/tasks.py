@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from synapse.core import commands as c
 from synapse.core.commands import Result
-from synapse.core.model import WORKER_REASONS, EndReason, Job, JobStatus, TaskState, gang_unprepared
+from synapse.core.model import (
+    NEVER_RAN,
+    NEVER_RAN_VERSION,
+    WORKER_REASONS,
+    EndReason,
+    Job,
+    JobStatus,
+    TaskState,
+    gang_unprepared,
+)
 from synapse.core.state.events import job_event
 from synapse.core.state.node_faults import MAX_EXCLUDED_NODES, note_node_failures
 from synapse.core.state.tables import ClusterTables
@@ -28,6 +37,9 @@ def task_started(state: ClusterTables, cmd: c.TaskStarted) -> Result:
                f"attempt {job.attempt} started on {task.node_id}")
     if job.status is JobStatus.SCHEDULED and all(t.started_at for t in job.tasks):
         job.status, job.started_at = JobStatus.RUNNING, cmd.at
+        array = state.arrays.get(job.array_id) if job.array_id else None
+        if array is not None and not array.started_at and state.cluster_version >= NEVER_RAN_VERSION:
+            array.started_at = cmd.at  # the array's first start, which `describe` of the array shows
         job_event(state, job, cmd.at, "Running", f"all {len(job.tasks)} task(s) of attempt "
                                                  f"{job.attempt} started")
     return Result(True)
@@ -59,10 +71,14 @@ def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
     if not task.started_at:
         task.started_at = cmd.at
     reason, message = end_reason(job, cmd)
-    end_task(state, task, TaskState.EXITED, cmd.exit_code, cmd.at, reason, message)
+    # A task whose command never ran has no exit code (the worker's 127 stands in for one); an
+    # older replica records it, so the change waits until every member applies version 6.
+    never_ran = cmd.cause in NEVER_RAN and state.cluster_version >= NEVER_RAN_VERSION
+    end_task(state, task, TaskState.EXITED, None if never_ran else cmd.exit_code, cmd.at, reason, message)
+    ended = f"did not start on {task.node_id}" if never_ran else \
+        f"exited with code {cmd.exit_code} on {task.node_id}"
     state.emit(cmd.at, "Normal" if cmd.exit_code == 0 else "Warning", "job", "TaskExited", job.id,
-               f"task {task.index} of attempt {job.attempt} exited with code {cmd.exit_code} on {task.node_id}: "
-               f"{reason}" + (f" ({message})" if message else ""))
+               f"task {task.index} of attempt {job.attempt} {ended}: {reason}" + (f" ({message})" if message else ""))
     if reason == EndReason.MASTER_PORT_IN_USE:
         # Rank 0 never started; the clash is its node's, so the attempt stops without failing
         # and the job is requeued with the next attempt's port (synapse.core.rendezvous).
@@ -79,6 +95,12 @@ def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
         else:
             job.final_failure = True
             stop_attempt(state, job, f"failed: {reason} on {task.node_id}: {message}", cmd.at, failure=failure)
+    elif reason == EndReason.MOUNT_REFUSED:
+        # The task never ran: the worker will not mount what the job asks. Every attempt would be
+        # refused alike (the allowed prefixes are the cluster's), so the job fails now, not retried.
+        job.final_failure = True
+        stop_attempt(state, job, f"failed: {reason} on {task.node_id}: {message}", cmd.at,
+                     failure=f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}: {message}")
     elif reason == EndReason.NODE_LOST:
         # Its machine restarted while its worker was away, before the node was declared lost (a
         # version-4 cause, synapse.worker.state.WorkerState.restore): the task died with the
@@ -107,7 +129,7 @@ def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:
         return EndReason.OOM_KILLED, cmd.reason
     if job.status is JobStatus.STOPPING and job.stop_cause:
         return job.stop_cause, job.stop_reason
-    if cmd.cause in (EndReason.MASTER_PORT_IN_USE, EndReason.IMAGE_PULL_FAILED, EndReason.NODE_LOST):
+    if cmd.cause in NEVER_RAN or cmd.cause == EndReason.NODE_LOST:
         return cmd.cause, cmd.reason  # it never ran, or died with its machine: its exit code means nothing
     if cmd.cause in WORKER_REASONS:
         cause = cmd.cause
