@@ -357,7 +357,7 @@ STAGES = {
         ("  request decode + validation", [("core/codec.py", "job_spec_from_proto"),
                                            ("core/jobspec.py", "check_spec")]),
         ("  admission reads under the lock", [("core/state/jobs.py", "request_conflict"),
-                                              ("core/elastic.py", "required_domain_problem")]),
+                                              ("core/schedule/elastic.py", "required_domain_problem")]),
         ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose_all")]),
         ("  log lines", [("logging/__init__.py", "info"), ("logging/__init__.py", "debug")]),
         ("  metrics", [("master/endpoints.py", "count")]),

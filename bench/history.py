@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.measure import percentile  # noqa: E402
 
 from synapse.core import commands as c  # noqa: E402
-from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.history import JobRecord, RunRecord, export_batch  # noqa: E402
 from synapse.core.model import JobSpec, Placement, Resources  # noqa: E402
+from synapse.core.state.fsm import ClusterState  # noqa: E402
 from synapse.history.store import HistoryStore, JobQuery, _job_row, _run_row, _usage, jobs, runs, usage_daily  # noqa: E402
 from synapse.local.postgres import PostgresServer, unavailable  # noqa: E402
 

@@ -31,9 +31,9 @@ from support.measure import percentile  # noqa: E402
 
 from synapse.core import codec  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
-from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.model import JobSpec, Placement, Resources  # noqa: E402
-from synapse.core.placement import ClusterView, place  # noqa: E402
+from synapse.core.schedule.placement import ClusterView, place  # noqa: E402
+from synapse.core.state.fsm import ClusterState  # noqa: E402
 
 NODE = Resources(64_000, 512 << 30, 8)
 NODES_PER_RACK, RACKS_PER_BLOCK, BLOCKS_PER_ZONE = 32, 8, 4

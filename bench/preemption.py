@@ -8,7 +8,7 @@
 (guaranteed a quarter, borrowing the rest). Every node is busy with one of thousands of running
 gangs of `b` (1, 2 or 4 whole nodes, inside one rack, or 1-7 GPUs on one node), started at random
 times. `a` submits a 16 x 8-GPU gang that must sit in one rack: placement finds no room, and the
-planner (synapse.core.preemption.plan) picks the rack and victims with the least lost work. Both
+planner (synapse.core.schedule.preemption.plan) picks the rack and victims with the least lost work. Both
 are timed on the same state; the ratio is the planner's cost over a plain placement attempt.
 Plans are timed twice: under Python's default collector thresholds, then under the thresholds a
 master sets for itself (synapse.common.collector), since a full collection over a large state costs
@@ -32,10 +32,10 @@ from support.measure import percentile  # noqa: E402
 
 from synapse.common.collector import THRESHOLDS, tune_for_large_state  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
-from synapse.core import preemption  # noqa: E402
-from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.model import JobSpec, PackMode, Placement, Queue, Resources, TopologySpec  # noqa: E402
-from synapse.core.placement import ClusterView, place  # noqa: E402
+from synapse.core.schedule import preemption
+from synapse.core.schedule.placement import ClusterView, place  # noqa: E402
+from synapse.core.state.fsm import ClusterState  # noqa: E402
 
 NODE = Resources(64_000, 512 << 30, 8)
 NODES_PER_RACK, RACKS_PER_BLOCK = 32, 8

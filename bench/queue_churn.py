@@ -10,7 +10,7 @@ bench/ha.py does) or a pending job drawn at random (`random`).
 
 Each round is run as the leader runs it, with the memo of the round before. `before` voids the
 memo after every cancel, as the code did until a cancel of a pending job was made a quiet change
-(synapse.core.scheduler.RoundMemo): the round after it walks the whole queue. `now` keeps it. Both
+(synapse.core.schedule.scheduler.RoundMemo): the round after it walks the whole queue. `now` keeps it. Both
 run in the same process, interleaved, `--repeat` times; the figure is the median CPU time per
 round (this process's CPU time, not wall time, which other work on a shared machine stretches).
 """
@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse.core import commands as c  # noqa: E402
-from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.model import JobSpec, Placement, Resources, TopologySpec  # noqa: E402
-from synapse.core.scheduler import schedule_round  # noqa: E402
-from synapse.core.sim import uniform_cluster  # noqa: E402
+from synapse.core.schedule.scheduler import schedule_round  # noqa: E402
+from synapse.core.state.fsm import ClusterState  # noqa: E402
+from synapse.sim.engine import uniform_cluster  # noqa: E402
 
 NODE = Resources(64_000, 512 << 30, 8)
 #: the shapes of the queued jobs: none fits while every node runs a task

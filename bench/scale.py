@@ -57,8 +57,8 @@ from workflows import fill, job_spec, new_state, round_times  # noqa: E402
 from synapse.client.master_client import MasterClient  # noqa: E402
 from synapse.common.auth import node_metadata  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
-from synapse.core.fsm import ClusterState  # noqa: E402
 from synapse.core.shards import ranked  # noqa: E402
+from synapse.core.state.fsm import ClusterState  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2  # noqa: E402
 

@@ -27,8 +27,8 @@ from typing import Any
 from chaos.linearizability import JOBS, Op, check
 from synapse.core import commands as c
 from synapse.core.codec import CodecError
-from synapse.core.fsm import ApplyFailed, ClusterState
-from synapse.core.invariants import node_violations, violations
+from synapse.core.state.fsm import ApplyFailed, ClusterState
+from synapse.core.state.invariants import node_violations, violations
 from synapse.master.durability import CorruptionError, entry_payload, journal_records
 
 #: The full invariant scan (every job and node) runs this often during a replay; the per-node
@@ -84,7 +84,7 @@ def replay_replica(data_dir: str | Path, levels: tuple[str, ...] | None = None) 
             problems.append(f"journal unreadable: {exc}")
         except CodecError as exc:  # the replica stops there too: nothing after it is replayed
             problems.append(f"raft index {idx}: a command this code cannot apply: {exc}")
-        except ApplyFailed as exc:  # a handler failed midway: the replica stops there (synapse.core.fsm)
+        except ApplyFailed as exc:  # a handler failed midway: the replica stops there (synapse.core.state.fsm)
             problems.append(f"raft index {idx}: applying it failed midway: {exc}")
     problems += [f"final state: {v}" for v in violations(state)]
     return state, sorted(set(problems), key=problems.index), replayed

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
-from synapse.core.invariants import violations
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
-from synapse.core.sim import uniform_cluster
+from synapse.core.state.fsm import ClusterState
+from synapse.core.state.invariants import violations
+from synapse.sim.engine import uniform_cluster
 
 GI = 1 << 30
 NODE = Resources(cpu=64_000, memory=512 * GI, gpu=8)

@@ -1,4 +1,4 @@
-"""Apply is a transaction (synapse.core.fsm): a command changes the state as a whole or not at all.
+"""Apply is a transaction (synapse.core.state.fsm): a command changes the state as a whole or not at all.
 
 Two halves, for every command kind the state machine has a handler for:
 - a rejection changes nothing: random sequences of every kind of command, sensible and absurd,
@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ApplyFailed, ClusterState
 from synapse.core.model import (
     CheckpointSpec,
     Placement,
@@ -29,10 +28,11 @@ from synapse.core.model import (
     Resources,
     Role,
 )
-from synapse.core.scheduler import schedule_round
-from synapse.core.sim import uniform_cluster
+from synapse.core.schedule.scheduler import schedule_round
+from synapse.core.state.fsm import ApplyFailed, ClusterState
 from synapse.master.durability import seal
 from synapse.master.raft import ReplicatedState
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import GI, spec
 
 NODES = uniform_cluster(blocks_per_zone=1, racks_per_block=2, nodes_per_rack=2, capacity=Resources(16_000, 64 * GI, 8))

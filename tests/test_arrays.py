@@ -10,11 +10,11 @@ import pytest
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array, split_element_id
-from synapse.core.fsm import ClusterState
+from synapse.core.brain.leader_state import LeaderState, Propose, Proposed, RoundDue
 from synapse.core.jobspec import JobFileError, check_spec, parse_job
-from synapse.core.leader_state import LeaderState, Propose, Proposed, RoundDue
 from synapse.core.model import JobStatus
-from synapse.core.scheduler import schedule_round
+from synapse.core.schedule.scheduler import schedule_round
+from synapse.core.state.fsm import ClusterState
 from synapse.master.dispatch import assignments_for_node
 from synapse.sim.policies import easy
 from tests.helpers import checked, cluster, spec

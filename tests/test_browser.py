@@ -30,7 +30,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
-from synapse.core.scheduler import PENDING_REASONS
+from synapse.core.schedule.scheduler import PENDING_REASONS
 from synapse.master.dashboard import PALETTE, gang_classes
 from tests.test_dashboard import fetch
 from tests.test_master_ha import wait_status

@@ -6,9 +6,9 @@ from chaos import checkers
 from chaos.history import History, read
 from synapse.core import commands as c
 from synapse.core.model import Placement
-from synapse.core.sim import uniform_cluster
 from synapse.local.cluster import free_base_port
 from synapse.master.raft import RaftNode, raft_config
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import spec
 
 

@@ -10,14 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from synapse.client.synctl import main as synctl
-from synapse.core import codec, preemption
+from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState, utc_clock
+from synapse.core.brain.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose, Proposed
 from synapse.core.jobspec import JobFileError, check_spec, parse_job
-from synapse.core.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose, Proposed
 from synapse.core.model import CheckpointSpec, JobStatus, Placement, Queue
-from synapse.core.sim import uniform_cluster
+from synapse.core.schedule import preemption
+from synapse.core.state.fsm import ClusterState, utc_clock
 from synapse.master.dispatch import assignments_for_node
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import checked, cluster, spec, wait_for
 
 USR1 = CheckpointSpec("USR1", 120.0)

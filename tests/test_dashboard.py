@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from synapse.common.tls import TLSFiles, generate, http_base
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources, Role
-from synapse.core.scheduler import PENDING_REASONS
+from synapse.core.schedule.scheduler import PENDING_REASONS
 from synapse.master.access import token_hash, token_key
 from synapse.master.dashboard import PALETTE, NodeMark, gang_classes, heatmap
 from synapse.master.dashboard_sessions import Sessions

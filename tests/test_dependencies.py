@@ -9,11 +9,11 @@ import pytest
 
 from synapse.core import commands as c
 from synapse.core import dependencies as d
+from synapse.core.brain.leader_state import LeaderState
 from synapse.core.dependencies import DependencyState
-from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, parse_job
-from synapse.core.leader_state import LeaderState
 from synapse.core.model import JobStatus, Queue, Resources
+from synapse.core.state.fsm import ClusterState
 from tests.helpers import checked, cluster, spec
 from tests.test_arrays import finish, run_round, submit_array
 

@@ -8,11 +8,11 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.elastic import required_domain_problem
+from synapse.core.brain.leader_state import LeaderState
 from synapse.core.jobspec import JobFileError, parse_job
-from synapse.core.leader_state import LeaderState
 from synapse.core.model import JobStatus, Placement, Queue
-from synapse.core.placement import ClusterView
+from synapse.core.schedule.elastic import required_domain_problem
+from synapse.core.schedule.placement import ClusterView
 from synapse.master.dispatch import assignments_for_node
 from tests.helpers import checked, cluster, spec
 from tests.test_arrays import finish, run_round

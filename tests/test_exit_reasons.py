@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
-from synapse.core.heartbeat import health_change
+from synapse.core.brain.heartbeat import health_change
 from synapse.core.model import JobStatus, Placement, Resources
+from synapse.core.state.fsm import ClusterState
 from tests.helpers import checked, cluster, spec
 
 N0, N1 = "r0-n0", "r0-n1"

@@ -1,4 +1,4 @@
-"""Usage that remembers (synapse.core.fairshare): the decay, its bookkeeping in apply, admission's
+"""Usage that remembers (synapse.core.schedule.fairshare): the decay, its bookkeeping in apply, admission's
 order, and the leader setting the configured half-life. Pure."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
+from synapse.core.state.fsm import ClusterState
 from tests.helpers import checked, cluster, spec
 from tests.test_history_core import N0, N1, brain, proposals, run_job
 
@@ -14,7 +14,7 @@ H = 7 * 86400.0
 
 
 def test_decayed_usage_halves_every_half_life_and_a_steady_holder_approaches_its_ceiling():
-    from synapse.core import fairshare
+    from synapse.core.schedule import fairshare
 
     assert fairshare.decayed(100.0, 0, H, H) == pytest.approx(50.0)
     assert fairshare.decayed(0.0, 8, 1.0, H) == pytest.approx(8.0, rel=1e-5)  # a second of 8 GPUs
@@ -25,7 +25,7 @@ def test_decayed_usage_halves_every_half_life_and_a_steady_holder_approaches_its
 
 
 def test_apply_keeps_each_queue_and_users_decayed_gpu_time_from_the_commands_timestamps():
-    from synapse.core import fairshare
+    from synapse.core.schedule import fairshare
 
     state = cluster(racks=1, nodes_per_rack=2)
     checked(state, c.SetUsageHalfLife(at=0, half_life=H))
@@ -40,8 +40,8 @@ def test_apply_keeps_each_queue_and_users_decayed_gpu_time_from_the_commands_tim
 
 
 def test_admission_puts_the_queue_that_used_less_lately_first():
-    from synapse.core import admission
     from synapse.core.model import Queue
+    from synapse.core.schedule import admission
 
     state = cluster(racks=1, nodes_per_rack=2)
     checked(state, c.ApplyQueues(at=0, queues=(Queue("a"), Queue("b"))))
@@ -58,7 +58,7 @@ def test_admission_puts_the_queue_that_used_less_lately_first():
 
 
 def test_a_new_leader_sets_the_configured_half_life_once():
-    from synapse.core.leader_state import Started
+    from synapse.core.brain.leader_state import Started
 
     state = cluster(racks=1, nodes_per_rack=2)
     leader = brain(usage_half_life=H)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from synapse.core import codec
-from synapse.core.heartbeat import Lease
+from synapse.core.brain.heartbeat import Lease
 from synapse.core.model import JobSpec, Resources
 from synapse.worker import fence
 from synapse.worker.fence import TASK_JOURNAL

@@ -6,8 +6,8 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import MAX_EVENTS_PER_JOB, ClusterState
 from synapse.core.model import JobStatus, NodeStatus, Placement, Resources, Role, TaskState
+from synapse.core.state.fsm import MAX_EVENTS_PER_JOB, ClusterState
 from tests.helpers import GI, NODE, checked, cluster, spec
 
 
@@ -478,7 +478,7 @@ def test_version_3_records_make_a_version_3_snapshot_and_only_then():
 
 def test_a_lost_node_walks_no_job_round_the_cluster_for_ever():
     """Lost nodes requeue uncharged up to MAX_UNCHARGED_REQUEUES times; then they count."""
-    from synapse.core.fsm import MAX_UNCHARGED_REQUEUES
+    from synapse.core.state.fsm import MAX_UNCHARGED_REQUEUES
 
     state = cluster(racks=1, nodes_per_rack=8)
     submit(state, "j1", tasks=1, max_restarts=0)
@@ -522,7 +522,7 @@ def test_cluster_events_are_typed_ordered_and_survive_a_snapshot():
 
 
 def test_a_cursor_older_than_the_events_kept_is_refused():
-    from synapse.core import fsm
+    from synapse.core.state import fsm
 
     state = cluster(racks=1, nodes_per_rack=1)
     for i in range(fsm.MAX_CLUSTER_EVENTS + 10):

@@ -14,8 +14,7 @@ import pytest
 
 from synapse.core import codec, goodput
 from synapse.core import commands as c
-from synapse.core.goodput import FAILURE, FINISHED, OTHER, Attempt, Goodput, account
-from synapse.core.leader_state import (
+from synapse.core.brain.leader_state import (
     Heartbeat,
     LeaderConfig,
     LeaderState,
@@ -25,6 +24,7 @@ from synapse.core.leader_state import (
     Proposed,
     Started,
 )
+from synapse.core.goodput import FAILURE, FINISHED, OTHER, Attempt, Goodput, account
 from synapse.core.model import JobSpec, JobStatus, Placement, Resources
 from synapse.worker.progress import ProgressWatcher, Value, parse_line, read_last
 from tests.helpers import checked, cluster, spec, wait_for

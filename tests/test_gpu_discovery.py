@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from synapse.client.synctl import main as synctl
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.model import Resources
-from synapse.core.placement import ClusterView, place
+from synapse.core.schedule.placement import ClusterView, place
+from synapse.core.state.fsm import ClusterState
 from synapse.worker import gpu_errors, gpus
 
 SMI_OUTPUT = "0, NVIDIA H100 80GB HBM3, 81559\n1, NVIDIA H100 80GB HBM3, 81559\n"

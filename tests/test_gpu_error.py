@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from synapse.client.synctl import main as synctl
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
-from synapse.core.heartbeat import NODE_GPUS, GpuErrorReport, gpu_fault, gpu_fault_change
-from synapse.core.leader_state import Heartbeat, LeaderConfig, LeaderState, MonitorDue, Proposed
+from synapse.core.brain.heartbeat import NODE_GPUS, GpuErrorReport, gpu_fault, gpu_fault_change
+from synapse.core.brain.leader_state import Heartbeat, LeaderConfig, LeaderState, MonitorDue, Proposed
 from synapse.core.model import JobStatus, Placement
-from synapse.core.spares import restarting
+from synapse.core.schedule.spares import restarting
+from synapse.core.state.fsm import ClusterState
 from synapse.worker.gpu_errors import hook_watch, parse_hook, parse_query
 from tests.helpers import checked, cluster, spec, wait_for
 

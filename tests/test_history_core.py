@@ -7,10 +7,10 @@ import pytest
 
 from synapse.core import codec, history
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
-from synapse.core.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose
+from synapse.core.brain.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose
 from synapse.core.model import EndReason, JobStatus, Node, NodeStatus, Placement, Resources
-from synapse.core.snapshot import encode
+from synapse.core.state.fsm import ClusterState
+from synapse.core.state.snapshot import encode
 from tests.helpers import GI, checked, cluster, spec
 
 N0, N1 = "r0-n0", "r0-n1"

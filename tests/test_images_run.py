@@ -183,7 +183,7 @@ def test_placement_prefers_nodes_that_hold_the_image_among_equally_good_ones():
 
     from synapse.core import commands as c
     from synapse.core.model import Placement
-    from synapse.core.placement import ClusterView, place
+    from synapse.core.schedule.placement import ClusterView, place
     from tests.helpers import checked, cluster, spec
 
     state = cluster(racks=2, nodes_per_rack=2)
@@ -314,7 +314,7 @@ def test_image_pull_failed_fails_a_reference_and_requeues_a_node_uncharged_witho
 
 def test_the_leader_ends_an_attempt_whose_image_is_late_past_its_pull_timeout():
     from synapse.core import commands as c
-    from synapse.core.leader_state import LeaderState, MonitorDue
+    from synapse.core.brain.leader_state import LeaderState, MonitorDue
     from synapse.core.model import EndReason
     from tests.helpers import checked, cluster
 

@@ -21,10 +21,11 @@ from click.testing import CliRunner
 from synapse.client.synctl import main as synctl
 from synapse.common.auth import client_metadata, node_metadata
 from synapse.common.tls import http_base
-from synapse.core import codec, snapshot
+from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
 from synapse.core.model import Resources, Role
+from synapse.core.state import snapshot
+from synapse.core.state.fsm import ClusterState
 from synapse.local import cluster as local
 from synapse.master import access
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2

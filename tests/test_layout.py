@@ -33,10 +33,10 @@ ALLOWED = {
     "proto": set(),
 }
 
-#: The leader's decisions live in one place, synapse.core.leader_state, and its drivers only carry
+#: The leader's decisions live in one place, synapse.core.brain.leader_state, and its drivers only carry
 #: them out: a driver that imported the deciding modules could grow a second copy of a decision.
-DRIVERS = {"core.sim", "master.leader"}
-DECIDING = {"core.preemption", "core.admission", "core.placement"}
+DRIVERS = {"sim.engine", "master.leader"}
+DECIDING = {"core.schedule.preemption", "core.schedule.admission", "core.schedule.placement"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -120,7 +120,7 @@ def forbidden_edges(root: Path) -> list[str]:
             head = imported.split(".")[0]
             if head == top:
                 target = imported.split(".")
-                if ".".join(parts[1:]) in DRIVERS and ".".join(target[1:3]) in DECIDING:
+                if ".".join(parts[1:]) in DRIVERS and ".".join(target[1:4]) in DECIDING:
                     bad.append(f"{name} -> {imported} (a driver of the leader's brain decides nothing itself)")
                 if len(target) < 2 or target[1] == layer:
                     continue
@@ -168,8 +168,10 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
         "core/__init__.py": "",
         "core/model.py": "import time\nimport grpc\nfrom pkg.master import replica\n",
         "core/codec.py": "from pkg.proto import api_pb2_grpc\nfrom . import model\n",
-        "core/sim.py": "from pkg.core import preemption\n",
-        "core/preemption.py": "",
+        "core/schedule/__init__.py": "",
+        "core/schedule/preemption.py": "",
+        "sim/__init__.py": "",
+        "sim/engine.py": "from pkg.core.schedule import preemption\n",
         "master/__init__.py": "",
         "master/replica.py": "def f():\n    from pkg.master.endpoints import X\n",
         "master/endpoints.py": "from pkg.master.replica import f\nfrom pkg.worker import agent\n",
@@ -186,7 +188,8 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
     assert "pkg.core.model -> pkg.master.replica (core may not import master)" in bad
     assert "pkg.core.codec -> pkg.proto.api_pb2_grpc (the core may not import gRPC stubs)" in bad
     assert "pkg.master.endpoints -> pkg.worker.agent (master may not import worker)" in bad
-    assert "pkg.core.sim -> pkg.core.preemption (a driver of the leader's brain decides nothing itself)" in bad
+    assert ("pkg.sim.engine -> pkg.core.schedule.preemption (a driver of the leader's brain decides nothing "
+            "itself)") in bad
     assert not any(b.startswith("pkg.core.codec -> pkg.core.model") for b in bad)
 
 

@@ -11,9 +11,8 @@ import dataclasses
 import pytest
 
 from synapse.core import commands as c
-from synapse.core import leader_state as ls
-from synapse.core.fsm import ClusterState
-from synapse.core.leader_state import (
+from synapse.core.brain import leader_state as ls
+from synapse.core.brain.leader_state import (
     HealthReport,
     Heartbeat,
     LeaderConfig,
@@ -27,6 +26,7 @@ from synapse.core.leader_state import (
     Started,
 )
 from synapse.core.model import JobStatus, NodeStatus, Placement, Queue, Resources
+from synapse.core.state.fsm import ClusterState
 from tests.helpers import checked, cluster, spec
 
 N0, N1 = "r0-n0", "r0-n1"

@@ -2,7 +2,7 @@
 
 from synapse.core import commands as c
 from synapse.core.model import Placement, Plan, Resources
-from synapse.core.placement import ClusterView, place
+from synapse.core.schedule.placement import ClusterView, place
 from tests.helpers import checked, cluster, spec
 
 

@@ -1,14 +1,14 @@
-"""The run-time predictor: the rule (synapse.core.predict), its replicated learning in apply, its
+"""The run-time predictor: the rule (synapse.core.schedule.predict), its replicated learning in apply, its
 snapshot, and the scheduler's use of it (a backfill the limits forbid and a prediction allows)."""
 
 import math
 import random
 
 from synapse.core import commands as c
-from synapse.core.fsm import PREDICT_VERSION, ClusterState
 from synapse.core.model import Placement
-from synapse.core.predict import STEPS, Prediction, RunTimes
-from synapse.core.scheduler import TUNING, expected_run, schedule_round
+from synapse.core.schedule.predict import STEPS, Prediction, RunTimes
+from synapse.core.schedule.scheduler import TUNING, expected_run, schedule_round
+from synapse.core.state.fsm import PREDICT_VERSION, ClusterState
 from synapse.sim.policies import LIMITS
 from tests.helpers import checked, cluster, spec
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.core import admission, preemption
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
 from synapse.core.model import JobStatus, Placement, Queue, Resources
-from synapse.core.sim import uniform_cluster
+from synapse.core.schedule import admission, preemption
+from synapse.core.state.fsm import ClusterState
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import checked, spec
 
 UNL = Resources(-1, -1, -1)
@@ -131,7 +131,7 @@ def test_held_nodes_go_to_the_preemptor_alone():
                                       placements=(Placement(0, "r0-n0", tuple(range(8)), 0),)))
     assert not stolen.ok and "held for job a1" in stolen.error
     # The scheduler sees it too: only a1 is placed.
-    from synapse.core.scheduler import schedule_round
+    from synapse.core.schedule.scheduler import schedule_round
     assert [p.job_id for p in schedule_round(state, 1003).plans] == ["a1"]
 
 
@@ -152,7 +152,7 @@ def drive_round(state: ClusterState, now: float):
     """One round as the leader and the workers would play it: place and start what fits; if
     nothing did, commit one preemption plan (the first waiting gang's) and let its victims exit at
     once. Returns (the round's plans, the Preempt committed or None)."""
-    from synapse.core.scheduler import schedule_round
+    from synapse.core.schedule.scheduler import schedule_round
 
     result = schedule_round(state, now)
     for p in result.plans:
@@ -209,7 +209,7 @@ def test_weighted_fair_share_converges_and_never_preempts_back():
 
 
 def test_with_queues_gangs_within_their_guarantee_are_admitted_first():
-    from synapse.core.scheduler import schedule_round
+    from synapse.core.schedule.scheduler import schedule_round
 
     state = state_with([Queue("a", guaranteed=gpu(8)), Queue("b", guaranteed=gpu(64))], racks=1, nodes_per_rack=1)
     checked(state, c.SubmitJob(at=1, job_id="a-over", request_id="1", spec=spec(queue="a", gpu=8, priority=9)))
@@ -291,8 +291,8 @@ def test_random_workloads_keep_every_promise(seed):
     feasible plan, nothing stolen from the hold); and with no new work, preemption stops."""
     import random
 
-    from synapse.core.invariants import violations
-    from synapse.core.scheduler import schedule_round
+    from synapse.core.schedule.scheduler import schedule_round
+    from synapse.core.state.invariants import violations
 
     rng = random.Random(seed)
     names = ["q0", "q1", "q2"]

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
-from synapse.core.invariants import violations
 from synapse.core.model import JobStatus, Placement, Resources
-from synapse.core.scheduler import schedule_round
-from synapse.core.sim import uniform_cluster
+from synapse.core.schedule.scheduler import schedule_round
+from synapse.core.state.fsm import ClusterState
+from synapse.core.state.invariants import violations
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import GI, spec
 
 NODES = uniform_cluster(blocks_per_zone=2, racks_per_block=2, nodes_per_rack=2,

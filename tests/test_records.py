@@ -140,8 +140,8 @@ def test_before_every_replica_knows_version_6_a_never_run_task_keeps_the_workers
 
 
 def test_an_array_keeps_its_first_start_through_a_snapshot_from_version_6():
-    from synapse.core.fsm import ClusterState
-    from synapse.core.leader_state import LeaderState, Started
+    from synapse.core.brain.leader_state import LeaderState, Started
+    from synapse.core.state.fsm import ClusterState
     from tests.test_arrays import finish, run_round, submit_array
 
     for version, first_start in ((NEVER_RAN_VERSION - 1, 0.0), (NEVER_RAN_VERSION, 20.0)):
@@ -165,7 +165,7 @@ def test_an_array_keeps_its_first_start_through_a_snapshot_from_version_6():
 def test_a_waiting_gangs_reason_and_reservation_say_a_time_of_day_never_an_epoch():
     import re
 
-    from synapse.core.scheduler import schedule_round
+    from synapse.core.schedule.scheduler import schedule_round
 
     now = 1_796_520_000.0  # 2026-12-06 01:20 UTC
     state = cluster(racks=1, nodes_per_rack=2)
@@ -188,9 +188,9 @@ def _preemption_world(data) -> tuple[object, float]:
     queues, priorities and ages, and waiting gangs that may or may not fit."""
     from hypothesis import strategies as st
 
-    from synapse.core.fsm import ClusterState
     from synapse.core.model import Queue, Resources
-    from synapse.core.sim import uniform_cluster
+    from synapse.core.state.fsm import ClusterState
+    from synapse.sim.engine import uniform_cluster
 
     now = 100_000.0
     state = ClusterState()
@@ -231,7 +231,7 @@ def _preemption_world(data) -> tuple[object, float]:
 
 def _settled(state, brain, now: float) -> None:
     """Rounds until one places nothing, their plans committed as the log would (a Preempt is not)."""
-    from synapse.core.leader_state import Propose, RoundDue
+    from synapse.core.brain.leader_state import Propose, RoundDue
 
     for _ in range(6):
         out = brain.handle(state, RoundDue(at=now))
@@ -246,8 +246,8 @@ def test_what_if_answers_what_the_next_round_does_over_random_states():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from synapse.core.leader_state import LeaderState, Propose, RoundDue, Started
-    from synapse.core.preemption import PreemptionPlan
+    from synapse.core.brain.leader_state import LeaderState, Propose, RoundDue, Started
+    from synapse.core.schedule.preemption import PreemptionPlan
 
     @settings(max_examples=150, deadline=None)
     @given(st.data())
@@ -269,7 +269,7 @@ def test_what_if_answers_what_the_next_round_does_over_random_states():
 
 
 def test_with_no_queues_what_if_promises_nothing_and_says_why():
-    from synapse.core.leader_state import LeaderState, RoundDue, Started
+    from synapse.core.brain.leader_state import LeaderState, RoundDue, Started
 
     state = cluster(racks=1, nodes_per_rack=2)
     for job_id, priority, on in (("low", 0, ["r0-n0", "r0-n1"]), ("high", 5, [])):
@@ -288,7 +288,7 @@ def test_a_gang_that_preempts_waits_in_the_rack_it_preempts_in_not_the_one_it_re
     """rack0's gang ends within minutes (the round reserves rack0 for the waiting gang), rack1's
     started 100 s ago (preempting it loses least): the preemption is in rack1, and so are the
     gang's wait reason and reservation, where they named rack0."""
-    from synapse.core.leader_state import LeaderState, Propose, RoundDue, Started
+    from synapse.core.brain.leader_state import LeaderState, Propose, RoundDue, Started
     from synapse.core.model import Queue
 
     state = cluster(racks=2, nodes_per_rack=2)

@@ -12,8 +12,8 @@ import pytest
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.model import Placement
-from synapse.core.sim import uniform_cluster
 from synapse.master.raft import raft_config
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import spec, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from synapse.core import commands as c
-from synapse.core.fsm import PREDICT_VERSION, ClusterState
-from synapse.core.invariants import violations
 from synapse.core.model import JobStatus, Queue, Resources
-from synapse.core.scheduler import CONSERVATIVE, RoundResult, Tuning, schedule_round
-from synapse.core.sim import uniform_cluster
+from synapse.core.schedule.scheduler import CONSERVATIVE, RoundResult, Tuning, schedule_round
+from synapse.core.state.fsm import PREDICT_VERSION, ClusterState
+from synapse.core.state.invariants import violations
+from synapse.sim.engine import uniform_cluster
 from tests.helpers import GI, spec
 
 NODES = uniform_cluster(blocks_per_zone=2, racks_per_block=2, nodes_per_rack=2,

@@ -8,9 +8,9 @@ import pytest
 from synapse.client.jobfile import load_secrets
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
 from synapse.core.jobspec import JobFileError, check_spec, parse_job, secret_refs
 from synapse.core.model import Placement
+from synapse.core.state.fsm import ClusterState
 from synapse.master.cipher import SecretError, SecretSeal
 from synapse.master.dispatch import assignments_for_node
 from tests.helpers import checked, cluster, spec

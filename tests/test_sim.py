@@ -9,9 +9,9 @@ import pytest
 
 from synapse.core import commands as c
 from synapse.core.model import JobStatus
-from synapse.core.scheduler import TUNING
-from synapse.core.sim import Simulator, uniform_cluster
+from synapse.core.schedule.scheduler import TUNING
 from synapse.sim import trace as tracefile
+from synapse.sim.engine import Simulator, uniform_cluster
 from synapse.sim.generate import DURATION_QUANTILES, MIXES, Recipe, generate, sample_duration
 from synapse.sim.metrics import confidence, quantile, ratio_claim, summarize
 from synapse.sim.policies import POLICIES, easy, fifo, greedy, parse_policies

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from synapse.core import commands as c
-from synapse.core.invariants import violations
 from synapse.core.model import DEFAULT_GRACE_S, JobStatus, Queue, Resources
+from synapse.core.state.invariants import violations
 from synapse.sim.generate import Recipe, generate
 from synapse.sim.metrics import summarize
 from synapse.sim.policies import POLICIES

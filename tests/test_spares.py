@@ -9,13 +9,13 @@ from click.testing import CliRunner
 from synapse.client.synctl import main as synctl
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.leader_state import LeaderConfig, LeaderState, Propose, RoundDue
+from synapse.core.brain.leader_state import LeaderConfig, LeaderState, Propose, RoundDue
 from synapse.core.model import JobStatus, NodeStatus, Placement
-from synapse.core.scheduler import TUNING, schedule_round
-from synapse.core.sim import Simulator, uniform_cluster
-from synapse.core.spares import SPARE_RULE, SparePolicy, designate, restarting
+from synapse.core.schedule.scheduler import TUNING, schedule_round
+from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, designate, restarting
 from synapse.local.main import main as synapse_local
 from synapse.master.config import ConfigError, parse_cluster_config
+from synapse.sim.engine import Simulator, uniform_cluster
 from tests.helpers import checked, cluster, spec, wait_for
 
 ONE_SPARE = SparePolicy("rack", 1)

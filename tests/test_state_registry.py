@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
 from synapse.core.state import registry
+from synapse.core.state.fsm import ClusterState
 from synapse.core.state.registry import HANDLERS
 
 STATE = Path(__file__).resolve().parent.parent / "synapse" / "core" / "state"

@@ -1,9 +1,9 @@
 """Excluded nodes and suspect nodes: the state machine's record of the nodes that ended gangs, driven without Raft."""
 
 from synapse.core import commands as c
-from synapse.core.fsm import MAX_EXCLUDED_NODES, SUSPECT_WINDOW_S, ClusterState
 from synapse.core.model import JobStatus, Placement
-from synapse.core.scheduler import schedule_round
+from synapse.core.schedule.scheduler import schedule_round
+from synapse.core.state.fsm import MAX_EXCLUDED_NODES, SUSPECT_WINDOW_S, ClusterState
 from tests.helpers import checked, cluster, spec
 
 

@@ -23,8 +23,8 @@ import pytest
 from synapse.client.master_client import ClientError, ClusterUnavailable
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
 from synapse.core.model import Resources, Role
+from synapse.core.state.fsm import ClusterState
 from synapse.local.cluster import free_base_port
 from synapse.master.durability import seal
 from synapse.master.main import TEST_COMMAND_VERSION_ENV, TEST_NEW_KIND_ENV, command_set

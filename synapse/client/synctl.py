@@ -65,7 +65,7 @@ EXIT_INTERRUPTED = 130
 #: command gives up (exit 3; MasterClient.absent_s): a mistyped port or a cluster that is down fails
 #: within 2 s of the command's start, not after --timeout.
 ABSENT_S = 1.0
-#: Wait reasons (JobInfo.waiting_code, one of synapse.core.scheduler.PENDING_REASONS) that no job's
+#: Wait reasons (JobInfo.waiting_code, one of synapse.core.schedule.scheduler.PENDING_REASONS) that no job's
 #: end lifts: no domain the gang may use is large enough even idle, or a dependency can never be
 #: met and the job was told to wait anyway. Following such a job stops at once (exit 2).
 NEVER_STARTS = frozenset({"Unschedulable", "DependencyNeverSatisfied"})

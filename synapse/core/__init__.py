@@ -1,7 +1,18 @@
 """The pure, deterministic core: runs inside every master replica and inside the simulator.
 
-The domain model, the replicated commands and their encoding, the state machine that applies them,
-the capacity indexes, placement, the queue policy, the invariants and the simulator. Nothing here
-does I/O, reads a clock or imports grpc, pysyncobj, asyncio, subprocess or socket
+By concern:
+- `state/`: the replicated state machine (`fsm`: the door, `apply`), its tables and their handlers
+  (one module per table, `registry` mapping each command kind to its handler), its snapshots and
+  the invariants every replica must keep;
+- `schedule/`: what a scheduling round decides, reading the state and never changing it: the
+  round (`scheduler`), placement over the capacity indexes (`topology`), admission, eligibility,
+  preemption, spares, elastic sizes, run-time prediction and fair share;
+- `brain/`: the leader's decisions, stimuli in and commands out (`leader_state`), and heartbeat
+  expiry with the nodes' leases (`heartbeat`);
+- at the top: the domain model (`model`), the replicated commands and their encoding (`commands`,
+  `codec`), job specs, arrays, dependencies, queues, quantities, identities, image references,
+  the rendezvous port, the link-shard map, goodput and the history record.
+
+Nothing here does I/O, reads a clock or imports grpc, pysyncobj, asyncio, subprocess or socket
 (`tests/test_layout.py` enforces it): the same state and the same input always give the same output.
 """

@@ -126,7 +126,7 @@ def split_element_id(job_id: str) -> tuple[str, int] | None:
 
 @dataclass(slots=True)
 class JobArray:
-    """An array's one record in the replicated state. Mutated only by apply (synapse.core.fsm)."""
+    """An array's one record in the replicated state. Mutated only by apply (synapse.core.state.fsm)."""
 
     id: str
     spec: JobSpec  #: every element's spec; `spec.array` is the canonical index spec

@@ -23,9 +23,9 @@ from google.protobuf.message import DecodeError
 
 from synapse.core import commands as c
 from synapse.core.arrays import JobArray
+from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.dependencies import Resolved
 from synapse.core.goodput import Goodput
-from synapse.core.heartbeat import GpuErrorReport
 from synapse.core.model import (
     NEVER_RAN_VERSION,
     Assignment,
@@ -69,11 +69,11 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3, c.SubmitCheckpointJob: 3, c.CheckpointNotice: 3,
     # Goodput: an attempt's last checkpoint, as its tasks reported it.
     c.RecordProgress: 4,
-    # Spare nodes (synapse.core.spares): an older replica knows no spare.
+    # Spare nodes (synapse.core.schedule.spares): an older replica knows no spare.
     c.SetSpares: 4,
     # Images: a job's mounts, and a job that runs its image's entrypoint (no command).
     c.SubmitImageJob: 4, c.TaskPrepared: 4,
-    # A worker's GPU error (synapse.core.heartbeat.gpu_fault_change): an older replica knows no such end.
+    # A worker's GPU error (synapse.core.brain.heartbeat.gpu_fault_change): an older replica knows no such end.
     c.GpuFault: 4,
     # Job secrets, sealed (version 5 changed only the transport: synapse.core.codec.SEALED_TRANSPORT_VERSION).
     c.SubmitSecretJob: 6,
@@ -740,7 +740,7 @@ def gpu_errors_to_proto(errors: tuple[GpuErrorReport, ...]) -> list[api_pb2.GpuE
 
 
 def gpu_errors_from_proto(request: api_pb2.HeartbeatRequest) -> tuple[GpuErrorReport, ...]:
-    """A heartbeat's GPU errors (its sender's word: synapse.core.heartbeat.gpu_fault_change bounds them)."""
+    """A heartbeat's GPU errors (its sender's word: synapse.core.brain.heartbeat.gpu_fault_change bounds them)."""
     return tuple(GpuErrorReport(e.gpu, e.message) for e in request.gpu_errors)
 
 

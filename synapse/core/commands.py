@@ -196,7 +196,7 @@ class RecordProgress(Command):
     """An attempt's progress as its tasks reported it (SYNAPSE_PROGRESS_FILE): its last checkpoint,
     which goodput accounting needs on every replica (a new leader must know it), and a progress
     file's garbage, once, as a job event. Command-set version 4; the leader proposes it only when
-    the checkpoint changed, sparingly (synapse.core.leader_state)."""
+    the checkpoint changed, sparingly (synapse.core.brain.leader_state)."""
 
     job_id: str
     attempt: int
@@ -209,7 +209,7 @@ class RecordProgress(Command):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetSpares(Command):
     """The nodes designated spares, all of them: every other node is not one (command-set version 4;
-    the leader proposes the set synapse.core.spares.designate chooses, `reason` saying why it changed)."""
+    the leader proposes the set synapse.core.schedule.spares.designate chooses, `reason` saying why it changed)."""
 
     node_ids: tuple[str, ...]
     reason: str = ""
@@ -424,7 +424,7 @@ class HistoryOverflow(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetUsageHalfLife(Command):
-    """The half-life of the decayed usage admission weighs (synapse.core.fairshare); 0: none."""
+    """The half-life of the decayed usage admission weighs (synapse.core.schedule.fairshare); 0: none."""
 
     half_life: float
 

@@ -19,7 +19,7 @@ from synapse.core.model import Job, JobStatus
 
 
 class ClusterState(Protocol):
-    """What resolving reads of synapse.core.fsm.ClusterState (which imports this module)."""
+    """What resolving reads of synapse.core.state.fsm.ClusterState (which imports this module)."""
 
     jobs: dict[str, Job]
     arrays: dict[str, JobArray]

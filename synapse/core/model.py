@@ -88,7 +88,7 @@ class Node:
     #: the latest node-side ends of gangs here, oldest first: (at, job id, NODE_SIDE_CAUSES member),
     #: at most fsm.MAX_NODE_FAILURES; an admin's uncordon clears them; apply only
     failures: tuple[tuple[float, str, str], ...] = ()
-    #: designated a spare (SetSpares, synapse.core.spares): only restarts after a lost node and jobs
+    #: designated a spare (SetSpares, synapse.core.schedule.spares): only restarts after a lost node and jobs
     #: that may be evicted for one are placed here; apply only
     spare: bool = False
     #: the GPU error its worker reported, as a GpuFault recorded it (cordoning the node); "" when
@@ -244,7 +244,7 @@ class EndReason(enum.StrEnum):
     #: digest mismatch: the job fails, not retried) or the node is (unreachable registry, full disk,
     #: timeout: the gang requeues elsewhere, uncharged, without that node)
     IMAGE_PULL_FAILED = "ImagePullFailed"
-    #: its node's worker reported an error of a GPU it used (synapse.core.heartbeat.GpuErrorReport)
+    #: its node's worker reported an error of a GPU it used (synapse.core.brain.heartbeat.GpuErrorReport)
     GPU_ERROR = "GpuError"
     #: a host path it asks to mount lies outside the prefixes its worker allows: the job fails at
     #: once, not retried (no attempt can mend it), and the reason names the allowed prefixes
@@ -264,7 +264,7 @@ NEVER_RAN_VERSION = 6
 REQUEUED_CAUSES = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.MASTER_PORT_IN_USE,
                              EndReason.GPU_ERROR})
 #: The ends a node's fault forces on a gang without notice: the attempt after one restarts at once
-#: (synapse.core.spares.restarting), and a job requeues uncharged after them only
+#: (synapse.core.schedule.spares.restarting), and a job requeues uncharged after them only
 #: fsm.MAX_UNCHARGED_REQUEUES times (a job that breaks its nodes must not walk the cluster for ever).
 NODE_FAULTS = frozenset({EndReason.NODE_LOST, EndReason.GPU_ERROR})
 

@@ -50,11 +50,11 @@ import yaml
 
 from synapse.common.tls import TLSFiles
 from synapse.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
-from synapse.core.fairshare import DEFAULT_HALF_LIFE_S
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
 from synapse.core.rendezvous import MASTER_PORTS, parse_ports
-from synapse.core.spares import SparePolicy
+from synapse.core.schedule.fairshare import DEFAULT_HALF_LIFE_S
+from synapse.core.schedule.spares import SparePolicy
 from synapse.history.settings import HistorySettings
 
 #: Raft's heartbeat (AppendEntries period), fixed; election timeouts are sized against it.
@@ -100,7 +100,7 @@ class ClusterConfig:
     user_certs: bool = False
     history: HistorySettings | None = None  #: None: no history store
     fair_share_half_life: float = DEFAULT_HALF_LIFE_S  #: seconds; the decayed usage admission weighs; 0: current only
-    spares: SparePolicy | None = None  #: spare nodes the leader keeps (synapse.core.spares); None: none
+    spares: SparePolicy | None = None  #: spare nodes the leader keeps (synapse.core.schedule.spares); None: none
     #: where a gang's MASTER_PORT is drawn from; every replica that dispatches must have the same
     rendezvous_ports: range = MASTER_PORTS
     extra: dict[str, Any] = field(default_factory=dict)

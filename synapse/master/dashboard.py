@@ -20,14 +20,14 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
-from synapse.core import fairshare
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, gang_unprepared, topology_path
 from synapse.core.quantity import format_pull, format_wait
+from synapse.core.schedule import fairshare
 from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
     from synapse.core.model import Job
-    from synapse.core.scheduler import WaitReason
+    from synapse.core.schedule.scheduler import WaitReason
     from synapse.master.replica import Master
 
 PAGE_SIZE = 50

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.elastic import is_elastic
-from synapse.core.fsm import ClusterState
 from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, Secret, gang_unprepared
 from synapse.core.rendezvous import MASTER_PORTS, master_port
+from synapse.core.schedule.elastic import is_elastic
+from synapse.core.state.fsm import ClusterState
 
 log = logging.getLogger(__name__)
 

@@ -30,15 +30,16 @@ from synapse.common.auth import (
     REPLICA_CREDENTIAL_KEY,
 )
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, elastic, fairshare, goodput
+from synapse.core import codec, dependencies, goodput
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
+from synapse.core.brain.leader_state import ProgressReport
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
-from synapse.core.leader_state import ProgressReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, NodeStatus, Queue, Resources, Role, image_holders
-from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
+from synapse.core.schedule import elastic, fairshare
+from synapse.core.schedule.placement import ClusterView
 from synapse.master import history_api
 from synapse.master.access import (
     ACCESS,
@@ -364,7 +365,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 if heard is not None and now - heard[3] < PULL_PROGRESS_TTL_S:
                     info.pulls.append(api_pb2.PullProgress(job_id=job.id, attempt=job.attempt, node_id=node_id,
                                                            phase=heard[0], done_bytes=heard[1], total_bytes=heard[2]))
-        if not job.status.terminal:  # what the scheduler expects of its run (synapse.core.predict)
+        if not job.status.terminal:  # what the scheduler expects of its run (synapse.core.schedule.predict)
             elapsed = self.m.now() - job.started_at if job.started_at else 0.0
             info.prediction = state.run_times.predict(job.user, job.spec.name, job.spec.total.gpu,
                                                       job.spec.time_limit, elapsed).describe(
@@ -564,7 +565,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             jobs = sorted({(t.job_id, t.attempt) for t, wanted in self.m.state.tasks_on_node(request.node_id)
                            if wanted})
             for job_id, attempt in jobs:
-                # An elastic gang that keeps its min without the node shrinks instead (synapse.core.elastic).
+                # An elastic gang that keeps its min without the node shrinks instead (synapse.core.schedule.elastic).
                 job = self.m.state.jobs[job_id]
                 kept = sum(1 for t in job.tasks if t.node_id != request.node_id)
                 cmds.append(c.ResizeGang(at=now, term=term, by=by, job_id=job_id, attempt=attempt, size=kept,

@@ -1,6 +1,6 @@
 """The asyncio driver of one leadership term: it feeds the leader's brain and proposes what it decides.
 
-Every decision lives in `synapse.core.leader_state.LeaderState` (pure, and driven by the simulator
+Every decision lives in `synapse.core.brain.leader_state.LeaderState` (pure, and driven by the simulator
 too). This module only keeps time: it runs the scheduling loop (a round on every change, at least
 every SCHEDULE_TICK_S) and the monitor loop, turns heartbeats into stimuli, takes the master lock
 while the brain reads the state, proposes the brain's commands stamped with this term, and feeds
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.leader_state import (
+from synapse.core.brain.leader_state import (
     HealthReport,
     Heartbeat,
     Instruction,

@@ -6,7 +6,7 @@ second (at most) this replica sends the leader one `LivenessDigest`: each node h
 with the milliseconds since, plus the heartbeats that call for a change in the state (a DOWN node
 heard, a health report that differs from the applied state, a GPU error it does not hold yet), which
 also go at once. The leader's
-brain decides expiry from the digests (synapse.core.heartbeat); on the leader itself the digest is
+brain decides expiry from the digests (synapse.core.brain.heartbeat); on the leader itself the digest is
 handed to its brain without a call.
 
 A replica hears a worker that is not its shard's too (never refused: it absorbs the heartbeat, and
@@ -32,7 +32,7 @@ import grpc
 
 from synapse.common.auth import REPLICA_CREDENTIAL_KEY
 from synapse.core import codec
-from synapse.core.heartbeat import Lease, gpu_fault_change, health_change
+from synapse.core.brain.heartbeat import Lease, gpu_fault_change, health_change
 from synapse.core.model import NodeStatus
 from synapse.core.shards import ShardMap
 from synapse.proto import api_pb2, api_pb2_grpc
@@ -166,7 +166,7 @@ class LinkShard:
     def lease_ms(self, status: str) -> int:
         """The lease (milliseconds) an answer to a heartbeat of a node in `status` grants: the
         whole lease from the leader, less the age of this replica's last digest to reach a leader
-        from a follower, none for a node that is not READY here (synapse.core.heartbeat.Lease)."""
+        from a follower, none for a node that is not READY here (synapse.core.brain.heartbeat.Lease)."""
         if status != NodeStatus.READY.value:
             return 0
         if self.m.ready_leader_term():

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from synapse.core import commands as c
 from synapse.core import goodput
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, topology_path
-from synapse.core.scheduler import PENDING_REASONS
+from synapse.core.schedule.scheduler import PENDING_REASONS
 from synapse.core.shards import hosts
 from synapse.master.durability import FSYNC_SECONDS
 

@@ -36,9 +36,9 @@ from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, SyncObjExceptio
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ApplyFailed, ClusterState
 from synapse.core.model import DEFAULT_LEVELS
-from synapse.core.snapshot import snapshot_digest
+from synapse.core.state.fsm import ApplyFailed, ClusterState
+from synapse.core.state.snapshot import snapshot_digest
 from synapse.master.config import GROUP_COMMIT_DELAY_S, RAFT_HEARTBEAT_S
 from synapse.master.durability import CorruptionError, DumpFailureWatch, fsync_durable, seal, unseal
 from synapse.master.safesyncobj import SafeSyncObj

@@ -14,7 +14,7 @@ loading the checkpoint).
 on a cluster without spares (the `NodeLost` command requeues it at its place, and the scheduler
 re-places it first in the next round, in its own rack when it can, reserving for it when it cannot);
 `spares` is the same on a cluster that keeps `spares_per_rack` spare nodes per rack, designated and
-evicted for restarts by the leader's own code (synapse.core.spares; Synapse's policies only: a
+evicted for restarts by the leader's own code (synapse.core.schedule.spares; Synapse's policies only: a
 baseline policy runs as `front`);
 `back` is what a scheduler without that rule amounts to, a user resubmitting at the failure time
 behind everything that arrived since. `back` is the simulator's alone: the replay cancels the

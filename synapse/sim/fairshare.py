@@ -3,7 +3,7 @@
 Team A has the cluster to itself on the first day; from then on both teams keep it full of 8-GPU
 jobs of 30 to 90 minutes (an hour on average; each team always has more waiting than the cluster
 can hold). With a usage half-life
-(synapse.core.fairshare), admission puts team B first while team A's recent GPU time weighs on it,
+(synapse.core.schedule.fairshare), admission puts team B first while team A's recent GPU time weighs on it,
 so B runs more than its weight's share of each day until the decayed usage of the two matches their
 weights; with a half-life of 0, admission sees current usage only and the first day is never paid
 back. `synapse-sim fair-share` prints both runs, day by day.
@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse.core import commands as c
-from synapse.core.fairshare import value_at
 from synapse.core.model import JobSpec, Queue, Resources
-from synapse.core.sim import Simulator, uniform_cluster
+from synapse.core.schedule.fairshare import value_at
+from synapse.sim.engine import Simulator, uniform_cluster
 
 DAY = 86400.0
 TEAMS = ("team-a", "team-b")

@@ -111,7 +111,7 @@ main.add_command(generate_cmd, "generate")
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def profile_cmd(trace_path, as_json):
-    """How well the leader's run-time predictor (synapse.core.predict) guesses this trace's runs:
+    """How well the leader's run-time predictor (synapse.core.schedule.predict) guesses this trace's runs:
     the share of jobs predicted within +-10 %, +-50 %, +-100 % and 10x, beside Helios's estimator."""
     from synapse.sim.profile import BOUNDS, HELIOS, error_profile
 
@@ -233,7 +233,7 @@ def _above_zero(_ctx, _param, value: float | None) -> float | None:
               help="Leave jobs submitted in the first hours out of the metrics.")
 @click.option("--report", "report_dir", help="Also write an HTML report with plots into this directory.")
 @click.option("--tuning", default="", metavar="KEY=VALUE,...",
-              help="Change the knobs of Synapse's policies (synapse.core.scheduler.Tuning: reservations, "
+              help="Change the knobs of Synapse's policies (synapse.core.schedule.scheduler.Tuning: reservations, "
                    "locality_wait_s, weigh_locality, spread_factor, switch_share, switch_min_s, reevaluate_s), "
                    "for ablations.")
 @click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",

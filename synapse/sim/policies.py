@@ -1,7 +1,7 @@
 """The queue policies a trace is replayed through, all over the same placement code.
 
-`synapse` is the real queue policy (synapse.core.scheduler.schedule_round), unchanged, and the
-leader's preemption step after it (synapse.core.leader_state, which the simulator drives), which
+`synapse` is the real queue policy (synapse.core.schedule.scheduler.schedule_round), unchanged, and the
+leader's preemption step after it (synapse.core.brain.leader_state, which the simulator drives), which
 acts only when a queue file defines the queues the trace's jobs use (`run --queues`). The
 baselines are what people run instead, written here as other queue policies with the same
 signature, so every policy goes through the same state machine and `placement.place`:
@@ -30,11 +30,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from synapse.core.eligibility import Gate
-from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, excluded_for
-from synapse.core.placement import ClusterView, place
-from synapse.core.scheduler import (
+from synapse.core.schedule.eligibility import Gate
+from synapse.core.schedule.placement import ClusterView, place
+from synapse.core.schedule.scheduler import (
     CONSERVATIVE,
     TUNING,
     Reservation,
@@ -45,7 +44,8 @@ from synapse.core.scheduler import (
     expected_run,
     schedule_round,
 )
-from synapse.core.sim import QueuePolicy
+from synapse.core.state.fsm import ClusterState
+from synapse.sim.engine import QueuePolicy
 
 
 @dataclass(frozen=True, slots=True)

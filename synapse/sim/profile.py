@@ -1,6 +1,6 @@
 """How well a run-time predictor does on a trace: the share of jobs it predicts within a bound.
 
-Each job is predicted at its submission by synapse.core.predict from the runs that ended before
+Each job is predicted at its submission by synapse.core.schedule.predict from the runs that ended before
 then (a job ends its run time, capped at its limit, after its submission: queueing is left out, so
 the predictor knows a little less than it would on a cluster). The error of a prediction is
 |predicted - actual| / actual; Helios reports its estimator's as the share of jobs within +-10 %,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 
-from synapse.core.predict import RunTimes
+from synapse.core.schedule.predict import RunTimes
 from synapse.sim.trace import Trace
 
 #: (label, the predicate on predicted / actual) of the profile's columns.

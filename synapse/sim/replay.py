@@ -1,4 +1,4 @@
-"""Replaying a trace through one policy on the simulated clock of synapse.core.sim.
+"""Replaying a trace through one policy on the simulated clock of synapse.sim.engine.
 
 The replay plays the users (it submits each job at its time), the workers (each task ends after
 its run time, or at its time limit, as the leader would end it) and the network (a gang placed
@@ -6,7 +6,7 @@ across racks runs slower by the spread factor). Everything else — state, queue
 commits — is the real code. A round runs after every batch of simultaneous events; it is a full
 round when a leader would have run its periodic one since the last (a second went by without an
 event), and otherwise carries the memo of the last round, as the leader's event-driven rounds do.
-A policy that `preempts` (synapse's) also runs the leader's preemption step (synapse.core.leader_state):
+A policy that `preempts` (synapse's) also runs the leader's preemption step (synapse.core.brain.leader_state):
 victims stop after their grace, lose their work and rerun in full, at the spread penalty of
 wherever their new attempt lands.
 With a failure model (synapse.sim.failures), nodes die and come back: the replay commits the
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 from synapse.core import commands as c
 from synapse.core.arrays import element_id, format_ranges, parse_array, split_element_id
-from synapse.core.fsm import ClusterState
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
-from synapse.core.scheduler import Reservation, RoundMemo, RoundResult
-from synapse.core.sim import Simulator, TaskEnd
-from synapse.core.spares import SPARE_RULE, SparePolicy, restarting
+from synapse.core.schedule.scheduler import Reservation, RoundMemo, RoundResult
+from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, restarting
+from synapse.core.state.fsm import ClusterState
+from synapse.sim.engine import Simulator, TaskEnd
 from synapse.sim.failures import LOST, MAX_RESTARTS, FailureModel, NodeFailures
 from synapse.sim.policies import Policy
 from synapse.sim.trace import CPU_PER_GPU, MEMORY_PER_GPU, ClusterShape, Trace, TraceJob

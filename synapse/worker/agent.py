@@ -49,7 +49,7 @@ from synapse.common import tickets
 from synapse.common.auth import METADATA_KEY, client_metadata, node_metadata
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
-from synapse.core.heartbeat import GpuErrorReport
+from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.model import Assignment, EndReason, Resources
 from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked

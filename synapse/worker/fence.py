@@ -2,7 +2,7 @@
 
 A task of a node the masters declare DOWN is restarted elsewhere; the old copy must be dead by
 then, or one rank runs twice (two copies writing one checkpoint, joining one rendezvous). Borg and
-Nomad fence by lease; so does Synapse (synapse.core.heartbeat.Lease has the arithmetic):
+Nomad fence by lease; so does Synapse (synapse.core.brain.heartbeat.Lease has the arithmetic):
 
 - The agent writes its lease's end to DATA_DIR/lease (`write_lease`) at every answered heartbeat:
   the time the heartbeat was sent plus what the answer granted, on the machine's monotonic clock.
@@ -39,7 +39,7 @@ UNFENCED = "unfenced"
 FENCE_PID_FILE = "fence.pid"
 #: The task journal: one JSON record per line for each task's start and end (the chaos checkers read it).
 TASK_JOURNAL = "task-events.jsonl"
-#: How often the fence reads the lease; the lease's margin covers it (synapse.core.heartbeat).
+#: How often the fence reads the lease; the lease's margin covers it (synapse.core.brain.heartbeat).
 FENCE_POLL_S = 0.1
 #: How long the fence waits for a killed task to be gone before it records it anyway.
 KILL_WAIT_S = 5.0

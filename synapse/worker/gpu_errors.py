@@ -14,7 +14,7 @@ Xid events themselves are in the kernel log, which a worker need not be able to 
 wants them may add its own `--health-check` (which cordons or drains the node, HealthCheckFailed).
 
 The worker sends what it sees in every heartbeat, and one at once when it changes; the leader
-records an error the state does not hold yet (a GpuFault, synapse.core.heartbeat.gpu_fault_change):
+records an error the state does not hold yet (a GpuFault, synapse.core.brain.heartbeat.gpu_fault_change):
 the gangs on those GPUs requeue, uncharged, off the node, and the node is cordoned until an admin
 uncordons it.
 
@@ -34,7 +34,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from synapse.core.heartbeat import MAX_GPU_ERRORS, NODE_GPUS, GpuErrorReport
+from synapse.core.brain.heartbeat import MAX_GPU_ERRORS, NODE_GPUS, GpuErrorReport
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The handlers of the cluster state machine (synapse.core.fsm.ClusterState), one module per table.
+"""The handlers of the cluster state machine (synapse.core.state.fsm.ClusterState), one module per table.
 
 `registry.HANDLERS` maps each command kind to its handler, `handler(state, cmd) -> Result`. The
 state itself is the attributes of `tables.ClusterTables` (which ClusterState extends), grouped

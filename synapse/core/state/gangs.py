@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 from synapse.core import commands as c
-from synapse.core import elastic
 from synapse.core.commands import Result
 from synapse.core.model import (
     DEFAULT_GRACE_S,
@@ -24,6 +23,7 @@ from synapse.core.model import (
     Task,
     excluded_for,
 )
+from synapse.core.schedule import elastic
 from synapse.core.state.arrays import next_element
 from synapse.core.state.events import job_event
 from synapse.core.state.tables import ClusterTables
@@ -128,7 +128,7 @@ def plan_problem(state: ClusterTables, job: Job, cmd: c.CommitPlan) -> str:
 
 
 def resize_gang(state: ClusterTables, cmd: c.ResizeGang) -> Result:
-    """Stop a running elastic gang with its grace so that it restarts at `size` (synapse.core.elastic)."""
+    """Stop a running elastic gang with its grace so that it restarts at `size` (synapse.core.schedule.elastic)."""
     job = running_attempt(state, cmd.job_id, cmd.attempt)
     if isinstance(job, Result):
         return job
@@ -138,7 +138,7 @@ def resize_gang(state: ClusterTables, cmd: c.ResizeGang) -> Result:
                                f"{elastic.least(job.spec)} to {job.spec.tasks})")
     job.stop_grace = job.spec.grace or DEFAULT_GRACE_S
     # `size` is what fitted when the leader asked; the next attempt is placed at the largest size
-    # that fits then (synapse.core.elastic), which may be larger still: say so, not a promise.
+    # that fits then (synapse.core.schedule.elastic), which may be larger still: say so, not a promise.
     stop_attempt(state, job, f"resizing from {len(job.tasks)} task(s) (room for {cmd.size} when asked)"
                  + (f": {cmd.reason}" if cmd.reason else ""), cmd.at, cause=EndReason.RESIZED)
     way = "larger" if cmd.size > len(job.tasks) else "smaller"

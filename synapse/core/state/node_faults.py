@@ -8,9 +8,9 @@ SetNodeHealth, DrainNode, GpuFault.
 from __future__ import annotations
 
 from synapse.core import commands as c
-from synapse.core import elastic
 from synapse.core.commands import Result
 from synapse.core.model import DEFAULT_GRACE_S, HEALTH_CHECK_FAILED, EndReason, JobStatus, Node, gpu_fault_hits
+from synapse.core.schedule import elastic
 from synapse.core.state.events import job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.transitions import stop_attempt

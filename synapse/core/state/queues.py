@@ -7,10 +7,10 @@ State: `queues`, `holds`, `held_nodes`. Commands: ApplyQueues, DeleteQueue, Pree
 from __future__ import annotations
 
 from synapse.core import commands as c
-from synapse.core import elastic
 from synapse.core.commands import Result
 from synapse.core.model import EndReason, Event, Hold, JobStatus, NodeStatus
 from synapse.core.queues import batch_problem
+from synapse.core.schedule import elastic
 from synapse.core.state.events import MAX_EVENTS_PER_JOB, job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.transitions import stop_attempt

@@ -1,6 +1,6 @@
 """The tables of the cluster state: what every handler reads and writes, and the reads placement needs.
 
-synapse.core.fsm.ClusterState is these tables with the door (`apply`) and the snapshots; the
+synapse.core.state.fsm.ClusterState is these tables with the door (`apply`) and the snapshots; the
 handlers that change them are the functions of this package's modules, one module per table (see
 synapse.core.state). Each attribute's `#:` comment says what it holds and who may change it.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from synapse.core import codec, fairshare
+from synapse.core import codec
 from synapse.core.arrays import JobArray, split_element_id
 from synapse.core.model import (
     DEFAULT_LEVELS,
@@ -30,8 +30,9 @@ from synapse.core.model import (
     Task,
     User,
 )
-from synapse.core.predict import RunTimes
-from synapse.core.topology import CapacityIndex
+from synapse.core.schedule import fairshare
+from synapse.core.schedule.predict import RunTimes
+from synapse.core.schedule.topology import CapacityIndex
 
 #: Cluster events kept for `get events` and watchers; an older cursor is refused, never skipped.
 MAX_CLUSTER_EVENTS = 5000
@@ -44,7 +45,7 @@ class ClusterTables:
     """Nodes, jobs and tasks, plus the indexes placement needs. Mutated only through apply's handlers."""
 
     def __init__(self, levels: tuple[str, ...] = DEFAULT_LEVELS) -> None:
-        # -- the door (synapse.core.fsm: ClusterState.apply)
+        # -- the door (synapse.core.state.fsm: ClusterState.apply)
         self.levels = tuple(levels)  #: topology level names, widest first; fixed for the cluster
         self.applied = 0  #: commands applied (accepted or rejected); apply only
         self.max_term = 0  #: highest proposer term seen in a command; fences stale leaders
@@ -68,7 +69,7 @@ class ClusterTables:
         self.arrays: dict[str, JobArray] = {}  #: job arrays by id (their elements are jobs once placed); apply only
         #: each array's elements that are jobs and have not ended; derived, rebuilt on restore
         self.array_live: dict[str, set[str]] = {}
-        #: run times learned from attempts that ended on their own (synapse.core.predict); apply only
+        #: run times learned from attempts that ended on their own (synapse.core.schedule.predict); apply only
         self.run_times = RunTimes()
         # -- nodes (state.nodes, state.node_faults)
         self.nodes: dict[str, Node] = {}  #: by node id; apply only
@@ -86,7 +87,7 @@ class ClusterTables:
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
         self.usage_half_life = 0.0  #: seconds; the decayed usage's half-life (0: none); apply only
-        #: each queue's and user's decayed GPU usage (synapse.core.fairshare), from the commands'
+        #: each queue's and user's decayed GPU usage (synapse.core.schedule.fairshare), from the commands'
         #: own timestamps; apply only
         self.queue_decay: dict[str, fairshare.DecayedUsage] = {}
         self.user_decay: dict[str, fairshare.DecayedUsage] = {}

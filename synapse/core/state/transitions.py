@@ -2,7 +2,7 @@
 fail, cancel, requeue), a task gone, a job finished, its checkpoint notice.
 
 They validate nothing: the handler that calls one has decided already (apply is a transaction:
-validate, then mutate; see synapse.core.fsm). `find_task` and `running_attempt` are the shared
+validate, then mutate; see synapse.core.state.fsm). `find_task` and `running_attempt` are the shared
 look-ups a handler refuses with.
 """
 
@@ -38,7 +38,7 @@ MAX_RUNS_PER_JOB = 100
 MAX_UNCHARGED_REQUEUES = 5
 #: The command-set version from which apply learns run times (SetClusterVersion raises it).
 PREDICT_VERSION = 4
-#: The ends of an attempt that tell how long its job runs (synapse.core.predict): it ran until it
+#: The ends of an attempt that tell how long its job runs (synapse.core.schedule.predict): it ran until it
 #: exited, or until its time limit; a stop the cluster chose, or a task that never ran, says nothing.
 LEARNED_OUTCOMES = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,
                               EndReason.TIME_LIMIT})

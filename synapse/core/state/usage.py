@@ -1,5 +1,5 @@
 """The usage table: what each queue's live tasks hold, the decayed GPU usage of queues and users
-(synapse.core.fairshare), and the nodes held for preemptors.
+(synapse.core.schedule.fairshare), and the nodes held for preemptors.
 
 State: `queue_usage`, `queue_decay`, `user_decay`, `usage_clock`, `usage_half_life`, `holds`,
 `held_nodes`. Command: SetUsageHalfLife. `count_usage` and `release_hold` are called by the job
@@ -9,9 +9,9 @@ transitions (synapse.core.state.transitions) and, for `count_usage`, by a snapsh
 from __future__ import annotations
 
 from synapse.core import commands as c
-from synapse.core import fairshare
 from synapse.core.commands import Result
 from synapse.core.model import DEFAULT_QUEUE, Job, Resources
+from synapse.core.schedule import fairshare
 from synapse.core.state.tables import ClusterTables
 
 

@@ -7,7 +7,7 @@ change of what it holds (`DecayedUsage`), from the commands' own timestamps, so 
 the same numbers (no clock here). A half-life of 0 keeps no memory: admission then orders by current
 usage alone, as before.
 
-Admission (synapse.core.admission) adds a queue's `history_share` to its current dominant share:
+Admission (synapse.core.schedule.admission) adds a queue's `history_share` to its current dominant share:
 its decayed GPU-seconds over what the whole READY pool would have accumulated running full forever
 (`pool GPUs * H/ln2`), so both are fractions of the cluster and a queue that used much lately waits
 behind one that did not, until the memory fades.

@@ -42,7 +42,7 @@ from synapse.core.model import (
     image_holders,
     topology_path,
 )
-from synapse.core.topology import CapacityIndex, Domain, DomainStats, NodeEntry
+from synapse.core.schedule.topology import CapacityIndex, Domain, DomainStats, NodeEntry
 
 #: Nodes looked at when searching one domain for a single node that holds the rest of a gang.
 SINGLE_NODE_SCAN = 64

@@ -31,8 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse.core import commands as c
-from synapse.core.admission import queue_of
-from synapse.core.fsm import ClusterState
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     NODE_FAULTS,
@@ -45,6 +43,8 @@ from synapse.core.model import (
     excluded_for,
     topology_path,
 )
+from synapse.core.schedule.admission import queue_of
+from synapse.core.state.fsm import ClusterState
 
 #: The rule a Preempt that evicts guests from spares names.
 SPARE_RULE = "spare"

@@ -7,7 +7,7 @@ directly. Both pass back the reservation of the previous round.
 
 The policy, in queue order (priority, then submission time; once an admin has defined queues, gangs
 within their queue's guarantee first, then by the weighted dominant share of their queue once
-admitted, see synapse.core.admission):
+admitted, see synapse.core.schedule.admission):
 
 * A gang that fits is planned at once, and its resources count as used for the rest of the round.
   A gang that does not fit holds nothing. "Fits" includes locality (delay scheduling, Zaharia et
@@ -37,7 +37,7 @@ admitted, see synapse.core.admission):
 * Jobs behind them are **backfilled** on nodes outside the reservations, or inside one when the
   job's `time_limit` ends before that reservation is expected to start (known only when every
   task on its nodes has a time limit itself; otherwise those nodes stay untouched).
-* A **restart** after a lost node (synapse.core.spares.restarting) keeps its place in the queue
+* A **restart** after a lost node (synapse.core.schedule.spares.restarting) keeps its place in the queue
   (its original submission: ahead of what arrived since, not of what waited before it, whose
   reservations it respects), is placed in the domain of its last run first (its survivors and
   replacements there), waits for no rack, and always reserves, beyond `Tuning.reservations`;
@@ -46,7 +46,7 @@ admitted, see synapse.core.admission):
   else; reservations of other gangs never hold them (the leader evicts their guests for a restart).
 
 "Expected" above is by time limits only with `Tuning.predict` off. With it (the leader's default),
-a job is expected to run what the cluster's own runs of its kind predict (synapse.core.predict,
+a job is expected to run what the cluster's own runs of its kind predict (synapse.core.schedule.predict,
 learned in apply, so every replica expects the same; the limit when nothing is known): the drain
 clock, hence which nodes a gang reserves and when it expects to start, and the split test use
 that; a job may go on reserved nodes by the longer of the last runs of its own kind only
@@ -62,10 +62,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from synapse.core.admission import admission_key, max_block, pool_of
-from synapse.core.elastic import at_size, is_elastic, least, place_largest
-from synapse.core.eligibility import Gate
-from synapse.core.fsm import ClusterState
 from synapse.core.model import (
     Job,
     JobSpec,
@@ -78,10 +74,14 @@ from synapse.core.model import (
     excluded_for,
     topology_path,
 )
-from synapse.core.placement import ClusterView, explain, pack_depth
 from synapse.core.quantity import format_moment
-from synapse.core.spares import last_domain, may_use_spares, restarting
-from synapse.core.topology import Domain
+from synapse.core.schedule.admission import admission_key, max_block, pool_of
+from synapse.core.schedule.elastic import at_size, is_elastic, least, place_largest
+from synapse.core.schedule.eligibility import Gate
+from synapse.core.schedule.placement import ClusterView, explain, pack_depth
+from synapse.core.schedule.spares import last_domain, may_use_spares, restarting
+from synapse.core.schedule.topology import Domain
+from synapse.core.state.fsm import ClusterState
 
 #: What makes gangs fit or fail alike within one round (`_shape`, plus what a round adds to it).
 Shape = tuple[Any, ...]
@@ -137,7 +137,7 @@ class Tuning:
     #: one domain + run; see _split_pays); off: the fixed wait alone
     weigh_locality: bool = True
     spread_factor: float = 0.9  #: the speed of a gang split across domains, relative to one packed
-    #: expect jobs to run as long as the cluster's own runs predict (synapse.core.predict; the time
+    #: expect jobs to run as long as the cluster's own runs predict (synapse.core.schedule.predict; the time
     #: limit when it knows none), not their time limits: when nodes drain, whether a gang should
     #: split, and (by the longer of the last runs of the job's own kind, see _backfill_run) whether
     #: a job may run on reserved nodes. The limit still ends a job, and a reservation is done with
@@ -444,7 +444,7 @@ def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> 
 
 def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True, own_kind: bool = True) -> float:
     """Seconds the job's current attempt is expected to run in all: as the cluster's runs of its
-    kind predict (synapse.core.predict, never beyond its time limit; raised if it has run longer),
+    kind predict (synapse.core.schedule.predict, never beyond its time limit; raised if it has run longer),
     or its time limit when `predict` is off; inf when neither is known. `own_kind`: only runs of
     its own (user, name, size) count, not its user's other jobs (the policy's choice: those are
     too loose a guess to plan by; EASY++ takes them)."""

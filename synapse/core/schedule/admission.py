@@ -8,7 +8,7 @@ asks two things of a waiting gang:
 * **order** — across queues, gangs whose queue stays within its `guaranteed` resources once they run
   come first; then the lowest weighted dominant share once admitted (Kueue's: the largest fraction
   of the READY pool the queue uses beyond its guarantee, plus, with a usage half-life, the decayed
-  GPU time it used lately as a fraction of the pool's (synapse.core.fairshare), over its weight);
+  GPU time it used lately as a fraction of the pool's (synapse.core.schedule.fairshare), over its weight);
   within a queue, priority then submission time.
 
 The scheduler asks both on every round; preemption planning uses the same guarantees and shares
@@ -17,9 +17,9 @@ to choose its victims (on current usage alone).
 
 from __future__ import annotations
 
-from synapse.core.fairshare import history_share
-from synapse.core.fsm import ClusterState
 from synapse.core.model import UNLIMITED, Job, NodeStatus, Queue, Resources
+from synapse.core.schedule.fairshare import history_share
+from synapse.core.state.fsm import ClusterState
 
 _DIMENSIONS = ("gpu", "cpu", "memory")
 

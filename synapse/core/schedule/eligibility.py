@@ -1,7 +1,7 @@
 """Which pending jobs a scheduling round may consider: array throttles, dependencies, singletons. Pure.
 
 A job held back here takes no part in the round: it gets no plan and no reservation, and waits
-with a reason that names what it waits on (a pending reason code of synapse.core.scheduler). One
+with a reason that names what it waits on (a pending reason code of synapse.core.schedule.scheduler). One
 `Gate` serves one round: it counts the plans the round has made, so a throttle of 4 is never
 exceeded by one round placing five elements.
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from synapse.core import dependencies
 from synapse.core.arrays import element_id
 from synapse.core.dependencies import DependencyState
-from synapse.core.fsm import ClusterState
 from synapse.core.model import Job, JobSpec, Plan
-from synapse.core.placement import ClusterView, place
+from synapse.core.schedule.placement import ClusterView, place
+from synapse.core.state.fsm import ClusterState
 
 #: Elements of one array a round may plan beyond the queued one: the next round places more. It
 #: keeps a round short (the leader holds the state's lock through it): on 256 idle nodes, a round

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from synapse.core.model import Job, JobSpec, JobStatus, PackMode, Plan
-from synapse.core.placement import ClusterView, pack_depth, place
+from synapse.core.schedule.placement import ClusterView, pack_depth, place
 
 #: How long an elastic gang runs at one size before it may grow, unless its spec says otherwise.
 DEFAULT_RESIZE_INTERVAL_S = 600.0

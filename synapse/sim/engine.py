@@ -2,12 +2,12 @@
 
 Nothing here is a copy of scheduling logic: the simulator feeds `ClusterState.apply` the same
 commands the leader and workers would, and its rounds are `LeaderState` rounds
-(synapse.core.leader_state), the very object the leader drives: the queue policy with the memo and
+(synapse.core.brain.leader_state), the very object the leader drives: the queue policy with the memo and
 reservations of the round before, the preemption step, the pending reasons. The simulator plays
 the driver's part (it applies what the brain proposes and reports the outcome) and the workers'
 (it ends each task after the duration its job was given, or at the end of a preemption's grace).
 
-With `spares` (synapse.core.spares), the brain designates spare nodes (SetSpares) and evicts
+With `spares` (synapse.core.schedule.spares), the brain designates spare nodes (SetSpares) and evicts
 their guests for a restart after a lost node (a Preempt of rule `spare`, whose victims exit after
 their notice and grace like any other's).
 
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.fsm import ClusterState
-from synapse.core.leader_state import LeaderConfig, LeaderState, Propose, Proposed, QueuePolicy, RoundDue
+from synapse.core.brain.leader_state import LeaderConfig, LeaderState, Propose, Proposed, QueuePolicy, RoundDue
 from synapse.core.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
-from synapse.core.scheduler import RoundResult, schedule_round
-from synapse.core.spares import SparePolicy
+from synapse.core.schedule.scheduler import RoundResult, schedule_round
+from synapse.core.schedule.spares import SparePolicy
+from synapse.core.state.fsm import ClusterState
 
 #: Exit code of a task stopped by SIGTERM at the end of its grace.
 SIGTERM_EXIT = 143
@@ -87,7 +87,7 @@ class Simulator:
         #: the leader's brain; the simulator is its driver (heartbeats and retention never come up)
         self.leader = LeaderState(LeaderConfig(preempt=preempt, policy=policy, job_retention=0, spares=spares))
         # Every member of a simulated cluster runs this code, as a real cluster does once upgraded:
-        # spares may be designated, run times are learned (synapse.core.predict).
+        # spares may be designated, run times are learned (synapse.core.schedule.predict).
         self.state.apply(c.SetClusterVersion(at=0.0, version=codec.COMMAND_VERSION))
         self.preemptions: list[c.Preempt] = []  #: every Preempt committed, in order
         #: (victim, start, stop, GPUs) of every attempt preempted: held until its tasks exited, work

@@ -1,4 +1,4 @@
-"""Heartbeat expiry, held in the leader's memory (synapse.core.leader_state): heartbeats are not Raft writes.
+"""Heartbeat expiry, held in the leader's memory (synapse.core.brain.leader_state): heartbeats are not Raft writes.
 
 Only transitions are proposed (a node silent for longer than the timeout goes DOWN). A new
 leader knows nothing of the old one's clock, so it gives every node a full grace period first.
@@ -13,7 +13,7 @@ timeout) for their workers to move to another replica: never a NodeDown for the 
 
 A leader whose own view is broken (its network to the workers, a stall of its process) sees every
 node fall silent at once; `Silence.late` lets it tell that apart from machines dying
-(synapse.core.leader_state's mass-silence guard).
+(synapse.core.brain.leader_state's mass-silence guard).
 
 Fencing: a worker's tasks may run only while it holds a lease (`Lease`), renewed by every answered
 heartbeat and counted on the worker from the heartbeat's sending. A replica grants the lease less

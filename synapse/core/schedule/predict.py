@@ -13,7 +13,7 @@ estimators are:
   (a cluster without users: nothing says two jobs are the same one's), its time limit (none:
   unknown);
 * never beyond its time limit: the limit stays the kill time, and what a reservation is promised
-  is bounded by it (see synapse.core.scheduler);
+  is bounded by it (see synapse.core.schedule.scheduler);
 * a job that outlives its prediction is predicted to end at the next step of `STEPS` after the
   time it has run (Tsafrir's correction), again never beyond its limit.
 

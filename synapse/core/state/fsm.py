@@ -44,11 +44,11 @@ from collections.abc import Callable
 from types import MethodType
 from typing import Any
 
-from synapse.core import codec, snapshot
+from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.commands import Result
 from synapse.core.model import DEFAULT_LEVELS
-from synapse.core.state import jobs, transitions, usage
+from synapse.core.state import jobs, snapshot, transitions, usage
 from synapse.core.state.events import MAX_EVENTS_PER_JOB
 from synapse.core.state.history import MAX_FINISHED_RECORDS
 from synapse.core.state.node_faults import MAX_EXCLUDED_NODES, MAX_NODE_FAILURES, SUSPECT_JOBS, SUSPECT_WINDOW_S
@@ -144,7 +144,7 @@ class ClusterState(ClusterTables):
     #: snapshot.decode rebuilds the derived accounting with apply's own code
     _use = usage.count_usage
 
-    # ---- snapshots and digests (the format is synapse.core.snapshot's) -----------------------------
+    # ---- snapshots and digests (the format is synapse.core.state.snapshot's) -----------------------------
 
     def to_snapshot(self) -> dict[str, Any]:
         """The whole state as plain data (JSON-able); indexes are left out and rebuilt on load."""

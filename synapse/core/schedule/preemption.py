@@ -1,5 +1,5 @@
 """Preemption planning. Pure: reads a state, returns a plan or why there is none. The queue accounting
-it relies on (usage, guarantees, shares) is admission's (synapse.core.admission).
+it relies on (usage, guarantees, shares) is admission's (synapse.core.schedule.admission).
 
 Rules (a queue lists those its jobs may use; by default `reclaim`, `priority` and `backfill`):
 
@@ -33,9 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse.core import commands as c
-from synapse.core.admission import beyond_guarantee, pool_of, queue_of, share, usage_of
-from synapse.core.elastic import is_elastic
-from synapse.core.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     Job,
@@ -45,9 +42,12 @@ from synapse.core.model import (
     excluded_for,
     topology_path,
 )
-from synapse.core.placement import pack_depth
 from synapse.core.quantity import format_moment
-from synapse.core.topology import Domain
+from synapse.core.schedule.admission import beyond_guarantee, pool_of, queue_of, share, usage_of
+from synapse.core.schedule.elastic import is_elastic
+from synapse.core.schedule.placement import pack_depth
+from synapse.core.schedule.topology import Domain
+from synapse.core.state.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
 
 #: A plan's cost, compared as a tuple: (highest victim priority, GPUs pushed below guarantees, GPU-seconds
 #: lost, victims, their ids); a lower bound on it, its first three (a prefix compares as a tuple would).
@@ -132,7 +132,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
             continue
         gpus = len(other.tasks) * other.spec.resources.gpu
         below = max(0, min(gpus, other_queue.guaranteed.gpu - (used.gpu - gpus)))
-        # An elastic gang above its min shrinks rather than losing its run (synapse.core.fsm
+        # An elastic gang above its min shrinks rather than losing its run (synapse.core.state.fsm
         # _preempt): it restarts from its checkpoint at once, so it is the cheapest victim.
         shrinks = is_elastic(other.spec) and len(other.tasks) > other.spec.tasks_min
         lost = 0.0 if shrinks else gpus * max(0.0, now - since)

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from synapse.core.arrays import JobArray
-from synapse.core.fairshare import DecayedUsage
 from synapse.core.model import (
     CheckpointSpec,
     ClusterEvent,
@@ -40,7 +39,8 @@ from synapse.core.model import (
     TopologySpec,
     User,
 )
-from synapse.core.predict import RunTimes
+from synapse.core.schedule.fairshare import DecayedUsage
+from synapse.core.schedule.predict import RunTimes
 
 #: The version of the format `encode` writes. 2 added arrays, the final states of forgotten jobs
 #: and the workflow and elastic fields of jobs: a release that reads only version 1 would drop them,
@@ -54,7 +54,7 @@ SNAPSHOT_VERSION_3 = 3
 #: The version written once the state holds what command-set version 4 brought (a recorded
 #: progress: a job's, or a run's checkpoint, RecordProgress; a spare node, SetSpares; a node's GPU
 #: error, GpuFault; a job's mounts, pull timeout or no command, which runs its image's entrypoint; a
-#: task prepared, TaskPrepared; learned run times, synapse.core.predict): a version-3 release refuses
+#: task prepared, TaskPrepared; learned run times, synapse.core.schedule.predict): a version-3 release refuses
 #: it rather than drop them.
 SNAPSHOT_VERSION_4 = 4
 #: The version written once a job holds secrets (command-set version 6): a version-4 release refuses
@@ -112,7 +112,7 @@ def encode(state: Any) -> dict[str, Any]:
         **({"join_tokens": [_join_token_to_dict(t) for _, t in sorted(state.join_tokens.items())]}
            if state.join_tokens else {}),
         **({"cluster_version": state.cluster_version} if state.cluster_version > 1 else {}),
-        # Learned run times (synapse.core.predict), only when there are any (from cluster version 4
+        # Learned run times (synapse.core.schedule.predict), only when there are any (from cluster version 4
         # on), least recently learned first; a snapshot with them is version 4.
         **({"run_times": state.run_times.to_list()} if len(state.run_times) else {}),
     }

@@ -4,7 +4,7 @@ dask's `WorkerState` is the model. `LeaderState.handle(state, *stimuli)` is the 
 the replicated `ClusterState` (never changes it) and its own memory, and returns instructions —
 commands to propose and requests for another round. Whoever drives it carries them out: on a real
 cluster `synapse.master.leader` proposes them through Raft (stamping its term) and feeds each
-outcome back as a `Proposed` stimulus; `synapse.core.sim` applies them to its state on a simulated
+outcome back as a `Proposed` stimulus; `synapse.sim.engine` applies them to its state on a simulated
 clock and does the same. No clock, no lock, no I/O here: the driver passes the time in every
 stimulus and holds whatever lock guards the state while `handle` runs.
 
@@ -18,7 +18,7 @@ What it decides:
   (`PendingReasons`, for those whose reason changed). A pending job a dependency of which can never
   be met (synapse.core.dependencies) is failed for good, `FailAttempt(final, cause
   DependencyNeverSatisfied)` naming the upstream job, unless it asked to wait.
-* **Spares** (with `LeaderConfig.spares`, synapse.core.spares): each round first proposes the
+* **Spares** (with `LeaderConfig.spares`, synapse.core.schedule.spares): each round first proposes the
   spare set `designate` chooses when it differs from the state's (`SetSpares`, from command-set
   version 4), and evicts the guests of spares for the first restart after a lost node that waits
   (`Preempt`, rule `spare`: their notice and grace, then the nodes are the restart's).
@@ -47,7 +47,7 @@ What it decides:
   one before a node is declared DOWN, at once), never one per report; a progress file's garbage
   once per attempt.
 * **Liveness digests** (`LivenessDigest`): a shard's nodes heard since its last digest, with how
-  long ago; they feed heartbeat expiry (synapse.core.heartbeat: a shard whose digests stop gives
+  long ago; they feed heartbeat expiry (synapse.core.brain.heartbeat: a shard whose digests stop gives
   its nodes a full timeout to move before any is declared DOWN).
 
 Readers (the API, metrics, the dashboard) see it only through `LeaderView`. They may run on other
@@ -64,12 +64,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from synapse.core import admission, codec, dependencies, preemption, spares
+from synapse.core import codec, dependencies
 from synapse.core import commands as c
-from synapse.core.elastic import at_size, growth, is_elastic, place_largest
-from synapse.core.eligibility import HELD_CODES
-from synapse.core.fsm import ClusterState
-from synapse.core.heartbeat import GpuErrorReport, HeartbeatTracker, Silence, gpu_fault_change, health_change
+from synapse.core.brain.heartbeat import GpuErrorReport, HeartbeatTracker, Silence, gpu_fault_change, health_change
 from synapse.core.model import (
     DEFAULT_IMAGE_PULL_TIMEOUT_S,
     EndReason,
@@ -80,9 +77,13 @@ from synapse.core.model import (
     excluded_for,
     gang_unprepared,
 )
-from synapse.core.placement import ClusterView
-from synapse.core.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
-from synapse.core.spares import SparePolicy
+from synapse.core.schedule import admission, preemption, spares
+from synapse.core.schedule.elastic import at_size, growth, is_elastic, place_largest
+from synapse.core.schedule.eligibility import HELD_CODES
+from synapse.core.schedule.placement import ClusterView
+from synapse.core.schedule.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
+from synapse.core.schedule.spares import SparePolicy
+from synapse.core.state.fsm import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +138,13 @@ class LeaderConfig:
     job_retention: float = 3600.0
     history: bool = False  #: a history store is configured: never forget a job it does not hold yet
     max_unarchived: int = 0  #: with history: finished jobs kept unarchived at most; beyond, the oldest go (loudly)
-    #: the decayed usage's half-life the state should have (synapse.core.fairshare); None: leave it be
+    #: the decayed usage's half-life the state should have (synapse.core.schedule.fairshare); None: leave it be
     usage_half_life: float | None = None
     preempt: bool = True  #: plan preemptions (only for jobs of admin-defined queues)
     #: a job's changed checkpoint goes into the log at most this often (its attempt's first at once)
     checkpoint_record_interval: float = 15.0
     policy: QueuePolicy = schedule_round  #: the queue policy (the simulator runs baselines through it)
-    spares: SparePolicy | None = None  #: spare nodes to keep (synapse.core.spares); None: none
+    spares: SparePolicy | None = None  #: spare nodes to keep (synapse.core.schedule.spares); None: none
 
 
 # ---- stimuli --------------------------------------------------------------------------------------

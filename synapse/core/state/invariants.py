@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from synapse.core.elastic import least
-from synapse.core.fsm import ClusterState
 from synapse.core.model import JobStatus, Resources, TaskState
+from synapse.core.schedule.elastic import least
+from synapse.core.state.fsm import ClusterState
 
 
 def node_violations(state: ClusterState, node_ids: Iterable[str]) -> list[str]:
