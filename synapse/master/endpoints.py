@@ -989,9 +989,15 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             # the registration yet (or be catching up), and a storm of re-registrations would follow.
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"replica {self.m.replica.id} does not hold node {request.node_id} (yet); try another")
+        lease_ms = self.m.shard.lease_ms(status)
+        if status == NodeStatus.READY.value and lease_ms < self.m.shard.lease.seconds * 500:
+            # Less than half a lease to grant (none of its digests reached a leader lately, or
+            # yet): the worker goes on to a replica that can renew its lease, in this very call.
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"replica {self.m.replica.id} cannot renew node {request.node_id}'s lease now "
+                                "(its digests have not reached a leader lately); try another")
         return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(),
-                                      shard=order[0] if order else "", order=order,
-                                      lease_ms=self.m.shard.lease_ms(status))
+                                      shard=order[0] if order else "", order=order, lease_ms=lease_ms)
 
     async def ReportLiveness(self, request, context):
         """A link shard's digest, for the leader's brain."""

@@ -553,14 +553,16 @@ class WorkerAgent:
                 self.runtime.reap()
                 a = task.assignment
                 end = self.runtime.outcome(task.handle, a)
-                if a.key in self.fenced:
+                fenced = a.key in self.fenced
+                if fenced:
                     self.fenced.discard(a.key)
                     end = dataclasses.replace(end, cause=EndReason.NODE_LOST,
                                               detail="killed: the node's lease ended (no master answered)")
                 code = end.exit_code
                 log.info("task exited job=%s attempt=%d index=%d code=%s reason=%s detail=%s", a.job_id, a.attempt,
                          a.index, code, end.cause, end.detail or "-")
-                self._journal("exit", a, pid=task.handle.pid, code=code, reason=str(end.cause))
+                self._journal("exit", a, pid=task.handle.pid, code=code, reason=str(end.cause),
+                              **({"fenced": True} if fenced else {}))
                 outcome = ("succeeded" if code == 0 else "oom_killed" if end.cause == "OOMKilled"
                            else "killed" if code is None or task.phase == "stopping" else "failed")
                 self.metrics.exits.labels(outcome).inc()
