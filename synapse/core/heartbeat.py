@@ -15,6 +15,14 @@ A leader whose own view is broken (its network to the workers, a stall of its pr
 node fall silent at once; `Silence.late` lets it tell that apart from machines dying
 (synapse.core.leader_state's mass-silence guard).
 
+Fencing: a worker's tasks may run only while it holds a lease (`Lease`), renewed by every answered
+heartbeat and counted on the worker from the heartbeat's sending. A replica grants the lease less
+the time since a digest of its own last reached a leader (`Lease.grant`), so every lease ends
+before `lease` has passed since the leader last heard of that replica, and the leader declares no
+node DOWN before a full `heartbeat_timeout` (> lease + margin) from its last heartbeat it knows of,
+nor within a silent shard's move window: the node's tasks are dead (killed by its fence,
+synapse.worker.fence) before their gang can start again elsewhere.
+
 Heartbeats also carry the worker's health check result; `health_change` turns a report that
 differs from the replicated state into the one command that records it (cordoning the node, or
 lifting the cordon its health check set). They also carry the GPU errors the worker sees
@@ -44,6 +52,37 @@ class GpuErrorReport:
 
     gpu: int  #: the GPU's index on the node; NODE_GPUS: the node's GPUs as a whole
     message: str
+
+
+#: The least time between a lease's end and the moment the leader may declare its node DOWN: the
+#: fence's poll and kill, a digest in flight, clocks that run at slightly different rates.
+LEASE_MARGIN_MIN_S = 1.0
+#: The margin as a share of the heartbeat timeout, where that is larger than the minimum.
+LEASE_MARGIN_SHARE = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """How long a worker's tasks may run without another answered heartbeat (docs/architecture/failover.md)."""
+
+    seconds: float  #: a lease's length, from the sending of the heartbeat that renewed it
+
+    @classmethod
+    def of(cls, heartbeat_timeout: float) -> Lease:
+        """The lease for a cluster whose nodes go DOWN after `heartbeat_timeout` of silence: the
+        timeout less the margin (the larger of 1 s and a fifth of it)."""
+        margin = max(LEASE_MARGIN_MIN_S, LEASE_MARGIN_SHARE * heartbeat_timeout)
+        return cls(seconds=max(0.0, heartbeat_timeout - margin))
+
+    def grant(self, vouched_age: float | None) -> float:
+        """Seconds of lease a replica grants with a heartbeat's answer: the whole lease from the
+        leader (vouched_age 0), less the time since its last digest reached a leader from a
+        follower (so a replica cut off from the leader grants less and less, never past what the
+        leader last heard from it), nothing from one none of whose digests has reached a leader
+        yet (None)."""
+        if vouched_age is None:
+            return 0.0
+        return max(0.0, self.seconds - max(0.0, vouched_age))
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_spec, notice_capped
 from synapse.core.leader_state import ProgressReport
-from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue, Resources, Role, image_holders
+from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, NodeStatus, Queue, Resources, Role, image_holders
 from synapse.core.placement import ClusterView
 from synapse.core.queues import batch_problem
 from synapse.master import history_api
@@ -916,7 +916,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         log.info("node registered node=%s address=%s topology=%s gpus=%d", request.node_id, request.address,
                  "/".join(request.topology), capacity.gpu)
         return api_pb2.RegisterNodeReply(status=result.value, heartbeat_interval_s=self.m.config.heartbeat_interval,
-                                         node_credential=self.m.node_credential(request.node_id))
+                                         node_credential=self.m.node_credential(request.node_id),
+                                         lease_ms=self.m.shard.lease_ms(NodeStatus.READY.value))  # READY now
 
     async def CreateJoinToken(self, request, context):
         if not 0 <= request.ttl_s <= MAX_JOIN_TOKEN_TTL_S:
@@ -969,7 +970,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"replica {self.m.replica.id} does not hold node {request.node_id} (yet); try another")
         return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(),
-                                      shard=order[0] if order else "", order=order)
+                                      shard=order[0] if order else "", order=order,
+                                      lease_ms=self.m.shard.lease_ms(status))
 
     async def ReportLiveness(self, request, context):
         """A link shard's digest, for the leader's brain."""

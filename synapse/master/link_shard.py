@@ -32,7 +32,7 @@ import grpc
 
 from synapse.common.auth import REPLICA_CREDENTIAL_KEY
 from synapse.core import codec
-from synapse.core.heartbeat import gpu_fault_change, health_change
+from synapse.core.heartbeat import Lease, gpu_fault_change, health_change
 from synapse.core.model import NodeStatus
 from synapse.core.shards import ShardMap
 from synapse.proto import api_pb2, api_pb2_grpc
@@ -88,6 +88,8 @@ class LinkShard:
         self.delivered = 0  #: digests that reached the leader's brain; run only
         self.failed = 0  #: digests that did not; run only
         self.delivered_at = time.monotonic()  #: when the last digest reached a leader (start: when none yet)
+        self.vouched = False  #: a digest of this replica's has reached a leader (it grants leases only then)
+        self.lease = Lease.of(master.config.heartbeat_timeout)  #: what a heartbeat's answer renews
         self._wake = asyncio.Event()  #: set when a change waits to be forwarded
         self._channel: tuple[str, grpc.aio.Channel] | None = None  #: (leader API address, channel to it)
 
@@ -161,6 +163,18 @@ class LinkShard:
             self.redirects += 1
         return status, order
 
+    def lease_ms(self, status: str) -> int:
+        """The lease (milliseconds) an answer to a heartbeat of a node in `status` grants: the
+        whole lease from the leader, less the age of this replica's last digest to reach a leader
+        from a follower, none for a node that is not READY here (synapse.core.heartbeat.Lease)."""
+        if status != NodeStatus.READY.value:
+            return 0
+        if self.m.ready_leader_term():
+            age: float | None = 0.0
+        else:
+            age = time.monotonic() - self.delivered_at if self.vouched else None
+        return int(self.lease.grant(age) * 1000)
+
     def attached(self) -> int:
         """Nodes heard here within the heartbeat timeout (may be called from any thread)."""
         horizon = time.monotonic() - self.m.config.heartbeat_timeout
@@ -221,6 +235,7 @@ class LinkShard:
                 self.failures = 0
                 self.delivered += 1
                 self.delivered_at = time.monotonic()
+                self.vouched = True
             except Exception as exc:  # noqa: BLE001 - any failure: the news goes with the next digest
                 if not self.failures:
                     log.warning("digest not delivered shard=%s error=%s", digest.shard, str(exc)[:200])

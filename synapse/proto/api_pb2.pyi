@@ -1127,6 +1127,7 @@ class RegisterNodeReply(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     NODE_CREDENTIAL_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
     status: _builtins.str
     heartbeat_interval_s: _builtins.float
     node_credential: _builtins.str
@@ -1134,18 +1135,26 @@ class RegisterNodeReply(_message.Message):
     Heartbeat, WatchAssignments and ReportTaskEvents calls, and on RegisterNode again: it is the
     worker's whole identity, and acts only for its own node.
     """
+    lease_ms: _builtins.int
+    """The lease the registration grants (synapse.core.heartbeat.Lease): how long, from the request's
+    sending, the node's tasks may run without an answered heartbeat. Absent: a master of an earlier
+    release, which grants no lease (the worker then fences nothing).
+    """
     def __init__(
         self,
         *,
         status: _builtins.str = ...,
         heartbeat_interval_s: _builtins.float = ...,
         node_credential: _builtins.str = ...,
+        lease_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "lease_ms", b"lease_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "node_credential", b"node_credential", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "heartbeat_interval_s", b"heartbeat_interval_s", "lease_ms", b"lease_ms", "node_credential", b"node_credential", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__lease_ms: _TypeAlias = _typing.Literal["lease_ms"]  # noqa: Y015
+    _WhichOneofArgType__lease_ms: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lease_ms) -> _WhichOneofReturnType__lease_ms | None: ...
 
 Global___RegisterNodeReply: _TypeAlias = RegisterNodeReply  # noqa: Y015
 
@@ -1220,11 +1229,17 @@ class HeartbeatReply(_message.Message):
     TERM_FIELD_NUMBER: _builtins.int
     SHARD_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
     node_status: _builtins.str
     """READY, DOWN, or UNKNOWN (register again)"""
     term: _builtins.int
     shard: _builtins.str
     """API address of the replica whose link shard the node belongs to"""
+    lease_ms: _builtins.int
+    """The lease this answer renews, from the heartbeat's sending (synapse.core.heartbeat.Lease.grant):
+    0 when this replica vouches for none (no digest of its own reached a leader yet, the node DOWN
+    or unknown). Absent: a master of an earlier release, which grants no lease.
+    """
     @_builtins.property
     def order(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """the replicas the node tries, in order, when its shard does not answer"""
@@ -1236,12 +1251,15 @@ class HeartbeatReply(_message.Message):
         term: _builtins.int = ...,
         shard: _builtins.str = ...,
         order: _abc.Iterable[_builtins.str] | None = ...,
+        lease_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "lease_ms", b"lease_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_status", b"node_status", "order", b"order", "shard", b"shard", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "lease_ms", b"lease_ms", "node_status", b"node_status", "order", b"order", "shard", b"shard", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__lease_ms: _TypeAlias = _typing.Literal["lease_ms"]  # noqa: Y015
+    _WhichOneofArgType__lease_ms: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lease_ms) -> _WhichOneofReturnType__lease_ms | None: ...
 
 Global___HeartbeatReply: _TypeAlias = HeartbeatReply  # noqa: Y015
 

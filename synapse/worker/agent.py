@@ -8,7 +8,9 @@ state it publishes after every event (`view`):
   replica in a pinch), which the client reopens elsewhere, after a jittered pause, whenever it
   breaks, so a replica's death never stops the worker or its tasks nor brings all workers back at once;
 * heartbeat: one RPC per interval to the node's link shard (synapse.core.shards; the reply names
-  it, and the worker follows); re-registers when the masters do not know the node;
+  it, and the worker follows); re-registers when the masters do not know the node; each answer
+  renews the node's lease (synapse.worker.fence), which the main loop and the node's fence
+  process enforce: no task runs on once the lease has ended;
 * reporter: sends unacknowledged reports in batches, retrying until acknowledged;
 * health (with --health-check): runs the check every interval and, when its result changes,
   wakes the heartbeat thread so the leader hears of it at once;
@@ -26,6 +28,7 @@ state it publishes after every event (`view`):
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
@@ -51,15 +54,16 @@ from synapse.core.model import Assignment, EndReason, Resources
 from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
 from synapse.proto import api_pb2, api_pb2_grpc
-from synapse.worker import observe
+from synapse.worker import fence, observe
 from synapse.worker import state as ws
 from synapse.worker.container import ContainerRefused
+from synapse.worker.fence import TASK_JOURNAL, boot_id
 from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
 from synapse.worker.observe import WorkerMetrics
 from synapse.worker.progress import ProgressWatcher, progress_file
-from synapse.worker.runtime import Handle, ProcessRuntime, alive, boot_id, ephemeral_ports, port_in_use, task_id
+from synapse.worker.runtime import Handle, ProcessRuntime, alive, ephemeral_ports, port_in_use, task_id
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +73,12 @@ POLL_S = 0.1
 WATCH_REOPEN_S = 0.05
 WATCH_REFUSED_S = 1.0
 STATE_FILE = "worker-state.json"
-#: Every task process this worker started and saw end, one JSON object a line, appended (the
-#: record an operator or the chaos checkers read; the log's wording is for people).
-TASK_JOURNAL = "task-events.jsonl"
+# TASK_JOURNAL (synapse.worker.fence): every task process this worker started and saw end, and every
+# task its fence killed, one JSON object a line, appended (the record an operator or the chaos
+# checkers read; the log's wording is for people).
+#: After a heartbeat that was not answered, the next goes this soon while the lease still holds
+#: (never later than the interval): the lease must not end for one lost call.
+HEARTBEAT_RETRY_S = 0.25
 #: The node's own credential, as RegisterNode returned it ({"node_id", "credential"}, mode 0600): with
 #: it the worker needs neither the cluster token nor its join token again.
 CREDENTIAL_FILE = "node-credential.json"
@@ -158,6 +165,13 @@ class WorkerAgent:
         #: the GPU errors seen last; written by the gpu-errors thread only
         self.gpu_errors: tuple[GpuErrorReport, ...] = ()
         self.heartbeat_now = threading.Event()  #: wakes the heartbeat thread (health changed)
+        #: when the node's lease ends (time.monotonic()); None while the masters grant none (an
+        #: earlier release) or before the first grant. Written by the registering and heartbeat
+        #: threads (a float, replaced whole), read by the main loop
+        self.lease_until: float | None = None
+        self.lease_seconds = 0.0  #: the length of the last lease granted (heartbeat thread)
+        #: the running tasks the main loop killed because the lease ended (main loop only)
+        self.fenced: set[ws.Key] = set()
         #: changed by the main loop alone, through `_handle` (synapse.worker.state's docstring)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         #: what the other threads read of the state: replaced whole by the main loop after every event
@@ -196,7 +210,9 @@ class WorkerAgent:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Run until `stop()`; tasks keep running after the agent stops (they are re-adopted)."""
+        """Run until `stop()`; tasks keep running after the agent stops (they are re-adopted by the
+        next agent if it renews the lease in time; the node's fence kills them otherwise)."""
+        self._ensure_fence()
         self._load_state()
         stale = self.runtime.sweep({t.handle.cgroup for t in self.state.tasks.values() if t.handle})
         if stale:
@@ -228,6 +244,64 @@ class WorkerAgent:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    # ---- the lease (synapse.worker.fence) ------------------------------------------------------
+
+    def _ensure_fence(self) -> None:
+        """Start the node's fence unless it runs (it exits when it has nothing left to guard)."""
+        cgroups = self.runtime.cgroups
+        pid = fence.start_fence(self.data_dir, list(cgroups.parents.values()) if cgroups is not None else [])
+        if pid:
+            log.info("fence started node=%s pid=%d", self.node_id, pid)
+
+    def _renew(self, sent: float, reply: Any) -> None:
+        """(registering or heartbeat thread) Take the lease an answer grants, counted from when its
+        request was sent: an answer from an earlier release grants none (nothing is fenced then)."""
+        if not reply.HasField("lease_ms"):
+            if self.lease_until is not None or fence.lease_state(self.data_dir, sent) != fence.UNFENCED:
+                log.warning("the masters grant no lease (an earlier release): tasks are not fenced node=%s",
+                            self.node_id)
+                fence.write_lease(self.data_dir, None)
+            self.lease_until = None
+            return
+        if reply.lease_ms == 0:
+            return  # this replica vouches for none: the lease runs on from the last grant
+        until = sent + reply.lease_ms / 1000
+        if self.lease_until is not None and until <= self.lease_until:
+            return
+        self.lease_until, self.lease_seconds = until, reply.lease_ms / 1000
+        fence.write_lease(self.data_dir, until)
+        self._ensure_fence()
+
+    def _next_heartbeat_in(self, answered: bool) -> float:
+        """How long the heartbeat thread waits: the interval, shortened so that a lease never ends
+        for want of asking (a quarter of the lease before its end), and after a call that was not
+        answered, HEARTBEAT_RETRY_S while the lease still holds."""
+        until = self.lease_until
+        if until is None:
+            return self.heartbeat_interval
+        left = until - time.monotonic()
+        if left <= 0:
+            return self.heartbeat_interval
+        if not answered:
+            return min(self.heartbeat_interval, HEARTBEAT_RETRY_S)
+        return min(self.heartbeat_interval, max(HEARTBEAT_RETRY_S, left - self.lease_seconds / 4))
+
+    def _fence_if_lease_ended(self) -> bool:
+        """(main loop) Kill every running task once the lease has ended: the masters may be about to
+        declare this node DOWN and start its gangs elsewhere. Their ends report NodeLost."""
+        until = self.lease_until
+        if until is None or time.monotonic() <= until:
+            return False
+        victims = [t for t in self.state.running() if t.assignment.key not in self.fenced]
+        for task in victims:
+            assert task.handle is not None
+            log.warning("lease ended: killing task=%s pid=%d node=%s (no master answered for %.1fs)",
+                        task.assignment.key, task.handle.pid, self.node_id,
+                        time.monotonic() - until + self.lease_seconds)
+            self.runtime.signal(task.handle, signal.SIGKILL)
+            self.fenced.add(task.assignment.key)
+        return bool(victims)
         self.reports_ready.set()
         self.heartbeat_now.set()
 
@@ -251,7 +325,9 @@ class WorkerAgent:
             self.client.metadata = client_metadata(self.join_token)
         while not self.stopping.is_set():
             try:
+                sent = time.monotonic()
                 reply = self.client.call("RegisterNode", request, deadline=10.0)
+                self._renew(sent, reply)
                 if reply.node_credential != self.node_credential:
                     save_credential(self.data_dir, self.node_id, reply.node_credential)
                     self.node_credential = reply.node_credential
@@ -286,6 +362,7 @@ class WorkerAgent:
                 changed = True
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + POLL_S
+                self._fence_if_lease_ended()
                 changed |= self._poll_processes()
                 self._handle(ws.Tick())
                 if self.progress.due(time.monotonic()) and self.progress.poll(
@@ -372,6 +449,7 @@ class WorkerAgent:
         # task this worker forgets and would start a second time (see _load_state).
         seen = time.monotonic()
         self._save_state()
+        self._ensure_fence()  # it exits once it has nothing to guard: a task never starts unguarded
         clash = "" if gated else self._master_port_clash(a)  # a created task is checked as its gate opens
         if clash:
             self._start_failed(a, clash, EndReason.MASTER_PORT_IN_USE)
@@ -473,6 +551,10 @@ class WorkerAgent:
                 self.runtime.reap()
                 a = task.assignment
                 end = self.runtime.outcome(task.handle, a)
+                if a.key in self.fenced:
+                    self.fenced.discard(a.key)
+                    end = dataclasses.replace(end, cause=EndReason.NODE_LOST,
+                                              detail="killed: the node's lease ended (no master answered)")
                 code = end.exit_code
                 log.info("task exited job=%s attempt=%d index=%d code=%s reason=%s detail=%s", a.job_id, a.attempt,
                          a.index, code, end.cause, end.detail or "-")
@@ -526,8 +608,9 @@ class WorkerAgent:
             self.stopping.wait(pause)
 
     def _heartbeat_loop(self) -> None:
+        answered = True
         while not self.stopping.is_set():
-            self.heartbeat_now.wait(self.heartbeat_interval)
+            self.heartbeat_now.wait(self._next_heartbeat_in(answered))
             self.heartbeat_now.clear()
             if self.stopping.is_set():
                 return
@@ -539,6 +622,8 @@ class WorkerAgent:
                                                    gpu_errors=codec.gpu_errors_to_proto(self.gpu_errors))
                 reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0),
                                          order=self.replicas_in_order)
+                self._renew(sent, reply)
+                answered = True
                 self.metrics.heartbeat.observe(time.monotonic() - sent)
                 self.heartbeat_ok = True
                 if reply.order and list(reply.order) != self.replica_order:
@@ -553,7 +638,7 @@ class WorkerAgent:
                 if reply.node_status == "UNKNOWN":
                     self._register()
             except (ClientError, ClusterUnavailable) as exc:
-                self.heartbeat_ok = False
+                self.heartbeat_ok = answered = False
                 log.warning("heartbeat failed node=%s error=%s", self.node_id, exc)
 
     def _health_loop(self) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import os
 import shlex
 import shutil
@@ -51,6 +50,7 @@ from pathlib import Path
 from synapse.core.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
 from synapse.worker import container
+from synapse.worker.fence import process_start_ticks, running
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
 from synapse.worker.progress import CONTAINED_PROGRESS_DIR, progress_file
 
@@ -159,33 +159,9 @@ def _ignore(signum: int, frame: object) -> None:
     """A handler that does nothing (see handle_ignored_signals)."""
 
 
-@functools.cache
-def boot_id() -> str:
-    """This boot of the machine ('' where the kernel does not say): a restarted machine has another."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def process_start_ticks(pid: int) -> int:
-    """Start time of a process from /proc (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def alive(handle: Handle) -> bool:
     """True while the task's shim runs (a reused pid does not count; zombies do not either)."""
-    try:
-        with open(f"/proc/{handle.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and int(fields[19]) == handle.start_ticks
+    return running(handle.pid, handle.start_ticks)
 
 
 def exit_code(handle: Handle) -> int | None:
