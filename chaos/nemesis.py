@@ -27,7 +27,7 @@ from synapse.local import cluster as local
 from synapse.local.netns import MasterNet
 from synapse.local.netns import unavailable as netns_unavailable
 from synapse.proto import api_pb2
-from synapse.worker.runtime import process_start_ticks
+from synapse.worker import fence
 
 #: kill-worker-under-gang and kill-agent-under-gang: the gang's tasks (each a whole node), and how
 #: long they wait for the gang to run, for its node's loss to stop it, and for it to run again.
@@ -105,19 +105,12 @@ class Target:
             local.restart(self.data_dir, self.state, w, gpus=gpus)
 
     def attempt_processes(self, job: Any) -> dict[str, tuple[int, int]]:
-        """The shims of a running attempt's tasks, from the pid files on their nodes ("PID
-        START_TICKS"): "JOB.ATTEMPT.INDEX on NODE (pid PID)" -> (pid, start ticks). A task whose
-        file cannot be read is left out (it did not start)."""
-        out = {}
-        for task in job.tasks:
-            name = f"{job.id}.{job.attempt}.{task.index}"
-            path = self.data_dir / "workers" / task.node_id / "tasks" / f"{name}.pid"
-            try:
-                pid, ticks = (int(x) for x in path.read_text().split())
-            except (OSError, ValueError):
-                continue
-            out[f"{name} on {task.node_id} (pid {pid})"] = (pid, ticks)
-        return out
+        """The live shims of a running attempt's tasks on their nodes, as the nodes' fences read
+        them: "JOB.ATTEMPT.INDEX on NODE (pid PID)" -> (pid, start ticks)."""
+        return {f"{shim.task} on {node} (pid {shim.pid})": (shim.pid, shim.start_ticks)
+                for node in sorted({task.node_id for task in job.tasks})
+                for shim in fence.live_shims(self.data_dir / "workers" / node)
+                if shim.key()[:2] == (job.id, job.attempt)}
 
     def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
         """(task key, shim pid) of the tasks a worker's state file lists as started."""
@@ -643,23 +636,10 @@ def kill_agent_under_gang(t: Target, rng: random.Random, history: History, gpus:
     return _under_gang(t, rng, history, "kill-agent-under-gang", gpus, act)
 
 
-def group_alive(pid: int, ticks: int) -> bool:
+def task_alive(pid: int, ticks: int) -> bool:
     """True while the task whose shim is (`pid`, start `ticks`) has a process: the shim itself, or
-    any process in its process group (the shim's pid) started no earlier than it (a process of a
-    reused pid started before it is not the task's)."""
-    if process_start_ticks(pid) == ticks and local.is_alive(pid):
-        return True
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if fields[0] != "Z" and int(fields[2]) == pid and int(fields[19]) >= ticks:
-            return True
-    return False
+    any process of its process group (the shim's pid), as the node's fence sees them."""
+    return fence.running(pid, ticks) or fence.group_alive(pid)
 
 
 def alive_during(processes: dict[str, tuple[int, int]], seconds: float, every: float = 0.1) -> list[str]:
@@ -668,7 +648,7 @@ def alive_during(processes: dict[str, tuple[int, int]], seconds: float, every: f
     seen: set[str] = set()
     deadline = time.monotonic() + seconds
     while True:
-        seen.update(name for name, (pid, ticks) in processes.items() if name not in seen and group_alive(pid, ticks))
+        seen.update(name for name, (pid, ticks) in processes.items() if name not in seen and task_alive(pid, ticks))
         if time.monotonic() >= deadline:
             return sorted(seen)
         time.sleep(every)

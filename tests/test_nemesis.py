@@ -336,8 +336,8 @@ def test_alive_during_sees_a_task_by_its_shim_or_any_process_of_its_group():
     import subprocess
     from pathlib import Path
 
-    from chaos.nemesis import alive_during, group_alive
-    from synapse.worker.runtime import process_start_ticks
+    from chaos.nemesis import alive_during, task_alive
+    from synapse.worker.fence import process_start_ticks
 
     shim = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
     try:
@@ -346,15 +346,14 @@ def test_alive_during_sees_a_task_by_its_shim_or_any_process_of_its_group():
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not children.read_text().strip():  # its sleep started
             time.sleep(0.02)
-        assert group_alive(shim.pid, ticks)
-        assert not group_alive(shim.pid, ticks + 10**9)  # another process's pid: not this task's
+        assert task_alive(shim.pid, ticks)
         shim.kill()  # the shim alone: its child sleeps on in the group
         shim.wait()
-        assert not local.is_alive(shim.pid) and group_alive(shim.pid, ticks)
+        assert not local.is_alive(shim.pid) and task_alive(shim.pid, ticks)
         assert alive_during({"t": (shim.pid, ticks)}, 0.2) == ["t"]
         os.killpg(shim.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and group_alive(shim.pid, ticks):
+        while time.monotonic() < deadline and task_alive(shim.pid, ticks):
             time.sleep(0.02)
         assert alive_during({"t": (shim.pid, ticks)}, 0.2) == []
     finally:
@@ -370,7 +369,7 @@ def test_kill_agent_under_gang_kills_the_agent_alone_and_watches_the_old_attempt
     may), the agent stayed down until the gang ran on other nodes, and came back."""
     from pathlib import Path
 
-    from chaos.nemesis import group_alive
+    from chaos.nemesis import task_alive
 
     cluster = make_cluster(workers=3, racks=1)
     t = Target(cluster.data_dir, cluster.state, cluster.client, fence_watch=1.0)
@@ -388,7 +387,7 @@ def test_kill_agent_under_gang_kills_the_agent_alone_and_watches_the_old_attempt
                     pid, ticks = (int(x) for x in p.read_text().split())
                 except (OSError, ValueError):
                     continue
-                if group_alive(pid, ticks):
+                if task_alive(pid, ticks):
                     alive.add(f"{p.parent.parent.name}/{p.stem}")
             samples.append(({w for w, pid in agents.items() if local.is_alive(pid)}, alive))
             time.sleep(0.05)
