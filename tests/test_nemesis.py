@@ -6,6 +6,7 @@ import dataclasses
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -43,6 +44,24 @@ def converge(t: Target, timeout: float) -> None:
 
 def pids(t: Target, kind: str) -> dict[str, int]:
     return {p["id"]: p["pid"] for p in t.state[kind]}
+
+
+def watched(inject: Callable[[], dict], sample: Callable[[], None], every: float) -> dict:
+    """Inject a fault while a thread calls `sample` every `every` seconds; the fault's record."""
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            sample()
+            time.sleep(every)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        return inject()
+    finally:
+        stop.set()
+        w.join()
 
 
 def test_kill_leader_kills_it_and_a_new_leader_serves(target):
@@ -176,20 +195,8 @@ def test_partition_follower_cuts_a_follower_off_and_its_return_keeps_the_leader(
     term = t.term(leader)
     net = netns.MasterNet.from_dict(t.state["netns"])
     cut_off: list[str] = []
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            cut_off.extend(m["id"] for m in t.state["masters"] if net.isolated(m["id"]))
-            time.sleep(0.2)
-
-    w = threading.Thread(target=watch)
-    w.start()
-    try:
-        fault = NEMESES["partition-follower"](t, random.Random(9), History(tmp_path / "f.jsonl"))
-    finally:
-        stop.set()
-        w.join()
+    fault = watched(lambda: NEMESES["partition-follower"](t, random.Random(9), History(tmp_path / "f.jsonl")),
+                    lambda: cut_off.extend(m["id"] for m in t.state["masters"] if net.isolated(m["id"])), 0.2)
     victim = fault["targets"][0]
     assert victim != leader["id"] and set(cut_off) == {victim}  # a follower, and only it, was cut off
     assert fault["detail"] == {"seconds": 3.0, "victim_term_rose": False, "changed_during_cut": False,
@@ -375,30 +382,21 @@ def test_kill_agent_under_gang_kills_the_agent_alone_and_watches_the_old_attempt
     t = Target(cluster.data_dir, cluster.state, cluster.client, fence_watch=1.0)
     t.wait_leader()
     agents = pids(t, "workers")
-    samples: list[tuple[set[str], set[str]]] = []  # (agents alive, task files whose group is alive)
-    stop = threading.Event()
+    samples: list[tuple[set[str], set[str]]] = []  # (agents alive, NODE/TASK whose processes are alive)
 
-    def watch():
-        while not stop.is_set():
-            files = {p for p in Path(t.data_dir, "workers").glob("*/tasks/*.pid")}
-            alive = set()
-            for p in files:
-                try:
-                    pid, ticks = (int(x) for x in p.read_text().split())
-                except (OSError, ValueError):
-                    continue
-                if task_alive(pid, ticks):
-                    alive.add(f"{p.parent.parent.name}/{p.stem}")
-            samples.append(({w for w, pid in agents.items() if local.is_alive(pid)}, alive))
-            time.sleep(0.05)
+    def sample():
+        alive = set()
+        for p in Path(t.data_dir, "workers").glob("*/tasks/*.pid"):
+            try:
+                pid, ticks = (int(x) for x in p.read_text().split())
+            except (OSError, ValueError):
+                continue
+            if task_alive(pid, ticks):
+                alive.add(f"{p.parent.parent.name}/{p.stem}")
+        samples.append(({w for w, pid in agents.items() if local.is_alive(pid)}, alive))
 
-    w = threading.Thread(target=watch)
-    w.start()
-    try:
-        fault = NEMESES["kill-agent-under-gang"](t, random.Random(3), History(tmp_path / "a.jsonl"))
-    finally:
-        stop.set()
-        w.join()
+    fault = watched(lambda: NEMESES["kill-agent-under-gang"](t, random.Random(3), History(tmp_path / "a.jsonl")),
+                    sample, 0.05)
     d = fault["detail"]
     assert "skipped" not in d, d
     [node] = fault["targets"]
