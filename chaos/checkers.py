@@ -11,6 +11,8 @@
   task must be gone (exited, lost with its machine, or fenced) before the next attempt's starts.
 * `old_attempts_alive` — the `kill-agent-under-gang` faults that saw a process of the earlier
   attempt alive once the next attempt ran.
+* `false_fencings` — tasks a node's fence killed with no machine fault on that node to explain it:
+  a master fault must never let a worker's lease run out.
 * `converged` — replicas that applied the same number of commands have the same digest.
 * `log_conflicts` — the replicas' journals hold the same entry (term and command) at every index
   they all still keep: a replica that applied an entry the others replaced shows up here, even
@@ -24,7 +26,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -429,6 +431,24 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
     """NodeDowns no machine fault explains: a node declared DOWN outside [start, end + timeout +
     WORKER_BACK_S] of every kill or restart of its worker. A master fault (a leader killed, a shard's
     replica cut off, every master restarted) must never cost a live node its tasks."""
+    explained = _machine_fault_windows(faults, timeout)
+    return [f"{fields.get('node', '?')} at {t:.3f} (term {fields.get('term', '?')})" for t, m, fields in marks
+            if m == "down" and not explained(fields.get("node", ""), t)]
+
+
+def false_fencings(records: Iterable[dict[str, Any]], faults: list[dict], timeout: float) -> list[str]:
+    """Tasks a node's fence killed (`fenced` in its task journal) that no machine fault explains,
+    by the same windows as `false_node_downs`: a master fault must never let a worker's lease run
+    out, so the fence must never act then."""
+    explained = _machine_fault_windows(faults, timeout)
+    return [f"{r['job']}.{r['attempt']}.{r['index']} on {r['node']} at {r['time']:.3f}"
+            for r in sorted(records, key=lambda r: r.get("time", 0.0))
+            if r.get("type") == "task" and r["event"] == "fenced" and not explained(r["node"], r["time"])]
+
+
+def _machine_fault_windows(faults: list[dict], timeout: float) -> Callable[[str, float], bool]:
+    """Whether a node's loss at a time is explained: within [start, end + timeout + WORKER_BACK_S]
+    of a machine fault (a kill or restart of its worker or agent) on that node."""
     from chaos.nemesis import MACHINE_FAULTS
 
     hits: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -436,8 +456,7 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
         if f["kind"] in MACHINE_FAULTS:
             for node in f.get("targets", ()):
                 hits[node].append((f["start"], f["end"] + timeout + WORKER_BACK_S))
-    return [f"{fields.get('node', '?')} at {t:.3f} (term {fields.get('term', '?')})" for t, m, fields in marks
-            if m == "down" and not any(a <= t <= b for a, b in hits.get(fields.get("node", ""), ()))]
+    return lambda node, t: any(a <= t <= b for a, b in hits.get(node, ()))
 
 
 def _first(marks: list[tuple[float, str, dict[str, str]]], mark: str, after: float, limit: float,

@@ -402,6 +402,9 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # kills that saw a process of the earlier attempt alive once the next attempt ran.
         "ranks_twice": checkers.ranks_twice(records, ended),
         "old_attempts_alive": checkers.old_attempts_alive(faults),
+        # Tasks a node's fence killed with no kill or restart of that node's worker to explain it
+        # (a master fault let the worker's lease run out).
+        "false_fencings": checkers.false_fencings(records, faults, HEARTBEAT_TIMEOUT),
     }
     checks = {
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
@@ -417,6 +420,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "false_node_downs": not report["false_node_downs"],
         "gangs_under_fault": not report["gangs_under_fault"],
         "ranks_twice": not report["ranks_twice"], "old_attempts_alive": not report["old_attempts_alive"],
+        "false_fencings": not report["false_fencings"],
     }
     report["failed_checks"] = [name for name, held in checks.items() if not held]
     report["ok"] = not report["failed_checks"]
@@ -523,8 +527,8 @@ def _main() -> None:
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
                     "nemesis_errors", "history_archived", "history_jobs", "history_problems", "false_node_downs",
-                    "gangs_under_fault", "gangs_restarted", "ranks_twice", "old_attempts_alive", "failed_checks",
-                    "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
+                    "gangs_under_fault", "gangs_restarted", "ranks_twice", "old_attempts_alive", "false_fencings",
+                    "failed_checks", "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

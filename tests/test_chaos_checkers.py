@@ -260,3 +260,14 @@ def test_old_attempts_alive_lists_the_agent_kills_that_saw_the_old_attempt():
                "detail": {"skipped": "the gang did not start"}}]
     assert checkers.old_attempts_alive(faults) == ["j attempt 1 (agent of w1 killed): j.1.0 on w1 (pid 7)"]
     assert checkers.gangs_restarted(faults) == (0, 3)  # both gang faults count
+
+
+def test_false_fencings_are_fenced_tasks_no_machine_fault_on_their_node_explains():
+    faults = [{"kind": "kill-agent-under-gang", "targets": ["w1"], "start": 10, "end": 30, "detail": {}},
+              {"kind": "partition-leader", "targets": ["m1"], "start": 50, "end": 53, "detail": {}}]
+    records = [task("w1", "g", 1, 0, "fenced", 12),  # its agent was killed: the fence did its job
+               task("w1", "j", 1, 0, "fenced", 51),  # a master fault let the lease run out
+               task("w2", "k", 1, 0, "fenced", 12),  # another node's, during w1's fault
+               task("w2", "k", 1, 1, "exit", 13, -9)]
+    assert checkers.false_fencings(records, faults, timeout=3.0) == ["k.1.0 on w2 at 12.000", "j.1.0 on w1 at 51.000"]
+    assert checkers.false_fencings(records[:1], faults, timeout=3.0) == []
