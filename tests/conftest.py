@@ -29,12 +29,13 @@ from synapse.master.raft import CHECK_OWN_ENTRIES_ENV
 # its own entries without decoding them (synapse.master.raft.ReplicatedState.proposing).
 os.environ[CHECK_OWN_ENTRIES_ENV] = "1"
 
-# Each pytest-xdist worker takes its clusters' ports from its own slice of 20000-32000 (its
-# subprocesses too): two workers checking at once could pick overlapping ranges.
+# Each pytest-xdist worker takes its clusters' ports from its own slice of 8000-20000 (its
+# subprocesses too): two workers checking at once could pick overlapping ranges. Below the
+# rendezvous ports (20000-29999), which the gangs' rank 0 bind.
 if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     _worker = int(os.environ["PYTEST_XDIST_WORKER"][2:])
     _slice = 12_000 // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    os.environ[local.PORTS_ENV] = f"{20_000 + _worker * _slice}-{20_000 + (_worker + 1) * _slice}"
+    os.environ[local.PORTS_ENV] = f"{8_000 + _worker * _slice}-{8_000 + (_worker + 1) * _slice}"
 
 # Property tests draw the same examples on every run, so a run's verdict is about the code and not
 # the draw (a random CI run once drew a failing example nobody had seen, and another drew no

@@ -71,7 +71,10 @@ def test_the_fence_kills_every_task_once_the_lease_ends_and_records_each(fence_d
     assert all(p.poll() is None for p in procs), "killed while the lease held"
     wait_for(lambda: all(p.poll() is not None for p in procs), timeout=5, what="tasks killed at the lease's end")
     assert not any(fence.group_alive(p.pid) for p in procs)  # the whole group, the task's child too
-    records = [json.loads(line) for line in (data_dir / TASK_JOURNAL).read_text().splitlines()]
+    journal = data_dir / TASK_JOURNAL
+    wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) == 2, timeout=5,
+             what="a record per fenced task")
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
     assert sorted((r["event"], r["job"], r["attempt"], r["index"]) for r in records) == [
         ("fenced", "j-1", 3, 0), ("fenced", "j.dotted", 1, 1)]
     wait_for(lambda: not fence.fence_running(data_dir), timeout=5, what="the fence to exit with nothing to guard")

@@ -202,7 +202,10 @@ def test_on_a_tls_cluster_a_certificate_names_its_user_and_logs_travel_encrypted
     def run(env, *args):
         return CliRunner().invoke(main, ["--timeout", "15", *args], env=env, catch_exceptions=False)
 
-    assert run(erin, "whoami").exit_code == 4  # no such user yet: the certificate alone is no one
+    # synapse-local's --user-cert made erin a user too: the certificate works at once
+    assert run(erin, "whoami").output.startswith("erin (role user")
+    assert run(admin, "user", "remove", "erin").exit_code == 0
+    assert run(erin, "whoami").exit_code == 4  # a certificate alone is no one: tls.user_certs names a user
     assert run(admin, "user", "add", "erin").exit_code == 0
     assert run(erin, "whoami").output.startswith("erin (role user")
     out = run(erin, "submit", "-o", "json", *SLEEPER)

@@ -20,7 +20,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -450,9 +450,12 @@ class MasterClient:
     def submit(self, spec_proto: Any, request_id: str | None = None) -> str:
         return self.submit_job(spec_proto, request_id).job_id
 
-    def submit_job(self, spec_proto: Any, request_id: str | None = None) -> api_pb2.SubmitJobReply:
-        """Submit; the reply has the job id and what the job was accepted with but not as asked."""
-        request = api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto)
+    def submit_job(self, spec_proto: Any, request_id: str | None = None,
+                   secrets: Mapping[str, str] | None = None) -> api_pb2.SubmitJobReply:
+        """Submit (with the job's `secrets` by name, which the masters seal); the reply has the job id
+        and what the job was accepted with but not as asked."""
+        request = api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto,
+                                           secrets=secrets or {})
         return self.call("SubmitJob", request)
 
     def get_job(self, job_id: str) -> api_pb2.JobInfo:

@@ -68,6 +68,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
                   for t in info.tasks],
         "image": spec.image or None, "mounts": [{"source": s, "target": t, "readonly": ro} for s, t, ro in spec.mounts],
         "image_pull_timeout_s": spec.image_pull_timeout or None,
+        "secrets": [x.name for x in spec.secrets],  # by name alone: the API never carries their values
         "pulls": {p.node_id: {"phase": p.phase, "done_bytes": p.done_bytes, "total_bytes": p.total_bytes}
                   for p in info.pulls},
         "failure": info.failure or None, "gpu_model": spec.gpu_model or None,
@@ -159,6 +160,8 @@ def job_description(j: dict[str, Any]) -> str:
              f"Command:    {' '.join(j['command']) or '(the image' + chr(39) + 's entrypoint)'}",
              *([f"Image:      {j['image']}" + (f"   {image_progress(j)}" if image_progress(j) else "")]
                if j.get("image") else []),
+             *(["Secrets:    " + ", ".join(j["secrets"]) + " (given to the tasks; values never shown)"]
+               if j.get("secrets") else []),
              *(["Mounts:     " + ", ".join(f"{m['source']} -> {m['target']}" + (" (read-only)" * m["readonly"])
                                            for m in j["mounts"])] if j.get("mounts") else []),
              *([f"Checkpoint: SIG{j['checkpoint']['signal']} {j['checkpoint']['notice_s']:g}s before a planned stop "

@@ -20,7 +20,7 @@ import grpc
 import yaml
 
 from synapse.client import accounting, render
-from synapse.client.jobfile import load_job_file, resolve_paths
+from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
 from synapse.client.master_client import (
     AuthError,
     ClientError,
@@ -214,6 +214,7 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
         command = tuple(after_dashes)
     shorthand = bool(command) or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu", "name",
                                                                      "image"))
+    secrets: dict[str, str] = {}
     try:
         if after_dashes is not None and not command:
             raise JobFileError("command", "give the command to run after -- (e.g. -- python train.py)")
@@ -221,7 +222,7 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             spec = resolve_paths(parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags)),
                                  os.getcwd())
         elif job_file:
-            spec = load_job_file(job_file)
+            spec, secrets = load_job_file(job_file), load_secrets(job_file)
         else:
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
         spec = _workflow_flags(spec, flags)
@@ -235,7 +236,7 @@ def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request
             fail(f"invalid job: queue: {problem}", 2)
         spec = dataclasses.replace(spec, queue=flags["queue"])
     rid = request_id or new_request_id()
-    reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=rid))
+    reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=rid, secrets=secrets))
     for line in reply.warnings:
         click.echo(f"synctl: warning: {line}", err=True)
     job_id = reply.job_id

@@ -40,6 +40,7 @@ from synapse.core.model import (
     Queue,
     Resources,
     Role,
+    Secret,
     TopologySpec,
     User,
 )
@@ -73,6 +74,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.SubmitImageJob: 4, c.TaskPrepared: 4,
     # A worker's GPU error (synapse.core.heartbeat.gpu_fault_change): an older replica knows no such end.
     c.GpuFault: 4,
+    # Job secrets, sealed (version 5 changed only the transport: synapse.core.codec.SEALED_TRANSPORT_VERSION).
+    c.SubmitSecretJob: 6,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
@@ -166,12 +169,20 @@ def job_spec_into(p: types_pb2.JobSpec, spec: JobSpec) -> types_pb2.JobSpec:
     for source, target, readonly in spec.mounts:
         p.mounts.add(source=source, target=target, readonly=readonly)
     p.image_pull_timeout_s = spec.image_pull_timeout
+    for secret in spec.secrets:
+        p.secrets.add(name=secret.name, fingerprint=secret.fingerprint, sealed=secret.sealed)
     return p
 
 
 def _before_images(spec: JobSpec) -> JobSpec:
-    """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout."""
-    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0)
+    """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout (and
+    no secrets, which came later still)."""
+    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0, secrets=())
+
+
+def _before_secrets(spec: JobSpec) -> JobSpec:
+    """A spec as a replica before command-set version 6 reads it: no secrets."""
+    return dataclasses.replace(spec, secrets=()) if spec.secrets else spec
 
 
 def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2.Mount]:
@@ -209,7 +220,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec, default_queue: str = "") -> JobSpe
         on_unsatisfiable=p.on_unsatisfiable, tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
         checkpoint=CheckpointSpec(signal=checkpoint.signal, notice=checkpoint.notice_s)
         if p.HasField("checkpoint") else _NO_CHECKPOINT,
-        mounts=mounts_from_proto(p.mounts) if p.mounts else (), image_pull_timeout=p.image_pull_timeout_s)
+        mounts=mounts_from_proto(p.mounts) if p.mounts else (), image_pull_timeout=p.image_pull_timeout_s,
+        secrets=tuple(Secret(x.name, x.fingerprint, x.sealed) for x in p.secrets) if p.secrets else ())
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -283,19 +295,29 @@ def _command_into(env: commands_pb2.Command, cmd: c.Command, commands: CommandSe
         case c.SetNodeHealth():
             env.set_node_health.CopyFrom(commands_pb2.SetNodeHealth(
                 node_id=cmd.node_id, healthy=cmd.healthy, message=cmd.message, drain=cmd.drain))
+        case c.SubmitSecretJob():
+            _submission_into(env.submit_secret_job, cmd)
         case c.SubmitImageJob():
+            if cmd.spec.has_secrets:  # an older replica would drop them and run the job without them
+                raise CodecError("a spec with secrets travels as SubmitSecretJob")
             _submission_into(env.submit_image_job, cmd)
         case c.SubmitCheckpointJob():
+            if cmd.spec.has_secrets:
+                raise CodecError("a spec with secrets travels as SubmitSecretJob")
             if cmd.spec.has_image_run:  # an older replica would drop the mounts or refuse the spec
                 raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
             _submission_into(env.submit_checkpoint_job, cmd)
         case c.SubmitWorkflowJob():
+            if cmd.spec.has_secrets:
+                raise CodecError("a spec with secrets travels as SubmitSecretJob")
             if cmd.spec.has_image_run:
                 raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
             if cmd.spec.has_checkpoint:  # an older replica would drop the notice and apply another job
                 raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
             _submission_into(env.submit_workflow_job, cmd)
         case c.SubmitJob():
+            if cmd.spec.has_secrets:
+                raise CodecError("a spec with secrets travels as SubmitSecretJob")
             if cmd.spec.has_workflow:  # an older replica would drop those fields and apply another job
                 raise CodecError("a spec with an array or dependencies travels as SubmitWorkflowJob")
             if cmd.spec.has_checkpoint:
@@ -449,7 +471,7 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
             if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
                 spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                            on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
-            spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout else spec
+            spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets else spec
             if spec.checkpoint != _NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
                 spec = dataclasses.replace(spec, checkpoint=_NO_CHECKPOINT)
             return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
@@ -464,7 +486,12 @@ def _body_from_proto(env: commands_pb2.Command) -> c.Command:
                                          spec=_before_images(job_spec_from_proto(b.spec)), **base)
         case "submit_image_job":
             b = env.submit_image_job
-            return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
+            return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id,
+                                    spec=_before_secrets(job_spec_from_proto(b.spec)), **base)
+        case "submit_secret_job":
+            b = env.submit_secret_job
+            return c.SubmitSecretJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec),
+                                     **base)
         case "checkpoint_notice":
             b = env.checkpoint_notice
             return c.CheckpointNotice(job_id=b.job_id, attempt=b.attempt, stop_at=b.stop_at, cause=b.cause, **base)
@@ -624,10 +651,28 @@ def decode_entry(data: bytes, commands: CommandSet = CURRENT) -> list[c.Command]
 # ---- API messages (read side) -------------------------------------------------------------------
 
 
+#: What the API shows for each env value of a job to a caller who is neither its owner nor an admin.
+HIDDEN_VALUE = "(hidden)"
+
+
+def shown_spec_to_proto(spec: JobSpec, env_shown: bool) -> types_pb2.JobSpec:
+    """A spec as the API shows it: its secrets by name alone, never sealed nor fingerprinted; with
+    `env_shown` False (a caller who is neither the job's owner nor an admin) its env values hidden."""
+    p = job_spec_to_proto(spec)
+    for secret in p.secrets:
+        secret.ClearField("fingerprint")
+        secret.ClearField("sealed")
+    if not env_shown:
+        for key in p.env:
+            p.env[key] = HIDDEN_VALUE
+    return p
+
+
 def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
-                reservation: str = "", waiting_code: str = "") -> api_pb2.JobInfo:
+                reservation: str = "", waiting_code: str = "", env_shown: bool = False) -> api_pb2.JobInfo:
+    """A job as the API shows it; `env_shown` only to its owner and admins (shown_spec_to_proto)."""
     return api_pb2.JobInfo(
-        id=job.id, spec=job_spec_to_proto(job.spec), status=job.status.value, attempt=job.attempt,
+        id=job.id, spec=shown_spec_to_proto(job.spec, env_shown), status=job.status.value, attempt=job.attempt,
         request_id=job.request_id, submitted_at=job.submitted_at, started_at=job.started_at,
         finished_at=job.finished_at, waiting=waiting, shortfalls=list(shortfalls), reservation=reservation,
         tasks=[api_pb2.TaskInfo(index=t.index, rank=t.rank, node_id=t.node_id, gpus=list(t.gpus),

@@ -162,8 +162,16 @@ class SubmitImageJob(SubmitCheckpointJob):
     own kind. It carries any spec."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitSecretJob(SubmitImageJob):
+    """A SubmitJob whose spec carries sealed secrets (command-set version 6): an older replica would
+    drop them and run the job without them, so it travels as its own kind. It carries any spec."""
+
+
 def submit_kind(spec: JobSpec) -> type[SubmitJob]:
     """The kind a submission of `spec` travels as: the oldest that carries all of it."""
+    if spec.has_secrets:
+        return SubmitSecretJob
     if spec.has_image_run:
         return SubmitImageJob
     if spec.has_checkpoint:

@@ -29,6 +29,9 @@ MAX_RESTARTS = 1000
 MAX_PRIORITY = 1_000_000
 MAX_IMAGE_CHARS = 1024
 MAX_MOUNTS = 64
+#: Limits on a job's secrets: how many, and the longest value (a key or a certificate chain fits).
+MAX_SECRETS = 32
+MAX_SECRET_CHARS = 16384
 #: The least memory a task may ask for: a worker confines each task to what it asked, and below this
 #: even the task's shim and a small process are OOM-killed at once (Docker's floor is 6 MB).
 MIN_TASK_MEMORY = 8 << 20
@@ -38,7 +41,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
            "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable",
-           "resize_interval", "checkpoint", "mounts", "image_pull_timeout"}
+           "resize_interval", "checkpoint", "mounts", "image_pull_timeout", "secrets"}
 #: The signals a checkpoint notice may be, spelled as `kill -l` gives them without SIG: those a task
 #: can trap and whose default is not to stop or core-dump a process it did not expect (the task
 #: shim, shim.sh, outlives every one of them). A job file may write SIGUSR1 or usr1 too.
@@ -215,6 +218,49 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     return spec
 
 
+def secret_refs(doc: Any) -> tuple[tuple[str, str], ...]:
+    """The job file's `secrets:` ({NAME: ref}) as (name, ref) pairs, sorted; what a ref names is
+    read by the client that submits (synapse.client.jobfile), never by the masters."""
+    if not isinstance(doc, dict):
+        raise JobFileError("(file)", "a job file must be a YAML mapping of fields")
+    refs = doc.get("secrets") or {}
+    if not isinstance(refs, dict):
+        raise JobFileError("secrets", "must be a mapping of NAME: file:PATH or env:VARIABLE")
+    for name, ref in refs.items():
+        if not isinstance(ref, str) or not ref.strip():
+            raise JobFileError(f"secrets.{name}", f"must be file:PATH or env:VARIABLE, not {ref!r}")
+    pairs = tuple(sorted((str(k), str(v)) for k, v in refs.items()))
+    check_secret_names(tuple(name for name, _ in pairs), _env_names(doc))
+    return pairs
+
+
+def _env_names(doc: dict[str, Any]) -> tuple[str, ...]:
+    env = doc.get("env") or {}
+    return tuple(map(str, env)) if isinstance(env, dict) else ()
+
+
+def check_secret_names(names: tuple[str, ...], env_names: tuple[str, ...]) -> None:
+    """Raise JobFileError if a job's secret names break a rule: each a variable name, not also in
+    its env, at most MAX_SECRETS."""
+    if len(names) > MAX_SECRETS:
+        raise JobFileError("secrets", f"has more than {MAX_SECRETS} entries")
+    for name in names:
+        if not _ENV_KEY_RE.match(name):
+            raise JobFileError(f"secrets.{name}", "is not a valid variable name")
+        if name in env_names:
+            raise JobFileError(f"secrets.{name}", "is also in env: a variable is one or the other")
+    if len(set(names)) != len(names):
+        raise JobFileError("secrets", "names a variable twice")
+
+
+def check_secret_value(name: str, value: str) -> None:
+    """Raise JobFileError if a secret's value cannot be given as an environment variable."""
+    if "\0" in value:
+        raise JobFileError(f"secrets.{name}", "holds a NUL byte, which no environment variable can")
+    if len(value) > MAX_SECRET_CHARS:
+        raise JobFileError(f"secrets.{name}", f"is longer than {MAX_SECRET_CHARS} characters")
+
+
 def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"),
                max_array_size: int = MAX_ARRAY_SIZE) -> None:
     """Raise JobFileError if a spec (from a file, flags or an RPC) breaks any rule or limit."""
@@ -267,6 +313,7 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
                                         f"{MAX_GPU_MODEL_CHARS}), not {spec.gpu_model!r}")
     if spec.queue and queue_name_problem(spec.queue):
         raise JobFileError("queue", queue_name_problem(spec.queue))
+    check_secret_names(tuple(x.name for x in spec.secrets), tuple(key for key, _ in spec.env))
     check_checkpoint(spec)
     check_mounts(spec)
     check_workflow(spec, max_array_size)

@@ -124,6 +124,18 @@ class TopologySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Secret:
+    """A job's secret as the replicated state holds it: sealed under the cluster's key by the master
+    that took the submission (synapse.master.cipher.SecretSeal), opened only to list it to the job's
+    tasks. Two specs are equal when their secrets have the same names and fingerprints: the sealed
+    bytes differ at each seal (a random nonce), and a retried submission is still the same job."""
+
+    name: str  #: the environment variable the tasks get it as
+    fingerprint: bytes  #: a keyed hash of the name and value: equal values, equal fingerprints
+    sealed: bytes = field(default=b"", compare=False)  #: nonce and AES-GCM ciphertext; b"" in what the API shows
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointSpec:
     """The checkpoint notice a job asks for: `signal` to every task `notice` seconds before any stop
     the cluster plans (NOTICED_CAUSES), ahead of SIGTERM, so it can save its work."""
@@ -163,6 +175,9 @@ class JobSpec:
     #: seconds an attempt may wait for its image on every node before it ends ImagePullFailed; 0: the
     #: default (DEFAULT_IMAGE_PULL_TIMEOUT_S)
     image_pull_timeout: float = 0.0
+    #: the job's secrets, sealed, by name (command-set version 6): given to its tasks as environment
+    #: variables, never shown (the API shows their names)
+    secrets: tuple[Secret, ...] = ()
 
     @property
     def has_workflow(self) -> bool:
@@ -179,6 +194,11 @@ class JobSpec:
         """True when it uses what needs command-set version 4: mounts, or an image's entrypoint in
         place of a command (an older replica refuses a spec without a command)."""
         return bool(self.mounts or (self.image and not self.command) or self.image_pull_timeout)
+
+    @property
+    def has_secrets(self) -> bool:
+        """True when it carries secrets (a field that needs command-set version 6)."""
+        return bool(self.secrets)
 
     @property
     def total(self) -> Resources:

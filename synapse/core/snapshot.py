@@ -34,6 +34,7 @@ from synapse.core.model import (
     Resources,
     Role,
     Run,
+    Secret,
     Task,
     TaskState,
     TopologySpec,
@@ -56,9 +57,12 @@ SNAPSHOT_VERSION_3 = 3
 #: task prepared, TaskPrepared; learned run times, synapse.core.predict): a version-3 release refuses
 #: it rather than drop them.
 SNAPSHOT_VERSION_4 = 4
+#: The version written once a job holds secrets (command-set version 6): a version-4 release refuses
+#: it rather than drop them.
+SNAPSHOT_VERSION_5 = 5
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
@@ -79,8 +83,10 @@ def encode(state: Any) -> dict[str, Any]:
     images = any("mounts" in s or "image_pull_timeout" in s or not s["command"]
                  for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays]) \
         or any("prepared" in t for j in jobs for t in j["tasks"])
+    secrets = any("secrets" in s for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays])
     return {
-        "version": SNAPSHOT_VERSION_4 if v4 or images else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
+        "version": SNAPSHOT_VERSION_5 if secrets else SNAPSHOT_VERSION_4 if v4 or images
+        else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
         "levels": list(state.levels),
         "applied": state.applied,
         "max_term": state.max_term, "job_seq": state.job_seq,
@@ -230,7 +236,9 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             "tasks_min": s.tasks_min, "resize_interval": s.resize_interval,
             **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {}),
             **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {}),
-            **({"image_pull_timeout": s.image_pull_timeout} if s.image_pull_timeout else {})}
+            **({"image_pull_timeout": s.image_pull_timeout} if s.image_pull_timeout else {}),
+            # sealed: (name, fingerprint, nonce and ciphertext), the bytes as hex
+            **({"secrets": [[x.name, x.fingerprint.hex(), x.sealed.hex()] for x in s.secrets]} if s.secrets else {})}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -245,7 +253,8 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    resize_interval=d.get("resize_interval", 0.0),
                    checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))),
                    mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())),
-                   image_pull_timeout=d.get("image_pull_timeout", 0.0))
+                   image_pull_timeout=d.get("image_pull_timeout", 0.0),
+                   secrets=tuple(Secret(n, bytes.fromhex(f), bytes.fromhex(x)) for n, f, x in d.get("secrets", ())))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:

@@ -1,11 +1,15 @@
 """A whole cluster on this machine, as separate background processes (`synapse-local`).
 
 `up` generates the Raft password and the cluster token, writes `DIR/cluster.yaml` (the same format
-an operator deploys) and `DIR/cluster.json` (what it started, with pids), creates a join token
-(`DIR/secrets/join-token`) that the workers register with (they never see the cluster token), and
-returns once a leader exists and every worker is registered. `down` stops exactly the processes listed in
-`cluster.json`, each only if its command line still names this data dir, and then sweeps what an
-interrupted or killed run may have left: processes carrying this data dir's mark in their
+an operator deploys) and `DIR/cluster.json` (what it started, with pids, and the settings it was
+made with), creates a join token (`DIR/secrets/join-token`) that the workers register with (they
+never see the cluster token), makes each `--user-cert` name a user, and returns once a leader
+exists and every worker is registered and READY. `up` in a data dir that holds a stopped cluster
+starts that same cluster again (its secrets, journals, certificates and workers, each with the
+node credential it keeps), or, asked for other settings, refuses (RestartRefused, exit 2) and says
+how to start afresh: `up --fresh`, or `down --purge` (`purge`). `down` stops exactly the processes
+listed in `cluster.json`, each only if its command line still names this data dir, and then sweeps
+what an interrupted or killed run may have left: processes carrying this data dir's mark in their
 environment (synapse.local.reaper: tasks of a killed worker, a process started just before an
 interrupt) and the network namespaces, bridge and veths whose tags `DIR/netns-tags` lists. `up`
 sweeps the same before it starts, so the next run in a data dir cleans up after the last.
@@ -23,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection, Iterable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ import click
 import yaml
 
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
+from synapse.common.datadir import make_private
 from synapse.common.tls import TLSFiles, generate
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet, Unavailable
@@ -51,19 +57,21 @@ class ClusterStopping(RuntimeError):
 
 
 #: "LOW-HIGH": the ports `free_base_port` takes its ranges from (all of a range's ports inside),
-#: instead of 20000-32000. The tests give each pytest-xdist worker its own (tests/conftest.py).
+#: instead of 8000-20000. The tests give each pytest-xdist worker its own (tests/conftest.py).
 PORTS_ENV = "SYNAPSE_LOCAL_PORTS"
 #: The ports a base port spans: API base+i, Raft base+100+i, HTTP base+200+i (fewer than 100 masters).
 _BASE_SPAN = 300
 
 
-def free_base_port(masters: int, low: int = 20000, high: int = 32000) -> int:
+def free_base_port(masters: int, low: int = 8000, high: int = 20000) -> int:
     """A base port whose API (base+i), Raft (base+100+i) and HTTP (base+200+i) ports are all free now.
     Below Linux's default ephemeral range (32768-60999): a port the kernel lends to an outgoing
     connection between this check and the bind looked free here, and gRPC binds with SO_REUSEPORT,
     so a cluster's client could reach another process's server on it (a TLS failure at start, once
-    in a CI-like run). Two processes that check at once can still pick overlapping ranges (one's
-    Raft port another's API port: a TLS failure at start, once more): PORTS_ENV keeps them apart."""
+    in a CI-like run). Below the default rendezvous range too (20000-29999, synapse.core.rendezvous):
+    a gang's rank 0 would otherwise find its MASTER_PORT held by a master (an attempt lost). Two
+    processes that check at once can still pick overlapping ranges (one's Raft port another's API
+    port: a TLS failure at start, once more): PORTS_ENV keeps them apart."""
     import random
 
     if os.environ.get(PORTS_ENV):
@@ -131,13 +139,16 @@ def master_argv(config_path: Path, replica_id: str) -> list[str]:
 
 
 def worker_argv(data_dir: Path, masters: str, join_token_file: Path, worker_id: str, rack: str, gpus: int,
-                heartbeat: float) -> list[str]:
-    """A worker of this cluster: it registers with the join token and never sees the cluster token."""
+                heartbeat: float, allow_mounts: Iterable[str] = ()) -> list[str]:
+    """A worker of this cluster: it registers with the join token and never sees the cluster token.
+    `allow_mounts`: the host directories jobs in images may mount from."""
     argv = [sys.executable, "-m", "synapse.worker", "--masters", masters, "--join-token-file", str(join_token_file),
             "--node-id", worker_id, "--topology", f"zone0/block0/{rack}", "--gpus", str(gpus),
             "--cpus", "64", "--memory", "512Gi", "--data-dir", str(data_dir / "workers" / worker_id),
             "--address", "127.0.0.1", "--heartbeat-interval", str(heartbeat), "--stop-grace", "3",
             "--http", "127.0.0.1:0", "--stop-tasks-on-exit"]
+    for prefix in allow_mounts:
+        argv += ["--allow-mount", prefix]
     tls_dir = data_dir / "tls"
     if (tls_dir / "ca.pem").exists():  # a --tls cluster: the worker's own certificate (CN = its id)
         argv += ["--ca", str(tls_dir / "ca.pem"), "--cert", str(tls_dir / f"worker-{worker_id}.pem"),
@@ -184,20 +195,54 @@ def spares_problem(spares_per_rack: int, workers: int, racks: int) -> str:
     return ""
 
 
+#: The settings `up` made a cluster with, recorded in cluster.json: a second `up` in its data dir
+#: restarts that cluster as it was, and refuses one that asks for different settings.
+SETTINGS = ("masters", "workers", "racks", "gpus", "base_port", "heartbeat", "tls", "durability", "min_free_disk",
+            "job_retention", "netns", "user_certs", "spare_masters", "history", "spares_per_rack", "allow_mounts")
+#: How `synapse-local up` names a setting (the others are not flags of it).
+FLAGS = {"masters": "--masters", "workers": "--workers", "racks": "--racks", "gpus": "--gpus-per-worker",
+         "base_port": "--base-port", "heartbeat": "--heartbeat", "tls": "--insecure", "netns": "--netns",
+         "user_certs": "--user-cert", "history": "--history", "spares_per_rack": "--spares-per-rack",
+         "allow_mounts": "--allow-mount"}
+#: What a data dir's cluster is made of: `down --purge` and `up --fresh` remove these and nothing else.
+CLUSTER_FILES = ("cluster.json", "cluster.yaml", ".lock", STOPPING, NETNS_LEDGER, "secrets", "tls", "masters",
+                 "workers", "logs", "history.sqlite", "history.sqlite-journal", "history.sqlite-wal",
+                 "history.sqlite-shm")
+AFRESH = ("to start afresh instead, which deletes its jobs, history and credentials: `synapse-local up --fresh` "
+          "(or `synapse-local down --purge`, then `up`), with the same --data-dir")
+
+
+class RestartRefused(click.ClickException):
+    """The data dir holds a cluster `up` cannot start again as asked; exits 2, saying how to start afresh."""
+
+    exit_code = 2
+
+
 def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_port: int,
        heartbeat: float = 1.0, tls: bool = True, durability: str = "fsync",
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
        user_certs: tuple[str, ...] = (), spare_masters: int = 0, history: str = "",
-       spares_per_rack: int = 0) -> dict[str, Any]:
+       spares_per_rack: int = 0, allow_mounts: tuple[str, ...] = (), fresh: bool = False,
+       asked: Collection[str] | None = None) -> dict[str, Any]:
     """Start a local cluster (TLS on unless `tls` is False); returns what cluster.json records.
+    A data dir that holds a cluster already (stopped by `down`) has it started again, with its
+    state, secrets and workers, if the settings named in `asked` (default: all of SETTINGS) are
+    the ones it was made with; else RestartRefused. `fresh`: delete that cluster first.
     With `netns`, each master runs in its own network namespace with its own address (see
     synapse.netns; needs root). With `user_certs` (and `tls`), client certificates for these user
-    names, and `tls.user_certs` on.
+    names, each a user (role user) of the cluster, and `tls.user_certs` on.
     `spare_masters`: namespaces (with `netns`) for that many more masters, to grow the cluster into.
     `history`: the history store's URL; "" is a SQLite file in the data dir (shared by its masters);
     "none" keeps no history.
-    `spares_per_rack`: spare nodes the leader keeps in each rack (`spares:` in the cluster file)."""
+    `spares_per_rack`: spare nodes the leader keeps in each rack (`spares:` in the cluster file).
+    `allow_mounts`: host directories jobs in images may mount from, on every worker.
+    Returns only once every worker is registered and READY."""
     data_dir = data_dir.resolve()
+    settings = {"masters": masters, "workers": workers, "racks": racks, "gpus": gpus, "base_port": base_port,
+                "heartbeat": heartbeat, "tls": tls, "durability": durability, "min_free_disk": min_free_disk,
+                "job_retention": job_retention, "netns": netns, "user_certs": list(user_certs),
+                "spare_masters": spare_masters, "history": history, "spares_per_rack": spares_per_rack,
+                "allow_mounts": list(allow_mounts)}
     problem = spares_problem(spares_per_rack, workers, racks)
     if problem:
         raise click.ClickException(problem)
@@ -209,8 +254,78 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     if data_dir.is_dir():
         _sweep(data_dir)  # whatever a killed run in this data dir left
         (data_dir / STOPPING).unlink(missing_ok=True)
+        if fresh:
+            purge(data_dir)
+    make_private(data_dir)  # whoever calls: its logs, config and history are the user's alone
+    previous = _previous(data_dir)
+    if previous is not None:
+        _check_same(data_dir, previous["settings"], settings, SETTINGS if asked is None else asked)
+        return _restart_cluster(data_dir, previous)
+    return _new_cluster(data_dir, settings)
+
+
+def _previous(data_dir: Path) -> dict[str, Any] | None:
+    """What cluster.json says of the cluster in this data dir, or None if there is none; a cluster
+    that cannot be started again raises RestartRefused."""
+    if not any((data_dir / name).exists() for name in ("cluster.json", "cluster.yaml", "masters")):
+        return None
+    missing = [name for name in ("cluster.json", "cluster.yaml", "secrets/token") if not (data_dir / name).exists()]
+    state = load_state(data_dir) if "cluster.json" not in missing else {}
+    why = (f"{', '.join(missing)} missing" if missing
+           else "made by an earlier synapse-local, which did not record its settings" if "settings" not in state
+           else "its masters ran in network namespaces (--netns), which `down` removed" if state.get("netns")
+           else "")
+    if why:
+        raise RestartRefused(f"{data_dir} holds a local cluster that cannot be started again ({why}); {AFRESH}")
+    return state
+
+
+def _check_same(data_dir: Path, was: dict[str, Any], now: dict[str, Any], asked: Collection[str]) -> None:
+    """RestartRefused naming each setting in `asked` that differs from the cluster's."""
+    differ = [name for name in asked if name in was and json.loads(json.dumps(now[name])) != was[name]]
+    if differ:
+        said = "; ".join(f"{FLAGS.get(name, name)}: it has {_shown(name, was[name])}, asked {_shown(name, now[name])}"
+                         for name in differ)
+        raise RestartRefused(f"{data_dir} holds a local cluster made with other settings ({said}). "
+                             f"`up` without them starts it again as it was; {AFRESH}")
+
+
+def _shown(name: str, value: Any) -> str:
+    if name == "tls":
+        return "TLS" if value else "no TLS"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value) if value != "" else "the default"
+
+
+def purge(data_dir: Path) -> list[str]:
+    """Delete what a local cluster keeps in this data dir (nothing else; the dir itself if it is then
+    empty); returns the names removed. Its processes must be stopped first."""
+    removed = []
+    for name in CLUSTER_FILES:
+        path = data_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    try:
+        data_dir.rmdir()
+    except OSError:
+        pass  # something else is in it (or it is gone)
+    return removed
+
+
+def _new_cluster(data_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Make a cluster in this data dir: its secrets, cluster file and certificates, then start it."""
+    masters, netns, tls, history = settings["masters"], settings["netns"], settings["tls"], settings["history"]
+    base_port, heartbeat, user_certs = settings["base_port"], settings["heartbeat"], tuple(settings["user_certs"])
     if masters not in (1, 3, 5):
         raise click.ClickException("--masters must be 1, 3 or 5")
+    if user_certs and not tls:
+        raise click.ClickException("user certificates need --tls")
     ports = [base_port + off + i for off in (0, 100, 200) for i in range(masters)]
     busy = [] if netns else [p for p in ports if not _port_free(p)]  # namespaces have their own ports
     if busy:
@@ -239,7 +354,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
                                        "?host=SOCKET_DIR) or an address the bridge routes to")
     ids = [f"m{i + 1}" for i in range(masters)]
     try:
-        spares = [f"m{masters + i + 1}" for i in range(spare_masters)]
+        spares = [f"m{masters + i + 1}" for i in range(settings["spare_masters"])]
         net = MasterNet.create(ids + spares, ledger=data_dir / NETNS_LEDGER) if netns else None
     except Unavailable as exc:
         raise click.ClickException(f"--netns: {exc}") from None
@@ -251,30 +366,30 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     doc: dict[str, Any] = {
         "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
         "raft_password": {"file": str(password_file)}, "token": {"file": str(token_file)},
-        "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{max(3.0, heartbeat * 3)}s",
-        "durability": durability, "min_free_disk": min_free_disk, "job_retention": job_retention,
-        "replicas": replicas}
+        "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{_heartbeat_timeout(heartbeat)}s",
+        "durability": settings["durability"], "min_free_disk": settings["min_free_disk"],
+        "job_retention": settings["job_retention"], "replicas": replicas}
     if history_url:
         doc["history"] = {"url": history_url}
-    if spares_per_rack:
-        doc["spares"] = {"per": "rack", "nodes": spares_per_rack}
+    if settings["spares_per_rack"]:
+        doc["spares"] = {"per": "rack", "nodes": settings["spares_per_rack"]}
     tls_dir = data_dir / "tls"
     if tls_dir.exists():  # an earlier cluster's: workers would take TLS from its files (worker_argv)
         shutil.rmtree(tls_dir)
+    workers = [{"id": f"w{i + 1}", "rack": f"rack{i % max(1, settings['racks'])}", "pid": 0}
+               for i in range(settings["workers"])]
     if tls:
         spare_hosts = [net.address(i) for i in spares] if net else []  # the masters it may grow into
-        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts, *spare_hosts}),
-                 [f"w{i + 1}" for i in range(workers)], users=user_certs)
+        generate(tls_dir, sorted({"127.0.0.1", "localhost", *hosts, *spare_hosts}), [w["id"] for w in workers],
+                 users=user_certs)
         doc["tls"] = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "server.pem"),
                       "key": str(tls_dir / "server-key.pem"), "require_worker_certs": True,
                       "user_certs": bool(user_certs)}
-    elif user_certs:
-        raise click.ClickException("user certificates need --tls")
     config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    state: dict[str, Any] = {"masters": [], "workers": [], "token": token, "data_dir": str(data_dir),
+    state: dict[str, Any] = {"masters": [], "workers": workers, "token": token, "data_dir": str(data_dir),
                              "ca": str(tls_dir / "ca.pem") if tls else "",
                              "cert": str(tls_dir / "client.pem") if tls else "",
-                             "key": str(tls_dir / "client-key.pem") if tls else ""}
+                             "key": str(tls_dir / "client-key.pem") if tls else "", "settings": settings}
     if net:
         state["netns"] = net.to_dict()
         _save_state(data_dir, state)  # so `down` removes it
@@ -285,29 +400,77 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
                                  "http_address": r["http"], "pid": pid,
                                  "data_dir": str(data_dir / "masters" / r["id"])})
     _save_state(data_dir, state)
-    addresses = ",".join(r["api"] for r in replicas)
-    client = MasterClient(addresses, token, deadline=READY_TIMEOUT_S, tls=client_tls(state))
+    _start_workers(data_dir, state, restarted=False)
+    return state
+
+
+def _restart_cluster(data_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Start the cluster in this data dir again, as it was: its cluster file, secrets, journals,
+    certificates and workers (each with the credential it keeps), on the ports it had."""
+    ports = [int(m[key].rpartition(":")[2]) for m in state["masters"]
+             for key in ("api_address", "raft_address", "http_address") if m.get(key)]
+    busy = [p for p in ports if not _port_free(p)]
+    if busy:
+        raise click.ClickException(
+            f"ports {busy} are in use: the cluster in {data_dir} was made with them and its masters know each "
+            f"other by them; free them and run `up` again, or {AFRESH.removeprefix('to ')} and another --base-port")
+    for m in state["masters"]:
+        m["pid"] = _spawn(master_argv(data_dir / "cluster.yaml", m["id"]), data_dir / "logs" / f"{m['id']}.log")
+    for w in state["workers"]:
+        w["pid"] = 0
+    _save_state(data_dir, state)
+    _start_workers(data_dir, state, restarted=True)
+    return state
+
+
+def _heartbeat_timeout(heartbeat: float) -> float:
+    """The cluster file's heartbeat_timeout for workers heartbeating every `heartbeat` seconds."""
+    return max(3.0, heartbeat * 3)
+
+
+def _start_workers(data_dir: Path, state: dict[str, Any], restarted: bool) -> None:
+    """Once a leader answers: the join token, the users of the certificates, then the workers;
+    returns when every worker is READY. On failure, stops everything and raises ClickException."""
+    settings = state["settings"]
+    addresses = ",".join(m["api_address"] for m in state["masters"])
+    client = MasterClient(addresses, state["token"], deadline=READY_TIMEOUT_S, tls=client_tls(state))
     try:
         client.list_nodes()  # answers once a leader is elected and ready
-        join_file = secrets_dir / JOIN_TOKEN_FILE
-        _write_secret(join_file, _join_token(client))
-        for i in range(workers):
-            worker_id, rack = f"w{i + 1}", f"rack{i % max(1, racks)}"
-            pid = _spawn(worker_argv(data_dir, addresses, join_file, worker_id, rack, gpus, heartbeat),
-                         data_dir / "logs" / f"{worker_id}.log")
-            state["workers"].append({"id": worker_id, "pid": pid, "rack": rack})
+        # Nodes the state knew before this start count as READY until the new leader's grace ends:
+        # only after it does READY mean that the worker started now is heard (_wait_for_workers).
+        heard_after = time.monotonic() + _heartbeat_timeout(settings["heartbeat"]) + 2 * settings["heartbeat"] \
+            if restarted else 0.0
+        join_file = data_dir / "secrets" / JOIN_TOKEN_FILE
+        if not join_file.exists():
+            _write_secret(join_file, _join_token(client))
+        _add_users(client, settings["user_certs"])
+        for w in state["workers"]:
+            w["pid"] = _spawn(worker_argv(data_dir, addresses, join_file, w["id"], w["rack"], settings["gpus"],
+                                          settings["heartbeat"], settings["allow_mounts"]),
+                              data_dir / "logs" / f"{w['id']}.log")
         _save_state(data_dir, state)
-        _wait_for_workers(client, [w["id"] for w in state["workers"]])
+        _wait_for_workers(client, data_dir, state["workers"], heard_after)
     except (ClientError, ClusterUnavailable, click.ClickException) as exc:
         down(data_dir)
         raise click.ClickException(
-            f"the local cluster did not come up: {exc}; logs are in {data_dir / 'logs'}") from None
+            f"the local cluster did not come up: {exc}; logs are in {data_dir / 'logs'}"
+            + (f"; {AFRESH}" if restarted else "")) from None
     except BaseException:
         down(data_dir)  # whatever went wrong, leave nothing running
         raise
     finally:
         client.close()
-    return state
+
+
+def _add_users(client: MasterClient, names: list[str]) -> None:
+    """Each user a certificate was made for, with the role user, so the certificate works at once
+    (tls.user_certs names a user; it makes none). One that exists already is left as it is."""
+    if not names:
+        return
+    known = {u.name for u in client.call("ListUsers", api_pb2.ListUsersRequest()).users}
+    for name in names:
+        if name not in known:
+            client.call("AddUser", api_pb2.AddUserRequest(name=name, role="user"))
 
 
 def _join_token(client: MasterClient) -> str:
@@ -331,14 +494,21 @@ def _write_secret(path: Path, value: str) -> None:
         f.write(value + "\n")
 
 
-def _wait_for_workers(client: MasterClient, worker_ids: list[str]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while worker_ids:
+def _wait_for_workers(client: MasterClient, data_dir: Path, workers: list[dict[str, Any]],
+                      heard_after: float = 0.0) -> None:
+    """Return once every worker is READY (and, from `heard_after` on, READY is what the leader
+    heard after its grace); ClickException naming a worker that exited or is not READY in time."""
+    deadline = max(time.monotonic(), heard_after) + READY_TIMEOUT_S
+    while workers:
         ready = {n.id for n in client.list_nodes() if n.status == "READY"}
-        if set(worker_ids) <= ready:
+        exited = [w["id"] for w in workers if not (is_ours(w["pid"], data_dir) and is_alive(w["pid"]))]
+        if exited:
+            raise click.ClickException(f"worker(s) {', '.join(exited)} exited; see {data_dir / 'logs'}/ID.log")
+        if {w["id"] for w in workers} <= ready and time.monotonic() >= heard_after:
             return
         if time.monotonic() > deadline:
-            raise click.ClickException(f"workers not registered: {sorted(set(worker_ids) - ready)}")
+            missing = sorted({w["id"] for w in workers} - ready)
+            raise click.ClickException(f"worker(s) not registered and READY: {', '.join(missing)}")
         time.sleep(0.1)
 
 
@@ -354,7 +524,8 @@ def stop_process(data_dir: Path, pid: int, sig: int = signal.SIGKILL, wait: floa
 
 def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: int = 8,
             heartbeat: float = 0.5) -> None:
-    """Start a master or worker of this cluster again and record its pid in cluster.json. A
+    """Start a master or worker of this cluster again and record its pid in cluster.json (a worker
+    with the cluster's settings; `gpus` and `heartbeat` for a cluster.json that has none). A
     previous incarnation that still runs is stopped first: two on one data dir corrupt it. Once
     `down` has begun, raises ClusterStopping instead (a fault under way must not outlive it)."""
     with _locked(data_dir):
@@ -367,8 +538,11 @@ def restart(data_dir: Path, state: dict[str, Any], proc: dict[str, Any], gpus: i
             if state.get("netns"):
                 argv = MasterNet.from_dict(state["netns"]).command(proc["id"], argv)
         else:
+            settings = state.get("settings", {})
             argv = worker_argv(data_dir, ",".join(m["api_address"] for m in state["masters"]),
-                               data_dir / "secrets" / JOIN_TOKEN_FILE, proc["id"], proc["rack"], gpus, heartbeat)
+                               data_dir / "secrets" / JOIN_TOKEN_FILE, proc["id"], proc["rack"],
+                               settings.get("gpus", gpus), settings.get("heartbeat", heartbeat),
+                               settings.get("allow_mounts", ()))
         proc["pid"] = _spawn(argv, data_dir / "logs" / f"{proc['id']}.log")
         _save_state(data_dir, state)
 

@@ -36,7 +36,7 @@ def demo(data_dir: Path, base_port: int, say=click.echo) -> bool:
     say(f"1. Starting a local cluster: 3 masters (Raft), 4 workers on 2 racks, 8 fake GPUs each, TLS on "
         f"(files in {data_dir}) ...")
     started = time.monotonic()
-    state = up(data_dir, 3, 4, 2, 8, base_port, heartbeat=1.0)
+    state = up(data_dir, 3, 4, 2, 8, base_port, heartbeat=1.0, fresh=True)  # a tour starts anew
     ok = False
     try:
         addresses = [m["api_address"] for m in state["masters"]]

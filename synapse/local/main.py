@@ -23,8 +23,10 @@ import click
 
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
+from synapse.common.datadir import private_umask
 from synapse.local import interrupts
 from synapse.local.cluster import NETNS_LEDGER, client_env, client_tls, down, is_alive, is_ours, load_state, up
+from synapse.local.cluster import purge as purge_files
 from synapse.local.demo import demo
 from synapse.local.netns import MasterNet
 
@@ -46,6 +48,7 @@ DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type
 @version_option("synapse-local")
 def main() -> None:
     """Run a Synapse cluster (masters and workers) on this machine."""
+    private_umask()  # the cluster's files (config, logs, secrets, history) are this user's alone
 
 
 @main.command("up")
@@ -68,23 +71,47 @@ def main() -> None:
                    "in the data dir; 'none' keeps no history")
 @click.option("--spares-per-rack", default=0, show_default=True, type=click.IntRange(min=0),
               help="spare nodes the leader keeps in each rack for gangs that lost a node")
-def up_cmd(data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int, base_port: int,
-           heartbeat: float, insecure: bool, tls: bool, user_certs: tuple[str, ...], netns: bool,
-           history: str, spares_per_rack: int) -> None:
-    """Start the cluster in the background (TLS on); returns once it is ready."""
+@click.option("--allow-mount", "allow_mounts", multiple=True, metavar="PREFIX",
+              help="a host directory jobs in images may mount from, on every worker (repeatable; none by default)")
+@click.option("--fresh", is_flag=True,
+              help="delete the cluster this data dir holds (its jobs, history and credentials) and start a new one")
+@click.pass_context
+def up_cmd(ctx: click.Context, data_dir: Path, masters: int, workers: int, racks: int, gpus_per_worker: int,
+           base_port: int, heartbeat: float, insecure: bool, tls: bool, user_certs: tuple[str, ...], netns: bool,
+           history: str, spares_per_rack: int, allow_mounts: tuple[str, ...], fresh: bool) -> None:
+    """Start the cluster in the background (TLS on); returns once every worker is READY.
+
+    In a data dir that holds a stopped cluster, starts that same cluster again (its jobs,
+    secrets and workers); options given must then be the ones it was made with (exit 2 if not).
+    --fresh deletes it first."""
     if insecure and tls:
         raise click.UsageError("--insecure and --tls contradict each other")
     if insecure:
         _echo("WARNING: --insecure: the API, the dashboard and the workers' calls are plaintext, and anyone "
               "who can reach these ports sees the tokens. Use it only for tests of plain mode.", err=True)
+    again = not fresh and (data_dir / "cluster.json").exists()
     with _stopped_on_interrupt(data_dir, "stopping what `up` started"):
         state = up(data_dir, masters, workers, racks, gpus_per_worker, base_port, heartbeat, not insecure,
-                   netns=netns, user_certs=user_certs, history=history, spares_per_rack=spares_per_rack)
-    click.echo(f"local cluster up: {len(state['masters'])} master(s), {len(state['workers'])} worker(s); "
-               f"files in {state['data_dir']}")
+                   netns=netns, user_certs=user_certs, history=history, spares_per_rack=spares_per_rack,
+                   allow_mounts=allow_mounts, fresh=fresh, asked=_given(ctx))
+    click.echo(f"local cluster up{' again, as it was' if again else ''}: {len(state['masters'])} master(s), "
+               f"{len(state['workers'])} worker(s); files in {state['data_dir']}")
     scheme = "https" if state["ca"] else "http"
     click.echo(f"dashboard: {scheme}://{state['masters'][0]['http_address']}/ (sign in with the token)")
     click.echo("export " + " ".join(f"{k}={v}" for k, v in client_env(state).items()))
+
+
+#: The settings of `up` (synapse.local.cluster.SETTINGS) that each of its options sets.
+_SETTING_OF = {"masters": "masters", "workers": "workers", "racks": "racks", "gpus_per_worker": "gpus",
+               "base_port": "base_port", "heartbeat": "heartbeat", "insecure": "tls", "user_certs": "user_certs",
+               "netns": "netns", "history": "history", "spares_per_rack": "spares_per_rack",
+               "allow_mounts": "allow_mounts"}
+
+
+def _given(ctx: click.Context) -> set[str]:
+    """The settings the command line gave (not left to their defaults): a restarted cluster must match these."""
+    return {setting for option, setting in _SETTING_OF.items()
+            if ctx.get_parameter_source(option) not in (None, click.core.ParameterSource.DEFAULT)}
 
 
 @contextmanager
@@ -137,14 +164,21 @@ def heal_cmd(data_dir: Path) -> None:
 
 @main.command("down")
 @DATA_DIR
-def down_cmd(data_dir: Path) -> None:
+@click.option("--purge", is_flag=True,
+              help="also delete the cluster's files: its jobs, history, logs, secrets and certificates")
+def down_cmd(data_dir: Path, purge: bool) -> None:
     """Stop every process the cluster in this data dir started, and sweep what a killed run left.
 
     Besides the processes cluster.json lists, it stops any process marked with this data dir in
     its environment (tasks of a killed worker, say) and removes the network namespaces, bridge and
-    veths the data dir's ledger names."""
-    pids = down(data_dir)
+    veths the data dir's ledger names. The files stay, so `up` starts the same cluster again,
+    unless --purge deletes them."""
+    data_dir = data_dir.resolve()
+    pids = down(data_dir) if not purge or (data_dir / "cluster.json").exists() else []
     click.echo(f"stopped {len(pids)} process(es)")
+    if purge:
+        removed = purge_files(data_dir)
+        click.echo(f"deleted the cluster's files in {data_dir}" if removed else f"no cluster files in {data_dir}")
 
 
 @main.command("status")

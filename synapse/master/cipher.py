@@ -19,6 +19,15 @@ Rolling upgrades: a replica of an older release reads only Fernet. Every replica
 Fernet token starts with base64's 'g', never MAGIC) and seals with AES-GCM only once `sealed()`
 says so: synapse.master.raft.RaftNode answers from the replicated cluster version, which reaches
 `codec.SEALED_TRANSPORT_VERSION` only once every member runs a release that reads AES-GCM.
+
+Job secrets (`SecretSeal`) are sealed under another key from the same derivation: a job's secret
+lives in the replicated state (log, journal, snapshots) only as
+
+    nonce (12) | AES-256-GCM ciphertext and tag, the secret's name as associated data
+
+with a random nonce drawn by the master that took the submission (apply copies the bytes; it
+never seals), beside a keyed fingerprint of name and value that lets apply tell a retried
+submission from another job without the key.
 """
 
 from __future__ import annotations
@@ -29,12 +38,15 @@ import hmac
 import itertools
 import os
 from collections.abc import Callable
+from functools import lru_cache
 
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 from pysyncobj.encryptor import SALT as FERNET_SALT
+
+from synapse.core.model import Secret
 
 #: The first byte of an AES-GCM message (a Fernet token is base64 text: its first byte is 'g').
 MAGIC = b"\xa5"
@@ -48,14 +60,20 @@ FERNET_ITERATIONS = 100_000
 MAX_SENDERS = 64
 
 
+@lru_cache(maxsize=4)
+def password_key(password: str) -> bytes:
+    """pysyncobj's Fernet key for a Raft password (PBKDF2: derived once per process and password)."""
+    return PBKDF2HMAC(algorithm=hashes.SHA256(), length=32, salt=FERNET_SALT,
+                      iterations=FERNET_ITERATIONS).derive(password.encode())
+
+
 class RaftCipher:
     """What pysyncobj's connections call as their encryptor: `encrypt_at_time`, `extract_timestamp`,
     `decrypt` (Fernet's names), for one replica. `reads_sealed` False plays a release that knows only
     Fernet (tests of a mixed-version cluster)."""
 
     def __init__(self, password: str, reads_sealed: bool = True) -> None:
-        fernet_key = PBKDF2HMAC(algorithm=hashes.SHA256(), length=32, salt=FERNET_SALT,
-                                iterations=FERNET_ITERATIONS).derive(password.encode())
+        fernet_key = password_key(password)
         self.fernet = Fernet(base64.urlsafe_b64encode(fernet_key))  #: pysyncobj's, what older releases read
         self._key = hmac.new(fernet_key, b"synapse-raft-transport-aes-gcm-v1", hashlib.sha256).digest()
         self._salt = os.urandom(_SALT)
@@ -106,3 +124,35 @@ class RaftCipher:
             return aead.decrypt(token[_HEADER - _NONCE:_HEADER], token[_HEADER:], token[:_HEADER])
         except Exception as exc:  # InvalidTag: forged, damaged, or under another password
             raise InvalidToken from exc
+
+
+class SecretError(ValueError):
+    """A sealed secret that does not open: damaged, or sealed under another cluster's key."""
+
+
+class SecretSeal:
+    """Seals a job's secrets for the replicated state and opens them for its tasks' listings, under
+    a key only the masters hold (from the Raft password, with a label of its own)."""
+
+    def __init__(self, password: str) -> None:
+        key = password_key(password)
+        self._aead = AESGCM(hmac.new(key, b"synapse-job-secrets-aes-gcm-v1", hashlib.sha256).digest())
+        self._fingerprint_key = hmac.new(key, b"synapse-job-secrets-fingerprint-v1", hashlib.sha256).digest()
+
+    def seal(self, name: str, value: str) -> Secret:
+        """`value` sealed under a fresh random nonce, with its fingerprint (call before proposing)."""
+        nonce = os.urandom(_NONCE)
+        data = value.encode()
+        return Secret(name, self.fingerprint(name, value), nonce + self._aead.encrypt(nonce, data, name.encode()))
+
+    def fingerprint(self, name: str, value: str) -> bytes:
+        """A keyed hash of a secret: the same for the same name and value, and nothing without the key."""
+        return hmac.new(self._fingerprint_key, name.encode() + b"\0" + value.encode(), hashlib.sha256).digest()[:16]
+
+    def open(self, secret: Secret) -> str:
+        """The value of a sealed secret; SecretError if it does not open under this cluster's key."""
+        nonce, body = secret.sealed[:_NONCE], secret.sealed[_NONCE:]
+        try:
+            return self._aead.decrypt(nonce, body, secret.name.encode()).decode()
+        except Exception as exc:  # InvalidTag (another key, damaged), short input, bad UTF-8
+            raise SecretError(f"secret {secret.name} does not open under this cluster's key") from exc

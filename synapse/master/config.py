@@ -13,6 +13,8 @@
     max_array_size: 10000                     # the most elements a job array may have
     fair_share_half_life: 7d                  # fair share remembers GPU time used, halved every 7d; 0: current only
     spares: {per: rack, nodes: 1}             # optional: spare nodes per rack for restarts (docs: Operating, Spares)
+    rendezvous_ports: 20000-29999             # where MASTER_PORT comes from; the same on every master
+                                              # (synapse.core.rendezvous; docs: Operating, Workers)
     history:                                  # optional: job history and accounting (docs: Operating, History store)
       url: {env: SYNAPSE_HISTORY_URL}         # sqlite:////var/lib/synapse/history.sqlite or
                                               # postgresql+psycopg://USER:PASSWORD@HOST/DB
@@ -51,6 +53,7 @@ from synapse.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
 from synapse.core.fairshare import DEFAULT_HALF_LIFE_S
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.quantity import QuantityError, parse_duration, parse_memory
+from synapse.core.rendezvous import MASTER_PORTS, parse_ports
 from synapse.core.spares import SparePolicy
 from synapse.history.settings import HistorySettings
 
@@ -98,6 +101,8 @@ class ClusterConfig:
     history: HistorySettings | None = None  #: None: no history store
     fair_share_half_life: float = DEFAULT_HALF_LIFE_S  #: seconds; the decayed usage admission weighs; 0: current only
     spares: SparePolicy | None = None  #: spare nodes the leader keeps (synapse.core.spares); None: none
+    #: where a gang's MASTER_PORT is drawn from; every replica that dispatches must have the same
+    rendezvous_ports: range = MASTER_PORTS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replica(self, replica_id: str) -> Replica:
@@ -150,7 +155,8 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
-             "job_retention", "max_array_size", "history", "fair_share_half_life", "spares", "group_commit_delay"}
+             "job_retention", "max_array_size", "history", "fair_share_half_life", "spares", "group_commit_delay",
+             "rendezvous_ports"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -214,6 +220,10 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
     if isinstance(max_array_size, bool) or not isinstance(max_array_size, int) \
             or not 1 <= max_array_size <= MAX_ARRAY_SIZE:
         raise ConfigError(f"max_array_size: a whole number from 1 to {MAX_ARRAY_SIZE}, not {max_array_size!r}")
+    try:
+        rendezvous_ports = parse_ports(doc["rendezvous_ports"]) if "rendezvous_ports" in doc else MASTER_PORTS
+    except ValueError as exc:
+        raise ConfigError(f"rendezvous_ports: {exc}") from None
     config = ClusterConfig(
         cluster=str(doc.get("cluster", "synapse")), replicas=tuple(replicas),
         data_dir=str(doc.get("data_dir", "/var/lib/synapse/{id}")), raft_password=password,
@@ -228,7 +238,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size,
         history=_history(doc.get("history"), need_secrets),
         fair_share_half_life=_duration(doc, "fair_share_half_life", DEFAULT_HALF_LIFE_S),
-        spares=_spares(doc.get("spares"), tuple(levels)))
+        spares=_spares(doc.get("spares"), tuple(levels)), rendezvous_ports=rendezvous_ports)
     if config.require_worker_certs and not tls.enabled:
         raise ConfigError("tls.require_worker_certs: needs tls.ca, tls.cert and tls.key")
     if config.user_certs and not config.require_worker_certs:

@@ -427,6 +427,8 @@ class Dashboard:
                  ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
                  ["Command", escape(" ".join(spec.command))],
                  ["Environment", escape(", ".join(f"{k}=***" for k, _ in spec.env)) or "-"]]
+        if spec.secrets:
+            facts.append(["Secrets", escape(", ".join(f"{x.name}=***" for x in spec.secrets))])
         if spec.image:
             nodes = {n for _, _, n, _, _, _ in gang}
             late = {n for _, i, n, _, _, _ in gang if i in pulling}

@@ -8,18 +8,29 @@ The checkpoint notice rides on the same lists: a task of a running attempt that 
 (CheckpointNotice, ahead of its time limit) is listed with `notice_signal`, and so is a task whose
 attempt a planned stop ends (`stop`, with `notice`: the seconds from the signal to SIGTERM). The
 worker gives each task the signal once (synapse.worker.state).
+
+A job's secrets join its tasks' environment here, opened by the `unseal` the replica gives (its
+SecretSeal): the only place they are ever in the clear on a master, on their way to the worker
+over its TLS link. A secret that does not open (sealed under another Raft password) is left out
+and logged by name, and the task starts without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.elastic import is_elastic
 from synapse.core.fsm import ClusterState
-from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, gang_unprepared
-from synapse.core.rendezvous import master_port
+from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, Secret, gang_unprepared
+from synapse.core.rendezvous import MASTER_PORTS, master_port
+
+log = logging.getLogger(__name__)
+
+#: Opens a job's sealed secret (synapse.master.cipher.SecretSeal.open); raises ValueError if it cannot.
+Unseal = Callable[[Secret], str]
 
 
 def host_of(address: str) -> str:
@@ -27,13 +38,27 @@ def host_of(address: str) -> str:
     return host.strip("[]") or address
 
 
-def assignments_for_node(state: ClusterState, node_id: str) -> list[Assignment]:
-    """Every live task on the node with its torch.distributed environment, in key order."""
+def assignments_for_node(state: ClusterState, node_id: str, unseal: Unseal | None = None,
+                         ports: range = MASTER_PORTS) -> list[Assignment]:
+    """Every live task on the node with its torch.distributed environment and (with `unseal`) its
+    job's secrets, in key order; `ports`: the cluster file's rendezvous_ports (synapse.core.rendezvous)."""
     out = []
     for task, wanted in state.tasks_on_node(node_id):
         job = state.jobs[task.job_id]
-        out.append(_assignment(state, job, task.index, node_id, stop=not wanted))
+        secrets = _opened(job, unseal) if wanted and job.spec.secrets and unseal is not None else ()
+        out.append(_assignment(state, job, task.index, node_id, stop=not wanted, secrets=secrets, ports=ports))
     return out
+
+
+def _opened(job: Job, unseal: Unseal) -> tuple[tuple[str, str], ...]:
+    """A job's secrets in the clear, as (name, value), leaving out (and logging) one that does not open."""
+    out = []
+    for secret in job.spec.secrets:
+        try:
+            out.append((secret.name, unseal(secret)))
+        except ValueError:
+            log.error("secret does not open job=%s secret=%s; the task starts without it", job.id, secret.name)
+    return tuple(out)
 
 
 def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iterable[str]) -> set[str]:
@@ -75,7 +100,8 @@ def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
     return cmd.index < len(job.tasks) and job.tasks[cmd.index].prepared and job.status is not JobStatus.RUNNING
 
 
-def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool) -> Assignment:
+def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool,
+                secrets: tuple[tuple[str, str], ...] = (), ports: range = MASTER_PORTS) -> Assignment:
     by_rank = sorted(job.tasks, key=lambda t: t.rank)
     task = job.tasks[index]
     node_order: list[str] = []
@@ -88,12 +114,12 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
     return Assignment(
         job_id=job.id, attempt=job.attempt, index=task.index, rank=task.rank, world_size=len(job.tasks),
         local_rank=local.index(task), local_world_size=len(local), node_rank=node_order.index(node_id),
-        master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt),
+        master_addr=host_of(rank0.address) if rank0 else "", master_port=master_port(job.id, job.attempt, ports),
         gpus=task.gpus, command=job.spec.command, image=job.spec.image, mounts=job.spec.mounts, stop=stop,
         hold=not stop and held(state, job),
         grace=job.stop_grace if stop else 0.0, resources=task.resources, notice_signal=signal, notice=notice,
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
-        env=tuple(sorted((*job.spec.env, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
+        env=tuple(sorted((*job.spec.env, *secrets, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
                           ("SYNAPSE_RESTART_REASON", restart_reason(job)), *_checkpoint_env(state, job),
                           *_array_env(state, job), *_elastic_env(job)))))
 

@@ -11,6 +11,7 @@ state older than the last acknowledged write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import math
@@ -33,7 +34,7 @@ from synapse.core import codec, dependencies, elastic, fairshare, goodput, preem
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
 from synapse.core.identity import groups_problem, user_name_problem
-from synapse.core.jobspec import JobFileError, check_spec, notice_capped
+from synapse.core.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
 from synapse.core.leader_state import ProgressReport
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, NodeStatus, Queue, Resources, Role, image_holders
 from synapse.core.placement import ClusterView
@@ -50,6 +51,7 @@ from synapse.master.access import (
     token_hash,
     token_key,
 )
+from synapse.master.cipher import SecretSeal
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.metrics import Metrics
 from synapse.master.raft import ProposeError
@@ -93,6 +95,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         self.m = master
         self.metrics = metrics
         self._token_key = token_key(master.config.raft_password)
+        self._seal = SecretSeal(master.config.raft_password)  #: seals submissions' secrets; opens them for listings
         self._disk_room = True  #: the last answer of Master.disk_has_room (see _disk_has_room)
         self._disk_checked_at = float("-inf")  #: monotonic time of that answer
         self._request_counters: dict[tuple[str, str], object] = {}  #: (method, code) -> its requests counter
@@ -277,6 +280,13 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
     async def SubmitJob(self, request, context):
         try:
             spec = codec.job_spec_from_proto(request.spec, default_queue=DEFAULT_QUEUE)
+            if spec.secrets:  # sealed by a master alone: a client's sealed bytes could be another job's
+                raise JobFileError("spec.secrets", "must be empty: send the values in the request's secrets")
+            for name, value in request.secrets.items():
+                check_secret_value(name, value)
+            # Sealed here, before the proposal, with this master's random nonces: apply only copies.
+            spec = dataclasses.replace(spec, secrets=tuple(self._seal.seal(name, value)
+                                                           for name, value in sorted(request.secrets.items())))
             check_spec(spec, self.m.config.topology_levels, self.m.config.max_array_size)
         except (JobFileError, codec.CodecError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
@@ -344,7 +354,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             shortfalls = explained[id(waiting)]
         info = codec.job_to_info(
             job, waiting=waiting.message if waiting else "", waiting_code=waiting.code if waiting else "",
-            shortfalls=shortfalls,
+            shortfalls=shortfalls, env_shown=self._sees_env(job.user),
             reservation=reservation.describe() if reservation and reservation.job_id == job.id else "")
         state = self.m.state
         if job.spec.image and job.status is JobStatus.SCHEDULED:
@@ -371,6 +381,11 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
             info.array_waiting = format_ranges(array.waiting_ranges())
         return info
 
+    def _sees_env(self, owner: str) -> bool:
+        """Whether the caller may see the env values of a job of `owner`'s: its owner and admins."""
+        caller = self.caller()
+        return caller.is_admin or caller.name == owner
+
     def _array_info(self, array) -> api_pb2.JobInfo:
         """An array as one job (call under the master lock): its status, counts and waiting elements."""
         state = self.m.state
@@ -379,7 +394,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         view = Job(id=array.id, spec=array.spec, request_id=array.request_id, submitted_at=array.submitted_at,
                    seq=array.seq, status=status, user=array.user, finished_at=array.finished_at,
                    array_id=array.id)
-        info = codec.job_to_info(view)
+        info = codec.job_to_info(view, env_shown=self._sees_env(array.user))
         info.array_index = -1
         info.array.CopyFrom(codec.array_counts_to_proto(array, running))
         info.array_waiting = format_ranges(array.waiting_ranges())
@@ -406,7 +421,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 return codec.job_to_info(Job(id=request.job_id, spec=array.spec, request_id="",
                                              submitted_at=array.submitted_at, seq=array.seq,
                                              status=JobStatus(status), user=array.user, array_id=array_id,
-                                             array_index=index))
+                                             array_index=index), env_shown=self._sees_env(array.user))
             if job is None:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}"
                                     + (f" (forgotten after it ended {status})" if status else ""))
@@ -1009,7 +1024,8 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
                 reply = api_pb2.Assignments(
                     term=term, version=state.applied,
                     node_status=node.status.value if node else "UNKNOWN",
-                    tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(state, request.node_id)])
+                    tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(
+                        state, request.node_id, self._seal.open, self.m.config.rendezvous_ports)])
             # Only a changed list goes out (and the keepalive). A newer version alone is not worth
             # a message: every commit touching a gang would send each of its workers a list it
             # already has, and a gang's TaskPrepared and TaskStarted reports, n of them, would send

@@ -32,6 +32,7 @@ from grpc_health.v1.health import aio as health_aio
 from synapse.common import systemd
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.collector import tune_for_large_state
+from synapse.common.datadir import make_private, private_umask
 from synapse.common.logs import configure
 from synapse.common.tls import generate, issue, issue_worker, server_credentials
 from synapse.core import codec
@@ -152,6 +153,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     """Run one replica until SIGTERM / SIGINT (or `stop` is set). With `hard_stop` (the
     synapse-master process), the process exits SHUTDOWN_DEADLINE_S after the stop at the latest."""
     replica = config.replica(replica_id)
+    make_private(config.data_dir_of(replica_id))
     timeouts = RaftTimeouts(election_min=config.election_min, election_max=config.election_max,
                             leader_fallback=config.election_min)
     conf = raft_config(bind_address=replica.raft, data_dir=config.data_dir_of(replica_id),
@@ -282,6 +284,7 @@ def main(ctx: click.Context, config_path: str | None, replica_id: str | None, lo
         return
     if not config_path or not replica_id:
         fail("synapse-master", "--config and --id are required to run a replica (see --help)")
+    private_umask()  # the journal, its dump, a SQLite history store: the replica's user's alone
     configure("synapse-master", replica_id, log_level)
     tune_for_large_state()
     global _profiles

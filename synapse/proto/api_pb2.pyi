@@ -86,21 +86,49 @@ Global___LogChunk: _TypeAlias = LogChunk  # noqa: Y015
 class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """client-chosen; the same id always yields the same job"""
     @_builtins.property
-    def spec(self) -> _types_pb2.JobSpec: ...
+    def spec(self) -> _types_pb2.JobSpec:
+        """its secrets empty: the master seals them from `secrets`"""
+
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the job's secrets by name, in the clear (TLS carries them)"""
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         spec: _types_pb2.JobSpec | None = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "secrets", b"secrets", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -118,6 +118,7 @@ class JobSpec(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     MOUNTS_FIELD_NUMBER: _builtins.int
     IMAGE_PULL_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -169,6 +170,12 @@ class JobSpec(_message.Message):
     def mounts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Mount]:
         """Images (command-set version 4): bind mounts into the job's image."""
 
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[Global___SealedSecret]:
+        """Secrets (command-set version 6): sealed by the master that took the submission; what the API
+        shows carries the names alone.
+        """
+
     def __init__(
         self,
         *,
@@ -195,14 +202,46 @@ class JobSpec(_message.Message):
         checkpoint: Global___Checkpoint | None = ...,
         mounts: _abc.Iterable[Global___Mount] | None = ...,
         image_pull_timeout_s: _builtins.float = ...,
+        secrets: _abc.Iterable[Global___SealedSecret] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "secrets", b"secrets", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class SealedSecret(_message.Message):
+    """A job's secret, sealed under the cluster's key: given to its tasks as the environment variable
+    `name`, never shown.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
+    SEALED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    fingerprint: _builtins.bytes
+    """a keyed hash of name and value: equal for equal values"""
+    sealed: _builtins.bytes
+    """nonce and AES-GCM ciphertext; empty in what the API shows"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        fingerprint: _builtins.bytes = ...,
+        sealed: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fingerprint", b"fingerprint", "name", b"name", "sealed", b"sealed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealedSecret: _TypeAlias = SealedSecret  # noqa: Y015
 
 @_typing.final
 class Mount(_message.Message):

@@ -134,8 +134,9 @@ class WorkerAgent:
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
                  health: HealthCheck | None = None, drain_on_failure: bool = False, images: Any = None,
                  allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None,
-                 gpu_watch: GpuWatch | None = None) -> None:
+                 gpu_watch: GpuWatch | None = None, rendezvous_ports: range = MASTER_PORTS) -> None:
         self.node_id = node_id
+        self.rendezvous_ports = rendezvous_ports  #: the masters' rendezvous_ports, as --rendezvous-ports says
         self.topology = topology
         self.capacity = capacity
         self.token = token  #: the cluster token, only if the operator gave one (a join token replaces it)
@@ -219,11 +220,11 @@ class WorkerAgent:
             log.info("removed task cgroups of no known task count=%d names=%s", len(stale), ",".join(stale[:10]))
         self._unpin_forgotten()
         ephemeral = ephemeral_ports()
-        overlap = ephemeral_overlap(*ephemeral) if ephemeral else range(0)
+        overlap = ephemeral_overlap(*ephemeral, self.rendezvous_ports) if ephemeral else range(0)
         if overlap:
             log.warning("ephemeral ports overlap rendezvous ports node=%s ephemeral=%d-%d overlap=%d-%d: an outgoing "
                         "connection may take a gang's MASTER_PORT; start net.ipv4.ip_local_port_range at %d or above",
-                        self.node_id, *ephemeral, overlap.start, overlap.stop - 1, MASTER_PORTS.stop)
+                        self.node_id, *ephemeral, overlap.start, overlap.stop - 1, self.rendezvous_ports.stop)
         self._register()
         loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report"),
                  (self._progress_loop, "progress")]

@@ -298,6 +298,9 @@ def prepare(task_dir: Path, spec: ContainerSpec) -> Path:
     drop(task_dir)
     for name in ("upper", "work", "rootfs"):
         (task_dir / name).mkdir(parents=True, exist_ok=True)
+    # The task sees the overlay's root with the upper dir's mode, and the worker's umask made it 0700:
+    # a task running as the image's non-root User could not even look in /.
+    os.chmod(task_dir / "upper", 0o755)
     path = task_dir / "spec.marshal"
     path.write_bytes(marshal.dumps(spec.to_dict()))
     return path

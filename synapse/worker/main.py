@@ -41,10 +41,12 @@ import click
 
 from synapse.client.master_client import AuthError, PermissionDenied, parse_addresses
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
+from synapse.common.datadir import TASK_UMASK_ENV, make_private, private_umask
 from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
 from synapse.core.model import Resources
 from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
+from synapse.core.rendezvous import MASTER_PORTS, format_ports, parse_ports
 from synapse.images.store import ImageStore
 from synapse.worker import container, gpu_errors, isolation
 from synapse.worker import gpus as gpu_discovery
@@ -161,6 +163,10 @@ def node_id_for(data_dir: Path, given: str) -> str:
               help="a host directory jobs in images may mount from, e.g. /data (repeatable; none by default)")
 @click.option("--cdi-spec-dir", multiple=True, metavar="DIR",
               help=f"where this node's CDI specs are (repeatable; default: {', '.join(container.CDI_DIRS)})")
+@click.option("--rendezvous-ports", envvar="SYNAPSE_RENDEZVOUS_PORTS", default=format_ports(MASTER_PORTS),
+              show_default=True, metavar="LOW-HIGH",
+              help="the masters' rendezvous_ports (where MASTER_PORT comes from): the worker warns when this "
+                   "node's ephemeral ports reach into them [env: SYNAPSE_RENDEZVOUS_PORTS]")
 @click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
 def main(masters: str, token: str, token_file: str | None, join_token_file: str | None, node_id: str,
@@ -170,8 +176,9 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
          health_check: str, health_interval: float, health_timeout: float | None, health_on_failure: str,
          gpu_check_interval: float, ca: str, cert: str, key: str, http: str, image_cache_size: str,
          registry_credentials: str, insecure_registry: tuple[str, ...], allow_mount: tuple[str, ...],
-         cdi_spec_dir: tuple[str, ...], stop_tasks_on_exit: bool, log_level: str) -> None:
+         cdi_spec_dir: tuple[str, ...], rendezvous_ports: str, stop_tasks_on_exit: bool, log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
+    os.environ[TASK_UMASK_ENV] = f"{private_umask():04o}"  # the worker's files private; its tasks' as before
     if rack and topology:
         fail("synapse-worker", "give --rack or --topology, not both")
     addresses = parse_addresses(masters)
@@ -195,11 +202,15 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
         cache_bytes = parse_memory(image_cache_size)
     except QuantityError as exc:
         fail("synapse-worker", str(exc))
+    try:
+        ports = parse_ports(rendezvous_ports)
+    except ValueError as exc:
+        fail("synapse-worker", f"--rendezvous-ports {exc}")
     bad = [p for p in allow_mount if not os.path.isabs(p) or ".." in p.split("/")]
     if bad:
         fail("synapse-worker", f"--allow-mount {bad[0]}: must be an absolute path without '..'")
     root = Path(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    make_private(root)
     node_id = node_id_for(root, node_id)
     configure("synapse-worker", node_id, log_level)
     try:
@@ -236,7 +247,8 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
                                           credentials=Path(registry_credentials) if registry_credentials else None,
                                           insecure_registries=insecure_registry),
                         allow_mounts=allow_mount, cdi_dirs=cdi_spec_dir or container.CDI_DIRS,
-                        gpu_watch=gpu_errors.watch_for(node_id, gpu_source, gpu_count, gpu_check_interval))
+                        gpu_watch=gpu_errors.watch_for(node_id, gpu_source, gpu_count, gpu_check_interval),
+                        rendezvous_ports=ports)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))

@@ -21,9 +21,14 @@
 # into those cgroups, so the task and everything it forks are confined from their first
 # instruction. If it cannot, it runs nothing: it writes why to EXIT_FILE.err, and 125 as the
 # status (a task never runs unconfined without anyone knowing).
+#
+# The shim's own files are private (the worker's umask, 077); the task runs with the umask the
+# worker was started with (SYNAPSE_TASK_UMASK): its files are its owner's business.
 exit_file=$1
 pid_file=$2
 shift 2
+task_umask=${SYNAPSE_TASK_UMASK:-}
+unset SYNAPSE_TASK_UMASK
 read -r _pid _comm _state _ppid _pgrp _sess _tty _tpgid _flags _minflt _cminflt _majflt _cmajflt \
     _utime _stime _cutime _cstime _prio _nice _threads _itreal start_ticks _rest < /proc/$$/stat
 printf '%s %s\n' "$$" "$start_ticks" > "$pid_file.tmp" && mv -f "$pid_file.tmp" "$pid_file"
@@ -44,7 +49,9 @@ if [ -n "${SYNAPSE_SHIM_CGROUPS:-}" ]; then
     IFS=$saved_ifs
 fi
 trap 'true' TERM INT HUP QUIT USR1 USR2 ALRM URG WINCH XCPU XFSZ VTALRM PROF
+[ -z "$task_umask" ] || umask "$task_umask"
 "$@"
 code=$?
+umask 077
 printf '%s\n' "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"
 exit "$code"

@@ -1,7 +1,7 @@
 """The job table: submissions (single jobs and arrays), cancels, failures of an attempt.
 
 State: `jobs`, `job_by_request`, `pending`, `job_seq`. Commands: SubmitJob, SubmitWorkflowJob,
-SubmitCheckpointJob, SubmitImageJob, CancelJob, FailAttempt.
+SubmitCheckpointJob, SubmitImageJob, SubmitSecretJob, CancelJob, FailAttempt.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def checkpoint_problem(cmd: c.SubmitJob) -> str:
         return "a checkpoint notice needs a SubmitCheckpointJob command"
     if cmd.spec.has_image_run and not isinstance(cmd, c.SubmitImageJob):
         return "mounts, or a job without a command, need a SubmitImageJob command"
+    if cmd.spec.has_secrets and not isinstance(cmd, c.SubmitSecretJob):
+        return "secrets need a SubmitSecretJob command"
     try:
         check_checkpoint(cmd.spec)
     except JobFileError as exc:

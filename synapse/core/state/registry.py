@@ -23,6 +23,7 @@ HANDLERS: dict[type[c.Command], Callable[[ClusterTables, Any], Result]] = {
     c.SubmitWorkflowJob: jobs.submit_job,
     c.SubmitCheckpointJob: jobs.submit_job,
     c.SubmitImageJob: jobs.submit_job,
+    c.SubmitSecretJob: jobs.submit_job,
     c.CancelJob: jobs.cancel_job,
     c.FailAttempt: jobs.fail_attempt,
     c.SetArrayThrottle: arrays.set_array_throttle,
