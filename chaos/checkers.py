@@ -11,8 +11,8 @@
   task must be gone (exited, lost with its machine, or fenced) before the next attempt's starts.
 * `old_attempts_alive` — the `kill-agent-under-gang` faults that saw a process of the earlier
   attempt alive once the next attempt ran.
-* `false_fencings` — tasks a node's fence killed with no machine fault on that node to explain it:
-  a master fault must never let a worker's lease run out.
+* `false_fencings` — tasks a node killed for its lease (its fence, or its agent) with no machine
+  fault on that node to explain it: a master fault must never let a worker's lease run out.
 * `converged` — replicas that applied the same number of commands have the same digest.
 * `log_conflicts` — the replicas' journals hold the same entry (term and command) at every index
   they all still keep: a replica that applied an entry the others replaced shows up here, even
@@ -437,13 +437,15 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
 
 
 def false_fencings(records: Iterable[dict[str, Any]], faults: list[dict], timeout: float) -> list[str]:
-    """Tasks a node's fence killed (`fenced` in its task journal) that no machine fault explains,
-    by the same windows as `false_node_downs`: a master fault must never let a worker's lease run
-    out, so the fence must never act then."""
+    """Tasks their node killed for its lease that no machine fault explains, by the same windows as
+    `false_node_downs`: the fence's (`fenced`) and the agent's own (an `exit` with reason NodeLost,
+    which a worker journals only for a task its node ended: its lease, or its machine restarted).
+    A master fault must never let a worker's lease run out."""
     explained = _machine_fault_windows(faults, timeout)
-    return [f"{r['job']}.{r['attempt']}.{r['index']} on {r['node']} at {r['time']:.3f}"
+    return [f"{r['job']}.{r['attempt']}.{r['index']} on {r['node']} at {r['time']:.3f} ({r['event']})"
             for r in sorted(records, key=lambda r: r.get("time", 0.0))
-            if r.get("type") == "task" and r["event"] == "fenced" and not explained(r["node"], r["time"])]
+            if r.get("type") == "task" and (r["event"] == "fenced" or r["event"] == "exit" and
+                                            r.get("reason") == "NodeLost") and not explained(r["node"], r["time"])]
 
 
 def _machine_fault_windows(faults: list[dict], timeout: float) -> Callable[[str, float], bool]:

@@ -229,7 +229,8 @@ def worker_task_records(data_dir: Path, workers: list[dict]) -> list[dict]:
             except ValueError:
                 continue  # a line cut short by a kill -9 mid-write
             out.append({"type": "task", "node": w["id"], "job": r["job"], "attempt": r["attempt"],
-                        "index": r["index"], "event": r["event"], "time": r["at"], "code": r.get("code")})
+                        "index": r["index"], "event": r["event"], "time": r["at"], "code": r.get("code"),
+                        "reason": r.get("reason")})
     return out
 
 
@@ -402,8 +403,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # kills that saw a process of the earlier attempt alive once the next attempt ran.
         "ranks_twice": checkers.ranks_twice(records, ended),
         "old_attempts_alive": checkers.old_attempts_alive(faults),
-        # Tasks a node's fence killed with no kill or restart of that node's worker to explain it
-        # (a master fault let the worker's lease run out).
+        # Tasks a node killed for its lease (its fence or its agent) with no kill or restart of that
+        # node's worker to explain it (a master fault let the worker's lease run out).
         "false_fencings": checkers.false_fencings(records, faults, HEARTBEAT_TIMEOUT),
     }
     checks = {
