@@ -7,11 +7,17 @@
 * `partial_gangs` — as the workers ran them: no attempt where a task ended abnormally (or never
   started) while another task of it ran on for longer than the allowance (detection + stop grace).
 * `duplicate_tasks` — at most one live instance of each task (job, attempt, index) at any time.
+* `ranks_twice` — no two attempts of one rank (job, index) alive at once: an earlier attempt's
+  task must be gone (exited, lost with its machine, or fenced) before the next attempt's starts.
+* `old_attempts_alive` — the `kill-agent-under-gang` faults that saw a process of the earlier
+  attempt alive once the next attempt ran.
+* `false_fencings` — tasks a node killed for its lease (its fence, or its agent) with no machine
+  fault on that node to explain it: a master fault must never let a worker's lease run out.
 * `converged` — replicas that applied the same number of commands have the same digest.
 * `log_conflicts` — the replicas' journals hold the same entry (term and command) at every index
   they all still keep: a replica that applied an entry the others replaced shows up here, even
   when the cluster never fell quiet long enough for `converged` to compare digests.
-* `gangs_under_fault` — every gang a `kill-worker-under-gang` fault hit exists at the end, and every
+* `gangs_under_fault` — every gang a machine or agent fault hit under it exists at the end, and every
   attempt after the loss was whole and never on the failed node (no GPU given twice is
   `replay_replica`'s); `gangs_restarted` counts those seen running again within the fault.
 * linearizability of the client operations: `chaos.linearizability.check` with the JOBS model.
@@ -20,7 +26,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,10 @@ from synapse.core.codec import CodecError
 from synapse.core.state.fsm import ApplyFailed, ClusterState
 from synapse.core.state.invariants import node_violations, violations
 from synapse.master.durability import CorruptionError, entry_payload, journal_records
+
+#: Task journal events that end an instance: the agent saw it exit, a nemesis took its machine
+#: down (`lost`), or the node's fence killed it when the worker's lease ran out (`fenced`).
+TASK_ENDS = ("exit", "lost", "fenced")
 
 #: The full invariant scan (every job and node) runs this often during a replay; the per-node
 #: checks run after every command.
@@ -124,6 +134,33 @@ def duplicate_tasks(records: Iterable[dict[str, Any]], end: float) -> list[str]:
     return out
 
 
+def ranks_twice(records: Iterable[dict[str, Any]], end: float) -> list[str]:
+    """Ranks (job, index) with instances of two attempts alive at once; a start with no end is
+    alive until `end`. (Two instances of one attempt are `duplicate_tasks`'.)"""
+    by_rank: dict[tuple[str, int], list[tuple[float, float, int, str]]] = defaultdict(list)
+    for (job, attempt, index), spans in _task_intervals(records, end).items():
+        by_rank[(job, index)] += [(s, e, attempt, node) for s, e, node in spans]
+    out = []
+    for (job, index), spans in sorted(by_rank.items()):
+        spans.sort()
+        for i, (s1, e1, a1, n1) in enumerate(spans):
+            for s2, e2, a2, n2 in spans[i + 1:]:
+                if s2 >= e1:
+                    break  # sorted by start: no later span begins before this one ends
+                if a2 != a1:
+                    out.append(f"rank {job}[{index}] alive twice: attempt {a1} on {n1} {s1:.3f}-{e1:.3f} and "
+                               f"attempt {a2} on {n2} {s2:.3f}-{e2:.3f}")
+    return out
+
+
+def old_attempts_alive(faults: list[dict]) -> list[str]:
+    """The `kill-agent-under-gang` faults that saw a process of the attempt their agent died under
+    alive once the gang's next attempt ran (`old_alive`: what was seen)."""
+    return [f"{f['detail']['job']} attempt {f['detail']['attempt']} (agent of {f['detail']['node']} killed): "
+            f"{', '.join(f['detail']['old_alive'])}"
+            for f in faults if f["kind"] == "kill-agent-under-gang" and f["detail"].get("old_alive")]
+
+
 def partial_gangs(records: list[dict[str, Any]], placed: dict[tuple[str, int], int], end: float,
                   allowance: float) -> list[str]:
     """Attempts that ran as a partial gang for longer than `allowance` seconds.
@@ -135,7 +172,7 @@ def partial_gangs(records: list[dict[str, Any]], placed: dict[tuple[str, int], i
     intervals = _task_intervals(records, end)
     ends: dict[tuple[str, int, int], tuple[float, int | None]] = {}
     for r in records:
-        if r.get("type") == "task" and r["event"] in ("exit", "lost"):
+        if r.get("type") == "task" and r["event"] in TASK_ENDS:
             ends[(r["job"], r["attempt"], r["index"])] = (r["time"], r.get("code"))
     out = []
     for (job, attempt), size in placed.items():
@@ -172,7 +209,7 @@ def _task_intervals(records: Iterable[dict[str, Any]], end: float) -> dict[tuple
             if slot in open_:  # a second instance on the same node while the first still runs
                 out[key].append((open_[slot], r["time"] + 1e-6, r["node"]))
             open_[slot] = r["time"]
-        elif r["event"] in ("exit", "lost") and slot in open_:
+        elif r["event"] in TASK_ENDS and slot in open_:
             out[key].append((open_.pop(slot), r["time"], r["node"]))
     for (key, node), start in open_.items():
         out[key].append((start, end, node))
@@ -225,10 +262,11 @@ def history_exactly_once(final: dict[str, Any], rows: list[tuple[str, str, int]]
 
 
 def gangs_under_fault(faults: list[dict], final: dict[str, Any]) -> list[str]:
-    """What the gangs of `kill-worker-under-gang` faults show against the final state (the jobs of a
-    replica's replayed log): each exists at the end, and every attempt placed after the loss is
-    whole and avoids the failed node. (Whether a gang ran again within its fault is
-    `gangs_restarted`'s: under concurrent faults a restart may wait for room.)"""
+    """What the gangs of the gang faults (`kill-worker-under-gang`, `kill-agent-under-gang`) show
+    against the final state (the jobs of a replica's replayed log): each exists at the end, and
+    every attempt placed after the loss is whole and avoids the failed node. (Whether a gang ran
+    again within its fault is `gangs_restarted`'s: under concurrent faults a restart may wait for
+    room.)"""
     problems = []
     for f in _gang_faults(faults):
         d = f["detail"]
@@ -248,14 +286,16 @@ def gangs_under_fault(faults: list[dict], final: dict[str, Any]) -> list[str]:
 
 
 def gangs_restarted(faults: list[dict]) -> tuple[int, int]:
-    """(gangs seen running again within their fault, gangs a machine died under)."""
+    """(gangs seen running again within their fault, gangs a machine or an agent died under)."""
     hit = _gang_faults(faults)
     return sum(1 for f in hit if f["detail"].get("restarted")), len(hit)
 
 
 def _gang_faults(faults: list[dict]) -> list[dict]:
-    """The kill-worker-under-gang faults that killed a machine under a running gang."""
-    return [f for f in faults if f["kind"] == "kill-worker-under-gang" and "node" in f["detail"]]
+    """The faults that killed a machine or its agent under a running gang."""
+    from chaos.nemesis import GANG_FAULTS
+
+    return [f for f in faults if f["kind"] in GANG_FAULTS and "node" in f["detail"]]
 
 
 def converged(replicas: list[dict[str, Any]]) -> bool:
@@ -391,6 +431,26 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
     """NodeDowns no machine fault explains: a node declared DOWN outside [start, end + timeout +
     WORKER_BACK_S] of every kill or restart of its worker. A master fault (a leader killed, a shard's
     replica cut off, every master restarted) must never cost a live node its tasks."""
+    explained = _machine_fault_windows(faults, timeout)
+    return [f"{fields.get('node', '?')} at {t:.3f} (term {fields.get('term', '?')})" for t, m, fields in marks
+            if m == "down" and not explained(fields.get("node", ""), t)]
+
+
+def false_fencings(records: Iterable[dict[str, Any]], faults: list[dict], timeout: float) -> list[str]:
+    """Tasks their node killed for its lease that no machine fault explains, by the same windows as
+    `false_node_downs`: the fence's (`fenced`) and the agent's own (an `exit` with reason NodeLost,
+    which a worker journals only for a task its node ended: its lease, or its machine restarted).
+    A master fault must never let a worker's lease run out."""
+    explained = _machine_fault_windows(faults, timeout)
+    return [f"{r['job']}.{r['attempt']}.{r['index']} on {r['node']} at {r['time']:.3f} ({r['event']})"
+            for r in sorted(records, key=lambda r: r.get("time", 0.0))
+            if r.get("type") == "task" and (r["event"] == "fenced" or r["event"] == "exit" and
+                                            r.get("reason") == "NodeLost") and not explained(r["node"], r["time"])]
+
+
+def _machine_fault_windows(faults: list[dict], timeout: float) -> Callable[[str, float], bool]:
+    """Whether a node's loss at a time is explained: within [start, end + timeout + WORKER_BACK_S]
+    of a machine fault (a kill or restart of its worker or agent) on that node."""
     from chaos.nemesis import MACHINE_FAULTS
 
     hits: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -398,8 +458,7 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
         if f["kind"] in MACHINE_FAULTS:
             for node in f.get("targets", ()):
                 hits[node].append((f["start"], f["end"] + timeout + WORKER_BACK_S))
-    return [f"{fields.get('node', '?')} at {t:.3f} (term {fields.get('term', '?')})" for t, m, fields in marks
-            if m == "down" and not any(a <= t <= b for a, b in hits.get(fields.get("node", ""), ()))]
+    return lambda node, t: any(a <= t <= b for a, b in hits.get(node, ()))
 
 
 def _first(marks: list[tuple[float, str, dict[str, str]]], mark: str, after: float, limit: float,

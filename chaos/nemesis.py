@@ -27,9 +27,10 @@ from synapse.local import cluster as local
 from synapse.local.netns import MasterNet
 from synapse.local.netns import unavailable as netns_unavailable
 from synapse.proto import api_pb2
+from synapse.worker import fence
 
-#: kill-worker-under-gang: the gang's tasks (each a whole node), and how long it waits for the gang
-#: to run, for its node's loss to stop it, and for it to run again.
+#: kill-worker-under-gang and kill-agent-under-gang: the gang's tasks (each a whole node), and how
+#: long they wait for the gang to run, for its node's loss to stop it, and for it to run again.
 GANG_TASKS = 2
 GANG_START_S = 20.0
 #: (30 s, not 10: when other faults restart every master meanwhile, the new leader declares the
@@ -62,7 +63,10 @@ class Target:
     #: the history store's PostgreSQL server (synapse.local.postgres), when the run has one
     database: Any = None
     db_downtime: float = 4.0  #: how long a stopped database stays down
-    gang_queue: str = ""  #: the queue kill-worker-under-gang submits its gang to ("": the default)
+    gang_queue: str = ""  #: the queue the gang faults submit their gangs to ("": the default)
+    #: kill-agent-under-gang: how long it watches, once the next attempt runs, that the earlier
+    #: attempt's processes stay gone
+    fence_watch: float = 2.0
 
     # -- processes --
 
@@ -99,6 +103,14 @@ class Target:
     def restart_worker(self, w: dict, gpus: int) -> None:
         with self.restart_lock:
             local.restart(self.data_dir, self.state, w, gpus=gpus)
+
+    def attempt_processes(self, job: Any) -> dict[str, tuple[int, int]]:
+        """The live shims of a running attempt's tasks on their nodes, as the nodes' fences read
+        them: "JOB.ATTEMPT.INDEX on NODE (pid PID)" -> (pid, start ticks)."""
+        return {f"{shim.task} on {node} (pid {shim.pid})": (shim.pid, shim.start_ticks)
+                for node in sorted({task.node_id for task in job.tasks})
+                for shim in fence.live_shims(self.data_dir / "workers" / node)
+                if shim.key()[:2] == (job.id, job.attempt)}
 
     def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
         """(task key, shim pid) of the tasks a worker's state file lists as started."""
@@ -540,29 +552,52 @@ def _wait_job(t: Target, job_id: str, ready: Callable[[Any], bool], timeout: flo
     return None
 
 
-def kill_worker_under_gang(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
-    """A machine dies under a running gang: submit a gang of whole nodes, wait until it runs,
-    kill -9 the worker of one of its tasks (and its tasks), and, one time in two, kill -9 the leader
-    once the node is declared DOWN (a failover during the restart). The node comes back (repaired)
-    after it was declared DOWN; the gang must restart whole, never on the failed node. Records the
-    attempts and nodes for the checker (checkers.gangs_under_fault); the gang is cancelled after."""
+def _under_gang(t: Target, rng: random.Random, history: History, kind: str, gpus: int,
+                act: Callable[[Any, dict, dict[str, Any]], dict]) -> dict:
+    """Submit a gang of whole nodes, wait until it runs, pick one of its nodes and return what
+    `act(the running job, that node's worker, detail)` records; the gang is cancelled after. A
+    gang that could not be submitted or did not start is recorded skipped."""
     from synapse.core import codec
 
     start = time.time()
     try:
         job_id = t.client.submit(codec.job_spec_to_proto(_gang_spec(gpus, t.gang_queue)))
     except (ClientError, ClusterUnavailable) as exc:
-        return _record(history, "kill-worker-under-gang", [], start, skipped=f"submit failed: {exc}")
+        return _record(history, kind, [], start, skipped=f"submit failed: {exc}")
     detail: dict[str, Any] = {"job": job_id, "tasks": GANG_TASKS}
     try:
         running = _wait_job(t, job_id, lambda j: j.status == "RUNNING", GANG_START_S)
         if running is None:
-            return _record(history, "kill-worker-under-gang", [], start, skipped="the gang did not start", **detail)
+            return _record(history, kind, [], start, skipped="the gang did not start", **detail)
         node = rng.choice(sorted({task.node_id for task in running.tasks}))
-        w = next(w for w in t.state["workers"] if w["id"] == node)
-        start, tasks = _kill_machine(t, w, history)
-        detail.update(attempt=running.attempt, node=node, killed_tasks=tasks)
-        down = _wait_job(t, job_id, lambda j: j.attempt > running.attempt or j.status in ("PENDING", "STOPPING"),
+        detail.update(attempt=running.attempt, node=node)
+        return act(running, next(w for w in t.state["workers"] if w["id"] == node), detail)
+    finally:
+        try:
+            t.client.cancel(job_id, reason="chaos: the fault is over")
+        except (ClientError, ClusterUnavailable):
+            pass  # a job left running ends when the run cancels nothing more: settle waits for it
+
+
+def _wait_next_attempt(t: Target, running: Any, timeout: float, detail: dict[str, Any]) -> None:
+    """Wait (bounded) until the gang runs again at a later attempt; say in `detail` whether it did,
+    and at which attempt and on which nodes."""
+    again = _wait_job(t, running.id, lambda j: j.attempt > running.attempt and j.status == "RUNNING", timeout)
+    detail["restarted"] = again is not None
+    if again is not None:
+        detail.update(restarted_attempt=again.attempt, restarted_nodes=[task.node_id for task in again.tasks])
+
+
+def kill_worker_under_gang(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
+    """A machine dies under a running gang: submit a gang of whole nodes, wait until it runs,
+    kill -9 the worker of one of its tasks (and its tasks), and, one time in two, kill -9 the leader
+    once the node is declared DOWN (a failover during the restart). The node comes back (repaired)
+    after it was declared DOWN; the gang must restart whole, never on the failed node. Records the
+    attempts and nodes for the checker (checkers.gangs_under_fault); the gang is cancelled after."""
+
+    def act(running: Any, w: dict, detail: dict[str, Any]) -> dict:
+        start, detail["killed_tasks"] = _kill_machine(t, w, history)
+        down = _wait_job(t, running.id, lambda j: j.attempt > running.attempt or j.status in ("PENDING", "STOPPING"),
                          GANG_DOWN_S)
         if down is not None and rng.random() < 0.5:
             leader = t.wait_leader(5)
@@ -572,18 +607,51 @@ def kill_worker_under_gang(t: Target, rng: random.Random, history: History, gpus
                 time.sleep(t.downtime)
                 t.restart_master(leader)
         t.restart_worker(w, gpus)
-        detail["repaired"] = repair(t, node)
-        again = _wait_job(t, job_id, lambda j: j.attempt > running.attempt and j.status == "RUNNING",
-                          GANG_RESTART_S)
-        detail["restarted"] = again is not None
-        if again is not None:
-            detail.update(restarted_attempt=again.attempt, restarted_nodes=[task.node_id for task in again.tasks])
-        return _record(history, "kill-worker-under-gang", [node], start, **detail)
-    finally:
-        try:
-            t.client.cancel(job_id, reason="chaos: the fault is over")
-        except (ClientError, ClusterUnavailable):
-            pass  # a job left running ends when the run cancels nothing more: settle waits for it
+        detail["repaired"] = repair(t, w["id"])
+        _wait_next_attempt(t, running, GANG_RESTART_S, detail)
+        return _record(history, "kill-worker-under-gang", [w["id"]], start, **detail)
+
+    return _under_gang(t, rng, history, "kill-worker-under-gang", gpus, act)
+
+
+def kill_agent_under_gang(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
+    """The agent of a node under a running gang dies alone (kill -9; its tasks keep their
+    processes, as when the agent crashes or hangs) and stays down until the gang's next attempt
+    runs on other nodes (bounded). Then, for `t.fence_watch` seconds, no process of the earlier
+    attempt may be alive on any of its nodes: the lost node's fence must have killed its tasks
+    before the leader started their ranks again. Records what it saw alive (`old_alive`, read by
+    checkers.old_attempts_alive), brings the agent back, repaired; the gang is cancelled after."""
+
+    def act(running: Any, w: dict, detail: dict[str, Any]) -> dict:
+        old = t.attempt_processes(running)
+        start = time.time()
+        t.kill(w)  # the agent alone, by its pid: its tasks' process groups are left as they are
+        detail["old_tasks"] = len(old)
+        _wait_next_attempt(t, running, GANG_DOWN_S + GANG_RESTART_S, detail)
+        detail["old_alive"] = alive_during(old, t.fence_watch)
+        t.restart_worker(w, gpus)
+        detail["repaired"] = repair(t, w["id"])
+        return _record(history, "kill-agent-under-gang", [w["id"]], start, **detail)
+
+    return _under_gang(t, rng, history, "kill-agent-under-gang", gpus, act)
+
+
+def task_alive(pid: int, ticks: int) -> bool:
+    """True while the task whose shim is (`pid`, start `ticks`) has a process: the shim itself, or
+    any process of its process group (the shim's pid), as the node's fence sees them."""
+    return fence.running(pid, ticks) or fence.group_alive(pid)
+
+
+def alive_during(processes: dict[str, tuple[int, int]], seconds: float, every: float = 0.1) -> list[str]:
+    """The tasks of `processes` (name -> shim pid and start ticks) seen alive at any of the samples
+    taken every `every` seconds for `seconds`."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while True:
+        seen.update(name for name, (pid, ticks) in processes.items() if name not in seen and task_alive(pid, ticks))
+        if time.monotonic() >= deadline:
+            return sorted(seen)
+        time.sleep(every)
 
 
 def restart_worker(t: Target, rng: random.Random, history: History, gpus: int = 8) -> dict:
@@ -612,6 +680,7 @@ NEMESES: dict[str, Nemesis] = {
     "kill-leader": kill_leader, "kill-follower": kill_follower, "kill-minority": kill_minority,
     "pause-leader": pause_leader, "partition-leader": partition_leader, "restart-masters": restart_masters,
     "kill-worker": kill_worker, "restart-worker": restart_worker, "kill-worker-under-gang": kill_worker_under_gang,
+    "kill-agent-under-gang": kill_agent_under_gang,
     "partition-follower": partition_follower, "grow-shrink": grow_and_shrink, "replace-follower": replace_follower,
     "restart-database": restart_database,
 }
@@ -619,7 +688,9 @@ NEMESES: dict[str, Nemesis] = {
 DATABASE_FAULTS = frozenset({"restart-database"})
 #: Machine faults act on workers only, so they run in their own lane, concurrently with the master
 #: faults (machines and masters fail independently); every other kind is a master fault.
-MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker", "kill-worker-under-gang"})
+MACHINE_FAULTS = frozenset({"kill-worker", "restart-worker", "kill-worker-under-gang", "kill-agent-under-gang"})
+#: Machine faults under a gang of their own (GANG_TASKS whole nodes, in Target.gang_queue).
+GANG_FAULTS = frozenset({"kill-worker-under-gang", "kill-agent-under-gang"})
 #: Faults that need the masters in network namespaces (see synapse.netns).
 NEEDS_NETNS = frozenset({"partition-leader", "partition-follower"})
 #: Faults that change the membership: the runner leaves room (spare namespaces) for two more masters.

@@ -10,7 +10,8 @@ schedule derived from the seed, so a failing run can be replayed: master faults 
 machine faults (workers) in another, concurrently. Then it heals the cluster, waits for the
 replicas to converge, stops it, and checks the history (see chaos/history.py for the format, kept
 in --out): no lost acknowledged job, no over-allocation in any replica's committed log, no partial
-gang, no duplicate live task, converged replicas, linearizable client operations.
+gang, no duplicate live task, no rank alive in two attempts at once, converged replicas,
+linearizable client operations.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from chaos import checkers  # noqa: E402
 from chaos.history import History, read  # noqa: E402
 from chaos.nemesis import (  # noqa: E402
     DATABASE_FAULTS,
+    GANG_FAULTS,
     GANG_TASKS,
     MACHINE_FAULTS,
     MEMBERSHIP_FAULTS,
@@ -58,10 +60,10 @@ GPUS = 8
 #: Two queues share the cluster, each guaranteed half of it: they borrow from each other and take it
 #: back by preemption (reclaim), and higher priority evicts lower inside a queue.
 QUEUES = ("a", "b")
-#: With kill-worker-under-gang, its gangs have a queue of their own, guaranteed their whole nodes,
-#: and the two queues share the rest less one node: within its guarantee a gang is never reclaimed,
-#: and it reclaims what the others borrowed, so it starts, and restarts without the node it lost,
-#: while the workload keeps the cluster full.
+#: With the gang faults (kill-worker-under-gang, kill-agent-under-gang), their gangs have a queue
+#: of their own, guaranteed their whole nodes, and the two queues share the rest less one node:
+#: within its guarantee a gang is never reclaimed, and it reclaims what the others borrowed, so it
+#: starts, and restarts without the node it lost, while the workload keeps the cluster full.
 GANG_QUEUE = "gang"
 
 
@@ -227,7 +229,8 @@ def worker_task_records(data_dir: Path, workers: list[dict]) -> list[dict]:
             except ValueError:
                 continue  # a line cut short by a kill -9 mid-write
             out.append({"type": "task", "node": w["id"], "job": r["job"], "attempt": r["attempt"],
-                        "index": r["index"], "event": r["event"], "time": r["at"], "code": r.get("code")})
+                        "index": r["index"], "event": r["event"], "time": r["at"], "code": r.get("code"),
+                        "reason": r.get("reason")})
     return out
 
 
@@ -268,7 +271,7 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
     addresses = [m["api_address"] for m in state["masters"]]
     target = Target(data_dir, state, MasterClient(addresses, state["token"], deadline=20, tls=local.client_tls(state)),
                     initial_masters=[dict(m) for m in state["masters"]], database=database, gang_queue=GANG_QUEUE)
-    gangs = GANG_TASKS * GPUS if "kill-worker-under-gang" in kinds else 0
+    gangs = GANG_TASKS * GPUS if GANG_FAULTS & set(kinds) else 0  # one gang at a time: one machine lane
     half = Resources(0, 0, (workers * GPUS - gangs - (GPUS if gangs else 0)) // 2)
     target.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(queues=[
         codec.queue_to_proto(Queue(name, guaranteed=guaranteed, preemption_rules=("reclaim", "priority")))
@@ -396,6 +399,13 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         # them ran again within their fault (of how many).
         "gangs_under_fault": checkers.gangs_under_fault(faults, final),
         "gangs_restarted": checkers.gangs_restarted(faults),
+        # Ranks with two attempts alive at once (from the workers' task journals), and the agent
+        # kills that saw a process of the earlier attempt alive once the next attempt ran.
+        "ranks_twice": checkers.ranks_twice(records, ended),
+        "old_attempts_alive": checkers.old_attempts_alive(faults),
+        # Tasks a node killed for its lease (its fence or its agent) with no kill or restart of that
+        # node's worker to explain it (a master fault let the worker's lease run out).
+        "false_fencings": checkers.false_fencings(records, faults, HEARTBEAT_TIMEOUT),
     }
     checks = {
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],
@@ -410,6 +420,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "history_exactly_once": archived and not report["history_problems"],
         "false_node_downs": not report["false_node_downs"],
         "gangs_under_fault": not report["gangs_under_fault"],
+        "ranks_twice": not report["ranks_twice"], "old_attempts_alive": not report["old_attempts_alive"],
+        "false_fencings": not report["false_fencings"],
     }
     report["failed_checks"] = [name for name, held in checks.items() if not held]
     report["ok"] = not report["failed_checks"]
@@ -486,7 +498,7 @@ def _main() -> None:
     kinds = []
     for k in args.faults:
         why = unavailable(k)
-        if not why and k == "kill-worker-under-gang" and args.workers < GANG_TASKS + 2:
+        if not why and k in GANG_FAULTS and args.workers < GANG_TASKS + 2:
             # Its gang's nodes, the node a restart without the lost one needs, and one for the workload.
             why = f"its gang needs {GANG_TASKS + 2} workers or more (--workers {args.workers})"
         if why:
@@ -516,8 +528,8 @@ def _main() -> None:
                     "duplicate_tasks", "replicas_converged", "log_conflicts", "linearizable", "max_unavailable_s",
                     "heal_leader_changes", "heals_judged", "cut_leader_changes", "cut_term_rises", "members_ok",
                     "nemesis_errors", "history_archived", "history_jobs", "history_problems", "false_node_downs",
-                    "gangs_under_fault", "gangs_restarted", "failed_checks",
-                    "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
+                    "gangs_under_fault", "gangs_restarted", "ranks_twice", "old_attempts_alive", "false_fencings",
+                    "failed_checks", "outage_by_kind", "outage_timeline", "failover_s", "seconds", "history"):
             print(f"{key:<20} {report[key]}")
         print("RESULT", "PASS" if report["ok"] else "FAIL")
     sys.exit(0 if report["ok"] else 1)

@@ -211,3 +211,66 @@ def test_gangs_under_fault_find_a_gang_not_restarted_partial_or_back_on_its_fail
         "back: attempt 3 placed on w1, which failed attempt 1", "half: attempt 2 placed 1 of 2 tasks",
         "gone: gone from the final state"]
     assert checkers.gangs_restarted(faults) == (4, 5)
+
+
+def test_ranks_twice_finds_two_attempts_of_a_rank_alive_at_once():
+    # The agent of w1 died at 2; its task of attempt 1 ran on until its restart at 9 killed it,
+    # while attempt 2 ran the same rank on w3 from 6.
+    overlap = [task("w1", "j", 1, 0, "start", 1), task("w3", "j", 2, 0, "start", 6),
+               task("w1", "j", 1, 0, "exit", 9, -9)]
+    assert checkers.ranks_twice(overlap, end=20) == [
+        "rank j[0] alive twice: attempt 1 on w1 1.000-9.000 and attempt 2 on w3 6.000-20.000"]
+    never_ended = [task("w1", "j", 1, 1, "start", 1), task("w3", "j", 2, 1, "start", 6),
+                   task("w3", "j", 2, 1, "exit", 8, 0)]
+    assert len(checkers.ranks_twice(never_ended, end=20)) == 1  # no end: alive until the run's end
+
+
+def test_ranks_twice_passes_a_hand_over_and_counts_fenced_and_lost_as_ends():
+    handed_over = [task("w1", "j", 1, 0, "start", 1), task("w1", "j", 1, 0, "exit", 5, 1),
+                   task("w2", "j", 2, 0, "start", 6), task("w2", "j", 2, 0, "exit", 8, 0)]
+    assert checkers.ranks_twice(handed_over, end=20) == []
+    fenced = [task("w1", "j", 1, 0, "start", 1), task("w1", "j", 1, 0, "fenced", 4),
+              task("w3", "j", 2, 0, "start", 6), task("w1", "j", 1, 0, "exit", 9, -9)]  # the agent, back late
+    assert checkers.ranks_twice(fenced, end=20) == []
+    assert checkers.duplicate_tasks(fenced, end=20) == []
+    lost = [task("w1", "j", 1, 0, "start", 1), task("w1", "j", 1, 0, "lost", 2), task("w3", "j", 2, 0, "start", 6)]
+    assert checkers.ranks_twice(lost, end=20) == []
+    other_ranks = [task("w1", "j", 1, 0, "start", 1), task("w2", "j", 2, 1, "start", 2),
+                   task("w3", "k", 2, 0, "start", 3)]
+    assert checkers.ranks_twice(other_ranks, end=20) == []  # other indexes, other jobs
+    one_attempt = [task("w1", "j", 1, 0, "start", 1), task("w2", "j", 1, 0, "start", 3)]
+    assert checkers.ranks_twice(one_attempt, end=20) == []  # one attempt twice is duplicate_tasks'
+
+
+def test_a_fenced_task_is_an_abnormal_end_of_its_gang():
+    base = [task("a", "j", 1, 0, "start", 0), task("b", "j", 1, 1, "start", 0), task("a", "j", 1, 0, "fenced", 10)]
+    assert checkers.partial_gangs(base + [task("b", "j", 1, 1, "exit", 13, -15)], {("j", 1): 2}, 100, 5) == []
+    assert len(checkers.partial_gangs(base + [task("b", "j", 1, 1, "exit", 30, -15)], {("j", 1): 2}, 100, 5)) == 1
+
+
+def test_old_attempts_alive_lists_the_agent_kills_that_saw_the_old_attempt():
+    def fault(kind, **detail):
+        return {"kind": kind, "targets": ["w1"], "start": 0, "end": 1,
+                "detail": {"job": "j", "node": "w1", "attempt": 1, "tasks": 2, **detail}}
+
+    faults = [fault("kill-agent-under-gang", old_alive=["j.1.0 on w1 (pid 7)"]),
+              fault("kill-agent-under-gang", old_alive=[]),
+              fault("kill-worker-under-gang"),
+              {"kind": "kill-agent-under-gang", "targets": [], "start": 0, "end": 1,
+               "detail": {"skipped": "the gang did not start"}}]
+    assert checkers.old_attempts_alive(faults) == ["j attempt 1 (agent of w1 killed): j.1.0 on w1 (pid 7)"]
+    assert checkers.gangs_restarted(faults) == (0, 3)  # both gang faults count
+
+
+def test_false_fencings_are_fenced_tasks_no_machine_fault_on_their_node_explains():
+    faults = [{"kind": "kill-agent-under-gang", "targets": ["w1"], "start": 10, "end": 30, "detail": {}},
+              {"kind": "partition-leader", "targets": ["m1"], "start": 50, "end": 53, "detail": {}}]
+    records = [task("w1", "g", 1, 0, "fenced", 12),  # its agent was killed: the fence did its job
+               task("w1", "j", 1, 0, "fenced", 51),  # a master fault let the lease run out
+               task("w2", "k", 1, 0, "fenced", 12),  # another node's, during w1's fault
+               task("w2", "k", 1, 1, "exit", 13, -9),  # its sibling, stopped
+               {**task("w2", "m", 1, 0, "exit", 52), "reason": "NodeLost"},  # its agent killed it for its lease
+               {**task("w2", "m", 2, 0, "exit", 60, 1), "reason": "Error"}]
+    assert checkers.false_fencings(records, faults, timeout=3.0) == [
+        "k.1.0 on w2 at 12.000 (fenced)", "j.1.0 on w1 at 51.000 (fenced)", "m.1.0 on w2 at 52.000 (exit)"]
+    assert checkers.false_fencings(records[:1], faults, timeout=3.0) == []

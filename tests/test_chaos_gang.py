@@ -54,3 +54,28 @@ def test_repair_uncordons_a_node_it_brought_back(make_cluster):
                                                                   reason="suspect (as a NodeLost leaves it)"))
     assert repair(t, node)
     assert [n.schedulable for n in t.client.list_nodes() if n.id == node] == [True]
+
+
+def test_no_process_of_the_earlier_attempt_outlives_its_agent_once_the_next_attempt_runs(make_cluster, tmp_path):
+    """kill -9 of a worker agent under a running 2-task gang: the node's fence kills the task the
+    agent left once the worker's lease runs out, before the leader declares the node DOWN and
+    starts the gang's next attempt on other nodes; sampled for 10 s from then, no process of the
+    earlier attempt is alive, and the task journals show no rank alive in two attempts at once."""
+    import time
+
+    from chaos.run import worker_task_records
+
+    cluster = make_cluster(workers=3, racks=1)
+    t = Target(cluster.data_dir, cluster.state, cluster.client, fence_watch=10.0)
+    t.wait_leader()
+    fault = NEMESES["kill-agent-under-gang"](t, random.Random(5), History(tmp_path / "h.jsonl"))
+    d = fault["detail"]
+    assert "skipped" not in d, d
+    [node] = fault["targets"]
+    assert d["old_tasks"] == 2 and d["restarted"] and node not in d["restarted_nodes"], d
+    assert d["old_alive"] == [], d
+    records = worker_task_records(cluster.data_dir, t.state["workers"])
+    assert [(r["job"], r["attempt"]) for r in records if r["node"] == node and r["event"] == "fenced"] == [
+        (d["job"], d["attempt"])], records
+    assert checkers.ranks_twice(records, time.time()) == []
+    assert checkers.old_attempts_alive([fault]) == []

@@ -6,6 +6,7 @@ import dataclasses
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -43,6 +44,24 @@ def converge(t: Target, timeout: float) -> None:
 
 def pids(t: Target, kind: str) -> dict[str, int]:
     return {p["id"]: p["pid"] for p in t.state[kind]}
+
+
+def watched(inject: Callable[[], dict], sample: Callable[[], None], every: float) -> dict:
+    """Inject a fault while a thread calls `sample` every `every` seconds; the fault's record."""
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            sample()
+            time.sleep(every)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        return inject()
+    finally:
+        stop.set()
+        w.join()
 
 
 def test_kill_leader_kills_it_and_a_new_leader_serves(target):
@@ -176,20 +195,8 @@ def test_partition_follower_cuts_a_follower_off_and_its_return_keeps_the_leader(
     term = t.term(leader)
     net = netns.MasterNet.from_dict(t.state["netns"])
     cut_off: list[str] = []
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            cut_off.extend(m["id"] for m in t.state["masters"] if net.isolated(m["id"]))
-            time.sleep(0.2)
-
-    w = threading.Thread(target=watch)
-    w.start()
-    try:
-        fault = NEMESES["partition-follower"](t, random.Random(9), History(tmp_path / "f.jsonl"))
-    finally:
-        stop.set()
-        w.join()
+    fault = watched(lambda: NEMESES["partition-follower"](t, random.Random(9), History(tmp_path / "f.jsonl")),
+                    lambda: cut_off.extend(m["id"] for m in t.state["masters"] if net.isolated(m["id"])), 0.2)
     victim = fault["targets"][0]
     assert victim != leader["id"] and set(cut_off) == {victim}  # a follower, and only it, was cut off
     assert fault["detail"] == {"seconds": 3.0, "victim_term_rose": False, "changed_during_cut": False,
@@ -328,3 +335,75 @@ def test_the_store_socket_url_reaches_the_same_database(postgres):
     finally:
         engine.dispose()
     assert over_socket and db == "by_socket"
+
+
+def test_alive_during_sees_a_task_by_its_shim_or_any_process_of_its_group():
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    from chaos.nemesis import alive_during, task_alive
+    from synapse.worker.fence import process_start_ticks
+
+    shim = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+    try:
+        ticks = process_start_ticks(shim.pid)
+        children = Path(f"/proc/{shim.pid}/task/{shim.pid}/children")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not children.read_text().strip():  # its sleep started
+            time.sleep(0.02)
+        assert task_alive(shim.pid, ticks)
+        shim.kill()  # the shim alone: its child sleeps on in the group
+        shim.wait()
+        assert not local.is_alive(shim.pid) and task_alive(shim.pid, ticks)
+        assert alive_during({"t": (shim.pid, ticks)}, 0.2) == ["t"]
+        os.killpg(shim.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and task_alive(shim.pid, ticks):
+            time.sleep(0.02)
+        assert alive_during({"t": (shim.pid, ticks)}, 0.2) == []
+    finally:
+        try:
+            os.killpg(shim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_kill_agent_under_gang_kills_the_agent_alone_and_watches_the_old_attempt(make_cluster, tmp_path):
+    """The fault kill -9s one node's agent under a running gang and nothing else: the task it left
+    was seen alive after the agent was gone (the nemesis did not kill it; only the node's fence
+    may), the agent stayed down until the gang ran on other nodes, and came back."""
+    from pathlib import Path
+
+    from chaos.nemesis import task_alive
+
+    cluster = make_cluster(workers=3, racks=1)
+    t = Target(cluster.data_dir, cluster.state, cluster.client, fence_watch=1.0)
+    t.wait_leader()
+    agents = pids(t, "workers")
+    samples: list[tuple[set[str], set[str]]] = []  # (agents alive, NODE/TASK whose processes are alive)
+
+    def sample():
+        alive = set()
+        for p in Path(t.data_dir, "workers").glob("*/tasks/*.pid"):
+            try:
+                pid, ticks = (int(x) for x in p.read_text().split())
+            except (OSError, ValueError):
+                continue
+            if task_alive(pid, ticks):
+                alive.add(f"{p.parent.parent.name}/{p.stem}")
+        samples.append(({w for w, pid in agents.items() if local.is_alive(pid)}, alive))
+
+    fault = watched(lambda: NEMESES["kill-agent-under-gang"](t, random.Random(3), History(tmp_path / "a.jsonl")),
+                    sample, 0.05)
+    d = fault["detail"]
+    assert "skipped" not in d, d
+    [node] = fault["targets"]
+    own = f"{node}/{d['job']}.{d['attempt']}."  # the task of the earlier attempt on the killed node
+    assert any(node not in agents_alive and any(name.startswith(own) for name in alive)
+               for agents_alive, alive in samples), "the nemesis killed the task with its agent"
+    assert all(set(agents) - {node} <= agents_alive for agents_alive, _ in samples)  # the other agents untouched
+    assert not local.is_alive(agents[node]) and pids(t, "workers")[node] != agents[node]  # killed, then restarted
+    assert d["old_tasks"] == 2 and d["restarted"] and node not in d["restarted_nodes"] and d["repaired"], d
+    assert all(n.startswith(f"{d['job']}.{d['attempt']}.") for n in d["old_alive"]), d
