@@ -438,14 +438,14 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
 
 def false_fencings(records: Iterable[dict[str, Any]], faults: list[dict], timeout: float) -> list[str]:
     """Tasks their node killed for its lease that no machine fault explains, by the same windows as
-    `false_node_downs`: the fence's (`fenced`) and the agent's own (an `exit` with reason NodeLost,
-    which a worker journals only for a task its node ended: its lease, or its machine restarted).
+    `false_node_downs`: the fence's (`fenced`) and the agent's own (an `exit` its journal marks
+    `fenced`).
     A master fault must never let a worker's lease run out."""
     explained = _machine_fault_windows(faults, timeout)
     return [f"{r['job']}.{r['attempt']}.{r['index']} on {r['node']} at {r['time']:.3f} ({r['event']})"
             for r in sorted(records, key=lambda r: r.get("time", 0.0))
-            if r.get("type") == "task" and (r["event"] == "fenced" or r["event"] == "exit" and
-                                            r.get("reason") == "NodeLost") and not explained(r["node"], r["time"])]
+            if r.get("type") == "task" and (r["event"] == "fenced" or r["event"] == "exit" and r.get("fenced"))
+            and not explained(r["node"], r["time"])]
 
 
 def _machine_fault_windows(faults: list[dict], timeout: float) -> Callable[[str, float], bool]:

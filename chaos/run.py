@@ -230,7 +230,7 @@ def worker_task_records(data_dir: Path, workers: list[dict]) -> list[dict]:
                 continue  # a line cut short by a kill -9 mid-write
             out.append({"type": "task", "node": w["id"], "job": r["job"], "attempt": r["attempt"],
                         "index": r["index"], "event": r["event"], "time": r["at"], "code": r.get("code"),
-                        "reason": r.get("reason")})
+                        "reason": r.get("reason"), "fenced": bool(r.get("fenced"))})
     return out
 
 

@@ -269,7 +269,8 @@ def test_false_fencings_are_fenced_tasks_no_machine_fault_on_their_node_explains
                task("w1", "j", 1, 0, "fenced", 51),  # a master fault let the lease run out
                task("w2", "k", 1, 0, "fenced", 12),  # another node's, during w1's fault
                task("w2", "k", 1, 1, "exit", 13, -9),  # its sibling, stopped
-               {**task("w2", "m", 1, 0, "exit", 52), "reason": "NodeLost"},  # its agent killed it for its lease
+               {**task("w2", "m", 1, 0, "exit", 52), "reason": "NodeLost", "fenced": True},  # its agent, for its lease
+               {**task("w2", "n", 1, 0, "exit", 52), "reason": "NodeLost"},  # its machine restarted: not the lease
                {**task("w2", "m", 2, 0, "exit", 60, 1), "reason": "Error"}]
     assert checkers.false_fencings(records, faults, timeout=3.0) == [
         "k.1.0 on w2 at 12.000 (fenced)", "j.1.0 on w1 at 51.000 (fenced)", "m.1.0 on w2 at 52.000 (exit)"]
