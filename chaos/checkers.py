@@ -436,16 +436,35 @@ def false_node_downs(faults: list[dict], marks: list[tuple[float, str, dict[str,
             if m == "down" and not explained(fields.get("node", ""), t)]
 
 
-def false_fencings(records: Iterable[dict[str, Any]], faults: list[dict], timeout: float) -> list[str]:
+def false_fencings(records: Iterable[dict[str, Any]], faults: list[dict], timeout: float,
+                   blackouts: Iterable[tuple[float, float]] = ()) -> list[str]:
     """Tasks their node killed for its lease that no machine fault explains, by the same windows as
     `false_node_downs`: the fence's (`fenced`) and the agent's own (an `exit` its journal marks
-    `fenced`).
-    A master fault must never let a worker's lease run out."""
+    `fenced`). A master fault must never let a worker's lease run out, with one exception, the
+    `blackouts`: (start, end) of every master down at once for longer than a lease, which a worker
+    cannot tell from being cut off from all of them (synapse.worker.fence); a fencing from such a
+    window's start to a timeout after its end is explained."""
     explained = _machine_fault_windows(faults, timeout)
+    dark = [(a, b + timeout) for a, b in blackouts]
     return [f"{r['job']}.{r['attempt']}.{r['index']} on {r['node']} at {r['time']:.3f} ({r['event']})"
             for r in sorted(records, key=lambda r: r.get("time", 0.0))
             if r.get("type") == "task" and (r["event"] == "fenced" or r["event"] == "exit" and r.get("fenced"))
-            and not explained(r["node"], r["time"])]
+            and not explained(r["node"], r["time"]) and not any(a <= r["time"] <= b for a, b in dark)]
+
+
+def blackouts(ok_times: list[float], faults: list[dict], workload_ended: float,
+              lease: float) -> list[tuple[float, float]]:
+    """The faults that stopped every master at once (`restart-masters`) for longer than a worker's
+    lease can outlast, as (start, start + outage): `lease`, less what it may have run down before
+    the fault and still must after it (a heartbeat interval before, a digest period for the first
+    replica to vouch again), both given in `lease`'s place by the caller."""
+    out = []
+    for f in faults:
+        if f["kind"] == "restart-masters":
+            down = outage(ok_times, f["start"], f["end"], workload_ended)
+            if down > lease:
+                out.append((f["start"], f["start"] + down))
+    return out
 
 
 def _machine_fault_windows(faults: list[dict], timeout: float) -> Callable[[str, float], bool]:

@@ -3,7 +3,7 @@
     python chaos/run.py --duration 60 --seed 1                # a table
     python chaos/run.py --masters 5 --workers 6 --duration 600 --seed 7 --json
 
-Starts a local cluster of real processes (heartbeat 0.5 s, DOWN after 3 s), runs several clients
+Starts a local cluster of real processes (heartbeat 0.5 s, DOWN after 5 s: a 4 s lease), runs several clients
 submitting gangs of mixed sizes (some needing a whole rack) into two queues that preempt each
 other's borrowed share, reading and cancelling them, with short real tasks. It injects faults on a
 schedule derived from the seed, so a failing run can be replayed: master faults in one lane and
@@ -44,6 +44,7 @@ from chaos.nemesis import (  # noqa: E402
 from synapse.client.master_client import ClientError, ClusterUnavailable, MasterClient  # noqa: E402
 from synapse.common.tls import TLSFiles
 from synapse.core import codec
+from synapse.core.brain.heartbeat import Lease  # noqa: E402
 from synapse.core.model import JobSpec, PackMode, Queue, Resources, TopologySpec  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.local import interrupts  # noqa: E402
@@ -52,7 +53,12 @@ from synapse.local.postgres import PostgresServer  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
 from synapse.worker.agent import TASK_JOURNAL  # noqa: E402
 
-HEARTBEAT_TIMEOUT = 3.0  # synapse-local sets 3 x the 0.5 s heartbeat, at least 3 s
+#: Nodes are DOWN after this long without a heartbeat (every 0.5 s): their lease is 4 s
+#: (synapse.core.brain.heartbeat.Lease), above the masters' failover times (a paused or cut-off
+#: leader's successor serves in 1-1.5 s), which a 3 s timeout's 2 s lease was not.
+HEARTBEAT_TIMEOUT = 5.0
+HEARTBEAT_S = 0.5  #: the workers' heartbeat interval
+DIGEST_S = 0.25  #: a link shard's digest period at that interval (synapse.master.link_shard.ShardTimings)
 STOP_GRACE = 3.0  # synapse-local's workers
 #: After an interrupt and `down`, how long the runner waits for its fault and client threads.
 INTERRUPTED_JOIN_S = 5.0
@@ -260,8 +266,9 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         store_url = database.create("history")
         store_url = database.socket_url("history") if netns else store_url
     try:
-        state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters + spare), heartbeat=0.5,
-                         job_retention="0", netns=netns, spare_masters=spare, history=store_url)
+        state = local.up(data_dir, masters, workers, 2, GPUS, local.free_base_port(masters + spare),
+                         heartbeat=HEARTBEAT_S, heartbeat_timeout=HEARTBEAT_TIMEOUT, job_retention="0",
+                         netns=netns, spare_masters=spare, history=store_url)
     except BaseException:
         if database is not None:
             database.destroy()
@@ -405,7 +412,8 @@ def run(masters: int, workers: int, duration: float, seed: int, kinds: list[str]
         "old_attempts_alive": checkers.old_attempts_alive(faults),
         # Tasks a node killed for its lease (its fence or its agent) with no kill or restart of that
         # node's worker to explain it (a master fault let the worker's lease run out).
-        "false_fencings": checkers.false_fencings(records, faults, HEARTBEAT_TIMEOUT),
+        "false_fencings": checkers.false_fencings(records, faults, HEARTBEAT_TIMEOUT, checkers.blackouts(
+            ok_times, faults, workload_ended, Lease.of(HEARTBEAT_TIMEOUT).seconds - HEARTBEAT_S - DIGEST_S)),
     }
     checks = {
         "lost": not report["lost"], "overcommits": not overcommits, "partial_gangs": not report["partial_gangs"],

@@ -27,6 +27,7 @@ from synapse.core.model import (
     Queue,
     Resources,
     Role,
+    Secret,
 )
 from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.state.fsm import ApplyFailed, ClusterState
@@ -73,7 +74,11 @@ def _submit(data, state, now, job_id, job, attempt, node_id, term, word):
                  queue=pick(["", "team-a"] if "team-a" in state.queues else [""], ["nope"]),
                  time_limit=pick([0.0, 60.0], [-1.0]))
     new_id = pick([f"j{len(state.jobs)}"], [job_id, ""])
-    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image"]))
+    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image", "secret"]))
+    if kind == "secret":
+        secret = Secret("API_KEY", b"\x01" * 16, pick([b"\x02" * 40], [b""]))
+        shape = dataclasses.replace(shape, secrets=(secret,))
+        return [c.SubmitSecretJob(at=now, job_id=new_id, request_id=new_id, spec=shape)]
     if kind == "image":
         shape = dataclasses.replace(shape, image=pick(["127.0.0.1:5000/team/train:1"], ["", "bad ref"]),
                                     command=pick([(), ("true",)], []),

@@ -198,7 +198,8 @@ def spares_problem(spares_per_rack: int, workers: int, racks: int) -> str:
 #: The settings `up` made a cluster with, recorded in cluster.json: a second `up` in its data dir
 #: restarts that cluster as it was, and refuses one that asks for different settings.
 SETTINGS = ("masters", "workers", "racks", "gpus", "base_port", "heartbeat", "tls", "durability", "min_free_disk",
-            "job_retention", "netns", "user_certs", "spare_masters", "history", "spares_per_rack", "allow_mounts")
+            "job_retention", "netns", "user_certs", "spare_masters", "history", "spares_per_rack", "allow_mounts",
+            "heartbeat_timeout")
 #: How `synapse-local up` names a setting (the others are not flags of it).
 FLAGS = {"masters": "--masters", "workers": "--workers", "racks": "--racks", "gpus": "--gpus-per-worker",
          "base_port": "--base-port", "heartbeat": "--heartbeat", "tls": "--insecure", "netns": "--netns",
@@ -223,7 +224,7 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
        min_free_disk: str = "64Mi", job_retention: str = "1h", netns: bool = False,
        user_certs: tuple[str, ...] = (), spare_masters: int = 0, history: str = "",
        spares_per_rack: int = 0, allow_mounts: tuple[str, ...] = (), fresh: bool = False,
-       asked: Collection[str] | None = None) -> dict[str, Any]:
+       asked: Collection[str] | None = None, heartbeat_timeout: float = 0.0) -> dict[str, Any]:
     """Start a local cluster (TLS on unless `tls` is False); returns what cluster.json records.
     A data dir that holds a cluster already (stopped by `down`) has it started again, with its
     state, secrets and workers, if the settings named in `asked` (default: all of SETTINGS) are
@@ -236,13 +237,16 @@ def up(data_dir: Path, masters: int, workers: int, racks: int, gpus: int, base_p
     "none" keeps no history.
     `spares_per_rack`: spare nodes the leader keeps in each rack (`spares:` in the cluster file).
     `allow_mounts`: host directories jobs in images may mount from, on every worker.
+    `heartbeat_timeout`: a node silent this long is DOWN (0: three heartbeats, at least 3 s); the
+    nodes' lease is that less its margin (synapse.core.brain.heartbeat.Lease).
     Returns only once every worker is registered and READY."""
     data_dir = data_dir.resolve()
     settings = {"masters": masters, "workers": workers, "racks": racks, "gpus": gpus, "base_port": base_port,
                 "heartbeat": heartbeat, "tls": tls, "durability": durability, "min_free_disk": min_free_disk,
                 "job_retention": job_retention, "netns": netns, "user_certs": list(user_certs),
                 "spare_masters": spare_masters, "history": history, "spares_per_rack": spares_per_rack,
-                "allow_mounts": list(allow_mounts)}
+                "allow_mounts": list(allow_mounts),
+                "heartbeat_timeout": heartbeat_timeout or _heartbeat_timeout(heartbeat)}
     problem = spares_problem(spares_per_rack, workers, racks)
     if problem:
         raise click.ClickException(problem)
@@ -366,7 +370,7 @@ def _new_cluster(data_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "cluster": "local", "data_dir": str(data_dir / "masters" / "{id}"),
         "raft_password": {"file": str(password_file)}, "token": {"file": str(token_file)},
-        "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{_heartbeat_timeout(heartbeat)}s",
+        "heartbeat_interval": f"{heartbeat}s", "heartbeat_timeout": f"{settings['heartbeat_timeout']}s",
         "durability": settings["durability"], "min_free_disk": settings["min_free_disk"],
         "job_retention": settings["job_retention"], "replicas": replicas}
     if history_url:
@@ -438,7 +442,8 @@ def _start_workers(data_dir: Path, state: dict[str, Any], restarted: bool) -> No
         client.list_nodes()  # answers once a leader is elected and ready
         # Nodes the state knew before this start count as READY until the new leader's grace ends:
         # only after it does READY mean that the worker started now is heard (_wait_for_workers).
-        heard_after = time.monotonic() + _heartbeat_timeout(settings["heartbeat"]) + 2 * settings["heartbeat"] \
+        timeout = settings.get("heartbeat_timeout") or _heartbeat_timeout(settings["heartbeat"])
+        heard_after = time.monotonic() + timeout + 2 * settings["heartbeat"] \
             if restarted else 0.0
         join_file = data_dir / "secrets" / JOIN_TOKEN_FILE
         if not join_file.exists():
@@ -503,13 +508,22 @@ def _wait_for_workers(client: MasterClient, data_dir: Path, workers: list[dict[s
         ready = {n.id for n in client.list_nodes() if n.status == "READY"}
         exited = [w["id"] for w in workers if not (is_ours(w["pid"], data_dir) and is_alive(w["pid"]))]
         if exited:
-            raise click.ClickException(f"worker(s) {', '.join(exited)} exited; see {data_dir / 'logs'}/ID.log")
+            tails = "; ".join(f"{w}.log ends: {_log_tail(data_dir / 'logs' / f'{w}.log')}" for w in exited)
+            raise click.ClickException(f"worker(s) {', '.join(exited)} exited ({tails})")
         if {w["id"] for w in workers} <= ready and time.monotonic() >= heard_after:
             return
         if time.monotonic() > deadline:
             missing = sorted({w["id"] for w in workers} - ready)
             raise click.ClickException(f"worker(s) not registered and READY: {', '.join(missing)}")
         time.sleep(0.1)
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a process's log, joined, for an error that says why it stopped."""
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) or "(empty)"
+    except OSError:
+        return "(no log)"
 
 
 def stop_process(data_dir: Path, pid: int, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
