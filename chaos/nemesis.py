@@ -112,19 +112,23 @@ class Target:
                 for shim in fence.live_shims(self.data_dir / "workers" / node)
                 if shim.key()[:2] == (job.id, job.attempt)}
 
-    def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
-        """(task key, shim pid) of the tasks a worker's state file lists as started."""
+    def _started(self, w: dict) -> list[dict]:
+        """The tasks a worker's state file lists as started (with a handle)."""
         path = self.data_dir / "workers" / w["id"] / "worker-state.json"
         try:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
             return []
-        out = []
-        for t in state["tasks"]:
-            if t["handle"]:
-                a = t["assignment"]
-                out.append(([a["job_id"], a["attempt"], a["index"]], t["handle"]["pid"]))
-        return out
+        return [t for t in state["tasks"] if t["handle"]]
+
+    def worker_tasks(self, w: dict) -> list[tuple[list, int]]:
+        """(task key, shim pid) of the tasks a worker's state file lists as started."""
+        return [([t["assignment"]["job_id"], t["assignment"]["attempt"], t["assignment"]["index"]],
+                 t["handle"]["pid"]) for t in self._started(w)]
+
+    def worker_shims(self, w: dict) -> list[tuple[int, int]]:
+        """(pid, start ticks) of the shims of the tasks a worker's state file lists as started."""
+        return [(t["handle"]["pid"], t["handle"]["start_ticks"]) for t in self._started(w)]
 
     def wait_quorum(self, timeout: float) -> bool:
         """Wait until the leader is linked to every other member and each has caught up with its
@@ -483,13 +487,17 @@ def _kill_machine(t: Target, w: dict, history: History) -> tuple[float, int]:
     """kill -9 a worker and its tasks, as a machine dying; each task is recorded lost. Returns the
     fault's start and how many tasks it took down."""
     tasks = t.worker_tasks(w)
+    shims = t.worker_shims(w)
     start = time.time()
     t.kill(w)
-    for _key, pid in tasks:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for pid, ticks in shims:
+        # Only a shim that still runs: pids wrap around (32768 on a small machine), and the pid of a
+        # task that ended may be another process's by now.
+        if fence.running(pid, ticks):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     for key, _ in tasks:
         history.write("task", node=w["id"], job=key[0], attempt=key[1], index=key[2], event="lost", time=start,
                       code=None)

@@ -23,6 +23,7 @@ from synapse.local import cluster as local
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet
 from synapse.master.raft import CHECK_OWN_ENTRIES_ENV
+from synapse.worker import fence
 
 # Every replica the tests start (in this process or as a master process, which inherits it) decodes
 # the entries it proposed, and stops if they differ from the commands it encoded: a leader applies
@@ -184,25 +185,33 @@ class LocalCluster:
     def worker_dir(self, worker_id: str) -> Path:
         return self.data_dir / "workers" / worker_id
 
-    def task_pids(self, worker_id: str) -> list[int]:
-        """Process groups of the tasks a worker's state file lists as started."""
+    def task_handles(self, worker_id: str) -> list[tuple[int, int]]:
+        """(pid, start ticks) of the shims of the tasks a worker's state file lists as started."""
         path = self.worker_dir(worker_id) / "worker-state.json"
         if not path.exists():
             return []
         state = json.loads(path.read_text())
-        return [t["handle"]["pid"] for t in state["tasks"] if t["handle"]]
+        return [(t["handle"]["pid"], t["handle"]["start_ticks"]) for t in state["tasks"] if t["handle"]]
+
+    def task_pids(self, worker_id: str) -> list[int]:
+        """Process groups of the tasks a worker's state file lists as started."""
+        return [pid for pid, _ in self.task_handles(worker_id)]
 
     def kill_worker(self, worker_id: str, with_tasks: bool) -> list[int]:
-        """kill -9 a worker agent (and, like a machine dying, its tasks); returns the task pids."""
-        pids = self.task_pids(worker_id)
+        """kill -9 a worker agent (and, like a machine dying, its tasks); returns the task pids. A
+        task is killed only while its shim is the process the state file names: pids wrap around
+        (32768 here) and a finished task's pid may be another test's process by now."""
+        handles = self.task_handles(worker_id)
         pid = self.worker(worker_id)["pid"]
         os.kill(pid, signal.SIGKILL)
         if with_tasks:
-            for task_pid in pids:
-                try:
-                    os.killpg(task_pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            for task_pid, ticks in handles:
+                if fence.running(task_pid, ticks):
+                    try:
+                        os.killpg(task_pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        pids = [p for p, _ in handles]
         deadline = time.monotonic() + 10
         while local.is_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -10,22 +10,25 @@ from synapse.core.state.registry import HANDLERS
 STATE = Path(__file__).resolve().parent.parent / "synapse" / "core" / "state"
 #: A table's module is read in one sitting: past this, split it by the table's parts (as gangs and tasks).
 MAX_MODULE_LINES = 300
+#: The rest of the package is the machine around the tables, held to the project's module cap.
+NOT_TABLES = {"fsm.py": 600, "snapshot.py": 600, "invariants.py": 600}
 
 
-def oversized(root: Path, limit: int) -> dict[str, int]:
-    """The modules under `root` longer than `limit` lines, with their lengths."""
+def oversized(root: Path, limit: int, caps: dict[str, int] | None = None) -> dict[str, int]:
+    """The modules under `root` longer than `limit` lines (or their own cap in `caps`), with their lengths."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(root.glob("*.py"))}
-    return {name: n for name, n in sizes.items() if n > limit}
+    return {name: n for name, n in sizes.items() if n > (caps or {}).get(name, limit)}
 
 
 def test_each_table_module_stays_small():
-    assert oversized(STATE, MAX_MODULE_LINES) == {}
+    assert oversized(STATE, MAX_MODULE_LINES, NOT_TABLES) == {}
 
 
 def test_the_size_check_sees_a_long_module(tmp_path):
     (tmp_path / "short.py").write_text("x = 1\n")
     (tmp_path / "long.py").write_text("x = 1\n" * 5)
     assert oversized(tmp_path, 4) == {"long.py": 5}
+    assert oversized(tmp_path, 4, {"long.py": 5}) == {}
 
 
 def test_every_handler_is_a_function_of_a_table_module():

@@ -171,6 +171,7 @@ class WorkerAgent:
         #: threads (a float, replaced whole), read by the main loop
         self.lease_until: float | None = None
         self.lease_seconds = 0.0  #: the length of the last lease granted (heartbeat thread)
+        self.fence_lock = threading.Lock()  #: held while looking for the node's fence and starting it
         #: the running tasks the main loop killed because the lease ended (main loop only)
         self.fenced: set[ws.Key] = set()
         #: changed by the main loop alone, through `_handle` (synapse.worker.state's docstring)
@@ -249,9 +250,10 @@ class WorkerAgent:
     # ---- the lease (synapse.worker.fence) ------------------------------------------------------
 
     def _ensure_fence(self) -> None:
-        """Start the node's fence unless it runs (it exits when it has nothing left to guard)."""
+        """(any thread) Start the node's fence unless it runs (it exits when it has nothing left to guard)."""
         cgroups = self.runtime.cgroups
-        pid = fence.start_fence(self.data_dir, list(cgroups.parents.values()) if cgroups is not None else [])
+        with self.fence_lock:  # the main loop and the heartbeat thread both ask: one fence
+            pid = fence.start_fence(self.data_dir, list(cgroups.parents.values()) if cgroups is not None else [])
         if pid:
             log.info("fence started node=%s pid=%d", self.node_id, pid)
 

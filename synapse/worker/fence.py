@@ -218,22 +218,28 @@ def fence_running(data_dir: Path) -> bool:
 
 
 def start_fence(data_dir: Path, cgroup_dirs: list[Path], env: dict[str, str] | None = None) -> int:
-    """Start the node's fence unless one runs; returns its pid (0: one was running already)."""
+    """Start the node's fence unless one runs; returns its pid (0: one was running already). Its pid
+    file is written here, before this returns: the fence takes a moment to start, and a second
+    call meanwhile (the agent asks before each task's start and at each renewal) must find it."""
     if fence_running(data_dir):
         return 0
     with open(data_dir / "fence.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "synapse.worker.fence", str(data_dir),
                                  *map(str, cgroup_dirs)], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    _write_pid_file(data_dir, proc.pid)
     return proc.pid
+
+
+def _write_pid_file(data_dir: Path, pid: int) -> None:
+    tmp = data_dir / f"{FENCE_PID_FILE}.{pid}.tmp"
+    tmp.write_text(f"{pid} {process_start_ticks(pid)}\n")
+    os.replace(tmp, data_dir / FENCE_PID_FILE)
 
 
 def run(data_dir: Path, cgroup_dirs: list[Path]) -> int:
     """The fence's loop: kill the tasks once the lease has ended; exit when nothing is left to guard."""
-    pid_file = data_dir / FENCE_PID_FILE
-    tmp = data_dir / (FENCE_PID_FILE + ".tmp")
-    tmp.write_text(f"{os.getpid()} {process_start_ticks(os.getpid())}\n")
-    os.replace(tmp, pid_file)
+    _write_pid_file(data_dir, os.getpid())  # started by hand, or its starter died before writing it
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:
         state = lease_state(data_dir, time.monotonic())
