@@ -506,16 +506,34 @@ def _wait_for_workers(client: MasterClient, data_dir: Path, workers: list[dict[s
     deadline = max(time.monotonic(), heard_after) + READY_TIMEOUT_S
     while workers:
         ready = {n.id for n in client.list_nodes() if n.status == "READY"}
-        exited = [w["id"] for w in workers if not (is_ours(w["pid"], data_dir) and is_alive(w["pid"]))]
-        if exited:
-            tails = "; ".join(f"{w}.log ends: {_log_tail(data_dir / 'logs' / f'{w}.log')}" for w in exited)
-            raise click.ClickException(f"worker(s) {', '.join(exited)} exited ({tails})")
+        ends = {w["id"]: end for w in workers if (end := _end_of(w["pid"], data_dir))}
+        if ends:
+            tails = "; ".join(f"{w}: {end}, its log ends: {_log_tail(data_dir / 'logs' / (w + '.log'))}"
+                              for w, end in ends.items())
+            raise click.ClickException(f"worker(s) {', '.join(ends)} exited ({tails})")
         if {w["id"] for w in workers} <= ready and time.monotonic() >= heard_after:
             return
         if time.monotonic() > deadline:
             missing = sorted({w["id"] for w in workers} - ready)
             raise click.ClickException(f"worker(s) not registered and READY: {', '.join(missing)}")
         time.sleep(0.1)
+
+
+def _end_of(pid: int, data_dir: Path) -> str:
+    """How a process of this cluster ended ('' while it runs): its exit status or signal when this
+    process started it, else that it is gone. A process whose command line reads empty is starting:
+    a child just exec'd has none for a moment (vfork lets the parent go on before the kernel has set
+    up the new program's arguments), and taking that for "not ours" failed `up` under load."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not this process's child (started by an earlier `up`): look at /proc
+        cmdline = _cmdline(pid)
+        return "" if is_alive(pid) and (not cmdline or str(data_dir) in cmdline) else "gone"
+    if not done:
+        return ""
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
 def _log_tail(path: Path, lines: int = 3) -> str:
