@@ -1,5 +1,5 @@
 """PreVote for pysyncobj (Raft thesis 9.6, as etcd runs it), and a follower that campaigns at once
-when its link to the leader closes: a mixin of synapse.master.safesyncobj.SafeSyncObj.
+when its link to the leader closes: a part of synapse.master.safesyncobj.SafeSyncObj.
 
 pysyncobj starts an election, raising its term, whenever its election timer fires. A replica cut
 off from the leader did so over and over, and when it came back its higher term deposed a healthy
@@ -12,8 +12,8 @@ and a replica refused by a peer at a higher term takes that term (etcd's rule): 
 replica whose log was ahead but whose term was behind, and a peer the other way round, refused
 each other for ever.
 
-Its state lives on SafeSyncObj, made before SyncObj.__init__ (see there): the mixin only reads and
-writes it, from the tick thread.
+Its state lives on SafeSyncObj, made before SyncObj.__init__ (see there): this class only reads
+and writes it, from the tick thread.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ from __future__ import annotations
 import logging
 import random
 
+from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 
 log = logging.getLogger(__name__)
 
 
-class PreVote:
-    """A replica asks its peers before it campaigns; a follower whose leader's link closed asks soon."""
+class PreVote(SyncObj):
+    """SyncObj whose replicas ask their peers before they campaign, and ask soon once the leader's link closed."""
 
     PREVOTE = True  #: off only to show, in a test, what happens without it
     PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see SafeSyncObj._onTick)

@@ -107,7 +107,7 @@ if _missing:
                       "pysyncobj 0.3.x")
 
 
-class SafeSyncObj(PreVote, SnapshotGuard, SyncObj):
+class SafeSyncObj(PreVote, SnapshotGuard):
     """SyncObj with Raft's receiver rules for AppendEntries, PreVote, and no step-down for a pause.
 
     **AppendEntries.** pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending,

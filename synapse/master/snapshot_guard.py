@@ -1,4 +1,4 @@
-"""The replica's snapshots and journal, guarded: a mixin of synapse.master.safesyncobj.SafeSyncObj.
+"""The replica's snapshots and journal, guarded: a part of synapse.master.safesyncobj.SafeSyncObj.
 
 * **Dump loading and journal trimming.** A replica stopped between writing a snapshot and trimming
   its journal started with a journal beginning before the snapshot, and pysyncobj cleared all of
@@ -21,8 +21,8 @@ from pysyncobj.journal import FileJournal
 log = logging.getLogger(__name__)
 
 
-class SnapshotGuard:
-    """pysyncobj's snapshot load, journal trim and log compaction, with the guards above."""
+class SnapshotGuard(SyncObj):
+    """SyncObj whose snapshot load, journal trim and log compaction keep the guards above."""
 
     _stopped: Callable[[], str]
 
