@@ -51,7 +51,7 @@ from synapse.local import interrupts  # noqa: E402
 from synapse.local.netns import MasterNet  # noqa: E402
 from synapse.local.postgres import PostgresServer  # noqa: E402
 from synapse.proto import api_pb2  # noqa: E402
-from synapse.worker.agent import TASK_JOURNAL  # noqa: E402
+from synapse.worker.fence import TASK_JOURNAL  # noqa: E402
 
 #: Nodes are DOWN after this long without a heartbeat (every 0.5 s): their lease is 4 s
 #: (synapse.core.brain.heartbeat.Lease), above the masters' failover times (a paused or cut-off

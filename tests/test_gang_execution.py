@@ -10,7 +10,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
-from synapse.worker.agent import TASK_JOURNAL
+from synapse.worker.fence import TASK_JOURNAL
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow

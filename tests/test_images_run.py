@@ -673,7 +673,8 @@ SLOW_PULL_S = 10
 @needs_root_fs
 def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_path, monkeypatch):
     from synapse.client import render
-    from synapse.worker.agent import PULL_DELAY_HOOK, TASK_JOURNAL
+    from synapse.worker.fence import TASK_JOURNAL
+    from synapse.worker.pulls import PULL_DELAY_HOOK
     root = busybox_root(tmp_path / "rootfs")
     cluster = make_cluster(workers=0)
     start_worker(cluster, "fast", "rack1")

@@ -29,7 +29,7 @@ from synapse.core.state.fsm import ClusterState
 from synapse.local import cluster as local
 from synapse.master import access
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2
-from synapse.worker.agent import CREDENTIAL_FILE
+from synapse.worker.lease import CREDENTIAL_FILE
 from tests.helpers import spec, wait_for
 
 CAPACITY = Resources(8000, 1 << 30, 8)

@@ -207,8 +207,9 @@ MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "
 #: (`handle` returns instructions; `view` a frozen copy).
 DETACHED = {"handle", "view"}
 #: Worker code that runs off the agent's main loop: it reads the published view, never the state.
-OFF_THE_MAIN_LOOP = {"agent.py": {"_watch_loop", "_heartbeat_loop", "_report_loop", "_progress_loop",
-                                  "_health_loop", "_gpu_loop", "_pull", "LogService"},
+OFF_THE_MAIN_LOOP = {"uplink.py": {"_register", "_watch_loop", "_heartbeat_loop", "_follow_shard", "_report_loop",
+                                   "_progress_loop", "_health_loop", "_gpu_loop"},
+                     "pulls.py": {"_pull"}, "tasks.py": {"_watch_gate"}, "logs.py": {"LogService"},
                      "observe.py": {"_Tasks"}}
 
 

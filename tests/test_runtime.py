@@ -104,8 +104,9 @@ def test_restarted_agent_adopts_a_task_forked_just_before_a_crash(tmp_path):
     import json
 
     from synapse.core.model import Resources
-    from synapse.worker.agent import STATE_FILE, WorkerAgent
+    from synapse.worker.agent import WorkerAgent
     from synapse.worker.state import Report
+    from synapse.worker.statefile import STATE_FILE
 
     forked, never = assignment(0, ["sleep", "30"]), assignment(1, ["sleep", "30"])
     handle = ProcessRuntime(tmp_path).start(forked)

@@ -106,33 +106,31 @@ def _checkpoint(doc: Any) -> CheckpointSpec:
     return CheckpointSpec(name, notice)
 
 
-def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> JobSpec:
-    """A JobSpec from a parsed job file (a mapping); raises JobFileError naming the field."""
-    if not isinstance(doc, dict):
-        raise JobFileError("(file)", "a job file must be a YAML mapping of fields")
-    unknown = sorted(set(map(str, doc)) - _FIELDS)
-    if unknown:
-        raise JobFileError(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
-    name = doc.get("name")
-    if not isinstance(name, str) or not name:
-        raise JobFileError("name", "is required and must be a string")
-    tasks_doc = doc.get("tasks", 1)
-    tasks_min = 0
-    if isinstance(tasks_doc, dict):  # an elastic gang: {min: 4, max: 8}
-        bad = sorted(set(map(str, tasks_doc)) - {"min", "max"})
-        if bad or "max" not in tasks_doc or "min" not in tasks_doc:
-            raise JobFileError("tasks", "an elastic gang is {min: N, max: M}")
-        tasks_min = _int(tasks_doc, "min", 1, 1, MAX_TASKS, "tasks.min")
-        tasks = _int(tasks_doc, "max", 1, 1, MAX_TASKS, "tasks.max")
-        if tasks_min > tasks:
-            raise JobFileError("tasks.min", f"must not be above tasks.max ({tasks_min} > {tasks})")
-        tasks_min = tasks_min if tasks_min < tasks else 0
-    else:
-        tasks = _int(doc, "tasks", 1, 1, MAX_TASKS)
+def _duration(doc: dict[str, Any], field: str) -> float:
+    """A duration field such as `2h` or `90s` (absent: 0)."""
     try:
-        resize_interval = parse_duration(doc["resize_interval"]) if doc.get("resize_interval") is not None else 0.0
+        return parse_duration(doc[field]) if doc.get(field) is not None else 0.0
     except QuantityError as exc:
-        raise JobFileError("resize_interval", str(exc)) from None
+        raise JobFileError(field, str(exc)) from None
+
+
+def _tasks(doc: dict[str, Any]) -> tuple[int, int]:
+    """`tasks: N`, or an elastic gang's `{min: N, max: M}`: (tasks, tasks_min; 0 for a fixed gang)."""
+    tasks_doc = doc.get("tasks", 1)
+    if not isinstance(tasks_doc, dict):
+        return _int(doc, "tasks", 1, 1, MAX_TASKS), 0
+    bad = sorted(set(map(str, tasks_doc)) - {"min", "max"})
+    if bad or "max" not in tasks_doc or "min" not in tasks_doc:
+        raise JobFileError("tasks", "an elastic gang is {min: N, max: M}")
+    tasks_min = _int(tasks_doc, "min", 1, 1, MAX_TASKS, "tasks.min")
+    tasks = _int(tasks_doc, "max", 1, 1, MAX_TASKS, "tasks.max")
+    if tasks_min > tasks:
+        raise JobFileError("tasks.min", f"must not be above tasks.max ({tasks_min} > {tasks})")
+    return tasks, tasks_min if tasks_min < tasks else 0
+
+
+def _resources(doc: dict[str, Any]) -> Resources:
+    """`resources: {cpu: 4, memory: 16Gi, gpu: 1}` (cpu 1, memory 0, gpu 0 unless given)."""
     resources = doc.get("resources", {}) or {}
     if not isinstance(resources, dict):
         raise JobFileError("resources", "must be a mapping such as {cpu: 4, memory: 16Gi, gpu: 1}")
@@ -147,7 +145,11 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         memory = parse_memory(resources.get("memory", 0))
     except QuantityError as exc:
         raise JobFileError("resources.memory", str(exc)) from None
-    gpu = _int(resources, "gpu", 0, 0, MAX_GPUS_PER_TASK, "resources.gpu")
+    return Resources(cpu, memory, _int(resources, "gpu", 0, 0, MAX_GPUS_PER_TASK, "resources.gpu"))
+
+
+def _command(doc: dict[str, Any]) -> tuple[str, ...]:
+    """`command:` as a list or a shell-like string; none at all only where an image names its entrypoint."""
     command = doc.get("command")
     if isinstance(command, str):
         command = shlex.split(command)
@@ -157,9 +159,11 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
             or not all(isinstance(a, str | int | float) for a in command):
         raise JobFileError("command", "is required (unless an image names its entrypoint): a list of strings "
                                       "such as [python, train.py]")
-    env = doc.get("env", {}) or {}
-    if not isinstance(env, dict):
-        raise JobFileError("env", "must be a mapping of NAME: value")
+    return tuple(str(a) for a in command)
+
+
+def _topology(doc: dict[str, Any]) -> TopologySpec:
+    """`topology: {pack: rack, mode: preferred}` (absent: no packing level, preferred)."""
     topology = doc.get("topology", {}) or {}
     if not isinstance(topology, dict):
         raise JobFileError("topology", "must be a mapping such as {pack: rack, mode: preferred}")
@@ -171,30 +175,51 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         mode = PackMode(mode_text)
     except ValueError:
         raise JobFileError("topology.mode", f"must be preferred or required, not {mode_text!r}") from None
+    return TopologySpec(str(topology.get("pack", "") or ""), mode)
+
+
+def _array(doc: dict[str, Any]) -> tuple[str, int]:
+    """`array: 0-99%10` as (its ranges, written canonically; its throttle), ("", 0) if absent."""
+    if doc.get("array") is None:
+        return "", 0
     try:
-        time_limit = parse_duration(doc["time_limit"]) if doc.get("time_limit") is not None else 0.0
-    except QuantityError as exc:
-        raise JobFileError("time_limit", str(exc)) from None
+        ranges, throttle = parse_array(str(doc["array"]))
+    except ArraySpecError as exc:
+        raise JobFileError("array", str(exc)) from None
+    return format_ranges(ranges), throttle
+
+
+def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> JobSpec:
+    """A JobSpec from a parsed job file (a mapping); raises JobFileError naming the field (the first
+    wrong field in the order below)."""
+    if not isinstance(doc, dict):
+        raise JobFileError("(file)", "a job file must be a YAML mapping of fields")
+    unknown = sorted(set(map(str, doc)) - _FIELDS)
+    if unknown:
+        raise JobFileError(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise JobFileError("name", "is required and must be a string")
+    tasks, tasks_min = _tasks(doc)
+    resize_interval = _duration(doc, "resize_interval")
+    resources = _resources(doc)
+    command = _command(doc)
+    env = doc.get("env", {}) or {}
+    if not isinstance(env, dict):
+        raise JobFileError("env", "must be a mapping of NAME: value")
+    topology = _topology(doc)
+    time_limit = _duration(doc, "time_limit")
     image = doc.get("image", "") or ""
     if not isinstance(image, str):
         raise JobFileError("image", "must be a string")
-    try:
-        grace = parse_duration(doc["grace"]) if doc.get("grace") is not None else 0.0
-    except QuantityError as exc:
-        raise JobFileError("grace", str(exc)) from None
+    grace = _duration(doc, "grace")
     queue = doc.get("queue", "") or ""
     if not isinstance(queue, str):
         raise JobFileError("queue", "must be a queue name")
     gpu_model = doc.get("gpu_model", "") or ""
     if not isinstance(gpu_model, str | int):
         raise JobFileError("gpu_model", "must be a GPU model such as H100")
-    array, throttle = "", 0
-    if doc.get("array") is not None:
-        try:
-            ranges, throttle = parse_array(str(doc["array"]))
-        except ArraySpecError as exc:
-            raise JobFileError("array", str(exc)) from None
-        array = format_ranges(ranges)
+    array, throttle = _array(doc)
     try:
         after = dependencies.parse_after(doc.get("after"))
     except ValueError as exc:
@@ -204,10 +229,8 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         raise JobFileError("singleton", "must be true or false")
     on_unsatisfiable = doc.get("on_unsatisfiable", "") or ""
     spec = JobSpec(
-        name=name, tasks=tasks, resources=Resources(cpu, memory, gpu),
-        command=tuple(str(a) for a in command),
-        env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
-        topology=TopologySpec(str(topology.get("pack", "") or ""), mode),
+        name=name, tasks=tasks, resources=resources, command=command,
+        env=tuple(sorted((str(k), str(v)) for k, v in env.items())), topology=topology,
         priority=_int(doc, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_restarts=_int(doc, "max_restarts", 0, 0, MAX_RESTARTS),
         time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,

@@ -13,7 +13,7 @@ Each correction, and why (the class docstring and the methods hold the details):
   the others deposed a healthy leader when it came back. A replica asks its peers before it
   campaigns, a refusal at a higher term hands that term over, a replica back from a cut waits for
   the leader before it grants a pre-vote, and pysyncobj's own election check is held until a
-  pre-vote is won (`tests/test_prevote.py`).
+  pre-vote is won (synapse.master.prevote; `tests/test_prevote.py`).
 * **Pauses.** A leader whose own process stalled (a loaded machine) counted the time it did not
   run against its followers and stepped down with nothing wrong: after a late tick it first reads
   what waited, and the stall is not counted.
@@ -22,13 +22,13 @@ Each correction, and why (the class docstring and the methods hold the details):
   listens to is kept until it is a member again or another leads (`tests/test_raft_links.py`).
 * **A leader's link lost.** A follower whose TCP link to its leader closes (the leader's process
   died: its sockets closed with it) campaigns at once instead of waiting out an election timeout
-  (`tests/test_fast_failover.py`).
+  (synapse.master.prevote; `tests/test_fast_failover.py`).
 * **Snapshot writer.** pysyncobj forks a multi-threaded gRPC server to write its dump: the first
   tick installs `SnapshotWriter` (synapse.master.durability), which writes from a thread.
 * **Dump loading and journal trimming.** A replica stopped between writing a snapshot and trimming
   its journal started with a journal beginning before the snapshot, and pysyncobj cleared all of
   it, acknowledged entries after the snapshot included: the entries after it are kept, and the
-  journal is cut in memory only (`tests/test_snapshots.py`).
+  journal is cut in memory only (synapse.master.snapshot_guard; `tests/test_snapshots.py`).
 * **No snapshot after a stop.** A consumer that stops applying at an entry it must not apply (a
   corrupt one, or one its code does not know) leaves its state before that entry while pysyncobj
   counts the entry as applied: a snapshot then would record the entry as applied, and the
@@ -68,17 +68,17 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from collections.abc import Callable
 
 from pysyncobj import SyncObj
-from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse.master import frames
 from synapse.master.cipher import RaftCipher
 from synapse.master.durability import SnapshotWriter
+from synapse.master.prevote import PreVote
+from synapse.master.snapshot_guard import SnapshotGuard
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ if _missing:
                       "pysyncobj 0.3.x")
 
 
-class SafeSyncObj(SyncObj):
+class SafeSyncObj(PreVote, SnapshotGuard):
     """SyncObj with Raft's receiver rules for AppendEntries, PreVote, and no step-down for a pause.
 
     **AppendEntries.** pysyncobj 0.3.17 deletes every entry after `prevLogIdx` before appending,
@@ -119,17 +119,7 @@ class SafeSyncObj(SyncObj):
     means this replica's state differs from the leader's: it records `diverged` and ignores the
     message, and the master stops (a rebuild from the peers is the cure).
 
-    **PreVote** (Raft thesis 9.6, as etcd runs it). pysyncobj starts an election, raising its term,
-    whenever its election timer fires. A replica cut off from the leader did so over and over, and
-    when it came back its higher term deposed a healthy leader. Here a replica whose timer fires
-    first asks its peers whether they would vote for it at the next term, without changing any
-    term; a peer says yes only if it has not heard from a leader for most of an election timeout
-    and the asker's log is at least as up to date as its own. Only with a majority of yeses does
-    the replica start the real election. A partitioned follower thus keeps its term, and healing
-    the partition changes no leader. A refusal carries the refuser's term, and a replica refused
-    by a peer at a higher term takes that term (etcd's rule): without it, a replica whose log was
-    ahead but whose term was behind, and a peer the other way round, refused each other for ever
-    (a two-member cluster in the long chaos run had no leader for 54 minutes).
+    **PreVote** (synapse.master.prevote): a replica asks its peers before it campaigns.
 
     **Pauses.** A leader counts the followers that answered within `leaderFallbackTimeout` and
     steps down without a majority. When its own process was starved of CPU (a loaded machine, a
@@ -137,7 +127,8 @@ class SafeSyncObj(SyncObj):
     nothing wrong with the cluster. After a tick arrives late, the replica first reads what is
     waiting, and a leader does not count the time it was not running against its followers.
 
-    **Stops and versions** (see the module docstring): no snapshot once `stopped()` names a reason;
+    **Stops and versions** (see the module docstring): no snapshot once `stopped()` names a reason
+    (synapse.master.snapshot_guard);
     `command_version` rides on every AppendEntries answer, and a leader reads what its peers told
     it with `member_versions`.
     """
@@ -150,13 +141,8 @@ class SafeSyncObj(SyncObj):
     #: link between them idle for longer, dropped it unsent, and the election waited a second
     #: round (elections of 1.4-1.9 s in a 30-minute chaos run). 0 turns it off (tests).
     KEEPALIVE_S = 1.0
-    PREVOTE = True  #: off only to show, in a test, what happens without it
-    PREVOTE_HOLDS = True  #: the same, for the hold on pysyncobj's own election check (see _onTick)
-    REJOIN_WAIT = True  #: the same, for the wait of a replica back from a cut (see _answer_prevote)
-    PREVOTE_YIELDS = True  #: the same, for standing aside in a contest of pre-votes (see _yield_to)
     #: A member whose version was last heard longer ago than this counts as unknown (not upgraded).
     VERSION_HEARD_S = 2.0
-    FAST_FAILOVER = True  #: off only to show, in a test, what happens without it (see _leader_link_lost)
     #: How long a leader holds a commit index for the next entry's AppendEntries to carry (0: sent
     #: at once, as pysyncobj does). Well under a heartbeat: only followers' apply waits for it.
     COMMIT_HOLD_S = 0.005
@@ -222,11 +208,6 @@ class SafeSyncObj(SyncObj):
     def _getEncryptor(self) -> RaftCipher | None:
         return self.cipher
 
-    def snapshot_extras(self) -> list[str]:
-        """Attributes pysyncobj would pickle into a snapshot besides its own (none, if all is well)."""
-        own = self._SyncObj__properies
-        return sorted(k for k in self.__dict__ if k not in own and not k.startswith("_SyncObj__"))
-
     def _guarded_drop(self, node) -> None:
         """Drop a peer's link, unless it is the leader this follower listens to.
 
@@ -289,30 +270,6 @@ class SafeSyncObj(SyncObj):
                 and self._SyncObj__raftState == _RAFT_STATE.FOLLOWER:
             self._leader_link_lost(node)
 
-    def _leader_link_lost(self, node) -> None:
-        """The TCP link to the leader closed: most likely its process died (kill -9, a crash, a
-        restart all close its sockets), so campaign now rather than after an election timeout.
-
-        Without it, a dead leader was replaced only when a follower's timer fired, 0.5-1 s after
-        its last heartbeat (failover 0.75-0.93 s to the next acknowledged write, bench/ha.py).
-        Here the follower stops counting the leader's lease, so it grants a peer's pre-vote (the
-        other follower saw the same link close), and its own pre-vote goes out about a heartbeat
-        later (jittered: two followers asking at once resolve by `_yield_to`).
-        Timing only, never safety: votes and terms keep Raft's rules, so at most one leader per
-        term, and a leader still alive keeps its place, because a peer that still hears it
-        refuses the pre-vote (its lease). If a live leader's links to a majority all close at
-        once, that majority elects another sooner than before; the old one cannot commit without
-        a majority, every leader-only action is fenced by its term in apply, and reads that must
-        be current go through the log (a Barrier), so none leans on the old leader's belief."""
-        self._lost_leader = node
-        if not (self.FAST_FAILOVER and self.PREVOTE):
-            return
-        self._leader_contact = float("-inf")
-        # Half a heartbeat at least: the other follower reads the same link's end meanwhile (before
-        # it, its lease makes it refuse the pre-vote, and the round waits a whole timeout again).
-        soon = monotonic() + random.uniform(0.5, 1.5) * self._SyncObj__conf.appendEntriesPeriod
-        self._SyncObj__raftElectionDeadline = min(self._SyncObj__raftElectionDeadline, soon)
-
     def _SyncObj__applyLogEntries(self):  # noqa: N802 - overrides the mangled name
         send = SyncObj._SyncObj__applyLogEntries(self)
         if not send or self._SyncObj__raftState != _RAFT_STATE.LEADER or not self.COMMIT_HOLD_S:
@@ -344,11 +301,6 @@ class SafeSyncObj(SyncObj):
         if owed is not None:
             timeout = max(0.0, min(timeout, owed[1] + self.COMMIT_HOLD_S - monotonic()))
         self._poll_messages(timeout)
-
-    def _SyncObj__tryLogCompaction(self):  # noqa: N802 - overrides the mangled name
-        if self._stopped():
-            return  # the state stands before an entry pysyncobj counts as applied: see the module docstring
-        SyncObj._SyncObj__tryLogCompaction(self)
 
     def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
         if type(self._SyncObj__serializer) is not SnapshotWriter:  # before the first tick can compact
@@ -390,152 +342,9 @@ class SafeSyncObj(SyncObj):
             for node, when in responded.items():
                 responded[node] = when + gap  # the time it did not run is not the followers' silence
 
-    def _maybe_prevote(self, now: float) -> bool:
-        """Run PreVote when the election deadline has passed; True when this tick may start the
-        real election (a pre-vote was won, or a leadership transfer asks for it)."""
-        if not self.PREVOTE:
-            return True
-        if self._SyncObj__raftState == _RAFT_STATE.LEADER or self._SyncObj__selfNode is None:
-            self._prevote_term, self._campaign = 0, False
-            return False
-        if self._SyncObj__transferInProgress:
-            return True
-        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
-            return False
-        if self._campaign:
-            self._campaign = False  # pysyncobj's tick starts the election now
-            return True
-        if self._prevote_term:
-            self.prevotes_denied += 1
-            if self._lost_logged < self._leader_contact:  # the first since a leader: an election delayed
-                self._lost_logged = now
-                log.info("pre-vote round lost term=%d yes=%d of=%d", self._prevote_term, len(self._prevotes),
-                         len(self._SyncObj__otherNodes) + 1)
-        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
-        self._prevote_term = self.raftCurrentTerm + 1
-        self._prevotes = frozenset({self._SyncObj__selfNode})
-        if self._won_prevote():
-            return False  # alone: the next tick campaigns
-        message = {"type": "pre_vote", "term": self._prevote_term,
-                   "last_log_index": self._SyncObj__getCurrentLogIndex(),
-                   "last_log_term": self._SyncObj__getCurrentLogTerm()}
-        for node in self._SyncObj__otherNodes:
-            self._SyncObj__transport.send(node, message)
-        return False
-
-    def _won_prevote(self) -> bool:
-        if len(self._prevotes) > (len(self._SyncObj__otherNodes) + 1) / 2:
-            self._prevote_term, self._campaign = 0, True
-            self._SyncObj__raftElectionDeadline = 0  # campaign at the next tick
-            return True
-        return False
-
-    def _answer_prevote(self, node, message: dict) -> None:
-        conf = self._SyncObj__conf
-        lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
-        mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
-        theirs = (message.get("last_log_term", -1), message.get("last_log_index", -1))
-        now = monotonic()
-        granted = (isinstance(message.get("term"), int) and message["term"] > self.raftCurrentTerm
-                   and self._SyncObj__raftState != _RAFT_STATE.LEADER
-                   and now - self._leader_contact >= lease
-                   # back from a cut, it has heard from no leader for the whole cut: it first
-                   # gives the leader, if there is one, a minimum election timeout to reach it
-                   and (not self.REJOIN_WAIT or now - self._rejoined >= conf.raftMinTimeout)
-                   and theirs >= mine)
-        if granted and self.PREVOTE_YIELDS:
-            granted = self._yield_to(node, message["term"], theirs > mine, now)
-        self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
-                                             "granted": granted, "current_term": self.raftCurrentTerm})
-
-    def _yield_to(self, node, term: int, ahead: bool, now: float) -> bool:
-        """Whether to grant a pre-vote the log rules allow; if so, stand aside for the asker.
-
-        Two replicas whose timers fire within a message's time of each other both won their
-        pre-votes and split the real vote: a term lost, and a second timeout (1.7-2.6 s elections
-        in the chaos run, where a tick can wait tens of ms for the GIL). So a replica about to
-        campaign, or asking for the same term itself, yields only to a lower address (one of the
-        two goes first; an asker whose log is ahead is always granted: its own round could never
-        win that asker's vote). A replica that grants gives up its own round and holds its timer
-        for a minimum election timeout, so the asker's vote request finds it still a follower.
-        Timers decide who campaigns, never what is safe: votes keep Raft's rules."""
-        contest = not ahead and (self._campaign or (self._prevote_term >= term
-                                                    and node.address > self._SyncObj__selfNode.address))
-        if contest:
-            return False
-        self._prevote_term, self._campaign = 0, False
-        self._SyncObj__raftElectionDeadline = max(self._SyncObj__raftElectionDeadline,
-                                                  now + self._SyncObj__conf.raftMinTimeout)
-        return True
-
-    def _count_prevote(self, node, message: dict) -> None:
-        current = message.get("current_term")
-        if not message.get("granted") and isinstance(current, int) and current > self.raftCurrentTerm:
-            # Refused by a peer at a higher term: take its term (as etcd does), without a vote. A
-            # replica whose log is ahead but whose term is behind could otherwise never be elected,
-            # and the peer, whose log is behind, never either: with two members, no leader ever.
-            self._SyncObj__setCurrentTerm(current, None)
-            self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
-            self._prevote_term = 0
-            return
-        if message.get("granted") and self._prevote_term and message.get("term") == self._prevote_term \
-                and self._SyncObj__raftState != _RAFT_STATE.LEADER:
-            self._prevotes = self._prevotes | {node}
-            self._won_prevote()
-
     def _term_at(self, index: int) -> int | None:
         entries = self._SyncObj__getEntries(index, 1)
         return entries[0][2] if entries else None
-
-    def _SyncObj__loadDumpFile(self, clearJournal):  # noqa: N802,N803 - overrides the mangled name
-        """Load the snapshot, keeping the journal's entries after it (Raft's rule for snapshots).
-
-        A snapshot replaces `raft.dump` first; the journal's entries up to it are deleted on a
-        later tick. A replica stopped in between (kill -9, a restart) started with a journal that
-        still began before the snapshot, and pysyncobj, finding the journal's first entries unlike
-        the snapshot's, cleared the whole journal: every entry after the snapshot was gone,
-        acknowledged ones too (pysyncobj then warns that the commit index exceeds the journal's
-        end). When the journal holds the snapshot's last two entries, what comes before them is
-        dropped instead, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
-        serializer = self._SyncObj__serializer
-        try:
-            data = serializer.deserialize()
-        except Exception:  # noqa: BLE001 - pysyncobj reads it again and reports the failure
-            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        if not clearJournal:  # data[1]: the snapshot's last entry; data[2]: the one before it
-            self._trim_journal_to(data[2], data[1])
-        serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
-        try:
-            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        finally:
-            del serializer.deserialize
-        journal = self._SyncObj__raftLog
-        log.info("snapshot loaded index=%s from=%s journal=%s..%s", data[1][1] if isinstance(data[1], tuple) else "-",
-                 "leader" if clearJournal else "disk", journal[0][1] if len(journal) else "-",
-                 journal[len(journal) - 1][1] if len(journal) else "-")
-
-    def _trim_journal_to(self, first: tuple, last: tuple) -> None:
-        """Drop the journal's entries before `first` if the journal holds `first` and `last` at
-        their indexes: `last` is the snapshot's last entry, and `first` the one before it, which a
-        journal trimmed to the snapshot begins with.
-
-        Only the journal's list in memory is cut. pysyncobj's own trim rewrites the whole file
-        (an empty journal first, then every entry kept), and a kill during that loop would leave a
-        part of it; the file keeps its older records instead until the next snapshot rewrites it,
-        and the next start cuts them again."""
-        journal = self._SyncObj__raftLog
-        if len(journal) < 2 or not isinstance(first, tuple) or journal[0] == first:
-            return
-        offset = first[1] - journal[0][1]
-        if not 0 < offset < len(journal) - 1 or journal[offset] != first or journal[offset + 1] != last:
-            return
-        log.warning("journal starts at %d, before the snapshot at %d (stopped between writing the snapshot and "
-                    "trimming the journal): keeping the %d entries after it", journal[0][1], last[1],
-                    len(journal) - offset - 2)
-        if isinstance(journal, FileJournal):
-            journal._FileJournal__journal = journal._FileJournal__journal[offset:]
-        else:
-            journal.deleteEntriesTo(offset)
 
     def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
         now = monotonic()

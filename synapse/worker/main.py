@@ -50,8 +50,9 @@ from synapse.core.rendezvous import MASTER_PORTS, format_ports, parse_ports
 from synapse.images.store import ImageStore
 from synapse.worker import container, gpu_errors, isolation
 from synapse.worker import gpus as gpu_discovery
-from synapse.worker.agent import WorkerAgent, load_credential
+from synapse.worker.agent import WorkerAgent
 from synapse.worker.health import HealthCheck, command_problem
+from synapse.worker.lease import load_credential
 from synapse.worker.runtime import stop_all
 
 log = logging.getLogger(__name__)
