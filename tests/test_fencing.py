@@ -150,3 +150,26 @@ def test_a_killed_agents_tasks_are_dead_before_the_gang_runs_elsewhere(make_clus
 def test_the_fence_module_runs_as_a_program():
     done = subprocess.run([sys.executable, "-m", "synapse.worker.fence"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_a_task_the_fence_killed_ends_node_lost_for_whoever_reads_its_end(tmp_path):
+    """The agent that reads the end may not be the one that ran the task (it was killed, and its
+    successor finds the task gone): the fence's mark makes it NodeLost (a requeue, uncharged), not a
+    signal's end that fails the gang's job; a task killed by another signal stays a signal's."""
+    from synapse.core.model import Assignment, EndReason
+    from synapse.worker.runtime import ProcessRuntime
+
+    runtime = ProcessRuntime(tmp_path)
+    tasks = [Assignment(job_id="j-9", attempt=1, index=i, rank=i, world_size=2, local_rank=i, local_world_size=1,
+                        node_rank=i, master_addr="127.0.0.1", master_port=29500, gpus=(),
+                        command=("sleep", "60"), env=())
+             for i in range(2)]
+    fenced, other = (runtime.start(a) for a in tasks)
+    wait_for(lambda: len(fence.live_shims(tmp_path)) == 2, timeout=10, what="both shims' pid files")
+    fence.write_lease(tmp_path, time.monotonic() - 1.0)  # ended: the fence kills both at once
+    fence.fence_once(tmp_path, [])
+    assert not fence.running(fenced.pid, fenced.start_ticks)
+    assert runtime.outcome(fenced, tasks[0]).cause == EndReason.NODE_LOST
+    (tmp_path / "tasks" / f"j-9.1.1{fence.FENCED_SUFFIX}").unlink()  # as if a signal of someone else's
+    end = runtime.outcome(other, tasks[1])
+    assert (end.cause, end.exit_code) == (EndReason.SIGNAL, None)

@@ -115,8 +115,10 @@ def test_node_death_requeues_the_gang_and_leaves_no_task_behind(four_workers):
     assert any(e.kind == "Requeued" for e in done.events)
 
 
-def test_worker_agent_crash_alone_readopts_its_tasks(four_workers):
-    cluster = four_workers
+def test_worker_agent_crash_alone_readopts_its_tasks(make_cluster):
+    # A lease of 6.4 s (not 2 s): the agent's restart must come within it, which on a loaded machine
+    # a 2 s lease did not always allow (the fence then kills the tasks, as it must).
+    cluster = make_cluster(workers=4, racks=2, gpus=8, heartbeat_timeout=8.0)
     gang = submit(cluster, "adopted", 2, ["sleep", "3"])
     info = wait_job(cluster, gang, {"RUNNING"})
     node = info.tasks[0].node_id

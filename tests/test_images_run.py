@@ -676,7 +676,8 @@ def test_a_gang_starts_only_once_every_node_holds_its_image(make_cluster, tmp_pa
     from synapse.worker.fence import TASK_JOURNAL
     from synapse.worker.pulls import PULL_DELAY_HOOK
     root = busybox_root(tmp_path / "rootfs")
-    cluster = make_cluster(workers=0)
+    # A worker is restarted under a running task below: a lease of 6.4 s (not 2 s) outlasts a slow restart.
+    cluster = make_cluster(workers=0, heartbeat_timeout=8.0)
     start_worker(cluster, "fast", "rack1")
     monkeypatch.setenv(PULL_DELAY_HOOK, str(SLOW_PULL_S))  # this worker's pulls take this much longer
     start_worker(cluster, "slow", "rack2")

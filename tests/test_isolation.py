@@ -336,7 +336,7 @@ def test_oom_killed_task_fails_its_job_and_spares_its_neighbour(make_cluster, tm
     if probe is None:
         pytest.skip(f"no writable cgroups here: {why}")
     probe.close()
-    cluster = make_cluster(workers=1, racks=1, gpus=0)
+    cluster = make_cluster(workers=1, racks=1, gpus=0, heartbeat_timeout=8.0)  # its agent restarts under a task
     node = cluster.client.list_nodes()[0]
     assert node.isolation.startswith("cgroup v"), node.isolation
 

@@ -39,6 +39,9 @@ UNFENCED = "unfenced"
 FENCE_PID_FILE = "fence.pid"
 #: The task journal: one JSON record per line for each task's start and end (the chaos checkers read it).
 TASK_JOURNAL = "task-events.jsonl"
+#: Beside a task's pid file, JOB.ATTEMPT.INDEX.fenced: the task was killed because the node's lease
+#: ended (by the fence or by the agent), so it ended NodeLost, whoever reads its end (a restarted agent too).
+FENCED_SUFFIX = ".fenced"
 #: How often the fence reads the lease; the lease's margin covers it (synapse.core.brain.heartbeat).
 FENCE_POLL_S = 0.1
 #: How long the fence waits for a killed task to be gone before it records it anyway.
@@ -170,6 +173,19 @@ def kill(shim: Shim, cgroup_dirs: list[Path]) -> None:
                 pass
 
 
+def mark_fenced(data_dir: Path, task: str) -> None:
+    """Record that `task` (its id, JOB.ATTEMPT.INDEX) is being killed because the lease ended."""
+    try:
+        (data_dir / "tasks" / f"{task}{FENCED_SUFFIX}").touch()
+    except OSError:
+        pass  # its end then reads as a signal's: the gang fails it, no worse than before fencing
+
+
+def was_fenced(exit_file: Path) -> bool:
+    """Whether the task whose exit file this is was killed because its node's lease ended."""
+    return exit_file.with_suffix(FENCED_SUFFIX).exists()
+
+
 def journal(data_dir: Path, event: str, key: tuple[str, int, int], **fields: object) -> None:
     """Append one record to the task journal (TASK_JOURNAL); a task's fate never waits on it."""
     job, attempt, index = key
@@ -186,6 +202,7 @@ def fence_once(data_dir: Path, cgroup_dirs: list[Path]) -> list[Shim]:
     fenced at the moment it was seen gone. Returns the tasks it killed."""
     shims = live_shims(data_dir)
     for shim in shims:
+        mark_fenced(data_dir, shim.task)
         kill(shim, cgroup_dirs)
     left = list(shims)
     deadline = time.monotonic() + KILL_WAIT_S

@@ -50,7 +50,7 @@ from pathlib import Path
 from synapse.core.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
 from synapse.worker import container
-from synapse.worker.fence import process_start_ticks, running
+from synapse.worker.fence import FENCED_SUFFIX, process_start_ticks, running, was_fenced
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
 from synapse.worker.progress import CONTAINED_PROGRESS_DIR, progress_file
 
@@ -328,6 +328,7 @@ class ProcessRuntime:
         exit_file, pid_file = self.task_files(a)
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
+        exit_file.with_suffix(FENCED_SUFFIX).unlink(missing_ok=True)
         progress_file(exit_file).parent.mkdir(exist_ok=True)
         shim_error_file(exit_file).unlink(missing_ok=True)
         env = {**os.environ, **task_env(a), "SYNAPSE_PROGRESS_FILE": str(progress_file(exit_file))}
@@ -402,6 +403,8 @@ class ProcessRuntime:
         except OSError:
             shim_error = ""
         end = read_outcome(exit_code(handle), oom, a.resources.memory, shim_error)
+        if end.exit_code is None and was_fenced(Path(handle.exit_file)):
+            return Outcome(None, EndReason.NODE_LOST, "killed: the node's lease ended (no master answered)")
         if self.contained(a):
             sandbox_end = container.end_of(self.container_dir(a))
             if sandbox_end is not None and end.cause in (EndReason.ERROR, EndReason.SIGNAL) and not end.detail:

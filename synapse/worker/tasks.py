@@ -5,7 +5,6 @@ as an event, through the agent's one door (`_handle`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from synapse.core.model import Assignment, EndReason
+from synapse.worker import fence
 from synapse.worker import state as ws
 from synapse.worker.container import ContainerRefused
 from synapse.worker.fence import TASK_JOURNAL
@@ -155,6 +155,7 @@ class TaskLifecycle:
             log.warning("lease ended: killing task=%s pid=%d node=%s (no master answered for %.1fs)",
                         task.assignment.key, task.handle.pid, self.node_id,
                         time.monotonic() - until + self.lease.seconds)
+            fence.mark_fenced(self.data_dir, task_id(task.assignment))
             self.runtime.signal(task.handle, signal.SIGKILL)
             self.fenced.add(task.assignment.key)
         return bool(victims)
@@ -168,12 +169,9 @@ class TaskLifecycle:
             if not alive(task.handle):
                 self.runtime.reap()
                 a = task.assignment
-                end = self.runtime.outcome(task.handle, a)
-                fenced = a.key in self.fenced
-                if fenced:
-                    self.fenced.discard(a.key)
-                    end = dataclasses.replace(end, cause=EndReason.NODE_LOST,
-                                              detail="killed: the node's lease ended (no master answered)")
+                end = self.runtime.outcome(task.handle, a)  # NodeLost if killed for the lease, by either
+                fenced = end.cause == EndReason.NODE_LOST
+                self.fenced.discard(a.key)
                 code = end.exit_code
                 log.info("task exited job=%s attempt=%d index=%d code=%s reason=%s detail=%s", a.job_id, a.attempt,
                          a.index, code, end.cause, end.detail or "-")
