@@ -352,15 +352,15 @@ STARTUP = [("master/config.py", "load_cluster_config")]
 #: the row above them; what no row names is asyncio's, gRPC's or pysyncobj's own work.
 STAGES = {
     "loop": [
-        ("RPC handlers (all of the below)", [("master/endpoints.py", "handle")]),
-        ("  authentication", [("master/endpoints.py", "authenticate")]),
+        ("RPC handlers (all of the below)", [("master/api/base.py", "handle")]),
+        ("  authentication", [("master/api/base.py", "authenticate")]),
         ("  request decode + validation", [("core/codec.py", "job_spec_from_proto"),
                                            ("core/jobspec.py", "check_spec")]),
         ("  admission reads under the lock", [("core/state/jobs.py", "request_conflict"),
                                               ("core/schedule/elastic.py", "required_domain_problem")]),
         ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose_all")]),
         ("  log lines", [("logging/__init__.py", "info"), ("logging/__init__.py", "debug")]),
-        ("  metrics", [("master/endpoints.py", "count")]),
+        ("  metrics", [("master/api/base.py", "count")]),
         ("scheduling rounds", [("master/leader.py", "_schedule_loop")]),
         ("applied-entry hand-off and wake-ups", [("master/raft.py", "_drain")]),
         ("history exporter (loop side; both loops)", [("history/exporter.py", "_passes")]),

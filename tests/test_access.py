@@ -20,12 +20,12 @@ def test_every_master_rpc_names_the_role_it_needs():
 def test_serving_refuses_to_start_with_an_unguarded_rpc(monkeypatch):
     import grpc
 
-    from synapse.master import endpoints
+    from synapse.master.api import base
 
     monkeypatch.delitem(access.ACCESS, "CancelJob")
-    monkeypatch.setattr(endpoints, "ACCESS", access.ACCESS)
+    monkeypatch.setattr(base, "ACCESS", access.ACCESS)
     async def serve() -> None:  # a gRPC aio server belongs to a running loop (other tests close theirs)
-        endpoints.add_to_server(object(), grpc.aio.server())  # type: ignore[arg-type]
+        base.add_to_server(object(), grpc.aio.server())  # type: ignore[arg-type]
 
     with pytest.raises(RuntimeError, match="CancelJob"):
         asyncio.run(serve())

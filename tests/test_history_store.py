@@ -140,7 +140,7 @@ def test_the_cluster_file_refuses_a_malformed_history_url_naming_the_field():
 def history_jobs(store: HistoryStore, **query) -> list:
     import asyncio
 
-    from synapse.master import history_api
+    from synapse.master.api import history as history_api
     from synapse.proto import api_pb2
 
     class Holder:
@@ -174,7 +174,7 @@ def test_sacct_output_imports_into_the_simulator(store):
 def test_a_history_request_with_a_bad_field_is_refused_naming_it(store):
     import asyncio
 
-    from synapse.master import history_api
+    from synapse.master.api import history as history_api
     from synapse.proto import api_pb2
 
     with pytest.raises(history_api.BadRequest, match="^state: must be one of"):
@@ -233,7 +233,7 @@ def test_cluster_utilization_adds_each_sample_to_its_days_once(store):
 def test_get_usage_carries_the_cluster_days_and_their_total(store):
     import asyncio
 
-    from synapse.master import history_api
+    from synapse.master.api import history as history_api
     from synapse.proto import api_pb2
 
     class Holder:

@@ -1,7 +1,8 @@
 """No endpoint proposes more than once per request (issue 37): a request whose work took two log
 entries could be left half done by a leader change between them.
 
-The check reads synapse/master/endpoints.py: for every RPC of the Master service it counts, along
+The check reads the servicer's modules, synapse/master/api/*.py (one mixin per audience, and their
+base): for every RPC of the Master service it counts, along
 each path through the method (and the servicer's own helpers it calls), the proposals made: calls
 of `_propose`/`_propose_all` (one log entry each, however many commands), of the Master's
 `propose`/`propose_all` and of pysyncobj's membership change. A proposal inside a loop or a
@@ -20,7 +21,7 @@ from pathlib import Path
 from synapse.core import commands as c
 from synapse.master.access import ACCESS
 
-ENDPOINTS = Path(__file__).resolve().parent.parent / "synapse" / "master" / "endpoints.py"
+API = Path(__file__).resolve().parent.parent / "synapse" / "master" / "api"
 
 #: Methods of the servicer that are one proposal each (their own bodies are not walked).
 PROPOSING_HELPERS = {"_propose", "_propose_all"}
@@ -48,8 +49,8 @@ def _is_self_call(func: ast.expr) -> bool:
 class ProposalCounter:
     """The most proposals any path through a servicer method makes (math.inf: unbounded)."""
 
-    def __init__(self, cls: ast.ClassDef) -> None:
-        self.methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+    def __init__(self, methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]) -> None:
+        self.methods = methods
         self._memo: dict[str, float] = {}
 
     def of_method(self, name: str) -> float:
@@ -124,15 +125,31 @@ class ProposalCounter:
         return current, returned
 
 
-def proposals_per_rpc(source: str, class_name: str, rpcs) -> dict[str, float]:
-    cls = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == class_name)
-    counter = ProposalCounter(cls)
+def class_methods(sources: list[str]) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The methods of every class in `sources` (the servicer's mixins), by name; a name defined twice
+    is refused (one would hide the other from the walk, as from the servicer)."""
+    methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for source in sources:
+        for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+            for f in cls.body:
+                if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef):
+                    assert f.name not in methods or f.name == "__init__", f"{f.name} defined twice"
+                    methods.setdefault(f.name, f)
+    return methods
+
+
+def proposals_per_rpc(sources: list[str], rpcs) -> dict[str, float]:
+    counter = ProposalCounter(class_methods(sources))
     return {rpc: counter.of_method(rpc) for rpc in rpcs if rpc in counter.methods}
 
 
 def test_no_endpoint_proposes_more_than_once_per_request():
-    counts = proposals_per_rpc(ENDPOINTS.read_text(), "MasterServicer", ACCESS)
-    assert set(counts) == set(ACCESS), "every RPC is a method of the servicer"
+    from synapse.master.api.servicer import MasterServicer
+
+    counts = proposals_per_rpc([p.read_text() for p in sorted(API.glob("*.py"))], ACCESS)
+    assert set(counts) == set(ACCESS), "every RPC is a method of the servicer's mixins"
+    served_from = {rpc: getattr(MasterServicer, rpc).__module__ for rpc in ACCESS}
+    assert all(m.startswith("synapse.master.api.") for m in served_from.values()), served_from
     too_many = {rpc: n for rpc, n in counts.items() if n > EXCEPTIONS.get(rpc, 1)}
     assert not too_many, f"RPCs that propose more than once per request: {too_many}"
     assert counts["SubmitJob"] == 1 and counts["DrainNode"] == 1 and counts["ReportTaskEvents"] == 1
@@ -180,7 +197,7 @@ class S:
 
 
 def test_the_checker_counts_paths_loops_helpers_and_membership():
-    counts = proposals_per_rpc(CHECKER_CASES, "S", ["One", "Branches", "Twice", "Loop", "Gathered",
+    counts = proposals_per_rpc([CHECKER_CASES], ["One", "Branches", "Twice", "Loop", "Gathered",
                                                     "Membership", "Guarded", "Nothing"])
     assert counts == {"One": 1, "Branches": 1, "Twice": 2, "Loop": math.inf, "Gathered": math.inf,
                       "Membership": 2, "Guarded": 2, "Nothing": 0}
@@ -226,7 +243,7 @@ def test_the_legacy_drain_is_one_proposal_that_cordons_and_stops_every_gang():
 
     from synapse.core.model import JobStatus, Placement
     from synapse.master.access import BOOTSTRAP, CALLER
-    from synapse.master.endpoints import MasterServicer
+    from synapse.master.api.servicer import MasterServicer
     from synapse.proto import api_pb2
     from tests.helpers import checked, cluster, spec
 

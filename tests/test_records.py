@@ -31,7 +31,7 @@ def exit_all(state, job_id: str, at: float, code: int = 0) -> None:
 
 
 def as_proto(record: history.JobRecord) -> api_pb2.HistoryJob:
-    """The record as the history API carries it (synapse.master.history_api, field for field)."""
+    """The record as the history API carries it (synapse.master.api.history, field for field)."""
     res = types_pb2.Resources(cpu_millis=record.cpu, memory_bytes=record.memory, gpu=record.gpu)
     return api_pb2.HistoryJob(
         job_id=record.job_id, name=record.name, user=record.user, queue=record.queue, submit=record.submit,

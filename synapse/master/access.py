@@ -105,7 +105,7 @@ class Identity:
         return bool(self.node or self.join_token or self.replica)
 
 
-#: The caller of the RPC being served (set by the handler wrapper in endpoints.add_to_server).
+#: The caller of the RPC being served (set by the handler wrapper in synapse.master.api.base.add_to_server).
 CALLER: ContextVar[Identity] = ContextVar("synapse_caller")
 
 BOOTSTRAP = Identity(BOOTSTRAP_ADMIN, Role.ADMIN, bootstrap=True)

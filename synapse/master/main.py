@@ -6,7 +6,7 @@
 
 This module is the only one that knows every piece of a replica: the Raft node
 (`synapse.master.raft`), the process-local state (`synapse.master.replica`), the gRPC endpoints
-(`synapse.master.endpoints`) and the leader loops (`synapse.master.leader`). Those receive what they
+(`synapse.master.api`) and the leader loops (`synapse.master.leader`). Those receive what they
 need from here and never import it, so the master's modules import each other without a circle.
 """
 
@@ -36,9 +36,10 @@ from synapse.common.datadir import make_private, private_umask
 from synapse.common.logs import configure
 from synapse.common.tls import generate, issue, issue_worker, server_credentials
 from synapse.core import codec
+from synapse.master.api.base import add_to_server
+from synapse.master.api.servicer import MasterServicer
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
-from synapse.master.endpoints import MasterServicer, add_to_server
 from synapse.master.http import HTTPService, leader_ready
 from synapse.master.leader import LeaderLoops
 from synapse.master.link_shard import LinkShard

@@ -1,13 +1,17 @@
-"""The history RPCs (ListHistory, GetUsage): check the request, query the store off the event loop,
-convert its rows. Any replica serves them (the store is shared); users need no database credentials,
-and see what `get jobs` shows them: every job."""
+"""The cluster's past, for users: its events from this replica's applied state (WatchEvents), and
+the history store's jobs and usage (ListHistory, GetUsage): check the request, query the store off
+the event loop, convert its rows. Any replica serves them (the store is shared); users need no
+database credentials, and see what `get jobs` shows them: every job."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import grpc
+
 from synapse.core import codec
+from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, ServicerBase
 from synapse.proto import api_pb2, types_pb2
 
 #: The final states a history query may filter on.
@@ -112,3 +116,61 @@ def _job(row: dict[str, Any]) -> api_pb2.HistoryJob:
                                  gpu_seconds=r["gpu_seconds"], cpu_seconds=r["cpu_seconds"],
                                  checkpoint_at=r.get("checkpoint_at") or 0.0) for r in row["runs"]],
         goodput=_goodput(row))
+
+
+class HistoryApi(ServicerBase):
+    """WatchEvents, ListHistory, GetUsage."""
+
+    async def WatchEvents(self, request, context):
+        """The cluster's events after a cursor, from this replica's applied state (any replica)."""
+        for field, value in (("job_id", request.job_id), ("node_id", request.node_id)):
+            if len(value) > MAX_ID_CHARS:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: at most {MAX_ID_CHARS} characters")
+        cursor = request.after
+        if cursor <= 0:  # from the oldest event kept
+            with self.m.lock:
+                cursor = self.m.state.cluster_events[0].seq - 1 if self.m.state.cluster_events else 0
+        while True:
+            changed = self.m.state_changed()
+            with self.m.lock:
+                events = self.m.state.events_after(cursor)
+                oldest = self.m.state.cluster_events[0].seq if self.m.state.cluster_events else 0
+            if events is None:
+                await context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                    f"cursor {cursor} is too old: the oldest event kept is {oldest}; "
+                                    "start again from 0 (and re-read the state)")
+            for e in events:
+                cursor = e.seq
+                if (request.job_id and (e.topic != "job" or e.object_id != request.job_id)) or \
+                        (request.node_id and (e.topic != "node" or e.object_id != request.node_id)):
+                    continue
+                yield api_pb2.ClusterEventInfo(seq=e.seq, at=e.at, type=e.type, topic=e.topic, reason=e.reason,
+                                               object_id=e.object_id, message=e.message)
+            if not request.follow:
+                return
+            if self.m.stopping:
+                await self._abort_stopping(context)
+            try:
+                await asyncio.wait_for(changed.wait(), WATCH_REFRESH_S)
+            except TimeoutError:
+                pass
+
+    async def ListHistory(self, request, context):
+        return await self._from_history(list_history, request, context)
+
+    async def GetUsage(self, request, context):
+        return await self._from_history(usage, request, context)
+
+    async def _from_history(self, query, request, context):
+        """Answer from the history store (any replica): INVALID_ARGUMENT for a bad request,
+        FAILED_PRECONDITION without a store or while it fails (not UNAVAILABLE: every replica
+        shares the store, so a client trying the others would only wait longer)."""
+        if self.m.history is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this cluster keeps no job history (set history.url in the cluster file)")
+        try:
+            return await query(self.m.history, request)
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Unavailable as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"history store unavailable: {exc}")

@@ -1,0 +1,245 @@
+"""The users' RPCs about their jobs: submit, read, list, cancel, change an array's throttle, get
+tickets to read task logs, and ask what preemption would do for a pending job."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import grpc
+
+from synapse.common import tickets
+from synapse.core import codec, dependencies, submission
+from synapse.core import commands as c
+from synapse.core.arrays import split_element_id
+from synapse.core.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
+from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
+from synapse.master.api.base import MAX_ID_CHARS
+from synapse.master.api.job_info import JobViews
+from synapse.proto import api_pb2
+
+log = logging.getLogger(__name__)
+
+#: ListJobs page sizes: a page of full JobInfos stays well inside the 4 MiB message cap.
+DEFAULT_PAGE = 500
+MAX_PAGE = 5000
+
+
+class JobsApi(JobViews):
+    """SubmitJob, GetJob, ListJobs, CancelJob, UpdateJob, LogAccess, PreemptWhatIf."""
+
+    async def SubmitJob(self, request, context):
+        try:
+            spec = codec.job_spec_from_proto(request.spec, default_queue=DEFAULT_QUEUE)
+            if spec.secrets:  # sealed by a master alone: a client's sealed bytes could be another job's
+                raise JobFileError("spec.secrets", "must be empty: send the values in the request's secrets")
+            for name, value in request.secrets.items():
+                check_secret_value(name, value)
+            # Sealed here, before the proposal, with this master's random nonces: apply only copies.
+            spec = dataclasses.replace(spec, secrets=tuple(self._seal.seal(name, value)
+                                                           for name, value in sorted(request.secrets.items())))
+            check_spec(spec, self.m.config.topology_levels, self.m.config.max_array_size)
+        except (JobFileError, codec.CodecError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
+        if len(request.request_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: at most {MAX_ID_CHARS} characters")
+        await self._leader(context)
+        caller = self.caller()
+        with self.m.lock:
+            existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
+            conflict = self.m.state.request_conflict(request.request_id, spec)
+            queue = self.m.state.queues.get(spec.queue)
+            refused = submission.refusal(self.m.state, spec,
+                                         submission.Submitter(caller.name, caller.groups, caller.is_admin))
+        if conflict:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, conflict)
+        # The spec keeps the notice asked for: a queue given a larger max_grace later gives all of it.
+        warnings = [w for w in (notice_capped(spec, queue),) if w]
+        if existing:
+            return api_pb2.SubmitJobReply(job_id=existing, warnings=warnings)
+        if refused is not None and refused.kind is submission.Refused.DENIED:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {refused.reason}")
+        if refused is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {refused.reason}")
+        job_id = self.m.new_job_id(spec.name)
+        user = caller.name
+        kind = c.submit_kind(spec)
+        result = await self._propose(kind(at=self.m.now(), by=user, job_id=job_id,
+                                          request_id=request.request_id, spec=spec), context)
+        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
+        # DEBUG, not INFO: a log record per submission was a twentieth of the leader's CPU per
+        # submission (format, write, flush), and the replicated JobSubmitted event (`synctl events`,
+        # the history) already records each one with its user.
+        log.debug("job submitted job=%s request=%s tasks=%d user=%s", result.value, request.request_id, spec.tasks,
+                  user)
+        return api_pb2.SubmitJobReply(job_id=result.value, warnings=warnings)
+
+    async def GetJob(self, request, context):
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            if job is None and request.job_id in self.m.state.arrays:
+                return self._array_info(self.m.state.arrays[request.job_id])
+            status = dependencies.upstream_status(self.m.state, request.job_id) if job is None else ""
+            if job is None and status and request.job_id not in self.m.state.finished:
+                # an element not yet a job: shown as the job it will be
+                array_id, index = split_element_id(request.job_id)  # type: ignore[misc]
+                array = self.m.state.arrays[array_id]
+                return codec.job_to_info(Job(id=request.job_id, spec=array.spec, request_id="",
+                                             submitted_at=array.submitted_at, seq=array.seq,
+                                             status=JobStatus(status), user=array.user, array_id=array_id,
+                                             array_index=index), env_shown=self._sees_env(array.user))
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}"
+                                    + (f" (forgotten after it ended {status})" if status else ""))
+            return self._job_info(job)
+
+    async def ListJobs(self, request, context):
+        if request.limit < 0 or request.limit > MAX_PAGE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: between 1 and {MAX_PAGE}")
+        limit = request.limit or DEFAULT_PAGE
+        if len(request.user) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"user: at most {MAX_ID_CHARS} characters")
+        await self._current_read(context)
+        wanted = set(request.status)
+        with self.m.lock:
+            jobs = self.m.state.jobs
+            after = jobs.get(request.after) if request.after else None
+            if request.after and after is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"after: unknown job {request.after}")
+            # Jobs are kept in submission order (dicts keep insertion order; seq grows with it).
+            page, more = [], False
+            for job in jobs.values():
+                if after is not None and job.seq <= after.seq:
+                    continue
+                if wanted and job.status.value not in wanted:
+                    continue
+                if request.user and job.user != request.user:
+                    continue
+                if len(page) == limit:
+                    more = True
+                    break
+                page.append(job)
+            infos, explained = [], {}
+            for job in page:
+                info = self._job_info(job, explained)
+                del info.events[:]
+                infos.append(info)
+            return api_pb2.ListJobsReply(jobs=infos, next=page[-1].id if more and page else "")
+
+    def _owner(self, job_id: str) -> str | None:
+        """Who owns a job, an array or an array's element (call under the master lock); None if unknown."""
+        state = self.m.state
+        job = state.jobs.get(job_id)
+        if job is not None:
+            return job.user
+        element = split_element_id(job_id)
+        array = state.arrays.get(job_id) or (state.arrays.get(element[0]) if element else None)
+        if array is None or (job_id != array.id and array.position_of(element[1]) < 0):  # type: ignore[index]
+            return None
+        return array.user
+
+    async def CancelJob(self, request, context):
+        await self._check_id(request.job_id, "job_id", context)
+        await self._leader(context)
+        caller = self.caller()
+        with self.m.lock:
+            found = self._owner(request.job_id)
+            owner = found or ""
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+        if not caller.is_admin and owner != caller.name:
+            log.info("permission denied method=CancelJob user=%s job=%s owner=%s", caller.name, request.job_id, owner)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not cancel job {request.job_id}: it "
+                                f"belongs to {owner or 'no user'}; only its owner or an admin may cancel it")
+        # The owner never changes, so the check above still holds when the command applies.
+        result = await self._propose(c.CancelJob(at=self.m.now(), by=caller.name, job_id=request.job_id,
+                                                 reason=request.reason[:512]), context)
+        await self._ok_or_abort(result, context)
+        with self.m.lock:
+            status = dependencies.upstream_status(self.m.state, request.job_id)
+            if request.job_id in self.m.state.arrays and status == JobStatus.RUNNING.value:
+                status = JobStatus.STOPPING.value  # a cancelled array's running elements are stopping
+        return api_pb2.CancelJobReply(status=status)
+
+    async def UpdateJob(self, request, context):
+        """Change a running array's throttle: its owner or an admin."""
+        await self._check_id(request.job_id, "job_id", context)
+        if request.throttle < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "throttle: 0 (no limit) or more")
+        await self._leader(context)
+        caller = self.caller()
+        with self.m.lock:
+            array = self.m.state.arrays.get(request.job_id)
+            owner = array.user if array is not None else ""
+        if array is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown array {request.job_id} (only an array's "
+                                                           "throttle can be changed)")
+        if not caller.is_admin and owner != caller.name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not update job {request.job_id}: it "
+                                f"belongs to {owner or 'no user'}")
+        result = await self._propose(c.SetArrayThrottle(at=self.m.now(), by=caller.name, job_id=request.job_id,
+                                                        throttle=request.throttle), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.UpdateJobReply(message=f"array {request.job_id}: "
+                                              + (f"at most {request.throttle} element(s) running"
+                                                 if request.throttle else "no limit on running elements"))
+
+    async def LogAccess(self, request, context):
+        """Tickets to read a job's task logs from its workers: for its owner and for admins."""
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        caller = self.caller()
+        with self.m.lock:
+            state = self.m.state
+            job = state.jobs.get(request.job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            attempt = request.attempt or max(job.placements, default=0)
+            nodes = job.placements.get(attempt)
+            addresses = {n: state.nodes[n].address if n in state.nodes else "" for n in nodes or ()}
+            owner, status = job.user, job.status.value
+        if not caller.is_admin and owner != caller.name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not read the logs of job {request.job_id}:"
+                                f" it belongs to {owner or 'no user'}; only its owner or an admin may")
+        if not nodes:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"job {request.job_id} has no attempt {attempt} that ran (attempts that ran: "
+                                f"{sorted(job.placements)})" if attempt else
+                                f"job {request.job_id} has not run yet ({status})")
+        expires = self.m.now() + tickets.TICKET_TTL_S
+        return api_pb2.LogAccessReply(attempt=attempt, expires_at=expires, tickets=[
+            api_pb2.LogTicket(index=i, node_id=node, address=addresses[node],
+                              ticket=tickets.sign(self.m.node_credential(node), request.job_id, attempt, i, expires))
+            for i, node in enumerate(nodes)])
+
+    async def PreemptWhatIf(self, request, context):
+        """What the leader's preemption step would do for a pending job now (its own function, rules
+        and last round: LeaderState.what_if); commits nothing."""
+        await self._check_id(request.job_id, "job_id", context)
+        await self._current_read(context)
+        view = self.m.leader_view()
+        if view is None:  # it led for the read, and stepped down since
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.m.replica.id} no longer leads; retry")
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            if job is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            if job.status is not JobStatus.PENDING:
+                return api_pb2.PreemptWhatIfReply(explanation=f"job {job.id} is {job.status.value}, not PENDING")
+            hold = self.m.state.holds.get(job.id)
+            if hold is not None:
+                return api_pb2.PreemptWhatIfReply(
+                    explanation=f"job {job.id} already preempted {', '.join(hold.victims)} (rule {hold.rule}) and "
+                                f"holds {', '.join(hold.nodes)}")
+            found = view.what_if(self.m.state, job, self.m.now())
+        if isinstance(found, str):
+            return api_pb2.PreemptWhatIfReply(explanation=found)
+        cmd = found.command
+        return api_pb2.PreemptWhatIfReply(possible=True, rule=cmd.rule, victims=[v.job_id for v in cmd.victims],
+                                          nodes=list(cmd.nodes), explanation=cmd.explanation,
+                                          lost_gpu_seconds=found.lost_gpu_seconds)
