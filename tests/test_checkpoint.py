@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main as synctl
+from synapse.client.cli.main import main as synctl
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.brain.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose, Proposed

@@ -11,7 +11,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main
+from synapse.client.cli.main import main
 from synapse.core import codec
 from tests.helpers import spec
 from tests.test_master_ha import wait_status
@@ -27,7 +27,7 @@ def synctl(cluster, *args, masters=None):
 def test_watch_prints_json_lines_within_seconds_of_a_submission(make_cluster):
     cluster = make_cluster(workers=1, racks=1)
     env = {**os.environ, **cluster.env}
-    watcher = subprocess.Popen([sys.executable, "-m", "synapse.client.synctl", "get", "events", "--watch", "-o",
+    watcher = subprocess.Popen([sys.executable, "-m", "synapse.client.cli", "get", "events", "--watch", "-o",
                                 "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
         time.sleep(0.5)

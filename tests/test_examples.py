@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from synapse.client.cli.main import main
 from synapse.client.jobfile import load_job_file
-from synapse.client.synctl import main
 from tests.test_examples_torch import SHIPPED_PYTHON, has_torch, lines
 from tests.test_gang_execution import read_logs, wait_job
 

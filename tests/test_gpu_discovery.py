@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main as synctl
+from synapse.client.cli.main import main as synctl
 from synapse.core import commands as c
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.model import Resources

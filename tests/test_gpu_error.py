@@ -9,7 +9,7 @@ import time
 
 from click.testing import CliRunner
 
-from synapse.client.synctl import main as synctl
+from synapse.client.cli.main import main as synctl
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.brain.heartbeat import NODE_GPUS, GpuErrorReport, gpu_fault, gpu_fault_change

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main as synctl
+from synapse.client.cli.main import main as synctl
 from synapse.proto import api_pb2
 from synapse.worker.health import HealthCheck, command_problem
 

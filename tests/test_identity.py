@@ -9,8 +9,9 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
+from synapse.client.cli.exits import EXIT_DENIED
+from synapse.client.cli.main import main
 from synapse.client.master_client import MasterClient
-from synapse.client.synctl import EXIT_DENIED, main
 from synapse.common.auth import client_metadata
 from synapse.common.tls import TLSFiles
 from synapse.proto import api_pb2, api_pb2_grpc

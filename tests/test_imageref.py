@@ -95,7 +95,7 @@ def test_a_job_with_a_malformed_image_is_refused_naming_the_field():
 def test_synctl_submit_image_goes_through_the_same_check():
     from click.testing import CliRunner
 
-    from synapse.client.synctl import main
+    from synapse.client.cli.main import main
     out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", "--image", "oci:train", "--", "true"])
     assert out.exit_code == 2 and "invalid job: image: oci:train: the path must be absolute" in out.output, out.output
     out = CliRunner().invoke(main, ["--masters", "127.0.0.1:1", "submit", "--image", "oci:/srv/train:1", "--", "true"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main as synctl
+from synapse.client.cli.main import main as synctl
 from synapse.core import codec
 from synapse.core.model import Assignment, JobSpec, Resources
 from synapse.worker import isolation

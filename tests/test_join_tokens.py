@@ -18,7 +18,7 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import main as synctl
+from synapse.client.cli.main import main as synctl
 from synapse.common.auth import client_metadata, node_metadata
 from synapse.common.tls import http_base
 from synapse.core import codec

@@ -115,7 +115,7 @@ def test_grow_three_to_five_then_survive_two_losses_and_replace(make_cluster):
     import yaml
     from click.testing import CliRunner
 
-    from synapse.client.synctl import main as synctl
+    from synapse.client.cli.main import main as synctl
     from synapse.local.cluster import free_base_port
 
     cluster = make_cluster()

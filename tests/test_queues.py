@@ -7,7 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from synapse.client.synctl import EXIT_DENIED, main
+from synapse.client.cli.exits import EXIT_DENIED
+from synapse.client.cli.main import main
 from synapse.core import commands as c
 from synapse.core.jobspec import JobFileError, parse_job
 from synapse.core.model import UNLIMITED, Queue, Resources

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from synapse.client.synctl import main
+from synapse.client.cli.main import main
 from synapse.core import codec
 from synapse.core.jobspec import parse_job
 from synapse.core.model import NEVER_RAN_VERSION

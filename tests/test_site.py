@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from synapse.client.cli.main import main as synctl
 from synapse.client.master_client import MasterClient
-from synapse.client.synctl import main as synctl
 from synapse.common.tls import http_base, issue
 from synapse.core import codec
 from synapse.local import cluster as local
@@ -59,7 +59,7 @@ def test_up_from_a_shell_with_another_clusters_credentials_runs_a_gang_over_tls(
 
         job_file = tmp_path / "gang.yaml"
         job_file.write_text(GANG % "1")
-        submitted = run_cli("synapse.client.synctl", "submit", "--wait", str(job_file), env=env)
+        submitted = run_cli("synapse.client.cli", "submit", "--wait", str(job_file), env=env)
         assert submitted.returncode == 0 and "Succeeded" in submitted.stdout, submitted.stdout + submitted.stderr
 
         # Every node stays READY (the followers' liveness digests reach the TLS leader).
@@ -177,7 +177,7 @@ def test_plain_mode_is_an_opt_out_that_says_so(tmp_path):
         exported = next(line for line in up.stdout.splitlines() if line.startswith("export "))
         assert "SYNAPSE_CA" not in exported
         env = {**os.environ, **dict(kv.split("=", 1) for kv in exported.split()[1:])}
-        ran = run_cli("synapse.client.synctl", "submit", "--wait", "--gpu", "1", "--", "true", env=env)
+        ran = run_cli("synapse.client.cli", "submit", "--wait", "--gpu", "1", "--", "true", env=env)
         assert ran.returncode == 0 and "Succeeded" in ran.stdout, ran.stdout + ran.stderr
     finally:
         run_cli("synapse.local.main", "down", "--data-dir", str(data_dir), env=dict(os.environ))

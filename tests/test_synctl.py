@@ -15,8 +15,9 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
+from synapse.client.cli.main import main
+from synapse.client.cli.queues import guarantee_warnings
 from synapse.client.jobfile import load_job_file
-from synapse.client.synctl import guarantee_warnings, main
 from synapse.common.tls import generate
 from synapse.core import codec
 from synapse.core.model import Queue, Resources
@@ -101,7 +102,7 @@ def interrupted(cluster, *args, ready):
     """Run synctl ARGS in a process of its own, as from a terminal; Ctrl-C it once `ready(a line it
     printed)` is true. Its exit code, stdout and stderr."""
     env = {**os.environ, **cluster.env}
-    proc = subprocess.Popen([*AS_FROM_A_TERMINAL, sys.executable, "-m", "synapse.client.synctl", *args], cwd=ROOT,
+    proc = subprocess.Popen([*AS_FROM_A_TERMINAL, sys.executable, "-m", "synapse.client.cli", *args], cwd=ROOT,
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

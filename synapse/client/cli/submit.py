@@ -1,0 +1,141 @@
+"""`synctl submit`: a job file, or a one-off job from flags and the command after `--`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import click
+
+from synapse.client import render
+from synapse.client.cli.jobs import follow_job
+from synapse.client.cli.session import OUTPUT, Context, fail, run
+from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
+from synapse.client.master_client import new_request_id
+from synapse.core import codec
+from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
+from synapse.core.dependencies import parse_after_flag
+from synapse.core.jobspec import JobFileError, check_workflow, parse_job
+from synapse.core.model import JobSpec
+from synapse.core.queues import queue_name_problem
+
+
+class _Submit(click.Command):
+    """`submit`: the words after the first `--` are the command to run, never a job file."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["synctl.command"] = args[args.index("--") + 1:]
+            args = args[:args.index("--")]
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=_Submit, context_settings={"ignore_unknown_options": False})
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@click.argument("command", nargs=-1)
+@click.option("--request-id", help="idempotency key: the same id always yields the same job")
+@click.option("--wait", is_flag=True, help="follow the job until it ends, as `synctl wait` does")
+@click.option("--name", help="job name (shorthand without a file)")
+@click.option("--tasks", type=int, help="gang size")
+@click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
+@click.option("--mem", "--memory", "memory", help="memory per task, e.g. 16Gi")
+@click.option("--gpu", type=int, help="GPUs per task")
+@click.option("--image", help="container image the tasks run in (see docs: Container images)")
+@click.option("--pack", help="topology level to pack the gang in (rack, block, zone, node)")
+@click.option("--required", is_flag=True, help="wait rather than spread beyond --pack")
+@click.option("--priority", type=int)
+@click.option("--max-restarts", type=int)
+@click.option("--time-limit", help="e.g. 2h; lets the job backfill ahead of a reservation")
+@click.option("--env", "env", multiple=True, help="NAME=value (repeatable)")
+@click.option("--queue", help="the queue to submit to (overrides the job file's; default: the default queue)")
+@click.option("--array", help="an array of gangs, Slurm's syntax: 0-99%8, 0-15:4, 1,3,7 (overrides the file's)")
+@click.option("--after", help="dependencies: ok:ID,any:ID,notok:ID (added to the file's)")
+@click.option("--singleton", is_flag=True, default=None, help="run only while no job of this name and user runs")
+@OUTPUT
+@click.pass_obj
+def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
+           output: str, **flags: Any) -> None:
+    """Submit a job file, or a one-off job from flags that runs the command after `--`:
+    `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
+    after_dashes = click.get_current_context().meta.get("synctl.command")
+    if after_dashes is not None:
+        if job_file or command:
+            fail("invalid job: give a job file or a command after --, not both", 2)
+        command = tuple(after_dashes)
+    shorthand = bool(command) or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu", "name",
+                                                                     "image"))
+    secrets: dict[str, str] = {}
+    try:
+        if after_dashes is not None and not command:
+            raise JobFileError("command", "give the command to run after -- (e.g. -- python train.py)")
+        if shorthand:
+            spec = resolve_paths(parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags)),
+                                 os.getcwd())
+        elif job_file:
+            spec, secrets = load_job_file(job_file), load_secrets(job_file)
+        else:
+            raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
+        spec = _workflow_flags(spec, flags)
+    except JobFileError as exc:
+        hint = " (a command to run goes after --: submit -- CMD ARGS…)" \
+            if not shorthand and job_file and not os.path.exists(job_file) else ""
+        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
+    if flags["queue"]:
+        problem = queue_name_problem(flags["queue"])
+        if problem:
+            fail(f"invalid job: queue: {problem}", 2)
+        spec = dataclasses.replace(spec, queue=flags["queue"])
+    rid = request_id or new_request_id()
+    reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=rid, secrets=secrets))
+    for line in reply.warnings:
+        click.echo(f"synctl: warning: {line}", err=True)
+    job_id = reply.job_id
+    click.echo(render.submitted(job_id, rid, output))
+    if wait:
+        sys.exit(follow_job(obj, job_id, quiet=output != "table"))
+
+
+def _workflow_flags(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
+    """`--array`, `--after` and `--singleton` over a job file's (or flags') spec."""
+    if flags["array"]:
+        try:
+            ranges, throttle = parse_array(flags["array"])
+        except ArraySpecError as exc:
+            raise JobFileError("array", str(exc)) from None
+        spec = dataclasses.replace(spec, array=format_ranges(ranges), array_throttle=throttle)
+    if flags["after"]:
+        try:
+            after = parse_after_flag(flags["after"])
+        except ValueError as exc:
+            raise JobFileError("after", str(exc)) from None
+        spec = dataclasses.replace(spec, after=spec.after + after)
+    if flags["singleton"]:
+        spec = dataclasses.replace(spec, singleton=True)
+    check_workflow(spec)
+    return spec
+
+
+def _flags_to_doc(argv: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    if not argv:
+        raise JobFileError("command", "give a job file, or a command after -- (e.g. -- python train.py)")
+    doc: dict[str, Any] = {"name": flags["name"] or os.path.basename(argv[0]).replace(" ", "-")[:40] or "job",
+                           "command": argv, "tasks": flags["tasks"] or 1, "resources": {}}
+    for key, field in (("cpu", "cpu"), ("memory", "memory"), ("gpu", "gpu")):
+        if flags[key] is not None:
+            doc["resources"][field] = flags[key]
+    for key in ("image", "priority", "max_restarts", "time_limit"):
+        if flags[key] is not None:
+            doc[key] = flags[key]
+    if flags["pack"]:
+        doc["topology"] = {"pack": flags["pack"], "mode": "required" if flags["required"] else "preferred"}
+    env = {}
+    for item in flags["env"]:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise JobFileError("env", f"expected NAME=value, got {item!r}")
+        env[key] = value
+    if env:
+        doc["env"] = env
+    return doc
