@@ -142,9 +142,9 @@ def test_outage_timeline_from_the_masters_logs():
     log = "\n".join([
         line(t0 + 0.9, "m2", "synapse.master.replica", "leadership gained term=4 replica=m2"),
         line(t0 + 0.95, "m2", "synapse.master.leader", "leader ready term=4 nodes=2"),
-        line(t0 + 1.2, "m2", "synapse.master.endpoints", "assignments watched node=w1 term=4"),
-        line(t0 + 1.5, "m2", "synapse.master.endpoints", "assignments watched node=w2 term=4"),
-        line(t0 + 1.7, "m2", "synapse.master.endpoints", "job submitted job=x request=r tasks=1 user=u"),
+        line(t0 + 1.2, "m2", "synapse.master.api.workers", "assignments watched node=w1 term=4"),
+        line(t0 + 1.5, "m2", "synapse.master.api.workers", "assignments watched node=w2 term=4"),
+        line(t0 + 1.7, "m2", "synapse.master.api.jobs", "job submitted job=x request=r tasks=1 user=u"),
         line(t0 + 3.0, "m1", "synapse.master.main", "master serving replica=m1 api=a raft=r http=- partners=p"),
         line(t0 + 9.0, "m1", "synapse.master.replica", "leadership gained term=5 replica=m1"),  # the next fault's
     ])

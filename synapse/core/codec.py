@@ -80,7 +80,7 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
-#: knows it (synapse.master.endpoints), and apply stays the same on every replica.
+#: knows it (synapse.master.api), and apply stays the same on every replica.
 CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2,
                                                       EndReason.MASTER_PORT_IN_USE: 3,
                                                       EndReason.IMAGE_PULL_FAILED: 4,

@@ -86,7 +86,7 @@ def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
     elif reason == EndReason.IMAGE_PULL_FAILED:
         # The task never ran. A node-side failure requeues the gang uncharged, without the
         # node; a failure of the reference would fail on every node: the job fails, not retried.
-        # (A version-4 cause: an older replica never sees it, see endpoints.ReportTaskEvents.)
+        # (A version-4 cause: an older replica never sees it, see synapse.master.api.workers.ReportTaskEvents.)
         failure = f"task {task.index} (rank {task.rank}) on {task.node_id}: {reason}: {message}"
         if cmd.node_side:
             job.excluded_nodes = (*(n for n in job.excluded_nodes if n != task.node_id),
