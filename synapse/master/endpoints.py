@@ -30,10 +30,10 @@ from synapse.common.auth import (
     REPLICA_CREDENTIAL_KEY,
 )
 from synapse.common.tls import peer_common_name
-from synapse.core import codec, dependencies, goodput
+from synapse.core import codec, dependencies, goodput, versions
 from synapse.core import commands as c
 from synapse.core.arrays import format_ranges, split_element_id
-from synapse.core.brain.leader_state import ProgressReport
+from synapse.core.brain.stimuli import ProgressReport
 from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, NodeStatus, Queue, Resources, Role, image_holders
@@ -553,7 +553,7 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         await self._check_id(request.node_id, "node_id", context)
         term = await self._leader(context)
         by = self.caller().name
-        if self.m.raft.cluster_version() >= codec.KIND_VERSIONS[c.DrainNode]:
+        if versions.may_propose(c.DrainNode, self.m.raft.cluster_version()):
             result = await self._propose(c.DrainNode(at=self.m.now(), term=term, by=by, node_id=request.node_id),
                                          context)
             await self._ok_or_abort(result, context)
@@ -1084,14 +1084,14 @@ class MasterServicer(api_pb2_grpc.MasterServicer):
         loops = self.m.leader_loops
         if progress and loops is not None and loops.ready.is_set():
             loops.progress(progress)  # best effort: the next report says it again
-        preparing = version >= codec.KIND_VERSIONS[c.TaskPrepared]
+        preparing = versions.may_propose(c.TaskPrepared, version)
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else
                 c.TaskPrepared(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.prepared else
                 c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
                              exit_code=e.exit_code, reason=e.reason[:512],
-                             cause=e.cause[:32] if codec.CAUSE_VERSIONS.get(e.cause, 1) <= version else "",
+                             cause=e.cause[:32] if versions.cause_known(e.cause, version) else "",
                              node_side=e.node_side)
                 for e in request.events if not e.progress and (preparing or not e.prepared)]
         results = await self._propose_all(cmds, context)
