@@ -64,6 +64,9 @@ SEALED_TRANSPORT_VERSION = 5
 COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values(), SEALED_TRANSPORT_VERSION)
 #: The version every release applies (the first command set): commands of it are never held back.
 BASE_VERSION = 1
+#: The command-set version from which apply learns run times (SetClusterVersion raises it): a change
+#: of apply within the kinds it had, which waits for every member (as model.NEVER_RAN_VERSION does).
+PREDICT_VERSION = 4
 
 
 def may_propose(kind: type[c.Command], version: int) -> bool:
