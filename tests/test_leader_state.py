@@ -480,3 +480,21 @@ def test_the_outcome_of_a_drain_is_heard_and_the_stimuli_after_it_too(make):
     d.handle(Proposed(Propose(c.DrainNode(at=1.0, node_id=N0, reason="health")), True, "j1"),
              Proposed(Propose(c.NodeUp(at=1.0, node_id=N1)), True))
     assert not d.brain.inflight.holds("health", N0) and not d.brain.inflight.holds("node up", N1)
+
+
+def test_the_in_flight_ledger_holds_a_proposal_until_its_outcome_and_checks_what_it_names():
+    """One ledger for every decision on its way: recorded when proposed, cleared by its outcome
+    (committed or not), shared by kinds of one name, and validated against the state."""
+    from synapse.core.brain.inflight import InFlight
+
+    state = cluster(racks=1, nodes_per_rack=2)
+    ledger = InFlight()
+    assert ledger.propose(c.SetNodeHealth(at=1.0, node_id=N0, healthy=False)) == \
+        Propose(c.SetNodeHealth(at=1.0, node_id=N0, healthy=False))
+    assert ledger.holds("health", N0) and not ledger.holds("health", N1) and ledger.any("health")
+    ledger.heard(c.DrainNode(at=2.0, node_id=N0, reason="health"))  # a drain shares the health entry
+    assert not ledger.any("health")
+    ledger.heard(c.FailAttempt(at=2.0, job_id="j", attempt=1, reason="time limit", final=True))  # not followed
+    ledger.propose(c.NodeUp(at=3.0, node_id="gone"))
+    with pytest.raises(AssertionError, match="unknown node gone"):
+        ledger.validate(state)
