@@ -50,7 +50,7 @@ from support.measure import cpu_seconds, machine_busy, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
 from synapse.common.tls import TLSFiles, channel_credentials  # noqa: E402
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c  # noqa: E402
 from synapse.core.model import JobSpec, Resources  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
@@ -105,9 +105,9 @@ def settle(state: dict, threads: int, tls: TLSFiles, timeout: float = 20.0) -> N
     client = MasterClient(addresses, state["token"], tls=tls)
     deadline = time.monotonic() + timeout
     try:
-        while min(client.replica_status(a).applied_version for a in addresses) < codec.COMMAND_VERSION:
+        while min(client.replica_status(a).applied_version for a in addresses) < versions.COMMAND_VERSION:
             if time.monotonic() > deadline:
-                raise SystemExit(f"the cluster did not reach command-set version {codec.COMMAND_VERSION} "
+                raise SystemExit(f"the cluster did not reach command-set version {versions.COMMAND_VERSION} "
                                  f"within {timeout:.0f}s")
             time.sleep(0.1)
     finally:

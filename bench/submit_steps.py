@@ -32,7 +32,8 @@ from synapse.common.collector import tune_for_large_state  # noqa: E402
 from synapse.common.logs import configure  # noqa: E402
 from synapse.core import codec  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
-from synapse.core.brain.leader_state import LeaderState, Propose, RoundDue  # noqa: E402
+from synapse.core.brain.leader_state import LeaderState  # noqa: E402
+from synapse.core.brain.stimuli import Propose, RoundDue  # noqa: E402
 from synapse.core.jobspec import check_spec  # noqa: E402
 from synapse.core.model import JobSpec, Resources  # noqa: E402
 from synapse.core.state.fsm import ClusterState  # noqa: E402

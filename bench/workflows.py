@@ -37,7 +37,8 @@ from support.measure import percentile  # noqa: E402
 from synapse.client.master_client import MasterClient  # noqa: E402
 from synapse.core import codec  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
-from synapse.core.brain.leader_state import LeaderState, Propose, RoundDue  # noqa: E402
+from synapse.core.brain.leader_state import LeaderState  # noqa: E402
+from synapse.core.brain.stimuli import Propose, RoundDue  # noqa: E402
 from synapse.core.model import JobSpec, Placement, Resources  # noqa: E402
 from synapse.core.state.fsm import ClusterState  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402

@@ -1,7 +1,7 @@
 """The table of state-machine commands in docs/architecture/commands.md, made from the code.
 
-Every command kind is named twice, and the two must agree: `synapse.core.codec.KIND_VERSIONS` (the
-command-set version that introduced each kind: what the codec decodes) and
+Every command kind is named twice, and the two must agree: `synapse.core.versions.KIND_VERSIONS` (the
+command-set version that introduced each kind: what the codec stamps and decodes) and
 `synapse.core.state.registry.HANDLERS` (the function that applies each kind: what apply
 dispatches on). Each kind's docstring says what it does. This script renders them between the
 page's markers, so the page cannot drift from the code:
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synapse.core import codec  # noqa: E402
+from synapse.core import versions  # noqa: E402
 from synapse.core.state.registry import HANDLERS  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "architecture" / "commands.md"
@@ -49,12 +49,12 @@ def handler_name(kind: type) -> str:
 
 def table() -> str:
     handled = set(HANDLERS)
-    registered = set(codec.KIND_VERSIONS)
+    registered = set(versions.KIND_VERSIONS)
     if handled != registered:
-        raise TableError("the state machine's handlers (state.registry.HANDLERS) and codec.KIND_VERSIONS differ: "
+        raise TableError("the state machine's handlers (state.registry.HANDLERS) and versions.KIND_VERSIONS differ: "
                          f"{sorted(k.__name__ for k in handled ^ registered)}")
     rows = ["| Command | Since | Applied by | What it does |", "|---|---|---|---|"]
-    for kind, version in sorted(codec.KIND_VERSIONS.items(), key=lambda kv: (kv[1], kv[0].__name__)):
+    for kind, version in sorted(versions.KIND_VERSIONS.items(), key=lambda kv: (kv[1], kv[0].__name__)):
         rows.append(f"| `{kind.__name__}` | {version} | `{handler_name(kind)}` | {summary(kind)} |")
     return "\n".join(rows)
 

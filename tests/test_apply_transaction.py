@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
 from synapse.core.model import (
     CheckpointSpec,
@@ -220,7 +220,8 @@ def _admin(data, state, now, job_id, job, attempt, node_id, term, word):
         return [c.SetReplica(at=now, term=term, id=data.draw(st.sampled_from(["m1", "m2", ""])),
                              raft_address="127.0.0.1:2", api_address="127.0.0.1:3", removed=data.draw(st.booleans()))]
     if kind == "version":
-        return [c.SetClusterVersion(at=now, term=term, version=data.draw(st.integers(-1, codec.COMMAND_VERSION + 1)))]
+        version = data.draw(st.integers(-1, versions.COMMAND_VERSION + 1))
+        return [c.SetClusterVersion(at=now, term=term, version=version)]
     if kind == "halflife":
         return [c.SetUsageHalfLife(at=now, half_life=data.draw(st.sampled_from([-1.0, 0.0, 3600.0])))]
     if kind == "exported":

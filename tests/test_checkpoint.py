@@ -10,9 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from synapse.client.cli.main import main as synctl
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose, Proposed
+from synapse.core.brain.config import LeaderConfig
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import MonitorDue, Propose, Proposed
 from synapse.core.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.model import CheckpointSpec, JobStatus, Placement, Queue
 from synapse.core.schedule import preemption
@@ -23,7 +25,7 @@ from tests.helpers import checked, cluster, spec, wait_for
 
 USR1 = CheckpointSpec("USR1", 120.0)
 N0, N1 = "r0-n0", "r0-n1"
-V3 = codec.KIND_VERSIONS[c.CheckpointNotice]
+V3 = versions.KIND_VERSIONS[c.CheckpointNotice]
 
 
 def doc(**kw):

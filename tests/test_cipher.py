@@ -13,7 +13,7 @@ import pytest
 from cryptography.fernet import InvalidToken
 from pysyncobj.encryptor import getEncryptor
 
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
 from synapse.core.model import Resources
 from synapse.local.cluster import free_base_port
@@ -89,7 +89,7 @@ def _noted(sent: list[bytes], token: bytes) -> bytes:
     return token
 
 
-OLDER = codec.CommandSet(codec.KIND_VERSIONS, codec.SEALED_TRANSPORT_VERSION - 1)
+OLDER = codec.CommandSet(versions.KIND_VERSIONS, versions.SEALED_TRANSPORT_VERSION - 1)
 
 
 def test_members_seal_only_once_the_cluster_version_says_every_one_reads_it(tmp_path):
@@ -122,7 +122,7 @@ def test_members_seal_only_once_the_cluster_version_says_every_one_reads_it(tmp_
 
         # The older member upgraded in place (it reads AES-GCM now): the cluster version rises.
         older.sync.cipher.reads_sealed = True
-        assert propose(c.SetClusterVersion(at=2.0, version=codec.SEALED_TRANSPORT_VERSION)).ok
+        assert propose(c.SetClusterVersion(at=2.0, version=versions.SEALED_TRANSPORT_VERSION)).ok
         wait_for(lambda: all(node.sync.cipher.sealed() for node in nodes), 10, "every member to seal")
         sent.clear()
         assert propose(_register(2)).ok

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
 from synapse.core.model import Placement, Queue, Resources, Role
 from synapse.proto import commands_pb2
@@ -92,7 +92,7 @@ def test_malformed_bytes_raise_codec_error(data):
 
 def test_unknown_version_and_empty_body_are_refused():
     env = codec.command_to_proto(ALL_COMMANDS[0])
-    env.version = codec.COMMAND_VERSION + 1
+    env.version = versions.COMMAND_VERSION + 1
     with pytest.raises(codec.CodecError, match="version"):
         codec.decode_command(env.SerializeToString())
     with pytest.raises(codec.CodecError, match="no known body"):

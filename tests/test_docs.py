@@ -310,7 +310,7 @@ def test_runnable_blocks(tmp_path, page):
 
 
 def test_the_command_table_is_what_the_code_gives():
-    """docs/architecture/commands.md's table is written from codec.KIND_VERSIONS and the commands'
+    """docs/architecture/commands.md's table is written from versions.KIND_VERSIONS and the commands'
     docstrings (scripts/command_table.py); a new kind without a docstring or a handler fails too."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "command_table.py"), "--check"],
                           capture_output=True, text=True)

@@ -58,7 +58,7 @@ def test_admission_puts_the_queue_that_used_less_lately_first():
 
 
 def test_a_new_leader_sets_the_configured_half_life_once():
-    from synapse.core.brain.leader_state import Started
+    from synapse.core.brain.stimuli import Started
 
     state = cluster(racks=1, nodes_per_rack=2)
     leader = brain(usage_half_life=H)

@@ -12,24 +12,17 @@ import time
 
 import pytest
 
-from synapse.core import codec, goodput
+from synapse.core import codec, goodput, versions
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import (
-    Heartbeat,
-    LeaderConfig,
-    LeaderState,
-    MonitorDue,
-    ProgressReport,
-    Propose,
-    Proposed,
-    Started,
-)
+from synapse.core.brain.config import LeaderConfig
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import Heartbeat, MonitorDue, ProgressReport, Propose, Proposed, Started
 from synapse.core.goodput import FAILURE, FINISHED, OTHER, Attempt, Goodput, account
 from synapse.core.model import JobSpec, JobStatus, Placement, Resources
 from synapse.worker.progress import ProgressWatcher, Value, parse_line, read_last
 from tests.helpers import checked, cluster, spec, wait_for
 
-V4 = codec.KIND_VERSIONS[c.RecordProgress]
+V4 = versions.KIND_VERSIONS[c.RecordProgress]
 
 
 # ---- the accounting -------------------------------------------------------------------------------

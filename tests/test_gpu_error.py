@@ -10,10 +10,12 @@ import time
 from click.testing import CliRunner
 
 from synapse.client.cli.main import main as synctl
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
+from synapse.core.brain.config import LeaderConfig
 from synapse.core.brain.heartbeat import NODE_GPUS, GpuErrorReport, gpu_fault, gpu_fault_change
-from synapse.core.brain.leader_state import Heartbeat, LeaderConfig, LeaderState, MonitorDue, Proposed
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import Heartbeat, MonitorDue, Proposed
 from synapse.core.model import JobStatus, Placement
 from synapse.core.schedule.spares import restarting
 from synapse.core.state.fsm import ClusterState
@@ -92,7 +94,7 @@ def test_gpu_errors_of_two_jobs_make_a_suspect_and_an_uncordon_clears_the_error(
 def test_the_command_round_trips_at_version_4():
     cmd = c.GpuFault(at=1, term=2, node_id="n1", gpus=(1, 3), message="GPU 1: x; GPU 3: y")
     assert codec.decode_command(codec.encode_command(cmd)) == cmd
-    assert codec.command_to_proto(cmd).version == 4 == codec.KIND_VERSIONS[c.GpuFault]
+    assert codec.command_to_proto(cmd).version == 4 == versions.KIND_VERSIONS[c.GpuFault]
 
 
 # ---- the leader's brain ----------------------------------------------------------------------------

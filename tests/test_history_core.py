@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.core import codec, history
+from synapse.core import codec, history, versions
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import LeaderConfig, LeaderState, MonitorDue, Propose
+from synapse.core.brain.config import LeaderConfig
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import MonitorDue, Propose
 from synapse.core.model import EndReason, JobStatus, Node, NodeStatus, Placement, Resources
 from synapse.core.state.fsm import ClusterState
 from synapse.core.state.snapshot import encode
@@ -163,7 +165,7 @@ def test_forgetting_a_job_drops_it_from_the_unarchived():
                                  c.SetUsageHalfLife(at=3, half_life=86400.0, term=3)])
 def test_the_new_commands_round_trip_and_need_command_set_version_2(cmd):
     assert codec.decode_command(codec.encode_command(cmd)) == cmd
-    assert codec.KIND_VERSIONS[type(cmd)] == 2
+    assert versions.KIND_VERSIONS[type(cmd)] == 2
 
 
 def test_day_shares_split_an_interval_over_utc_days():

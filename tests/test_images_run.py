@@ -314,7 +314,8 @@ def test_image_pull_failed_fails_a_reference_and_requeues_a_node_uncharged_witho
 
 def test_the_leader_ends_an_attempt_whose_image_is_late_past_its_pull_timeout():
     from synapse.core import commands as c
-    from synapse.core.brain.leader_state import LeaderState, MonitorDue
+    from synapse.core.brain.leader_state import LeaderState
+    from synapse.core.brain.stimuli import MonitorDue
     from synapse.core.model import EndReason
     from tests.helpers import checked, cluster
 

@@ -301,7 +301,7 @@ def fake_proc(tmp_path: Path, mount: Path, own: str) -> Path:
 
 
 def test_a_job_naming_a_command_that_is_nowhere_fails_command_not_found(make_cluster):
-    """The worker's typed cause reaches the job once every replica knows it (codec.CAUSE_VERSIONS)."""
+    """The worker's typed cause reaches the job once every replica knows it (versions.CAUSE_VERSIONS)."""
     cluster = make_cluster(workers=1, racks=1, gpus=0)
     spec = JobSpec(name="typo", tasks=1, resources=Resources(cpu=100), command=("no-such-command-x", "--epochs", "3"))
     job_id = cluster.client.submit(codec.job_spec_to_proto(spec))

@@ -11,12 +11,12 @@ import dataclasses
 import pytest
 
 from synapse.core import commands as c
-from synapse.core.brain import leader_state as ls
-from synapse.core.brain.leader_state import (
+from synapse.core.brain import monitors, rounds
+from synapse.core.brain.config import LeaderConfig
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import (
     HealthReport,
     Heartbeat,
-    LeaderConfig,
-    LeaderState,
     LivenessDigest,
     MonitorDue,
     Propose,
@@ -26,6 +26,7 @@ from synapse.core.brain.leader_state import (
     Started,
 )
 from synapse.core.model import JobStatus, NodeStatus, Placement, Queue, Resources
+from synapse.core.schedule import preemption
 from synapse.core.state.fsm import ClusterState
 from tests.helpers import checked, cluster, spec
 
@@ -272,13 +273,13 @@ def test_why_a_gang_waits_is_recorded_when_it_changes_and_not_again(make):
 
 
 def test_a_full_batch_of_reasons_asks_for_another_full_round(make, monkeypatch):
-    monkeypatch.setattr(ls, "PENDING_BATCH", 2)
+    monkeypatch.setattr(rounds, "PENDING_BATCH", 2)
     d = make()
     for j in ("a", "b", "c"):
         submit(d.state, j, tasks=3, gpu=8)
     out = d.handle(RoundDue(at=10))
     assert [len(x.entries) for x in cmds(out)] == [2]
-    assert out[-1] == Reschedule("more pending reasons to record") and d.brain.memo is None
+    assert out[-1] == Reschedule("more pending reasons to record") and d.brain.rounds.memo is None
     d.commit(out)
     assert [[e.job_id for e in x.entries] for x in cmds(d.handle(RoundDue(at=11, full=False)))] == [["c"]]
 
@@ -311,7 +312,7 @@ def test_an_attempt_past_its_time_limit_fails_for_good(make):
 
 
 def test_finished_jobs_are_forgotten_after_their_retention_in_chunks(make, monkeypatch):
-    monkeypatch.setattr(ls, "FORGET_CHUNK", 2)
+    monkeypatch.setattr(monitors, "FORGET_CHUNK", 2)
     d = make(job_retention=100)
     for j in ("a", "b", "c"):
         submit(d.state, j, gpu=8)
@@ -379,8 +380,8 @@ def test_a_gang_with_no_preemption_plan_is_not_planned_again_until_the_state_cha
     start(d.state, "b2", [N1], at=1)
     submit(d.state, "a1", gpu=8, queue="a", at=5000)  # nothing to reclaim: a has no guarantee
     calls = []
-    real = ls.preemption.plan
-    monkeypatch.setattr(ls.preemption, "plan", lambda *a: calls.append(a[1].id) or real(*a))
+    real = preemption.plan
+    monkeypatch.setattr(preemption, "plan", lambda *a: calls.append(a[1].id) or real(*a))
     assert not any(isinstance(x, c.Preempt) for x in cmds(d.handle(RoundDue(at=5000))))
     assert "no preemption" in d.brain.wait_reason("a1").message
     d.handle(RoundDue(at=5001))
@@ -428,7 +429,7 @@ def test_nodes_all_silent_at_once_are_held_for_a_further_timeout_then_declared(m
         assert monitor(d, t) == [], t
         last_beats = [15 + i * 5 / len(nodes) for i in range(len(nodes))]
         assert d.brain.held_silent == sum(1 for beat in last_beats if t - beat > 10), t
-    assert d.brain.mass_silence_since == 26
+    assert d.brain.nodes.mass_silence_since == 26
     down = monitor(d, 36.5)  # the silence lasted a further timeout: every silent node goes at once
     assert sorted(x.node_id for x in down) == nodes
     assert d.brain.held_silent == 0
@@ -442,7 +443,7 @@ def test_a_mass_silence_that_ends_within_the_hold_declares_no_one(make):
     assert [monitor(d, t) for t in range(21, 30)] == [[]] * 9
     assert d.brain.held_silent > 0
     d.handle(LivenessDigest("A", at=30, mono=30, ages=tuple((n, 0.5) for n in nodes)))  # the view is back
-    assert monitor(d, 30) == [] and d.brain.held_silent == 0 and d.brain.mass_silence_since is None
+    assert monitor(d, 30) == [] and d.brain.held_silent == 0 and d.brain.nodes.mass_silence_since is None
     assert [monitor(d, t) for t in range(31, 40)] == [[]] * 9
 
 
@@ -455,7 +456,7 @@ def test_a_minority_of_nodes_silent_at_once_goes_down_at_the_timeout(make):
     heard_every_5s(d, [n for n in nodes if n not in rack], until=60)
     down = {x.node_id: t for t in range(21, 40) for x in monitor(d, t)}
     assert set(down) == set(rack) and max(down.values()) <= 30
-    assert d.brain.mass_silence_since is None and d.brain.held_silent == 0
+    assert d.brain.nodes.mass_silence_since is None and d.brain.held_silent == 0
 
 
 def test_a_stalled_leader_holds_the_nodes_its_late_digests_then_vouch_for(make):
@@ -474,8 +475,26 @@ def test_the_outcome_of_a_drain_is_heard_and_the_stimuli_after_it_too(make):
     """A DrainNode's outcome once raised in the brain (it was logged as a SetNodeHealth), and the
     outcomes after it in the same batch went unheard: here a NodeUp's, whose node stayed 'proposed'."""
     d = make(cluster(racks=1, nodes_per_rack=2))
-    d.brain.proposed_health.add(N0)
-    d.brain.proposed_up.add(N1)
+    d.brain.inflight.propose(c.DrainNode(at=1.0, node_id=N0, reason="health"))
+    d.brain.inflight.propose(c.NodeUp(at=1.0, node_id=N1))
     d.handle(Proposed(Propose(c.DrainNode(at=1.0, node_id=N0, reason="health")), True, "j1"),
              Proposed(Propose(c.NodeUp(at=1.0, node_id=N1)), True))
-    assert N0 not in d.brain.proposed_health and N1 not in d.brain.proposed_up
+    assert not d.brain.inflight.holds("health", N0) and not d.brain.inflight.holds("node up", N1)
+
+
+def test_the_in_flight_ledger_holds_a_proposal_until_its_outcome_and_checks_what_it_names():
+    """One ledger for every decision on its way: recorded when proposed, cleared by its outcome
+    (committed or not), shared by kinds of one name, and validated against the state."""
+    from synapse.core.brain.inflight import InFlight
+
+    state = cluster(racks=1, nodes_per_rack=2)
+    ledger = InFlight()
+    assert ledger.propose(c.SetNodeHealth(at=1.0, node_id=N0, healthy=False)) == \
+        Propose(c.SetNodeHealth(at=1.0, node_id=N0, healthy=False))
+    assert ledger.holds("health", N0) and not ledger.holds("health", N1) and ledger.any("health")
+    ledger.heard(c.DrainNode(at=2.0, node_id=N0, reason="health"))  # a drain shares the health entry
+    assert not ledger.any("health")
+    ledger.heard(c.FailAttempt(at=2.0, job_id="j", attempt=1, reason="time limit", final=True))  # not followed
+    ledger.propose(c.NodeUp(at=3.0, node_id="gone"))
+    with pytest.raises(AssertionError, match="unknown node gone"):
+        ledger.validate(state)

@@ -140,7 +140,8 @@ def test_before_every_replica_knows_version_6_a_never_run_task_keeps_the_workers
 
 
 def test_an_array_keeps_its_first_start_through_a_snapshot_from_version_6():
-    from synapse.core.brain.leader_state import LeaderState, Started
+    from synapse.core.brain.leader_state import LeaderState
+    from synapse.core.brain.stimuli import Started
     from synapse.core.state.fsm import ClusterState
     from tests.test_arrays import finish, run_round, submit_array
 
@@ -231,7 +232,7 @@ def _preemption_world(data) -> tuple[object, float]:
 
 def _settled(state, brain, now: float) -> None:
     """Rounds until one places nothing, their plans committed as the log would (a Preempt is not)."""
-    from synapse.core.brain.leader_state import Propose, RoundDue
+    from synapse.core.brain.stimuli import Propose, RoundDue
 
     for _ in range(6):
         out = brain.handle(state, RoundDue(at=now))
@@ -246,7 +247,8 @@ def test_what_if_answers_what_the_next_round_does_over_random_states():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from synapse.core.brain.leader_state import LeaderState, Propose, RoundDue, Started
+    from synapse.core.brain.leader_state import LeaderState
+    from synapse.core.brain.stimuli import Propose, RoundDue, Started
     from synapse.core.schedule.preemption import PreemptionPlan
 
     @settings(max_examples=150, deadline=None)
@@ -269,7 +271,8 @@ def test_what_if_answers_what_the_next_round_does_over_random_states():
 
 
 def test_with_no_queues_what_if_promises_nothing_and_says_why():
-    from synapse.core.brain.leader_state import LeaderState, RoundDue, Started
+    from synapse.core.brain.leader_state import LeaderState
+    from synapse.core.brain.stimuli import RoundDue, Started
 
     state = cluster(racks=1, nodes_per_rack=2)
     for job_id, priority, on in (("low", 0, ["r0-n0", "r0-n1"]), ("high", 5, [])):
@@ -288,7 +291,8 @@ def test_a_gang_that_preempts_waits_in_the_rack_it_preempts_in_not_the_one_it_re
     """rack0's gang ends within minutes (the round reserves rack0 for the waiting gang), rack1's
     started 100 s ago (preempting it loses least): the preemption is in rack1, and so are the
     gang's wait reason and reservation, where they named rack0."""
-    from synapse.core.brain.leader_state import LeaderState, Propose, RoundDue, Started
+    from synapse.core.brain.leader_state import LeaderState
+    from synapse.core.brain.stimuli import Propose, RoundDue, Started
     from synapse.core.model import Queue
 
     state = cluster(racks=2, nodes_per_rack=2)

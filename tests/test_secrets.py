@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from synapse.client.jobfile import load_secrets
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
 from synapse.core.jobspec import JobFileError, check_spec, parse_job, secret_refs
 from synapse.core.model import Placement
@@ -50,7 +50,7 @@ def test_secrets_travel_as_their_own_kind_that_an_older_replica_refuses():
     for kind in (c.SubmitJob, c.SubmitWorkflowJob, c.SubmitCheckpointJob, c.SubmitImageJob):
         with pytest.raises(codec.CodecError, match="travels as SubmitSecretJob"):
             codec.encode_command(kind(at=1.0, job_id="j1", request_id="r1", spec=s))
-    older = codec.CommandSet(codec.KIND_VERSIONS, codec.KIND_VERSIONS[c.SubmitSecretJob] - 1)
+    older = codec.CommandSet(versions.KIND_VERSIONS, versions.KIND_VERSIONS[c.SubmitSecretJob] - 1)
     with pytest.raises(codec.CodecError):
         codec.decode_command(codec.encode_command(cmd), older)
 

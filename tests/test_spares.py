@@ -7,9 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from synapse.client.cli.main import main as synctl
-from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import LeaderConfig, LeaderState, Propose, RoundDue
+from synapse.core import versions
+from synapse.core.brain.config import LeaderConfig
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import Propose, RoundDue
 from synapse.core.model import JobStatus, NodeStatus, Placement
 from synapse.core.schedule.scheduler import TUNING, schedule_round
 from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, designate, restarting
@@ -89,7 +91,7 @@ def test_designation_waits_for_every_member_to_apply_version_4():
     brain = LeaderState(LeaderConfig(spares=ONE_SPARE, job_retention=0))
     assert not [i for i in brain.handle(state, RoundDue(at=1.0))
                 if isinstance(i, Propose) and isinstance(i.cmd, c.SetSpares)]
-    assert checked(state, c.SetClusterVersion(at=2.0, version=codec.KIND_VERSIONS[c.SetSpares])).ok
+    assert checked(state, c.SetClusterVersion(at=2.0, version=versions.KIND_VERSIONS[c.SetSpares])).ok
     [proposal] = [i for i in brain.handle(state, RoundDue(at=3.0))
                   if isinstance(i, Propose) and isinstance(i.cmd, c.SetSpares)]
     assert proposal.cmd.node_ids == ("r0-n0",)

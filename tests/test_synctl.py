@@ -19,7 +19,7 @@ from synapse.client.cli.main import main
 from synapse.client.cli.queues import guarantee_warnings
 from synapse.client.jobfile import load_job_file
 from synapse.common.tls import generate
-from synapse.core import codec
+from synapse.core import versions
 from synapse.core.model import Queue, Resources
 from tests.helpers import GI
 from tests.test_interrupts import AS_FROM_A_TERMINAL
@@ -74,11 +74,11 @@ def test_synctl_end_to_end(make_cluster, tmp_path):
     status = json.loads(synctl(cluster, "cluster", "status", "-o", "json").output)
     assert status["leader"]["id"] == cluster.wait_leader() and len(status["replicas"]) == 3
     deadline = time.monotonic() + 10  # the leader hears each member's version with its Raft traffic
-    while status["cluster_version"] != codec.COMMAND_VERSION and time.monotonic() < deadline:
+    while status["cluster_version"] != versions.COMMAND_VERSION and time.monotonic() < deadline:
         time.sleep(0.2)
         status = json.loads(synctl(cluster, "cluster", "status", "-o", "json").output)
-    assert status["cluster_version"] == codec.COMMAND_VERSION
-    assert {r["command_version"] for r in status["replicas"]} == {codec.COMMAND_VERSION}
+    assert status["cluster_version"] == versions.COMMAND_VERSION
+    assert {r["command_version"] for r in status["replicas"]} == {versions.COMMAND_VERSION}
     # The leader's match index for each follower (none for itself), at most its own log's end.
     followers = [r for r in status["replicas"] if r["state"] == "follower"]
     assert len(followers) == 2 and all(0 < r["matched_index"] for r in followers), status

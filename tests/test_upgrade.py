@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from synapse.client.master_client import ClientError, ClusterUnavailable
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
 from synapse.core.model import Resources, Role
 from synapse.core.state.fsm import ClusterState
@@ -35,12 +35,13 @@ from tests.test_durability import wait_exit
 from tests.test_synctl import synctl
 
 #: This release's command-set version, and the next release's, in which AddUser is new.
-V = codec.COMMAND_VERSION
+V = versions.COMMAND_VERSION
 N = V + 1
 #: The next release's command set (AddUser new in it), and the release before, which lacks AddUser.
-NEWER = codec.CommandSet({**codec.KIND_VERSIONS, c.AddUser: codec.COMMAND_VERSION + 1}, codec.COMMAND_VERSION + 1)
-OLDER = codec.CommandSet(NEWER.introduced, codec.COMMAND_VERSION)
-V = codec.COMMAND_VERSION  #: the older release's version; the newer one's is V + 1
+NEWER = codec.CommandSet({**versions.KIND_VERSIONS, c.AddUser: versions.COMMAND_VERSION + 1},
+                         versions.COMMAND_VERSION + 1)
+OLDER = codec.CommandSet(NEWER.introduced, versions.COMMAND_VERSION)
+V = versions.COMMAND_VERSION  #: the older release's version; the newer one's is V + 1
 
 REGISTER = c.RegisterNode(at=1, node_id="n1", address="h:1", topology=("z", "b", "r"),
                           capacity=Resources(8000, 1 << 30, 8))
@@ -51,10 +52,10 @@ UNKNOWN_BODY = commands_pb2.Command(version=1, at=3).SerializeToString() + b"\x9
 
 def test_every_command_kind_has_the_version_that_introduced_it():
     kinds = {k for k in vars(c).values() if isinstance(k, type) and issubclass(k, c.Command) and k is not c.Command}
-    assert set(codec.KIND_VERSIONS) == kinds
-    versions = {*codec.KIND_VERSIONS.values(), *codec.CAUSE_VERSIONS.values(), codec.SEALED_TRANSPORT_VERSION}
-    assert codec.BASE_VERSION in versions and max(versions) == codec.COMMAND_VERSION
-    assert versions == set(range(codec.BASE_VERSION, codec.COMMAND_VERSION + 1))  # no version skipped
+    assert set(versions.KIND_VERSIONS) == kinds
+    known = {*versions.KIND_VERSIONS.values(), *versions.CAUSE_VERSIONS.values(), versions.SEALED_TRANSPORT_VERSION}
+    assert versions.BASE_VERSION in known and max(known) == versions.COMMAND_VERSION
+    assert known == set(range(versions.BASE_VERSION, versions.COMMAND_VERSION + 1))  # no version skipped
 
 
 def test_a_log_entry_carries_the_version_of_its_kind():
@@ -91,8 +92,8 @@ def test_a_version_1_forget_jobs_applies_as_older_releases_do():
     assert state.apply(c.ForgetJobs(at=4, job_ids=("j", "A", "nope"))).value == "1"
     assert "j" not in state.jobs and "rj" not in state.job_by_request and "A" in state.arrays
     assert state.finished == {}
-    assert codec.KIND_VERSIONS[c.ForgetJobs] == codec.BASE_VERSION
-    assert codec.KIND_VERSIONS[c.ArchiveJobs] == 2
+    assert versions.KIND_VERSIONS[c.ForgetJobs] == versions.BASE_VERSION
+    assert versions.KIND_VERSIONS[c.ArchiveJobs] == 2
     assert state.apply(c.ArchiveJobs(at=5, job_ids=("k", "A"))).value == "2"
     assert state.finished == {"k": "CANCELLED", "A": "CANCELLED"}
 

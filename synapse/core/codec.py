@@ -5,19 +5,17 @@ unknown command raises `CodecError`. Coming from the Raft log, such an entry sto
 (synapse.master.raft.ReplicatedState): written by code that knows more than this replica's, it
 cannot be skipped without this replica's state parting from its peers'.
 
-Command-set versions (etcd's cluster version): each kind of command has the version of the command
-set that introduced it (`KIND_VERSIONS`), and a log entry carries its kind's version. A replica
-knows the versions up to `COMMAND_VERSION` and refuses the rest; a leader proposes a kind only once
-every member has told it it knows that kind's version, so a cluster upgrades one replica at a time.
+Each log entry carries the command-set version of its kind (synapse.core.versions): a replica
+refuses an entry of a version it does not know.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from google.protobuf.message import DecodeError
 
@@ -27,10 +25,8 @@ from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.dependencies import Resolved
 from synapse.core.goodput import Goodput
 from synapse.core.model import (
-    NEVER_RAN_VERSION,
     Assignment,
     CheckpointSpec,
-    EndReason,
     Job,
     JobSpec,
     JoinToken,
@@ -45,55 +41,8 @@ from synapse.core.model import (
     TopologySpec,
     User,
 )
+from synapse.core.versions import BASE_VERSION, COMMAND_VERSION, KIND_VERSIONS
 from synapse.proto import api_pb2, commands_pb2, types_pb2
-
-#: The command-set version that introduced each kind of command; a log entry carries its kind's.
-#: A new kind, or a kind whose encoding or apply changes so that an older replica would apply it
-#: differently, takes COMMAND_VERSION + 1: a leader proposes it only once every member knows it.
-KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
-    c.RegisterNode: 1, c.NodeDown: 1, c.NodeUp: 1, c.SetSchedulable: 1, c.SetNodeHealth: 1, c.SubmitJob: 1,
-    c.CommitPlan: 1, c.TaskStarted: 1, c.TaskExited: 1, c.CancelJob: 1, c.FailAttempt: 1, c.Barrier: 1,
-    c.ForgetJobs: 1, c.SetReplica: 1, c.AddUser: 1, c.SetUserToken: 1, c.RemoveUser: 1, c.ApplyQueues: 1,
-    c.DeleteQueue: 1, c.PendingReasons: 1, c.Preempt: 1,
-    # Arrays, dependencies, elastic gangs. CancelJob of an array, a final FailAttempt's cause on a
-    # pending job, a CommitPlan of an elastic gang's size and a Preempt that shrinks one apply
-    # differently here, but only to jobs and arrays that version-2 submissions created, which no
-    # older replica can hold: those kinds keep version 1.
-    c.SubmitWorkflowJob: 2, c.SetArrayThrottle: 2, c.ResizeGang: 2, c.ArchiveJobs: 2,
-    c.CreateJoinToken: 2, c.RevokeJoinToken: 2, c.JoinNode: 2,
-    c.HistoryExported: 2, c.HistoryOverflow: 2, c.SetUsageHalfLife: 2,
-    # Node loss and drains requeue gangs uncharged: an older replica would fail them (or charge them).
-    # The checkpoint notice: a Preempt's victim notice and the notice a FailAttempt, ResizeGang or
-    # DrainNode stop gives apply only to jobs that a SubmitCheckpointJob made, which no older
-    # replica can hold: those kinds keep their versions.
-    c.NodeLost: 3, c.DrainNode: 3, c.SetClusterVersion: 3, c.SubmitCheckpointJob: 3, c.CheckpointNotice: 3,
-    # Goodput: an attempt's last checkpoint, as its tasks reported it.
-    c.RecordProgress: 4,
-    # Spare nodes (synapse.core.schedule.spares): an older replica knows no spare.
-    c.SetSpares: 4,
-    # Images: a job's mounts, and a job that runs its image's entrypoint (no command).
-    c.SubmitImageJob: 4, c.TaskPrepared: 4,
-    # A worker's GPU error (synapse.core.brain.heartbeat.gpu_fault_change): an older replica knows no such end.
-    c.GpuFault: 4,
-    # Job secrets, sealed (version 5 changed only the transport: synapse.core.codec.SEALED_TRANSPORT_VERSION).
-    c.SubmitSecretJob: 6,
-})
-#: The command-set version that introduced each worker end reason later than the first set: a replica
-#: of an older set reads it as an exit code (Error), so a leader passes it on only once every member
-#: knows it (synapse.master.api), and apply stays the same on every replica.
-CAUSE_VERSIONS: Mapping[str, int] = MappingProxyType({EndReason.COMMAND_NOT_FOUND: 2,
-                                                      EndReason.MASTER_PORT_IN_USE: 3,
-                                                      EndReason.IMAGE_PULL_FAILED: 4,
-                                                      EndReason.NODE_LOST: 4,
-                                                      EndReason.MOUNT_REFUSED: NEVER_RAN_VERSION})
-#: A version that changed no command but how replicas talk: from version 5 they seal the Raft
-#: transport's messages with AES-GCM (synapse.master.cipher), which an older replica cannot read. A
-#: replica seals so only once the cluster version is this (every member reads it); until then, Fernet.
-SEALED_TRANSPORT_VERSION = 5
-#: The highest command-set version this code knows: what its replica reports, and the most it applies.
-COMMAND_VERSION = max(*KIND_VERSIONS.values(), *CAUSE_VERSIONS.values(), SEALED_TRANSPORT_VERSION)
-#: The version every release applies (the first command set): commands of it are never held back.
-BASE_VERSION = 1
 
 
 class CodecError(ValueError):
@@ -259,154 +208,6 @@ def command_to_proto(cmd: c.Command, commands: CommandSet = CURRENT) -> commands
     return _command_into(commands_pb2.Command(), cmd, commands)
 
 
-def _submission_into(body: commands_pb2.SubmitJob, cmd: c.SubmitJob) -> None:
-    body.SetInParent()
-    body.job_id = cmd.job_id
-    body.request_id = cmd.request_id
-    job_spec_into(body.spec, cmd.spec)
-
-
-def _command_into(env: commands_pb2.Command, cmd: c.Command, commands: CommandSet) -> commands_pb2.Command:
-    """Write `cmd` into the empty envelope `env` and return it. The kinds a submission proposes
-    (submissions, a round's pending reasons) are written in place; the rest build their body and
-    copy it in (the same bytes, at a copy's cost)."""
-    env.version = commands.version_of(cmd)
-    env.at = cmd.at
-    env.term = cmd.term
-    env.by = cmd.by
-    match cmd:
-        case c.RegisterNode():
-            env.register_node.CopyFrom(register_node_to_proto(cmd))
-        case c.NodeLost():
-            env.node_lost.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
-        case c.SetSpares():
-            env.set_spares.CopyFrom(commands_pb2.SetSpares(node_ids=list(cmd.node_ids), reason=cmd.reason))
-        case c.GpuFault():
-            env.gpu_fault.CopyFrom(commands_pb2.GpuFault(node_id=cmd.node_id, gpus=list(cmd.gpus), message=cmd.message))
-        case c.SetClusterVersion():
-            env.set_cluster_version.CopyFrom(commands_pb2.SetClusterVersion(version=cmd.version))
-        case c.DrainNode():
-            env.drain_node.CopyFrom(commands_pb2.DrainNode(node_id=cmd.node_id, reason=cmd.reason, cordon=cmd.cordon))
-        case c.NodeDown():
-            env.node_down.CopyFrom(commands_pb2.NodeDown(node_id=cmd.node_id, reason=cmd.reason))
-        case c.NodeUp():
-            env.node_up.CopyFrom(commands_pb2.NodeUp(node_id=cmd.node_id))
-        case c.SetSchedulable():
-            env.set_schedulable.CopyFrom(commands_pb2.SetSchedulable(
-                node_id=cmd.node_id, schedulable=cmd.schedulable, reason=cmd.reason))
-        case c.SetNodeHealth():
-            env.set_node_health.CopyFrom(commands_pb2.SetNodeHealth(
-                node_id=cmd.node_id, healthy=cmd.healthy, message=cmd.message, drain=cmd.drain))
-        case c.SubmitSecretJob():
-            _submission_into(env.submit_secret_job, cmd)
-        case c.SubmitImageJob():
-            if cmd.spec.has_secrets:  # an older replica would drop them and run the job without them
-                raise CodecError("a spec with secrets travels as SubmitSecretJob")
-            _submission_into(env.submit_image_job, cmd)
-        case c.SubmitCheckpointJob():
-            if cmd.spec.has_secrets:
-                raise CodecError("a spec with secrets travels as SubmitSecretJob")
-            if cmd.spec.has_image_run:  # an older replica would drop the mounts or refuse the spec
-                raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
-            _submission_into(env.submit_checkpoint_job, cmd)
-        case c.SubmitWorkflowJob():
-            if cmd.spec.has_secrets:
-                raise CodecError("a spec with secrets travels as SubmitSecretJob")
-            if cmd.spec.has_image_run:
-                raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
-            if cmd.spec.has_checkpoint:  # an older replica would drop the notice and apply another job
-                raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
-            _submission_into(env.submit_workflow_job, cmd)
-        case c.SubmitJob():
-            if cmd.spec.has_secrets:
-                raise CodecError("a spec with secrets travels as SubmitSecretJob")
-            if cmd.spec.has_workflow:  # an older replica would drop those fields and apply another job
-                raise CodecError("a spec with an array or dependencies travels as SubmitWorkflowJob")
-            if cmd.spec.has_checkpoint:
-                raise CodecError("a spec with a checkpoint notice travels as SubmitCheckpointJob")
-            if cmd.spec.has_image_run:
-                raise CodecError("a spec with mounts or without a command travels as SubmitImageJob")
-            _submission_into(env.submit_job, cmd)
-        case c.CommitPlan():
-            env.commit_plan.CopyFrom(commands_pb2.CommitPlan(
-                job_id=cmd.job_id, attempt=cmd.attempt,
-                placements=[placement_to_proto(p) for p in cmd.placements]))
-        case c.TaskStarted():
-            env.task_started.CopyFrom(commands_pb2.TaskStarted(
-                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
-        case c.TaskPrepared():
-            env.task_prepared.CopyFrom(commands_pb2.TaskStarted(
-                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id))
-        case c.TaskExited():
-            env.task_exited.CopyFrom(commands_pb2.TaskExited(
-                job_id=cmd.job_id, attempt=cmd.attempt, index=cmd.index, node_id=cmd.node_id,
-                exit_code=cmd.exit_code, reason=cmd.reason, cause=cmd.cause, node_side=cmd.node_side))
-        case c.CancelJob():
-            env.cancel_job.CopyFrom(commands_pb2.CancelJob(job_id=cmd.job_id, reason=cmd.reason))
-        case c.FailAttempt():
-            env.fail_attempt.CopyFrom(commands_pb2.FailAttempt(
-                job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.reason, final=cmd.final, cause=cmd.cause))
-        case c.Barrier():
-            env.barrier.CopyFrom(commands_pb2.Barrier(reason=cmd.reason))
-        case c.ArchiveJobs():
-            env.archive_jobs.CopyFrom(commands_pb2.ForgetJobs(job_ids=list(cmd.job_ids)))
-        case c.ForgetJobs():
-            env.forget_jobs.CopyFrom(commands_pb2.ForgetJobs(job_ids=list(cmd.job_ids)))
-        case c.SetReplica():
-            env.set_replica.CopyFrom(commands_pb2.SetReplica(id=cmd.id, raft_address=cmd.raft_address,
-                                                             api_address=cmd.api_address, removed=cmd.removed))
-        case c.AddUser():
-            env.add_user.CopyFrom(commands_pb2.AddUser(name=cmd.name, groups=list(cmd.groups), role=cmd.role.value,
-                                                       token_hash=cmd.token_hash))
-        case c.SetUserToken():
-            env.set_user_token.CopyFrom(commands_pb2.SetUserToken(name=cmd.name, token_hash=cmd.token_hash))
-        case c.RemoveUser():
-            env.remove_user.CopyFrom(commands_pb2.RemoveUser(name=cmd.name))
-        case c.ApplyQueues():
-            env.apply_queues.CopyFrom(commands_pb2.ApplyQueues(queues=[queue_to_proto(q) for q in cmd.queues]))
-        case c.DeleteQueue():
-            env.delete_queue.CopyFrom(commands_pb2.DeleteQueue(name=cmd.name))
-        case c.PendingReasons():
-            reasons = env.pending_reasons
-            reasons.SetInParent()
-            for e in cmd.entries:
-                reasons.entries.add(job_id=e.job_id, attempt=e.attempt, code=e.code, message=e.message)
-        case c.CheckpointNotice():
-            env.checkpoint_notice.CopyFrom(commands_pb2.CheckpointNotice(
-                job_id=cmd.job_id, attempt=cmd.attempt, stop_at=cmd.stop_at, cause=cmd.cause))
-        case c.RecordProgress():
-            env.record_progress.CopyFrom(commands_pb2.RecordProgress(
-                job_id=cmd.job_id, attempt=cmd.attempt, checkpoint_at=cmd.checkpoint_at,
-                checkpoint_step=cmd.checkpoint_step, step=cmd.step, problem=cmd.problem))
-        case c.ResizeGang():
-            env.resize_gang.CopyFrom(commands_pb2.ResizeGang(job_id=cmd.job_id, attempt=cmd.attempt, size=cmd.size,
-                                                             reason=cmd.reason))
-        case c.SetArrayThrottle():
-            env.set_array_throttle.CopyFrom(commands_pb2.SetArrayThrottle(job_id=cmd.job_id, throttle=cmd.throttle))
-        case c.Preempt():
-            env.preempt.CopyFrom(commands_pb2.Preempt(
-                job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes),
-                explanation=cmd.explanation,
-                victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace, notice_s=v.notice)
-                         for v in cmd.victims]))
-        case c.CreateJoinToken():
-            env.create_join_token.CopyFrom(commands_pb2.CreateJoinToken(
-                token_id=cmd.token_id, token_hash=cmd.token_hash, expires_at=cmd.expires_at, max_uses=cmd.max_uses))
-        case c.RevokeJoinToken():
-            env.revoke_join_token.CopyFrom(commands_pb2.RevokeJoinToken(token_id=cmd.token_id))
-        case c.JoinNode():
-            env.join_node.CopyFrom(commands_pb2.JoinNode(token_id=cmd.token_id, node=register_node_to_proto(cmd.node)))
-        case c.HistoryExported():
-            env.history_exported.CopyFrom(commands_pb2.HistoryExported(upto=cmd.upto))
-        case c.HistoryOverflow():
-            env.history_overflow.CopyFrom(commands_pb2.HistoryOverflow(job_ids=list(cmd.job_ids)))
-        case c.SetUsageHalfLife():
-            env.set_usage_half_life.CopyFrom(commands_pb2.SetUsageHalfLife(half_life_s=cmd.half_life))
-        case _:
-            raise CodecError(f"unknown command type {type(cmd).__name__}")
-    return env
-
-
 def register_node_to_proto(cmd: c.RegisterNode) -> commands_pb2.RegisterNode:
     return commands_pb2.RegisterNode(
         node_id=cmd.node_id, address=cmd.address, topology=list(cmd.topology),
@@ -427,6 +228,218 @@ def register_node_from_proto(b: commands_pb2.RegisterNode, base: _Base) -> c.Reg
                           isolation=b.isolation, **base)
 
 
+def _submission_into(body: commands_pb2.SubmitJob, cmd: c.SubmitJob) -> None:
+    body.SetInParent()
+    body.job_id = cmd.job_id
+    body.request_id = cmd.request_id
+    job_spec_into(body.spec, cmd.spec)
+
+
+#: What a submission's spec may not hold for a kind older than the one that carries it: (the spec
+#: flag that says it holds it, what the error says), checked in order. An older replica would drop
+#: such fields and apply another job.
+_TRAVELS_AS = {
+    "secrets": ("has_secrets", "a spec with secrets travels as SubmitSecretJob"),
+    "workflow": ("has_workflow", "a spec with an array or dependencies travels as SubmitWorkflowJob"),
+    "checkpoint": ("has_checkpoint", "a spec with a checkpoint notice travels as SubmitCheckpointJob"),
+    "image": ("has_image_run", "a spec with mounts or without a command travels as SubmitImageJob"),
+}
+#: Per submission kind, what its spec may not hold (_TRAVELS_AS), in the order it is checked.
+_REFUSED_BY_KIND: dict[type[c.Command], tuple[str, ...]] = {
+    c.SubmitSecretJob: (),
+    c.SubmitImageJob: ("secrets",),
+    c.SubmitCheckpointJob: ("secrets", "image"),
+    c.SubmitWorkflowJob: ("secrets", "image", "checkpoint"),
+    c.SubmitJob: ("secrets", "workflow", "checkpoint", "image"),
+}
+
+
+def _submission_writer(field: str) -> Callable[[commands_pb2.Command, Any], None]:
+    def write(env: commands_pb2.Command, cmd: c.SubmitJob) -> None:
+        for refused in _REFUSED_BY_KIND[type(cmd)]:
+            flag, error = _TRAVELS_AS[refused]
+            if getattr(cmd.spec, flag):
+                raise CodecError(error)
+        _submission_into(getattr(env, field), cmd)
+    return write
+
+
+def _read_submit_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    spec = job_spec_from_proto(b.spec)
+    if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
+        spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
+                                   on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
+    spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets else spec
+    if spec.checkpoint != _NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
+        spec = dataclasses.replace(spec, checkpoint=_NO_CHECKPOINT)
+    return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
+
+
+def _read_submit_workflow_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    # as older replicas read it
+    spec = dataclasses.replace(_before_images(job_spec_from_proto(b.spec)), checkpoint=CheckpointSpec())
+    return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
+
+
+def _read_submit_checkpoint_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
+                                 spec=_before_images(job_spec_from_proto(b.spec)), **base)
+
+
+def _read_submit_image_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id,
+                            spec=_before_secrets(job_spec_from_proto(b.spec)), **base)
+
+
+def _read_submit_secret_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    return c.SubmitSecretJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
+
+
+def _write_pending_reasons(env: commands_pb2.Command, cmd: c.PendingReasons) -> None:
+    reasons = env.pending_reasons
+    reasons.SetInParent()
+    for e in cmd.entries:
+        reasons.entries.add(job_id=e.job_id, attempt=e.attempt, code=e.code, message=e.message)
+
+
+def _read_add_user(b: commands_pb2.AddUser, base: _Base) -> c.Command:
+    try:
+        role = Role(b.role)
+    except ValueError:
+        raise CodecError(f"add_user: unknown role {b.role!r}") from None
+    return c.AddUser(name=b.name, role=role, groups=tuple(b.groups), token_hash=b.token_hash, **base)
+
+
+def _read_preempt(b: commands_pb2.Preempt, base: _Base) -> c.Command:
+    return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes), explanation=b.explanation,
+                     victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s, v.notice_s) for v in b.victims), **base)
+
+
+def _copied(field: str, build: Callable[[Any], Any]) -> Callable[[commands_pb2.Command, Any], None]:
+    """A writer that builds the body apart and copies it into the envelope's `field`."""
+    def write(env: commands_pb2.Command, cmd: c.Command) -> None:
+        getattr(env, field).CopyFrom(build(cmd))
+    return write
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """How one kind of command travels: the envelope's field for it, how its body is written into an
+    envelope, and how a command is read from that body (with the envelope's `_Base`)."""
+
+    field: str
+    write: Callable[[commands_pb2.Command, Any], None]
+    read: Callable[[Any, _Base], c.Command]
+
+
+def _flat(field: str, kind: type[c.Command], message: Callable[..., Any], names: str,
+          repeated: str = "", renamed: Mapping[str, str] | None = None) -> tuple[type[c.Command], _Body]:
+    """A kind whose body holds its fields one for one (`names`; those in `repeated` are tuples, sent as
+    lists; `renamed` maps a command field to the body's name for it)."""
+    fields = tuple(names.split())
+    many = frozenset(repeated.split())
+    wire = {name: (renamed or {}).get(name, name) for name in fields}
+
+    def build(cmd: c.Command) -> Any:
+        return message(**{wire[n]: list(getattr(cmd, n)) if n in many else getattr(cmd, n) for n in fields})
+
+    def read(b: Any, base: _Base) -> c.Command:
+        return kind(**{n: tuple(getattr(b, wire[n])) if n in many else getattr(b, wire[n]) for n in fields}, **base)
+    return kind, _Body(field, _copied(field, build), read)
+
+
+def _custom(field: str, kind: type[c.Command], write: Callable[[commands_pb2.Command, Any], None],
+            read: Callable[[Any, _Base], c.Command]) -> tuple[type[c.Command], _Body]:
+    return kind, _Body(field, write, read)
+
+
+def _submission(field: str, kind: type[c.Command],
+                read: Callable[[Any, _Base], c.Command]) -> tuple[type[c.Command], _Body]:
+    return kind, _Body(field, _submission_writer(field), read)
+
+
+#: Each kind of command: its envelope field and how its body is written and read. The kinds a
+#: submission proposes (submissions, a round's pending reasons) are written in place; the rest build
+#: their body and copy it in (the same bytes, at a copy's cost).
+_BODIES: Mapping[type[c.Command], _Body] = MappingProxyType(dict([
+    _custom("register_node", c.RegisterNode, _copied("register_node", lambda cmd: register_node_to_proto(cmd)),
+            lambda b, base: register_node_from_proto(b, base)),
+    _flat("node_lost", c.NodeLost, commands_pb2.NodeDown, "node_id reason"),
+    _flat("set_spares", c.SetSpares, commands_pb2.SetSpares, "node_ids reason", repeated="node_ids"),
+    _flat("gpu_fault", c.GpuFault, commands_pb2.GpuFault, "node_id gpus message", repeated="gpus"),
+    _flat("set_cluster_version", c.SetClusterVersion, commands_pb2.SetClusterVersion, "version"),
+    _flat("drain_node", c.DrainNode, commands_pb2.DrainNode, "node_id reason cordon"),
+    _flat("node_down", c.NodeDown, commands_pb2.NodeDown, "node_id reason"),
+    _flat("node_up", c.NodeUp, commands_pb2.NodeUp, "node_id"),
+    _flat("set_schedulable", c.SetSchedulable, commands_pb2.SetSchedulable, "node_id schedulable reason"),
+    _flat("set_node_health", c.SetNodeHealth, commands_pb2.SetNodeHealth, "node_id healthy message drain"),
+    _submission("submit_secret_job", c.SubmitSecretJob, _read_submit_secret_job),
+    _submission("submit_image_job", c.SubmitImageJob, _read_submit_image_job),
+    _submission("submit_checkpoint_job", c.SubmitCheckpointJob, _read_submit_checkpoint_job),
+    _submission("submit_workflow_job", c.SubmitWorkflowJob, _read_submit_workflow_job),
+    _submission("submit_job", c.SubmitJob, _read_submit_job),
+    _custom("commit_plan", c.CommitPlan, _copied("commit_plan", lambda cmd: commands_pb2.CommitPlan(
+        job_id=cmd.job_id, attempt=cmd.attempt, placements=[placement_to_proto(p) for p in cmd.placements])),
+        lambda b, base: c.CommitPlan(job_id=b.job_id, attempt=b.attempt,
+                                     placements=tuple(placement_from_proto(p) for p in b.placements), **base)),
+    _flat("task_started", c.TaskStarted, commands_pb2.TaskStarted, "job_id attempt index node_id"),
+    _flat("task_prepared", c.TaskPrepared, commands_pb2.TaskStarted, "job_id attempt index node_id"),
+    _flat("task_exited", c.TaskExited, commands_pb2.TaskExited,
+          "job_id attempt index node_id exit_code reason cause node_side"),
+    _flat("cancel_job", c.CancelJob, commands_pb2.CancelJob, "job_id reason"),
+    _flat("fail_attempt", c.FailAttempt, commands_pb2.FailAttempt, "job_id attempt reason final cause"),
+    _flat("barrier", c.Barrier, commands_pb2.Barrier, "reason"),
+    _flat("archive_jobs", c.ArchiveJobs, commands_pb2.ForgetJobs, "job_ids", repeated="job_ids"),
+    _flat("forget_jobs", c.ForgetJobs, commands_pb2.ForgetJobs, "job_ids", repeated="job_ids"),
+    _flat("set_replica", c.SetReplica, commands_pb2.SetReplica, "id raft_address api_address removed"),
+    _custom("add_user", c.AddUser, _copied("add_user", lambda cmd: commands_pb2.AddUser(
+        name=cmd.name, groups=list(cmd.groups), role=cmd.role.value, token_hash=cmd.token_hash)), _read_add_user),
+    _flat("set_user_token", c.SetUserToken, commands_pb2.SetUserToken, "name token_hash"),
+    _flat("remove_user", c.RemoveUser, commands_pb2.RemoveUser, "name"),
+    _custom("apply_queues", c.ApplyQueues, _copied("apply_queues", lambda cmd: commands_pb2.ApplyQueues(
+        queues=[queue_to_proto(q) for q in cmd.queues])),
+        lambda b, base: c.ApplyQueues(queues=tuple(queue_from_proto(q) for q in b.queues), **base)),
+    _flat("delete_queue", c.DeleteQueue, commands_pb2.DeleteQueue, "name"),
+    _custom("pending_reasons", c.PendingReasons, _write_pending_reasons,
+            lambda b, base: c.PendingReasons(entries=tuple(c.PendingReason(e.job_id, e.attempt, e.code, e.message)
+                                                           for e in b.entries), **base)),
+    _flat("checkpoint_notice", c.CheckpointNotice, commands_pb2.CheckpointNotice, "job_id attempt stop_at cause"),
+    _flat("record_progress", c.RecordProgress, commands_pb2.RecordProgress,
+          "job_id attempt checkpoint_at checkpoint_step step problem"),
+    _flat("resize_gang", c.ResizeGang, commands_pb2.ResizeGang, "job_id attempt size reason"),
+    _flat("set_array_throttle", c.SetArrayThrottle, commands_pb2.SetArrayThrottle, "job_id throttle"),
+    _custom("preempt", c.Preempt, _copied("preempt", lambda cmd: commands_pb2.Preempt(
+        job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes), explanation=cmd.explanation,
+        victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace, notice_s=v.notice)
+                 for v in cmd.victims])), _read_preempt),
+    _flat("create_join_token", c.CreateJoinToken, commands_pb2.CreateJoinToken,
+          "token_id token_hash expires_at max_uses"),
+    _flat("revoke_join_token", c.RevokeJoinToken, commands_pb2.RevokeJoinToken, "token_id"),
+    _custom("join_node", c.JoinNode, _copied("join_node", lambda cmd: commands_pb2.JoinNode(
+        token_id=cmd.token_id, node=register_node_to_proto(cmd.node))),
+        lambda b, base: c.JoinNode(token_id=b.token_id, node=register_node_from_proto(b.node, base), **base)),
+    _flat("history_exported", c.HistoryExported, commands_pb2.HistoryExported, "upto"),
+    _flat("history_overflow", c.HistoryOverflow, commands_pb2.HistoryOverflow, "job_ids", repeated="job_ids"),
+    _flat("set_usage_half_life", c.SetUsageHalfLife, commands_pb2.SetUsageHalfLife, "half_life",
+          renamed={"half_life": "half_life_s"}),
+]))
+#: The same, by the envelope's field.
+_BODIES_BY_FIELD: Mapping[str, _Body] = MappingProxyType({body.field: body for body in _BODIES.values()})
+
+
+def _command_into(env: commands_pb2.Command, cmd: c.Command, commands: CommandSet) -> commands_pb2.Command:
+    """Write `cmd` into the empty envelope `env` and return it (`_BODIES` says how)."""
+    env.version = commands.version_of(cmd)
+    env.at = cmd.at
+    env.term = cmd.term
+    env.by = cmd.by
+    body = _BODIES.get(type(cmd))
+    if body is None:
+        raise CodecError(f"unknown command type {type(cmd).__name__}")
+    body.write(env, cmd)
+    return env
+
+
 def command_from_proto(env: commands_pb2.Command, commands: CommandSet = CURRENT) -> c.Command:
     if env.version == 0 or env.version > commands.known:
         raise CodecError(f"command version {env.version} is not supported (this replica knows "
@@ -440,145 +453,12 @@ def command_from_proto(env: commands_pb2.Command, commands: CommandSet = CURRENT
 
 
 def _body_from_proto(env: commands_pb2.Command) -> c.Command:
+    """The command in the envelope `env` (`_BODIES` says how each body is read)."""
     kind = env.WhichOneof("body")
-    base = _Base(at=env.at, term=env.term, by=env.by)
-    match kind:
-        case "register_node":
-            return register_node_from_proto(env.register_node, base)
-        case "node_down":
-            return c.NodeDown(node_id=env.node_down.node_id, reason=env.node_down.reason, **base)
-        case "node_lost":
-            return c.NodeLost(node_id=env.node_lost.node_id, reason=env.node_lost.reason, **base)
-        case "set_spares":
-            return c.SetSpares(node_ids=tuple(env.set_spares.node_ids), reason=env.set_spares.reason, **base)
-        case "gpu_fault":
-            b = env.gpu_fault
-            return c.GpuFault(node_id=b.node_id, gpus=tuple(b.gpus), message=b.message, **base)
-        case "set_cluster_version":
-            return c.SetClusterVersion(version=env.set_cluster_version.version, **base)
-        case "drain_node":
-            b = env.drain_node
-            return c.DrainNode(node_id=b.node_id, reason=b.reason, cordon=b.cordon, **base)
-        case "node_up":
-            return c.NodeUp(node_id=env.node_up.node_id, **base)
-        case "set_schedulable":
-            b = env.set_schedulable
-            return c.SetSchedulable(node_id=b.node_id, schedulable=b.schedulable, reason=b.reason, **base)
-        case "set_node_health":
-            b = env.set_node_health
-            return c.SetNodeHealth(node_id=b.node_id, healthy=b.healthy, message=b.message, drain=b.drain, **base)
-        case "submit_job":
-            b = env.submit_job
-            spec = job_spec_from_proto(b.spec)
-            if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
-                spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
-                                           on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
-            spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets else spec
-            if spec.checkpoint != _NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
-                spec = dataclasses.replace(spec, checkpoint=_NO_CHECKPOINT)
-            return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
-        case "submit_workflow_job":
-            b = env.submit_workflow_job
-            # as older replicas read it
-            spec = dataclasses.replace(_before_images(job_spec_from_proto(b.spec)), checkpoint=CheckpointSpec())
-            return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
-        case "submit_checkpoint_job":
-            b = env.submit_checkpoint_job
-            return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
-                                         spec=_before_images(job_spec_from_proto(b.spec)), **base)
-        case "submit_image_job":
-            b = env.submit_image_job
-            return c.SubmitImageJob(job_id=b.job_id, request_id=b.request_id,
-                                    spec=_before_secrets(job_spec_from_proto(b.spec)), **base)
-        case "submit_secret_job":
-            b = env.submit_secret_job
-            return c.SubmitSecretJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec),
-                                     **base)
-        case "checkpoint_notice":
-            b = env.checkpoint_notice
-            return c.CheckpointNotice(job_id=b.job_id, attempt=b.attempt, stop_at=b.stop_at, cause=b.cause, **base)
-        case "record_progress":
-            b = env.record_progress
-            return c.RecordProgress(job_id=b.job_id, attempt=b.attempt, checkpoint_at=b.checkpoint_at,
-                                    checkpoint_step=b.checkpoint_step, step=b.step, problem=b.problem, **base)
-        case "resize_gang":
-            b = env.resize_gang
-            return c.ResizeGang(job_id=b.job_id, attempt=b.attempt, size=b.size, reason=b.reason, **base)
-        case "set_array_throttle":
-            b = env.set_array_throttle
-            return c.SetArrayThrottle(job_id=b.job_id, throttle=b.throttle, **base)
-        case "commit_plan":
-            b = env.commit_plan
-            return c.CommitPlan(job_id=b.job_id, attempt=b.attempt,
-                                placements=tuple(placement_from_proto(p) for p in b.placements), **base)
-        case "task_started":
-            b = env.task_started
-            return c.TaskStarted(job_id=b.job_id, attempt=b.attempt, index=b.index,
-                                 node_id=b.node_id, **base)
-        case "task_prepared":
-            b = env.task_prepared
-            return c.TaskPrepared(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id, **base)
-        case "task_exited":
-            b = env.task_exited
-            return c.TaskExited(job_id=b.job_id, attempt=b.attempt, index=b.index, node_id=b.node_id,
-                                exit_code=b.exit_code, reason=b.reason, cause=b.cause, node_side=b.node_side, **base)
-        case "cancel_job":
-            return c.CancelJob(job_id=env.cancel_job.job_id, reason=env.cancel_job.reason, **base)
-        case "fail_attempt":
-            b = env.fail_attempt
-            return c.FailAttempt(job_id=b.job_id, attempt=b.attempt, reason=b.reason,
-                                 final=b.final, cause=b.cause, **base)
-        case "barrier":
-            return c.Barrier(reason=env.barrier.reason, **base)
-        case "forget_jobs":
-            return c.ForgetJobs(job_ids=tuple(env.forget_jobs.job_ids), **base)
-        case "archive_jobs":
-            return c.ArchiveJobs(job_ids=tuple(env.archive_jobs.job_ids), **base)
-        case "set_replica":
-            b = env.set_replica
-            return c.SetReplica(id=b.id, raft_address=b.raft_address, api_address=b.api_address,
-                                removed=b.removed, **base)
-        case "add_user":
-            b = env.add_user
-            try:
-                role = Role(b.role)
-            except ValueError:
-                raise CodecError(f"add_user: unknown role {b.role!r}") from None
-            return c.AddUser(name=b.name, role=role, groups=tuple(b.groups), token_hash=b.token_hash, **base)
-        case "set_user_token":
-            return c.SetUserToken(name=env.set_user_token.name, token_hash=env.set_user_token.token_hash, **base)
-        case "remove_user":
-            return c.RemoveUser(name=env.remove_user.name, **base)
-        case "apply_queues":
-            return c.ApplyQueues(queues=tuple(queue_from_proto(q) for q in env.apply_queues.queues), **base)
-        case "delete_queue":
-            return c.DeleteQueue(name=env.delete_queue.name, **base)
-        case "pending_reasons":
-            return c.PendingReasons(entries=tuple(c.PendingReason(e.job_id, e.attempt, e.code, e.message)
-                                                  for e in env.pending_reasons.entries), **base)
-        case "preempt":
-            b = env.preempt
-            return c.Preempt(job_id=b.job_id, attempt=b.attempt, rule=b.rule, nodes=tuple(b.nodes),
-                             explanation=b.explanation,
-                             victims=tuple(c.Victim(v.job_id, v.attempt, v.grace_s, v.notice_s) for v in b.victims),
-                             **base)
-        case "create_join_token":
-            b = env.create_join_token
-            return c.CreateJoinToken(token_id=b.token_id, token_hash=b.token_hash, expires_at=b.expires_at,
-                                     max_uses=b.max_uses, **base)
-        case "revoke_join_token":
-            return c.RevokeJoinToken(token_id=env.revoke_join_token.token_id, **base)
-        case "join_node":
-            b = env.join_node
-            return c.JoinNode(token_id=b.token_id, node=register_node_from_proto(b.node, base), **base)
-        case "history_exported":
-            return c.HistoryExported(upto=env.history_exported.upto, **base)
-        case "history_overflow":
-            return c.HistoryOverflow(job_ids=tuple(env.history_overflow.job_ids), **base)
-        case "set_usage_half_life":
-            return c.SetUsageHalfLife(half_life=env.set_usage_half_life.half_life_s, **base)
-        case _:
-            raise CodecError(f"command has no known body (got {kind!r})")
+    body = _BODIES_BY_FIELD.get(kind) if kind else None
+    if body is None:
+        raise CodecError(f"command has no known body (got {kind!r})")
+    return body.read(getattr(env, body.field), _Base(at=env.at, term=env.term, by=env.by))
 
 
 def encode_command(cmd: c.Command, commands: CommandSet = CURRENT) -> bytes:

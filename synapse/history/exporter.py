@@ -34,8 +34,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from synapse.core import codec
 from synapse.core import commands as c
+from synapse.core import versions
 from synapse.core.history import EXPORT_BATCH, UTILIZATION_EVERY_S, ExportBatch, cluster_sample, export_batch
 from synapse.history.settings import HistorySettings
 from synapse.history.store import CursorMoved, HistoryStore, StoreError, redacted
@@ -236,7 +236,7 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
         with master.lock:
             archived, last = master.state.archived_upto, master.state.archive_seq
         if archived < upto <= last:
-            if master.raft.cluster_version() < codec.KIND_VERSIONS[c.HistoryExported]:
+            if not versions.may_propose(c.HistoryExported, master.raft.cluster_version()):
                 # A new leader has not heard every member's version yet (or one still runs an
                 # older release): the rows are in the store; the cursor's entry waits for it.
                 await asyncio.sleep(RETRY_FIRST_S)

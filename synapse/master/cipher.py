@@ -18,7 +18,7 @@ cluster lives or however often a replica restarts. A receiver derives each sende
 Rolling upgrades: a replica of an older release reads only Fernet. Every replica reads both (a
 Fernet token starts with base64's 'g', never MAGIC) and seals with AES-GCM only once `sealed()`
 says so: synapse.master.raft.RaftNode answers from the replicated cluster version, which reaches
-`codec.SEALED_TRANSPORT_VERSION` only once every member runs a release that reads AES-GCM.
+`versions.SEALED_TRANSPORT_VERSION` only once every member runs a release that reads AES-GCM.
 
 Job secrets (`SecretSeal`) are sealed under another key from the same derivation: a job's secret
 lives in the replicated state (log, journal, snapshots) only as

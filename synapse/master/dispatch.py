@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from synapse.core import codec
 from synapse.core import commands as c
+from synapse.core import versions
 from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, Secret, gang_unprepared
 from synapse.core.rendezvous import MASTER_PORTS, master_port
 from synapse.core.schedule.elastic import is_elastic
@@ -130,7 +130,7 @@ def held(state: ClusterState, job: Job) -> bool:
     knows it, nothing would ever release them, so nothing is held). A job of one task is never
     held: it has nothing to start together with, and the gate would add a report, a commit and a
     listing to its start (bench/images.py measures it)."""
-    return (state.cluster_version >= codec.KIND_VERSIONS[c.TaskPrepared] and len(job.tasks) > 1
+    return (versions.may_propose(c.TaskPrepared, state.cluster_version) and len(job.tasks) > 1
             and bool(gang_unprepared(job)))
 
 

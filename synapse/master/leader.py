@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import (
+from synapse.core.brain.config import LeaderConfig
+from synapse.core.brain.leader_state import LeaderState, LeaderView
+from synapse.core.brain.stimuli import (
     HealthReport,
     Heartbeat,
     Instruction,
-    LeaderConfig,
-    LeaderState,
-    LeaderView,
     LivenessDigest,
     MonitorDue,
     ProgressReport,

@@ -35,7 +35,7 @@ from synapse.common.collector import tune_for_large_state
 from synapse.common.datadir import make_private, private_umask
 from synapse.common.logs import configure
 from synapse.common.tls import generate, issue, issue_worker, server_credentials
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.master.api.base import add_to_server
 from synapse.master.api.servicer import MasterServicer
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
@@ -90,13 +90,13 @@ def command_set(environ: Mapping[str, str]) -> codec.CommandSet:
     kind_name = environ.get(TEST_NEW_KIND_ENV, "")
     if not kind_name:
         return codec.CURRENT
-    kind = next((k for k in codec.KIND_VERSIONS if k.__name__ == kind_name), None)
+    kind = next((k for k in versions.KIND_VERSIONS if k.__name__ == kind_name), None)
     if kind is None:
         raise ConfigError(f"{TEST_NEW_KIND_ENV}: no command kind {kind_name!r}")
-    newer = codec.COMMAND_VERSION + 1
+    newer = versions.COMMAND_VERSION + 1
     known = int(environ.get(TEST_COMMAND_VERSION_ENV) or newer)
     log.warning("TEST ONLY: command set with %s at version %d; this replica knows 1..%d", kind_name, newer, known)
-    return codec.CommandSet({**codec.KIND_VERSIONS, kind: newer}, known)
+    return codec.CommandSet({**versions.KIND_VERSIONS, kind: newer}, known)
 
 
 class _ThreadProfiles:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
 
-from synapse.core import codec
+from synapse.core import codec, versions
 from synapse.core import commands as c
 from synapse.core.model import DEFAULT_LEVELS
 from synapse.core.state.fsm import ApplyFailed, ClusterState
@@ -336,12 +336,12 @@ class RaftNode:
         logging.getLogger("pysyncobj.syncobj").addHandler(self.dump_watch)
         self.sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self.replicated],
                                 command_version=commands.known, stopped=self.replicated.stop_reason,
-                                reads_sealed=commands.known >= codec.SEALED_TRANSPORT_VERSION)
+                                reads_sealed=commands.known >= versions.SEALED_TRANSPORT_VERSION)
         if self.sync.cipher is not None:
             # Messages go out sealed with AES-GCM once the replicated cluster version says every
             # member reads it (synapse.master.cipher); it only rises. Read by the tick thread.
             self.sync.cipher.sealed = \
-                lambda: self.replicated.state.cluster_version >= codec.SEALED_TRANSPORT_VERSION
+                lambda: self.replicated.state.cluster_version >= versions.SEALED_TRANSPORT_VERSION
         if durable:
             fsync_durable(self.sync)
         #: groups of commands proposed together, each with its future, waiting for this loop turn
@@ -381,7 +381,7 @@ class RaftNode:
         the new kinds wait for the last replica; a member not heard from counts as not upgraded.
         """
         needed = self.commands.version_of(cmd)
-        if needed <= max(codec.BASE_VERSION, self.replicated.state.cluster_version):
+        if needed <= max(versions.BASE_VERSION, self.replicated.state.cluster_version):
             return  # every member applies these (every release, or the cluster's version): even with one down
         behind = tuple(sorted((member, version) for member, version in self.member_versions().items()
                               if version < needed))
@@ -398,7 +398,7 @@ class RaftNode:
         """The highest command-set version every member is known to apply: the replicated cluster
         version (SetClusterVersion, which only rises), or higher while every member is heard to
         know more (on a leader; a member not heard from counts as the base version)."""
-        return max(codec.BASE_VERSION, min(self.member_versions().values()), self.replicated.state.cluster_version)
+        return max(versions.BASE_VERSION, min(self.member_versions().values()), self.replicated.state.cluster_version)
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
         """Use `loop` for asynchronous proposals and hand-offs from the tick thread."""

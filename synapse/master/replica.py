@@ -25,7 +25,8 @@ import grpc
 
 from synapse.common.tls import channel_credentials
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import HealthReport, LeaderView
+from synapse.core.brain.leader_state import LeaderView
+from synapse.core.brain.stimuli import HealthReport
 from synapse.master.config import ClusterConfig
 from synapse.master.dispatch import nodes_relisted
 from synapse.master.durability import free_bytes

@@ -37,9 +37,11 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import LeaderConfig, LeaderState, Propose, Proposed, QueuePolicy, RoundDue
+from synapse.core import versions
+from synapse.core.brain.config import LeaderConfig, QueuePolicy
+from synapse.core.brain.leader_state import LeaderState
+from synapse.core.brain.stimuli import Propose, Proposed, RoundDue
 from synapse.core.model import DEFAULT_LEVELS, JobSpec, Plan, Resources
 from synapse.core.schedule.scheduler import RoundResult, schedule_round
 from synapse.core.schedule.spares import SparePolicy
@@ -88,7 +90,7 @@ class Simulator:
         self.leader = LeaderState(LeaderConfig(preempt=preempt, policy=policy, job_retention=0, spares=spares))
         # Every member of a simulated cluster runs this code, as a real cluster does once upgraded:
         # spares may be designated, run times are learned (synapse.core.schedule.predict).
-        self.state.apply(c.SetClusterVersion(at=0.0, version=codec.COMMAND_VERSION))
+        self.state.apply(c.SetClusterVersion(at=0.0, version=versions.COMMAND_VERSION))
         self.preemptions: list[c.Preempt] = []  #: every Preempt committed, in order
         #: (victim, start, stop, GPUs) of every attempt preempted: held until its tasks exited, work
         #: lost (the victim reruns from the start)

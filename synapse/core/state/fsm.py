@@ -60,11 +60,12 @@ from synapse.core.state.transitions import (
     LEARNED_OUTCOMES,
     MAX_RUNS_PER_JOB,
     MAX_UNCHARGED_REQUEUES,
-    PREDICT_VERSION,
     utc_clock,
 )
+from synapse.core.versions import PREDICT_VERSION
 
-#: The names other modules import from here (the constants live beside the handlers that use them).
+#: The names other modules import from here (the constants live beside the handlers that use them;
+#: PREDICT_VERSION in synapse.core.versions).
 __all__ = [
     "DEQUEUED_KEPT", "LEARNED_OUTCOMES", "MAX_CLUSTER_EVENTS", "MAX_EVENTS_PER_JOB", "MAX_EXCLUDED_NODES",
     "MAX_FINISHED_RECORDS", "MAX_NODE_FAILURES", "MAX_RUNS_PER_JOB", "MAX_UNCHARGED_REQUEUES", "PREDICT_VERSION",

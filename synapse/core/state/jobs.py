@@ -193,7 +193,7 @@ def fail_attempt(state: ClusterTables, cmd: c.FailAttempt) -> Result:
     if job.status is JobStatus.PENDING:
         if not cmd.final:
             return Result.rejected(f"job {job.id} is PENDING; only a final failure applies")
-        if cmd.cause:  # e.g. DependencyNeverSatisfied (a version-2 job: see codec.KIND_VERSIONS)
+        if cmd.cause:  # e.g. DependencyNeverSatisfied (a version-2 job: see versions.KIND_VERSIONS)
             job.failure_cause, job.failure = cmd.cause, f"{cmd.cause}: {cmd.reason}"
         array = state.arrays.get(job.array_id) if job.array_id else None
         if array is not None and cmd.cause == dependencies.NEVER_SATISFIED:

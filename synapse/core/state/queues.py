@@ -75,7 +75,7 @@ def preempt(state: ClusterTables, cmd: c.Preempt) -> Result:
         kept = sum(1 for t in victim.tasks if t.node_id not in cmd.nodes)
         if elastic.is_elastic(victim.spec) and kept >= victim.spec.tasks_min:
             # An elastic gang shrinks instead of being evicted: it restarts at once without the
-            # held nodes (a version-2 job: see codec.KIND_VERSIONS).
+            # held nodes (a version-2 job: see versions.KIND_VERSIONS).
             stop_attempt(state, victim, f"shrinking from {len(victim.tasks)} to {kept} task(s) for job "
                                         f"{cmd.job_id} (rule {cmd.rule})", cmd.at, cause=EndReason.RESIZED,
                          notice=v.notice)

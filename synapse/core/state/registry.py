@@ -3,7 +3,7 @@
 A handler is `handler(state, cmd) -> Result`, in the module of the table it changes (see
 synapse.core.state). `fsm.ClusterState.apply` dispatches through this table alone, so a kind missing
 here is a kind this code cannot apply (codec.CodecError for its log entry). The kinds the codec
-knows (`codec.KIND_VERSIONS`, with the command-set version of each) must be exactly these:
+knows (`versions.KIND_VERSIONS`, with the command-set version of each) must be exactly these:
 scripts/command_table.py checks it and renders docs/architecture/commands.md from both.
 """
 

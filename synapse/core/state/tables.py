@@ -14,7 +14,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from synapse.core import codec
+from synapse.core import versions
 from synapse.core.arrays import JobArray, split_element_id
 from synapse.core.model import (
     DEFAULT_LEVELS,
@@ -107,7 +107,7 @@ class ClusterTables:
         self.finished: dict[str, str] = {}
         # -- the cluster (state.cluster) and its events (ClusterTables.emit, from every table)
         #: the command-set version every member is known to apply (SetClusterVersion); only rises; apply only
-        self.cluster_version = codec.BASE_VERSION
+        self.cluster_version = versions.BASE_VERSION
         #: master replicas added at run time: id -> (raft address, api address); apply only
         self.replicas: dict[str, tuple[str, str]] = {}
         #: the cluster's typed events, oldest first, at most MAX_CLUSTER_EVENTS; apply only

@@ -25,6 +25,7 @@ from synapse.core.state.arrays import element_ended
 from synapse.core.state.events import job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.usage import count_usage, queue_of, release_hold
+from synapse.core.versions import PREDICT_VERSION
 
 #: How a Notice event names the planned stop it announces.
 _PLANNED_STOPS: dict[str, str] = {EndReason.TIME_LIMIT: "its time limit", EndReason.PREEMPTED: "the preemption",
@@ -36,8 +37,6 @@ MAX_RUNS_PER_JOB = 100
 #: max_restarts, so a job that takes its nodes down cannot walk the cluster for ever (Slurm's
 #: MaxBatchRequeue is 5 too). Drains, preemption and resizes stay uncharged: they are the cluster's.
 MAX_UNCHARGED_REQUEUES = 5
-#: The command-set version from which apply learns run times (SetClusterVersion raises it).
-PREDICT_VERSION = 4
 #: The ends of an attempt that tell how long its job runs (synapse.core.schedule.predict): it ran until it
 #: exited, or until its time limit; a stop the cluster chose, or a task that never ran, says nothing.
 LEARNED_OUTCOMES = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SIGNAL, EndReason.OOM_KILLED,

@@ -25,8 +25,8 @@ from synapse.common.auth import (
     REPLICA_CREDENTIAL_KEY,
 )
 from synapse.common.tls import peer_common_name
-from synapse.core import codec
 from synapse.core import commands as c
+from synapse.core import versions
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, token_key
 from synapse.master.cipher import SecretSeal
 from synapse.master.metrics import Metrics
@@ -55,8 +55,7 @@ def host_port(value: str) -> bool:
 def admits(version: int, kind: type[c.Command], cause: str = "") -> bool:
     """Whether a cluster at command-set `version` takes a command of `kind` (and, for a task's exit,
     its `cause`): the one version question the API asks before it proposes."""
-    return codec.KIND_VERSIONS.get(kind, codec.BASE_VERSION) <= version and \
-        codec.CAUSE_VERSIONS.get(cause, codec.BASE_VERSION) <= version
+    return versions.may_propose(kind, version) and versions.cause_known(cause, version)
 
 
 class ServicerBase:

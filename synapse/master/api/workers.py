@@ -16,7 +16,7 @@ from synapse.common.auth import NODE_CREDENTIAL_KEY
 from synapse.common.tls import peer_common_name
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.brain.leader_state import ProgressReport
+from synapse.core.brain.stimuli import ProgressReport
 from synapse.core.model import NodeStatus
 from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, ServicerBase, admits, host_port
 from synapse.master.api.job_info import PULL_PROGRESS_TTL_S
