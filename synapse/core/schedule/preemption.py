@@ -47,7 +47,8 @@ from synapse.core.schedule.admission import beyond_guarantee, pool_of, queue_of,
 from synapse.core.schedule.elastic import is_elastic
 from synapse.core.schedule.placement import pack_depth
 from synapse.core.schedule.topology import Domain
-from synapse.core.state.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
+from synapse.core.schedule.view import ClusterRead
+from synapse.core.state.queues import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S
 
 #: A plan's cost, compared as a tuple: (highest victim priority, GPUs pushed below guarantees, GPU-seconds
 #: lost, victims, their ids); a lower bound on it, its first three (a prefix compares as a tuple would).
@@ -80,7 +81,7 @@ class _Candidate:
         return (self.job.spec.priority, self.below, self.lost, self.job.id)
 
 
-def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
+def plan(state: ClusterRead, job: Job, now: float) -> PreemptionPlan | str:
     """A preemption plan that lets `job` start, or why there is none."""
     queue = queue_of(state, job)
     rules = queue.preemption_rules or DEFAULT_RULES
@@ -217,7 +218,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     return PreemptionPlan(command, cost[2], chosen)
 
 
-def _pushed_below(state: ClusterState, victims: tuple[_Candidate, ...]) -> int:
+def _pushed_below(state: ClusterRead, victims: tuple[_Candidate, ...]) -> int:
     """GPUs by which taking these victims leaves their queues below their guarantees."""
     taken: dict[str, int] = {}
     for v in victims:
@@ -247,7 +248,7 @@ def _notice(victim: _Candidate) -> float:
     return victim.queue.capped(spec.checkpoint.notice) if spec.has_checkpoint else 0.0
 
 
-def _heads_queue(state: ClusterState, job: Job) -> bool:
+def _heads_queue(state: ClusterRead, job: Job) -> bool:
     """True when no pending job of the job's queue is ahead of it in queue order."""
     name = state.queue_of(job)
     for pending in state.pending_jobs():
@@ -256,7 +257,7 @@ def _heads_queue(state: ClusterState, job: Job) -> bool:
     return False
 
 
-def _depths(state: ClusterState, job: Job) -> list[int]:
+def _depths(state: ClusterRead, job: Job) -> list[int]:
     pack = job.spec.topology.pack
     if not pack:
         return [0]
@@ -264,7 +265,7 @@ def _depths(state: ClusterState, job: Job) -> list[int]:
     return [depth] if job.spec.topology.mode.value == "required" else [depth, 0]
 
 
-def _nodes_of(state: ClusterState, domain: Domain) -> list[str]:
+def _nodes_of(state: ClusterRead, domain: Domain) -> list[str]:
     """The nodes of a domain that accept work, from the capacity index."""
     stats = state.index.domains[domain]
     if stats.entries is not None:
@@ -272,7 +273,7 @@ def _nodes_of(state: ClusterState, domain: Domain) -> list[str]:
     return sorted(n for child in stats.children for n in _nodes_of(state, child))
 
 
-def _held_for_others(state: ClusterState, job: Job, depth: int) -> dict[Domain, int]:
+def _held_for_others(state: ClusterRead, job: Job, depth: int) -> dict[Domain, int]:
     """Free GPUs per domain on nodes held for other preemptors (out of reach for this job)."""
     out: dict[Domain, int] = {}
     for node_id, holder in state.held_nodes.items():
@@ -306,7 +307,7 @@ class _Room:
     """Free resources per node of one domain and how many of the gang's tasks they hold, kept
     up to date as victims are taken out or put back (each change touches only the victim's nodes)."""
 
-    def __init__(self, state: ClusterState, job: Job, node_ids: list[str]) -> None:
+    def __init__(self, state: ClusterRead, job: Job, node_ids: list[str]) -> None:
         self.per_task, self.tasks = job.spec.resources, job.spec.tasks
         self.free = {n: state.nodes[n].capacity - state.nodes[n].used for n in node_ids}
         self.count = {n: self._count(f) for n, f in self.free.items()}
@@ -329,7 +330,7 @@ class _Room:
                 self.count[task.node_id] = new
 
 
-def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
+def _victims_in(state: ClusterRead, job: Job, node_ids: list[str],
                 candidates: list[_Candidate]) -> tuple[tuple[_Candidate, ...], tuple[str, ...]] | None:
     """The cheapest victims whose going lets the whole gang fit on these nodes, and the nodes to
     hold for it; None if no eligible set does."""

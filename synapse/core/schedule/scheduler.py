@@ -81,7 +81,7 @@ from synapse.core.schedule.eligibility import Gate
 from synapse.core.schedule.placement import ClusterView, explain, pack_depth
 from synapse.core.schedule.spares import last_domain, may_use_spares, restarting
 from synapse.core.schedule.topology import Domain
-from synapse.core.state.fsm import ClusterState
+from synapse.core.schedule.view import ClusterRead
 
 #: What makes gangs fit or fail alike within one round (`_shape`, plus what a round adds to it).
 Shape = tuple[Any, ...]
@@ -174,14 +174,14 @@ class WaitReason:
     spec: JobSpec | None = None  #: what was placed (with a rack wait, the one-rack form)
     blocked: frozenset[str] = frozenset()  #: nodes the round kept it off (reservations, holds)
 
-    def shortfalls_in(self, state: ClusterState) -> tuple[Shortfall, ...]:
+    def shortfalls_in(self, state: ClusterRead) -> tuple[Shortfall, ...]:
         if self.shortfalls or self.spec is None:
             return self.shortfalls
         view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
         view.set_blocked(self.blocked)
         return explain(view, self.spec)
 
-    def describe(self, state: ClusterState) -> str:
+    def describe(self, state: ClusterRead) -> str:
         return "; ".join([self.message, *map(str, self.shortfalls_in(state))])
 
     def __str__(self) -> str:
@@ -216,9 +216,9 @@ class RoundMemo:
     memo is exact at one `now` only (tests/test_round_memo.py): as time moves, locality waits end
     and expected starts move, which the leader's periodic full round takes in."""
 
-    state: ClusterState  #: the state it read (a loaded snapshot is a new object: the memo lapses)
-    other_changes: int  #: ClusterState.other_changes then
-    dequeued: int  #: ClusterState.dequeued_count then
+    state: ClusterRead  #: the state it read (a loaded snapshot is a new object: the memo lapses)
+    other_changes: int  #: ClusterRead.other_changes then
+    dequeued: int  #: ClusterRead.dequeued_count then
     seen: int  #: how many pending jobs it went through
     last_key: tuple[Any, ...] | None  #: the queue entry of the last one
     failed: dict[Shape, WaitReason]
@@ -228,7 +228,7 @@ class RoundMemo:
     #: every upstream a seen job depends on
     pivotal: frozenset[str] = frozenset()
 
-    def carry_on(self, state: ClusterState) -> tuple[int, list[str]] | None:
+    def carry_on(self, state: ClusterRead) -> tuple[int, list[str]] | None:
         """Where a round of `state` may carry on from (the position in its queue after the jobs
         this memo saw), and which of those jobs have left the queue; None if the memo does not hold."""
         quiet = state.dequeued_count - self.dequeued
@@ -246,7 +246,7 @@ class RoundMemo:
             return None
         return start, [job_id for _, job_id in gone]
 
-    def valid_for(self, state: ClusterState) -> bool:
+    def valid_for(self, state: ClusterRead) -> bool:
         """Whether a round of `state` may carry on from this memo."""
         return self.carry_on(state) is not None
 
@@ -270,7 +270,7 @@ def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> Shape:
     return (spec.tasks, spec.tasks_min, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use)
 
 
-def schedule_round(state: ClusterState, now: float,
+def schedule_round(state: ClusterRead, now: float,
                    previous: Reservation | tuple[Reservation, ...] | None = None,
                    memo: RoundMemo | None = None, tuning: Tuning = TUNING) -> RoundResult:
     """Plans for the pending gangs that can start now, and the blocked gangs' reservations.
@@ -420,7 +420,7 @@ def _ends_before(run: float, reservation: Reservation, now: float) -> bool:
     return not math.isinf(run) and not math.isinf(reservation.starts_at) and now + run <= reservation.starts_at
 
 
-def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> float:
+def _backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> float:
     """How long a job is taken to run when it asks for reserved nodes, where a wrong guess delays
     the gang the nodes are kept for.
 
@@ -442,7 +442,7 @@ def _backfill_run(state: ClusterState, job: Job, now: float, tuning: Tuning) -> 
     return limit if longest is None else min(limit, longest)
 
 
-def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True, own_kind: bool = True) -> float:
+def expected_run(state: ClusterRead, job: Job, now: float, predict: bool = True, own_kind: bool = True) -> float:
     """Seconds the job's current attempt is expected to run in all: as the cluster's runs of its
     kind predict (synapse.core.schedule.predict, never beyond its time limit; raised if it has run longer),
     or its time limit when `predict` is off; inf when neither is known. `own_kind`: only runs of
@@ -456,7 +456,7 @@ def expected_run(state: ClusterState, job: Job, now: float, predict: bool = True
                                   own_kind=own_kind)
 
 
-def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, now: float,
+def _blocked_reason(state: ClusterRead, view: ClusterView, job: Job, spec: JobSpec, now: float,
                     reservations: list[Reservation], previous: Reservation | None, clock: _DrainClock,
                     tuning: Tuning, depth: int | None = None, restart: bool = False) -> tuple[str, str]:
     """Reserve nodes for a gang that does not fit, if it is among the first blocked ones or a
@@ -506,7 +506,7 @@ def _blocked_reason(state: ClusterState, view: ClusterView, job: Job, spec: JobS
     return "does not fit now" + local + "; " + reservation.describe(now), "Resources"
 
 
-def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float]) -> frozenset[str]:
+def _kept_for_restart(state: ClusterRead, job: Job, until: Mapping[str, float]) -> frozenset[str]:
     """The usable nodes of the domain of a restart's last run that no other reservation or hold
     keeps, as many as its gang's tasks at most, its survivors first."""
     domain = last_domain(state, job)
@@ -516,20 +516,20 @@ def _kept_for_restart(state: ClusterState, job: Job, until: Mapping[str, float])
     return frozenset(n.id for n in nodes[:job.spec.tasks])
 
 
-def _down_since(state: ClusterState, domain: Domain) -> float:
+def _down_since(state: ClusterRead, domain: Domain) -> float:
     """When the node DOWN longest in a topology domain went down (inf when none is)."""
     return min((n.status_changed_at for n in state.nodes.values()
                 if n.status is NodeStatus.DOWN and n.topology[:len(domain)] == domain), default=math.inf)
 
 
-def _outside(state: ClusterState, domain: Domain) -> frozenset[str]:
+def _outside(state: ClusterRead, domain: Domain) -> frozenset[str]:
     """The nodes outside a topology domain (none for the whole cluster)."""
     if not domain:
         return frozenset()
     return frozenset(n.id for n in state.nodes.values() if n.topology[:len(domain)] != domain)
 
 
-def _unusable_nodes_reason(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
+def _unusable_nodes_reason(state: ClusterRead, spec: JobSpec) -> tuple[str, str] | None:
     """Why a gang that fits no idle domain of the usable nodes may still start: nodes that are
     DOWN or cordoned now (a cluster whose workers are lost is not one too small). None if every
     node is usable, or if the gang would not fit even with every node back and idle (counting
@@ -554,7 +554,7 @@ def _unusable_nodes_reason(state: ClusterState, spec: JobSpec) -> tuple[str, str
             "are back", "NodesUnavailable")
 
 
-def _queue_order(state: ClusterState) -> list[Job]:
+def _queue_order(state: ClusterRead) -> list[Job]:
     """With queues defined: gangs within their queue's guarantee first, then by fair share."""
     pool = pool_of(state)
     return sorted(state.pending_jobs(), key=lambda job: admission_key(state, job, pool))
@@ -590,7 +590,7 @@ class _DrainClock:
     prediction, or by time limit) of the tasks on it (inf when one has none), counting this round's
     plans (array elements not yet jobs among them) as started now. Computed per node on demand."""
 
-    def __init__(self, state: ClusterState, now: float, plans: list[Plan], predict: bool = False) -> None:
+    def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool = False) -> None:
         self.state, self.now, self.plans, self.predict = state, now, plans, predict
         #: job id -> how long its attempt is expected to run (a job's, not a task's: its tasks start
         #: apart, and each ends that long after its own start)
@@ -653,7 +653,7 @@ def _reserved_until(reservations: Iterable[Reservation]) -> dict[str, float]:
     return until
 
 
-def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, previous: Reservation | None,
+def _reserve(state: ClusterRead, view: ClusterView, job: Job, spec: JobSpec, previous: Reservation | None,
              until: Mapping[str, float], clock: _DrainClock, tuning: Tuning, sticky: bool = True,
              depth: int | None = None) -> Reservation | None:
     """The nodes expected to hold the gang earliest, avoiding other reservations' nodes.
@@ -691,7 +691,7 @@ def _reserve(state: ClusterState, view: ClusterView, job: Job, spec: JobSpec, pr
                        ends_at=kept_start + limit)
 
 
-def _split_pays(state: ClusterState, view: ClusterView, job: Job, local: JobSpec, fits_split: bool,
+def _split_pays(state: ClusterRead, view: ClusterView, job: Job, local: JobSpec, fits_split: bool,
                 until: Mapping[str, float], clock: _DrainClock, tuning: Tuning, run: float) -> bool:
     """Whether a gang waiting for one domain (`local`, its one-domain form) should rather split:
     run split (at `spread_factor` of its speed) from its expected start split (now if
@@ -733,7 +733,7 @@ def _closest_depth(view: ClusterView, spec: JobSpec) -> int | None:
     return None
 
 
-def _earliest(state: ClusterState, view: ClusterView, spec: JobSpec, until: Mapping[str, float],
+def _earliest(state: ClusterRead, view: ClusterView, spec: JobSpec, until: Mapping[str, float],
               clock: _DrainClock, depth: int | None = None,
               within: Domain | None = None) -> tuple[Domain, frozenset[str], float] | None:
     """(domain, nodes, expected start) of the choice expected to hold the gang first.
