@@ -81,7 +81,8 @@ from synapse.core.schedule import admission, preemption, spares
 from synapse.core.schedule.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.schedule.eligibility import HELD_CODES
 from synapse.core.schedule.placement import ClusterView
-from synapse.core.schedule.scheduler import Reservation, RoundMemo, RoundResult, WaitReason, schedule_round
+from synapse.core.schedule.reservations import Reservation
+from synapse.core.schedule.scheduler import RoundMemo, RoundResult, WaitReason, schedule_round
 from synapse.core.schedule.spares import SparePolicy
 from synapse.core.state.fsm import ClusterState
 

@@ -85,8 +85,33 @@ def plan(state: ClusterRead, job: Job, now: float) -> PreemptionPlan | str:
     """A preemption plan that lets `job` start, or why there is none."""
     queue = queue_of(state, job)
     rules = queue.preemption_rules or DEFAULT_RULES
+    within_guarantee = not beyond_guarantee(usage_of(state, queue.name) + job.spec.total, queue.guaranteed)
+    candidates, protected, exempt = _candidates(state, job, queue, rules, within_guarantee, now)
+    if not candidates:
+        if protected:
+            until, who = min(protected)
+            return (f"the gangs it could preempt are protected by min_runtime (the first, {who}, until "
+                    f"{format_moment(until, now)})")
+        if exempt:
+            return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
+                    f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")
+        return (f"no rule lets queue {queue.name} preempt for it (rules: {', '.join(rules)}; "
+                f"{'within' if within_guarantee else 'beyond'} its guarantee)")
+    best, considered, alternatives = _cheapest(state, job, candidates)
+    if best is None:
+        return "evicting every gang it may preempt would still not make room for the whole gang in one domain"
+    return _preemption(state, job, queue, now, best, considered, alternatives)
+
+
+#: The cheapest victim set found: (its cost, the victims, the nodes held for the preemptor, the domain).
+_Best = tuple[Cost, tuple[_Candidate, ...], tuple[str, ...], Domain]
+
+
+def _candidates(state: ClusterRead, job: Job, queue: Queue, rules: tuple[str, ...], within_guarantee: bool,
+                now: float) -> tuple[list[_Candidate], list[tuple[float, str]], list[str]]:
+    """The gangs a rule lets `job` preempt; those a rule would let it but min_runtime protects
+    (until when, and which); and those exempt, having used their preemption budget."""
     need = job.spec.total
-    within_guarantee = not beyond_guarantee(usage_of(state, queue.name) + need, queue.guaranteed)
     fair = "fair_share" in rules
     pool = pool_of(state) if fair else Resources()
     share_after = share(queue, usage_of(state, queue.name) + need, pool) if fair else 0.0
@@ -138,23 +163,19 @@ def plan(state: ClusterRead, job: Job, now: float) -> PreemptionPlan | str:
         shrinks = is_elastic(other.spec) and len(other.tasks) > other.spec.tasks_min
         lost = 0.0 if shrinks else gpus * max(0.0, now - since)
         candidates.append(_Candidate(other, other_queue, rule, lost, below, gpus))
-    if not candidates:
-        if protected:
-            until, who = min(protected)
-            return (f"the gangs it could preempt are protected by min_runtime (the first, {who}, until "
-                    f"{format_moment(until, now)})")
-        if exempt:
-            return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
-                    f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")
-        return (f"no rule lets queue {queue.name} preempt for it (rules: {', '.join(rules)}; "
-                f"{'within' if within_guarantee else 'beyond'} its guarantee)")
+    return candidates, protected, exempt
 
-    depths = _depths(state, job)
-    best: tuple[Cost, tuple[_Candidate, ...], tuple[str, ...], Domain] | None = None
+
+def _cheapest(state: ClusterRead, job: Job, candidates: list[_Candidate]
+              ) -> tuple[_Best | None, int, list[tuple[float, str, Domain]]]:
+    """The cheapest victim set, domain by domain at the job's pack level (then the whole cluster,
+    for a preferred pack); how many domains were searched; and what each domain weighed would
+    cost (GPU-seconds lost, its description, the domain)."""
+    best: _Best | None = None
     considered = 0
     alternatives: list[tuple[float, str, Domain]] = []  # (GPU-seconds lost, description, domain) of each domain
     index, nodes = state.index, state.nodes
-    for depth in depths:
+    for depth in _depths(state, job):
         by_domain: dict[Domain, list[_Candidate]] = {}  # each candidate under every domain it touches
         gpus_in: dict[Domain, list[tuple[float, int]]] = {}  # domain -> (lost per GPU, GPUs there)
         for candidate in candidates:
@@ -182,18 +203,24 @@ def plan(state: ClusterRead, job: Job, now: float) -> PreemptionPlan | str:
             if found is None:
                 continue
             considered += 1
-            victims, held = found
+            victims, held_nodes = found
             cost = (max(v.job.spec.priority for v in victims), _pushed_below(state, victims),
                     sum(v.lost for v in victims), len(victims), tuple(sorted(v.job.id for v in victims)))
             below = f", gpu {cost[1]} below guarantees" if cost[1] else ""
             alternatives.append((cost[2], f"{topology_path(domain) or 'cluster'} {cost[2]:.0f} GPU-s in "
                                           f"{cost[3]} gang(s){below}", domain))
             if best is None or cost < best[0]:
-                best = (cost, victims, held, domain)
+                best = (cost, victims, held_nodes, domain)
         if best is not None:
             break
-    if best is None:
-        return "evicting every gang it may preempt would still not make room for the whole gang in one domain"
+    return best, considered, alternatives
+
+
+def _preemption(state: ClusterRead, job: Job, queue: Queue, now: float, best: _Best, considered: int,
+                alternatives: list[tuple[float, str, Domain]]) -> PreemptionPlan:
+    """The Preempt command of the cheapest victim set, explained: the domain it preempts in, the
+    queues' facts, and the domains weighed and not chosen."""
+    need = job.spec.total
     cost, victims, held, domain = best
     q_usage = usage_of(state, queue.name)
     facts = [f"queue {queue.name} uses gpu {q_usage.gpu} of guaranteed {queue.guaranteed.gpu}, needs {need.gpu}"]
