@@ -61,6 +61,7 @@ class Reservation:
         return (f"job {self.job_id} holds {len(self.nodes)} node(s) in "
                 f"{topology_path(self.domain)} (expected free at {format_moment(self.starts_at, now)})")
 
+
 @dataclass(frozen=True, slots=True)
 class Tuning:
     """The queue policy's knobs; `TUNING` is what the leader runs (the simulator may ablate)."""
@@ -107,6 +108,7 @@ TUNING = Tuning()
 #: reserves, weighed at every round, and no gang waits for one rack.
 CONSERVATIVE = Tuning(reservations=1 << 30, switch_share=0.0, switch_min_s=0.0, reevaluate_s=0.0,
                       locality_wait_s=0.0, weigh_locality=False, predict=False)
+
 
 def ends_before(run: float, reservation: Reservation, now: float) -> bool:
     """A job may use reserved nodes only if it is expected to end (`run`: its prediction, or its

@@ -33,6 +33,8 @@ admitted, see synapse.core.schedule.admission):
   **Spares** take restarts anywhere and other jobs only if they have a time limit and fit nowhere
   else; reservations of other gangs never hold them (the leader evicts their guests for a restart).
 
+The round reads the cluster through a `ClusterRead` (synapse.core.schedule.view), never the state
+machine itself. `_Round` is one walk down the queue; each step of a job's turn is one method.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ class RoundResult:
 
 def _shape(spec: JobSpec, may_use: tuple[bool, ...]) -> Shape:
     """Jobs of the same shape fit or fail alike within one round (claims and blocks only grow). A
-    job that holds nodes from a preemption is a shape of its own (see schedule_round)."""
+    job that holds nodes from a preemption is a shape of its own (see _Round._ask)."""
     r, t = spec.resources, spec.topology
     return (spec.tasks, spec.tasks_min, r.cpu, r.memory, r.gpu, t.pack, t.mode, may_use)
 
@@ -201,7 +203,7 @@ def schedule_round(state: ClusterRead, now: float,
 
     With a `memo` of the round before that still holds, only the jobs queued since are examined.
     `previous`: the last round's reservations (`RoundResult.reservations`; a lone Reservation is
-    the head's), kept for their jobs as `reserve` says."""
+    the head's), kept for their jobs as reservations._reserve says."""
     if isinstance(previous, Reservation):
         previous = (previous,)
     walk = _Round(state, now, previous or (), tuning)
