@@ -37,6 +37,10 @@ ALLOWED = {
 #: them out: a driver that imported the deciding modules could grow a second copy of a decision.
 DRIVERS = {"sim.engine", "master.leader"}
 DECIDING = {"core.schedule.preemption", "core.schedule.admission", "core.schedule.placement"}
+#: Scheduling plans from a read-only view of the cluster (synapse.core.schedule.view.ClusterRead),
+#: never from the state machine, so that a round can plan on a snapshot taken under the lock.
+PLANNERS = "core.schedule"
+STATE_MACHINE = "core.state.fsm"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -122,6 +126,8 @@ def forbidden_edges(root: Path) -> list[str]:
                 target = imported.split(".")
                 if ".".join(parts[1:]) in DRIVERS and ".".join(target[1:4]) in DECIDING:
                     bad.append(f"{name} -> {imported} (a driver of the leader's brain decides nothing itself)")
+                if ".".join(parts[1:3]) == PLANNERS and ".".join(target[1:4]) == STATE_MACHINE:
+                    bad.append(f"{name} -> {imported} (scheduling reads a ClusterRead, not the state machine)")
                 if len(target) < 2 or target[1] == layer:
                     continue
                 if target[1] not in ALLOWED.get(layer, set()):
@@ -191,6 +197,28 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
     assert ("pkg.sim.engine -> pkg.core.schedule.preemption (a driver of the leader's brain decides nothing "
             "itself)") in bad
     assert not any(b.startswith("pkg.core.codec -> pkg.core.model") for b in bad)
+
+
+def test_the_checks_catch_scheduling_importing_the_state_machine(tmp_path):
+    """The checker itself: a scheduling module that imports the state machine, even for its types
+    alone, is caught; one that imports the view, or a state module that imports scheduling, is not."""
+    root = tmp_path / "pkg"
+    _write(root, {
+        "__init__.py": "",
+        "core/__init__.py": "",
+        "core/state/__init__.py": "",
+        "core/state/fsm.py": "from pkg.core.schedule import view\n",
+        "core/schedule/__init__.py": "",
+        "core/schedule/view.py": "",
+        "core/schedule/scheduler.py": "from typing import TYPE_CHECKING\nfrom pkg.core.schedule.view import X\n"
+                                      "if TYPE_CHECKING:\n    from pkg.core.state.fsm import ClusterState\n",
+        "core/schedule/spares.py": "from pkg.core.state import fsm\n",
+    })
+    bad = forbidden_edges(root)
+    assert bad == [
+        "pkg.core.schedule.scheduler -> pkg.core.state.fsm (scheduling reads a ClusterRead, not the state machine)",
+        "pkg.core.schedule.spares -> pkg.core.state.fsm (scheduling reads a ClusterRead, not the state machine)",
+    ]
 
 
 # ---- the worker's state has one writer ------------------------------------------------------------

@@ -7,7 +7,8 @@ import random
 from synapse.core import commands as c
 from synapse.core.model import Placement
 from synapse.core.schedule.predict import STEPS, Prediction, RunTimes
-from synapse.core.schedule.scheduler import TUNING, expected_run, schedule_round
+from synapse.core.schedule.reservations import TUNING, expected_run
+from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.state.fsm import PREDICT_VERSION, ClusterState
 from synapse.sim.policies import LIMITS
 from tests.helpers import checked, cluster, spec

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from synapse.core import commands as c
 from synapse.core.model import JobStatus, Queue, Resources
-from synapse.core.schedule.scheduler import CONSERVATIVE, RoundResult, Tuning, schedule_round
+from synapse.core.schedule.reservations import CONSERVATIVE, Tuning
+from synapse.core.schedule.scheduler import RoundResult, schedule_round
 from synapse.core.state.fsm import PREDICT_VERSION, ClusterState
 from synapse.core.state.invariants import violations
 from synapse.sim.engine import uniform_cluster

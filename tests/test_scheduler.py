@@ -8,7 +8,8 @@ import random
 from synapse.core import commands as c
 from synapse.core.model import JobStatus, Placement, Plan
 from synapse.core.schedule.placement import ClusterView, place
-from synapse.core.schedule.scheduler import CONSERVATIVE, TUNING, schedule_round
+from synapse.core.schedule.reservations import CONSERVATIVE, TUNING
+from synapse.core.schedule.scheduler import schedule_round
 from synapse.sim.engine import Simulator, uniform_cluster
 from tests.helpers import spec
 

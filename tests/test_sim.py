@@ -9,7 +9,7 @@ import pytest
 
 from synapse.core import commands as c
 from synapse.core.model import JobStatus
-from synapse.core.schedule.scheduler import TUNING
+from synapse.core.schedule.reservations import TUNING
 from synapse.sim import trace as tracefile
 from synapse.sim.engine import Simulator, uniform_cluster
 from synapse.sim.generate import DURATION_QUANTILES, MIXES, Recipe, generate, sample_duration

@@ -13,7 +13,8 @@ from synapse.core.brain.config import LeaderConfig
 from synapse.core.brain.leader_state import LeaderState
 from synapse.core.brain.stimuli import Propose, RoundDue
 from synapse.core.model import JobStatus, NodeStatus, Placement
-from synapse.core.schedule.scheduler import TUNING, schedule_round
+from synapse.core.schedule.reservations import TUNING
+from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, designate, restarting
 from synapse.local.main import main as synapse_local
 from synapse.master.config import ConfigError, parse_cluster_config

@@ -11,6 +11,7 @@ the upstream ended the wrong way; a requeued attempt is not an end).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,10 +22,14 @@ from synapse.core.model import Job, JobStatus
 class ClusterState(Protocol):
     """What resolving reads of synapse.core.state.fsm.ClusterState (which imports this module)."""
 
-    jobs: dict[str, Job]
-    arrays: dict[str, JobArray]
-    array_live: dict[str, set[str]]
-    finished: dict[str, str]
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+    @property
+    def arrays(self) -> Mapping[str, JobArray]: ...
+    @property
+    def array_live(self) -> Mapping[str, Set[str]]: ...
+    @property
+    def finished(self) -> Mapping[str, str]: ...
 
 #: The kinds of dependency, as the job file spells them (Slurm's afterok, afterany, afternotok).
 KINDS = ("ok", "any", "notok")

@@ -233,7 +233,7 @@ def _above_zero(_ctx, _param, value: float | None) -> float | None:
               help="Leave jobs submitted in the first hours out of the metrics.")
 @click.option("--report", "report_dir", help="Also write an HTML report with plots into this directory.")
 @click.option("--tuning", default="", metavar="KEY=VALUE,...",
-              help="Change the knobs of Synapse's policies (synapse.core.schedule.scheduler.Tuning: reservations, "
+              help="Change the knobs of Synapse's policies (synapse.core.schedule.reservations.Tuning: reservations, "
                    "locality_wait_s, weigh_locality, spread_factor, switch_share, switch_min_s, reevaluate_s), "
                    "for ablations.")
 @click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",

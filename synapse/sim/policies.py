@@ -14,7 +14,7 @@ signature, so every policy goes through the same state machine and `placement.pl
 * `conservative` — conservative backfilling, what Slurm's backfill plugin runs: every blocked job
   keeps a reservation (a later one may take an earlier one's nodes only from when that one is
   expected to end), so nothing starts that is expected to delay a job ahead of it; no rack wait.
-  It is Synapse's `schedule_round` with those knobs (`scheduler.CONSERVATIVE`), so it shares its
+  It is Synapse's `schedule_round` with those knobs (`reservations.CONSERVATIVE`), so it shares its
   reservation code.
 * `synapse-flat` — the ablation: the real policy on a cluster whose topology it cannot see (every
   node registered in one rack, in an order that says nothing about the real racks).
@@ -33,17 +33,8 @@ from dataclasses import dataclass
 from synapse.core.model import Job, excluded_for
 from synapse.core.schedule.eligibility import Gate
 from synapse.core.schedule.placement import ClusterView, place
-from synapse.core.schedule.scheduler import (
-    CONSERVATIVE,
-    TUNING,
-    Reservation,
-    RoundMemo,
-    RoundResult,
-    Tuning,
-    WaitReason,
-    expected_run,
-    schedule_round,
-)
+from synapse.core.schedule.reservations import CONSERVATIVE, TUNING, Reservation, Tuning, expected_run
+from synapse.core.schedule.scheduler import RoundMemo, RoundResult, WaitReason, schedule_round
 from synapse.core.state.fsm import ClusterState
 from synapse.sim.engine import QueuePolicy
 
@@ -167,7 +158,7 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
     """EASY backfilling: one reservation for the head blocked job, backfill what ends before it.
 
     By time limits; with `predict` (EASY++, Tsafrir et al.), by the run times the cluster's own
-    runs predict (scheduler.expected_run, the same predictor as Synapse's), limits still ending jobs."""
+    runs predict (reservations.expected_run, the same predictor as Synapse's), limits still ending jobs."""
     view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result, gate = RoundResult(), Gate(state)
     reserved: frozenset[str] | None = None

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from synapse.core import commands as c
 from synapse.core.arrays import element_id, format_ranges, parse_array, split_element_id
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
-from synapse.core.schedule.scheduler import Reservation, RoundMemo, RoundResult
+from synapse.core.schedule.reservations import Reservation
+from synapse.core.schedule.scheduler import RoundMemo, RoundResult
 from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, restarting
 from synapse.core.state.fsm import ClusterState
 from synapse.sim.engine import Simulator, TaskEnd

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse.core.schedule.scheduler import Reservation, RoundMemo, RoundResult, schedule_round
+from synapse.core.schedule.reservations import Reservation
+from synapse.core.schedule.scheduler import RoundMemo, RoundResult, schedule_round
 from synapse.core.schedule.spares import SparePolicy
 from synapse.core.state.fsm import ClusterState
 

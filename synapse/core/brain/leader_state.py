@@ -52,7 +52,8 @@ from synapse.core.brain.stimuli import (
 )
 from synapse.core.model import Job, Progress
 from synapse.core.schedule import preemption
-from synapse.core.schedule.scheduler import Reservation, RoundResult, WaitReason
+from synapse.core.schedule.reservations import Reservation
+from synapse.core.schedule.scheduler import RoundResult, WaitReason
 from synapse.core.state.fsm import ClusterState
 
 log = logging.getLogger(__name__)

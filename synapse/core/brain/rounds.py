@@ -24,7 +24,8 @@ from synapse.core.schedule import preemption, spares
 from synapse.core.schedule.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.schedule.eligibility import HELD_CODES
 from synapse.core.schedule.placement import ClusterView
-from synapse.core.schedule.scheduler import Reservation, RoundMemo, RoundResult, WaitReason
+from synapse.core.schedule.reservations import Reservation
+from synapse.core.schedule.scheduler import RoundMemo, RoundResult, WaitReason
 from synapse.core.state.fsm import ClusterState
 
 log = logging.getLogger(__name__)

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 from synapse.core.model import UNLIMITED, Job, NodeStatus, Queue, Resources
 from synapse.core.schedule.fairshare import history_share
-from synapse.core.state.fsm import ClusterState
+from synapse.core.schedule.view import ClusterRead
 
 _DIMENSIONS = ("gpu", "cpu", "memory")
 
 
-def queue_of(state: ClusterState, job: Job) -> Queue:
+def queue_of(state: ClusterRead, job: Job) -> Queue:
     """The job's queue (an undefined one as an unlimited queue with no guarantee)."""
     name = state.queue_of(job)
     return state.queues.get(name) or Queue(name)
 
 
-def usage_of(state: ClusterState, name: str) -> Resources:
+def usage_of(state: ClusterRead, name: str) -> Resources:
     """What the live tasks of a queue's jobs hold now."""
     return state.queue_usage.get(name, Resources())
 
@@ -47,7 +47,7 @@ def beyond_guarantee(amount: Resources, guaranteed: Resources) -> list[str]:
     return [d for d in declared or _DIMENSIONS if getattr(amount, d) > getattr(guaranteed, d)]
 
 
-def pool_of(state: ClusterState) -> Resources:
+def pool_of(state: ClusterRead) -> Resources:
     """What the READY nodes hold in all: the pool that shares are fractions of."""
     total = Resources()
     for node in state.nodes.values():
@@ -67,7 +67,7 @@ def share(queue: Queue, usage: Resources, pool: Resources) -> float:
     return worst / queue.weight
 
 
-def admission_key(state: ClusterState, job: Job, pool: Resources) -> tuple[bool, float, tuple[int, float, int]]:
+def admission_key(state: ClusterRead, job: Job, pool: Resources) -> tuple[bool, float, tuple[int, float, int]]:
     """Order across queues: gangs that stay within their queue's guarantee first, then the lowest
     share after admission; within a queue, priority then submission time (the job's queue key)."""
     queue = queue_of(state, job)
@@ -81,7 +81,7 @@ def _declares(queue: Queue) -> bool:
     return any(getattr(queue.guaranteed, d) > 0 for d in _DIMENSIONS)
 
 
-def max_block(state: ClusterState, job: Job, extra: dict[str, Resources] | None = None) -> str:
+def max_block(state: ClusterRead, job: Job, extra: dict[str, Resources] | None = None) -> str:
     """Why the job's queue (or its parent) may not take the job now, by its `max`; or ''.
     `extra`: usage claimed earlier in the same scheduling round, by queue."""
     extra = extra or {}

@@ -21,7 +21,7 @@ from synapse.core.arrays import element_id
 from synapse.core.dependencies import DependencyState
 from synapse.core.model import Job, JobSpec, Plan
 from synapse.core.schedule.placement import ClusterView, place
-from synapse.core.state.fsm import ClusterState
+from synapse.core.schedule.view import ClusterRead
 
 #: Elements of one array a round may plan beyond the queued one: the next round places more. It
 #: keeps a round short (the leader holds the state's lock through it): on 256 idle nodes, a round
@@ -47,7 +47,7 @@ class Held:
 class Gate:
     """One round's view of what holds jobs back; `placed` tells it of the round's plans."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterRead) -> None:
         self.state = state
         self._running: dict[str, int] = {}  #: array id -> elements holding a gang, with this round's plans
         self._names: set[tuple[str, str]] | None = None  #: (user, name) of jobs holding a gang, when needed

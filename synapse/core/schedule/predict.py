@@ -128,7 +128,7 @@ class RunTimes:
     def longest_own(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> float | None:
         """`predict(...).longest` when the prediction rests on runs of (user, name, gpus) itself;
         None when it does not. What a scheduling round asks for every job that might go on reserved
-        nodes (scheduler._backfill_run), so, like `expect`, it builds nothing."""
+        nodes (reservations.backfill_run), so, like `expect`, it builds nothing."""
         entry = self.keys.get(("job", user, name, gpus)) if user else None
         if entry is None:
             return None

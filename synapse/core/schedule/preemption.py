@@ -47,7 +47,8 @@ from synapse.core.schedule.admission import beyond_guarantee, pool_of, queue_of,
 from synapse.core.schedule.elastic import is_elastic
 from synapse.core.schedule.placement import pack_depth
 from synapse.core.schedule.topology import Domain
-from synapse.core.state.fsm import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S, ClusterState
+from synapse.core.schedule.view import ClusterRead
+from synapse.core.state.queues import PREEMPTION_BUDGET, PREEMPTION_WINDOW_S
 
 #: A plan's cost, compared as a tuple: (highest victim priority, GPUs pushed below guarantees, GPU-seconds
 #: lost, victims, their ids); a lower bound on it, its first three (a prefix compares as a tuple would).
@@ -80,12 +81,37 @@ class _Candidate:
         return (self.job.spec.priority, self.below, self.lost, self.job.id)
 
 
-def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
+def plan(state: ClusterRead, job: Job, now: float) -> PreemptionPlan | str:
     """A preemption plan that lets `job` start, or why there is none."""
     queue = queue_of(state, job)
     rules = queue.preemption_rules or DEFAULT_RULES
+    within_guarantee = not beyond_guarantee(usage_of(state, queue.name) + job.spec.total, queue.guaranteed)
+    candidates, protected, exempt = _candidates(state, job, queue, rules, within_guarantee, now)
+    if not candidates:
+        if protected:
+            until, who = min(protected)
+            return (f"the gangs it could preempt are protected by min_runtime (the first, {who}, until "
+                    f"{format_moment(until, now)})")
+        if exempt:
+            return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
+                    f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")
+        return (f"no rule lets queue {queue.name} preempt for it (rules: {', '.join(rules)}; "
+                f"{'within' if within_guarantee else 'beyond'} its guarantee)")
+    best, considered, alternatives = _cheapest(state, job, candidates)
+    if best is None:
+        return "evicting every gang it may preempt would still not make room for the whole gang in one domain"
+    return _preemption(state, job, queue, now, best, considered, alternatives)
+
+
+#: The cheapest victim set found: (its cost, the victims, the nodes held for the preemptor, the domain).
+_Best = tuple[Cost, tuple[_Candidate, ...], tuple[str, ...], Domain]
+
+
+def _candidates(state: ClusterRead, job: Job, queue: Queue, rules: tuple[str, ...], within_guarantee: bool,
+                now: float) -> tuple[list[_Candidate], list[tuple[float, str]], list[str]]:
+    """The gangs a rule lets `job` preempt; those a rule would let it but min_runtime protects
+    (until when, and which); and those exempt, having used their preemption budget."""
     need = job.spec.total
-    within_guarantee = not beyond_guarantee(usage_of(state, queue.name) + need, queue.guaranteed)
     fair = "fair_share" in rules
     pool = pool_of(state) if fair else Resources()
     share_after = share(queue, usage_of(state, queue.name) + need, pool) if fair else 0.0
@@ -137,23 +163,19 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
         shrinks = is_elastic(other.spec) and len(other.tasks) > other.spec.tasks_min
         lost = 0.0 if shrinks else gpus * max(0.0, now - since)
         candidates.append(_Candidate(other, other_queue, rule, lost, below, gpus))
-    if not candidates:
-        if protected:
-            until, who = min(protected)
-            return (f"the gangs it could preempt are protected by min_runtime (the first, {who}, until "
-                    f"{format_moment(until, now)})")
-        if exempt:
-            return (f"the gangs it could preempt have used their preemption budget ({PREEMPTION_BUDGET} in "
-                    f"{PREEMPTION_WINDOW_S / 3600:.0f} h): {', '.join(sorted(exempt)[:5])}")
-        return (f"no rule lets queue {queue.name} preempt for it (rules: {', '.join(rules)}; "
-                f"{'within' if within_guarantee else 'beyond'} its guarantee)")
+    return candidates, protected, exempt
 
-    depths = _depths(state, job)
-    best: tuple[Cost, tuple[_Candidate, ...], tuple[str, ...], Domain] | None = None
+
+def _cheapest(state: ClusterRead, job: Job, candidates: list[_Candidate]
+              ) -> tuple[_Best | None, int, list[tuple[float, str, Domain]]]:
+    """The cheapest victim set, domain by domain at the job's pack level (then the whole cluster,
+    for a preferred pack); how many domains were searched; and what each domain weighed would
+    cost (GPU-seconds lost, its description, the domain)."""
+    best: _Best | None = None
     considered = 0
     alternatives: list[tuple[float, str, Domain]] = []  # (GPU-seconds lost, description, domain) of each domain
     index, nodes = state.index, state.nodes
-    for depth in depths:
+    for depth in _depths(state, job):
         by_domain: dict[Domain, list[_Candidate]] = {}  # each candidate under every domain it touches
         gpus_in: dict[Domain, list[tuple[float, int]]] = {}  # domain -> (lost per GPU, GPUs there)
         for candidate in candidates:
@@ -181,18 +203,24 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
             if found is None:
                 continue
             considered += 1
-            victims, held = found
+            victims, held_nodes = found
             cost = (max(v.job.spec.priority for v in victims), _pushed_below(state, victims),
                     sum(v.lost for v in victims), len(victims), tuple(sorted(v.job.id for v in victims)))
             below = f", gpu {cost[1]} below guarantees" if cost[1] else ""
             alternatives.append((cost[2], f"{topology_path(domain) or 'cluster'} {cost[2]:.0f} GPU-s in "
                                           f"{cost[3]} gang(s){below}", domain))
             if best is None or cost < best[0]:
-                best = (cost, victims, held, domain)
+                best = (cost, victims, held_nodes, domain)
         if best is not None:
             break
-    if best is None:
-        return "evicting every gang it may preempt would still not make room for the whole gang in one domain"
+    return best, considered, alternatives
+
+
+def _preemption(state: ClusterRead, job: Job, queue: Queue, now: float, best: _Best, considered: int,
+                alternatives: list[tuple[float, str, Domain]]) -> PreemptionPlan:
+    """The Preempt command of the cheapest victim set, explained: the domain it preempts in, the
+    queues' facts, and the domains weighed and not chosen."""
+    need = job.spec.total
     cost, victims, held, domain = best
     q_usage = usage_of(state, queue.name)
     facts = [f"queue {queue.name} uses gpu {q_usage.gpu} of guaranteed {queue.guaranteed.gpu}, needs {need.gpu}"]
@@ -217,7 +245,7 @@ def plan(state: ClusterState, job: Job, now: float) -> PreemptionPlan | str:
     return PreemptionPlan(command, cost[2], chosen)
 
 
-def _pushed_below(state: ClusterState, victims: tuple[_Candidate, ...]) -> int:
+def _pushed_below(state: ClusterRead, victims: tuple[_Candidate, ...]) -> int:
     """GPUs by which taking these victims leaves their queues below their guarantees."""
     taken: dict[str, int] = {}
     for v in victims:
@@ -247,7 +275,7 @@ def _notice(victim: _Candidate) -> float:
     return victim.queue.capped(spec.checkpoint.notice) if spec.has_checkpoint else 0.0
 
 
-def _heads_queue(state: ClusterState, job: Job) -> bool:
+def _heads_queue(state: ClusterRead, job: Job) -> bool:
     """True when no pending job of the job's queue is ahead of it in queue order."""
     name = state.queue_of(job)
     for pending in state.pending_jobs():
@@ -256,7 +284,7 @@ def _heads_queue(state: ClusterState, job: Job) -> bool:
     return False
 
 
-def _depths(state: ClusterState, job: Job) -> list[int]:
+def _depths(state: ClusterRead, job: Job) -> list[int]:
     pack = job.spec.topology.pack
     if not pack:
         return [0]
@@ -264,7 +292,7 @@ def _depths(state: ClusterState, job: Job) -> list[int]:
     return [depth] if job.spec.topology.mode.value == "required" else [depth, 0]
 
 
-def _nodes_of(state: ClusterState, domain: Domain) -> list[str]:
+def _nodes_of(state: ClusterRead, domain: Domain) -> list[str]:
     """The nodes of a domain that accept work, from the capacity index."""
     stats = state.index.domains[domain]
     if stats.entries is not None:
@@ -272,7 +300,7 @@ def _nodes_of(state: ClusterState, domain: Domain) -> list[str]:
     return sorted(n for child in stats.children for n in _nodes_of(state, child))
 
 
-def _held_for_others(state: ClusterState, job: Job, depth: int) -> dict[Domain, int]:
+def _held_for_others(state: ClusterRead, job: Job, depth: int) -> dict[Domain, int]:
     """Free GPUs per domain on nodes held for other preemptors (out of reach for this job)."""
     out: dict[Domain, int] = {}
     for node_id, holder in state.held_nodes.items():
@@ -306,7 +334,7 @@ class _Room:
     """Free resources per node of one domain and how many of the gang's tasks they hold, kept
     up to date as victims are taken out or put back (each change touches only the victim's nodes)."""
 
-    def __init__(self, state: ClusterState, job: Job, node_ids: list[str]) -> None:
+    def __init__(self, state: ClusterRead, job: Job, node_ids: list[str]) -> None:
         self.per_task, self.tasks = job.spec.resources, job.spec.tasks
         self.free = {n: state.nodes[n].capacity - state.nodes[n].used for n in node_ids}
         self.count = {n: self._count(f) for n, f in self.free.items()}
@@ -329,7 +357,7 @@ class _Room:
                 self.count[task.node_id] = new
 
 
-def _victims_in(state: ClusterState, job: Job, node_ids: list[str],
+def _victims_in(state: ClusterRead, job: Job, node_ids: list[str],
                 candidates: list[_Candidate]) -> tuple[tuple[_Candidate, ...], tuple[str, ...]] | None:
     """The cheapest victims whose going lets the whole gang fit on these nodes, and the nodes to
     hold for it; None if no eligible set does."""

@@ -44,7 +44,7 @@ from synapse.core.model import (
     topology_path,
 )
 from synapse.core.schedule.admission import queue_of
-from synapse.core.state.fsm import ClusterState
+from synapse.core.schedule.view import ClusterRead
 
 #: The rule a Preempt that evicts guests from spares names.
 SPARE_RULE = "spare"
@@ -86,7 +86,7 @@ def _evictable(job: Job) -> bool:
         and job.spec.time_limit > 0
 
 
-def _guests(state: ClusterState, node_id: str) -> tuple[set[str], bool]:
+def _guests(state: ClusterRead, node_id: str) -> tuple[set[str], bool]:
     """The evictable jobs with live tasks on the node, and whether anything else runs there."""
     guests, other = set(), False
     for job_id, _attempt, _index in state.live_tasks.get(node_id, ()):
@@ -97,12 +97,12 @@ def _guests(state: ClusterState, node_id: str) -> tuple[set[str], bool]:
     return guests, other
 
 
-def _taken(state: ClusterState, node: Node) -> bool:
+def _taken(state: ClusterRead, node: Node) -> bool:
     """A restart runs on the node: it stops being a spare (it became the gang's)."""
     return any(restarting(state.jobs[job_id]) for job_id, _a, _i in state.live_tasks.get(node.id, ()))
 
 
-def designate(state: ClusterState, policy: SparePolicy) -> tuple[frozenset[str], tuple[str, ...]]:
+def designate(state: ClusterRead, policy: SparePolicy) -> tuple[frozenset[str], tuple[str, ...]]:
     """The spares the cluster should have now (see the module docstring), and the domains that can
     have none, with why."""
     if policy.nodes <= 0 or policy.per not in state.levels:
@@ -128,13 +128,13 @@ def designate(state: ClusterState, policy: SparePolicy) -> tuple[frozenset[str],
     return frozenset(chosen), tuple(notes)
 
 
-def _cost(state: ClusterState, node: Node) -> int:
+def _cost(state: ClusterRead, node: Node) -> int:
     """0: idle; 1: runs only work a restart may evict; 2: runs other work (it drains first)."""
     guests, other = _guests(state, node.id)
     return 2 if other else 1 if guests else 0
 
 
-def change_reason(state: ClusterState, chosen: frozenset[str]) -> str:
+def change_reason(state: ClusterRead, chosen: frozenset[str]) -> str:
     """Why the spares change from the state's to `chosen`, for the events."""
     parts = []
     for node_id in sorted(state.spares - chosen):
@@ -148,7 +148,7 @@ def change_reason(state: ClusterState, chosen: frozenset[str]) -> str:
     return "; ".join(parts)
 
 
-def last_domain(state: ClusterState, job: Job) -> tuple[str, ...]:
+def last_domain(state: ClusterRead, job: Job) -> tuple[str, ...]:
     """The lowest topology domain that held every node of the job's last run (() for the cluster)."""
     paths = [state.nodes[n].topology for n in (job.runs[-1].nodes if job.runs else ()) if n in state.nodes]
     if not paths:
@@ -162,7 +162,7 @@ def last_domain(state: ClusterState, job: Job) -> tuple[str, ...]:
     return common
 
 
-def eviction(state: ClusterState, job: Job, now: float) -> c.Preempt | None:
+def eviction(state: ClusterRead, job: Job, now: float) -> c.Preempt | None:
     """For a restart that does not fit now: evict the guests of spares so that it can start, in the
     domain of its last run first, then a level up at a time (not above its required `pack`). The
     nodes it then holds: room it has now there (its surviving nodes), the spares last. None when no
@@ -222,6 +222,6 @@ def eviction(state: ClusterState, job: Job, now: float) -> c.Preempt | None:
     return None
 
 
-def _grace_and_notice(state: ClusterState, job: Job) -> tuple[float, float]:
+def _grace_and_notice(state: ClusterRead, job: Job) -> tuple[float, float]:
     """A guest's grace and checkpoint notice, each within its queue's max_grace (as preemption's)."""
     return queue_of(state, job).capped(job.spec.grace or DEFAULT_GRACE_S), state.notice_of(job)
