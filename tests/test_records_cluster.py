@@ -82,7 +82,9 @@ def test_what_if_keeps_its_promises_and_describe_prints_no_epoch(make_cluster, t
     low = submit(cluster, name="low", tasks=2, queue="a")
     wait_for(lambda: status(cluster, low)[0] == "RUNNING", 60, "low to run")
     urgent = submit(cluster, name="urgent", tasks=2, queue="a", priority=5)
-    said = json.loads(synctl(cluster, "preempt", urgent, "--what-if", "-o", "json"))
+    # Asked before the leader's first round has weighed the job, what-if says so (and promises nothing).
+    said = wait_for(lambda: (lambda a: a if "not weighed it yet" not in a["explanation"] else None)(
+        json.loads(synctl(cluster, "preempt", urgent, "--what-if", "-o", "json"))), 10, "a round to weigh urgent")
     assert said["possible"] or "already preempted low" in said["explanation"], said
     wait_for(lambda: status(cluster, low)[1] >= 2 or status(cluster, low)[0] == "STOPPING", 10,
              "the promised preemption")
