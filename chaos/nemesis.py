@@ -490,14 +490,8 @@ def _kill_machine(t: Target, w: dict, history: History) -> tuple[float, int]:
     shims = t.worker_shims(w)
     start = time.time()
     t.kill(w)
-    for pid, ticks in shims:
-        # Only a shim that still runs: pids wrap around (32768 on a small machine), and the pid of a
-        # task that ended may be another process's by now.
-        if fence.running(pid, ticks):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    for pid, ticks in shims:  # only a shim that still runs: pids wrap, an ended task's may be another's
+        fence.kill(fence.Shim("", pid, ticks), [])
     for key, _ in tasks:
         history.write("task", node=w["id"], job=key[0], attempt=key[1], index=key[2], event="lost", time=start,
                       code=None)

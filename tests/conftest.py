@@ -206,11 +206,7 @@ class LocalCluster:
         os.kill(pid, signal.SIGKILL)
         if with_tasks:
             for task_pid, ticks in handles:
-                if fence.running(task_pid, ticks):
-                    try:
-                        os.killpg(task_pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                fence.kill(fence.Shim("", task_pid, ticks), [])
         pids = [p for p, _ in handles]
         deadline = time.monotonic() + 10
         while local.is_alive(pid) and time.monotonic() < deadline:

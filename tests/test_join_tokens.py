@@ -219,11 +219,17 @@ def test_a_worker_joins_with_a_one_use_token_and_restarts_on_its_own_credential(
     assert "token" not in listed and made["id"] in cli(cluster, "node", "token", "list")
     # The token is spent: it registers nothing more, not even a node that does not exist yet.
     # (With a certificate issued to that node: what is refused is the spent token.)
-    stub = api_pb2_grpc.MasterStub(cluster.channel(cluster.client.leader, as_node="intruder"))
     cap = types_pb2.Resources(cpu_millis=1000, memory_bytes=1 << 30, gpu=1)
-    assert attempt(stub, "RegisterNode", api_pb2.RegisterNodeRequest(
-        node_id="intruder", address="127.0.0.1:1", topology=["r"], capacity=cap),
-        client_metadata(made["token"])) == grpc.StatusCode.PERMISSION_DENIED
+
+    def intrude() -> grpc.StatusCode | None:
+        """The leader's answer; None for UNAVAILABLE (a loaded machine's leader change says nothing)."""
+        stub = api_pb2_grpc.MasterStub(cluster.channel(cluster.master(cluster.wait_leader())["api_address"],
+                                                       as_node="intruder"))
+        code = attempt(stub, "RegisterNode", api_pb2.RegisterNodeRequest(
+            node_id="intruder", address="127.0.0.1:1", topology=["r"], capacity=cap), client_metadata(made["token"]))
+        return None if code == grpc.StatusCode.UNAVAILABLE else code
+
+    assert wait_for(intrude, 30, "an answer from the leader") == grpc.StatusCode.PERMISSION_DENIED
 
     # Restarted without its join token, the worker comes back on the credential in its data dir.
     cluster.kill_worker("wj", with_tasks=True)
