@@ -151,10 +151,15 @@ def test_a_real_cluster_learns_from_finished_runs_and_get_job_shows_the_predicti
     scheduler expects of it, learned through the replicated state."""
     from synapse.core import codec
     from synapse.core.model import JobSpec, Resources
+    from synapse.core.versions import PREDICT_VERSION
     from tests.helpers import wait_for
 
     cluster = make_cluster(masters=1, workers=1, racks=1)
     wait_for(lambda: len(cluster.client.list_nodes()) == 1, 30, "the worker registers")
+    # Apply learns run times once the cluster version says every member does (SetClusterVersion,
+    # proposed by the leader's monitor a moment after it starts): a run that ends before is not learned.
+    wait_for(lambda: cluster.client.replica_status(cluster.addresses[0]).applied_version >= PREDICT_VERSION, 30,
+             "the cluster version that learns run times")
 
     def submit(command):
         return cluster.client.submit(codec.job_spec_to_proto(JobSpec(
