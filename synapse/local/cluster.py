@@ -40,6 +40,7 @@ from synapse.common.datadir import make_private
 from synapse.common.tls import TLSFiles, generate
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet, Unavailable
+from synapse.local.procs import _end_of, _log_tail, _reap, is_alive, is_ours
 from synapse.proto import api_pb2
 
 READY_TIMEOUT_S = 60.0
@@ -91,18 +92,6 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def is_ours(pid: int, data_dir: Path) -> bool:
-    """True while `pid` is alive and is a process this data dir started (not a reused pid)."""
-    return str(data_dir) in _cmdline(pid)
 
 
 def process_env(environ: dict[str, str] | os._Environ, mark: str) -> dict[str, str]:
@@ -519,31 +508,6 @@ def _wait_for_workers(client: MasterClient, data_dir: Path, workers: list[dict[s
         time.sleep(0.1)
 
 
-def _end_of(pid: int, data_dir: Path) -> str:
-    """How a process of this cluster ended ('' while it runs): its exit status or signal when this
-    process started it, else that it is gone. A process whose command line reads empty is starting:
-    a child just exec'd has none for a moment (vfork lets the parent go on before the kernel has set
-    up the new program's arguments), and taking that for "not ours" failed `up` under load."""
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # not this process's child (started by an earlier `up`): look at /proc
-        cmdline = _cmdline(pid)
-        return "" if is_alive(pid) and (not cmdline or str(data_dir) in cmdline) else "gone"
-    if not done:
-        return ""
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exit code {os.waitstatus_to_exitcode(status)}"
-
-
-def _log_tail(path: Path, lines: int = 3) -> str:
-    """The last lines of a process's log, joined, for an error that says why it stopped."""
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) or "(empty)"
-    except OSError:
-        return "(no log)"
-
-
 def stop_process(data_dir: Path, pid: int, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
     """Signal one process of this cluster (only if it is ours) and wait, bounded, until it is gone."""
     if is_ours(pid, data_dir):
@@ -620,18 +584,3 @@ def _sweep(data_dir: Path) -> list:
     """Stop the processes marked with this data dir and remove the networks its ledger names;
     returns what it found."""
     return reaper.sweep(data_dir) + MasterNet.sweep(data_dir / NETNS_LEDGER)
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
