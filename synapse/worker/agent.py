@@ -22,8 +22,11 @@ state it publishes after every event (`view`):
 * progress: while pulls run, once a second, how far each is (ReportPullProgress: the leader keeps
   it in memory for `synctl describe job`), from the board of pulls the main loop publishes;
 * gpu-errors (with GPUs to watch, synapse.worker.gpu_errors): the same for the GPU errors it sees;
-* the main loop also polls its task processes (every 0.1 s) and writes the state file after every
-  change, so a restarted worker re-adopts tasks that kept running and reports those that ended.
+* exits (synapse.worker.exits): waits on the task shims' pidfds and tells the main loop the moment
+  one ends, so a task's end is reported at once;
+* the main loop also polls its task processes (every 0.1 s, and at once when one ended) and writes
+  the state file after every change, so a restarted worker re-adopts tasks that kept running and
+  reports those that ended.
 
 Where the parts live: the task lifecycle on the main loop in synapse.worker.tasks, the threads to
 the masters in synapse.worker.uplink, the lease and the node's credential in synapse.worker.lease,
@@ -49,6 +52,7 @@ from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
 from synapse.worker import observe, statefile
 from synapse.worker import state as ws
+from synapse.worker.exits import ExitWatcher, ProcessEnded
 from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups
@@ -120,6 +124,8 @@ class WorkerAgent(TaskLifecycle, Uplink):
         self.view = self.state.view()
         self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
         self.events: queue.Queue = queue.Queue()
+        #: the task shims' ends, put on `events` as they happen (synapse.worker.exits)
+        self.exits = ExitWatcher(self.events)
         #: the image pulls under way (their threads put events on `events`)
         self.pulls = Pulls(node_id, images, self.events)
         self.stopping = threading.Event()
@@ -169,6 +175,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
                         "connection may take a gang's MASTER_PORT; start net.ipv4.ip_local_port_range at %d or above",
                         self.node_id, *ephemeral, overlap.start, overlap.stop - 1, self.rendezvous_ports.stop)
         self._register()
+        self.exits.start()
         loops = [(self._watch_loop, "watch"), (self._heartbeat_loop, "heartbeat"), (self._report_loop, "report"),
                  (self._progress_loop, "progress")]
         if self.health is not None:
@@ -201,7 +208,9 @@ class WorkerAgent(TaskLifecycle, Uplink):
             except queue.Empty:
                 event = None
             changed = False
-            if isinstance(event, PullProgressed):
+            if isinstance(event, ProcessEnded):
+                next_poll = 0.0  # a task's end: journal and report it now, not at the next poll
+            elif isinstance(event, PullProgressed):
                 self.pulls.progressed(event)
             elif isinstance(event, ws.ImageReady | ws.ImageFailed):
                 self._pulled(event)
@@ -222,6 +231,8 @@ class WorkerAgent(TaskLifecycle, Uplink):
                 self._save_state()
                 if self.state.unreported:
                     self.reports_ready.set()
+                self.exits.track({(t.handle.pid, t.handle.start_ticks) for t in self.state.running()
+                                  if t.handle is not None})
 
     def _handle(self, event: object) -> None:
         """(main loop) The one door to the state: apply the event, publish the new view, carry out
