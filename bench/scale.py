@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,6 +56,7 @@ from support.measure import cpu_seconds, percentile  # noqa: E402
 from workflows import fill, job_spec, new_state, round_times  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
+from synapse.common import beats  # noqa: E402
 from synapse.common.auth import node_metadata  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
 from synapse.core.shards import ranked  # noqa: E402
@@ -84,6 +86,7 @@ class SimNode:
         self.watch_ok = 0.0  #: monotonic time of the last watch message
         self.watch_by = ""  #: the replica the stream is open on
         self.moves = 0  #: times its shard changed
+        self.credential = ""  #: from RegisterNode: keys its heartbeat datagrams
         self.alive = True  #: False once the benchmark stops it (dead-node detection)
 
     @property
@@ -92,6 +95,27 @@ class SimNode:
 
     def order(self) -> list[str]:
         return self.replicas + [a for a in self.addresses if a not in self.replicas]
+
+
+class _Replies(asyncio.DatagramProtocol):
+    """The simulated nodes' heartbeat datagrams' answers, each to the heartbeat that waits for it."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, tuple[bytes, asyncio.Future]] = {}  #: seq -> (key, its answer)
+
+    def expect(self, seq: int, key: bytes) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[seq] = (key, future)
+        return future
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        try:
+            reply = api_pb2.HeartbeatReply.FromString(beats.body_of(data))
+        except Exception:  # noqa: BLE001 - not an answer
+            return
+        key, future = self.waiting.get(reply.seq, (b"", None))
+        if future is not None and not future.done() and beats.authentic(key, beats.REPLY, data):
+            future.set_result(reply)
 
 
 class Sim:
@@ -104,6 +128,11 @@ class Sim:
         self.absorbed: dict[str, int] = {a: 0 for a in addresses}  #: heartbeats answered, per replica
         self.failed_beats = 0
         self.tasks: dict[str, list[asyncio.Task | None]] = {}  #: node id -> [heartbeats, watch (None: paused)]
+        #: heartbeats by datagram first, as workers send them (synapse.worker.beats), or by call only
+        self.datagrams = True
+        self.by_datagram = 0  #: heartbeats answered by datagram
+        self._udp: Any = None  #: (transport, protocol) shared by every simulated node
+        self._seq = 0
 
     def stub(self, address: str, node: SimNode) -> api_pb2_grpc.MasterStub:
         pool = self.channels.setdefault(address, [])
@@ -124,6 +153,7 @@ class Sim:
                 node_id=node.id, address=f"{node.id}.invalid:1", topology=[f"simrack{node.index // 32}"],
                 capacity=cap), deadline=60.0)
             node.metadata = node_metadata(node.id, reply.node_credential)
+            node.credential = reply.node_credential
 
         for start in range(0, count, 100):
             await asyncio.gather(*(asyncio.to_thread(one, n) for n in self.nodes[start:start + 100]))
@@ -158,8 +188,7 @@ class Sim:
             sent = time.monotonic()
             for address in node.order():
                 try:
-                    reply = await self.stub(address, node).Heartbeat(
-                        api_pb2.HeartbeatRequest(node_id=node.id), metadata=node.metadata, timeout=TRY_S)
+                    reply = await self.beat(node, address)
                 except grpc.aio.AioRpcError:
                     self.failed_beats += 1
                     continue
@@ -174,6 +203,31 @@ class Sim:
                     node.shard_moved.set()  # the shard answers again (restarted): the stream goes back to it
                 break
             await asyncio.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - sent)))
+
+    async def beat(self, node: SimNode, address: str) -> api_pb2.HeartbeatReply:
+        """One heartbeat to `address`: by datagram first to the shard, as synapse.worker.beats sends
+        it, then (no good answer within beats.WAIT_S, or `datagrams` off) by call."""
+        request = api_pb2.HeartbeatRequest(node_id=node.id)
+        if self.datagrams and address == node.shard:
+            if self._udp is None:
+                self._udp = await asyncio.get_running_loop().create_datagram_endpoint(
+                    _Replies, local_addr=("127.0.0.1", 0))
+            transport, replies = self._udp
+            self._seq = request.seq = max(self._seq + 1, time.time_ns())
+            key = beats.key_of(node.credential)
+            answer = replies.expect(request.seq, key)
+            host, _, port = address.rpartition(":")
+            transport.sendto(beats.seal(key, beats.REQUEST, request.SerializeToString()), (host, int(port)))
+            try:
+                reply = await asyncio.wait_for(answer, beats.WAIT_S)
+                if not reply.refused:
+                    self.by_datagram += 1
+                    return reply
+            except TimeoutError:
+                pass
+            finally:
+                replies.waiting.pop(request.seq, None)
+        return await self.stub(address, node).Heartbeat(request, metadata=node.metadata, timeout=TRY_S)
 
     async def watch(self, node: SimNode) -> None:
         delivered = False
@@ -202,6 +256,8 @@ class Sim:
                 await asyncio.sleep(0.2)  # a whole round failed
 
     async def close(self) -> None:
+        if self._udp is not None:
+            self._udp[0].close()
         for tasks in self.tasks.values():
             for task in tasks:
                 if task is not None:
@@ -283,6 +339,7 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
     idle = {r: (cpu_seconds(p) - idle0[r]) / (time.monotonic() - t0) for r, p in pids.items()}
 
     sim = Sim(addresses)
+    sim.datagrams = not args.calls
     join_token = (data_dir / "secrets" / local.JOIN_TOKEN_FILE).read_text().strip()
     registered_s = await sim.register(args.nodes, join_token)
     sim.start()
@@ -321,12 +378,26 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
         await asyncio.sleep(args.window)
         span_alone = time.monotonic() - start
         alone = {r: (cpu_seconds(p) - before[r]) / span_alone for r, p in pids.items()}
-    sim.resume_watches()
     beats_alone = {r: sim.absorbed[api[r]] - absorbed0[api[r]] for r in pids}
+    # ... and once more with every heartbeat by call (as workers sent them before datagrams): the
+    # baseline, measured in the same run
+    sim.datagrams = False
+    await asyncio.sleep(HEARTBEAT_S)  # every node has sent one by call
+    with elections.phase("heartbeats alone, by call"):
+        before = {r: cpu_seconds(p) for r, p in pids.items()}
+        absorbed0, start = dict(sim.absorbed), time.monotonic()
+        await asyncio.sleep(args.window)
+        span_calls = time.monotonic() - start
+        by_call = {r: (cpu_seconds(p) - before[r]) / span_calls for r, p in pids.items()}
+    beats_by_call = {r: sim.absorbed[api[r]] - absorbed0[api[r]] for r in pids}
+    sim.datagrams = not args.calls
+    sim.resume_watches()
     for r, x in replicas.items():
         above, above_alone = cpu[r] - idle[r], alone[r] - idle[r]
         x["us_per_heartbeat_alone"] = round(1e6 * above_alone * span_alone / beats_alone[r], 1) \
             if beats_alone[r] else None
+        x["us_per_heartbeat_by_call_alone"] = round(1e6 * (by_call[r] - idle[r]) * span_calls / beats_by_call[r], 1) \
+            if beats_by_call[r] else None
         # not clamped: a negative share is the noise of two windows on a shared machine, shown as such
         x["watch_share"] = round(1 - above_alone / above, 3) if above > 0 and beats[r] else None
     await settle(sim, 2 * HEARTBEAT_S)
@@ -366,6 +437,13 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
         "leader_share_of_cluster_marginal": round(leader_marginal / max(1e-9, sum(
             max(0.0, cpu[r] - idle[r]) for r in pids)), 3),
         "follower_us_per_node_per_s": round(per_node_follower_us, 2),
+        # issue 47's figure: a follower's CPU per heartbeat in steady state (watch streams and digests
+        # included), the median over followers; then heartbeats alone by datagram, and by call (the
+        # baseline, same run), and the share of heartbeats the datagrams carried
+        "follower_us_per_heartbeat": _median_of(replicas, followers, "us_per_heartbeat"),
+        "follower_us_per_heartbeat_alone": _median_of(replicas, followers, "us_per_heartbeat_alone"),
+        "follower_us_per_heartbeat_by_call_alone": _median_of(replicas, followers, "us_per_heartbeat_by_call_alone"),
+        "datagram_share": round(sim.by_datagram / max(1, sum(sim.absorbed.values())), 3),
         "dead_node_detect_s": {"count": len(detected), "of": len(victims),
                                "p50": round(statistics.median(detected.values()), 2) if detected else None,
                                "max": round(max(detected.values()), 2) if detected else None,
@@ -379,6 +457,11 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
         "fault_free_elections": elections.fault_free(),
     }
     return report
+
+
+def _median_of(replicas: dict, which: list[str], key: str) -> float | None:
+    values = [replicas[r][key] for r in which if replicas[r][key] is not None]
+    return round(statistics.median(values), 1) if values else None
 
 
 def cpu_seconds_self() -> float:
@@ -399,6 +482,8 @@ def main() -> None:
     parser.add_argument("--state-nodes", type=int, default=20000, help="(d): nodes of the pure state")
     parser.add_argument("--rounds", type=int, default=20, help="(d): scheduling rounds timed")
     parser.add_argument("--keep", default="", help="run the cluster in this directory and keep its logs")
+    parser.add_argument("--calls", action="store_true",
+                        help="every heartbeat by call, none by datagram (as workers sent them before datagrams)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="60 nodes, short windows: the code path, not figures")
     args = parser.parse_args()
@@ -444,6 +529,10 @@ def print_table(r: dict) -> None:
         print(f"{rid:8} {x['role']:9} {x['cpu_cores']:6.3f} {x['idle_cores']:6.3f} {x['nodes']:6d} "
               f"{x['heartbeats_per_s']:7.1f} {x['us_per_heartbeat'] or 0:7.1f} "
               f"{x['ms_per_s_per_1000_nodes'] or 0:18.2f} {x['us_per_heartbeat_alone'] or 0:18.1f} {share:>11}")
+    print(f"a follower's CPU per heartbeat (median over followers): {r['follower_us_per_heartbeat']} us in steady "
+          f"state; heartbeats alone {r['follower_us_per_heartbeat_alone']} us by datagram, "
+          f"{r['follower_us_per_heartbeat_by_call_alone']} us by call (the baseline, same run); "
+          f"{100 * r['datagram_share']:.0f} % of all heartbeats answered by datagram")
     print(f"load generator (this process): {r['load_generator_cores']} cores; leader's marginal "
           f"{r['leader_marginal_cores']} cores = {100 * r['leader_share_of_cluster_marginal']:.0f} % of the cluster's")
     d = r["dead_node_detect_s"]

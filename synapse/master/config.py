@@ -22,6 +22,7 @@
       max_unarchived: 50000                   # finished jobs kept in the state while the store lags
     durability: fsync                         # fsync (default) | none; see synapse/master/durability.py
     group_commit_delay: 3ms                   # under load, a log entry waits this long for more writes; 0: never
+    heartbeat_datagrams: true                 # workers' heartbeats by UDP datagram on the API port (default)
     min_free_disk: 256Mi                      # refuse writes below this much free space
     tls:                                      # optional: TLS for the API, mTLS for workers
       ca: /etc/synapse/ca.pem
@@ -96,6 +97,8 @@ class ClusterConfig:
     group_commit_delay: float = GROUP_COMMIT_DELAY_S  #: seconds (synapse.master.raft); 0: none
     tls: TLSFiles = TLSFiles()  #: cert and key may contain {id}
     require_worker_certs: bool = False
+    #: take workers' heartbeats by UDP datagram on the API address (synapse.master.beats)
+    heartbeat_datagrams: bool = True
     #: a verified client certificate's common name identifies a user when the call carries no token
     user_certs: bool = False
     history: HistorySettings | None = None  #: None: no history store
@@ -150,13 +153,20 @@ def _duration(doc: dict, name: str, default: float) -> float:
         raise ConfigError(f"{name}: {exc}") from None
 
 
+def _flag(doc: dict, name: str, default: bool) -> bool:
+    value = doc.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: true or false, not {value!r}")
+    return value
+
+
 def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfig:
     if not isinstance(doc, dict):
         raise ConfigError("a cluster file must be a YAML mapping")
     known = {"cluster", "topology_levels", "data_dir", "raft_password", "token", "heartbeat_interval",
              "heartbeat_timeout", "election_timeout", "replicas", "tls", "durability", "min_free_disk",
              "job_retention", "max_array_size", "history", "fair_share_half_life", "spares", "group_commit_delay",
-             "rendezvous_ports"}
+             "rendezvous_ports", "heartbeat_datagrams"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
@@ -235,6 +245,7 @@ def parse_cluster_config(doc: Any, *, need_secrets: bool = True) -> ClusterConfi
         min_free_disk=min_free_disk, group_commit_delay=group_commit_delay,
         job_retention=_duration(doc, "job_retention", 3600.0),
         require_worker_certs=bool(tls_doc.get("require_worker_certs", False)),
+        heartbeat_datagrams=_flag(doc, "heartbeat_datagrams", True),
         user_certs=bool(tls_doc.get("user_certs", False)), max_array_size=max_array_size,
         history=_history(doc.get("history"), need_secrets),
         fair_share_half_life=_duration(doc, "fair_share_half_life", DEFAULT_HALF_LIFE_S),

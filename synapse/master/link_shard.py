@@ -163,6 +163,27 @@ class LinkShard:
             self.redirects += 1
         return status, order
 
+    def answer(self, request: api_pb2.HeartbeatRequest) -> tuple[api_pb2.HeartbeatReply | None, str]:
+        """A heartbeat taken in and answered, by call or by datagram alike: (the reply, '') or
+        (None, why this replica will not take it: the worker tries another)."""
+        if self.m.stopping:
+            return None, f"replica {self.m.replica.id} is stopping; try another"
+        if not self.serving():
+            return None, f"replica {self.m.replica.id} has no leader in reach; attach to another"
+        status, order = self.absorb(request)
+        if not status and not self.m.ready_leader_term():
+            # Only the leader may tell a worker to register again: a follower may not have applied
+            # the registration yet (or be catching up), and a storm of re-registrations would follow.
+            return None, f"replica {self.m.replica.id} does not hold node {request.node_id} (yet); try another"
+        lease_ms = self.lease_ms(status)
+        if status == NodeStatus.READY.value and lease_ms < self.lease.seconds * 500:
+            # Less than half a lease to grant (none of its digests reached a leader lately, or
+            # yet): the worker goes on to a replica that can renew its lease, in this very beat.
+            return None, (f"replica {self.m.replica.id} cannot renew node {request.node_id}'s lease now "
+                          "(its digests have not reached a leader lately); try another")
+        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(),
+                                      shard=order[0] if order else "", order=order, lease_ms=lease_ms), ""
+
     def lease_ms(self, status: str) -> int:
         """The lease (milliseconds) an answer to a heartbeat of a node in `status` grants: the
         whole lease from the leader, less the age of this replica's last digest to reach a leader

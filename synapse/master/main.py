@@ -38,6 +38,7 @@ from synapse.common.tls import generate, issue, issue_worker, server_credentials
 from synapse.core import codec, versions
 from synapse.master.api.base import add_to_server
 from synapse.master.api.servicer import MasterServicer
+from synapse.master.beats import serve_beats
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
 from synapse.master.http import HTTPService, leader_ready
@@ -193,6 +194,9 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await server.start()
+    beats = None
+    if config.heartbeat_datagrams:
+        beats = master.beats = await serve_beats(master, replica.api)
     if http is not None:
         http.start()
     log.info("master serving replica=%s api=%s raft=%s http=%s partners=%s", replica_id, replica.api, replica.raft,
@@ -222,6 +226,8 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     if exporter is not None:
         exporter.cancel()
     shard.cancel()
+    if beats is not None and beats.transport is not None:
+        beats.transport.close()
     await master.shard.close()
     await health.enter_graceful_shutdown()
     guard.cancel()

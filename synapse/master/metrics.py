@@ -54,6 +54,13 @@ class StateCollector(Collector):
         yield _counter("synapse_shard_heartbeats_total", "heartbeats this replica absorbed", shard.absorbed)
         yield _counter("synapse_shard_redirects_total", "heartbeats absorbed of nodes whose shard is another "
                        "replica's (the reply sends them there)", shard.redirects)
+        if self.m.beats is not None:
+            datagrams = CounterMetricFamily("synapse_heartbeat_datagrams", "heartbeats by datagram "
+                                            "(synapse.master.beats), by outcome", labels=["outcome"])
+            datagrams.add_metric(["answered"], self.m.beats.answered)
+            datagrams.add_metric(["refused"], self.m.beats.refused)
+            datagrams.add_metric(["dropped"], self.m.beats.dropped)
+            yield datagrams
         digests = CounterMetricFamily("synapse_shard_digests", "liveness digests this replica sent the leader, "
                                       "by result", labels=["result"])
         digests.add_metric(["delivered"], shard.delivered)

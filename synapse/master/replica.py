@@ -95,6 +95,8 @@ class Master:
         #: this replica's link shard (synapse.master.link_shard.LinkShard, which reads this object):
         #: the heartbeats of its share of the nodes; set by main
         self.shard = None
+        #: the heartbeat datagrams' endpoint (synapse.master.beats), if this replica takes them
+        self.beats = None
 
     # ---- proposing and reading -----------------------------------------------------------------
 

@@ -1195,6 +1195,7 @@ class HeartbeatRequest(_message.Message):
     HEALTH_MESSAGE_FIELD_NUMBER: _builtins.int
     DRAIN_ON_FAILURE_FIELD_NUMBER: _builtins.int
     GPU_ERRORS_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     unhealthy: _builtins.bool
     """the worker's health check fails (see --health-check)"""
@@ -1202,6 +1203,10 @@ class HeartbeatRequest(_message.Message):
     """its first line of output, or why it gave none"""
     drain_on_failure: _builtins.bool
     """the operator chose --health-on-failure drain"""
+    seq: _builtins.int
+    """Sent by datagram (synapse.common.beats): nanoseconds of the worker's clock, strictly increasing;
+    the reply echoes it. Unused on a call.
+    """
     @_builtins.property
     def gpu_errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuErrorReport]:
         """the GPU errors the worker sees now (synapse.worker.gpu_errors)"""
@@ -1214,10 +1219,11 @@ class HeartbeatRequest(_message.Message):
         health_message: _builtins.str = ...,
         drain_on_failure: _builtins.bool = ...,
         gpu_errors: _abc.Iterable[Global___GpuErrorReport] | None = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_on_failure", b"drain_on_failure", "gpu_errors", b"gpu_errors", "health_message", b"health_message", "node_id", b"node_id", "unhealthy", b"unhealthy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_on_failure", b"drain_on_failure", "gpu_errors", b"gpu_errors", "health_message", b"health_message", "node_id", b"node_id", "seq", b"seq", "unhealthy", b"unhealthy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1258,6 +1264,8 @@ class HeartbeatReply(_message.Message):
     SHARD_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     node_status: _builtins.str
     """READY, DOWN, or UNKNOWN (register again)"""
     term: _builtins.int
@@ -1268,6 +1276,11 @@ class HeartbeatReply(_message.Message):
     0 when this replica vouches for none (no digest of its own reached a leader yet, the node DOWN
     or unknown). Absent: a master of an earlier release, which grants no lease.
     """
+    seq: _builtins.int
+    """By datagram only (synapse.common.beats): the request's seq, and why the replica did not take
+    the heartbeat ("" if it did), which a call would have answered with UNAVAILABLE.
+    """
+    refused: _builtins.str
     @_builtins.property
     def order(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """the replicas the node tries, in order, when its shard does not answer"""
@@ -1280,10 +1293,12 @@ class HeartbeatReply(_message.Message):
         shard: _builtins.str = ...,
         order: _abc.Iterable[_builtins.str] | None = ...,
         lease_ms: _builtins.int | None = ...,
+        seq: _builtins.int = ...,
+        refused: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "lease_ms", b"lease_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "lease_ms", b"lease_ms", "node_status", b"node_status", "order", b"order", "shard", b"shard", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms", "lease_ms", b"lease_ms", "node_status", b"node_status", "order", b"order", "refused", b"refused", "seq", b"seq", "shard", b"shard", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__lease_ms: _TypeAlias = _typing.Literal["lease_ms"]  # noqa: Y015
     _WhichOneofArgType__lease_ms: _TypeAlias = _typing.Literal["_lease_ms", b"_lease_ms"]  # noqa: Y015

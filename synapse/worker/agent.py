@@ -52,6 +52,7 @@ from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
 from synapse.worker import observe, statefile
 from synapse.worker import state as ws
+from synapse.worker.beats import DatagramBeats
 from synapse.worker.exits import ExitWatcher, ProcessEnded
 from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
@@ -89,7 +90,8 @@ class WorkerAgent(TaskLifecycle, Uplink):
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
                  health: HealthCheck | None = None, drain_on_failure: bool = False, images: Any = None,
                  allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None,
-                 gpu_watch: GpuWatch | None = None, rendezvous_ports: range = MASTER_PORTS) -> None:
+                 gpu_watch: GpuWatch | None = None, rendezvous_ports: range = MASTER_PORTS,
+                 heartbeat_datagrams: bool = True) -> None:
         self.node_id = node_id
         self.rendezvous_ports = rendezvous_ports  #: the masters' rendezvous_ports, as --rendezvous-ports says
         self.topology = topology
@@ -145,6 +147,8 @@ class WorkerAgent(TaskLifecycle, Uplink):
         #: no credential of any kind: a cluster without authentication (then logs need no ticket)
         self.open_cluster = not (token or join_token or self.node_credential)
         self._use_credential()
+        #: heartbeats by datagram first (synapse.worker.beats), unless the operator said no
+        self.datagrams = DatagramBeats(node_id, lambda: self.node_credential) if heartbeat_datagrams else None
         self.log_server, self.log_port = serve_logs(self, address, log_port, tls)
         self.metrics = WorkerMetrics(self)
         self.heartbeat_ok = False  #: the last heartbeat was answered (a metric)

@@ -39,7 +39,7 @@ class ExitWatcher:
 
     `track` is called by the main loop only; the thread touches only what `_lock` guards."""
 
-    def __init__(self, events: queue.Queue) -> None:
+    def __init__(self, events: queue.Queue[object]) -> None:
         self.events = events
         self.available = hasattr(os, "pidfd_open")
         self._lock = threading.Lock()

@@ -168,6 +168,9 @@ def node_id_for(data_dir: Path, given: str) -> str:
               show_default=True, metavar="LOW-HIGH",
               help="the masters' rendezvous_ports (where MASTER_PORT comes from): the worker warns when this "
                    "node's ephemeral ports reach into them [env: SYNAPSE_RENDEZVOUS_PORTS]")
+@click.option("--heartbeat-datagrams/--no-heartbeat-datagrams", default=True, show_default=True,
+              help="send each heartbeat by UDP datagram to the shard's API port first, by call only when "
+                   "that is not answered (docs/operating/workers.md)")
 @click.option("--stop-tasks-on-exit", is_flag=True, help="stop every task when the agent stops")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
 def main(masters: str, token: str, token_file: str | None, join_token_file: str | None, node_id: str,
@@ -177,7 +180,8 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
          health_check: str, health_interval: float, health_timeout: float | None, health_on_failure: str,
          gpu_check_interval: float, ca: str, cert: str, key: str, http: str, image_cache_size: str,
          registry_credentials: str, insecure_registry: tuple[str, ...], allow_mount: tuple[str, ...],
-         cdi_spec_dir: tuple[str, ...], rendezvous_ports: str, stop_tasks_on_exit: bool, log_level: str) -> None:
+         cdi_spec_dir: tuple[str, ...], rendezvous_ports: str, heartbeat_datagrams: bool, stop_tasks_on_exit: bool,
+         log_level: str) -> None:
     """Run the Synapse worker agent on this machine."""
     os.environ[TASK_UMASK_ENV] = f"{private_umask():04o}"  # the worker's files private; its tasks' as before
     if rack and topology:
@@ -249,7 +253,7 @@ def main(masters: str, token: str, token_file: str | None, join_token_file: str 
                                           insecure_registries=insecure_registry),
                         allow_mounts=allow_mount, cdi_dirs=cdi_spec_dir or container.CDI_DIRS,
                         gpu_watch=gpu_errors.watch_for(node_id, gpu_source, gpu_count, gpu_check_interval),
-                        rendezvous_ports=ports)
+                        rendezvous_ports=ports, heartbeat_datagrams=heartbeat_datagrams)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker starting node=%s capacity=%s topology=%s", node_id, capacity, "/".join(path))

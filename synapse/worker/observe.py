@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from synapse.worker.state import StateView
@@ -26,6 +26,7 @@ class Observed(Protocol):
 
     view: StateView  #: the main loop's copy of the state (the metrics are read on the HTTP server's threads)
     heartbeat_ok: bool
+    datagrams: Any  #: synapse.worker.beats.DatagramBeats, or None when the worker sends none
 
 
 class _Tasks(Collector):
@@ -43,6 +44,10 @@ class _Tasks(Collector):
         connected = GaugeMetricFamily("synapse_worker_master_connected", "1 if the last heartbeat was answered")
         connected.add_metric([], 1 if self.agent.heartbeat_ok else 0)
         yield connected
+        if self.agent.datagrams is not None:
+            yield CounterMetricFamily("synapse_worker_heartbeat_datagrams_answered",
+                                      "heartbeats answered by datagram (the rest went by call)",
+                                      value=self.agent.datagrams.answered)
 
 
 class WorkerMetrics:

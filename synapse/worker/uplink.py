@@ -18,6 +18,7 @@ from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.model import Resources
 from synapse.proto import api_pb2
 from synapse.worker import state as ws
+from synapse.worker.beats import DatagramBeats
 from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
 from synapse.worker.lease import Lease, save_credential
@@ -68,6 +69,7 @@ class Uplink:
     heartbeat_now: threading.Event
     shard_moved: threading.Event
     reports_ready: threading.Event
+    datagrams: DatagramBeats | None
     client: MasterClient
     watch_client: MasterClient
     report_client: MasterClient
@@ -146,8 +148,9 @@ class Uplink:
             self.stopping.wait(pause)
 
     def _heartbeat_loop(self) -> None:
-        """One heartbeat per interval to the node's shard (sooner as the lease nears its end): each
-        answer renews the lease; the reply's order of replicas moves the shard; an unknown node
+        """One heartbeat per interval to the node's shard (sooner as the lease nears its end), by
+        datagram first (synapse.worker.beats), by call when that is not answered: each answer
+        renews the lease; the reply's order of replicas moves the shard; an unknown node
         registers again."""
         answered = True
         while not self.stopping.is_set():
@@ -161,8 +164,13 @@ class Uplink:
                                                    health_message=self.health_message,
                                                    drain_on_failure=self.drain_on_failure,
                                                    gpu_errors=codec.gpu_errors_to_proto(self.gpu_errors))
-                reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0),
-                                         order=self.replicas_in_order)
+                shard = self.replica_order[0]
+                reply = self.datagrams.beat(shard, request) if self.datagrams is not None else None
+                if reply is not None:
+                    self.client.answered = shard  # what a call's answer says: the shard answers
+                else:
+                    reply = self.client.call("Heartbeat", request, deadline=max(self.heartbeat_interval, 1.0),
+                                             order=self.replicas_in_order)
                 self.lease.renew(sent, reply)
                 answered = True
                 self.metrics.heartbeat.observe(time.monotonic() - sent)

@@ -110,24 +110,13 @@ class WorkersApi(ServicerBase):
 
     async def Heartbeat(self, request, context):
         """Absorbed by this replica's link shard, whichever replica it is (never refused): the reply
-        names the node's shard, where the worker sends its next heartbeat."""
+        names the node's shard, where the worker sends its next heartbeat. (Workers send most
+        heartbeats by datagram, synapse.master.beats; this call is their way when none is answered.)"""
         await self._worker_identity(request.node_id, context)
-        await self._attachable(context)
-        status, order = self.m.shard.absorb(request)
-        if not status and not self.m.ready_leader_term():
-            # Only the leader may tell a worker to register again: a follower may not have applied
-            # the registration yet (or be catching up), and a storm of re-registrations would follow.
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"replica {self.m.replica.id} does not hold node {request.node_id} (yet); try another")
-        lease_ms = self.m.shard.lease_ms(status)
-        if status == NodeStatus.READY.value and lease_ms < self.m.shard.lease.seconds * 500:
-            # Less than half a lease to grant (none of its digests reached a leader lately, or
-            # yet): the worker goes on to a replica that can renew its lease, in this very call.
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"replica {self.m.replica.id} cannot renew node {request.node_id}'s lease now "
-                                "(its digests have not reached a leader lately); try another")
-        return api_pb2.HeartbeatReply(node_status=status or "UNKNOWN", term=self.m.raft.term(),
-                                      shard=order[0] if order else "", order=order, lease_ms=lease_ms)
+        reply, refused = self.m.shard.answer(request)
+        if reply is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refused)
+        return reply
 
     async def WatchAssignments(self, request, context):
         """Served by any replica from its applied state (workers watch from their shard's). A
