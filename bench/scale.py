@@ -373,23 +373,13 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
     sim.pause_watches()
     await asyncio.sleep(1.0)  # the streams' ends are handled
     with elections.phase("heartbeats alone"):
-        before = {r: cpu_seconds(p) for r, p in pids.items()}
-        absorbed0, start = dict(sim.absorbed), time.monotonic()
-        await asyncio.sleep(args.window)
-        span_alone = time.monotonic() - start
-        alone = {r: (cpu_seconds(p) - before[r]) / span_alone for r, p in pids.items()}
-    beats_alone = {r: sim.absorbed[api[r]] - absorbed0[api[r]] for r in pids}
+        span_alone, alone, beats_alone = await _window(sim, pids, api, args.window)
     # ... and once more with every heartbeat by call (as workers sent them before datagrams): the
     # baseline, measured in the same run
     sim.datagrams = False
     await asyncio.sleep(HEARTBEAT_S)  # every node has sent one by call
     with elections.phase("heartbeats alone, by call"):
-        before = {r: cpu_seconds(p) for r, p in pids.items()}
-        absorbed0, start = dict(sim.absorbed), time.monotonic()
-        await asyncio.sleep(args.window)
-        span_calls = time.monotonic() - start
-        by_call = {r: (cpu_seconds(p) - before[r]) / span_calls for r, p in pids.items()}
-    beats_by_call = {r: sim.absorbed[api[r]] - absorbed0[api[r]] for r in pids}
+        span_calls, by_call, beats_by_call = await _window(sim, pids, api, args.window)
     sim.datagrams = not args.calls
     sim.resume_watches()
     for r, x in replicas.items():
@@ -457,6 +447,17 @@ async def run(args: argparse.Namespace, state: dict, data_dir: Path) -> dict:
         "fault_free_elections": elections.fault_free(),
     }
     return report
+
+
+async def _window(sim: Sim, pids: dict[str, int], api: dict[str, str],
+                  seconds: float) -> tuple[float, dict[str, float], dict[str, int]]:
+    """(its length, each replica's cores over it, the heartbeats each absorbed in it)"""
+    before = {r: cpu_seconds(p) for r, p in pids.items()}
+    absorbed0, start = dict(sim.absorbed), time.monotonic()
+    await asyncio.sleep(seconds)
+    span = time.monotonic() - start
+    return (span, {r: (cpu_seconds(p) - before[r]) / span for r, p in pids.items()},
+            {r: sim.absorbed[api[r]] - absorbed0[api[r]] for r in pids})
 
 
 def _median_of(replicas: dict, which: list[str], key: str) -> float | None:
