@@ -82,8 +82,8 @@ from synapse.images.store import ImageStore  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 from synapse.worker import container  # noqa: E402
 from synapse.worker.fence import TASK_JOURNAL  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
-from tests.images_support import (  # noqa: E402
+from tests.support.helpers import wait_for  # noqa: E402
+from tests.support.images import (  # noqa: E402
     BUSYBOX,
     LAYER_GZIP,
     OCI_CONFIG,

@@ -2,7 +2,7 @@
 
 Each `inject(target, rng, history)` acts, waits out its own duration, heals what it broke (a
 killed process is restarted, a paused one resumed), and records a `fault` line. Every nemesis has
-a test showing it really acts (tests/test_nemesis.py).
+a test showing it really acts (tests/cluster/test_nemesis.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ page's markers, so the page cannot drift from the code:
     python3 scripts/command_table.py           # rewrite the table in the page
     python3 scripts/command_table.py --check   # exit 1 if the page's table is not what the code gives
 
-tests/test_docs.py runs the check. It also refuses a kind without a docstring of its own, and a
+tests/cluster/test_docs.py runs the check. It also refuses a kind without a docstring of its own, and a
 kind the state machine has no handler for (or a handler for a kind the codec lacks).
 """
 

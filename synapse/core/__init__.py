@@ -14,5 +14,5 @@ By concern:
   the rendezvous port, the link-shard map, goodput and the history record.
 
 Nothing here does I/O, reads a clock or imports grpc, pysyncobj, asyncio, subprocess or socket
-(`tests/test_layout.py` enforces it): the same state and the same input always give the same output.
+(`tests/unit/test_layout.py` enforces it): the same state and the same input always give the same output.
 """

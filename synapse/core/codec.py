@@ -84,7 +84,7 @@ def job_spec_into(p: types_pb2.JobSpec, spec: JobSpec) -> types_pb2.JobSpec:
     """Write `spec` into the empty message `p` and return it: in place, as a proposal's encode does
     for each submission (nested messages built apart and copied in took twice the CPU). The bytes
     are those of a message built from keyword arguments: resources and topology always present,
-    a checkpoint only when the spec asks for a notice (tests/test_codec.py pins them)."""
+    a checkpoint only when the spec asks for a notice (tests/unit/test_codec.py pins them)."""
     p.SetInParent()  # a field of an envelope: present even if every value is a default
     p.name = spec.name
     p.tasks = spec.tasks

@@ -62,7 +62,7 @@ EVENT_LOOP_ENV = "SYNAPSE_EVENT_LOOP"
 #: gRPC message size limit, both ways: a job spec or a node's assignments fit well inside it.
 MAX_MESSAGE_BYTES = 4 << 20
 
-#: TEST ONLY (tests/test_upgrade.py): replicas of a mixed-version cluster, from one code base. Never
+#: TEST ONLY (tests/cluster/test_upgrade.py): replicas of a mixed-version cluster, from one code base. Never
 #: set in production. With TEST_NEW_KIND_ENV naming a command class (e.g. AddUser), the replica runs
 #: the next command set: that kind counts as introduced by COMMAND_VERSION + 1, as a new kind of the
 #: next release would. With TEST_COMMAND_VERSION_ENV too, it knows versions only up to that number:

@@ -127,7 +127,7 @@ OWN_KEPT = 64
 #: The kinds whose entries the replica that proposed them applies as it encoded them, undecoded
 #: (ReplicatedState.proposing): submissions, which only MasterServicer.SubmitJob makes, from a spec
 #: the codec decoded from the request, a float clock reading and strings, so that decoding gives
-#: them back type for type (tests/test_codec.py). Other kinds are built from Python values that
+#: them back type for type (tests/unit/test_codec.py). Other kinds are built from Python values that
 #: decode to equal but not always identical ones (an int time comes back a float): decoded.
 OWN_KINDS = frozenset({c.SubmitJob, c.SubmitWorkflowJob, c.SubmitCheckpointJob, c.SubmitImageJob})
 #: TEST ONLY (set by tests/conftest.py): a replica decodes the entries it proposed anyway and stops
@@ -201,7 +201,7 @@ class ReplicatedState(SyncObjConsumer):
 
         A leader decoded every submission it had just encoded: most of its apply's decoding. For the
         kinds of OWN_KINDS, decoding gives the same commands back, field for field and type for type
-        (tests/test_codec.py; with CHECK_OWN_ENTRIES_ENV set, as the test suite sets it, every such
+        (tests/unit/test_codec.py; with CHECK_OWN_ENTRIES_ENV set, as the test suite sets it, every such
         apply checks it), and an entry is looked up by its whole bytes, so what applies is what the
         log holds. An entry that never applies (a lost leadership) is forgotten with the rest past
         OWN_KEPT."""

@@ -134,7 +134,7 @@ class Master:
 
     def now(self) -> float:
         """The master's wall clock: the timestamps the endpoints and the history exporter put in
-        commands come from here (tests/test_master_clock.py), so one place can stand in for it."""
+        commands come from here (tests/unit/test_master_clock.py), so one place can stand in for it."""
         return time.time()
 
     def node_credential(self, node_id: str) -> str:

@@ -8,27 +8,27 @@ Each correction, and why (the class docstring and the methods hold the details):
   diverge. Here the entries already held are skipped, the log is truncated only from the first real
   conflict, nothing is committed past the last entry the leader vouched for, and a replica that
   meets a conflict at an index it has already applied records `diverged` (the master stops it).
-  `held_prefix` is the pure part of that rule (`tests/test_append_entries.py`).
+  `held_prefix` is the pure part of that rule (`tests/cluster/test_append_entries.py`).
 * **PreVote.** pysyncobj raises its term whenever its election timer fires: a replica cut off from
   the others deposed a healthy leader when it came back. A replica asks its peers before it
   campaigns, a refusal at a higher term hands that term over, a replica back from a cut waits for
   the leader before it grants a pre-vote, and pysyncobj's own election check is held until a
-  pre-vote is won (synapse.master.prevote; `tests/test_prevote.py`).
+  pre-vote is won (synapse.master.prevote; `tests/cluster/test_prevote.py`).
 * **Pauses.** A leader whose own process stalled (a loaded machine) counted the time it did not
   run against its followers and stepped down with nothing wrong: after a late tick it first reads
   what waited, and the stall is not counted.
 * **Links to the leader.** Replaying an old membership change that removed today's leader dropped
   the link to it for good, and the replica never caught up: the link to the leader a follower
-  listens to is kept until it is a member again or another leads (`tests/test_raft_links.py`).
+  listens to is kept until it is a member again or another leads (`tests/cluster/test_raft_links.py`).
 * **A leader's link lost.** A follower whose TCP link to its leader closes (the leader's process
   died: its sockets closed with it) campaigns at once instead of waiting out an election timeout
-  (synapse.master.prevote; `tests/test_fast_failover.py`).
+  (synapse.master.prevote; `tests/cluster/test_fast_failover.py`).
 * **Snapshot writer.** pysyncobj forks a multi-threaded gRPC server to write its dump: the first
   tick installs `SnapshotWriter` (synapse.master.durability), which writes from a thread.
 * **Dump loading and journal trimming.** A replica stopped between writing a snapshot and trimming
   its journal started with a journal beginning before the snapshot, and pysyncobj cleared all of
   it, acknowledged entries after the snapshot included: the entries after it are kept, and the
-  journal is cut in memory only (synapse.master.snapshot_guard; `tests/test_snapshots.py`).
+  journal is cut in memory only (synapse.master.snapshot_guard; `tests/cluster/test_snapshots.py`).
 * **No snapshot after a stop.** A consumer that stops applying at an entry it must not apply (a
   corrupt one, or one its code does not know) leaves its state before that entry while pysyncobj
   counts the entry as applied: a snapshot then would record the entry as applied, and the

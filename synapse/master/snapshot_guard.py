@@ -3,7 +3,7 @@
 * **Dump loading and journal trimming.** A replica stopped between writing a snapshot and trimming
   its journal started with a journal beginning before the snapshot, and pysyncobj cleared all of
   it, acknowledged entries after the snapshot included: the entries after it are kept, and the
-  journal is cut in memory only (`tests/test_snapshots.py`).
+  journal is cut in memory only (`tests/cluster/test_snapshots.py`).
 * **No snapshot after a stop.** Compaction waits while the consumer has stopped applying
   (`_stopped` names why): a snapshot then would record as applied an entry it never applied.
 * **Snapshot contents.** pysyncobj pickles every attribute set after its own `__init__` into its
@@ -40,7 +40,7 @@ class SnapshotGuard(SyncObj):
         the snapshot's, cleared the whole journal: every entry after the snapshot was gone,
         acknowledged ones too (pysyncobj then warns that the commit index exceeds the journal's
         end). When the journal holds the snapshot's last two entries, what comes before them is
-        dropped instead, as if the replica had not stopped in between (`tests/test_snapshots.py`)."""
+        dropped instead, as if the replica had not stopped in between (`tests/cluster/test_snapshots.py`)."""
         serializer = self._SyncObj__serializer
         try:
             data = serializer.deserialize()

@@ -8,7 +8,7 @@ Its other threads never touch the state: they put events on the main loop's queu
 `StateView` the main loop publishes after every event (a frozen copy, replaced whole, so a reader
 sees one moment's state or the next, never half of a change). What is not here is I/O bookkeeping
 with one writer each (named in the agent: the pulls' progress, the heartbeat's replica order, the
-health check's result). `tests/test_layout.py` fails on code in synapse/worker that writes to the
+health check's result). `tests/unit/test_layout.py` fails on code in synapse/worker that writes to the
 state, or to a task of it, anywhere but in this module. Nothing here does I/O, so every rule is
 tested by feeding events and asserting the exact instructions.
 

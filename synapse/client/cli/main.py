@@ -4,7 +4,7 @@ A verb lives in the module of its group (`jobs`, `submit`, `nodes`, `queues`, `u
 `history`); the table names it with its one-line help, so `synctl --help` lists every verb and
 `synctl --version` answers without importing one, and a verb that runs imports only its module
 (click's lazy group: gRPC and the protobuf messages cost more than the rest of a command's start).
-`tests/test_synctl_cli.py` holds each one-line help to the command's own docstring.
+`tests/cluster/test_synctl_cli.py` holds each one-line help to the command's own docstring.
 """
 
 from __future__ import annotations

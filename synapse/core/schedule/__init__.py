@@ -3,5 +3,5 @@
 The round (`scheduler`), reservations and backfill (`reservations`), placement (`placement`, over
 the free-capacity indexes of `topology`), queue admission, eligibility, preemption, spares, elastic
 sizes, run-time prediction and fair share. These modules read the cluster through `view.ClusterRead`
-(never the state machine itself: tests/test_layout.py); they never change it.
+(never the state machine itself: tests/unit/test_layout.py); they never change it.
 """

@@ -139,7 +139,7 @@ class RoundMemo:
     now, it is kept within `Tuning.reevaluate_s`; weighed again, the choice that won still wins).
     Carrying them is thus recomputing them, as long as the drain clock answers from the state and
     `now` alone, never from the order a round asks about nodes in (`DrainClock._free_at`). The
-    memo is exact at one `now` only (tests/test_round_memo.py): as time moves, locality waits end
+    memo is exact at one `now` only (tests/unit/test_round_memo.py): as time moves, locality waits end
     and expected starts move, which the leader's periodic full round takes in."""
 
     state: ClusterRead  #: the state it read (a loaded snapshot is a new object: the memo lapses)

@@ -1,7 +1,7 @@
 """What scheduling reads of the cluster: `ClusterRead`, a read-only view. Pure.
 
 The modules of synapse.core.schedule plan from this view and never from the state machine itself
-(tests/test_layout.py holds it): as Nomad's schedulers plan on a state snapshot, a round needs
+(tests/unit/test_layout.py holds it): as Nomad's schedulers plan on a state snapshot, a round needs
 only something that answers these reads. `synapse.core.state.fsm.ClusterState` satisfies it as it
 stands (structurally: it does not name this protocol); a frozen snapshot taken under the leader's
 lock could, so that a round plans without holding up apply. Every member is read-only here: the

@@ -6,7 +6,7 @@ proposer's term arrive inside the command.
 
 Apply is a transaction: a command changes the state as a whole or not at all. Every handler
 validates first and mutates after, so a rejected command (a refusal the handler expects) changes
-nothing but the applied-command counter and the highest term seen (tests/test_apply_transaction.py
+nothing but the applied-command counter and the highest term seen (tests/unit/test_apply_transaction.py
 drives every kind and compares the whole state before and after each rejection). A handler that
 raises instead has failed midway, with the state perhaps half-changed: that is not a rejection but
 ApplyFailed, and the replica stops applying (synapse.master.raft.ReplicatedState), as etcd panics
