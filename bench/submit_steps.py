@@ -34,7 +34,7 @@ from synapse.core import codec  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
 from synapse.core.brain.leader_state import LeaderState  # noqa: E402
 from synapse.core.brain.stimuli import Propose, RoundDue  # noqa: E402
-from synapse.core.jobspec import check_spec  # noqa: E402
+from synapse.core.jobs.jobspec import check_spec  # noqa: E402
 from synapse.core.model import JobSpec, Resources  # noqa: E402
 from synapse.core.state.fsm import ClusterState  # noqa: E402
 from synapse.master.durability import seal, unseal  # noqa: E402

@@ -15,8 +15,8 @@ from typing import Any
 
 from synapse.client.render import goodput_dict, goodput_line, table
 from synapse.core import codec
+from synapse.core.jobs.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.core.model import NEVER_RAN
-from synapse.core.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.proto import api_pb2
 
 #: The fields, in order, of `sacct --format` as Open XDMoD's shredder ingests them.

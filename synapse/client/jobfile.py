@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from synapse.core.jobspec import JobFileError, check_secret_value, parse_job, secret_refs
+from synapse.core.jobs.jobspec import JobFileError, check_secret_value, parse_job, secret_refs
 from synapse.core.model import JobSpec
 
 

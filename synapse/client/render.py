@@ -16,8 +16,8 @@ import yaml
 
 from synapse.core import codec
 from synapse.core.goodput import Goodput
+from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_wait
 from synapse.core.model import EndReason
-from synapse.core.quantity import format_cpu, format_memory, format_pull, format_wait
 from synapse.proto import api_pb2
 
 

@@ -20,10 +20,10 @@ from typing import Any, TypedDict
 from google.protobuf.message import DecodeError
 
 from synapse.core import commands as c
-from synapse.core.arrays import JobArray
 from synapse.core.brain.heartbeat import GpuErrorReport
-from synapse.core.dependencies import Resolved
 from synapse.core.goodput import Goodput
+from synapse.core.jobs.arrays import JobArray
+from synapse.core.jobs.dependencies import Resolved
 from synapse.core.model import (
     Assignment,
     CheckpointSpec,

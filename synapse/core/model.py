@@ -161,9 +161,9 @@ class JobSpec:
     queue: str = ""  #: the queue it is admitted through; "" is the default queue
     grace: float = 0.0  #: seconds from SIGTERM to SIGKILL when preempted (capped by the queue); 0: default
     gpu_model: str = ""  #: only nodes whose `gpu_model` label matches (case-insensitive); "" = any
-    array: str = ""  #: an array's canonical index spec, e.g. `0-99` ("" for a single job); synapse.core.arrays
+    array: str = ""  #: an array's canonical index spec, e.g. `0-99` ("" for a single job); synapse.core.jobs.arrays
     array_throttle: int = 0  #: the most elements of the array with a gang at once, as submitted; 0 = no limit
-    after: tuple[tuple[str, str], ...] = ()  #: dependencies (ok | any | notok, job id); synapse.core.dependencies
+    after: tuple[tuple[str, str], ...] = ()  #: dependencies (ok | any | notok, job id); synapse.core.jobs.dependencies
     singleton: bool = False  #: start only while no other job of the same name and user holds a gang
     on_unsatisfiable: str = ""  #: "wait": stay pending when a dependency can never be met; "" = fail
     tasks_min: int = 0  #: elastic gangs: the least tasks it runs with (`tasks` is the most); 0 = not elastic

@@ -21,8 +21,8 @@ import re
 from typing import Any
 
 from synapse.core.identity import groups_problem
+from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.core.model import UNLIMITED, Queue, Resources
-from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 
 PREEMPTION_RULES = ("reclaim", "priority", "backfill", "fair_share")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")

@@ -11,7 +11,7 @@ import tarfile
 import threading
 from pathlib import Path
 
-from synapse.core.imageref import ImageRef
+from synapse.core.jobs.imageref import ImageRef
 from synapse.images.blobs import VerifyingWriter
 from synapse.images.manifest import MAX_MANIFEST_BYTES, OCI_INDEX, Descriptor, descriptor, load_json
 from synapse.images.model import PullError

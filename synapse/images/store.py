@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from synapse.core import imageref
-from synapse.core.imageref import ImageRef
+from synapse.core.jobs import imageref
+from synapse.core.jobs.imageref import ImageRef
 from synapse.images import manifest as mf
 from synapse.images.blobs import BlobStore, disk_error
 from synapse.images.model import CachedImage, Image, ImageConfig, PullError, PullProgress

@@ -12,7 +12,7 @@ import yaml
 
 from synapse.client.master_client import MasterClient
 from synapse.core import codec
-from synapse.core.jobspec import parse_job
+from synapse.core.jobs.jobspec import parse_job
 from synapse.local.cluster import client_tls, down, up
 
 DEMO_JOB = """\

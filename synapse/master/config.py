@@ -50,9 +50,9 @@ from typing import Any
 import yaml
 
 from synapse.common.tls import TLSFiles
-from synapse.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
+from synapse.core.jobs.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE
+from synapse.core.jobs.quantity import QuantityError, parse_duration, parse_memory
 from synapse.core.model import DEFAULT_LEVELS
-from synapse.core.quantity import QuantityError, parse_duration, parse_memory
 from synapse.core.rendezvous import MASTER_PORTS, parse_ports
 from synapse.core.schedule.fairshare import DEFAULT_HALF_LIFE_S
 from synapse.core.schedule.spares import SparePolicy

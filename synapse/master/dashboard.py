@@ -20,8 +20,8 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
+from synapse.core.jobs.quantity import format_pull, format_wait
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, gang_unprepared, topology_path
-from synapse.core.quantity import format_pull, format_wait
 from synapse.core.schedule import fairshare
 from synapse.master import dashboard_history
 

@@ -323,7 +323,7 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
 def _failure_model(trace: Trace, mtbf_hours: float | None, checkpoint_every: str, restart_cost: str,
                    repair_time: str, recovery: str, seed: int | None, spares_per_rack: int = 1) -> FailureModel | None:
     """The failure options of `run`, checked; None without --node-mtbf."""
-    from synapse.core.quantity import QuantityError, parse_duration
+    from synapse.core.jobs.quantity import QuantityError, parse_duration
 
     if mtbf_hours is None:
         return None
@@ -559,7 +559,7 @@ def sweep_table(result: dict) -> str:
 @click.option("--nodes", type=click.IntRange(1, 512), default=8, show_default=True, help="8-GPU nodes.")
 def fair_share_cmd(days, half_life, weights, nodes):
     """Two teams, a week: does fair share remember the GPU time a team used (synapse.sim.fairshare)?"""
-    from synapse.core.quantity import QuantityError, parse_duration
+    from synapse.core.jobs.quantity import QuantityError, parse_duration
     from synapse.sim.fairshare import table, two_teams
 
     try:

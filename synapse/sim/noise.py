@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from synapse.core.arrays import split_element_id
+from synapse.core.jobs.arrays import split_element_id
 from synapse.sim.trace import Trace
 
 #: (heading, summarize's key, scale, format) of the metrics the noise floor covers.

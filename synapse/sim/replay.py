@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from synapse.core import commands as c
-from synapse.core.arrays import element_id, format_ranges, parse_array, split_element_id
+from synapse.core.jobs.arrays import element_id, format_ranges, parse_array, split_element_id
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
 from synapse.core.schedule.reservations import Reservation
 from synapse.core.schedule.scheduler import RoundMemo, RoundResult

@@ -23,7 +23,7 @@ Columns (`id`, `submit_s`, `gpus` and `duration_s` are required; the others may 
 * `queue`, `user` — the queue it is submitted to (empty: the default queue), and who submitted it.
 * `name` — the job's name (Slurm's `JobName`): with `user` and `gpus`, what a run-time predictor
   recognises a resubmitted job by. Written only when some job has one.
-* `array` — an array of gangs (synapse.core.arrays: `0-99%8`): the row stands for one element per
+* `array` — an array of gangs (synapse.core.jobs.arrays: `0-99%8`): the row stands for one element per
   index, each with the row's GPUs, nodes, duration and exit code; element `i` is job `ID_i`.
 * `after` — dependencies, as `synctl submit --after` takes them: `ok:ID,any:ID2,notok:ID3` (quoted
   in the CSV when it has commas). Each must name a row submitted earlier (or an element `ID_i`
@@ -41,8 +41,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from synapse.core.arrays import ArraySpecError, parse_array, split_element_id
-from synapse.core.dependencies import parse_after_flag
+from synapse.core.jobs.arrays import ArraySpecError, parse_array, split_element_id
+from synapse.core.jobs.dependencies import parse_after_flag
 from synapse.core.model import Resources
 
 VERSION_LINE = "# synapse-sim trace v1"

@@ -44,8 +44,8 @@ from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
 from synapse.common.datadir import TASK_UMASK_ENV, make_private, private_umask
 from synapse.common.logs import configure
 from synapse.common.tls import TLSFiles
+from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.core.model import Resources
-from synapse.core.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.core.rendezvous import MASTER_PORTS, format_ports, parse_ports
 from synapse.images.store import ImageStore
 from synapse.worker import container, gpu_errors, isolation

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from synapse.core.jobspec import NOTICE_SIGNALS
+from synapse.core.jobs.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
 from synapse.worker import container
 from synapse.worker.fence import FENCED_SUFFIX, process_start_ticks, running, was_fenced

@@ -14,7 +14,7 @@
 # the job asks for one: the trap below keeps the shim alive through each of them (a handler, not an
 # ignore, so the task itself still gets the default action, or its own handler) until the task has
 # gone and its status is written. It names every signal a notice may be (NOTICE_SIGNALS in
-# synapse/core/jobspec.py). SIGKILL to the group kills the shim too: the worker then reports the
+# synapse/core/jobs/jobspec.py). SIGKILL to the group kills the shim too: the worker then reports the
 # task as killed (no exit file).
 #
 # With SYNAPSE_SHIM_CGROUPS set (cgroup.procs files, ':'-separated), the shim first moves itself

@@ -15,7 +15,7 @@ from synapse.core import commands as c
 from synapse.core.brain.config import LeaderConfig
 from synapse.core.brain.leader_state import LeaderState
 from synapse.core.brain.stimuli import MonitorDue, Propose, Proposed
-from synapse.core.jobspec import JobFileError, check_spec, parse_job
+from synapse.core.jobs.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.model import CheckpointSpec, JobStatus, Placement, Queue
 from synapse.core.schedule import preemption
 from synapse.core.state.fsm import ClusterState, utc_clock

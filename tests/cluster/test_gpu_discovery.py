@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from synapse.client.cli.main import main as synctl
 from synapse.core import commands as c
-from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.jobs.jobspec import JobFileError, parse_job
 from synapse.core.model import Resources
 from synapse.core.schedule.placement import ClusterView, place
 from synapse.core.state.fsm import ClusterState

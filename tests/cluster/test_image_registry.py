@@ -302,7 +302,7 @@ def test_https_registries_are_verified_with_the_given_ca(fake, tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from synapse.core.imageref import parse
+    from synapse.core.jobs.imageref import parse
     from synapse.images.sources import RegistrySource
     from synapse.images.store import _resolve
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from synapse.core.jobspec import JobFileError
+from synapse.core.jobs.jobspec import JobFileError
 from synapse.core.model import Assignment, JobStatus
 from synapse.worker import container
 from synapse.worker.container import ContainerRefused, Mount

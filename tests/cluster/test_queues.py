@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from synapse.client.cli.exits import EXIT_DENIED
 from synapse.client.cli.main import main
 from synapse.core import commands as c
-from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.jobs.jobspec import JobFileError, parse_job
 from synapse.core.model import UNLIMITED, Queue, Resources
 from synapse.core.queues import QueueFileError, parse_queue_file
 from tests.support.helpers import checked, cluster, spec

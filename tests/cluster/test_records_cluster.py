@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from synapse.client.cli.main import main
 from synapse.core import codec
-from synapse.core.jobspec import parse_job
+from synapse.core.jobs.jobspec import parse_job
 from synapse.core.model import NEVER_RAN_VERSION
 from tests.support.cluster import start_worker
 from tests.support.helpers import wait_for

@@ -7,7 +7,7 @@ import sys
 import textwrap
 import time
 
-from synapse.core.jobspec import NOTICE_SIGNALS
+from synapse.core.jobs.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment
 from synapse.worker.runtime import ProcessRuntime, alive, exit_code, stop_all, task_env
 from tests.support import paths

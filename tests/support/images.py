@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from synapse.core import jobspec
+from synapse.core.jobs import jobspec
 from tests.support.helpers import wait_for
 
 BUSYBOX = Path("/bin/busybox")

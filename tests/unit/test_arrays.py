@@ -9,9 +9,9 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array, split_element_id
 from synapse.core.brain.leader_state import LeaderState
-from synapse.core.jobspec import JobFileError, check_spec, parse_job
+from synapse.core.jobs.arrays import ArraySpecError, JobArray, folded_id, format_spec, parse_array, split_element_id
+from synapse.core.jobs.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.model import JobStatus
 from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.state.fsm import ClusterState

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from synapse.core import commands as c
-from synapse.core import dependencies as d
 from synapse.core.brain.leader_state import LeaderState
-from synapse.core.dependencies import DependencyState
-from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.jobs import dependencies as d
+from synapse.core.jobs.dependencies import DependencyState
+from synapse.core.jobs.jobspec import JobFileError, parse_job
 from synapse.core.model import JobStatus, Queue, Resources
 from synapse.core.state.fsm import ClusterState
 from tests.support.core import finish, run_round, submit_array

@@ -9,7 +9,7 @@ import pytest
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.brain.leader_state import LeaderState
-from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.jobs.jobspec import JobFileError, parse_job
 from synapse.core.model import JobStatus, Placement, Queue
 from synapse.core.schedule.elastic import required_domain_problem
 from synapse.core.schedule.placement import ClusterView

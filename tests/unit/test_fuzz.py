@@ -8,7 +8,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synapse.core.jobspec import JobFileError, check_spec, parse_job
+from synapse.core.jobs.jobspec import JobFileError, check_spec, parse_job
 from synapse.core.model import JobSpec
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),

@@ -1,13 +1,13 @@
 """Image references: every accepted form parses to its parts and back, and every bad one is refused
-with a reason naming the part (synapse.core.imageref); a job's `image` is checked the same way."""
+with a reason naming the part (synapse.core.jobs.imageref); a job's `image` is checked the same way."""
 
 from __future__ import annotations
 
 import pytest
 
-from synapse.core import imageref
-from synapse.core.imageref import ImageRef, ImageRefError
-from synapse.core.jobspec import JobFileError, parse_job
+from synapse.core.jobs import imageref
+from synapse.core.jobs.imageref import ImageRef, ImageRefError
+from synapse.core.jobs.jobspec import JobFileError, parse_job
 
 D = "sha256:" + "ab" * 32
 

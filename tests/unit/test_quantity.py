@@ -1,6 +1,6 @@
 import pytest
 
-from synapse.core.quantity import QuantityError, format_cpu, format_memory, parse_cpu, parse_duration, parse_memory
+from synapse.core.jobs.quantity import QuantityError, format_cpu, format_memory, parse_cpu, parse_duration, parse_memory
 
 
 @pytest.mark.parametrize("text,expected", [

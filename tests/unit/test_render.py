@@ -10,8 +10,8 @@ import pytest
 from synapse.client import render
 from synapse.core import codec
 from synapse.core import commands as c
+from synapse.core.jobs.quantity import format_duration
 from synapse.core.model import Placement, Queue, Resources
-from synapse.core.quantity import format_duration
 from synapse.proto import api_pb2, types_pb2
 from tests.support.core import running_job
 from tests.support.helpers import GI, checked, cluster, spec

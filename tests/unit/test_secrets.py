@@ -8,7 +8,7 @@ import pytest
 from synapse.client.jobfile import load_secrets
 from synapse.core import codec, versions
 from synapse.core import commands as c
-from synapse.core.jobspec import JobFileError, check_spec, parse_job, secret_refs
+from synapse.core.jobs.jobspec import JobFileError, check_spec, parse_job, secret_refs
 from synapse.core.model import Placement
 from synapse.core.state.fsm import ClusterState
 from synapse.master.cipher import SecretError, SecretSeal

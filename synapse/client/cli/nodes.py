@@ -7,7 +7,7 @@ import click
 
 from synapse.client import render
 from synapse.client.cli.session import OUTPUT, Context, emit, fail, run
-from synapse.core.quantity import QuantityError, parse_duration
+from synapse.core.jobs.quantity import QuantityError, parse_duration
 from synapse.proto import api_pb2
 
 

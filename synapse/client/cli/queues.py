@@ -13,8 +13,8 @@ from synapse.client import render
 from synapse.client.cli.session import OUTPUT, Context, emit, fail, run
 from synapse.client.master_client import ClientError, ClusterUnavailable
 from synapse.core import codec
+from synapse.core.jobs.quantity import format_cpu, format_memory
 from synapse.core.model import Queue, Resources
-from synapse.core.quantity import format_cpu, format_memory
 from synapse.core.queues import QueueFileError, parse_queue_file
 from synapse.proto import api_pb2
 

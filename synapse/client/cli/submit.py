@@ -15,9 +15,9 @@ from synapse.client.cli.session import OUTPUT, Context, fail, run
 from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
 from synapse.client.master_client import new_request_id
 from synapse.core import codec
-from synapse.core.arrays import ArraySpecError, format_ranges, parse_array
-from synapse.core.dependencies import parse_after_flag
-from synapse.core.jobspec import JobFileError, check_workflow, parse_job
+from synapse.core.jobs.arrays import ArraySpecError, format_ranges, parse_array
+from synapse.core.jobs.dependencies import parse_after_flag
+from synapse.core.jobs.jobspec import JobFileError, check_workflow, parse_job
 from synapse.core.model import JobSpec
 from synapse.core.queues import queue_name_problem
 

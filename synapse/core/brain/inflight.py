@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any
 
 from synapse.core import commands as c
-from synapse.core import dependencies
 from synapse.core.brain.stimuli import Propose
+from synapse.core.jobs import dependencies
 from synapse.core.state.fsm import ClusterState
 
 

@@ -14,11 +14,12 @@ import logging
 from collections.abc import Iterable
 
 from synapse.core import commands as c
-from synapse.core import dependencies, versions
+from synapse.core import versions
 from synapse.core.brain.config import LeaderConfig
 from synapse.core.brain.inflight import InFlight
 from synapse.core.brain.preempting import Preemptions
 from synapse.core.brain.stimuli import Instruction, Propose, Reschedule, RoundDue
+from synapse.core.jobs import dependencies
 from synapse.core.model import Job, JobStatus, excluded_for
 from synapse.core.schedule import preemption, spares
 from synapse.core.schedule.elastic import at_size, growth, is_elastic, place_largest

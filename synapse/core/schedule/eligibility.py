@@ -6,7 +6,7 @@ with a reason that names what it waits on (a pending reason code of synapse.core
 exceeded by one round placing five elements.
 
 The gate also says which further elements of an array a round may place after the queued one
-(`next_elements`): an array keeps one unplaced element queued (synapse.core.arrays), and apply
+(`next_elements`): an array keeps one unplaced element queued (synapse.core.jobs.arrays), and apply
 makes the next index a job as each is placed, so a round that places the queued element may plan
 the following indices under the ids they will have, in order.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from synapse.core import dependencies
-from synapse.core.arrays import element_id
-from synapse.core.dependencies import DependencyState
+from synapse.core.jobs import dependencies
+from synapse.core.jobs.arrays import element_id
+from synapse.core.jobs.dependencies import DependencyState
 from synapse.core.model import Job, JobSpec, Plan
 from synapse.core.schedule.placement import ClusterView, place
 from synapse.core.schedule.view import ClusterRead

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse.core import commands as c
+from synapse.core.jobs.quantity import format_moment
 from synapse.core.model import (
     DEFAULT_GRACE_S,
     Job,
@@ -42,7 +43,6 @@ from synapse.core.model import (
     excluded_for,
     topology_path,
 )
-from synapse.core.quantity import format_moment
 from synapse.core.schedule.admission import beyond_guarantee, pool_of, queue_of, share, usage_of
 from synapse.core.schedule.elastic import is_elastic
 from synapse.core.schedule.placement import pack_depth

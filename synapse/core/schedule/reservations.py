@@ -34,8 +34,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from synapse.core.jobs.quantity import format_moment
 from synapse.core.model import Job, JobSpec, NodeStatus, PackMode, Plan, Resources, excluded_for, topology_path
-from synapse.core.quantity import format_moment
 from synapse.core.schedule.placement import ClusterView, pack_depth
 from synapse.core.schedule.spares import last_domain
 from synapse.core.schedule.topology import Domain

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import Any, Protocol
 
-from synapse.core.arrays import JobArray
+from synapse.core.jobs.arrays import JobArray
 from synapse.core.model import Hold, Job, JobSpec, Node, Queue, Resources
 from synapse.core.schedule.fairshare import DecayedUsage
 from synapse.core.schedule.predict import RunTimes

@@ -1,4 +1,4 @@
-"""The array table: job arrays (the JobArray record is synapse.core.arrays'), their elements that are
+"""The array table: job arrays (the JobArray record is synapse.core.jobs.arrays'), their elements that are
 jobs, and how an element's end makes the next one a job.
 
 State: `arrays`, `array_live`. Command: SetArrayThrottle; a SubmitWorkflowJob with an array lands
@@ -8,8 +8,8 @@ in `submit_array`; cancels of arrays and elements are synapse.core.state.jobs'.
 from __future__ import annotations
 
 from synapse.core import commands as c
-from synapse.core.arrays import JobArray, element_id
 from synapse.core.commands import Result
+from synapse.core.jobs.arrays import JobArray, element_id
 from synapse.core.model import Event, Job, JobStatus
 from synapse.core.state.events import JOB_REASONS
 from synapse.core.state.tables import ClusterTables

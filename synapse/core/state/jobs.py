@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 
 from synapse.core import commands as c
-from synapse.core import dependencies
-from synapse.core.arrays import MAX_ARRAY_SIZE, JobArray, element_id, split_element_id
 from synapse.core.commands import Result
-from synapse.core.jobspec import JobFileError, check_checkpoint, check_workflow, notice_capped
+from synapse.core.jobs import dependencies
+from synapse.core.jobs.arrays import MAX_ARRAY_SIZE, JobArray, element_id, split_element_id
+from synapse.core.jobs.jobspec import JobFileError, check_checkpoint, check_workflow, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, EndReason, Job, JobSpec, JobStatus, Resources
 from synapse.core.state.arrays import array_maybe_done, submit_array
 from synapse.core.state.events import job_event

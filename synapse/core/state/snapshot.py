@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from synapse.core.arrays import JobArray
+from synapse.core.jobs.arrays import JobArray
 from synapse.core.model import (
     CheckpointSpec,
     ClusterEvent,

@@ -15,7 +15,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from synapse.core import versions
-from synapse.core.arrays import JobArray, split_element_id
+from synapse.core.jobs.arrays import JobArray, split_element_id
 from synapse.core.model import (
     DEFAULT_LEVELS,
     ClusterEvent,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from synapse.core import codec, dependencies, goodput
-from synapse.core.arrays import format_ranges
+from synapse.core import codec, goodput
+from synapse.core.jobs import dependencies
+from synapse.core.jobs.arrays import format_ranges
 from synapse.core.model import Job, JobStatus
 from synapse.master.api.base import ServicerBase
 from synapse.proto import api_pb2

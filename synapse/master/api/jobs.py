@@ -9,10 +9,11 @@ import logging
 import grpc
 
 from synapse.common import tickets
-from synapse.core import codec, dependencies, submission
+from synapse.core import codec
 from synapse.core import commands as c
-from synapse.core.arrays import split_element_id
-from synapse.core.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
+from synapse.core.jobs import dependencies, submission
+from synapse.core.jobs.arrays import split_element_id
+from synapse.core.jobs.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
 from synapse.master.api.base import MAX_ID_CHARS
 from synapse.master.api.job_info import JobViews

@@ -3,7 +3,7 @@ its submitter, upstream jobs the state knows, a task some node can hold, an elas
 can hold. Pure: the API converts the request, asks `refusal` under the master lock and maps the
 answer to a status code; apply may ask the same (it does not yet).
 
-The spec's own shape (synapse.core.jobspec.check_spec) and a retried request id are checked apart:
+The spec's own shape (synapse.core.jobs.jobspec.check_spec) and a retried request id are checked apart:
 they need no state, or decide before these rules are asked.
 """
 
@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from synapse.core import dependencies
+from synapse.core.jobs import dependencies
 from synapse.core.model import DEFAULT_QUEUE, JobSpec, Queue
 from synapse.core.schedule import elastic
 from synapse.core.schedule.placement import ClusterView

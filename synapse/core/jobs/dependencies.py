@@ -15,7 +15,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from synapse.core.arrays import JobArray, split_element_id
+from synapse.core.jobs.arrays import JobArray, split_element_id
 from synapse.core.model import Job, JobStatus
 
 

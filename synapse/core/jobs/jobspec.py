@@ -11,10 +11,10 @@ import re
 import shlex
 from typing import Any
 
-from synapse.core import dependencies, imageref
-from synapse.core.arrays import MAX_ARRAY_SIZE, ArraySpecError, format_ranges, parse_array
+from synapse.core.jobs import dependencies, imageref
+from synapse.core.jobs.arrays import MAX_ARRAY_SIZE, ArraySpecError, format_ranges, parse_array
+from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.core.model import CheckpointSpec, JobSpec, PackMode, Queue, Resources, TopologySpec
-from synapse.core.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.core.queues import queue_name_problem
 
 #: Limits on what one job may carry; they keep the log and the API's messages small.
