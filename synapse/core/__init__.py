@@ -9,9 +9,11 @@ By concern:
   preemption, spares, elastic sizes, run-time prediction and fair share;
 - `brain/`: the leader's decisions, stimuli in and commands out (`leader_state`), and heartbeat
   expiry with the nodes' leases (`heartbeat`);
+- `jobs/`: what a job file becomes: the spec's validation (`jobspec`), quantities, image
+  references, arrays, dependencies, and the rules a submission must meet (`submission`);
 - at the top: the domain model (`model`), the replicated commands and their encoding (`commands`,
-  `codec`), job specs, arrays, dependencies, queues, quantities, identities, image references,
-  the rendezvous port, the link-shard map, goodput and the history record.
+  `codec`), `versions`, queues, identities, the rendezvous port, the link-shard map, goodput and
+  the history record.
 
 Nothing here does I/O, reads a clock or imports grpc, pysyncobj, asyncio, subprocess or socket
 (`tests/unit/test_layout.py` enforces it): the same state and the same input always give the same output.
