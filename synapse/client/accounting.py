@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from synapse.client.render import goodput_dict, goodput_line, table
-from synapse.core import codec
 from synapse.core.jobs.quantity import QuantityError, format_cpu, format_memory, parse_duration
 from synapse.core.model import NEVER_RAN
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 
 #: The fields, in order, of `sacct --format` as Open XDMoD's shredder ingests them.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "Partition", "Account", "Group", "GID", "User", "UID", "Submit",
@@ -95,7 +95,7 @@ def history_dict(j: api_pb2.HistoryJob) -> dict[str, Any]:
             "gpu_seconds": round(j.gpu_seconds, 3), "cpu_seconds": round(j.cpu_seconds, 3),
             "time_limit_s": j.time_limit_s or None, "cancelled_by": j.cancelled_by or None,
             "preemptions": j.preemptions, "runs": [run_dict(r) for r in j.runs],
-            "goodput": goodput_dict(codec.goodput_from_proto(j.goodput))}
+            "goodput": goodput_dict(convert.goodput_from_proto(j.goodput))}
 
 
 def history_table(jobs: list[dict[str, Any]]) -> str:
@@ -188,7 +188,7 @@ def _sacct_row(j: api_pb2.HistoryJob, run: api_pb2.HistoryRun | None, cluster: s
 def usage_dicts(reply: api_pb2.GetUsageReply, goodput: bool = False) -> list[dict[str, Any]]:
     """The usage rows; with `goodput`, each with where its GPU time went (render.goodput_dict)."""
     return [{"key": r.key, "gpu_hours": round(r.gpu_hours, 3), "cpu_hours": round(r.cpu_hours, 3), "jobs": r.jobs,
-             **({"goodput": goodput_dict(codec.goodput_from_proto(r.goodput))} if goodput else {})}
+             **({"goodput": goodput_dict(convert.goodput_from_proto(r.goodput))} if goodput else {})}
             for r in reply.rows]
 
 

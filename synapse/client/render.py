@@ -19,6 +19,7 @@ from synapse.core.goodput import Goodput
 from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_wait
 from synapse.core.model import EndReason
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 
 
 def formatted(data: Any, output: str, text: Callable[[Any], str]) -> str:
@@ -88,7 +89,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
                      "checkpoint_at": info.checkpoint_at or None,
                      "checkpoint_step": info.checkpoint_step if info.checkpoint_step >= 0 else None,
                      "at": info.progress_at} if info.progress_at else None,
-        "goodput": goodput_dict(codec.goodput_from_proto(info.goodput)) if info.HasField("goodput") else None,
+        "goodput": goodput_dict(convert.goodput_from_proto(info.goodput)) if info.HasField("goodput") else None,
     }
 
 

@@ -23,7 +23,6 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
-from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.brain.config import LeaderConfig
 from synapse.core.brain.leader_state import LeaderState, LeaderView
@@ -42,6 +41,7 @@ from synapse.core.brain.stimuli import (
 )
 from synapse.master.link_shard import ShardTimings
 from synapse.master.raft import ProposeError
+from synapse.rpc import convert
 
 if TYPE_CHECKING:
     from synapse.master.replica import Master
@@ -210,7 +210,7 @@ class LeaderLoops:
         now, mono = time.time(), time.monotonic()
         stimuli: list = [Heartbeat(h.node_id, now, mono,
                                    HealthReport(h.unhealthy, h.health_message, h.drain_on_failure),
-                                   codec.gpu_errors_from_proto(h)) for h in digest.changes]
+                                   convert.gpu_errors_from_proto(h)) for h in digest.changes]
         stimuli.append(LivenessDigest(digest.shard, now, mono, tuple(zip(
             digest.node_ids, (age / 1000 for age in digest.ages_ms), strict=True))))
         out = self._handle(*stimuli)

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 import grpc
 
 from synapse.common.auth import REPLICA_CREDENTIAL_KEY
-from synapse.core import codec
 from synapse.core.brain.heartbeat import Lease, gpu_fault_change, health_change
 from synapse.core.model import NodeStatus
 from synapse.core.shards import ShardMap
 from synapse.proto import api_pb2, api_pb2_grpc
+from synapse.rpc import convert
 
 if TYPE_CHECKING:
     from synapse.master.replica import Master
@@ -151,7 +151,7 @@ class LinkShard:
             change = node.status is NodeStatus.DOWN or health_change(
                 node, request.unhealthy, request.health_message, request.drain_on_failure, 0.0) is not None \
                 or (len(request.gpu_errors) > 0 and gpu_fault_change(
-                    node, codec.gpu_errors_from_proto(request), self.m.state.tasks_on_node(node_id), 0.0) is not None)
+                    node, convert.gpu_errors_from_proto(request), self.m.state.tasks_on_node(node_id), 0.0) is not None)
             status = node.status.value
         self.heard[node_id] = self.seen[node_id] = time.monotonic()
         if change:

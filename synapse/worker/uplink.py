@@ -17,6 +17,7 @@ from synapse.core import codec
 from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.model import Resources
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 from synapse.worker import state as ws
 from synapse.worker.beats import DatagramBeats
 from synapse.worker.gpu_errors import GpuWatch
@@ -134,7 +135,7 @@ class Uplink:
                                                        jitter=2 * self.heartbeat_interval):
                     self.events.put(ws.AssignmentsReceived(
                         message.term, message.version,
-                        tuple(codec.assignment_from_proto(a) for a in message.tasks), message.node_status))
+                        tuple(convert.assignment_from_proto(a) for a in message.tasks), message.node_status))
                     if self.stopping.is_set():
                         return
                     if self.shard_moved.is_set():
@@ -163,7 +164,7 @@ class Uplink:
                 request = api_pb2.HeartbeatRequest(node_id=self.node_id, unhealthy=not self.healthy,
                                                    health_message=self.health_message,
                                                    drain_on_failure=self.drain_on_failure,
-                                                   gpu_errors=codec.gpu_errors_to_proto(self.gpu_errors))
+                                                   gpu_errors=convert.gpu_errors_to_proto(self.gpu_errors))
                 shard = self.replica_order[0]
                 reply = self.datagrams.beat(shard, request) if self.datagrams is not None else None
                 if reply is not None:

@@ -5,7 +5,7 @@ import hashlib
 import json
 
 from synapse.client.master_client import MasterClient
-from synapse.core import codec
+from synapse.rpc import convert
 from tests.support.cluster import add_user, archived_ids, history, synctl
 from tests.support.helpers import wait_for
 from tests.support.http import fetch
@@ -64,5 +64,5 @@ command: [sh, -c, 'printf %s "$API_KEY" | sha256sum; printf %s "$API_KEY" >{out}
     # env values: the owner (here the admin) sees them; another user sees the names alone.
     bob = add_user(cluster, "bob")["token"]
     with MasterClient(cluster.addresses, bob, tls=cluster.tls) as client:
-        assert dict(client.get_job(job_id).spec.env) == {"MODE": codec.HIDDEN_VALUE}
+        assert dict(client.get_job(job_id).spec.env) == {"MODE": convert.HIDDEN_VALUE}
     assert dict(cluster.client.get_job(job_id).spec.env) == {"MODE": ENV_VALUE}

@@ -25,13 +25,14 @@ CORE_ALLOWED_THIRD_PARTY = {"sortedcontainers", "google"}
 ALLOWED = {
     "core": {"proto"},
     "common": {"core", "proto"},
-    "client": {"core", "common", "proto"},
-    "master": {"core", "common", "proto", "history"},
+    "client": {"core", "common", "proto", "rpc"},
+    "master": {"core", "common", "proto", "history", "rpc"},
     "history": {"core"},  # the history store and its exporter: the master runs them
-    "worker": {"core", "common", "client", "proto", "images"},
+    "worker": {"core", "common", "client", "proto", "images", "rpc"},
     "images": {"core"},  # the node's image store: the worker runs it
     "local": {"core", "common", "client", "proto", "history"},  # history: checks --history's URL
     "sim": {"core", "common"},  # the evaluation: the pure core on a simulated clock, never master/worker/gRPC
+    "rpc": {"core", "proto"},  # the API's messages to and from the domain: for the master, worker and client
     "proto": set(),
 }
 

@@ -13,6 +13,7 @@ from synapse.core import commands as c
 from synapse.core.jobs.quantity import format_duration
 from synapse.core.model import Placement, Queue, Resources
 from synapse.proto import api_pb2, types_pb2
+from synapse.rpc import convert
 from tests.support.core import running_job
 from tests.support.helpers import GI, checked, cluster, spec
 
@@ -96,7 +97,7 @@ def test_describe_a_job_names_the_nodes_excluded_for_it():
     checked(state, c.CommitPlan(at=20, job_id="j1", attempt=1,
                                 placements=(Placement(0, "r0-n0", tuple(range(8)), 0),)))
     checked(state, c.NodeLost(at=50, node_id="r0-n0"))
-    job = render.job_dict(codec.job_to_info(state.jobs["j1"]))
+    job = render.job_dict(convert.job_to_info(state.jobs["j1"]))
     assert job["excluded_nodes"] == ["r0-n0"]
     assert "Excluded:   r0-n0 (they ended earlier attempts: never placed there again)" \
         in render.job_description(job).split("\n")

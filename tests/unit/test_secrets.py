@@ -13,6 +13,7 @@ from synapse.core.model import Placement
 from synapse.core.state.fsm import ClusterState
 from synapse.master.cipher import SecretError, SecretSeal
 from synapse.master.dispatch import assignments_for_node
+from synapse.rpc import convert
 from tests.support.helpers import checked, cluster, spec
 
 VALUE = "sk-live-0123456789abcdef"
@@ -83,13 +84,13 @@ def test_the_listing_opens_them_for_the_tasks_and_the_api_shows_names_alone():
     # sealed under another key (the Raft password changed): left out, the rest still listed
     [other] = assignments_for_node(state, node, SecretSeal("another").open)
     assert "API_KEY" not in dict(other.env) and dict(other.env)["MODE"] == "fast"
-    owner = codec.job_to_info(state.jobs["j1"], env_shown=True)
-    stranger = codec.job_to_info(state.jobs["j1"])
+    owner = convert.job_to_info(state.jobs["j1"], env_shown=True)
+    stranger = convert.job_to_info(state.jobs["j1"])
     for info in (owner, stranger):
         assert [(x.name, x.sealed, x.fingerprint) for x in info.spec.secrets] == [("API_KEY", b"", b"")]
         assert VALUE.encode() not in info.SerializeToString()
     assert dict(owner.spec.env) == {"MODE": "fast"}
-    assert dict(stranger.spec.env) == {"MODE": codec.HIDDEN_VALUE}
+    assert dict(stranger.spec.env) == {"MODE": convert.HIDDEN_VALUE}
 
 
 def test_a_job_file_names_its_secrets_by_file_or_variable(tmp_path):

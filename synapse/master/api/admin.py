@@ -18,6 +18,7 @@ from synapse.core.schedule import elastic, fairshare
 from synapse.master.access import new_join_token, new_token, token_hash
 from synapse.master.api.base import ServicerBase, admits
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,9 @@ class AdminApi(ServicerBase):
             for node_id, (images, heard) in self.m.node_images.items():
                 if now - heard < NODE_IMAGES_TTL_S:  # what the node's store says beats what the state suggests
                     held[node_id] = list(images)
-            return api_pb2.ListNodesReply(nodes=[codec.node_to_info(n, len(state.live_tasks[n.id]), held.get(n.id, ()))
-                                                 for n in sorted(state.nodes.values(), key=lambda n: n.id)])
+            return api_pb2.ListNodesReply(nodes=[
+                convert.node_to_info(n, len(state.live_tasks[n.id]), held.get(n.id, ()))
+                for n in sorted(state.nodes.values(), key=lambda n: n.id)])
 
     async def SetSchedulable(self, request, context):
         await self._check_id(request.node_id, "node_id", context)
@@ -92,7 +94,7 @@ class AdminApi(ServicerBase):
             return api_pb2.UserInfo(name=caller.name, role=caller.role.value, bootstrap=True)
         with self.m.lock:
             user = self.m.state.users.get(caller.name)
-            return codec.user_to_info(user) if user else api_pb2.UserInfo(name=caller.name, role=caller.role.value)
+            return convert.user_to_info(user) if user else api_pb2.UserInfo(name=caller.name, role=caller.role.value)
 
     async def AddUser(self, request, context):
         groups = tuple(request.groups)
@@ -138,7 +140,7 @@ class AdminApi(ServicerBase):
     async def _user_token(self, name: str, token: str, context) -> api_pb2.UserToken:
         with self.m.lock:
             user = self.m.state.users.get(name)
-            info = codec.user_to_info(user) if user else None
+            info = convert.user_to_info(user) if user else None
         if info is None:  # removed again in between
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown user {name}")
         return api_pb2.UserToken(user=info, token=token)
@@ -154,7 +156,8 @@ class AdminApi(ServicerBase):
     async def ListUsers(self, request, context):
         await self._current_read(context)
         with self.m.lock:
-            return api_pb2.ListUsersReply(users=[codec.user_to_info(u) for _, u in sorted(self.m.state.users.items())])
+            users = sorted(self.m.state.users.items())
+            return api_pb2.ListUsersReply(users=[convert.user_to_info(u) for _, u in users])
 
     async def ApplyQueues(self, request, context):
         """Create or replace queues, all together or none; applying the same file again changes nothing."""
@@ -221,14 +224,14 @@ class AdminApi(ServicerBase):
         await self._ok_or_abort(await self._propose(cmd, context), context)
         log.info("join token created id=%s by=%s ttl=%.0f uses=%d", cmd.token_id, cmd.by, request.ttl_s, request.uses)
         with self.m.lock:
-            info = codec.join_token_to_proto(self.m.state.join_tokens[cmd.token_id])
+            info = convert.join_token_to_proto(self.m.state.join_tokens[cmd.token_id])
         return api_pb2.CreateJoinTokenReply(token=token, info=info)
 
     async def ListJoinTokens(self, request, context):
         await self._current_read(context)
         with self.m.lock:
-            return api_pb2.ListJoinTokensReply(tokens=[codec.join_token_to_proto(t)
-                                                       for _, t in sorted(self.m.state.join_tokens.items())])
+            return api_pb2.ListJoinTokensReply(tokens=[convert.join_token_to_proto(t)
+                                                         for _, t in sorted(self.m.state.join_tokens.items())])
 
     async def RevokeJoinToken(self, request, context):
         await self._check_id(request.id, "id", context)

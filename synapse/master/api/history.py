@@ -10,9 +10,9 @@ from typing import Any
 
 import grpc
 
-from synapse.core import codec
 from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, ServicerBase
 from synapse.proto import api_pb2, types_pb2
+from synapse.rpc import convert
 
 #: The final states a history query may filter on.
 STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -91,7 +91,7 @@ def _goodput(row: dict[str, Any]) -> api_pb2.Goodput:
     """A store row's goodput columns (history schema version 3)."""
     from synapse.history.store import goodput_of_row  # SQLAlchemy: loaded by masters with a store only
 
-    return codec.goodput_to_proto(goodput_of_row(row))
+    return convert.goodput_to_proto(goodput_of_row(row))
 
 
 def _resources(row: dict[str, Any]) -> types_pb2.Resources:

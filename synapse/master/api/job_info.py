@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 
-from synapse.core import codec, goodput
+from synapse.core import goodput
 from synapse.core.jobs import dependencies
 from synapse.core.jobs.arrays import format_ranges
 from synapse.core.model import Job, JobStatus
 from synapse.master.api.base import ServicerBase
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 
 #: How long a worker's report of a pull's progress stands on the leader (workers send one a second).
 PULL_PROGRESS_TTL_S = 30.0
@@ -31,7 +32,7 @@ class JobViews(ServicerBase):
             if id(waiting) not in explained:
                 explained[id(waiting)] = tuple(map(str, waiting.shortfalls_in(self.m.state)))
             shortfalls = explained[id(waiting)]
-        info = codec.job_to_info(
+        info = convert.job_to_info(
             job, waiting=waiting.message if waiting else "", waiting_code=waiting.code if waiting else "",
             shortfalls=shortfalls, env_shown=self._sees_env(job.user),
             reservation=reservation.describe(self.m.now()) if reservation and reservation.job_id == job.id else "")
@@ -49,12 +50,12 @@ class JobViews(ServicerBase):
                                                       job.spec.time_limit, elapsed).describe(
                 job.user or "-", job.spec.name, job.spec.total.gpu)
         if job.spec.after:
-            info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
-        info.goodput.CopyFrom(codec.goodput_to_proto(goodput.of_job(job, self.m.now())))
+            info.dependencies.extend(convert.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
+        info.goodput.CopyFrom(convert.goodput_to_proto(goodput.of_job(job, self.m.now())))
         heard = view.progress_of(job.id) if view is not None else None  # the leader's may be newer than the log's
         logged = job.progress
-        codec.progress_to_info(info, heard if heard is not None and (logged is None or heard.at >= logged.at)
-                               else logged)
+        convert.progress_to_info(info, heard if heard is not None and (logged is None or heard.at >= logged.at)
+                                 else logged)
         array = state.arrays.get(job.array_id) if job.array_id else None
         if array is not None and array.rep == job.id:  # it stands for every never-placed element
             info.array_waiting = format_ranges(array.waiting_ranges())
@@ -73,14 +74,14 @@ class JobViews(ServicerBase):
         view = Job(id=array.id, spec=array.spec, request_id=array.request_id, submitted_at=array.submitted_at,
                    seq=array.seq, status=status, user=array.user, finished_at=array.finished_at,
                    started_at=array.started_at, array_id=array.id)
-        info = codec.job_to_info(view, env_shown=self._sees_env(array.user))
+        info = convert.job_to_info(view, env_shown=self._sees_env(array.user))
         info.array_index = -1
-        info.array.CopyFrom(codec.array_counts_to_proto(array, running))
+        info.array.CopyFrom(convert.array_counts_to_proto(array, running))
         info.array_waiting = format_ranges(array.waiting_ranges())
         leader = self.m.leader_view()  # the next element's wait is the array's: they share one spec
         waiting = leader.wait_reason(array.rep) if leader is not None and array.rep else None
         if waiting is not None:
             info.waiting, info.waiting_code = waiting.message, waiting.code
         if array.spec.after:
-            info.dependencies.extend(codec.dependencies_to_proto(dependencies.resolve(state, array.spec.after)))
+            info.dependencies.extend(convert.dependencies_to_proto(dependencies.resolve(state, array.spec.after)))
         return info

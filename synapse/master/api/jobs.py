@@ -18,6 +18,7 @@ from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
 from synapse.master.api.base import MAX_ID_CHARS
 from synapse.master.api.job_info import JobViews
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,10 @@ class JobsApi(JobViews):
                 # an element not yet a job: shown as the job it will be
                 array_id, index = split_element_id(request.job_id)  # type: ignore[misc]
                 array = self.m.state.arrays[array_id]
-                return codec.job_to_info(Job(id=request.job_id, spec=array.spec, request_id="",
-                                             submitted_at=array.submitted_at, seq=array.seq,
-                                             status=JobStatus(status), user=array.user, array_id=array_id,
-                                             array_index=index), env_shown=self._sees_env(array.user))
+                return convert.job_to_info(Job(id=request.job_id, spec=array.spec, request_id="",
+                                               submitted_at=array.submitted_at, seq=array.seq,
+                                               status=JobStatus(status), user=array.user, array_id=array_id,
+                                               array_index=index), env_shown=self._sees_env(array.user))
             if job is None:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}"
                                     + (f" (forgotten after it ended {status})" if status else ""))

@@ -23,6 +23,7 @@ from synapse.master.api.job_info import PULL_PROGRESS_TTL_S
 from synapse.master.dispatch import assignments_for_node
 from synapse.master.replica import LEADER_WAIT_S
 from synapse.proto import api_pb2
+from synapse.rpc import convert
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class WorkersApi(ServicerBase):
                 reply = api_pb2.Assignments(
                     term=term, version=state.applied,
                     node_status=node.status.value if node else "UNKNOWN",
-                    tasks=[codec.assignment_to_proto(a) for a in assignments_for_node(
+                    tasks=[convert.assignment_to_proto(a) for a in assignments_for_node(
                         state, request.node_id, self._seal.open, self.m.config.rendezvous_ports)])
             # Only a changed list goes out (and the keepalive). A newer version alone is not worth
             # a message: every commit touching a gang would send each of its workers a list it
