@@ -15,13 +15,13 @@ from hypothesis import settings
 from synapse.local import cluster as local
 from synapse.local import interrupts, reaper
 from synapse.local.netns import MasterNet
-from synapse.master.raft import CHECK_OWN_ENTRIES_ENV
+from synapse.master.replicated import CHECK_OWN_ENTRIES_ENV
 from tests.support.cluster import LocalCluster
 from tests.support.sim import invoke
 
 # Every replica the tests start (in this process or as a master process, which inherits it) decodes
 # the entries it proposed, and stops if they differ from the commands it encoded: a leader applies
-# its own entries without decoding them (synapse.master.raft.ReplicatedState.proposing).
+# its own entries without decoding them (synapse.master.replicated.ReplicatedState.proposing).
 os.environ[CHECK_OWN_ENTRIES_ENV] = "1"
 
 # Each pytest-xdist worker takes its clusters' ports from its own slice of 8000-20000 (its

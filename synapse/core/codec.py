@@ -2,7 +2,7 @@
 in flat `x_to_proto` / `x_from_proto` pairs (the API's own messages are synapse.rpc.convert's).
 
 Decoding never trusts its input: a malformed or unknown command raises `CodecError`. Coming from
-the Raft log, such an entry stops the replica (synapse.master.raft.ReplicatedState): written by
+the Raft log, such an entry stops the replica (synapse.master.replicated.ReplicatedState): written by
 code that knows more than this replica's, it cannot be skipped without this replica's state
 parting from its peers'.
 
@@ -469,7 +469,7 @@ def encode_batch(cmds: list[c.Command], commands: CommandSet = CURRENT) -> bytes
 def identical(a: object, b: object) -> bool:
     """Whether two values are equal and of the same types all the way down (1 and 1.0, or a list
     and a tuple, are equal to == but not here): what a decoded command must be to the command that
-    was encoded, for a replica to apply either alike (synapse.master.raft.ReplicatedState.proposing)."""
+    was encoded, for a replica to apply either alike (synapse.master.replicated.ReplicatedState.proposing)."""
     if type(a) is not type(b):
         return False
     if dataclasses.is_dataclass(a) and not isinstance(a, type):

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from synapse.local.cluster import free_base_port
-from synapse.master.raft import RaftTimeouts, ReplicatedState, raft_config
+from synapse.master.raft import RaftTimeouts, raft_config
+from synapse.master.replicated import ReplicatedState
 from synapse.master.safesyncobj import SafeSyncObj
 
 pytestmark = pytest.mark.slow

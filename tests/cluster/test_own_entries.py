@@ -1,5 +1,5 @@
 """A replica applies the submissions it proposed as it encoded them, without decoding its own entry
-(synapse.master.raft.ReplicatedState.proposing, OWN_KINDS), and only those: what applies is still
+(synapse.master.replicated.ReplicatedState.proposing, OWN_KINDS), and only those: what applies is still
 what the log holds, checked in tests by decoding anyway (CHECK_OWN_ENTRIES_ENV)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from synapse.core import codec
 from synapse.core import commands as c
-from synapse.master import raft
+from synapse.master import raft, replicated
 from tests.support.helpers import lone_leader, spec
 
 
@@ -79,7 +79,7 @@ def test_an_own_entry_that_would_decode_otherwise_stops_the_replica_under_the_ch
 
 
 def test_entries_that_never_apply_are_not_kept_for_ever():
-    replicated = raft.ReplicatedState()
-    for i in range(raft.OWN_KEPT * 3):
-        replicated.proposing(b"entry %d" % i, [_submit(f"j{i}")])
-    assert len(replicated._own) <= raft.OWN_KEPT
+    door = replicated.ReplicatedState()
+    for i in range(replicated.OWN_KEPT * 3):
+        door.proposing(b"entry %d" % i, [_submit(f"j{i}")])
+    assert len(door._own) <= replicated.OWN_KEPT

@@ -20,7 +20,8 @@ from synapse.core import codec
 from synapse.core import commands as c
 from synapse.local.cluster import free_base_port
 from synapse.master.durability import SnapshotWriter, seal
-from synapse.master.raft import ReplicatedState, raft_config
+from synapse.master.raft import raft_config
+from synapse.master.replicated import ReplicatedState
 from synapse.master.safesyncobj import SafeSyncObj
 from tests.support.raft import cut_off, elect, tick
 

@@ -28,7 +28,8 @@ from synapse.core.state.fsm import ClusterState
 from synapse.local.cluster import free_base_port
 from synapse.master.durability import seal
 from synapse.master.main import TEST_COMMAND_VERSION_ENV, TEST_NEW_KIND_ENV, command_set
-from synapse.master.raft import ProposeError, RaftNode, ReplicatedState, raft_config
+from synapse.master.raft import ProposeError, RaftNode, raft_config
+from synapse.master.replicated import ReplicatedState
 from synapse.proto import api_pb2, commands_pb2
 from tests.support.cluster import synctl, wait_exit
 from tests.support.helpers import spec

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from synapse.local.cluster import free_base_port
-from synapse.master.raft import ReplicatedState, raft_config
+from synapse.master.raft import raft_config
+from synapse.master.replicated import ReplicatedState
 
 
 def start(tmp_path, cls, count=3):

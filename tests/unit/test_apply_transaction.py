@@ -28,7 +28,7 @@ from synapse.core.model import (
 from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.state.fsm import ApplyFailed, ClusterState
 from synapse.master.durability import seal
-from synapse.master.raft import ReplicatedState
+from synapse.master.replicated import ReplicatedState
 from tests.support.core import NODES, _submit, started_state
 from tests.support.helpers import GI, spec
 

@@ -9,7 +9,7 @@ validates first and mutates after, so a rejected command (a refusal the handler 
 nothing but the applied-command counter and the highest term seen (tests/unit/test_apply_transaction.py
 drives every kind and compares the whole state before and after each rejection). A handler that
 raises instead has failed midway, with the state perhaps half-changed: that is not a rejection but
-ApplyFailed, and the replica stops applying (synapse.master.raft.ReplicatedState), as etcd panics
+ApplyFailed, and the replica stops applying (synapse.master.replicated.ReplicatedState), as etcd panics
 and as it stops at a log entry its code does not know. Every replica applies the same entry with the
 same code, so they all stop there; restarted with mended code, each replays its journal from the
 last snapshot, and the entry applies whole.
@@ -104,7 +104,7 @@ class ClusterState(ClusterTables):
         body, a kind without a handler) raises CodecError and changes nothing, not even `applied`.
         It was written by code that knows more: rejecting it would part this state from the states
         of the replicas that apply it, so the replica must stop before it instead (see
-        synapse.master.raft.ReplicatedState) and apply it once upgraded. Rejections of commands it
+        synapse.master.replicated.ReplicatedState) and apply it once upgraded. Rejections of commands it
         knows (validation, a stale term) are results, as ever. `decoded`: the entry's commands as
         the replica that proposed it encoded them (decoding `data` gives them back), not decoded again.
         """
