@@ -40,7 +40,8 @@ from synapse.core import commands as c  # noqa: E402
 from synapse.core.history import JobRecord, RunRecord, export_batch  # noqa: E402
 from synapse.core.model import JobSpec, Placement, Resources  # noqa: E402
 from synapse.core.state.fsm import ClusterState  # noqa: E402
-from synapse.history.store import HistoryStore, JobQuery, _job_row, _run_row, _usage, jobs, runs, usage_daily  # noqa: E402
+from synapse.history.schema import job_row, jobs, run_row, runs, usage_daily, usage_rows  # noqa: E402
+from synapse.history.store import HistoryStore, JobQuery  # noqa: E402
 from synapse.local.postgres import PostgresServer, unavailable  # noqa: E402
 
 DAY = 86400.0
@@ -106,8 +107,8 @@ def fill(store: HistoryStore, n: int) -> float:
     for first in range(0, n, 10_000):
         batch = [synthetic(i, rng) for i in range(first, min(n, first + 10_000))]
         with store.engine.begin() as conn:
-            conn.execute(jobs.insert(), [_job_row(r) for r in batch])
-            conn.execute(runs.insert(), [_run_row(r.runs[0]) for r in batch])
+            conn.execute(jobs.insert(), [job_row(r) for r in batch])
+            conn.execute(runs.insert(), [run_row(r.runs[0]) for r in batch])
             # one usage row per key per batch, added to what earlier batches wrote
             insert = store._insert(usage_daily)
             conn.execute(insert.on_conflict_do_update(
@@ -115,7 +116,7 @@ def fill(store: HistoryStore, n: int) -> float:
                 set_={"gpu_seconds": usage_daily.c.gpu_seconds + insert.excluded.gpu_seconds,
                       "cpu_seconds": usage_daily.c.cpu_seconds + insert.excluded.cpu_seconds,
                       "jobs": usage_daily.c.jobs + insert.excluded.jobs}),
-                [*_usage([r.runs[0] for r in batch], batch)])
+                [*usage_rows([r.runs[0] for r in batch], batch)])
     if store.dialect == "postgresql":
         with store.engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")

@@ -320,12 +320,12 @@ def _version_2_store(url: str) -> None:
     """The tables as schema version 2 made them: without the goodput columns."""
     import sqlalchemy as sa
 
-    from synapse.history import store
+    from synapse.history import schema
 
     old = sa.MetaData()
-    added = {*store.GOODPUT_COLUMNS, "checkpoint_at"}
-    for table in (store.jobs, store.runs, store.usage_daily, store.cursor_table, store.cluster_daily,
-                  store.cluster_sampled, store.schema_table):
+    added = {*schema.GOODPUT_COLUMNS, "checkpoint_at"}
+    for table in (schema.jobs, schema.runs, schema.usage_daily, schema.cursor_table, schema.cluster_daily,
+                  schema.cluster_sampled, schema.schema_table):
         sa.Table(table.name, old, *(col._copy() for col in table.c if col.name not in added))
     engine = sa.create_engine(url)
     with engine.begin() as conn:
@@ -340,7 +340,8 @@ def _version_2_store(url: str) -> None:
 
 def test_a_version_2_store_gains_the_goodput_columns_and_old_rows_read_zero(store_url):
     from synapse.core import history
-    from synapse.history.store import SCHEMA_VERSION, HistoryStore, JobQuery, goodput_of_row
+    from synapse.history.schema import SCHEMA_VERSION, goodput_of_row
+    from synapse.history.store import HistoryStore, JobQuery
     from tests.support.core import scenario
 
     _version_2_store(store_url)

@@ -10,19 +10,8 @@ import sqlalchemy as sa
 
 from synapse.core import history
 from synapse.history import store as store_module
-from synapse.history.store import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    CursorMoved,
-    HistoryStore,
-    JobQuery,
-    StoreError,
-    check_url,
-    jobs,
-    runs,
-    schema_table,
-    usage_daily,
-)
+from synapse.history.schema import MIGRATIONS, SCHEMA_VERSION, jobs, runs, schema_table, usage_daily
+from synapse.history.store import CursorMoved, HistoryStore, JobQuery, StoreError, check_url
 from tests.support.core import scenario
 
 _names = itertools.count()

@@ -89,7 +89,7 @@ def _cluster(day: str, row: dict[str, Any]) -> api_pb2.ClusterUsage:
 
 def _goodput(row: dict[str, Any]) -> api_pb2.Goodput:
     """A store row's goodput columns (history schema version 3)."""
-    from synapse.history.store import goodput_of_row  # SQLAlchemy: loaded by masters with a store only
+    from synapse.history.schema import goodput_of_row  # SQLAlchemy: loaded by masters with a store only
 
     return convert.goodput_to_proto(goodput_of_row(row))
 
