@@ -44,6 +44,9 @@ DECIDING = {"core.schedule.preemption", "core.schedule.admission", "core.schedul
 #: never from the state machine, so that a round can plan on a snapshot taken under the lock.
 PLANNERS = "core.schedule"
 STATE_MACHINE = "core.state.fsm"
+#: The API's messages: converted at the edge (synapse.rpc), never in the core, whose codec encodes the
+#: Raft log alone (commands_pb2, types_pb2).
+API_MESSAGES = "proto.api_pb2"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -137,6 +140,8 @@ def forbidden_edges(root: Path) -> list[str]:
                     bad.append(f"{name} -> {imported} ({layer} may not import {target[1]})")
                 elif target[1] == "proto" and layer == "core" and imported.endswith("_grpc"):
                     bad.append(f"{name} -> {imported} (the core may not import gRPC stubs)")
+                elif layer == "core" and ".".join(target[1:]) == API_MESSAGES:
+                    bad.append(f"{name} -> {imported} (the core may not import the API's messages: rpc converts them)")
             elif layer == "core":
                 if head in sys.stdlib_module_names:
                     if head in CORE_DENIED_STDLIB:
@@ -177,6 +182,9 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
         "core/__init__.py": "",
         "core/model.py": "import time\nimport grpc\nfrom pkg.master import replica\n",
         "core/codec.py": "from pkg.proto import api_pb2_grpc\nfrom . import model\n",
+        "core/views.py": "from pkg.proto import api_pb2, commands_pb2\n",
+        "rpc/__init__.py": "",
+        "rpc/convert.py": "from pkg.proto import api_pb2\n",
         "core/schedule/__init__.py": "",
         "core/schedule/preemption.py": "",
         "sim/__init__.py": "",
@@ -188,6 +196,8 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
         "worker/agent.py": "",
         "proto/__init__.py": "",
         "proto/api_pb2_grpc.py": "",
+        "proto/api_pb2.py": "",
+        "proto/commands_pb2.py": "",
     })
     cycle = find_cycle(import_graph(root))
     assert set(cycle) == {"pkg.master.replica", "pkg.master.endpoints"}
@@ -196,6 +206,8 @@ def test_the_checks_catch_a_circle_and_forbidden_edges(tmp_path):
     assert "pkg.core.model -> grpc (the core may not depend on grpc)" in bad
     assert "pkg.core.model -> pkg.master.replica (core may not import master)" in bad
     assert "pkg.core.codec -> pkg.proto.api_pb2_grpc (the core may not import gRPC stubs)" in bad
+    assert "pkg.core.views -> pkg.proto.api_pb2 (the core may not import the API's messages: rpc converts them)" in bad
+    assert not any(b.startswith(("pkg.core.views -> pkg.proto.commands_pb2", "pkg.rpc.")) for b in bad)
     assert "pkg.master.endpoints -> pkg.worker.agent (master may not import worker)" in bad
     assert ("pkg.sim.engine -> pkg.core.schedule.preemption (a driver of the leader's brain decides nothing "
             "itself)") in bad
