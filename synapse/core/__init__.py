@@ -10,11 +10,14 @@ By concern:
 - `brain/`: the leader's decisions, stimuli in and commands out (`leader_state`), and heartbeat
   expiry with the nodes' leases (`heartbeat`);
 - `jobs/`: what a job file becomes: the spec's validation (`jobspec`), quantities, image
-  references, arrays, dependencies, and the rules a submission must meet (`submission`);
-- at the top: the domain model (`model`), the replicated commands and their encoding (`commands`,
-  `codec`), `versions`, queues, identities, the rendezvous port, the link-shard map, goodput and
-  the history record.
+  references, arrays, dependencies;
+- `model/`: the domain model, plain data (nodes, jobs, why tasks end, tenants, plans), its names
+  imported from `synapse.core.model`;
+- at the top: the replicated commands and their encoding for the Raft log (`commands`, `codec`),
+  `versions`, the rules a submission must meet against the state (`submission`), queues,
+  identities, the rendezvous port, the link-shard map, goodput and the history record.
 
-Nothing here does I/O, reads a clock or imports grpc, pysyncobj, asyncio, subprocess or socket
-(`tests/unit/test_layout.py` enforces it): the same state and the same input always give the same output.
+Nothing here does I/O, reads a clock or imports grpc, pysyncobj, asyncio, subprocess or socket, nor
+the API's messages, which synapse.rpc converts (`tests/unit/test_layout.py` enforces it): the same
+state and the same input always give the same output.
 """

@@ -1,12 +1,12 @@
-"""The submission rules of synapse.core.jobs.submission, on a bare state: the first rule broken, in order."""
+"""The submission rules of synapse.core.submission, on a bare state: the first rule broken, in order."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from synapse.core import commands as c
-from synapse.core.jobs.submission import Refusal, Refused, Submitter, queue_denial, refusal
 from synapse.core.model import DEFAULT_QUEUE, Queue
+from synapse.core.submission import Refusal, Refused, Submitter, queue_denial, refusal
 from tests.support.helpers import checked, cluster, spec
 
 ALICE = Submitter("alice", ("ml",))

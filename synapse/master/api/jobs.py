@@ -9,9 +9,9 @@ import logging
 import grpc
 
 from synapse.common import tickets
-from synapse.core import codec
+from synapse.core import codec, submission
 from synapse.core import commands as c
-from synapse.core.jobs import dependencies, submission
+from synapse.core.jobs import dependencies
 from synapse.core.jobs.arrays import split_element_id
 from synapse.core.jobs.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
