@@ -9,7 +9,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "synapse"
+from tests.support import paths
+
+ROOT = paths.ROOT / "synapse"
 
 #: The most lines a hand-written module, class or function may have (a class or function counted
 #: from its `def`/`class` line to its last line, as ast gives them; decorators aside).
