@@ -1,5 +1,6 @@
 """Static checks in the default test run: ruff over the tree, and mypy, strict on `synapse/core`
-(the pure core every replica and the simulator run; its config is pyproject.toml's [tool.mypy])."""
+(the pure core every replica and the simulator run) and `synapse/rpc` (the API's conversions to and
+from it); its config is pyproject.toml's [tool.mypy]."""
 
 from __future__ import annotations
 
