@@ -11,7 +11,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from html.parser import HTMLParser
 from types import SimpleNamespace
 
 import pytest
@@ -22,92 +21,14 @@ from synapse.core import codec
 from synapse.core.model import JobSpec, Resources, Role
 from synapse.core.schedule.scheduler import PENDING_REASONS
 from synapse.master.access import token_hash, token_key
-from synapse.master.dashboard import PALETTE, NodeMark, gang_classes, heatmap
+from synapse.master.dashboard import gang_classes
 from synapse.master.dashboard_sessions import Sessions
 from synapse.master.http import HTTPService
 from tests.support.cluster import wait_status
+from tests.support.dashboard import Clock, Page
 from tests.support.http import fetch
 
-
-class Page(HTMLParser):
-    """Collects what the tests look at: GPU cells, links, table rows (their class, head's title and
-    cells' text), and that the document parses."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.gpu_cells: list[dict] = []
-        self.links: list[str] = []
-        self.scripts = 0
-        self.rows: list[dict] = []  #: {"class", "title" (of its th), "cells": [text of each th/td]}
-        self.in_cell = False
-        self.feed(text)
-        self.close()
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "td" and "gpu" in (a.get("class") or "").split():
-            self.gpu_cells.append(a)
-        if tag == "a" and a.get("href"):
-            self.links.append(a["href"])
-        if tag == "script":
-            self.scripts += 1
-        if tag == "tr":
-            self.rows.append({"class": a.get("class") or "", "title": "", "cells": []})
-        if tag in ("td", "th") and self.rows:
-            self.rows[-1]["cells"].append("")
-            self.in_cell = True
-            if tag == "th" and a.get("title"):
-                self.rows[-1]["title"] = a["title"]
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th"):
-            self.in_cell = False
-
-    def handle_data(self, data):
-        if self.in_cell:
-            self.rows[-1]["cells"][-1] += data
-
-    def row_of(self, text: str) -> dict | None:
-        """The first row whose first cell contains `text`."""
-        return next((r for r in self.rows if r["cells"] and text in r["cells"][0]), None)
-
-
 # ---- sign-in sessions: the store alone, then an in-process server ---------------------------------
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_session_holds_its_token_until_it_expires_or_is_closed():
-    clock = Clock()
-    sessions = Sessions(ttl_s=60, clock=clock)
-    first, second = sessions.open("tok-a"), sessions.open("tok-b")
-    assert first != second and len(first) >= 43 and "tok" not in first
-    assert sessions.token(first) == "tok-a" and sessions.token(second) == "tok-b"
-    assert sessions.token("") == sessions.token("made-up") == ""
-    clock.now += 59.9
-    assert sessions.token(first) == "tok-a"
-    sessions.close(second)
-    assert sessions.token(second) == ""
-    clock.now += 0.1  # exactly its expiry: refused, and forgotten
-    assert sessions.token(first) == "" and len(sessions) == 0
-
-
-def test_sessions_past_the_limit_drop_the_expired_then_the_oldest():
-    clock = Clock()
-    sessions = Sessions(ttl_s=10, clock=clock, limit=3)
-    old = sessions.open("old")
-    clock.now += 10
-    a, b, c = (sessions.open(t) for t in "abc")  # `old` expired: dropped first
-    assert len(sessions) == 3 and sessions.token(old) == ""
-    d = sessions.open("d")
-    assert [sessions.token(x) for x in (a, b, c, d)] == ["", "b", "c", "d"]
 
 
 ADMIN_TOKEN, ALICE_TOKEN, JOIN_TOKEN = "the-cluster-token", "syn_alice-token", "synjoin_a-join-token"
@@ -227,41 +148,6 @@ def test_the_https_port_refuses_plain_http(served):
 
 
 # ---- the pages ------------------------------------------------------------------------------------
-
-def test_the_heatmap_colours_gangs_marks_kept_nodes_and_escapes_ids():
-    """Job ids cannot hold '<' through the API (names are checked), but the page must not trust that."""
-    evil, waiting = "<script>alert(1)</script>-1", 'big"><img src=x onerror=alert(1)>'
-    nodes = [{"id": "w1", "rack": "r0", "status": "READY", "schedulable": True, "gpus": 4, "used": 3,
-              "owner": {0: (evil, 0), 1: (evil, 1), 2: ("other-2", 0)}, "address": ""},
-             {"id": "w2", "rack": "r1", "status": "READY", "schedulable": True, "gpus": 2, "used": 0, "owner": {},
-              "address": ""}]
-    colours = gang_classes([evil, "other-2"])
-    html = heatmap(nodes, colours, {"w2": [NodeMark(waiting, "reserved by the scheduler")]}, "a follower's note")
-    assert "<script>" not in html and "<img" not in html
-    page = Page(html)
-    assert page.scripts == 0
-    by_gpu = {(c["data-node"], c["data-gpu"]): c for c in page.gpu_cells}
-    assert by_gpu["w1", "0"]["title"] == f"w1 GPU 0: job {evil} task 0"  # unescaped by the parser: exact
-    assert by_gpu["w1", "1"]["class"].split() == ["gpu", "used", colours[evil]]
-    assert by_gpu["w1", "2"]["class"].split() == ["gpu", "used", colours["other-2"]] != ["gpu", "used", colours[evil]]
-    assert by_gpu["w1", "3"]["class"].split() == ["gpu", "free"]
-    assert by_gpu["w2", "0"]["class"].split() == ["gpu", "free", "reserved"]
-    assert by_gpu["w2", "0"]["title"] == f"w2 GPU 0: free; kept for job {waiting}: reserved by the scheduler"
-    kept = [r for r in page.rows if "reserved" in r["class"].split()]
-    assert [r["cells"][0] for r in kept] == ["w2"] and kept[0]["cells"][-1] == f"for {waiting}"
-    assert "a follower&#x27;s note" in html
-    assert f'<span class="swatch {colours[evil]}"' in html  # the legend
-
-
-def test_gang_colours_are_stable_and_distinct_while_the_palette_lasts():
-    ids = [f"job-{i}" for i in range(3 * len(PALETTE))]
-    own = {j: gang_classes([j])[j] for j in ids}  # a gang alone: its hash slot, on every replica and load
-    assert own == {j: gang_classes([j])[j] for j in ids} and set(own.values()) == {f"g{i}" for i in range(len(PALETTE))}
-    assert len(set(gang_classes(ids[:len(PALETTE)]).values())) == len(PALETTE)  # no two alike
-    assert set(gang_classes(ids).values()) == set(own.values())  # past the palette, colours repeat
-    older, younger = next((a, b) for a in ids for b in ids if a != b and own[a] == own[b])
-    both = gang_classes([older, younger])
-    assert both[older] == own[older] and both[younger] != own[younger]  # the younger gives way
 
 
 @pytest.mark.slow

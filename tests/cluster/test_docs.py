@@ -1,20 +1,10 @@
-"""The documentation a user reads: the site builds with --strict, the README stays short and its two
-commands stay two, every link resolves, and the shell blocks marked runnable run against a real
-local cluster.
-
-A runnable block is a ```sh fence preceded by the line `<!-- runnable -->` (an HTML comment: MkDocs
-renders the block as any other). A page's runnable blocks run in order in one `bash` with
-`set -euo pipefail`, in an empty working directory, against a cluster started for that page with
-`synapse-local up` (its export line in the environment, its data dir at
-`$XDG_STATE_HOME/synapse-local`, where `synapse-local` keeps it by default) and stopped afterwards
-with `synapse-local down --data-dir`. So a command whose name, flags, output or exit code drifts
-from what the page says fails here.
-"""
+"""The documentation site builds with --strict, the command table is what the code gives, and the shell
+blocks marked runnable run against a real local cluster (the README, links, nav and the block
+extractor are checked in tests/unit/test_docs.py)."""
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -23,109 +13,23 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import yaml
 
 from synapse.local.cluster import free_base_port
+from tests.support.docs import DOCS, MARKER, SAMPLE, runnable_blocks
 from tests.support.paths import ROOT
 
-DOCS = ROOT / "docs"
-MARKER = "<!-- runnable -->"
 #: Where runnable blocks may live: the README, the quickstart, and the pages for users and operators.
 RUNNABLE_PAGES = [ROOT / "README.md", DOCS / "quickstart.md",
                   *sorted((DOCS / "using").glob("*.md")), *sorted((DOCS / "operating").glob("*.md"))]
+
+
 #: The cluster each page's blocks run against: the Quickstart's shape.
 CLUSTER_ARGS = ["--tls", "--workers", "4", "--racks", "2", "--gpus-per-worker", "8"]
+
+
 #: Seconds one page's blocks may take, all together.
 PAGE_TIMEOUT_S = 90
-#: The README's "Two commands", exactly: CI extracts them from the README and runs them verbatim.
-TWO_COMMANDS = [
-    "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/synapse-local demo",
-    "bash scripts/install-test-packages.sh && python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' "
-    "&& .venv/bin/python -m pytest -q -n 2",
-]
-README_MAX_LINES = 300
 
-
-# ---- reading pages -------------------------------------------------------------------------------
-
-def runnable_blocks(text: str) -> list[str]:
-    """The bodies of the ```sh blocks marked runnable, in page order. A marker that is not followed
-    by a sh fence is an error: it would silently test nothing."""
-    lines = text.splitlines()
-    blocks: list[str] = []
-    i = 0
-    while i < len(lines):
-        if lines[i].strip() != MARKER:
-            i += 1
-            continue
-        j = i + 1
-        while j < len(lines) and not lines[j].strip():
-            j += 1
-        if j >= len(lines) or lines[j].strip() not in ("```sh", "```bash"):
-            raise ValueError(f"line {i + 1}: {MARKER} must be followed by a ```sh block")
-        end = j + 1
-        while end < len(lines) and lines[end].strip() != "```":
-            end += 1
-        if end >= len(lines):
-            raise ValueError(f"line {j + 1}: the runnable block is never closed")
-        blocks.append("\n".join(lines[j + 1:end]))
-        i = end + 1
-    return blocks
-
-
-def section(text: str, heading: str) -> str:
-    """The text under a `## heading`, up to the next heading of that level or higher (lines inside
-    fenced code, such as a shell comment, are not headings)."""
-    out: list[str] | None = None
-    fence = False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fence = not fence
-        if not fence and re.match(r"#{1,2} ", line):
-            if out is not None:
-                break
-            if line == f"## {heading}":
-                out = []
-                continue
-        if out is not None:
-            out.append(line)
-    if out is None:
-        raise ValueError(f"no section '## {heading}'")
-    return "\n".join(out) + "\n"
-
-
-def fenced_blocks(text: str, lang: str = "sh") -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```$", text, re.M | re.S)
-
-
-def commands(block: str) -> list[str]:
-    """The command lines of a shell block: neither blank nor a comment."""
-    return [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def relative_links(text: str) -> list[str]:
-    """Link and image targets that point into the repository (no scheme, not a bare #anchor),
-    outside fenced code."""
-    prose = re.sub(r"^```.*?^```$", "", text, flags=re.M | re.S)
-    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", prose)
-    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
-
-
-def nav_pages(nav: list) -> list[str]:
-    """Every page the mkdocs nav names."""
-    out: list[str] = []
-    for item in nav:
-        value = next(iter(item.values())) if isinstance(item, dict) else item
-        out.extend(nav_pages(value) if isinstance(value, list) else [value])
-    return out
-
-
-def mkdocs_config() -> dict:
-    # mkdocs.yml may use tags like !ENV; a plain safe load is enough for what these tests read.
-    return yaml.safe_load((ROOT / "mkdocs.yml").read_text())
-
-
-# ---- running blocks ------------------------------------------------------------------------------
 
 def shims(bin_dir: Path) -> Path:
     """An executable per [project.scripts] entry point that runs this checkout's code with this
@@ -173,8 +77,6 @@ def exported(output: str) -> dict[str, str]:
     raise AssertionError(f"synapse-local up printed no export line:\n{output}")
 
 
-# ---- the site, the README, the links -------------------------------------------------------------
-
 def test_site_builds_strictly(tmp_path):
     """mkdocs is a dev dependency: without it this fails, it does not skip."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -183,75 +85,6 @@ def test_site_builds_strictly(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     assert (tmp_path / "site" / "index.html").exists()
-
-
-def test_readme_is_short_and_its_two_commands_are_two():
-    readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= README_MAX_LINES
-    blocks = fenced_blocks(section(readme, "Two commands"))
-    assert len(blocks) == 1, "## Two commands must hold exactly one ```sh block"
-    assert commands(blocks[0]) == TWO_COMMANDS
-
-
-def test_every_relative_link_in_the_readme_resolves():
-    readme = (ROOT / "README.md").read_text()
-    links = relative_links(readme)
-    assert links, "the README should link into the docs"
-    missing = [t for t in links if not (ROOT / t.split("#")[0]).exists()]
-    assert not missing, f"README links to files that do not exist: {missing}"
-
-
-def test_the_nav_names_every_page_and_only_pages_that_exist():
-    pages = nav_pages(mkdocs_config()["nav"])
-    missing = [p for p in pages if not (DOCS / p).is_file()]
-    assert not missing, f"mkdocs nav names pages that do not exist: {missing}"
-    unlisted = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if str(p.relative_to(DOCS)) not in pages)
-    assert not unlisted, f"pages missing from the nav: {unlisted}"
-
-
-def test_every_page_link_resolves():
-    """mkdocs --strict checks these too; this says which, without building the site."""
-    bad = []
-    for page in DOCS.rglob("*.md"):
-        for target in relative_links(page.read_text()):
-            if not (page.parent / target.split("#")[0]).resolve().exists():
-                bad.append(f"{page.relative_to(ROOT)}: {target}")
-    assert not bad, bad
-
-
-# ---- the extractor and the runner, on samples ----------------------------------------------------
-
-SAMPLE = """# A page
-
-```sh
-echo "not marked: never run"; exit 1
-```
-
-<!-- runnable -->
-```sh
-echo one > file
-```
-
-Prose between.
-
-<!-- runnable -->
-
-```sh
-test "$(cat file)" = one      # the same process and working directory as the block before
-```
-"""
-
-
-def test_the_extractor_takes_only_marked_blocks_in_order():
-    assert runnable_blocks(SAMPLE) == ["echo one > file", 'test "$(cat file)" = one      '
-                                       "# the same process and working directory as the block before"]
-
-
-def test_a_marker_without_a_sh_block_is_an_error():
-    with pytest.raises(ValueError, match="must be followed"):
-        runnable_blocks(f"{MARKER}\n```yaml\na: 1\n```\n")
-    with pytest.raises(ValueError, match="never closed"):
-        runnable_blocks(f"{MARKER}\n```sh\ntrue\n")
 
 
 @pytest.mark.parametrize("block", [
@@ -274,14 +107,6 @@ def test_a_passing_sample_passes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "not marked" not in proc.stdout
 
-
-def test_the_readme_and_quickstart_have_runnable_blocks():
-    """So a refactoring of the marker cannot quietly turn the page tests into no tests."""
-    for page in (ROOT / "README.md", DOCS / "quickstart.md"):
-        assert runnable_blocks(page.read_text()), page
-
-
-# ---- the runnable blocks, against a real cluster -------------------------------------------------
 
 PAGES_WITH_BLOCKS = [p for p in RUNNABLE_PAGES if MARKER in p.read_text()]
 

@@ -1,41 +1,14 @@
-"""Every console script is a click command with the same conventions: -h/--help and --version."""
+"""`python -m` runs the same command as the console script, in a process of its own (the scripts'
+conventions are checked in tests/unit/test_entry_points.py)."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
-import tomllib
 
-import click
 import pytest
-from click.testing import CliRunner
 
 import synapse
-from tests.support import paths
-
-SCRIPTS = tomllib.loads((paths.ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-
-
-def command_of(target: str) -> click.Command:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def test_the_entry_points_keep_their_names():
-    assert set(SCRIPTS) == {"synapse-master", "synapse-worker", "synctl", "synapse-local", "synapse-sim"}
-
-
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_entry_point_is_click_with_version_and_help(name):
-    command = command_of(SCRIPTS[name])
-    assert isinstance(command, click.Command)
-    runner = CliRunner()
-    version = runner.invoke(command, ["--version"])
-    assert version.exit_code == 0 and version.output.strip() == f"{name} {synapse.__version__}"
-    for flag in ("-h", "--help"):
-        shown = runner.invoke(command, [flag])
-        assert shown.exit_code == 0 and shown.output.startswith("Usage: "), shown.output
 
 
 @pytest.mark.parametrize("module, name", [("synapse.master", "synapse-master"), ("synapse.worker", "synapse-worker")])
@@ -43,31 +16,3 @@ def test_python_dash_m_runs_the_same_command(module, name):
     """synapse-local starts masters and workers as `python -m synapse.master|worker`."""
     out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"{name} {synapse.__version__}", out.stderr
-
-
-def test_master_without_config_says_what_it_needs():
-    result = CliRunner().invoke(command_of(SCRIPTS["synapse-master"]), [])
-    assert result.exit_code == 2 and "--config and --id are required" in result.output
-
-
-def test_worker_refuses_rack_and_topology_together():
-    result = CliRunner().invoke(command_of(SCRIPTS["synapse-worker"]),
-                                ["--masters", "127.0.0.1:1", "--rack", "r1", "--topology", "z/b/r"])
-    assert result.exit_code == 2 and "--rack or --topology, not both" in result.output
-
-
-def test_master_rebuild_sets_the_data_dir_aside(tmp_path):
-    """The rebuild subcommand works through click as it did before (a real cluster test also runs it)."""
-    data = tmp_path / "m1"
-    data.mkdir()
-    (data / "raft.journal").write_bytes(b"x")
-    config = tmp_path / "cluster.yaml"
-    config.write_text(f"""
-replicas:
-  - {{id: m1, api: 127.0.0.1:1, raft: 127.0.0.1:2}}
-data_dir: {tmp_path}/{{id}}
-""")
-    result = CliRunner().invoke(command_of(SCRIPTS["synapse-master"]), ["rebuild", "--config", str(config),
-                                                                        "--id", "m1"])
-    assert result.exit_code == 0, result.output
-    assert not data.exists() and len(list(tmp_path.glob("m1.broken-*"))) == 1

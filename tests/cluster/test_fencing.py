@@ -13,29 +13,12 @@ from pathlib import Path
 import pytest
 
 from synapse.core import codec
-from synapse.core.brain.heartbeat import Lease
 from synapse.core.model import JobSpec, Resources
 from synapse.worker import fence
 from synapse.worker.fence import TASK_JOURNAL
 from tests.support.helpers import wait_for
 
 # ---- the arithmetic --------------------------------------------------------------------------------
-
-
-def test_the_lease_ends_a_margin_before_the_node_can_be_declared_down():
-    assert Lease.of(10.0).seconds == 8.0  # a fifth of the timeout
-    assert Lease.of(3.0).seconds == 2.0  # at least a second
-    for timeout in (1.5, 3.0, 10.0, 60.0):
-        lease = Lease.of(timeout)
-        assert timeout - lease.seconds >= max(1.0, timeout / 5) - 1e-9
-
-
-def test_a_follower_grants_less_the_longer_its_digests_have_not_reached_a_leader():
-    lease = Lease(8.0)
-    assert lease.grant(0.0) == 8.0  # the leader, or a follower whose digest just got through
-    assert lease.grant(3.0) == 5.0
-    assert lease.grant(9.0) == 0.0  # cut off longer than a lease: nothing
-    assert lease.grant(None) == 0.0  # none of its digests has reached a leader yet
 
 
 # ---- the fence process, on real processes ------------------------------------------------------------

@@ -1,11 +1,7 @@
-"""The operator's Prometheus kit (cluster-configs/prometheus, cluster-configs/grafana): the rules
-pass promtool and their unit tests, the example scrape configs (plain, and HTTPS for a TLS cluster)
-name the jobs the rules expect, a real Prometheus scraping a real local cluster sees SynapseNoLeader
-and SynapseMasterDown fire and resolve, a real Prometheus scrapes a TLS cluster's masters over
-HTTPS with the CA, and the Grafana dashboard queries only what a master exposes.
-
-Prometheus and promtool are Debian's `prometheus` (scripts/install-test-packages.sh); without them
-the tests that need them skip, saying so."""
+"""The Prometheus kit with its programs: the rules pass promtool and their unit tests, a real Prometheus
+scraping a real local cluster sees SynapseNoLeader and SynapseMasterDown fire and resolve, scrapes a
+TLS cluster's masters over HTTPS with the CA, and the Grafana dashboard queries only what a master
+exposes (the files themselves are checked in tests/unit/test_prometheus.py)."""
 
 from __future__ import annotations
 
@@ -26,14 +22,7 @@ from synapse.core import codec
 from tests.support.cluster import wait_waiting
 from tests.support.helpers import spec, wait_for
 from tests.support.http import CONTRACTS, get
-from tests.support.paths import ROOT
-
-KIT = ROOT / "cluster-configs" / "prometheus"
-ALERTS = yaml.safe_load((KIT / "alerts.yaml").read_text())
-RULES = [r for g in ALERTS["groups"] for r in g["rules"]]
-SCRAPE = yaml.safe_load((KIT / "prometheus.yml").read_text())
-SCRAPE_TLS = yaml.safe_load((KIT / "prometheus-tls.yml").read_text())  #: for a cluster with `tls:`
-DASHBOARD = json.loads((ROOT / "cluster-configs" / "grafana" / "synapse.json").read_text())
+from tests.support.prometheus import ALERTS, KIT, RULES, SCRAPE, SCRAPE_TLS, dashboard_queries
 
 
 def tool(name: str) -> str:
@@ -47,43 +36,6 @@ def run(*argv: str, cwd: Path = KIT) -> str:
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
-
-
-# ---- the files alone -------------------------------------------------------------------------------
-
-def test_the_scrape_config_names_every_job_the_rules_match():
-    jobs = {c["job_name"] for c in SCRAPE["scrape_configs"]}
-    matched = {job for r in RULES for job in re.findall(r'job="([^"]+)"', r["expr"])}
-    assert matched and matched <= jobs, matched - jobs
-    assert jobs == {"synapse-master", "synapse-worker"} and SCRAPE["rule_files"] == ["alerts.yaml"]
-
-
-def test_the_tls_scrape_config_differs_only_in_the_masters_scheme_and_ca():
-    tls = json.loads(json.dumps(SCRAPE_TLS))
-    (masters,) = [c for c in tls["scrape_configs"] if c["job_name"] == "synapse-master"]
-    assert masters.pop("scheme") == "https" and set(masters.pop("tls_config")) == {"ca_file"}
-    assert tls == SCRAPE
-
-
-def test_the_example_scrapes_the_http_address_of_every_master_of_the_example_cluster():
-    cluster = yaml.safe_load((ROOT / "cluster-configs" / "three.yaml").read_text())
-    (masters,) = [c for c in SCRAPE["scrape_configs"] if c["job_name"] == "synapse-master"]
-    assert masters["static_configs"][0]["targets"] == [r["http"] for r in cluster["replicas"]]
-
-
-def test_every_alert_has_a_unit_test_that_fires_and_one_that_does_not():
-    cases = [case for test in yaml.safe_load((KIT / "alerts_test.yaml").read_text())["tests"]
-             for case in test["alert_rule_test"]]
-    for rule in RULES:
-        mine = [case for case in cases if case["alertname"] == rule["alert"]]
-        assert any(case["exp_alerts"] for case in mine), f"{rule['alert']}: no case where it fires"
-        assert any(not case["exp_alerts"] for case in mine), f"{rule['alert']}: no case where it stays quiet"
-
-
-def test_the_no_leader_alert_also_fires_when_no_master_answers():
-    (rule,) = [r for r in RULES if r["alert"] == "SynapseNoLeader"]
-    assert "absent(synapse_raft_is_leader)" in rule["expr"]
-    assert any(r["expr"] == 'absent(up{job="synapse-master"} == 1)' for r in RULES)
 
 
 def test_the_rules_and_the_scrape_config_pass_promtool():
@@ -104,8 +56,6 @@ def test_a_broken_unit_test_fails_promtool(tmp_path):
                           text=True, timeout=60)
     assert done.returncode != 0 and "SynapseNoLeader" in done.stdout + done.stderr
 
-
-# ---- a real Prometheus against a real cluster -------------------------------------------------------
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -227,23 +177,8 @@ def test_a_real_prometheus_scrapes_a_tls_clusters_masters_over_https_with_its_ca
         proc.wait(timeout=20)
 
 
-# ---- the Grafana dashboard ------------------------------------------------------------------------
-
 #: The sample names a family of each type exposes.
 SAMPLE_NAMES = {"counter": ("{}_total",), "histogram": ("{}_bucket", "{}_sum", "{}_count")}
-
-
-def dashboard_queries() -> list[str]:
-    return [t["expr"] for p in DASHBOARD["panels"] for t in p.get("targets", [])]
-
-
-def test_the_dashboard_covers_gpus_pending_reasons_latency_and_raft():
-    queries = " ".join(dashboard_queries())
-    for metric in ("synapse_gpus", "synapse_rack_gpus", "synapse_jobs_pending_reason", "synapse_queue_wait_seconds",
-                   "synapse_gang_start_seconds", "synapse_raft_is_leader", "synapse_raft_leader_changes_seen_total",
-                   "synapse_raft_commit_index"):
-        assert re.search(rf"\b{metric}(_bucket)?\b", queries), metric
-    assert all(t["datasource"]["uid"] == "${datasource}" for p in DASHBOARD["panels"] for t in p.get("targets", []))
 
 
 def test_every_metric_the_dashboard_queries_is_in_the_exposition(make_cluster):

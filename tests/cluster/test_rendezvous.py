@@ -1,5 +1,5 @@
-"""MASTER_PORT: the rule that picks it (pure), the worker's probe, and a port taken on rank 0's node
-requeuing the attempt with another port on a real cluster."""
+"""MASTER_PORT with real sockets: the worker's probe, and a port taken on rank 0's node requeuing the
+attempt with another port on a real cluster (the rule that picks it is in tests/unit/test_rendezvous.py)."""
 
 from __future__ import annotations
 
@@ -7,37 +7,11 @@ import socket
 
 import pytest
 
-from synapse.core.rendezvous import MASTER_PORTS, RESERVED, ephemeral_overlap, master_port
+from synapse.core.rendezvous import master_port
 from synapse.proto import api_pb2
-from synapse.worker.runtime import ephemeral_ports, port_in_use
+from synapse.worker.runtime import port_in_use
 from tests.support.cluster import read_logs, submit, wait_job
 from tests.support.helpers import wait_for
-
-LINUX_EPHEMERAL = range(32768, 61000)  #: Linux's default net.ipv4.ip_local_port_range
-
-
-def test_ports_come_from_below_the_ephemeral_range_and_miss_the_reserved_ones():
-    ports = [master_port(f"train-{i:08x}", attempt) for i in range(3000) for attempt in (1, 2)]
-    assert all(p in MASTER_PORTS and p not in RESERVED and p not in LINUX_EPHEMERAL for p in ports)
-    assert MASTER_PORTS.stop <= 30000  # below Kubernetes' NodePort range too
-    assert len(set(ports)) > 4000  # spread over the range: two gangs rarely draw the same
-
-
-def test_the_port_is_a_function_of_job_and_attempt_only():
-    # Pinned: every replica, and every release a gang may straddle, must compute the same port.
-    assert [master_port("train-1a2b3c4d", attempt) for attempt in (1, 2, 3)] == [28573, 27707, 29955]
-
-
-def test_a_nodes_ephemeral_range_overlaps_the_master_ports_or_not():
-    assert not ephemeral_overlap(32768, 60999)
-    assert ephemeral_overlap(25000, 40000) == range(25000, 30000)
-    assert ephemeral_overlap(1024, 65535) == MASTER_PORTS
-
-
-def test_the_ephemeral_range_is_read_from_proc_or_is_unknown(tmp_path):
-    (tmp_path / "range").write_text("32768\t60999\n")
-    assert ephemeral_ports(tmp_path / "range") == (32768, 60999)
-    assert ephemeral_ports(tmp_path / "missing") is None
 
 
 def test_the_probe_sees_a_listener_on_any_address_and_not_a_closed_one():

@@ -31,11 +31,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from synapse.core.jobs import jobspec
+from synapse.core.model import Assignment
+from synapse.worker import container
 from tests.support.helpers import wait_for
 
 BUSYBOX = Path("/bin/busybox")
@@ -536,3 +539,29 @@ def parse(text: str):
 def submit(cluster, text: str) -> str:
     from synapse.core import codec
     return cluster.client.submit(codec.job_spec_to_proto(parse(text)))
+
+
+def assignment(**kw) -> Assignment:
+    fields = dict(job_id="j1", attempt=1, index=0, rank=0, world_size=1, local_rank=0, local_world_size=1,
+                  node_rank=0, master_addr="127.0.0.1", master_port=0, gpus=(), command=(), env=(),
+                  image="dir:/images/x")
+    fields.update(kw)
+    return Assignment(**fields)
+
+
+def image(root: Path, env=(), working_dir="", entrypoint=(), cmd=(), user="") -> SimpleNamespace:
+    """What the store's `ensure` returns, as far as the runtime reads it."""
+    return SimpleNamespace(root=root, config=SimpleNamespace(env=env, working_dir=working_dir, entrypoint=entrypoint,
+                                                             cmd=cmd, user=user))
+
+
+def plan(tmp_path: Path, **kw) -> container.ContainerSpec:
+    args = dict(task_dir=tmp_path / "task", image_root="/images/x", image_env=(), working_dir="", entrypoint=(),
+                cmd=(), command=("true",), task_env={}, gpus=(), mounts=(), allowed_mounts=(), cdi_specs=())
+    args.update(kw)
+    return container.plan(**args)
+
+
+def leftovers(store_root: Path) -> list[str]:
+    """What a failed pull left in the store: partial unpacks, temporary blobs, images."""
+    return sorted(str(p.relative_to(store_root)) for d in ("tmp", "images") for p in (store_root / d).iterdir())

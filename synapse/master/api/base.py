@@ -153,7 +153,7 @@ class ServicerBase:
 
     async def _propose_all(self, cmds: list[c.Command], context: grpc.aio.ServicerContext) -> list[c.Result]:
         """Propose commands as one log entry (all commit or none does); if that fails, abort the call.
-        A request makes at most one proposal (tests/cluster/test_one_proposal.py), so a leader change can
+        A request makes at most one proposal (tests/unit/test_one_proposal.py), so a leader change can
         never leave it half done."""
         if not cmds:
             return []

@@ -1,7 +1,7 @@
 """The Master service as one gRPC servicer: one mixin per audience, so each RPC has one home.
 
 Mixins of one base rather than a servicer that delegates: every RPC stays a method of one class
-(what `add_to_server` registers and tests/cluster/test_one_proposal.py walks), and an RPC is found by its
+(what `add_to_server` registers and tests/unit/test_one_proposal.py walks), and an RPC is found by its
 audience's module without a forwarding layer in between.
 """
 
