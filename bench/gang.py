@@ -8,8 +8,11 @@
 the client's SubmitJob call to the moment the job became RUNNING, which the state machine stamps
 when it applies the last task's start report. (b) Unblock: one node is busy with a blocker whose
 task prints its own exit time; the gang needs all 8 nodes; the delay is from that exit to the gang
-running. (c) 1,000 simulated workers (registration, then one heartbeat each every 5 s, phases
-spread) against the same leader; the leader's CPU share comes from /proc over the window.
+running. Each is split into steps, each step's median printed: the blocker's exit to its worker
+noticing it (the worker's task journal), to the waiting gang's placement (its Scheduled event: the
+report, its commit and the round), to its first task's process, to its last. (c) 1,000 simulated
+workers (registration, then one heartbeat each every 5 s, phases spread) against the same leader;
+the leader's CPU share comes from /proc over the window.
 Targets: gang start p50 <= 0.1 s, p99 <= 0.3 s; 1,000 workers with the leader under half a core.
 """
 
@@ -58,18 +61,45 @@ def wait(client: MasterClient, job_id: str, statuses: set[str], timeout: float =
     raise SystemExit(f"job {job_id} did not reach {statuses}")
 
 
-def gang_starts(client: MasterClient, trials: int) -> list[float]:
+def journal(data_dir: Path, job_id: str, event: str) -> list[float]:
+    """When each of a job's tasks had `event` ("start" or "exit"), by the workers' task journals
+    (DATA_DIR/workers/*/task-events.jsonl: each worker's own clock, the machine's here)."""
     out = []
+    for path in (data_dir / "workers").glob("*/task-events.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("job") == job_id and entry.get("event") == event:
+                out.append(entry["at"])
+    return out
+
+
+def placed_at(info: api_pb2.JobInfo) -> float:
+    """When the leader proposed the gang's placement (its last Scheduled event)."""
+    return max(e.at for e in info.events if e.kind == "Scheduled")
+
+
+def start_steps(data_dir: Path, info: api_pb2.JobInfo, since: float) -> dict[str, float]:
+    """A gang's start, step by step: from `since` to its placement (the round and its proposal),
+    to the first task's process, to the last task's (the gang RUNNING; its started_at is that
+    last task's report)."""
+    placed, starts = placed_at(info), journal(data_dir, info.id, "start")
+    return {"to_placement": placed - since, "placement_to_first_task": min(starts) - placed,
+            "first_to_last_task": max(starts) - min(starts)}
+
+
+def gang_starts(client: MasterClient, data_dir: Path, trials: int) -> tuple[list[float], list[dict[str, float]]]:
+    out, steps = [], []
     for i in range(trials):
         t0 = time.time()
         job_id = client.submit(spec(f"gang{i}", WORKERS, ["sleep", "0.2"]))
         info = wait(client, job_id, {"SUCCEEDED", "FAILED"})
         out.append(info.started_at - t0)
-    return out
+        steps.append(start_steps(data_dir, info, t0))
+    return out, steps
 
 
-def unblocks(client: MasterClient, data_dir: Path, trials: int) -> list[float]:
-    out = []
+def unblocks(client: MasterClient, data_dir: Path, trials: int) -> tuple[list[float], list[dict[str, float]]]:
+    out, steps = [], []
     for i in range(trials):
         blocker = client.submit(spec(f"blocker{i}", 1, ["python3", "-c",
                                                         "import time; time.sleep(0.5); print(time.time())"]))
@@ -79,7 +109,13 @@ def unblocks(client: MasterClient, data_dir: Path, trials: int) -> list[float]:
         node = client.get_job(blocker).tasks[0].node_id
         exited = float((data_dir / "workers" / node / "logs" / blocker / "attempt-1" / "task-0.log").read_text())
         out.append(info.started_at - exited)
-    return out
+        noticed = journal(data_dir, blocker, "exit")[0]
+        steps.append({"exit_noticed": noticed - exited, **start_steps(data_dir, info, noticed)})
+    return out, steps
+
+
+def step_medians(steps: list[dict[str, float]]) -> dict[str, float]:
+    return {name: round(statistics.median(s[name] for s in steps), 4) for name in steps[0]}
 
 
 def sim_certs(tls_dir: Path, count: int) -> None:
@@ -153,9 +189,9 @@ def main() -> None:
             client.list_nodes()
             elections = Elections(state)
             with elections.phase("gang starts"):
-                starts = gang_starts(client, args.trials)
+                starts, start_parts = gang_starts(client, data_dir, args.trials)
             with elections.phase("unblocks"):
-                unblock = unblocks(client, data_dir, unblock_trials)
+                unblock, unblock_parts = unblocks(client, data_dir, unblock_trials)
             leader = next(m for m in state["masters"] if m["api_address"] == client.leader)
             # The 1,000 simulated workers never run tasks; their nodes stay out of the way by being
             # heartbeat-only. The window starts after registration.
@@ -173,6 +209,8 @@ def main() -> None:
     report = {"gang_start_p50_s": round(statistics.median(starts), 4),
               "gang_start_p99_s": round(percentile(starts, 0.99), 4),
               "unblock_p50_s": round(statistics.median(unblock), 4), "unblock_max_s": round(max(unblock), 4),
+              # each step's median (seconds), whose sum is near the p50 above
+              "gang_start_steps": step_medians(start_parts), "unblock_steps": step_medians(unblock_parts),
               "heartbeat_workers": args.sim_workers, "heartbeats": beats,
               "leader_cpu_share": round(share, 3), "simulated_nodes_down": down_nodes,
               "fault_free_elections": elections.fault_free()}
@@ -183,6 +221,8 @@ def main() -> None:
           f"p99 {report['gang_start_p99_s']} s")
     print(f"unblock (blocker exits -> gang running, {len(unblock)} runs): p50 {report['unblock_p50_s']} s, "
           f"max {report['unblock_max_s']} s")
+    for name, parts in (("gang start", report["gang_start_steps"]), ("unblock", report["unblock_steps"])):
+        print(f"  {name}, each step's median: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in parts.items()))
     print(f"{args.sim_workers} simulated workers at a 5 s heartbeat for {args.sim_seconds:.0f} s: {beats} heartbeats, "
           f"leader CPU {share:.2f} cores, {down_nodes} wrongly declared DOWN")
     elections.report()
