@@ -28,24 +28,26 @@ def generate(out_dir: pathlib.Path) -> None:
 
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     args = ["protoc", f"-I{PROTO_ROOT}", f"--plugin=protoc-gen-mypy={mypy_plugin()}",
+            f"--plugin=protoc-gen-mypy_grpc={mypy_plugin('protoc-gen-mypy_grpc')}",
             f"--python_out={out_dir}", f"--mypy_out={out_dir}",
-            f"--grpc_python_out={out_dir}", *protos]
+            f"--grpc_python_out={out_dir}", f"--mypy_grpc_out={out_dir}", *protos]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
 
 
-def mypy_plugin() -> pathlib.Path:
-    """The protoc-gen-mypy script installed beside this interpreter (mypy-protobuf, a dev extra).
+def mypy_plugin(name: str = "protoc-gen-mypy") -> pathlib.Path:
+    """A mypy-protobuf script installed beside this interpreter (a dev extra): protoc-gen-mypy for
+    the messages' stubs, protoc-gen-mypy_grpc for the services' (the type checker reads both).
 
     Named by path, not looked up on PATH: a venv's bin directory is on PATH only while the venv
     is activated, and the README runs `.venv/bin/python` without activating it.
     """
     scripts = pathlib.Path(sysconfig.get_path("scripts"))
     for directory in (scripts, pathlib.Path(sys.executable).parent):
-        plugin = directory / "protoc-gen-mypy"
+        plugin = directory / name
         if plugin.exists():
             return plugin
-    raise SystemExit(f"protoc-gen-mypy not found in {scripts}: pip install -e '.[dev]'")
+    raise SystemExit(f"{name} not found in {scripts}: pip install -e '.[dev]'")
 
 
 def generated_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:

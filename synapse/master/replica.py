@@ -26,11 +26,12 @@ import grpc
 from synapse.common.tls import channel_credentials
 from synapse.core import commands as c
 from synapse.core.brain.leader_state import LeaderView
-from synapse.core.brain.stimuli import HealthReport
+from synapse.core.brain.stimuli import HealthReport, ProgressReport
 from synapse.master.config import ClusterConfig
 from synapse.master.dispatch import nodes_relisted
 from synapse.master.durability import free_bytes
 from synapse.master.raft import ProposeError, RaftNode
+from synapse.proto import api_pb2
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,18 @@ class LeaderWork(Protocol):
     ready: asyncio.Event
     view: LeaderView  #: the leader's decisions, read-only
 
+    def start(self) -> None:
+        """Start the term's loops (the replica calls it once, on gaining leadership)."""
+
     def stop(self) -> None: ...
+
+    def progress(self, reports: list[ProgressReport]) -> None:
+        """Tasks' progress reports for the brain; returns without waiting for what it proposes."""
 
     def heard(self, node_id: str, health: HealthReport | None = None) -> str:
         """A node was heard from; its status in the state ('' if unknown)."""
 
-    def digest(self, digest) -> None:
+    def digest(self, digest: api_pb2.LivenessDigest) -> None:
         """A link shard's liveness digest (synapse.master.link_shard) for the brain."""
 
 
