@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import click
 
@@ -13,7 +14,10 @@ from synapse import __version__
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def version_option(prog: str):
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def version_option(prog: str) -> Callable[[_F], _F]:
     """`--version` for an entry point: prints `PROG VERSION`."""
     return click.version_option(__version__, "--version", prog_name=prog, message="%(prog)s %(version)s")
 

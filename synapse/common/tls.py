@@ -24,10 +24,16 @@ import datetime
 import ipaddress
 import os
 import ssl
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import grpc
+
+if TYPE_CHECKING:  # cryptography is imported where certificates are made, not by every process
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +90,13 @@ def http_base(address: str, ca: str = "") -> tuple[str, ssl.SSLContext | None]:
 
 def peer_common_name(context: grpc.ServicerContext) -> str:
     """The verified client certificate's common name, or '' when the peer presented none."""
-    names = context.auth_context().get("x509_common_name") or []
+    # Each property is a list of values (typeshed's stub says a single bytes value).
+    properties = cast("Mapping[str, list[bytes]]", context.auth_context())
+    names = properties.get("x509_common_name") or []
     return names[0].decode() if names else ""
 
 
-def _key_pem(key) -> bytes:
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -105,24 +113,28 @@ def _save(path: Path, data: bytes, private: bool = False) -> Path:
     return path
 
 
-def _key_usage(x509, ca: bool):
+def _key_usage(ca: bool) -> x509.KeyUsage:
     """A CA signs certificates (and revocation lists); a leaf signs its TLS handshakes."""
+    from cryptography import x509
+
     return x509.KeyUsage(digital_signature=not ca, key_cert_sign=ca, crl_sign=ca, content_commitment=False,
                          key_encipherment=False, data_encipherment=False, key_agreement=False,
                          encipher_only=False, decipher_only=False)
 
 
-def issue(out: Path, name: str, common_name: str, roles: tuple[str, ...], sans: list[str] = (),
+def issue(out: Path, name: str, common_name: str, roles: tuple[str, ...], sans: Sequence[str] = (),
           days: int = 365) -> list[Path]:
     """Sign `NAME.pem` / `NAME-key.pem` with the CA in `out` (ca.pem, ca-key.pem) for `roles`
     ("server", "client"); how `generate` makes every leaf, and how a node added later gets its own."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     ca_cert = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((out / "ca-key.pem").read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise ValueError(f"tls: {out / 'ca-key.pem'} is a {type(ca_key).__name__}; a CA key is EC or RSA")
     usages = {"server": ExtendedKeyUsageOID.SERVER_AUTH, "client": ExtendedKeyUsageOID.CLIENT_AUTH}
     now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -132,12 +144,12 @@ def issue(out: Path, name: str, common_name: str, roles: tuple[str, ...], sans: 
                .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.ExtendedKeyUsage([usages[r] for r in roles]), critical=False)
                # What strict verifiers (Python 3.13's default context: VERIFY_X509_STRICT) require.
-               .add_extension(_key_usage(x509, ca=False), critical=True)
+               .add_extension(_key_usage(ca=False), critical=True)
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                               critical=False))
     if sans:
-        entries = []
+        entries: list[x509.GeneralName] = []
         for host in sans:
             try:
                 entries.append(x509.IPAddress(ipaddress.ip_address(host)))
@@ -171,7 +183,7 @@ def generate(out: Path, hosts: list[str], workers: list[str], days: int = 365,
                .serial_number(x509.random_serial_number()).not_valid_before(now)
                .not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(_key_usage(x509, ca=True), critical=True)
+               .add_extension(_key_usage(ca=True), critical=True)
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
                .sign(ca_key, hashes.SHA256()))
     written = [_save(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM)),
