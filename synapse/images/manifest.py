@@ -9,6 +9,7 @@ import json
 import platform
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from synapse.images.model import ImageConfig, PullError
 
@@ -65,7 +66,7 @@ class Manifest:
     layers: tuple[Descriptor, ...]
 
 
-def load_json(data: bytes, what: str) -> dict:
+def load_json(data: bytes, what: str) -> dict[str, Any]:
     """`data` as a JSON object, refusing one above MAX_MANIFEST_BYTES or not an object."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise PullError("TOO_LARGE", f"{what} is {len(data)} bytes, above the {MAX_MANIFEST_BYTES} byte limit")
@@ -92,7 +93,7 @@ def descriptor(doc: object, what: str) -> Descriptor:
     return Descriptor(media_type, digest, size)
 
 
-def media_type_of(doc: dict, header_type: str = "") -> str:
+def media_type_of(doc: dict[str, Any], header_type: str = "") -> str:
     """The document's media type: its own `mediaType`, else the server's, else guessed from its shape."""
     own = doc.get("mediaType")
     if isinstance(own, str) and own:
@@ -102,7 +103,7 @@ def media_type_of(doc: dict, header_type: str = "") -> str:
     return OCI_INDEX if "manifests" in doc else OCI_MANIFEST
 
 
-def pick_platform(index: dict, what: str, arch: str | None = None) -> Descriptor:
+def pick_platform(index: dict[str, Any], what: str, arch: str | None = None) -> Descriptor:
     """The index's manifest for linux on this machine's architecture (amd64 on x86_64)."""
     arch = arch or machine_arch()
     entries = index.get("manifests")
@@ -119,7 +120,7 @@ def pick_platform(index: dict, what: str, arch: str | None = None) -> Descriptor
     raise PullError("NOT_FOUND", f"{what} has no image for linux/{arch} (it has: {', '.join(seen) or 'nothing'})")
 
 
-def parse_manifest(doc: dict, what: str) -> Manifest:
+def parse_manifest(doc: dict[str, Any], what: str) -> Manifest:
     """The config and layers of an image manifest, every descriptor and media type checked."""
     if doc.get("schemaVersion") != 2:
         raise PullError("BAD_IMAGE", f"{what} has schemaVersion {doc.get('schemaVersion')!r}; only 2 is supported")

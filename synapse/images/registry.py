@@ -29,10 +29,13 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from synapse.images.blobs import VerifyingWriter
 from synapse.images.manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor
 from synapse.images.model import PullError
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +177,7 @@ class RegistryClient:
 
     # -- retries, requests, auth --------------------------------------------------------------------
 
-    def _retrying(self, attempt: Callable, what: str, deadline: float | None):
+    def _retrying(self, attempt: Callable[[], _T], what: str, deadline: float | None) -> _T:
         for n in range(self.retries + 1):
             try:
                 return attempt()
@@ -207,7 +210,8 @@ class RegistryClient:
         except (OSError, http.client.HTTPException) as exc:
             raise PullError("UNREACHABLE", f"{self.registry}: {exc}") from None
 
-    def _get(self, path: str, repository: str, deadline: float | None, headers: dict | None = None) -> _Response:
+    def _get(self, path: str, repository: str, deadline: float | None,
+             headers: dict[str, str] | None = None) -> _Response:
         """A 200 response to GET path, after any auth challenge and redirects; errors as PullError."""
         scope = f"repository:{repository}:pull"
         url = self._url(self.endpoint, self.plain, path)
@@ -252,7 +256,7 @@ class RegistryClient:
     def _url(self, hostport: str, plain: bool, path: str) -> str:
         return f"{'http' if plain else 'https'}://{hostport}{path}"
 
-    def _request(self, url: str, headers: dict, deadline: float | None) -> _Response:
+    def _request(self, url: str, headers: dict[str, str], deadline: float | None) -> _Response:
         parts = urllib.parse.urlsplit(url)
         timeout = self._socket_timeout(deadline)
         try:

@@ -10,6 +10,7 @@ import os
 import tarfile
 import threading
 from pathlib import Path
+from typing import IO
 
 from synapse.core.jobs.imageref import ImageRef
 from synapse.images.blobs import VerifyingWriter
@@ -51,7 +52,7 @@ class LayoutSource:
         self.ref = ref
         #: Guards the tar file's one file object, read by several blob threads (a directory's files
         #: are separate objects and need no lock).
-        self._lock: threading.Lock | contextlib.nullcontext = \
+        self._lock: threading.Lock | contextlib.nullcontext[None] = \
             threading.Lock() if ref.transport == "oci-archive" else contextlib.nullcontext()
         self._tar: tarfile.TarFile | None = None
         self._members: dict[str, tarfile.TarInfo] = {}
@@ -71,14 +72,17 @@ class LayoutSource:
         if self._tar is not None:
             self._tar.close()
 
-    def _open(self, name: str, limit: int | None = None):
+    def _open(self, name: str, limit: int | None = None) -> tuple[IO[bytes], int]:
         """A readable file object for a file of the layout, and its size."""
         if self._tar is not None:
             member = self._members.get(name)
             if member is None:
                 raise PullError("NOT_FOUND", f"{self.ref}: the archive has no {name}")
             with self._lock:
-                return self._tar.extractfile(member), member.size
+                f = self._tar.extractfile(member)
+            if f is None:  # not reached: _members holds regular files only
+                raise PullError("BAD_IMAGE", f"{self.ref}: the archive's {name} is not a file")
+            return f, member.size
         try:
             # A layout is plain files: never follow a symlink planted in it.
             fd = os.open(Path(self.ref.path) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -86,8 +90,8 @@ class LayoutSource:
             raise PullError("NOT_FOUND", f"{self.ref}: the layout has no {name}") from None
         except OSError as exc:
             raise PullError("BAD_IMAGE", f"{self.ref}: cannot read {name}: {exc}") from None
-        f = os.fdopen(fd, "rb")
-        return f, os.fstat(fd).st_size
+        opened = os.fdopen(fd, "rb")
+        return opened, os.fstat(fd).st_size
 
     def _read_small(self, name: str) -> bytes:
         f, size = self._open(name)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, TypedDict
 
 from synapse.core.jobs import imageref
 from synapse.core.jobs.imageref import ImageRef
@@ -74,7 +75,7 @@ class ImageStore:
         (self.root / "images").mkdir(exist_ok=True)
         self.blobs = BlobStore(self.root / "blobs", self.tmp)
         self._lock = threading.Lock()  #: guards everything below and state.json
-        self._images: dict[str, dict] = {}  #: digest -> {references, blobs, rootfs_bytes, last_used, holders, config}
+        self._images: dict[str, _Entry] = {}  #: digest -> its record (state.json's "images")
         self._tags: dict[str, str] = {}  #: canonical reference -> digest
         self._flights: dict[str, threading.Lock] = {}  #: reference or digest -> the lock of its one pull
         self._busy_blobs: dict[str, int] = {}  #: blob digest -> pulls using it now (eviction spares them)
@@ -223,7 +224,7 @@ class ImageStore:
                  len(manifest.layers), report.total, time.monotonic() - started)
         return image
 
-    def _fetch_and_unpack(self, source, canonical: str, digest: str, manifest: mf.Manifest, report: _Reporter,
+    def _fetch_and_unpack(self, source: _Source, canonical: str, digest: str, manifest: mf.Manifest, report: _Reporter,
                           deadline: float | None) -> tuple[ImageConfig, list[str]]:
         """Download the config and the layers (in parallel) and apply the layers in order as each
         arrives, into a temporary root renamed into place only when whole."""
@@ -373,6 +374,20 @@ class ImageStore:
             self._save()
 
 
+class _Entry(TypedDict):
+    """An image's record in state.json."""
+
+    references: list[str]  #: the canonical references that name it
+    blobs: list[str]  #: its config's and layers' blob digests
+    rootfs_bytes: int  #: its unpacked root's size on disk
+    last_used: float  #: wall-clock time of its last use (eviction takes the oldest first)
+    holders: list[str]  #: who pins it now (a pinned image is never evicted)
+    config: dict[str, Any]  #: its ImageConfig's fields
+
+
+_Source = RegistrySource | LayoutSource
+
+
 class _Abandoned(Exception):
     """Stops a layer download whose pull has already failed (never seen by a caller)."""
 
@@ -424,7 +439,7 @@ def _dir_image(ref: ImageRef) -> Image:
     return Image(str(ref), "", resolved, ImageConfig())
 
 
-def _resolve(source, canonical: str, deadline: float | None) -> tuple[str, mf.Manifest]:
+def _resolve(source: _Source, canonical: str, deadline: float | None) -> tuple[str, mf.Manifest]:
     """Follow the top document through any index to this platform's manifest; every document's
     bytes are checked against the digest that named it."""
     data, media_type, want = source.top(deadline)
@@ -447,5 +462,5 @@ def _resolve(source, canonical: str, deadline: float | None) -> tuple[str, mf.Ma
     raise PullError("BAD_IMAGE", f"{canonical}: indexes nest deeper than {MAX_INDEX_DEPTH}")
 
 
-def _config_fields(doc: dict) -> dict:
+def _config_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()}

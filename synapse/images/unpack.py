@@ -40,6 +40,7 @@ import tarfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from synapse.images.blobs import FULL_ERRNOS, disk_error
 from synapse.images.model import PullError
@@ -56,10 +57,16 @@ MAX_DEPTH = 256
 _CACHE_FDS = 64
 
 
+class _Reader(Protocol):
+    """What the layer readers read from: a blob file, a gzip stream, or another reader."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
 class _Hashing:
     """A reader that hashes what passes through it and reports how many compressed bytes were used."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: _Reader) -> None:
         self.inner = inner
         self.hash = hashlib.sha256()
 
@@ -271,7 +278,8 @@ def apply_layer(root: Path, blob: Path, diff_id: str, what: str,
         magic = raw.read(4)
         raw.seek(0)
         if magic[:2] == b"\x1f\x8b":
-            stream = gzip.GzipFile(fileobj=_Counting(raw, on_bytes), mode="rb")
+            # typeshed asks the fileobj for seek too; gzip seeks it only to rewind, which no read here asks.
+            stream: _Reader = gzip.GzipFile(fileobj=_Counting(raw, on_bytes), mode="rb")  # type: ignore[call-overload]
         elif magic == b"\x28\xb5\x2f\xfd":
             raise PullError("BAD_IMAGE", f"{what} is zstd-compressed, which this node cannot unpack (no zstd "
                                          "library); push the image with gzip layers")
@@ -280,6 +288,7 @@ def apply_layer(root: Path, blob: Path, diff_id: str, what: str,
         hashing = _Hashing(stream)
         applier = _Applier(root_fd, what)
         try:
+            # A stream ("r|") is only read; typeshed's fileobj protocol also asks write, tell, seek, close.
             with tarfile.open(fileobj=hashing, mode="r|") as tar:  # type: ignore[call-overload]
                 for member in tar:
                     applier.entry(tar, member)
@@ -306,7 +315,7 @@ def apply_layer(root: Path, blob: Path, diff_id: str, what: str,
 class _Counting:
     """A reader that tells `on_bytes` how much it read."""
 
-    def __init__(self, inner, on_bytes: Callable[[int], None] | None) -> None:
+    def __init__(self, inner: _Reader, on_bytes: Callable[[int], None] | None) -> None:
         self.inner = inner
         self.on_bytes = on_bytes
 
