@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from synapse.core import commands as c
 from synapse.core import versions
 from synapse.core.history import EXPORT_BATCH, UTILIZATION_EVERY_S, ExportBatch, cluster_sample, export_batch
+from synapse.core.state.fsm import ClusterState
 from synapse.history.settings import HistorySettings
 from synapse.history.store import CursorMoved, HistoryStore, StoreError, redacted
 
@@ -125,7 +126,7 @@ def _exporter(master: Any, leader: str | None) -> str | None:
     return exporter_of([master.replica.raft, *master.raft.partners()], leader)
 
 
-def _oldest_unarchived_wait(state: Any, now: float) -> float:
+def _oldest_unarchived_wait(state: ClusterState, now: float) -> float:
     """Seconds the oldest finished job not yet archived has waited (0 if none; call under the lock)."""
     for job_id in state.unarchived.values():
         return max(0.0, now - state.jobs[job_id].finished_at)

@@ -42,7 +42,6 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from synapse.client.master_client import MasterClient
 from synapse.common.tls import TLSFiles
@@ -50,6 +49,7 @@ from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.model import Resources
 from synapse.core.rendezvous import MASTER_PORTS, ephemeral_overlap
 from synapse.core.shards import ranked
+from synapse.images.store import ImageStore
 from synapse.worker import observe, statefile
 from synapse.worker import state as ws
 from synapse.worker.beats import DatagramBeats
@@ -88,7 +88,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
                  stop_grace: float = 10.0, runtime_template: str = "", log_port: int = 0,
                  tls: TLSFiles | None = None, http: str = "", cgroups: Cgroups | None = None,
                  isolation: str = "", pids_max: int = DEFAULT_PIDS_MAX, labels: dict[str, str] | None = None,
-                 health: HealthCheck | None = None, drain_on_failure: bool = False, images: Any = None,
+                 health: HealthCheck | None = None, drain_on_failure: bool = False, images: ImageStore | None = None,
                  allow_mounts: tuple[str, ...] = (), cdi_dirs: tuple[str, ...] | None = None,
                  gpu_watch: GpuWatch | None = None, rendezvous_ports: range = MASTER_PORTS,
                  heartbeat_datagrams: bool = True) -> None:
@@ -102,7 +102,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
         self.heartbeat_interval = heartbeat_interval
         self.runtime = ProcessRuntime(data_dir, runtime_template, cgroups, pids_max, allow_mounts,
                                       *((cdi_dirs,) if cdi_dirs is not None else ()))
-        #: the node's image store (synapse.images.store.ImageStore); None: tasks in images cannot run here
+        #: the node's image store; None: tasks in images cannot run here
         self.images = images
         self.isolation = isolation  #: how tasks are confined, as registered (describe node shows it)
         self.labels = dict(labels or {})  #: registered node labels (gpu_model, …)
@@ -125,7 +125,8 @@ class WorkerAgent(TaskLifecycle, Uplink):
         #: what the other threads read of the state: replaced whole by the main loop after every event
         self.view = self.state.view()
         self.progress = ProgressWatcher()  #: the running tasks' progress files, forwarded with the reports
-        self.events: queue.Queue = queue.Queue()
+        #: the state's events (synapse.worker.state) and PullProgressed, for the main loop
+        self.events: queue.Queue[object] = queue.Queue()
         #: the task shims' ends, put on `events` as they happen (synapse.worker.exits)
         self.exits = ExitWatcher(self.events)
         #: the image pulls under way (their threads put events on `events`)
@@ -174,7 +175,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
         self._unpin_forgotten()
         ephemeral = ephemeral_ports()
         overlap = ephemeral_overlap(*ephemeral, self.rendezvous_ports) if ephemeral else range(0)
-        if overlap:
+        if ephemeral and overlap:
             log.warning("ephemeral ports overlap rendezvous ports node=%s ephemeral=%d-%d overlap=%d-%d: an outgoing "
                         "connection may take a gang's MASTER_PORT; start net.ipv4.ip_local_port_range at %d or above",
                         self.node_id, *ephemeral, overlap.start, overlap.stop - 1, self.rendezvous_ports.stop)

@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from synapse.core.brain.heartbeat import MAX_GPU_ERRORS, NODE_GPUS, GpuErrorReport
@@ -107,7 +107,7 @@ class GpuWatch:
         return self.probe()
 
 
-def hook_watch(node_id: str, environ: os._Environ | dict[str, str] = os.environ) -> GpuWatch | None:
+def hook_watch(node_id: str, environ: Mapping[str, str] = os.environ) -> GpuWatch | None:
     """The test hook's watch, when SYNAPSE_TEST_GPU_ERRORS is set (see the module docstring)."""
     template = environ.get(TEST_HOOK_ENV, "")
     if not template:

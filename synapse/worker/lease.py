@@ -14,8 +14,8 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
+from synapse.proto import api_pb2
 from synapse.worker import fence
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Lease:
         if pid:
             log.info("fence started node=%s pid=%d", self.node_id, pid)
 
-    def renew(self, sent: float, reply: Any) -> None:
+    def renew(self, sent: float, reply: api_pb2.RegisterNodeReply | api_pb2.HeartbeatReply) -> None:
         """(registering or heartbeat thread) Take the lease an answer grants, counted from when its
         request was sent: an answer from an earlier release grants none (nothing is fenced then)."""
         if not reply.HasField("lease_ms"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from typing import Protocol
 
@@ -37,7 +38,7 @@ class LogService(api_pb2_grpc.WorkerServicer):
     def __init__(self, agent: Served) -> None:
         self.agent = agent
 
-    def ReadLog(self, request, context):
+    def ReadLog(self, request: api_pb2.ReadLogRequest, context: grpc.ServicerContext) -> Iterator[api_pb2.LogChunk]:
         """A task's log, for a caller with a ticket for that very task (from the masters' LogAccess,
         which gives one to the job's owner and to admins) or with the cluster token."""
         if not request.job_id or "/" in request.job_id or request.job_id.startswith("."):
@@ -79,8 +80,8 @@ def serve_logs(agent: Served, address: str, port: int, tls: TLSFiles | None) -> 
     api_pb2_grpc.add_WorkerServicer_to_server(LogService(agent), server)
     host = address.rpartition(":")[0] if ":" in address else address
     bind = f"{host or '127.0.0.1'}:{port}"
-    if tls is not None and tls.enabled and tls.cert and tls.key:
-        ca, cert, key = tls.read()
+    ca, cert, key = tls.read() if tls is not None and tls.enabled else (b"", None, None)
+    if cert is not None and key is not None:
         bound = server.add_secure_port(bind, grpc.ssl_server_credentials([(key, cert)], root_certificates=ca))
     else:
         bound = server.add_insecure_port(bind)

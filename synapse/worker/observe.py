@@ -9,11 +9,13 @@ No label carries a job, task or node id (Prometheus adds the instance). GET only
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from synapse.worker.state import StateView
@@ -33,7 +35,7 @@ class _Tasks(Collector):
     def __init__(self, agent: Observed) -> None:
         self.agent = agent
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("synapse_worker_tasks", "tasks on this worker by phase", labels=["phase"])
         counts = dict.fromkeys(PHASES, 0)
         for phase in self.agent.view.phases:
@@ -69,7 +71,7 @@ class WorkerMetrics:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name

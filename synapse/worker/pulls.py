@@ -10,9 +10,10 @@ import queue
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any
 
 from synapse.core.model import Assignment
+from synapse.images.model import PullProgress
+from synapse.images.store import ImageStore
 from synapse.worker import state as ws
 from synapse.worker.runtime import task_id
 
@@ -30,22 +31,22 @@ class PullProgressed:
     worker's state: the main loop keeps it on the board of pulls)."""
 
     key: ws.Key
-    progress: Any  #: the store's PullProgress; None: the pull began, nothing fetched yet
+    progress: PullProgress | None  #: the store's PullProgress; None: the pull began, nothing fetched yet
 
 
 class Pulls:
     """The node's pulls under way: the pool that runs them and the board of how far each is."""
 
-    def __init__(self, node_id: str, images: Any, events: queue.Queue) -> None:
+    def __init__(self, node_id: str, images: ImageStore | None, events: queue.Queue[object]) -> None:
         self.node_id = node_id
         self.images = images  #: the node's image store; None: tasks in images cannot run here
         self.events = events  #: the main loop's queue, where each pull's progress and outcome go
         self.pool = futures.ThreadPoolExecutor(max_workers=PULL_THREADS, thread_name_prefix="pull")
         #: the pulls under way: task key -> the store's latest PullProgress (None before its first);
         #: main loop only (the pull threads send PullProgressed, ImageReady and ImageFailed)
-        self.progress: dict[ws.Key, Any] = {}
+        self.progress: dict[ws.Key, PullProgress | None] = {}
         #: a copy of `progress` for the progress thread, replaced whole by the main loop
-        self.board: tuple[tuple[ws.Key, Any], ...] = ()
+        self.board: tuple[tuple[ws.Key, PullProgress | None], ...] = ()
         #: how many pulls have ended (main loop only): the store changed, the next report lists it
         self.ended = 0
 

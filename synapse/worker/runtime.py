@@ -49,6 +49,7 @@ from pathlib import Path
 
 from synapse.core.jobs.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
+from synapse.images.model import Image
 from synapse.worker import container
 from synapse.worker.fence import FENCED_SUFFIX, process_start_ticks, running, was_fenced
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
@@ -229,7 +230,7 @@ class ProcessRuntime:
         """A created task's marker (outside its root): there from its creation until its gate opens."""
         return self.container_dir(a) / "gated"
 
-    def container_spec(self, a: Assignment, image) -> container.ContainerSpec:
+    def container_spec(self, a: Assignment, image: Image) -> container.ContainerSpec:
         """What the task sees inside `image` (a store's Image); ContainerRefused if it may not run."""
         config = image.config
         spec = container.plan(
@@ -301,7 +302,7 @@ class ProcessRuntime:
             return None
         return handle
 
-    def start(self, a: Assignment, image=None, gated: bool = False) -> Handle:
+    def start(self, a: Assignment, image: Image | None = None, gated: bool = False) -> Handle:
         """Start the task in its own cgroup (when confining); raises OSError if even the shim cannot
         start, or if the task's cgroup cannot be made (it never runs unconfined instead), and
         ContainerRefused if the task in `image` (the store's Image, for a contained task) may not run

@@ -56,13 +56,20 @@ makes the command pid 1, which drops a SIGTERM it does not handle.
 
 from __future__ import annotations
 
-import _signal as signal  # signal without its enums (the same functions and constants)
 import ctypes
 import errno
 import marshal
 import os
 import stat
 import sys
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (see above)
+if TYPE_CHECKING:
+    import signal
+    from types import FrameType
+    from typing import Any
+else:
+    import _signal as signal  # signal without its enums (the same functions and constants)
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -170,7 +177,7 @@ def bind(root: str, source: str, target: str, readonly: bool) -> None:
         mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
 
 
-def make_dev(root: str, devices: list[dict]) -> None:
+def make_dev(root: str, devices: list[dict[str, str]]) -> None:
     """A minimal /dev: a tmpfs with the host's basic device nodes and the task's devices bound in,
     the usual links, a private devpts and a /dev/shm."""
     dev = _make_target(root, "/dev", True)
@@ -188,7 +195,7 @@ def make_dev(root: str, devices: list[dict]) -> None:
     mount("tmpfs", os.path.join(dev, "shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
 
 
-def prepare_root(spec: dict, user_ns: bool) -> None:
+def prepare_root(spec: dict[str, Any], user_ns: bool) -> None:
     """Everything P1 does before the pivot: the overlay and the mounts inside it."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     root = spec["rootfs"]
@@ -228,7 +235,7 @@ def drop_privileges() -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def _ignore(signum, frame) -> None:
+def _ignore(signum: int, frame: FrameType | None) -> None:
     pass
 
 
@@ -303,7 +310,7 @@ def _pass_gate(gate_fd: int, end_fd: int) -> None:
     os.close(gate_fd)
 
 
-def _exec_task(spec: dict, end_fd: int, user: tuple[int, int, str] | None, gate_fd: int = -1) -> None:
+def _exec_task(spec: dict[str, Any], end_fd: int, user: tuple[int, int, str] | None, gate_fd: int = -1) -> None:
     """P2: become the task's command once its gate (if it has one) opens (never returns)."""
     if gate_fd >= 0:
         _pass_gate(gate_fd, end_fd)
@@ -350,7 +357,7 @@ def _execvpe(argv: list[str], env: dict[str, str]) -> None:
     raise last
 
 
-def _init(spec: dict, end_fd: int, user_ns: bool, gate_fd: int) -> int:
+def _init(spec: dict[str, Any], end_fd: int, user_ns: bool, gate_fd: int) -> int:
     """P1: prepare the root, start the task, reap until it has ended; its status."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:

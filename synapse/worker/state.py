@@ -46,10 +46,13 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from synapse.core.model import Assignment, EndReason
 from synapse.worker.runtime import Handle
+
+if TYPE_CHECKING:  # the state only holds the store's images; it never imports the store
+    from synapse.images.model import Image
 
 Key = tuple[str, int, int]
 #: What a task that died with its machine is reported as (with cause NodeLost).
@@ -127,7 +130,7 @@ class ImageReady:
     the master hears it, and lists the task unheld once every task of its gang is prepared."""
 
     key: Key
-    image: Any  #: the store's Image (synapse.images.store)
+    image: Image  #: the store's Image
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +161,7 @@ class Start:
     the task was created gated (`Create`): starting it is opening its gate."""
 
     assignment: Assignment
-    image: Any = None  #: the store's Image, pinned for the task, once it is on the node
+    image: Image | None = None  #: the store's Image, pinned for the task, once it is on the node
     created: Handle | None = None  #: the created task's process, waiting at its gate
 
 
@@ -168,7 +171,7 @@ class Create:
     outcome comes back as `TaskCreated` or `TaskStartFailed`)."""
 
     assignment: Assignment
-    image: Any  #: the store's Image, pinned for the task
+    image: Image  #: the store's Image, pinned for the task
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +267,7 @@ class WorkerState:
     pulling: set[Key] = field(default_factory=set)
     #: held tasks whose image is on the node (key -> the store's Image, pinned): each starts when a
     #: listing no longer holds it
-    prepared: dict[Key, Any] = field(default_factory=dict)
+    prepared: dict[Key, Image] = field(default_factory=dict)
     #: prepared tasks created gated (key -> the process waiting at its gate): started by opening it
     created: dict[Key, Handle] = field(default_factory=dict)
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from synapse.core.model import Assignment, EndReason
+from synapse.images.model import Image
+from synapse.images.store import ImageStore
 from synapse.worker import fence
 from synapse.worker import state as ws
 from synapse.worker.container import ContainerRefused
@@ -33,16 +36,16 @@ class TaskLifecycle:
     node_id: str
     data_dir: Path
     runtime: ProcessRuntime
-    images: Any  #: the node's image store (synapse.images.store.ImageStore); None: none
+    images: ImageStore | None  #: the node's image store; None: none
     state: ws.WorkerState
-    events: Any  #: the main loop's queue of events
+    events: queue.Queue[object]  #: the main loop's queue of events
     metrics: WorkerMetrics
     lease: Lease
     fenced: set[ws.Key]
     _handle: Callable[[object], None]
     _save_state: Callable[[], None]
 
-    def _start(self, a: Assignment, image: Any = None, gated: bool = False) -> None:
+    def _start(self, a: Assignment, image: Image | None = None, gated: bool = False) -> None:
         """Start a task, or (`gated`: a held task, its image here) create it: its sandbox set up now,
         its command waiting at its gate until the gang's release (`_open`), so the set-up's CPU is
         spent while the other nodes still pull, not after the release."""
@@ -69,7 +72,7 @@ class TaskLifecycle:
         else:
             self._started(a, handle)
 
-    def _watch_gate(self, key: ws.Key, gate: Any) -> None:
+    def _watch_gate(self, key: ws.Key, gate: socket.socket) -> None:
         """(gate thread) Wait until a created task's sandbox is at its gate, or ended or discarded."""
         self.runtime.wait_set_up(gate)
         self.events.put(ws.TaskSetUp(key))

@@ -6,16 +6,17 @@ worker's state: they read the main loop's published `view` and put events on its
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from synapse.client.master_client import AuthError, ClientError, ClusterUnavailable, MasterClient, PermissionDenied
 from synapse.common.auth import client_metadata, node_metadata
 from synapse.core import codec
 from synapse.core.brain.heartbeat import GpuErrorReport
 from synapse.core.model import Resources
+from synapse.images.store import ImageStore
 from synapse.proto import api_pb2
 from synapse.rpc import convert
 from synapse.worker import state as ws
@@ -59,13 +60,13 @@ class Uplink:
     gpu_watch: GpuWatch | None
     gpu_errors: tuple[GpuErrorReport, ...]
     heartbeat_ok: bool
-    images: Any
+    images: ImageStore | None
     pulls: Pulls
     lease: Lease
     view: ws.StateView
     progress: ProgressWatcher
     metrics: WorkerMetrics
-    events: Any  #: the main loop's queue of events
+    events: queue.Queue[object]  #: the main loop's queue of events
     stopping: threading.Event
     heartbeat_now: threading.Event
     shard_moved: threading.Event
@@ -183,7 +184,7 @@ class Uplink:
                 self.heartbeat_ok = answered = False
                 log.warning("heartbeat failed node=%s error=%s", self.node_id, exc)
 
-    def _follow_shard(self, reply: Any) -> None:
+    def _follow_shard(self, reply: api_pb2.HeartbeatReply) -> None:
         """(heartbeat thread) Take the order of replicas a heartbeat's reply gives; the watch moves
         when the node's shard changes, or answers again."""
         if reply.order and list(reply.order) != self.replica_order:
@@ -226,7 +227,7 @@ class Uplink:
             if not pulls and not listing:
                 continue
             request = api_pb2.ReportPullProgressRequest(node_id=self.node_id, pulls=pulls, cache_listed=listing)
-            if listing:
+            if listing and self.images is not None:
                 request.cached.extend(sorted({r for image in self.images.cached() for r in image.references}))
             try:
                 self.report_client.call("ReportPullProgress", request, deadline=5.0)
