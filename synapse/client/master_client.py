@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -147,7 +147,9 @@ def address_problem(address: str) -> str:
 def leader_hint(error: grpc.RpcError) -> str:
     """The leader's API address a replica named in the error's trailing metadata, or ""."""
     try:
-        for key, value in error.trailing_metadata() or ():
+        # (key, value) pairs at run time; typeshed's _Metadatum names only their attributes
+        pairs = cast("tuple[tuple[str, str | bytes], ...]", error.trailing_metadata() or ())
+        for key, value in pairs:
             if key == LEADER_METADATA_KEY:
                 return str(value)
     except Exception:  # noqa: BLE001 - some errors carry no metadata at all
@@ -456,10 +458,12 @@ class MasterClient:
         and what the job was accepted with but not as asked."""
         request = api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto,
                                            secrets=secrets or {})
-        return self.call("SubmitJob", request)
+        reply: api_pb2.SubmitJobReply = self.call("SubmitJob", request)
+        return reply
 
     def get_job(self, job_id: str) -> api_pb2.JobInfo:
-        return self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))
+        job: api_pb2.JobInfo = self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))
+        return job
 
     def list_jobs(self, statuses: list[str] | None = None, page: int = 0, user: str = "") -> list[api_pb2.JobInfo]:
         """Every job (without events), oldest first, fetched a page at a time; `user`: only theirs."""
@@ -477,9 +481,11 @@ class MasterClient:
         return list(self.call("ListNodes", api_pb2.ListNodesRequest(), try_timeout=LISTING_TRY_S).nodes)
 
     def cancel(self, job_id: str, reason: str = "") -> str:
-        return self.call("CancelJob", api_pb2.CancelJobRequest(job_id=job_id, reason=reason)).status
+        reply: api_pb2.CancelJobReply = self.call("CancelJob", api_pb2.CancelJobRequest(job_id=job_id, reason=reason))
+        return reply.status
 
     def replica_status(self, address: str, timeout: float = 2.0, digest: bool = False) -> api_pb2.ReplicaStatusReply:
         """One replica's own view; `digest` adds the state digest (a pass over the whole state)."""
-        return self.call("ReplicaStatus", api_pb2.ReplicaStatusRequest(with_digest=digest), deadline=timeout,
-                         to=address, try_timeout=timeout)
+        reply: api_pb2.ReplicaStatusReply = self.call("ReplicaStatus", api_pb2.ReplicaStatusRequest(with_digest=digest),
+                                                      deadline=timeout, to=address, try_timeout=timeout)
+        return reply

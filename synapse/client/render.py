@@ -18,7 +18,7 @@ from synapse.core import codec
 from synapse.core.goodput import Goodput
 from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_wait
 from synapse.core.model import EndReason
-from synapse.proto import api_pb2
+from synapse.proto import api_pb2, types_pb2
 from synapse.rpc import convert
 
 
@@ -345,7 +345,7 @@ def cluster_text(d: dict[str, Any]) -> str:
 
 # ---- queues --------------------------------------------------------------------------------------
 
-def _amounts(r: api_pb2.Resources, limit: bool) -> dict[str, Any]:
+def _amounts(r: types_pb2.Resources, limit: bool) -> dict[str, Any]:
     """A queue's amounts as a user writes them; in a limit, a negative amount is no limit."""
     out: dict[str, Any] = {}
     for key, value, show in (("gpu", r.gpu, str), ("cpu", r.cpu_millis, format_cpu),

@@ -3,6 +3,7 @@ the history store, `history` (finished jobs, also as Slurm's sacct lines) and `u
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Iterator
@@ -97,7 +98,8 @@ def history(obj: Context, user: str, queue: str, state: str, job_id: str, since:
         request = api_pb2.ListHistoryRequest(
             user=user, queue=queue, state=state, job_id=job_id, since=start, until=end,
             limit=min(5000, limit - len(jobs)) if limit else 5000, after_end=after_end, after_id=after_id)
-        reply = run(lambda r=request: obj.client.call("ListHistory", r, try_timeout=30))
+        reply: api_pb2.ListHistoryReply = run(functools.partial(obj.client.call, "ListHistory", request,
+                                                                try_timeout=30))
         jobs += reply.jobs
         if not reply.more or not reply.jobs or (limit and len(jobs) >= limit):
             if reply.more and output == "table":

@@ -3,6 +3,7 @@ and `preempt --what-if` (what the leader would preempt for a pending job)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,11 @@ def guarantee_warnings(applied: list[Queue], every: list[Queue], capacity: Resou
     beyond it. Nothing while no node is registered."""
     if not nodes:
         return []
-    amounts = {"gpu": str, "cpu": format_cpu, "memory": format_memory}
-    cluster = lambda key: f"the cluster has {amounts[key](getattr(capacity, key))} ({nodes} node(s))"
+    amounts: dict[str, Callable[[int], str]] = {"gpu": str, "cpu": format_cpu, "memory": format_memory}
+
+    def cluster(key: str) -> str:
+        return f"the cluster has {amounts[key](getattr(capacity, key))} ({nodes} node(s))"
+
     out, beyond = [], set()
     for q in applied:
         for key, show in amounts.items():

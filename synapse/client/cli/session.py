@@ -6,7 +6,7 @@ Errors are one clear line on stderr and a non-zero exit (`exits`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 import grpc
@@ -26,6 +26,8 @@ from synapse.client.master_client import (
 )
 from synapse.common.cli import fail as common_fail
 from synapse.common.tls import TLSFiles
+
+_T = TypeVar("_T")
 
 #: How long every master address may refuse connections, before any master answered, until a
 #: command gives up (exit 3; MasterClient.absent_s): a mistyped port or a cluster that is down fails
@@ -71,7 +73,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
     common_fail("synctl", message, code)
 
 
-def run(action: Callable[[], Any]) -> Any:
+def run(action: Callable[[], _T]) -> _T:
     """Run a client action, turning its failures into one line and an exit code."""
     try:
         return action()

@@ -55,7 +55,7 @@ class _Submit(click.Command):
 @click.option("--singleton", is_flag=True, default=None, help="run only while no job of this name and user runs")
 @OUTPUT
 @click.pass_obj
-def submit(obj: Context, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
+def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
            output: str, **flags: Any) -> None:
     """Submit a job file, or a one-off job from flags that runs the command after `--`:
     `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
