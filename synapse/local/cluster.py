@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,7 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def process_env(environ: dict[str, str] | os._Environ, mark: str) -> dict[str, str]:
+def process_env(environ: Mapping[str, str], mark: str) -> dict[str, str]:
     """The environment of a process `up` starts: the caller's, less every `SYNAPSE_*` variable
     (a token or CA of another cluster pasted into this shell must not become a worker's credential,
     nor a setting of that shell the cluster's; each process gets its own from the cluster's files),
@@ -116,7 +116,7 @@ def _spawn(argv: list[str], log_path: Path, data_dir: Path | None = None) -> int
 
 
 @contextmanager
-def _locked(data_dir: Path):
+def _locked(data_dir: Path) -> Iterator[None]:
     """Exclusive use of the data dir's cluster.json between `restart` and `down` (threads too)."""
     with open(data_dir / ".lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -167,7 +167,8 @@ def load_state(data_dir: Path) -> dict[str, Any]:
     path = data_dir / "cluster.json"
     if not path.exists():
         raise click.ClickException(f"no local cluster in {data_dir} (no cluster.json)")
-    return json.loads(path.read_text())
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
 
 
 def spares_problem(spares_per_rack: int, workers: int, racks: int) -> str:
@@ -369,7 +370,7 @@ def _new_cluster(data_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     tls_dir = data_dir / "tls"
     if tls_dir.exists():  # an earlier cluster's: workers would take TLS from its files (worker_argv)
         shutil.rmtree(tls_dir)
-    workers = [{"id": f"w{i + 1}", "rack": f"rack{i % max(1, settings['racks'])}", "pid": 0}
+    workers: list[dict[str, Any]] = [{"id": f"w{i + 1}", "rack": f"rack{i % max(1, settings['racks'])}", "pid": 0}
                for i in range(settings["workers"])]
     if tls:
         spare_hosts = [net.address(i) for i in spares] if net else []  # the masters it may grow into
@@ -473,7 +474,9 @@ def _join_token(client: MasterClient) -> str:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         try:
-            return client.call("CreateJoinToken", api_pb2.CreateJoinTokenRequest(ttl_s=0, uses=0)).token
+            request = api_pb2.CreateJoinTokenRequest(ttl_s=0, uses=0)
+            reply: api_pb2.CreateJoinTokenReply = client.call("CreateJoinToken", request)
+            return reply.token
         except ClientError as exc:
             if "CLUSTER_VERSION" not in exc.message or time.monotonic() > deadline:
                 raise
@@ -580,7 +583,7 @@ def down(data_dir: Path, grace: float = 10.0) -> list[int]:
     return pids
 
 
-def _sweep(data_dir: Path) -> list:
+def _sweep(data_dir: Path) -> list[int | str]:
     """Stop the processes marked with this data dir and remove the networks its ledger names;
     returns what it found."""
     return reaper.sweep(data_dir) + MasterNet.sweep(data_dir / NETNS_LEDGER)

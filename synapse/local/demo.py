@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,6 +15,7 @@ from synapse.client.master_client import MasterClient
 from synapse.core import codec
 from synapse.core.jobs.jobspec import parse_job
 from synapse.local.cluster import client_tls, down, up
+from synapse.proto import api_pb2
 
 DEMO_JOB = """\
 name: demo-train
@@ -30,7 +32,7 @@ command:
 """
 
 
-def demo(data_dir: Path, base_port: int, say=click.echo) -> bool:
+def demo(data_dir: Path, base_port: int, say: Callable[[str], None] = click.echo) -> bool:
     """The narrated tour: cluster up, a rack-packed gang, the leader killed mid-run, SUCCEEDED."""
     data_dir = data_dir.resolve()
     say(f"1. Starting a local cluster: 3 masters (Raft), 4 workers on 2 racks, 8 fake GPUs each, TLS on "
@@ -80,7 +82,7 @@ def demo(data_dir: Path, base_port: int, say=click.echo) -> bool:
     return ok
 
 
-def _wait_job(client: MasterClient, job_id: str, statuses: set[str], timeout: float = 30.0):
+def _wait_job(client: MasterClient, job_id: str, statuses: set[str], timeout: float = 30.0) -> api_pb2.JobInfo:
     deadline = time.monotonic() + timeout
     while True:
         info = client.get_job(job_id)

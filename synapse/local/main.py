@@ -25,10 +25,11 @@ from synapse.client.master_client import ClientError, ClusterUnavailable, Master
 from synapse.common.cli import CONTEXT_SETTINGS, version_option
 from synapse.common.datadir import private_umask
 from synapse.local import interrupts
-from synapse.local.cluster import NETNS_LEDGER, client_env, client_tls, down, is_alive, is_ours, load_state, up
+from synapse.local.cluster import NETNS_LEDGER, client_env, client_tls, down, load_state, up
 from synapse.local.cluster import purge as purge_files
 from synapse.local.demo import demo
 from synapse.local.netns import MasterNet
+from synapse.local.procs import is_alive, is_ours
 
 
 def default_data_dir() -> Path:

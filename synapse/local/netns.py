@@ -27,6 +27,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SUBNET_PREFIX = "10.211"
 
@@ -177,9 +178,9 @@ class MasterNet:
                 _ip("link", "del", name, check=False)
         return found
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"tag": self.tag, "subnet": self.subnet, "replicas": self.replicas}
 
     @classmethod
-    def from_dict(cls, data: dict) -> MasterNet:
+    def from_dict(cls, data: dict[str, Any]) -> MasterNet:
         return cls(tag=data["tag"], subnet=int(data["subnet"]), replicas=list(data["replicas"]))
