@@ -143,12 +143,23 @@ def _arrivals(n: int, horizon: float, rng: random.Random) -> list[float]:
     """`n` Poisson arrival times over [0, horizon) with the diurnal and weekly shape (given their
     number, the times of a Poisson process are independent draws from its rate's shape)."""
     peak = max(HOURLY) * max(WEEKLY) / _MEAN_RATE
-    out = []
+    out: list[float] = []
     while len(out) < n:
         t = rng.uniform(0, horizon)
         if rng.random() * peak <= arrival_rate(t):
             out.append(t)
     return sorted(out)
+
+
+@dataclass(slots=True)
+class _Template:
+    """A user's job template: what a resubmission runs, and how often it was submitted so far."""
+
+    user: str
+    name: str
+    run: float  #: base run time (a resubmission's is spread around it)
+    limit: float
+    submissions: int
 
 
 class _Users:
@@ -166,8 +177,8 @@ class _Users:
         # A stream of its own for who submits what: the sizes and run times stay on the trace's.
         self.rng = random.Random(f"users-{recipe.seed}")
         self.popularity = [1 / (rank + 1) ** USER_ZIPF for rank in range(USERS)]
-        #: (gpus, quantile bin) -> templates [user, name, base run, limit, submissions so far]
-        self.cells: dict[tuple[int, int], list[list]] = {}
+        #: (gpus, quantile bin) -> its templates
+        self.cells: dict[tuple[int, int], list[_Template]] = {}
         self.made = 0  #: templates so far (names them)
         self.sigma = math.sqrt(math.log1p(recipe.within_cv ** 2))  #: of the lognormal spread
 
@@ -178,10 +189,10 @@ class _Users:
         u = rng.random()
         cell = self.cells.setdefault((gpus, min(int(u * QUANTILE_BINS), QUANTILE_BINS - 1)), [])
         if cell and self.rng.random() < self.recipe.recurrence:
-            template = self.rng.choices(cell, [t[4] for t in cell])[0]
-            template[4] += 1
-            user, name, base, limit, _ = template
-            return gpus, base * math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma)), limit, user, name
+            template = self.rng.choices(cell, [t.submissions for t in cell])[0]
+            template.submissions += 1
+            spread = math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma))
+            return gpus, template.run * spread, template.limit, template.user, template.name
         run = duration_at(u)
         if gpus > 8:
             run *= (gpus / 8) ** self.recipe.size_exponent
@@ -189,7 +200,7 @@ class _Users:
         self.made += 1
         user = f"u{self.rng.choices(range(USERS), self.popularity)[0]:03d}"
         name = f"job{self.made:05d}"
-        cell.append([user, name, run, limit, 1])
+        cell.append(_Template(user, name, run, limit, 1))
         return gpus, run, limit, user, name
 
 

@@ -14,27 +14,32 @@ import dataclasses
 import functools
 import json
 import math
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import yaml
 
 from synapse.common.cli import CONTEXT_SETTINGS, fail, version_option
+from synapse.core.model import Queue
 from synapse.core.queues import QueueFileError, parse_queue_file
 from synapse.sim import trace as tracefile
 from synapse.sim.failures import RECOVERIES, FailureModel
 from synapse.sim.generate import MIXES, RECURRENCE, WITHIN_CV, Recipe, generate
-from synapse.sim.metrics import summarize
+from synapse.sim.metrics import Summary, summarize
 from synapse.sim.noise import NOISE_METRICS, jittered, noise_floor, spread, values_of, versus
-from synapse.sim.policies import DEFAULT_POLICIES, POLICIES, parse_policies, tuned
+from synapse.sim.policies import DEFAULT_POLICIES, POLICIES, Policy, parse_policies, tuned
 from synapse.sim.replay import SPREAD_FACTOR, RunResult, replay
 from synapse.sim.trace import ClusterShape, Trace, TraceError
 
 PROG = "synapse-sim"
 
+_F = TypeVar("_F", bound=Callable[..., object])
 
-def _shape_options(fn):
+
+def _shape_options(fn: _F) -> _F:
     for option in reversed((
         click.option("--nodes", type=int, help="Nodes of the cluster [trace's, else 64]."),
         click.option("--gpus-per-node", type=int, help="GPUs of each node [trace's, else 8]."),
@@ -88,8 +93,9 @@ def main() -> None:
               help="Coefficient of variation of a template's run times.")
 @_shape_options
 @click.option("-o", "--output", default="-", show_default=True, help="Where to write the trace CSV.")
-def generate_cmd(mix, load, days, seed, failures, size_exponent, queue_mix, recurrence, within_cv, nodes,
-                 gpus_per_node, racks, output):
+def generate_cmd(mix: str, load: float, days: float, seed: int, failures: float, size_exponent: float,
+                 queue_mix: str, recurrence: float, within_cv: float, nodes: int | None, gpus_per_node: int | None,
+                 racks: int | None, output: str) -> None:
     """Write a synthetic trace from published statistics (Philly durations, Venus arrivals).
 
     The CSV's columns are described in the docs (docs/evaluation/) and at the top of
@@ -110,7 +116,7 @@ main.add_command(generate_cmd, "generate")
 @main.command("profile", context_settings=CONTEXT_SETTINGS)
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def profile_cmd(trace_path, as_json):
+def profile_cmd(trace_path: str, as_json: bool) -> None:
     """How well the leader's run-time predictor (synapse.core.schedule.predict) guesses this trace's runs:
     the share of jobs predicted within +-10 %, +-50 %, +-100 % and 10x, beside Helios's estimator."""
     from synapse.sim.profile import BOUNDS, HELIOS, error_profile
@@ -151,7 +157,8 @@ def _queue_mix(text: str) -> tuple[tuple[str, float], ...]:
 @click.option("--skip-bad", is_flag=True,
               help="Import the rows that can be read and name each bad one on stderr (default: import nothing).")
 @click.option("-o", "--output", default="-", show_default=True, help="Where to write the trace CSV.")
-def import_sacct(export, nodes, gpus_per_node, racks, skip_bad, output):
+def import_sacct(export: str, nodes: int | None, gpus_per_node: int | None, racks: int | None, skip_bad: bool,
+                 output: str) -> None:
     """Turn a Slurm accounting export (sacct --parsable2) into a trace.
 
     Export with: sacct --allusers --parsable2 --starttime ... --endtime ...
@@ -178,7 +185,8 @@ def import_sacct(export, nodes, gpus_per_node, racks, skip_bad, output):
     _write(tracefile.dumps(trace), output)
 
 
-def load_trace(path: str, nodes, gpus_per_node, racks, min_gpus: int | None = None) -> tuple[Trace, ClusterShape]:
+def load_trace(path: str, nodes: int | None, gpus_per_node: int | None, racks: int | None,
+               min_gpus: int | None = None) -> tuple[Trace, ClusterShape]:
     trace = tracefile.read(path)
     if min_gpus:
         trace = dataclasses.replace(trace, jobs=[j for j in trace.jobs if j.gpus >= min_gpus])
@@ -191,7 +199,7 @@ def load_trace(path: str, nodes, gpus_per_node, racks, min_gpus: int | None = No
     return trace, shape
 
 
-def load_queues(path: str | None, trace: Trace) -> tuple:
+def load_queues(path: str | None, trace: Trace) -> tuple[Queue, ...]:
     """The queues of a queue file (as `synctl apply` takes), or one of weight 1 per queue the trace names."""
     if path:
         try:
@@ -203,8 +211,6 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
         except QueueFileError as exc:
             raise TraceError(f"{path}: {exc}") from None
     else:
-        from synapse.core.model import Queue
-
         queues = tuple(Queue(name=n) for n in sorted({j.queue for j in trace.jobs} - {"", "default"}))
     unknown = sorted({j.queue for j in trace.jobs} - {q.name for q in queues} - {"", "default"})
     if unknown:
@@ -212,7 +218,7 @@ def load_queues(path: str | None, trace: Trace) -> tuple:
     return queues
 
 
-def _above_zero(_ctx, _param, value: float | None) -> float | None:
+def _above_zero(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
     """--jitter's check: seconds above 0, a finite number."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise click.BadParameter(f"{value:g} is not a number of seconds above 0")
@@ -264,9 +270,11 @@ def _above_zero(_ctx, _param, value: float | None) -> float | None:
 @click.option("--failure-seed", type=int, default=None,
               help="With --node-mtbf: seed of the failure times [the trace's generation seed, else 1].")
 @_shape_options
-def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours, report_dir, tuning, min_gpus,
-        jitter_s, repeats, jitter_seed, workers, mtbf_hours, checkpoint_every, restart_cost, repair_time, recovery,
-        spares_per_rack, failure_seed, nodes, gpus_per_node, racks):
+def run(trace_path: str, policies: str, as_json: bool, spread_factor: float, queues_path: str | None,
+        warmup_hours: float, report_dir: str | None, tuning: str, min_gpus: int | None, jitter_s: float | None,
+        repeats: int | None, jitter_seed: int | None, workers: int | None, mtbf_hours: float | None,
+        checkpoint_every: str, restart_cost: str, repair_time: str, recovery: str, spares_per_rack: int,
+        failure_seed: int | None, nodes: int | None, gpus_per_node: int | None, racks: int | None) -> None:
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
     if jitter_s is None and (repeats is not None or jitter_seed is not None or workers is not None):
         fail(PROG, "--repeats, --jitter-seed and --workers go with --jitter SECONDS")
@@ -309,7 +317,7 @@ def run(trace_path, policies, as_json, spread_factor, queues_path, warmup_hours,
     if report_dir:
         _report(report_dir, runs, summaries, f"{Path(trace_path).name}{only} on {shape.describe()}", text + noise_text)
     if as_json:
-        out = {"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
+        out: dict[str, Any] = {"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
                "tuning": tuning, "min_gpus": min_gpus, "policies": _json_safe(summaries)}
         if failures:
             out["failures"] = dataclasses.asdict(failures)
@@ -346,23 +354,24 @@ def _failure_model(trace: Trace, mtbf_hours: float | None, checkpoint_every: str
     return model
 
 
-def _replays(trace: Trace, shape: ClusterShape, policies: list, spread_factor: float,
-             queues: tuple, failures: FailureModel | None = None) -> list[RunResult]:
+def _replays(trace: Trace, shape: ClusterShape, policies: list[Policy], spread_factor: float,
+             queues: tuple[Queue, ...], failures: FailureModel | None = None) -> list[RunResult]:
     return [replay(trace, shape, p, spread_factor=spread_factor, queues=queues, failures=failures) for p in policies]
 
 
-def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, dict]:
+def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, Summary]:
     return {r.policy: summarize(r, warmup=warmup_s) for r in runs}
 
 
-def _copy_summaries(trace: Trace, *, shape: ClusterShape, policies: list, spread_factor: float, queues: tuple,
-                    warmup_s: float, failures: FailureModel | None = None) -> dict[str, dict]:
+def _copy_summaries(trace: Trace, *, shape: ClusterShape, policies: list[Policy], spread_factor: float,
+                    queues: tuple[Queue, ...], warmup_s: float, failures: FailureModel | None = None,
+                    ) -> dict[str, Summary]:
     """One jittered copy through every policy, summarised (a module-level function: --workers
     sends it to other processes)."""
     return _summarized(_replays(trace, shape, policies, spread_factor, queues, failures), warmup_s)
 
 
-def noise_table(noise: dict) -> str:
+def noise_table(noise: dict[str, Any]) -> str:
     """Per metric: each policy on the trace as given, its range over the jittered copies, and its
     ratio to the baseline (range over all copies, and on how many it is at or below / above)."""
     copies, baseline, n = noise["copies"], noise["baseline"], noise["repeats"] + 1
@@ -382,7 +391,8 @@ def noise_table(noise: dict) -> str:
     return "\n".join(out)
 
 
-def _report(directory, runs, summaries, title, text, sweep=None) -> None:
+def _report(directory: str, runs: list[RunResult], summaries: dict[str, Summary], title: str, text: str,
+            sweep: dict[str, Any] | None = None) -> None:
     from synapse.sim.report import ReportError, write_report
 
     try:
@@ -394,7 +404,7 @@ def _report(directory, runs, summaries, title, text, sweep=None) -> None:
     click.echo(f"report: {page}", err=True)
 
 
-def queue_table(summaries: dict[str, dict]) -> str:
+def queue_table(summaries: dict[str, Summary]) -> str:
     """Per policy and queue: share of the GPU-hours against weight, waits; and Jain's index."""
     lines = []
     for name, s in summaries.items():
@@ -406,7 +416,7 @@ def queue_table(summaries: dict[str, dict]) -> str:
     return ("queues (fair share)\n" + "\n".join(lines) + "\n") if lines else ""
 
 
-def _json_safe(value):
+def _json_safe(value: object) -> object:
     """nan and inf are not JSON: they become null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -415,8 +425,11 @@ def _json_safe(value):
     return value
 
 
-#: (heading, metric, scale, format) of the table `run` prints.
-TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2f}"),
+#: (heading, metric, scale, format) of one column of the table `run` prints.
+Column = tuple[str, str, float, str]
+
+#: The columns of the table `run` prints.
+TABLE: tuple[Column, ...] = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2f}"),
          ("p50 JCT h", "p50_jct_s", 3600, "{:.2f}"), ("p99 JCT h", "p99_jct_s", 3600, "{:.1f}"),
          ("mean wait h", "mean_wait_s", 3600, "{:.2f}"), ("p99 wait h", "p99_wait_s", 3600, "{:.1f}"),
          ("big p99 wait h", "big_gang_p99_wait_s", 3600, "{:.1f}"), ("big max wait h", "big_gang_max_wait_s", 3600,
@@ -428,7 +441,8 @@ TABLE = (("jobs", "jobs", 1, "{:.0f}"), ("mean JCT h", "mean_jct_s", 3600, "{:.2
 
 
 #: The columns `run` adds with --node-mtbf.
-FAILURE_TABLE = (("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodput", 0.01, "{:.1f}%"),
+FAILURE_TABLE: tuple[Column, ...] = (
+                 ("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodput", 0.01, "{:.1f}%"),
                  ("fail-lost GPU-h", "failure_lost_gpu_hours", 1, "{:.0f}"),
                  ("work-lost GPU-h", "failure_work_lost_gpu_hours", 1, "{:.0f}"),
                  ("requeue-wait GPU-h", "requeue_wait_gpu_hours", 1, "{:.0f}"),
@@ -437,7 +451,7 @@ FAILURE_TABLE = (("failures", "node_failures", 1, "{:.0f}"), ("goodput", "goodpu
                  ("failed big JCT h", "failed_big_gang_mean_jct_s", 3600, "{:.2f}"))
 
 
-def table(summaries: dict[str, dict], caption: str, extra: tuple = ()) -> str:
+def table(summaries: dict[str, Summary], caption: str, extra: tuple[Column, ...] = ()) -> str:
     columns = TABLE + tuple(extra)
     rows = [["policy", *(h for h, *_ in columns)]]
     for name, s in summaries.items():
@@ -493,8 +507,9 @@ def _floats(text: str, what: str) -> list[float]:
               help="Policy every other one is paired with, seed by seed (ratios of mean JCT and big-gang p99 "
                    "wait, difference of useful utilisation).")
 @_shape_options
-def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, as_json, report_dir, recurrence,
-          within_cv, baseline, nodes, gpus_per_node, racks):
+def sweep(loads: str, seeds: str, mix: str, days: float, failures: float, policies: str, spread_factor: float,
+          workers: int, as_json: bool, report_dir: str | None, recurrence: float, within_cv: float, baseline: str,
+          nodes: int | None, gpus_per_node: int | None, racks: int | None) -> None:
     """Replay generated traces at several loads and seeds; means with 95 % confidence intervals.
 
     A ratio of synapse to another policy is claimed only where the two intervals do not overlap."""
@@ -523,7 +538,7 @@ def sweep(loads, seeds, mix, days, failures, policies, spread_factor, workers, a
     click.echo(json.dumps(_json_safe(result), indent=2) if as_json else text)
 
 
-def sweep_table(result: dict) -> str:
+def sweep_table(result: dict[str, Any]) -> str:
     metrics = (("mean JCT h", "mean_jct_s", 3600), ("big p99 wait h", "big_gang_p99_wait_s", 3600),
                ("useful util", "useful_utilisation", 1), ("1-rack", "single_rack_share", 1))
     n = len(result["seeds"])
@@ -557,7 +572,7 @@ def sweep_table(result: dict) -> str:
 @click.option("--half-life", default="7d", show_default=True, help="The usage half-life to compare with 0.")
 @click.option("--weights", default="1,3", show_default=True, help="Queue weights of team A and team B.")
 @click.option("--nodes", type=click.IntRange(1, 512), default=8, show_default=True, help="8-GPU nodes.")
-def fair_share_cmd(days, half_life, weights, nodes):
+def fair_share_cmd(days: int, half_life: str, weights: str, nodes: int) -> None:
     """Two teams, a week: does fair share remember the GPU time a team used (synapse.sim.fairshare)?"""
     from synapse.core.jobs.quantity import QuantityError, parse_duration
     from synapse.sim.fairshare import table, two_teams

@@ -50,9 +50,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from synapse.core import goodput
 from synapse.sim.replay import BIG_GANG_GPUS, JobRecord, RunResult
+
+#: One replay's metrics as `summarize` gives them: JSON-ready numbers (nan for none), and nested
+#: objects (by size class, by queue).
+Summary = dict[str, Any]
 
 SIZE_CLASSES = (("1", 1, 1), ("2-8", 2, 8), ("16-32", 9, 32), ("64-128", 33, 128), ("256+", 129, 1 << 30))
 SLOWDOWN_FLOOR_S = 10.0
@@ -116,7 +121,7 @@ def utilisation_series(run: RunResult, step: float = 3600.0) -> list[tuple[float
     return [(i * step, v / (step * run.shape.gpus)) for i, v in enumerate(bins)]
 
 
-def summarize(run: RunResult, *, warmup: float = 0.0) -> dict:
+def summarize(run: RunResult, *, warmup: float = 0.0) -> Summary:
     """The metrics of one replay, over the jobs submitted after `warmup` seconds."""
     records = [r for r in run.records if r.submit >= warmup]
     started = [r for r in records if not math.isnan(r.start)]
@@ -203,7 +208,7 @@ def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:
             "restart_gpu_hours": total.lost_restarts / 3600, "requeue_wait_gpu_hours": wait / 3600}
 
 
-def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:
+def _by_size(started: Sequence[JobRecord]) -> dict[str, dict[str, float]]:
     out = {}
     for name, lo, hi in SIZE_CLASSES:
         waits = [r.start - r.submit for r in started if lo <= r.gpus <= hi]
@@ -213,10 +218,10 @@ def _by_size(started: Sequence[JobRecord]) -> dict[str, dict]:
     return out
 
 
-def _by_queue(run: RunResult, records: Sequence[JobRecord]) -> tuple[dict[str, dict], float]:
+def _by_queue(run: RunResult, records: Sequence[JobRecord]) -> tuple[dict[str, dict[str, float]], float]:
     weights = {q.name: q.weight for q in run.queues}
     used: dict[str, float] = {}
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, float]] = {}
     for name in sorted({r.queue for r in records}):
         mine = [r for r in records if r.queue == name]
         used[name] = allocated_gpu_seconds(mine, 0.0, math.inf)[0]

@@ -13,8 +13,10 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from synapse.core.jobs.arrays import split_element_id
+from synapse.sim.metrics import Summary
 from synapse.sim.trace import Trace
 
 #: (heading, summarize's key, scale, format) of the metrics the noise floor covers.
@@ -89,12 +91,13 @@ def versus(values: Sequence[float], baseline: Sequence[float]) -> Versus:
     return Versus(ratios, sum(v <= b for v, b in pairs), sum(v >= b for v, b in pairs))
 
 
-def values_of(summaries: Sequence[dict], key: str) -> list[float]:
+def values_of(summaries: Sequence[Summary], key: str) -> list[float]:
     """One metric from one policy's summary on each copy; None (nan in JSON) reads as nan."""
     return [math.nan if s[key] is None else float(s[key]) for s in summaries]
 
 
-def noise_floor(given: dict[str, dict], copies: list[dict[str, dict]], *, seconds: float, seed: int) -> dict:
+def noise_floor(given: dict[str, Summary], copies: list[dict[str, Summary]], *, seconds: float,
+                seed: int) -> dict[str, Any]:
     """The `jitter` object of `run --json`: each policy's summary per copy (the trace as given first)
     and, for each policy after the first (the baseline), its ratio to the baseline per copy."""
     by_policy = {name: [given[name], *(c[name] for c in copies)] for name in given}

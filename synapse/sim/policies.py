@@ -30,13 +30,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from synapse.core.model import Job, excluded_for
+from synapse.core.brain.config import QueuePolicy
+from synapse.core.model import Job, PackMode, excluded_for
 from synapse.core.schedule.eligibility import Gate
 from synapse.core.schedule.placement import ClusterView, place
 from synapse.core.schedule.reservations import CONSERVATIVE, TUNING, Reservation, Tuning, expected_run
 from synapse.core.schedule.scheduler import RoundMemo, RoundResult, WaitReason, schedule_round
 from synapse.core.state.fsm import ClusterState
-from synapse.sim.engine import QueuePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,11 @@ def tuned(policy: Policy, text: str) -> Policy:
     return dataclasses.replace(policy, round=functools.partial(schedule_round, tuning=tuning), tuning=tuning)
 
 
-def _shape(job: Job) -> tuple:
+#: A gang's shape: tasks, cpu, memory, gpu per task, topology pack and mode, nodes excluded.
+Shape = tuple[int, int, int, int, str, PackMode, tuple[str, ...]]
+
+
+def _shape(job: Job) -> Shape:
     """What decides whether a job fits: its gang's shape, and the nodes excluded for it."""
     spec, r = job.spec, job.spec.resources
     return (spec.tasks, r.cpu, r.memory, r.gpu, spec.topology.pack, spec.topology.mode, job.excluded_nodes)
@@ -125,7 +129,7 @@ def _eligible(state: ClusterState, gate: Gate, result: RoundResult) -> Iterable[
             result.examined.append(job.id)
 
 
-def fifo(state: ClusterState, now: float, previous: Reservation | None = None,
+def fifo(state: ClusterState, now: float, previous: Reservation | tuple[Reservation, ...] | None = None,
          memo: RoundMemo | None = None) -> RoundResult:
     """Start jobs in queue order until the first that does not fit."""
     view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
@@ -136,12 +140,12 @@ def fifo(state: ClusterState, now: float, previous: Reservation | None = None,
     return result
 
 
-def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
+def greedy(state: ClusterState, now: float, previous: Reservation | tuple[Reservation, ...] | None = None,
            memo: RoundMemo | None = None) -> RoundResult:
     """Start every job that fits, in queue order, holding nothing back for anyone."""
     view = ClusterView(state.nodes, state.index, state.levels, state.jobs)
     result, gate = RoundResult(), Gate(state)
-    failed: set[tuple] = set()  # a shape that failed fails again this round: claims only grow
+    failed: set[Shape] = set()  # a shape that failed fails again this round: claims only grow
     for job in _eligible(state, gate, result):
         shape = _shape(job)
         if shape in failed:
@@ -153,7 +157,7 @@ def greedy(state: ClusterState, now: float, previous: Reservation | None = None,
     return result
 
 
-def easy(state: ClusterState, now: float, previous: Reservation | None = None,
+def easy(state: ClusterState, now: float, previous: Reservation | tuple[Reservation, ...] | None = None,
          memo: RoundMemo | None = None, predict: bool = False) -> RoundResult:
     """EASY backfilling: one reservation for the head blocked job, backfill what ends before it.
 
@@ -163,7 +167,7 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
     result, gate = RoundResult(), Gate(state)
     reserved: frozenset[str] | None = None
     shadow = math.inf  #: when the reserved nodes are expected to hold the head job
-    failed: set[tuple] = set()
+    failed: set[tuple[Shape, bool]] = set()  # and whether it may go on the reserved nodes
     for job in _eligible(state, gate, result):
         if reserved is None:
             if not _start(result, view, job, gate):
@@ -174,7 +178,7 @@ def easy(state: ClusterState, now: float, previous: Reservation | None = None,
         # only a job its time limit bounds may go on the reserved nodes (with EASY++ too)
         ends_first = bool(job.spec.time_limit) and \
             now + expected_run(state, job, now, predict, own_kind=False) <= shadow
-        shape = (*_shape(job), ends_first)
+        shape = (_shape(job), ends_first)
         if shape in failed:
             continue
         if not _start(result, view, job, gate, frozenset() if ends_first else reserved):

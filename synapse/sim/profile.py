@@ -10,12 +10,14 @@ the predictor knows a little less than it would on a cluster). The error of a pr
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from synapse.core.schedule.predict import RunTimes
 from synapse.sim.trace import Trace
 
 #: (label, the predicate on predicted / actual) of the profile's columns.
-BOUNDS = (("within 10 %", lambda r: abs(r - 1) <= 0.1), ("within 50 %", lambda r: abs(r - 1) <= 0.5),
+BOUNDS: tuple[tuple[str, Callable[[float], bool]], ...] = (
+          ("within 10 %", lambda r: abs(r - 1) <= 0.1), ("within 50 %", lambda r: abs(r - 1) <= 0.5),
           ("within 100 %", lambda r: abs(r - 1) <= 1.0), ("within 10x", lambda r: 0.1 <= r <= 10))
 #: Helios's estimator (S-Lab-System-Group/HeliosArtifact), the same columns.
 HELIOS = (0.10, 0.50, 0.70, 0.90)

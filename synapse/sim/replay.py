@@ -156,7 +156,7 @@ class Replay(Simulator):
         if not result.ok:
             raise ValueError(result.error)
 
-    def _timed(self, state: ClusterState, now: float, previous: Reservation | None,
+    def _timed(self, state: ClusterState, now: float, previous: Reservation | tuple[Reservation, ...] | None,
                memo: RoundMemo | None) -> RoundResult:
         started = time.perf_counter()
         result = self.spec_policy.round(state, now, previous, memo)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from synapse.sim.metrics import SIZE_CLASSES, utilisation_series
+from synapse.sim.metrics import SIZE_CLASSES, Summary, utilisation_series
 from synapse.sim.replay import RunResult
+
+if TYPE_CHECKING:  # matplotlib is optional (the sim extra): imported only to draw
+    from matplotlib.figure import Figure
 
 #: (metric, axis label, scale) of the load sweep curves.
 SWEEP_CURVES = (("mean_jct_s", "mean JCT (h)", 3600), ("big_gang_p99_wait_s", "big-gang p99 wait (h)", 3600),
@@ -24,7 +29,7 @@ class ReportError(RuntimeError):
     """The report cannot be drawn here (matplotlib missing)."""
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
@@ -37,13 +42,13 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, path: Path) -> None:
+def _save(plt: ModuleType, fig: Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_waits(path: Path, summaries: dict[str, dict]) -> None:
+def plot_waits(path: Path, summaries: dict[str, Summary]) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     classes = [name for name, *_ in SIZE_CLASSES]
@@ -96,7 +101,7 @@ def plot_jct_cdf(path: Path, runs: Sequence[RunResult]) -> None:
     _save(plt, fig, path)
 
 
-def plot_sweep(path: Path, sweep: dict) -> None:
+def plot_sweep(path: Path, sweep: dict[str, Any]) -> None:
     """`sweep`: {"loads": [...], "policies": {NAME: {metric: [(mean, half width) per load]}}}."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(SWEEP_CURVES), figsize=(4 * len(SWEEP_CURVES), 3.5))
@@ -111,12 +116,13 @@ def plot_sweep(path: Path, sweep: dict) -> None:
     _save(plt, fig, path)
 
 
-def write_report(directory: str | Path, runs: Sequence[RunResult], summaries: dict[str, dict], *, title: str,
-                 sweep: dict | None = None, table_text: str = "") -> Path:
+def write_report(directory: str | Path, runs: Sequence[RunResult], summaries: dict[str, Summary], *, title: str,
+                 sweep: dict[str, Any] | None = None, table_text: str = "") -> Path:
     """Write index.html and its PNGs into `directory`; returns the page's path."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    figures = [("wait-by-size.png", "Wait by gang size", lambda p: plot_waits(p, summaries)),
+    figures: list[tuple[str, str, Callable[[Path], None]]] = [
+               ("wait-by-size.png", "Wait by gang size", lambda p: plot_waits(p, summaries)),
                ("utilisation.png", "Utilisation over time", lambda p: plot_utilisation(p, runs)),
                ("jct-cdf.png", "JCT CDF", lambda p: plot_jct_cdf(p, runs))]
     if sweep is not None:

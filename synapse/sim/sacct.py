@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from synapse.sim.trace import Trace, TraceError, TraceJob
 
@@ -162,7 +163,8 @@ def describe_skipped(skipped: dict[str, int], bad_rows: list[BadRow]) -> str:
     return ", ".join(counts) or "none"
 
 
-def _row(row: dict[str, str], skipped: dict[str, int]) -> tuple[float, dict] | None:
+def _row(row: dict[str, str], skipped: dict[str, int]) -> tuple[float, dict[str, Any]] | None:
+    """(submit time, the trace job's fields), or None for a row the trace leaves out."""
     job_id = row["JobID"].strip()
     if not job_id:
         raise TraceError("JobID is empty")

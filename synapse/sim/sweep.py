@@ -12,9 +12,10 @@ import dataclasses
 import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from synapse.sim.generate import Recipe, generate
-from synapse.sim.metrics import confidence, ratio_claim, summarize
+from synapse.sim.metrics import Summary, confidence, ratio_claim, summarize
 from synapse.sim.policies import POLICIES
 from synapse.sim.replay import RunResult, replay
 
@@ -32,13 +33,14 @@ class Case:
     spread_factor: float
 
 
-def _run(case: Case) -> tuple[Case, dict, RunResult]:
+def _run(case: Case) -> tuple[Case, Summary, RunResult]:
     run = replay(generate(case.recipe), case.recipe.shape, POLICIES[case.policy], spread_factor=case.spread_factor)
     return case, summarize(run), run
 
 
 def sweep(base: Recipe, loads: list[float], seeds: list[int], policies: list[str], *, spread_factor: float,
-          workers: int = 1, keep: float | None = None, baseline: str = "easy") -> tuple[dict, list[RunResult]]:
+          workers: int = 1, keep: float | None = None, baseline: str = "easy",
+          ) -> tuple[dict[str, Any], list[RunResult]]:
     """{"loads", "seeds", "policies": {NAME: {metric: [(mean, half width) per load]}}, "samples", "claims"},
     and the replays of the first seed at load `keep` (for the per-run plots)."""
     cases = [Case(dataclasses.replace(base, load=load, seed=seed), p, spread_factor)
@@ -69,10 +71,11 @@ def sweep(base: Recipe, loads: list[float], seeds: list[int], policies: list[str
             "paired": paired(samples, baseline, len(loads)) if baseline in policies else {}}, kept
 
 
-def paired(samples: dict[str, dict[str, list[list[float]]]], baseline: str, loads: int) -> dict:
+def paired(samples: dict[str, dict[str, list[list[float]]]], baseline: str,
+           loads: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """{policy: {metric: [{"mean", "half", "max", "values"} per load]}}: each policy's ratio to (or
     difference from) `baseline` on the same trace, seed by seed, with the mean's 95 % interval."""
-    out: dict[str, dict[str, list[dict]]] = {}
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for policy, metrics in samples.items():
         if policy == baseline:
             continue

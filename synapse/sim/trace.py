@@ -186,7 +186,9 @@ def _number(raw: str, column: str, *, integer: bool = False, default: float | No
 
 
 def _job(row: dict[str, str]) -> TraceJob:
-    get = lambda column: row.get(column) or ""  # noqa: E731 - a missing optional column reads as empty
+    def get(column: str) -> str:
+        return row.get(column) or ""  # a missing optional column reads as empty
+
     job = TraceJob(
         id=get("id").strip(),
         submit=_number(get("submit_s"), "submit_s"),
