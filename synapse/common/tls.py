@@ -27,7 +27,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import grpc
 
@@ -88,9 +88,15 @@ def http_base(address: str, ca: str = "") -> tuple[str, ssl.SSLContext | None]:
     return f"https://{address}", ssl.create_default_context(cafile=ca)
 
 
-def peer_common_name(context: grpc.ServicerContext) -> str:
+class _Peer(Protocol):
+    """What a servicer context, sync or asyncio, tells of its peer."""
+
+    def auth_context(self) -> Mapping[str, object]: ...
+
+
+def peer_common_name(context: _Peer) -> str:
     """The verified client certificate's common name, or '' when the peer presented none."""
-    # Each property is a list of values (typeshed's stub says a single bytes value).
+    # Each property is a list of values (typeshed's stub for the sync context says a single bytes value).
     properties = cast("Mapping[str, list[bytes]]", context.auth_context())
     names = properties.get("x509_common_name") or []
     return names[0].decode() if names else ""

@@ -172,7 +172,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         from synapse.history.exporter import History  # SQLAlchemy, for masters with a history store
 
         master.history = History(config.history)  # connects at first use: a store down never stops a start
-    master.shard = LinkShard(master)
+    link_shard = master.shard = LinkShard(master)
     master.loop = asyncio.get_running_loop()
     raft.bind_loop(master.loop)
     raft.replicated.listener = master.on_applied
@@ -207,7 +207,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(master.watch_leadership(LeaderLoops))
     guard = asyncio.create_task(master.watchdog(stop))
-    shard = asyncio.create_task(master.shard.run(stop))
+    shard = asyncio.create_task(link_shard.run(stop))
     pulse = asyncio.create_task(_report_health(master, health))
     exporter = None
     if master.history is not None:  # a follower writes the history store's rows (synapse.history.exporter)
@@ -228,7 +228,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     shard.cancel()
     if beats is not None and beats.transport is not None:
         beats.transport.close()
-    await master.shard.close()
+    await link_shard.close()
     await health.enter_graceful_shutdown()
     guard.cancel()
     log.info("master stopping replica=%s", replica_id)

@@ -243,7 +243,7 @@ class Metrics:
                                  ["method"], registry=self.registry)
         self._placed_at: dict[tuple[str, int], float] = {}  #: (job, attempt) -> when placed, until running
 
-    def applied(self, master: Master, cmds: list) -> None:
+    def applied(self, master: Master, cmds: list[c.Command]) -> None:
         """Observe what applied commands say about gangs (on the loop; every replica alike)."""
         with master.lock:
             state = master.state

@@ -17,21 +17,29 @@ import hmac
 import logging
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
+from prometheus_client import Counter, Histogram
 
 from synapse.common.tls import channel_credentials
 from synapse.core import commands as c
+from synapse.core.brain.heartbeat import Lease
 from synapse.core.brain.leader_state import LeaderView
 from synapse.core.brain.stimuli import HealthReport, ProgressReport
+from synapse.core.shards import ShardMap
+from synapse.core.state.fsm import ClusterState
 from synapse.master.config import ClusterConfig
 from synapse.master.dispatch import nodes_relisted
 from synapse.master.durability import free_bytes
 from synapse.master.raft import ProposeError, RaftNode
 from synapse.proto import api_pb2
+
+if TYPE_CHECKING:  # SQLAlchemy's: imported by masters with a history store only
+    from synapse.history.exporter import History
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,56 @@ class LeaderWork(Protocol):
         """A link shard's liveness digest (synapse.master.link_shard) for the brain."""
 
 
+class ShardClock(Protocol):
+    """The link shards' clocks (synapse.master.link_shard.ShardTimings)."""
+
+    @property
+    def digest(self) -> float: ...
+
+    @property
+    def silence(self) -> float: ...
+
+
+class ShardWork(Protocol):
+    """What the endpoints, metrics and health checks may use of this replica's link shard
+    (synapse.master.link_shard.LinkShard, which imports this module: hence a protocol)."""
+
+    @property
+    def timings(self) -> ShardClock: ...
+
+    map: ShardMap
+    lease: Lease  #: what a heartbeat's answer renews
+    absorbed: int  #: heartbeats absorbed
+    redirects: int  #: of those, heartbeats of nodes whose shard is another replica's
+    delivered: int  #: digests that reached the leader's brain
+    failed: int  #: digests that did not
+    failures: int  #: digests not delivered since the last one that was
+    delivered_at: float  #: monotonic time the last digest reached a leader
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def serving(self) -> bool: ...
+
+    def attached(self) -> int: ...
+
+    def absorb(self, request: api_pb2.HeartbeatRequest) -> tuple[str, tuple[str, ...]]: ...
+
+    def lease_ms(self, status: str) -> int: ...
+
+
+class MetricsWork(Protocol):
+    """What the replica and its leader loops record in the process's metrics
+    (synapse.master.metrics.Metrics, which imports this module: hence a protocol)."""
+
+    proposals: Counter
+    proposals_applied: Counter
+    proposals_rejected: Counter
+    commit_seconds: Histogram
+    round_seconds: Histogram
+
+    def applied(self, master: Master, cmds: list[c.Command]) -> None: ...
+
+
 class Master:
     """The state of one replica process that is not replicated: leadership, watchers, loops."""
 
@@ -93,26 +151,26 @@ class Master:
         self._applied = asyncio.Event()  #: set (and replaced) whenever commands changed the state
         #: the process's synapse.master.metrics.Metrics once main has made them (not imported here:
         #: metrics reads this object, so the dependency points one way only)
-        self.metrics = None
+        self.metrics: MetricsWork | None = None
         self._last_leader: str | None = None
         self.stopping = False  #: set by begin_stop: streams end and new waits give up
         #: the history store and its exporter's status (synapse.history.exporter.History), or None
         #: when the cluster file configures none; set by main
-        self.history = None
+        self.history: History | None = None
         #: this replica's link shard (synapse.master.link_shard.LinkShard, which reads this object):
         #: the heartbeats of its share of the nodes; set by main
-        self.shard = None
+        self.shard: ShardWork | None = None
         #: the heartbeat datagrams' endpoint (synapse.master.beats), if this replica takes them
         self.beats = None
 
     # ---- proposing and reading -----------------------------------------------------------------
 
     @property
-    def state(self):
+    def state(self) -> ClusterState:
         return self.raft.replicated.state
 
     @property
-    def lock(self):
+    def lock(self) -> threading.RLock:
         return self.raft.replicated.lock
 
     async def propose(self, cmd: c.Command, timeout: float = 5.0) -> c.Result:

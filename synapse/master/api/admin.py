@@ -16,7 +16,7 @@ from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role,
 from synapse.core.queues import batch_problem
 from synapse.core.schedule import elastic, fairshare
 from synapse.master.access import new_join_token, new_token, token_hash
-from synapse.master.api.base import ServicerBase, admits
+from synapse.master.api.base import Context, ServicerBase, admits
 from synapse.proto import api_pb2
 from synapse.rpc import convert
 
@@ -31,7 +31,7 @@ MAX_JOIN_TOKEN_TTL_S = 366 * 86400.0
 class AdminApi(ServicerBase):
     """ListNodes, SetSchedulable, DrainNode; WhoAmI and users; queues; join tokens."""
 
-    async def ListNodes(self, request, context):
+    async def ListNodes(self, request: api_pb2.ListNodesRequest, context: Context) -> api_pb2.ListNodesReply:
         await self._current_read(context)
         with self.m.lock:
             state = self.m.state
@@ -47,7 +47,8 @@ class AdminApi(ServicerBase):
                 convert.node_to_info(n, len(state.live_tasks[n.id]), held.get(n.id, ()))
                 for n in sorted(state.nodes.values(), key=lambda n: n.id)])
 
-    async def SetSchedulable(self, request, context):
+    async def SetSchedulable(self, request: api_pb2.SetSchedulableRequest,
+                             context: Context) -> api_pb2.SetSchedulableReply:
         await self._check_id(request.node_id, "node_id", context)
         await self._leader(context)
         result = await self._propose(c.SetSchedulable(at=self.m.now(), by=self.caller().name, node_id=request.node_id,
@@ -56,7 +57,7 @@ class AdminApi(ServicerBase):
         await self._ok_or_abort(result, context)
         return api_pb2.SetSchedulableReply()
 
-    async def DrainNode(self, request, context):
+    async def DrainNode(self, request: api_pb2.DrainNodeRequest, context: Context) -> api_pb2.DrainNodeReply:
         """Cordon the node and stop every gang with a task on it: they requeue at their place,
         uncharged. One proposal: a DrainNode command, or on a cluster not yet at version 3 a cordon
         and one stop per gang together in one log entry (a gang placed on the node between this
@@ -88,7 +89,7 @@ class AdminApi(ServicerBase):
         stopped = [job_id for (job_id, _), res in zip(jobs, stops, strict=True) if res.ok]
         return api_pb2.DrainNodeReply(jobs_stopped=stopped)
 
-    async def WhoAmI(self, request, context):
+    async def WhoAmI(self, request: api_pb2.WhoAmIRequest, context: Context) -> api_pb2.UserInfo:
         caller = self.caller()
         if caller.bootstrap:
             return api_pb2.UserInfo(name=caller.name, role=caller.role.value, bootstrap=True)
@@ -96,7 +97,7 @@ class AdminApi(ServicerBase):
             user = self.m.state.users.get(caller.name)
             return convert.user_to_info(user) if user else api_pb2.UserInfo(name=caller.name, role=caller.role.value)
 
-    async def AddUser(self, request, context):
+    async def AddUser(self, request: api_pb2.AddUserRequest, context: Context) -> api_pb2.UserToken:
         groups = tuple(request.groups)
         problem = user_name_problem(request.name) or groups_problem(groups)
         if request.role not in ("", Role.USER.value, Role.ADMIN.value):
@@ -117,7 +118,7 @@ class AdminApi(ServicerBase):
         log.info("user added user=%s by=%s", request.name, self.caller().name)
         return await self._user_token(request.name, token, context)
 
-    async def RotateUserToken(self, request, context):
+    async def RotateUserToken(self, request: api_pb2.RotateUserTokenRequest, context: Context) -> api_pb2.UserToken:
         caller = self.caller()
         name = request.name or caller.name
         if not caller.is_admin and name != caller.name:
@@ -137,7 +138,7 @@ class AdminApi(ServicerBase):
         log.info("user token rotated user=%s by=%s", name, caller.name)
         return await self._user_token(name, token, context)
 
-    async def _user_token(self, name: str, token: str, context) -> api_pb2.UserToken:
+    async def _user_token(self, name: str, token: str, context: Context) -> api_pb2.UserToken:
         with self.m.lock:
             user = self.m.state.users.get(name)
             info = convert.user_to_info(user) if user else None
@@ -145,7 +146,7 @@ class AdminApi(ServicerBase):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown user {name}")
         return api_pb2.UserToken(user=info, token=token)
 
-    async def RemoveUser(self, request, context):
+    async def RemoveUser(self, request: api_pb2.RemoveUserRequest, context: Context) -> api_pb2.RemoveUserReply:
         await self._check_id(request.name, "name", context)
         await self._leader(context)
         result = await self._propose(c.RemoveUser(at=self.m.now(), by=self.caller().name, name=request.name), context)
@@ -153,13 +154,13 @@ class AdminApi(ServicerBase):
         log.info("user removed user=%s by=%s", request.name, self.caller().name)
         return api_pb2.RemoveUserReply()
 
-    async def ListUsers(self, request, context):
+    async def ListUsers(self, request: api_pb2.ListUsersRequest, context: Context) -> api_pb2.ListUsersReply:
         await self._current_read(context)
         with self.m.lock:
             users = sorted(self.m.state.users.items())
             return api_pb2.ListUsersReply(users=[convert.user_to_info(u) for _, u in users])
 
-    async def ApplyQueues(self, request, context):
+    async def ApplyQueues(self, request: api_pb2.ApplyQueuesRequest, context: Context) -> api_pb2.ApplyQueuesReply:
         """Create or replace queues, all together or none; applying the same file again changes nothing."""
         queues = [codec.queue_from_proto(q) for q in request.queues]
         await self._leader(context)
@@ -179,14 +180,14 @@ class AdminApi(ServicerBase):
             changed=[q.name for q in changed if q.name in existing],
             unchanged=[q.name for q in queues if existing.get(q.name) == q])
 
-    async def DeleteQueue(self, request, context):
+    async def DeleteQueue(self, request: api_pb2.DeleteQueueRequest, context: Context) -> api_pb2.DeleteQueueReply:
         await self._check_id(request.name, "name", context)
         await self._leader(context)
         result = await self._propose(c.DeleteQueue(at=self.m.now(), by=self.caller().name, name=request.name), context)
         await self._ok_or_abort(result, context)
         return api_pb2.DeleteQueueReply()
 
-    async def ListQueues(self, request, context):
+    async def ListQueues(self, request: api_pb2.ListQueuesRequest, context: Context) -> api_pb2.ListQueuesReply:
         await self._current_read(context)
         with self.m.lock:
             state = self.m.state
@@ -212,7 +213,8 @@ class AdminApi(ServicerBase):
 
         return api_pb2.ListQueuesReply(queues=[info(n, q) for n, q in sorted(queues.items())])
 
-    async def CreateJoinToken(self, request, context):
+    async def CreateJoinToken(self, request: api_pb2.CreateJoinTokenRequest,
+                              context: Context) -> api_pb2.CreateJoinTokenReply:
         if not 0 <= request.ttl_s <= MAX_JOIN_TOKEN_TTL_S:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"ttl: from 0 (never expires) to {MAX_JOIN_TOKEN_TTL_S:.0f} seconds")
@@ -227,13 +229,15 @@ class AdminApi(ServicerBase):
             info = convert.join_token_to_proto(self.m.state.join_tokens[cmd.token_id])
         return api_pb2.CreateJoinTokenReply(token=token, info=info)
 
-    async def ListJoinTokens(self, request, context):
+    async def ListJoinTokens(self, request: api_pb2.ListJoinTokensRequest,
+                             context: Context) -> api_pb2.ListJoinTokensReply:
         await self._current_read(context)
         with self.m.lock:
             return api_pb2.ListJoinTokensReply(tokens=[convert.join_token_to_proto(t)
                                                          for _, t in sorted(self.m.state.join_tokens.items())])
 
-    async def RevokeJoinToken(self, request, context):
+    async def RevokeJoinToken(self, request: api_pb2.RevokeJoinTokenRequest,
+                              context: Context) -> api_pb2.RevokeJoinTokenReply:
         await self._check_id(request.id, "id", context)
         await self._leader(context)
         result = await self._propose(c.RevokeJoinToken(at=self.m.now(), by=self.caller().name, token_id=request.id),

@@ -14,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+from google.protobuf.message import Message
+from prometheus_client import Counter
 
 from synapse.common.auth import (
     LEADER_METADATA_KEY,
@@ -35,6 +38,10 @@ from synapse.master.replica import LEADER_WAIT_S, Master
 from synapse.proto import api_pb2
 
 log = logging.getLogger(__name__)
+
+#: The servicer context of every RPC (its type arguments, the messages a stream reads and writes,
+#: are used by no handler: every request comes whole as an argument, every reply as a return or a yield).
+Context = grpc.aio.ServicerContext[Message, Message]
 
 #: After stepping down, a replica with no known leader sends clients away at once for this long.
 DEPOSED_S = 3.0
@@ -68,9 +75,9 @@ class ServicerBase:
         self._seal = SecretSeal(master.config.raft_password)  #: seals submissions' secrets; opens them for listings
         self._disk_room = True  #: the last answer of Master.disk_has_room (see _disk_has_room)
         self._disk_checked_at = float("-inf")  #: monotonic time of that answer
-        self._request_counters: dict[tuple[str, str], object] = {}  #: (method, code) -> its requests counter
+        self._request_counters: dict[tuple[str, str], Counter] = {}  #: (method, code) -> its requests counter
 
-    def count(self, method: str, context: grpc.aio.ServicerContext, failed: bool) -> None:
+    def count(self, method: str, context: Context, failed: bool) -> None:
         """Count a finished call by method and status code; a redirect to the leader apart."""
         if self.metrics is None:
             return
@@ -88,7 +95,7 @@ class ServicerBase:
                replica: str = "") -> Identity | None:
         return identify(self.m, self._token_key, token, common_name, *node, replica_credential=replica)
 
-    async def authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Identity:
+    async def authenticate(self, method: str, context: Context) -> Identity:
         """The caller, or abort: UNAUTHENTICATED for unknown credentials, PERMISSION_DENIED when
         the caller's role does not allow `method`.
 
@@ -124,7 +131,7 @@ class ServicerBase:
         """The authenticated caller of the RPC being served."""
         return CALLER.get()
 
-    async def _leader(self, context: grpc.aio.ServicerContext) -> int:
+    async def _leader(self, context: Context) -> int:
         """This replica's term if it leads and is ready; otherwise abort with a redirect or UNAVAILABLE."""
         deadline = time.monotonic() + LEADER_WAIT_S
         while True:
@@ -148,10 +155,10 @@ class ServicerBase:
                                     f"replica {self.m.replica.id}: no leader elected within {LEADER_WAIT_S:.1f}s")
             await asyncio.sleep(0.02)
 
-    async def _propose(self, cmd: c.Command, context: grpc.aio.ServicerContext) -> c.Result:
+    async def _propose(self, cmd: c.Command, context: Context) -> c.Result:
         return (await self._propose_all([cmd], context))[0]
 
-    async def _propose_all(self, cmds: list[c.Command], context: grpc.aio.ServicerContext) -> list[c.Result]:
+    async def _propose_all(self, cmds: list[c.Command], context: Context) -> list[c.Result]:
         """Propose commands as one log entry (all commit or none does); if that fails, abort the call.
         A request makes at most one proposal (tests/unit/test_one_proposal.py), so a leader change can
         never leave it half done."""
@@ -175,7 +182,7 @@ class ServicerBase:
             self._disk_room, self._disk_checked_at = self.m.disk_has_room(), now
         return self._disk_room
 
-    async def _abort_proposal(self, exc: ProposeError, context: grpc.aio.ServicerContext) -> None:
+    async def _abort_proposal(self, exc: ProposeError, context: Context) -> None:
         if exc.maybe_applied:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"outcome unknown ({exc.kind}) during a leader change; "
@@ -202,20 +209,20 @@ class ServicerBase:
             known.update({raft: replica_id for replica_id, (raft, _api) in self.m.state.replicas.items()})
         return known.get(raft_address, raft_address)
 
-    async def _abort_stopping(self, context: grpc.aio.ServicerContext) -> None:
+    async def _abort_stopping(self, context: Context) -> None:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.m.replica.id} is stopping; try another")
 
-    async def _current_read(self, context: grpc.aio.ServicerContext) -> None:
+    async def _current_read(self, context: Context) -> None:
         term = await self._leader(context)
         await self._propose(c.Barrier(at=self.m.now(), term=term, reason="read"), context)
 
     @staticmethod
-    async def _check_id(value: str, field: str, context: grpc.aio.ServicerContext) -> None:
+    async def _check_id(value: str, field: str, context: Context) -> None:
         if not value or len(value) > MAX_ID_CHARS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"{field}: required, at most {MAX_ID_CHARS} characters")
 
-    async def _ok_or_abort(self, result: c.Result, context: grpc.aio.ServicerContext,
+    async def _ok_or_abort(self, result: c.Result, context: Context,
                            code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> c.Result:
         if not result.ok:
             if result.code is c.Rejection.NOT_FOUND:
@@ -233,8 +240,8 @@ class Malformed:
         self.reason = reason
 
 
-def _lenient(parse):
-    def deserialize(data: bytes):
+def _lenient(parse: Callable[[bytes], Message]) -> Callable[[bytes], Message | Malformed]:
+    def deserialize(data: bytes) -> Message | Malformed:
         try:
             return parse(data)
         except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any garbage
@@ -242,18 +249,19 @@ def _lenient(parse):
     return deserialize
 
 
-async def _admit(servicer: ServicerBase, name: str, request, context: grpc.aio.ServicerContext) -> None:
-    """Authenticate and authorize the call, and refuse a request that did not parse."""
+async def _admit(servicer: ServicerBase, name: str, request: Message | Malformed, context: Context) -> Message:
+    """Authenticate and authorize the call, and refuse a request that did not parse; the request."""
     CALLER.set(await servicer.authenticate(name, context))
     if isinstance(request, Malformed):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+    return request
 
 
-def _unary(servicer: ServicerBase, name: str, impl):
-    async def handle(request, context):
+def _unary(servicer: ServicerBase, name: str, impl: Callable[[Message, Context], Awaitable[Message]],
+           ) -> Callable[[Message | Malformed, Context], Awaitable[Message]]:
+    async def handle(request: Message | Malformed, context: Context) -> Message:
         try:
-            await _admit(servicer, name, request, context)
-            reply = await impl(request, context)
+            reply = await impl(await _admit(servicer, name, request, context), context)
         except BaseException:
             servicer.count(name, context, failed=True)
             raise
@@ -262,11 +270,11 @@ def _unary(servicer: ServicerBase, name: str, impl):
     return handle
 
 
-def _stream(servicer: ServicerBase, name: str, impl):
-    async def handle(request, context):
+def _stream(servicer: ServicerBase, name: str, impl: Callable[[Message, Context], AsyncIterator[Message]],
+            ) -> Callable[[Message | Malformed, Context], AsyncIterator[Message]]:
+    async def handle(request: Message | Malformed, context: Context) -> AsyncIterator[Message]:
         try:
-            await _admit(servicer, name, request, context)
-            async for reply in impl(request, context):
+            async for reply in impl(await _admit(servicer, name, request, context), context):
                 yield reply
         except BaseException:
             servicer.count(name, context, failed=True)

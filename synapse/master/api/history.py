@@ -6,13 +6,21 @@ database credentials, and see what `get jobs` shows them: every job."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import grpc
 
-from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, ServicerBase
+from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, Context, ServicerBase
 from synapse.proto import api_pb2, types_pb2
 from synapse.rpc import convert
+
+if TYPE_CHECKING:  # SQLAlchemy's: imported by masters with a store only
+    from synapse.history.exporter import History
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_Request = TypeVar("_Request")
 
 #: The final states a history query may filter on.
 STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -28,11 +36,12 @@ class Unavailable(RuntimeError):
     """The store failed to answer; the message says why."""
 
 
-async def _ask(history: Any, method: str, *args: Any) -> Any:
+async def _ask(query: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """A query of the history store, run on a thread."""
     from synapse.history.store import StoreError  # SQLAlchemy: loaded by masters with a store only
 
     try:
-        return await asyncio.to_thread(getattr(history.store, method), *args)
+        return await asyncio.to_thread(query, *args, **kwargs)
     except StoreError as exc:
         raise Unavailable(str(exc)) from None
 
@@ -47,7 +56,7 @@ def request_problem(request: api_pb2.ListHistoryRequest) -> str:
     return ""
 
 
-async def list_history(history: Any, request: api_pb2.ListHistoryRequest) -> api_pb2.ListHistoryReply:
+async def list_history(history: History, request: api_pb2.ListHistoryRequest) -> api_pb2.ListHistoryReply:
     """The matching jobs (raises BadRequest, or Unavailable when the store fails)."""
     from synapse.history.store import JobQuery
 
@@ -57,18 +66,18 @@ async def list_history(history: Any, request: api_pb2.ListHistoryRequest) -> api
     query = JobQuery(user=request.user, queue=request.queue, state=request.state, job_id=request.job_id,
                      since=request.since, until=request.until, limit=request.limit or 1000,
                      after_end=request.after_end, after_id=request.after_id)
-    rows, more = await _ask(history, "jobs", query)
+    rows, more = await _ask(history.store.jobs, query)
     return api_pb2.ListHistoryReply(jobs=[_job(r) for r in rows], more=more)
 
 
-async def usage(history: Any, request: api_pb2.GetUsageRequest) -> api_pb2.GetUsageReply:
+async def usage(history: History, request: api_pb2.GetUsageRequest) -> api_pb2.GetUsageReply:
     by = request.by or "user"
     if by not in USAGE_BY:
         raise BadRequest(f"by: must be one of {', '.join(USAGE_BY)}, not {request.by!r}")
     if request.since and request.until and request.until <= request.since:
         raise BadRequest("until: must be after since")
-    rows = await _ask(history, "usage", by, request.since, request.until)
-    days = await _ask(history, "cluster_usage", request.since, request.until)
+    rows = await _ask(history.store.usage, by, request.since, request.until)
+    days = await _ask(history.store.cluster_usage, request.since, request.until)
     return api_pb2.GetUsageReply(
         rows=[api_pb2.UsageRow(key=r["key"], gpu_hours=(r["gpu_seconds"] or 0.0) / 3600,
                                cpu_hours=(r["cpu_seconds"] or 0.0) / 3600, jobs=int(r["jobs"] or 0),
@@ -121,7 +130,8 @@ def _job(row: dict[str, Any]) -> api_pb2.HistoryJob:
 class HistoryApi(ServicerBase):
     """WatchEvents, ListHistory, GetUsage."""
 
-    async def WatchEvents(self, request, context):
+    async def WatchEvents(self, request: api_pb2.WatchEventsRequest,
+                          context: Context) -> AsyncIterator[api_pb2.ClusterEventInfo]:
         """The cluster's events after a cursor, from this replica's applied state (any replica)."""
         for field, value in (("job_id", request.job_id), ("node_id", request.node_id)):
             if len(value) > MAX_ID_CHARS:
@@ -155,13 +165,14 @@ class HistoryApi(ServicerBase):
             except TimeoutError:
                 pass
 
-    async def ListHistory(self, request, context):
+    async def ListHistory(self, request: api_pb2.ListHistoryRequest, context: Context) -> api_pb2.ListHistoryReply:
         return await self._from_history(list_history, request, context)
 
-    async def GetUsage(self, request, context):
+    async def GetUsage(self, request: api_pb2.GetUsageRequest, context: Context) -> api_pb2.GetUsageReply:
         return await self._from_history(usage, request, context)
 
-    async def _from_history(self, query, request, context):
+    async def _from_history(self, query: Callable[[History, _Request], Awaitable[_T]], request: _Request,
+                            context: Context) -> _T:
         """Answer from the history store (any replica): INVALID_ARGUMENT for a bad request,
         FAILED_PRECONDITION without a store or while it fails (not UNAVAILABLE: every replica
         shares the store, so a client trying the others would only wait longer)."""

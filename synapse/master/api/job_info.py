@@ -7,7 +7,7 @@ import time
 
 from synapse.core import goodput
 from synapse.core.jobs import dependencies
-from synapse.core.jobs.arrays import format_ranges
+from synapse.core.jobs.arrays import JobArray, format_ranges
 from synapse.core.model import Job, JobStatus
 from synapse.master.api.base import ServicerBase
 from synapse.proto import api_pb2
@@ -20,7 +20,7 @@ PULL_PROGRESS_TTL_S = 30.0
 class JobViews(ServicerBase):
     """The JobInfo of jobs and arrays, as the users' RPCs answer them."""
 
-    def _job_info(self, job, explained: dict[int, tuple[str, ...]] | None = None) -> api_pb2.JobInfo:
+    def _job_info(self, job: Job, explained: dict[int, tuple[str, ...]] | None = None) -> api_pb2.JobInfo:
         """The job as the API shows it (call under the master lock). `explained` caches the
         shortfalls of wait reasons across one call's jobs (gangs of one shape share a reason)."""
         view = self.m.leader_view()
@@ -66,7 +66,7 @@ class JobViews(ServicerBase):
         caller = self.caller()
         return caller.is_admin or caller.name == owner
 
-    def _array_info(self, array) -> api_pb2.JobInfo:
+    def _array_info(self, array: JobArray) -> api_pb2.JobInfo:
         """An array as one job (call under the master lock): its status, counts and waiting elements."""
         state = self.m.state
         running = sum(1 for j in state.array_live.get(array.id, ()) if state.jobs[j].status.has_gang)

@@ -15,7 +15,7 @@ from synapse.core.jobs import dependencies
 from synapse.core.jobs.arrays import split_element_id
 from synapse.core.jobs.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
-from synapse.master.api.base import MAX_ID_CHARS
+from synapse.master.api.base import MAX_ID_CHARS, Context
 from synapse.master.api.job_info import JobViews
 from synapse.proto import api_pb2
 from synapse.rpc import convert
@@ -30,7 +30,7 @@ MAX_PAGE = 5000
 class JobsApi(JobViews):
     """SubmitJob, GetJob, ListJobs, CancelJob, UpdateJob, LogAccess, PreemptWhatIf."""
 
-    async def SubmitJob(self, request, context):
+    async def SubmitJob(self, request: api_pb2.SubmitJobRequest, context: Context) -> api_pb2.SubmitJobReply:
         try:
             spec = codec.job_spec_from_proto(request.spec, default_queue=DEFAULT_QUEUE)
             if spec.secrets:  # sealed by a master alone: a client's sealed bytes could be another job's
@@ -76,7 +76,7 @@ class JobsApi(JobViews):
                   user)
         return api_pb2.SubmitJobReply(job_id=result.value, warnings=warnings)
 
-    async def GetJob(self, request, context):
+    async def GetJob(self, request: api_pb2.GetJobRequest, context: Context) -> api_pb2.JobInfo:
         await self._check_id(request.job_id, "job_id", context)
         await self._current_read(context)
         with self.m.lock:
@@ -97,7 +97,7 @@ class JobsApi(JobViews):
                                     + (f" (forgotten after it ended {status})" if status else ""))
             return self._job_info(job)
 
-    async def ListJobs(self, request, context):
+    async def ListJobs(self, request: api_pb2.ListJobsRequest, context: Context) -> api_pb2.ListJobsReply:
         if request.limit < 0 or request.limit > MAX_PAGE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: between 1 and {MAX_PAGE}")
         limit = request.limit or DEFAULT_PAGE
@@ -111,7 +111,8 @@ class JobsApi(JobViews):
             if request.after and after is None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"after: unknown job {request.after}")
             # Jobs are kept in submission order (dicts keep insertion order; seq grows with it).
-            page, more = [], False
+            page: list[Job] = []
+            more = False
             for job in jobs.values():
                 if after is not None and job.seq <= after.seq:
                     continue
@@ -123,7 +124,8 @@ class JobsApi(JobViews):
                     more = True
                     break
                 page.append(job)
-            infos, explained = [], {}
+            infos: list[api_pb2.JobInfo] = []
+            explained: dict[int, tuple[str, ...]] = {}
             for job in page:
                 info = self._job_info(job, explained)
                 del info.events[:]
@@ -138,11 +140,11 @@ class JobsApi(JobViews):
             return job.user
         element = split_element_id(job_id)
         array = state.arrays.get(job_id) or (state.arrays.get(element[0]) if element else None)
-        if array is None or (job_id != array.id and array.position_of(element[1]) < 0):  # type: ignore[index]
+        if array is None or (job_id != array.id and element is not None and array.position_of(element[1]) < 0):
             return None
         return array.user
 
-    async def CancelJob(self, request, context):
+    async def CancelJob(self, request: api_pb2.CancelJobRequest, context: Context) -> api_pb2.CancelJobReply:
         await self._check_id(request.job_id, "job_id", context)
         await self._leader(context)
         caller = self.caller()
@@ -166,7 +168,7 @@ class JobsApi(JobViews):
                 status = JobStatus.STOPPING.value  # a cancelled array's running elements are stopping
         return api_pb2.CancelJobReply(status=status)
 
-    async def UpdateJob(self, request, context):
+    async def UpdateJob(self, request: api_pb2.UpdateJobRequest, context: Context) -> api_pb2.UpdateJobReply:
         """Change a running array's throttle: its owner or an admin."""
         await self._check_id(request.job_id, "job_id", context)
         if request.throttle < 0:
@@ -190,7 +192,7 @@ class JobsApi(JobViews):
                                               + (f"at most {request.throttle} element(s) running"
                                                  if request.throttle else "no limit on running elements"))
 
-    async def LogAccess(self, request, context):
+    async def LogAccess(self, request: api_pb2.LogAccessRequest, context: Context) -> api_pb2.LogAccessReply:
         """Tickets to read a job's task logs from its workers: for its owner and for admins."""
         await self._check_id(request.job_id, "job_id", context)
         await self._current_read(context)
@@ -219,7 +221,8 @@ class JobsApi(JobViews):
                               ticket=tickets.sign(self.m.node_credential(node), request.job_id, attempt, i, expires))
             for i, node in enumerate(nodes)])
 
-    async def PreemptWhatIf(self, request, context):
+    async def PreemptWhatIf(self, request: api_pb2.PreemptWhatIfRequest,
+                            context: Context) -> api_pb2.PreemptWhatIfReply:
         """What the leader's preemption step would do for a pending job now (its own function, rules
         and last round: LeaderState.what_if); commits nothing."""
         await self._check_id(request.job_id, "job_id", context)

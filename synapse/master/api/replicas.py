@@ -8,7 +8,7 @@ import logging
 import grpc
 
 from synapse.core import commands as c
-from synapse.master.api.base import ServicerBase, host_port
+from synapse.master.api.base import Context, ServicerBase, host_port
 from synapse.master.raft import ProposeError
 from synapse.proto import api_pb2
 
@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 class ReplicasApi(ServicerBase):
     """ReplicaStatus, AddReplica, RemoveReplica, ReportLiveness."""
 
-    async def ReplicaStatus(self, request, context):
+    async def ReplicaStatus(self, request: api_pb2.ReplicaStatusRequest,
+                            context: Context) -> api_pb2.ReplicaStatusReply:
         status = self.m.raft.status()
         leader = self.m.raft.leader() or ""
         if request.with_digest:
@@ -29,7 +30,7 @@ class ReplicasApi(ServicerBase):
         connected = [p for p in partners if status.get(f"partner_node_status_server_{p}") == 2]
         return api_pb2.ReplicaStatusReply(
             id=self.m.replica.id, api_address=self.m.replica.api, raft_address=self.m.replica.raft,
-            state={0: "follower", 1: "candidate", 2: "leader"}.get(status.get("state"), "unknown"),
+            state={0: "follower", 1: "candidate", 2: "leader"}.get(status.get("state", -1), "unknown"),
             leader_raft=leader, leader_api=self.m.api_of_raft(leader) if leader else "",
             term=status.get("raft_term", 0), commit_index=status.get("commit_idx", 0),
             applied_index=status.get("last_applied", 0), commands_applied=applied, digest=digest,
@@ -41,7 +42,7 @@ class ReplicasApi(ServicerBase):
             cluster_version=self.m.raft.cluster_version() if self.m.raft.is_leader() else 0,
             applied_version=self.m.raft.replicated.state.cluster_version)
 
-    async def AddReplica(self, request, context):
+    async def AddReplica(self, request: api_pb2.MembershipRequest, context: Context) -> api_pb2.MembershipReply:
         """Add a master replica: record its addresses, then add it to the Raft membership.
         Start the new replica's process afterwards (its cluster file lists every member)."""
         raft_address = await self._membership_request(request, context, "add")
@@ -52,7 +53,7 @@ class ReplicasApi(ServicerBase):
         return api_pb2.MembershipReply(message=f"replica {request.id} added at {request.raft_address}; "
                                                "start its process now")
 
-    async def RemoveReplica(self, request, context):
+    async def RemoveReplica(self, request: api_pb2.MembershipRequest, context: Context) -> api_pb2.MembershipReply:
         """Remove a master replica from the Raft membership (then stop its process)."""
         raft_address = await self._membership_request(request, context, "remove")
         await self._change_membership("remove", request.id, raft_address, context)
@@ -60,7 +61,7 @@ class ReplicasApi(ServicerBase):
                                          raft_address=raft_address, api_address="", removed=True), context)
         return api_pb2.MembershipReply(message=f"replica {request.id} removed")
 
-    async def _membership_request(self, request, context, action: str) -> str:
+    async def _membership_request(self, request: api_pb2.MembershipRequest, context: Context, action: str) -> str:
         """The Raft address of the replica to add or remove, once the request is valid and this
         replica leads (a follower redirects: it may be the one to remove)."""
         await self._check_id(request.id, "id", context)
@@ -82,7 +83,7 @@ class ReplicasApi(ServicerBase):
                                 "the leader cannot remove itself; stop it first so another replica leads")
         return raft_address
 
-    async def _change_membership(self, action: str, replica_id: str, raft_address: str, context) -> None:
+    async def _change_membership(self, action: str, replica_id: str, raft_address: str, context: Context) -> None:
         """pysyncobj's own membership entry for `raft_address` (idempotent, so a client may retry a
         change whose answer it lost: a timeout, a failover; the leader's members include every change
         it has appended, committed or not)."""
@@ -97,7 +98,7 @@ class ReplicasApi(ServicerBase):
                                     f"membership change refused ({exc.kind}): {reason}; retry")
         log.info("membership changed action=%s replica=%s raft=%s", action, replica_id, raft_address)
 
-    async def ReportLiveness(self, request, context):
+    async def ReportLiveness(self, request: api_pb2.LivenessDigest, context: Context) -> api_pb2.LivenessDigestReply:
         """A link shard's digest, for the leader's brain."""
         term = await self._leader(context)
         if len(request.node_ids) != len(request.ages_ms):

@@ -9,6 +9,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -17,11 +18,11 @@ from synapse.common.tls import peer_common_name
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.brain.stimuli import ProgressReport
-from synapse.core.model import NodeStatus
-from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, ServicerBase, admits, host_port
+from synapse.core.model import NodeStatus, Resources
+from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, Context, ServicerBase, admits, host_port
 from synapse.master.api.job_info import PULL_PROGRESS_TTL_S
 from synapse.master.dispatch import assignments_for_node
-from synapse.master.replica import LEADER_WAIT_S
+from synapse.master.replica import LEADER_WAIT_S, ShardWork
 from synapse.proto import api_pb2
 from synapse.rpc import convert
 
@@ -42,7 +43,7 @@ MAX_LISTED_IMAGES = 256
 class WorkersApi(ServicerBase):
     """RegisterNode, Heartbeat, WatchAssignments, ReportPullProgress, ReportTaskEvents."""
 
-    async def _worker_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> None:
+    async def _worker_identity(self, node_id: str, context: Context) -> None:
         """A worker call must come from that node: its credential, and its certificate under mTLS."""
         await self._check_id(node_id, "node_id", context)
         caller = self.caller()
@@ -58,7 +59,7 @@ class WorkersApi(ServicerBase):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"node {node_id} must present a client certificate issued to {node_id}")
 
-    async def RegisterNode(self, request, context):
+    async def RegisterNode(self, request: api_pb2.RegisterNodeRequest, context: Context) -> api_pb2.RegisterNodeReply:
         """An admin registers any node, a node's credential only that node, and a join token only a
         node that is not registered yet (so it cannot take over a node's id, and its credential)."""
         await self._check_id(request.node_id, "node_id", context)
@@ -75,10 +76,11 @@ class WorkersApi(ServicerBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         await self._leader(context)
         now = self.m.now()
-        cmd: c.Command = c.RegisterNode(at=now, by=caller.name, node_id=request.node_id,
-                                        address=request.address[:MAX_ID_CHARS], topology=tuple(request.topology),
-                                        capacity=capacity, labels=tuple(sorted(request.labels.items())),
-                                        isolation=request.isolation[:MAX_ISOLATION_CHARS])
+        register = c.RegisterNode(at=now, by=caller.name, node_id=request.node_id,
+                                  address=request.address[:MAX_ID_CHARS], topology=tuple(request.topology),
+                                  capacity=capacity, labels=tuple(sorted(request.labels.items())),
+                                  isolation=request.isolation[:MAX_ISOLATION_CHARS])
+        cmd: c.Command = register
         if caller.join_token:
             with self.m.lock:
                 token = self.m.state.join_tokens.get(caller.join_token)
@@ -88,7 +90,7 @@ class WorkersApi(ServicerBase):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {why}" if why else
                                     f"permission denied: node {request.node_id} is registered; re-registering it "
                                     "needs an admin or its own credential, not a join token")
-            cmd = c.JoinNode(at=now, by=caller.name, token_id=caller.join_token, node=cmd)
+            cmd = c.JoinNode(at=now, by=caller.name, token_id=caller.join_token, node=register)
         result = await self._propose(cmd, context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         loops = self.m.leader_loops
@@ -98,28 +100,35 @@ class WorkersApi(ServicerBase):
                  "/".join(request.topology), capacity.gpu)
         return api_pb2.RegisterNodeReply(status=result.value, heartbeat_interval_s=self.m.config.heartbeat_interval,
                                          node_credential=self.m.node_credential(request.node_id),
-                                         lease_ms=self.m.shard.lease_ms(NodeStatus.READY.value))  # READY now
+                                         lease_ms=self._shard().lease_ms(NodeStatus.READY.value))  # READY now
 
-    async def _attachable(self, context: grpc.aio.ServicerContext) -> None:
+    def _shard(self) -> ShardWork:
+        """This replica's link shard (main makes it before the API serves)."""
+        if self.m.shard is None:
+            raise RuntimeError("the link shard is made before the API serves")
+        return self.m.shard
+
+    async def _attachable(self, context: Context) -> None:
         """Workers attach to any replica that leads or follows a leader its digests reach; one cut
         off answers UNAVAILABLE, so its workers move on (synapse.master.link_shard)."""
         if self.m.stopping:
             await self._abort_stopping(context)
-        if not self.m.shard.serving():
+        if not self._shard().serving():
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"replica {self.m.replica.id} has no leader in reach; attach to another")
 
-    async def Heartbeat(self, request, context):
+    async def Heartbeat(self, request: api_pb2.HeartbeatRequest, context: Context) -> api_pb2.HeartbeatReply:
         """Absorbed by this replica's link shard, whichever replica it is (never refused): the reply
         names the node's shard, where the worker sends its next heartbeat. (Workers send most
         heartbeats by datagram, synapse.master.beats; this call is their way when none is answered.)"""
         await self._worker_identity(request.node_id, context)
-        reply, refused = self.m.shard.answer(request)
+        reply, refused = self._shard().answer(request)
         if reply is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, refused)
         return reply
 
-    async def WatchAssignments(self, request, context):
+    async def WatchAssignments(self, request: api_pb2.WatchAssignmentsRequest,
+                               context: Context) -> AsyncIterator[api_pb2.Assignments]:
         """Served by any replica from its applied state (workers watch from their shard's). A
         replica first waits until it has applied what the worker has seen, so (term, version)
         never goes back for the worker when it moves from one replica to another."""
@@ -136,7 +145,7 @@ class WorkersApi(ServicerBase):
                 pass
         log.info("assignments watched node=%s term=%d", request.node_id, self.m.raft.term())  # chaos timelines
         last_sent = None
-        while self.m.shard.serving():
+        while self._shard().serving():
             changed = self.m.node_event(request.node_id)
             term = self.m.raft.term()
             with self.m.lock:
@@ -166,7 +175,8 @@ class WorkersApi(ServicerBase):
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             f"replica {self.m.replica.id} has no leader in reach; attach to another")
 
-    async def ReportPullProgress(self, request, context):
+    async def ReportPullProgress(self, request: api_pb2.ReportPullProgressRequest,
+                                 context: Context) -> api_pb2.ReportPullProgressReply:
         """How far a node's pulls are, kept in the leader's memory only (a new leader hears the next)."""
         await self._worker_identity(request.node_id, context)
         if len(request.pulls) > 1000:
@@ -183,7 +193,8 @@ class WorkersApi(ServicerBase):
                                                    now)
         return api_pb2.ReportPullProgressReply()
 
-    async def ReportTaskEvents(self, request, context):
+    async def ReportTaskEvents(self, request: api_pb2.ReportTaskEventsRequest,
+                               context: Context) -> api_pb2.ReportTaskEventsReply:
         await self._worker_identity(request.node_id, context)
         if len(request.events) > 10_000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events: at most 10000 per report")
@@ -195,6 +206,7 @@ class WorkersApi(ServicerBase):
         if progress and loops is not None and loops.ready.is_set():
             loops.progress(progress)  # best effort: the next report says it again
         preparing = admits(version, c.TaskPrepared)
+        cmds: list[c.Command]
         cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
                 if e.started else
                 c.TaskPrepared(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
@@ -208,7 +220,7 @@ class WorkersApi(ServicerBase):
         return api_pb2.ReportTaskEventsReply(accepted=len(progress) + sum(1 for r in results if r.ok))
 
 
-def progress_report(e, node_id: str, now: float) -> ProgressReport:
+def progress_report(e: api_pb2.TaskEvent, node_id: str, now: float) -> ProgressReport:
     """A worker's progress event (an api_pb2.TaskEvent) as the leader's stimulus: a checkpoint time
     in the future is read as now (a task's clock is not the cluster's)."""
     at = e.checkpoint_at if math.isfinite(e.checkpoint_at) and e.checkpoint_at > 0 else 0.0
@@ -218,7 +230,7 @@ def progress_report(e, node_id: str, now: float) -> ProgressReport:
                           problem=e.progress_problem[:200])
 
 
-def _capacity_problem(capacity, request) -> str:
+def _capacity_problem(capacity: Resources, request: api_pb2.RegisterNodeRequest) -> str:
     """Why a node registration is refused, or ''."""
     if capacity.is_negative():
         return "capacity: must not be negative"
