@@ -146,7 +146,7 @@ def read_secret(value: Any, field_name: str) -> str:
     raise ConfigError(f"{field_name}: must be {{env: NAME}}, {{file: PATH}} or a string")
 
 
-def _duration(doc: dict, name: str, default: float) -> float:
+def _duration(doc: dict[str, Any], name: str, default: float) -> float:
     try:
         return parse_duration(doc[name]) if name in doc else default
     except QuantityError as exc:

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from synapse.core.jobs.quantity import format_pull, format_wait
@@ -84,7 +84,7 @@ def _job_link(job_id: str) -> str:
     return f'<a href="/jobs/{quote(job_id)}">{escape(job_id)}</a>'
 
 
-def _reason_cell(job: dict) -> str:
+def _reason_cell(job: dict[str, Any]) -> str:
     """A pending job's typed wait reason, its detail, and whether nodes are kept for it."""
     if job["state"] != JobStatus.PENDING.value:
         return ""
@@ -137,12 +137,13 @@ def gang_classes(gangs: Iterable[str]) -> dict[str, str]:
 LEGEND_GANGS = 40
 
 
-def heatmap(nodes: list[dict], colours: dict[str, str], marks: dict[str, list[NodeMark]], note: str = "") -> str:
+def heatmap(nodes: list[dict[str, Any]], colours: dict[str, str], marks: dict[str, list[NodeMark]],
+            note: str = "") -> str:
     """The nodes page: per rack a node x GPU table, each GPU in the colour of the gang holding it
     (`colours`, from gang_classes; its job id and task index as the cell's title), nodes kept for a
     waiting gang outlined (their free GPUs hatched) and named beside the row; a legend of states,
     gangs and the kept nodes."""
-    racks: dict[str, list[dict]] = {}
+    racks: dict[str, list[dict[str, Any]]] = {}
     for n in nodes:
         racks.setdefault(n["rack"], []).append(n)
     blocks = []
@@ -222,7 +223,7 @@ class Dashboard:
 
     # ---- reads (under the lock, into plain values) ---------------------------------------------
 
-    def _jobs(self) -> list[dict]:
+    def _jobs(self) -> list[dict[str, Any]]:
         now = time.time()
         view = self.m.leader_view()
         waiting = view.waiting() if view is not None else {}
@@ -252,7 +253,7 @@ class Dashboard:
         recorded = next((e.message for e in reversed(job.events) if e.kind == "Waiting"), "")
         return job.pending_reason, recorded.removeprefix(f"{job.pending_reason}: ")
 
-    def _nodes(self) -> list[dict]:
+    def _nodes(self) -> list[dict[str, Any]]:
         with self.m.lock:
             state = self.m.state
             out = []
@@ -433,7 +434,7 @@ class Dashboard:
             nodes = {n for _, _, n, _, _, _ in gang}
             late = {n for _, i, n, _, _, _ in gang if i in pulling}
             heard = {n: self.m.pull_progress.get((job_id, attempt, n)) for n in late}
-            late_text = ", ".join(n + (f" {format_pull(*heard[n][:3])}" if heard[n] else "") for n in sorted(late))
+            late_text = ", ".join(n + (f" {format_pull(*h[:3])}" if (h := heard[n]) else "") for n in sorted(late))
             progress = f": pulling, {len(nodes - late)} of {len(nodes)} nodes ready " \
                        f"(waiting: {escape(late_text)})" if late else ""
             facts.append(["Image", escape(spec.image) + progress])

@@ -6,9 +6,19 @@ here: the dashboard runs on the HTTP server's own threads."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
+
+if TYPE_CHECKING:  # SQLAlchemy's: imported by masters with a history store only
+    from synapse.history.exporter import History
+
+#: How the dashboard draws a table (headers, rows), a fact list (label, value rows), a time, a job's link.
+Table = Callable[[list[str], list[list[str]]], str]
+Facts = Callable[[list[list[str]]], str]
+When = Callable[[float], str]
+JobLink = Callable[[str], str]
 
 #: Rows a history page shows; jobs a history page sorts, at most (the most recent of the filter).
 PAGE_SIZE = 50
@@ -27,18 +37,15 @@ def _days(args: dict[str, str], default: int) -> int:
         return default
 
 
-def _unavailable(history: Any) -> str:
-    if history is None:
-        return ('<p class="muted">This cluster keeps no job history (set <code>history.url</code> in the cluster '
-                "file).</p>")
-    return ""
+#: What the history pages say of a cluster without a history store.
+NO_HISTORY = ('<p class="muted">This cluster keeps no job history (set <code>history.url</code> in the cluster '
+              "file).</p>")
 
 
-def history_page(history: Any, args: dict[str, str], table, when, job_link) -> str:
+def history_page(history: History | None, args: dict[str, str], table: Table, when: When, job_link: JobLink) -> str:
     """The body of /history (the caller wraps it in the page)."""
-    missing = _unavailable(history)
-    if missing:
-        return missing
+    if history is None:
+        return NO_HISTORY
     from synapse.history.store import JobQuery, StoreError
 
     days = _days(args, 7)
@@ -85,7 +92,7 @@ def history_page(history: Any, args: dict[str, str], table, when, job_link) -> s
     return form + nav + table(headers, body)
 
 
-def archived_job(history: Any, job_id: str, facts, table, when) -> str:
+def archived_job(history: History | None, job_id: str, facts: Facts, table: Table, when: When) -> str:
     """The body of /jobs/ID for a job the state forgot, from the store; '' if it holds none either."""
     if history is None:
         return ""
@@ -109,11 +116,10 @@ def archived_job(history: Any, job_id: str, facts, table, when) -> str:
             + table(["Attempt", "Start", "End", "Outcome", "Exit", "Nodes", "Reason"], runs))
 
 
-def usage_page(history: Any, args: dict[str, str], table) -> str:
+def usage_page(history: History | None, args: dict[str, str], table: Table) -> str:
     """The body of /usage: a chart of GPU-hours per queue per day, and the totals per queue and user."""
-    missing = _unavailable(history)
-    if missing:
-        return missing
+    if history is None:
+        return NO_HISTORY
     from synapse.history.store import StoreError
 
     days = _days(args, 30)

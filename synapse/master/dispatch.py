@@ -79,13 +79,13 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
             continue
         if isinstance(cmd, c.NodeDown | c.DrainNode | c.GpuFault) or (isinstance(cmd, c.SetNodeHealth) and cmd.drain):
             return set(watched)
-        job = state.jobs.get(cmd.job_id) if hasattr(cmd, "job_id") else None  # type: ignore[attr-defined]
+        job = state.jobs.get(cmd.job_id) if hasattr(cmd, "job_id") else None
         if job is not None and _changes_no_list(state, job, cmd):
             continue
         if job is not None:
             touched.update(t.node_id for t in job.tasks)
         if hasattr(cmd, "node_id"):
-            touched.add(cmd.node_id)  # type: ignore[attr-defined]
+            touched.add(cmd.node_id)
         if isinstance(cmd, c.CommitPlan):
             touched.update(p.node_id for p in cmd.placements)
     return touched

@@ -81,4 +81,4 @@ def install() -> None:
     if current is not zlib:
         raise RuntimeError("pysyncobj.tcp_connection.zlib is not the zlib module: a pysyncobj this code does "
                            "not know (see synapse.master.safesyncobj)")
-    tcp_connection.zlib = types.SimpleNamespace(compress=compress, decompress=decompress)  # type: ignore[assignment]
+    tcp_connection.zlib = types.SimpleNamespace(compress=compress, decompress=decompress)

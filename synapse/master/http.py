@@ -35,7 +35,7 @@ from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -147,7 +147,7 @@ def leader_ready(master: Master) -> str:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass  # scrapes every few seconds would flood the log
 
     def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
@@ -187,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Set-Cookie", f"{self.server.cookie_name}={value}; Max-Age={max_age}; Path=/; HttpOnly; "
                                        f"SameSite=Strict{secure}")
 
-    def _dashboard(self, url) -> None:
+    def _dashboard(self, url: SplitResult) -> None:
         if url.path == "/static/style.css":
             self._send(200, STYLE.encode(), "text/css; charset=utf-8")
             return
@@ -295,7 +295,9 @@ class _Server(ThreadingHTTPServer):
     def https(self) -> bool:
         return self.tls is not None
 
-    def finish_request(self, request, client_address) -> None:
+    # A TCP server's requests are sockets: typeshed's base also allows a datagram server's (data, socket).
+    def finish_request(self, request: socket.socket,  # type: ignore[override]
+                       client_address: tuple[str, int]) -> None:
         """Serve one connection, on its own thread: over TLS when the port has it."""
         request.settimeout(CONNECTION_TIMEOUT_S)
         if self.tls is None:
@@ -319,12 +321,15 @@ class _Server(ThreadingHTTPServer):
     def _refuse_plain(self, request: socket.socket) -> None:
         """Answer a plain-HTTP request on the HTTPS port without reading it as one."""
         host, port = self.server_address[:2]
+        if isinstance(host, bytes | bytearray):
+            host = host.decode()
         body = f"This port serves HTTPS only: https://{host}:{port}/\n".encode()
         request.recv(65536)  # what the client sent, so that closing does not reset the connection first
         request.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
                         b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: socket.socket,  # type: ignore[override]  # as finish_request
+                     client_address: tuple[str, int]) -> None:
         """A client that hung up or stalled is no error of ours; anything else is logged."""
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, ssl.SSLError)):
             return

@@ -38,9 +38,11 @@ from synapse.core.brain.stimuli import (
     Reschedule,
     RoundDue,
     Started,
+    Stimulus,
 )
 from synapse.master.link_shard import ShardTimings
 from synapse.master.raft import ProposeError
+from synapse.proto import api_pb2
 from synapse.rpc import convert
 
 if TYPE_CHECKING:
@@ -77,7 +79,7 @@ class LeaderLoops:
             history=history is not None, usage_half_life=config.fair_share_half_life,
             max_unarchived=history.settings.max_unarchived if history is not None else 0, spares=config.spares))
         self.view: LeaderView = self.brain  #: what endpoints, metrics and the dashboard read
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self.stopped = False
 
     def start(self) -> None:
@@ -114,7 +116,7 @@ class LeaderLoops:
 
     # ---- feeding the brain, carrying out what it says ------------------------------------------------
 
-    def _handle(self, *stimuli) -> list[Instruction]:
+    def _handle(self, *stimuli: Stimulus) -> list[Instruction]:
         with self.master.lock:
             return self.brain.handle(self.master.state, *stimuli)
 
@@ -145,7 +147,7 @@ class LeaderLoops:
             log.warning("node declared down node=%s term=%d reason=%s", cmd.node_id, self.term, cmd.reason)
         return result
 
-    def _spawn(self, work: Coroutine) -> None:
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
         self._tasks = [t for t in self._tasks if not t.done()]
         self._tasks.append(asyncio.create_task(work))
 
@@ -204,11 +206,11 @@ class LeaderLoops:
         if out:
             self._spawn(self.carry_out(out))
 
-    def digest(self, digest) -> None:
+    def digest(self, digest: api_pb2.LivenessDigest) -> None:
         """A link shard's digest (an api_pb2.LivenessDigest): its changes as heartbeats, its ages as
         one stimulus; what the brain proposes goes out without holding the caller."""
         now, mono = time.time(), time.monotonic()
-        stimuli: list = [Heartbeat(h.node_id, now, mono,
+        stimuli: list[Stimulus] = [Heartbeat(h.node_id, now, mono,
                                    HealthReport(h.unhealthy, h.health_message, h.drain_on_failure),
                                    convert.gpu_errors_from_proto(h)) for h in digest.changes]
         stimuli.append(LivenessDigest(digest.shard, now, mono, tuple(zip(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import importlib.metadata
 import logging
 import os
 import signal
@@ -321,7 +322,7 @@ def run_loop(main: Coroutine[Any, Any, None], kind: str) -> None:
         except ImportError:
             log.warning("uvloop is not installed: running on asyncio's own event loop (it costs more CPU)")
         else:
-            log.info("event loop: uvloop %s", uvloop.__version__)
+            log.info("event loop: uvloop %s", importlib.metadata.version("uvloop"))
             uvloop.run(main)
             return
     asyncio.run(main)

@@ -11,10 +11,12 @@ the contract a test holds this module to.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from synapse.core import commands as c
@@ -38,13 +40,13 @@ class StateCollector(Collector):
     def __init__(self, master: Master) -> None:
         self.m = master
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield from self._raft()
         yield from self._state()
         yield from self._history()
         yield from self._shard()
 
-    def _shard(self):
+    def _shard(self) -> Iterator[Metric]:
         """This replica's link shard, and on the leader what it hears of every shard."""
         shard, view = self.m.shard, self.m.leader_view()
         if shard is None:  # main makes it before serving metrics
@@ -80,7 +82,7 @@ class StateCollector(Collector):
         yield _gauge("synapse_nodes_held_silent", "silent nodes the mass-silence guard holds back from DOWN "
                      "(leader only)", view.held_silent if view is not None else 0)
 
-    def _history(self):
+    def _history(self) -> Iterator[Metric]:
         history = self.m.history
         with self.m.lock:
             unarchived, dropped = len(self.m.state.unarchived), self.m.state.history_dropped
@@ -97,7 +99,7 @@ class StateCollector(Collector):
         yield _counter("synapse_history_store_errors_total", "failed attempts of this replica's exporter",
                        history.errors if history is not None else 0)
 
-    def _raft(self):
+    def _raft(self) -> Iterator[Metric]:
         raft = self.m.raft
         status = raft.status()
         leader = raft.leader_if_connected()
@@ -112,7 +114,7 @@ class StateCollector(Collector):
         yield _counter("synapse_raft_entries_proposed_total", "log entries this replica proposed as leader",
                        raft.entries_proposed)
 
-    def _state(self):
+    def _state(self) -> Iterator[Metric]:
         now = time.time()
         jobs = GaugeMetricFamily("synapse_jobs", "jobs by state and queue", labels=["state", "queue"])
         gpus = GaugeMetricFamily("synapse_gpus", "GPUs by state: used, free, unavailable (down or cordoned)",
@@ -164,7 +166,8 @@ class StateCollector(Collector):
         for (st, sched), n in sorted(node_counts.items()):
             nodes.add_metric([st, sched], n)
         for name, guaranteed in sorted(queues.items()):
-            queue_used.add_metric([name], usage[name].gpu if usage[name] else 0)
+            used = usage[name]
+            queue_used.add_metric([name], used.gpu if used else 0)
             queue_guaranteed.add_metric([name], guaranteed)
         yield from (jobs, gpus, rack_gpus, nodes, queue_used, queue_guaranteed)
         yield from _goodput(spent)
@@ -187,7 +190,7 @@ class StateCollector(Collector):
 GOODPUT_PARTS = ("held", "kept", "lost_failures", "lost_restarts", "lost_other", "requeue_wait")
 
 
-def _goodput(spent: dict[str, goodput.Goodput]):
+def _goodput(spent: dict[str, goodput.Goodput]) -> Iterator[Metric]:
     """Each queue's GPU-hours by where they went, and its goodput, over the jobs the state holds
     (running, and finished within the retention)."""
     hours = GaugeMetricFamily("synapse_goodput_gpu_hours", "GPU-hours of the jobs the state holds, per queue, by "
