@@ -31,10 +31,14 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 from prometheus_client import Histogram
+from pysyncobj import SyncObj
 from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.journal import FileJournal
 from pysyncobj.serializer import Serializer
 
 log = logging.getLogger(__name__)
@@ -68,14 +72,14 @@ FSYNC_SECONDS = Histogram("synapse_journal_fsync_seconds", "journal flushes (fda
                           buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0))
 
 
-def fsync_durable(sync: object) -> None:
+def fsync_durable(sync: SyncObj) -> None:
     """Make a SyncObj's file journal flush every append before it is acknowledged (see module doc)."""
     journal = sync._SyncObj__raftLog
     rewriting = [False]  #: inside deleteEntriesTo: one flush at its end, not one per entry
     for name in ("add", "deleteEntriesFrom", "clear"):
         original = getattr(journal, name)
 
-        def flushed(*args: object, _original=original) -> object:
+        def flushed(*args: object, _original: Callable[..., object] = original) -> object:
             result = _original(*args)
             if not rewriting[0]:
                 datasync(journal)
@@ -99,7 +103,7 @@ def fsync_durable(sync: object) -> None:
     meta = journal._FileJournal__metaStorer
     original_store = meta.storeMeta
 
-    def store_synced(data: dict) -> None:
+    def store_synced(data: dict[str, Any]) -> None:
         original_store(data)
         fsync_path(meta.getPath())
         fsync_path(os.path.dirname(meta.getPath()) or ".")
@@ -116,7 +120,7 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-class SnapshotWriter(Serializer):
+class SnapshotWriter(Serializer):  # type: ignore[misc]  # pysyncobj has no types: Serializer is Any to the checker
     """pysyncobj's snapshot file (`raft.dump`), written by a thread of the replica, not a forked child.
 
     pysyncobj forks the replica to pickle its state. A master is a gRPC server with many threads,
@@ -152,9 +156,9 @@ class SnapshotWriter(Serializer):
         self._retry_at = 0.0  #: monotonic time before which no write starts, after a failure
         self._renames = threading.Lock()  #: one rename of raft.dump at a time (write vs install)
         self._installs = 0  #: snapshots received from the leader and put in place
-        self._incoming = None  #: the file a snapshot from the leader is being received into
+        self._incoming: IO[bytes] | None = None  #: the file a snapshot from the leader is being received into
 
-    def serialize(self, data, id) -> None:  # noqa: A002 - pysyncobj's signature
+    def serialize(self, data: object, id: int) -> None:  # noqa: A002 - pysyncobj's signature
         if self._writer is not None:
             return
         self._index, self._error = id, ""
@@ -162,7 +166,7 @@ class SnapshotWriter(Serializer):
                                         daemon=True)
         self._writer.start()
 
-    def _write(self, data, index: int, installs: int) -> None:
+    def _write(self, data: object, index: int, installs: int) -> None:
         started = time.perf_counter()
         tmp = self.file_name + ".tmp"
         try:
@@ -184,7 +188,7 @@ class SnapshotWriter(Serializer):
         log.info("snapshot written index=%d bytes=%d seconds=%.2f", index, os.path.getsize(self.file_name),
                  time.perf_counter() - started)
 
-    def checkSerializing(self):  # noqa: N802 - pysyncobj's name
+    def checkSerializing(self) -> tuple[int, int | None]:  # noqa: N802 - pysyncobj's name
         writer = self._writer
         if writer is None:
             if time.monotonic() < self._retry_at:  # pysyncobj would build the next snapshot at once
@@ -197,10 +201,11 @@ class SnapshotWriter(Serializer):
             log.warning("snapshot not written index=%d: %s", self._index, self._error)
             self._retry_at = time.monotonic() + self.RETRY_S
             return SERIALIZER_STATE.FAILED, self._index
-        self._Serializer__transmissions = {}  # as pysyncobj does: followers restart on the new file
+        # as pysyncobj does: followers restart on the new file
+        self._Serializer__transmissions: dict[object, dict[str, Any]] = {}
         return SERIALIZER_STATE.SUCCESS, self._index
 
-    def setTransmissionData(self, data) -> bool:  # noqa: N802 - pysyncobj's name
+    def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:  # noqa: N802 - pysyncobj's name
         """One chunk of a snapshot from the leader; True once the whole file is in place."""
         if data is None:
             return False
@@ -231,7 +236,7 @@ class SnapshotWriter(Serializer):
             return False
 
 
-def datasync(journal: object) -> None:
+def datasync(journal: FileJournal) -> None:
     """Put a pysyncobj FileJournal's writes on disk.
 
     pysyncobj's own `flush` is mmap.flush (msync), which CPython runs holding the GIL: every
@@ -240,13 +245,13 @@ def datasync(journal: object) -> None:
     mapping dirty the file's page cache: fdatasync on the file writes the same pages, and
     os.fdatasync releases the GIL while it waits. The file object is looked up each time because
     pysyncobj reopens it when the journal grows."""
-    handle = journal._FileJournal__journalFile._ResizableFile__f  # type: ignore[attr-defined]
+    handle = journal._FileJournal__journalFile._ResizableFile__f
     started = time.perf_counter()
     os.fdatasync(handle.fileno())
     FSYNC_SECONDS.observe(time.perf_counter() - started)
 
 
-def journal_records(path: str | Path):
+def journal_records(path: str | Path) -> Iterator[tuple[int, int, bytes]]:
     """(index, term, command bytes) of each record of a pysyncobj journal; raises CorruptionError on
     truncation or bad framing."""
     data = Path(path).read_bytes()

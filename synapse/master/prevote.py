@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic
+from pysyncobj.node import Node
 from pysyncobj.syncobj import _RAFT_STATE
 
 log = logging.getLogger(__name__)
 
 
-class PreVote(SyncObj):
+class PreVote(SyncObj):  # type: ignore[misc]  # pysyncobj has no types: SyncObj is Any to the checker
     """SyncObj whose replicas ask their peers before they campaign, and ask soon once the leader's link closed."""
 
     PREVOTE = True  #: off only to show, in a test, what happens without it
@@ -38,7 +40,7 @@ class PreVote(SyncObj):
     FAST_FAILOVER = True  #: off only to show, in a test, what happens without it (see _leader_link_lost)
 
     _prevote_term: int
-    _prevotes: frozenset
+    _prevotes: frozenset[Node]
     _campaign: bool
     _leader_contact: float
     _rejoined: float
@@ -46,6 +48,7 @@ class PreVote(SyncObj):
     _lost_leader: object
     prevotes_denied: int
     raftCurrentTerm: int
+    _SyncObj__raftElectionDeadline: float  #: pysyncobj's, read and moved here
 
     def _maybe_prevote(self, now: float) -> bool:
         """Run PreVote when the election deadline has passed; True when this tick may start the
@@ -87,7 +90,7 @@ class PreVote(SyncObj):
             return True
         return False
 
-    def _answer_prevote(self, node, message: dict) -> None:
+    def _answer_prevote(self, node: Node, message: dict[str, Any]) -> None:
         conf = self._SyncObj__conf
         lease = conf.raftMinTimeout - 2 * conf.appendEntriesPeriod  # heard a leader this recently: it lives
         mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
@@ -105,7 +108,7 @@ class PreVote(SyncObj):
         self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message.get("term"),
                                              "granted": granted, "current_term": self.raftCurrentTerm})
 
-    def _yield_to(self, node, term: int, ahead: bool, now: float) -> bool:
+    def _yield_to(self, node: Node, term: int, ahead: bool, now: float) -> bool:
         """Whether to grant a pre-vote the log rules allow; if so, stand aside for the asker.
 
         Two replicas whose timers fire within a message's time of each other both won their
@@ -125,7 +128,7 @@ class PreVote(SyncObj):
                                                   now + self._SyncObj__conf.raftMinTimeout)
         return True
 
-    def _count_prevote(self, node, message: dict) -> None:
+    def _count_prevote(self, node: Node, message: dict[str, Any]) -> None:
         current = message.get("current_term")
         if not message.get("granted") and isinstance(current, int) and current > self.raftCurrentTerm:
             # Refused by a peer at a higher term: take its term (as etcd does), without a vote. A
@@ -140,7 +143,7 @@ class PreVote(SyncObj):
             self._prevotes = self._prevotes | {node}
             self._won_prevote()
 
-    def _leader_link_lost(self, node) -> None:
+    def _leader_link_lost(self, node: Node) -> None:
         """The TCP link to the leader closed: most likely its process died (kill -9, a crash, a
         restart all close its sockets), so campaign now rather than after an election timeout.
 

@@ -69,9 +69,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any, NoReturn
 
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic
+from pysyncobj.node import Node
+from pysyncobj.serializer import Serializer
 from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse.master import frames
@@ -83,7 +86,7 @@ from synapse.master.snapshot_guard import SnapshotGuard
 log = logging.getLogger(__name__)
 
 
-def held_prefix(term_at: Callable[[int], int | None], entries: list) -> int:
+def held_prefix(term_at: Callable[[int], int | None], entries: list[tuple[bytes, int, int]]) -> int:
     """How many leading entries of an AppendEntries (command, index, term) the local log already
     holds at the same index with the same term (`term_at` answers None past the log's end)."""
     held = 0
@@ -105,6 +108,11 @@ _missing = [name for name in _INTERNALS if not hasattr(SyncObj, name)]
 if _missing:
     raise ImportError(f"this pysyncobj lacks {_missing}: synapse.master.safesyncobj.SafeSyncObj needs "
                       "pysyncobj 0.3.x")
+
+
+def _before_transport(*args: object) -> NoReturn:
+    """What stands for the transport's functions until SyncObj.__init__ has made the transport."""
+    raise RuntimeError("pysyncobj's transport is not made yet")
 
 
 class SafeSyncObj(PreVote, SnapshotGuard):
@@ -147,8 +155,10 @@ class SafeSyncObj(PreVote, SnapshotGuard):
     #: at once, as pysyncobj does). Well under a heartbeat: only followers' apply waits for it.
     COMMIT_HOLD_S = 0.005
 
-    def __init__(self, *args, command_version: int = 0, stopped: Callable[[], str] | None = None,
-                 reads_sealed: bool = True, **kwargs) -> None:
+    _SyncObj__serializer: Serializer  #: pysyncobj's, replaced here by a SnapshotWriter
+
+    def __init__(self, *args: object, command_version: int = 0, stopped: Callable[[], str] | None = None,
+                 reads_sealed: bool = True, **kwargs: object) -> None:
         # Every attribute of this class exists before SyncObj.__init__ lists its own: pysyncobj
         # pickles any attribute set later into its snapshots, and a replica loading one takes them
         # over (a bound method set later made every snapshot fail: "Failed to store full dump").
@@ -162,10 +172,10 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         self.command_version = command_version  #: the highest command-set version this replica applies; fixed
         #: peer node -> (command-set version it last told on its current link, monotonic time it
         #: did); written by the tick thread only
-        self._versions: dict = {}
-        self._send: Callable | None = None  #: the transport's own send
+        self._versions: dict[Node, tuple[int, float]] = {}
+        self._send: Callable[[Node, object], bool] = _before_transport  #: the transport's own send
         self._prevote_term = 0  #: the term a pre-vote round under way asks about (0: none)
-        self._prevotes: frozenset = frozenset()  #: peers that said yes in that round (and this replica)
+        self._prevotes: frozenset[Node] = frozenset()  #: peers that said yes in that round (and this replica)
         self._campaign = False  #: a pre-vote round was won: the next election timeout starts an election
         self._leader_contact = float("-inf")  #: when a current leader's AppendEntries last arrived
         self._heard_any = float("-inf")  #: when any peer's message last arrived
@@ -176,11 +186,11 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         self.prevotes_denied = 0  #: pre-vote rounds that ended without a majority (a disruption avoided)
         self._lost_logged = float("-inf")  #: when a lost round was last logged (once per leader lost)
         self._keepalive_sent = 0.0  #: when this replica last said something to every peer (KEEPALIVE_S)
-        self._kept_links: set = set()  #: leaders a membership change removed while this replica follows them
+        self._kept_links: set[Node] = set()  #: leaders a membership change removed while this replica follows them
         #: the leader whose link this follower saw close, until a leader's AppendEntries arrives again
         self._lost_leader = None
-        self._drop_link: Callable | None = None  #: the transport's own dropNode and addNode
-        self._add_link: Callable | None = None
+        self._drop_link: Callable[[Node], None] = _before_transport  #: the transport's own dropNode and addNode
+        self._add_link: Callable[[Node], None] = _before_transport
         #: (leads, term) as the last tick left them, set as one object: another thread reading
         #: the state and then the term could see a leader of a term it never led (after a pause,
         #: a deposed leader briefly started leader loops for the new term)
@@ -188,7 +198,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         #: (the leader's next-heartbeat time, monotonic time) when it applied entries whose commit
         #: index no message has carried yet; None: nothing owed. The first changes with every send.
         self._commit_owed: tuple[float, float] | None = None
-        self._poll_messages: Callable[[float], None] | None = None  #: the poller's own poll
+        self._poll_messages: Callable[[float], None] = _before_transport  #: the poller's own poll
         #: whether proposals wait for the next entry (raft.RaftNode sets it; None: take it that they do)
         self.more_coming: Callable[[], bool] | None = None
         frames.install()  # before SyncObj.__init__ opens the transport
@@ -208,7 +218,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
     def _getEncryptor(self) -> RaftCipher | None:
         return self.cipher
 
-    def _guarded_drop(self, node) -> None:
+    def _guarded_drop(self, node: Node) -> None:
         """Drop a peer's link, unless it is the leader this follower listens to.
 
         pysyncobj drops a peer's TCP link as soon as an entry removing it reaches the log, and
@@ -223,7 +233,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         self._kept_links.discard(node)
         self._drop_link(node)
 
-    def _guarded_add(self, node) -> None:
+    def _guarded_add(self, node: Node) -> None:
         if node in self._kept_links:  # its link was never dropped
             self._kept_links.discard(node)
             return
@@ -238,7 +248,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
                 self._kept_links.discard(node)
                 self._drop_link(node)
 
-    def _send_with_version(self, node, message) -> bool:
+    def _send_with_version(self, node: Node, message: object) -> bool:
         """The transport's send; an answer to a leader's AppendEntries also carries this replica's
         command-set version (pysyncobj builds a fresh dict per message, and ignores unknown keys)."""
         if self.command_version and isinstance(message, dict) and message.get("type") == "next_node_idx":
@@ -259,19 +269,19 @@ class SafeSyncObj(PreVote, SnapshotGuard):
             members[getattr(node, "address", str(node))] = version if now - heard <= self.VERSION_HEARD_S else 0
         return members
 
-    def _SyncObj__onNodeConnected(self, node):  # noqa: N802 - overrides the mangled name
+    def _SyncObj__onNodeConnected(self, node: Node) -> None:  # noqa: N802 - overrides the mangled name
         self._versions.pop(node, None)
         SyncObj._SyncObj__onNodeConnected(self, node)
 
-    def _SyncObj__onNodeDisconnected(self, node):  # noqa: N802 - overrides the mangled name
+    def _SyncObj__onNodeDisconnected(self, node: Node) -> None:  # noqa: N802 - overrides the mangled name
         self._versions.pop(node, None)
         SyncObj._SyncObj__onNodeDisconnected(self, node)
         if node == self._SyncObj__raftLeader and node is not self._lost_leader \
                 and self._SyncObj__raftState == _RAFT_STATE.FOLLOWER:
             self._leader_link_lost(node)
 
-    def _SyncObj__applyLogEntries(self):  # noqa: N802 - overrides the mangled name
-        send = SyncObj._SyncObj__applyLogEntries(self)
+    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - overrides the mangled name
+        send: bool = SyncObj._SyncObj__applyLogEntries(self)
         if not send or self._SyncObj__raftState != _RAFT_STATE.LEADER or not self.COMMIT_HOLD_S:
             return send
         if self.more_coming is not None and not self.more_coming():
@@ -280,7 +290,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
             self._commit_owed = (self._SyncObj__newAppendEntriesTime, monotonic())
         return False  # _settle_commit sends it, unless the next entry's AppendEntries carries it first
 
-    def _checkCommandsToApply(self):  # noqa: N802 - overrides pysyncobj's
+    def _checkCommandsToApply(self) -> None:  # noqa: N802 - overrides pysyncobj's
         SyncObj._checkCommandsToApply(self)  # the tick's command intake: each new entry is sent at once
         self._settle_commit(monotonic())
 
@@ -302,7 +312,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
             timeout = max(0.0, min(timeout, owed[1] + self.COMMIT_HOLD_S - monotonic()))
         self._poll_messages(timeout)
 
-    def _onTick(self, timeToWait=0.0):  # noqa: N802,N803 - overrides pysyncobj's tick
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802,N803 - overrides pysyncobj's tick
         if type(self._SyncObj__serializer) is not SnapshotWriter:  # before the first tick can compact
             conf = self._SyncObj__conf
             if conf.fullDumpFile and conf.serializer is None:
@@ -346,7 +356,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         entries = self._SyncObj__getEntries(index, 1)
         return entries[0][2] if entries else None
 
-    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802 - overrides the mangled name
+    def _SyncObj__onMessageReceived(self, node: Node, message: dict[str, Any]) -> None:  # noqa: N802 - overrides the mangled name
         now = monotonic()
         conf = self._SyncObj__conf
         # The first word after a silence longer than a live cluster keeps (not the first ever: a
@@ -362,11 +372,13 @@ class SafeSyncObj(PreVote, SnapshotGuard):
             version = message.get("command_version")
             self._versions[node] = (version if isinstance(version, int) else 0, now)
         if kind == "keepalive":
-            return None  # read: the link lives (and this replica is not cut off: see _rejoined)
+            return  # read: the link lives (and this replica is not cut off: see _rejoined)
         if kind == "pre_vote":
-            return self._answer_prevote(node, message)
+            self._answer_prevote(node, message)
+            return
         if kind == "pre_vote_response":
-            return self._count_prevote(node, message)
+            self._count_prevote(node, message)
+            return
         if kind == "append_entries" and isinstance(message.get("term"), int) \
                 and message["term"] >= self.raftCurrentTerm:
             self._leader_contact = monotonic()  # a current leader lives: refuse pre-votes for a while
@@ -377,7 +389,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
                     return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
-    def _screen_append(self, node, message: dict) -> dict | None:
+    def _screen_append(self, node: Node, message: dict[str, Any]) -> dict[str, Any] | None:
         if self.diverged:
             return None
         prev_index, prev_term = message["prevLogIdx"], message["prevLogTerm"]
@@ -391,9 +403,11 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         if held < len(entries):
             conflict = entries[held][1]
             if self._term_at(conflict) is not None and conflict <= applied:
-                return self._diverge(conflict, applied, message)
+                self._diverge(conflict, applied, message)
+                return None
         elif last_local > last_sent and not entries and last_sent < applied:
-            return self._diverge(last_sent + 1, applied, message)  # would drop applied entries
+            self._diverge(last_sent + 1, applied, message)  # would drop applied entries
+            return None
         if held == 0:
             return message
         trimmed = dict(message)
@@ -409,7 +423,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_sent + 1, success=True)
         return None
 
-    def _diverge(self, index: int, applied: int, message: dict) -> None:
+    def _diverge(self, index: int, applied: int, message: dict[str, Any]) -> None:
         self.diverged = (f"the leader's log differs from this replica's at index {index}, which it has "
                          f"already applied (applied {applied}, leader term {message['term']}): "
                          "this replica's state has diverged; rebuild it from its peers")

@@ -21,7 +21,7 @@ from pysyncobj.journal import FileJournal
 log = logging.getLogger(__name__)
 
 
-class SnapshotGuard(SyncObj):
+class SnapshotGuard(SyncObj):  # type: ignore[misc]  # pysyncobj has no types: SyncObj is Any to the checker
     """SyncObj whose snapshot load, journal trim and log compaction keep the guards above."""
 
     _stopped: Callable[[], str]
@@ -31,7 +31,7 @@ class SnapshotGuard(SyncObj):
         own = self._SyncObj__properies
         return sorted(k for k in self.__dict__ if k not in own and not k.startswith("_SyncObj__"))
 
-    def _SyncObj__loadDumpFile(self, clearJournal):  # noqa: N802,N803 - overrides the mangled name
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802,N803 - overrides the mangled name
         """Load the snapshot, keeping the journal's entries after it (Raft's rule for snapshots).
 
         A snapshot replaces `raft.dump` first; the journal's entries up to it are deleted on a
@@ -45,7 +45,8 @@ class SnapshotGuard(SyncObj):
         try:
             data = serializer.deserialize()
         except Exception:  # noqa: BLE001 - pysyncobj reads it again and reports the failure
-            return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+            return
         if not clearJournal:  # data[1]: the snapshot's last entry; data[2]: the one before it
             self._trim_journal_to(data[2], data[1])
         serializer.deserialize = lambda: data  # read once: pysyncobj's load reads the same file
@@ -58,7 +59,7 @@ class SnapshotGuard(SyncObj):
                  "leader" if clearJournal else "disk", journal[0][1] if len(journal) else "-",
                  journal[len(journal) - 1][1] if len(journal) else "-")
 
-    def _trim_journal_to(self, first: tuple, last: tuple) -> None:
+    def _trim_journal_to(self, first: object, last: tuple[bytes, int, int]) -> None:
         """Drop the journal's entries before `first` if the journal holds `first` and `last` at
         their indexes: `last` is the snapshot's last entry, and `first` the one before it, which a
         journal trimmed to the snapshot begins with.
@@ -81,7 +82,7 @@ class SnapshotGuard(SyncObj):
         else:
             journal.deleteEntriesTo(offset)
 
-    def _SyncObj__tryLogCompaction(self):  # noqa: N802 - overrides the mangled name
+    def _SyncObj__tryLogCompaction(self) -> None:  # noqa: N802 - overrides the mangled name
         if self._stopped():
             return  # the state stands before an entry pysyncobj counts as applied: see the module docstring
         SyncObj._SyncObj__tryLogCompaction(self)
