@@ -153,7 +153,7 @@ def _duration(doc: dict[str, Any], name: str, default: float) -> float:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def _flag(doc: dict, name: str, default: bool) -> bool:
+def _flag(doc: dict[str, Any], name: str, default: bool) -> bool:
     value = doc.get(name, default)
     if not isinstance(value, bool):
         raise ConfigError(f"{name}: true or false, not {value!r}")

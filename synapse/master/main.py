@@ -39,7 +39,7 @@ from synapse.common.tls import generate, issue, issue_worker, server_credentials
 from synapse.core import codec, versions
 from synapse.master.api.base import add_to_server
 from synapse.master.api.servicer import MasterServicer
-from synapse.master.beats import serve_beats
+from synapse.master.beats import BeatEndpoint, serve_beats
 from synapse.master.config import ClusterConfig, ConfigError, load_cluster_config
 from synapse.master.durability import check_journal
 from synapse.master.http import HTTPService, leader_ready
@@ -195,7 +195,7 @@ async def serve(config: ClusterConfig, replica_id: str, stop: asyncio.Event | No
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await server.start()
-    beats = None
+    beats: BeatEndpoint | None = None
     if config.heartbeat_datagrams:
         beats = master.beats = await serve_beats(master, replica.api)
     if http is not None:

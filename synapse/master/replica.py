@@ -27,7 +27,6 @@ from prometheus_client import Counter, Histogram
 
 from synapse.common.tls import channel_credentials
 from synapse.core import commands as c
-from synapse.core.brain.heartbeat import Lease
 from synapse.core.brain.leader_state import LeaderView
 from synapse.core.brain.stimuli import HealthReport, ProgressReport
 from synapse.core.shards import ShardMap
@@ -94,7 +93,6 @@ class ShardWork(Protocol):
     def timings(self) -> ShardClock: ...
 
     map: ShardMap
-    lease: Lease  #: what a heartbeat's answer renews
     absorbed: int  #: heartbeats absorbed
     redirects: int  #: of those, heartbeats of nodes whose shard is another replica's
     delivered: int  #: digests that reached the leader's brain
@@ -102,15 +100,24 @@ class ShardWork(Protocol):
     failures: int  #: digests not delivered since the last one that was
     delivered_at: float  #: monotonic time the last digest reached a leader
 
-    async def run(self, stop: asyncio.Event) -> None: ...
-
     def serving(self) -> bool: ...
 
     def attached(self) -> int: ...
 
-    def absorb(self, request: api_pb2.HeartbeatRequest) -> tuple[str, tuple[str, ...]]: ...
+    def answer(self, request: api_pb2.HeartbeatRequest) -> tuple[api_pb2.HeartbeatReply | None, str]:
+        """A heartbeat taken in and answered: (the reply, '') or (None, why not)."""
 
-    def lease_ms(self, status: str) -> int: ...
+    def lease_ms(self, status: str) -> int:
+        """The lease a heartbeat's answer grants a node of `status`, in milliseconds."""
+
+
+class BeatCounts(Protocol):
+    """What metrics read of the heartbeat datagrams' endpoint (synapse.master.beats.BeatEndpoint,
+    which imports this module: hence a protocol)."""
+
+    answered: int
+    refused: int
+    dropped: int
 
 
 class MetricsWork(Protocol):
@@ -161,7 +168,7 @@ class Master:
         #: the heartbeats of its share of the nodes; set by main
         self.shard: ShardWork | None = None
         #: the heartbeat datagrams' endpoint (synapse.master.beats), if this replica takes them
-        self.beats = None
+        self.beats: BeatCounts | None = None
 
     # ---- proposing and reading -----------------------------------------------------------------
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from synapse.worker.beats import DatagramBeats
 from synapse.worker.state import StateView
 
 PHASES = ("starting", "running", "stopping")
@@ -28,7 +29,7 @@ class Observed(Protocol):
 
     view: StateView  #: the main loop's copy of the state (the metrics are read on the HTTP server's threads)
     heartbeat_ok: bool
-    datagrams: Any  #: synapse.worker.beats.DatagramBeats, or None when the worker sends none
+    datagrams: DatagramBeats | None  #: None when the worker sends none
 
 
 class _Tasks(Collector):
