@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException
 
@@ -70,7 +71,7 @@ class LoopInbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque[tuple[Callable[..., None], tuple[object, ...]]] = collections.deque()
         self._scheduled = False
 
     def post(self, fn: Callable[..., None], *args: object) -> None:
@@ -135,13 +136,17 @@ MAX_IN_FLIGHT = 1
 IN_FLIGHT_TIMEOUT_S = 5.0
 
 
+#: What a proposal's future gets: (one result per command, or None when this replica stopped
+#: applying first; pysyncobj's FAIL_REASON, or _TIMED_OUT / _HALTED below).
+Outcome = tuple[list[c.Result] | None, object]
+
 #: The outcome a proposal's future gets when its timeout passes first.
 _TIMED_OUT = object()
 #: The outcome of a proposal that committed after this replica stopped applying (see `_failure`).
 _HALTED = object()
 
 
-def _expire(future: asyncio.Future) -> None:
+def _expire(future: asyncio.Future[Outcome]) -> None:
     if not future.done():
         future.set_result((None, _TIMED_OUT))
 
@@ -193,13 +198,13 @@ class RaftNode:
         if durable:
             fsync_durable(self.sync)
         #: groups of commands proposed together, each with its future, waiting for this loop turn
-        self._queued: list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future]] = []
+        self._queued: list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future[Outcome]]] = []
         self._flush_scheduled = False
         self._delayed: asyncio.TimerHandle | None = None  #: a flush waiting out the group-commit delay
         self._in_flight = 0  #: log entries proposed and not yet resolved
         self.inbox: LoopInbox | None = None  #: set by `bind_loop`; results come back through it
-        self._waiting: set[asyncio.Future] = set()  #: futures of proposals sent and not yet resolved
-        self._changes: set[asyncio.Future] = set()  #: futures of membership changes not yet resolved
+        self._waiting: set[asyncio.Future[Outcome]] = set()  #: futures of proposals sent and not yet resolved
+        self._changes: set[asyncio.Future[object]] = set()  #: futures of membership changes not yet resolved
         self._releases: set[Callable[[], None]] = set()  #: frees each in-flight slot still held
         # The leader holds a commit index for the next entry's AppendEntries only while proposals
         # wait for that entry (read by the tick thread: a list's truth is one atomic read).
@@ -211,8 +216,8 @@ class RaftNode:
         """Append a command and wait for its result on this replica; raises ProposeError."""
         self.check_cluster_version(cmd)
         try:
-            results = self.replicated.apply(seal(codec.encode_command(cmd, self.commands)), sync=True,
-                                            timeout=timeout)
+            results: list[c.Result] | None = self.replicated.apply(
+                seal(codec.encode_command(cmd, self.commands)), sync=True, timeout=timeout)
         except SyncObjException as exc:
             raise self._failure(exc.errorCode) from exc
         if results is None:
@@ -275,7 +280,7 @@ class RaftNode:
         loop = asyncio.get_running_loop()
         if self.inbox is None or self.inbox.loop is not loop:
             self.bind_loop(loop)
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[Outcome] = loop.create_future()
         self._queued.append((cmds, future))
         # With the pipeline full, the slot's release schedules the flush (one wake-up per entry,
         # not one per proposal that could not go anyway).
@@ -309,7 +314,7 @@ class RaftNode:
         return ProposeError(_FAIL_NAMES.get(outcome, str(outcome)), maybe_applied=outcome in _MAYBE_APPLIED,
                             leader=self.leader())
 
-    def _take_batch(self) -> list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future]]:
+    def _take_batch(self) -> list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future[Outcome]]]:
         """The groups the next entry carries: queued groups in order while they hold at most
         MAX_BATCH commands together (a larger group travels alone: groups are never split)."""
         size, n = 0, 0
@@ -322,6 +327,9 @@ class RaftNode:
         return batch
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        inbox = self.inbox
+        if inbox is None:  # not reached: propose_all_async binds the loop before it schedules a flush
+            raise RuntimeError("a flush before a loop was bound")
         self._flush_scheduled = False
         self._delayed = None
         while self._queued and self._in_flight < MAX_IN_FLIGHT:
@@ -334,9 +342,9 @@ class RaftNode:
             self.entries_proposed += 1
             self.commands_proposed += len(cmds)
             self._in_flight += 1
-            slot = {"open": True}
+            slot: dict[str, Any] = {"open": True}  #: "open", and "release": the slot's release below
 
-            def release(slot: dict = slot) -> None:
+            def release(slot: dict[str, Any] = slot) -> None:
                 if slot["open"]:
                     slot["open"] = False
                     self._releases.discard(slot["release"])
@@ -353,8 +361,8 @@ class RaftNode:
 
             sizes = [len(group) for group, _ in batch]
 
-            def resolve(res: list | None, err: int, futures: list[asyncio.Future] = futures, release=release,
-                        sizes: list[int] = sizes) -> None:
+            def resolve(res: list[c.Result] | None, err: object, futures: list[asyncio.Future[Outcome]] = futures,
+                        release: Callable[[], None] = release, sizes: list[int] = sizes) -> None:
                 release()
                 start = 0
                 for f, size in zip(futures, sizes, strict=True):
@@ -362,7 +370,8 @@ class RaftNode:
                         f.set_result((res[start:start + size] if res else None, err))
                     start += size
 
-            def on_done(res: object, err: int, resolve=resolve, inbox: LoopInbox = self.inbox) -> None:
+            def on_done(res: object, err: int, resolve: Callable[[list[c.Result] | None, object], None] = resolve,
+                        inbox: LoopInbox = inbox) -> None:
                 inbox.post(resolve, res, err)  # tick thread: trivial, never raises
 
             loop.call_later(IN_FLIGHT_TIMEOUT_S, release)  # a lost callback must not stall the pipeline
@@ -401,7 +410,7 @@ class RaftNode:
         """Add ('add') or remove ('remove') a replica through pysyncobj's membership entries."""
         loop = asyncio.get_running_loop()
         inbox = self.inbox if self.inbox is not None and self.inbox.loop is loop else self.bind_loop(loop)
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[object] = loop.create_future()
 
         def resolve(res: object, err: int) -> None:
             if not future.done():
@@ -428,7 +437,7 @@ class RaftNode:
         return sorted(k[len(prefix):] for k in self.status() if k.startswith(prefix))
 
     def is_leader(self) -> bool:
-        return self.sync._isLeader()
+        return bool(self.sync._isLeader())
 
     def leader(self) -> str | None:
         """The leader as this replica believes it: a hint, possibly stale."""
@@ -463,8 +472,10 @@ class RaftNode:
         """(leads, term), read together as the tick thread last left them."""
         return self.sync.role
 
-    def status(self) -> dict:
-        return self.sync.getStatus()
+    def status(self) -> dict[str, Any]:
+        """pysyncobj's status of this replica (its keys: SyncObj.getStatus)."""
+        status: dict[str, Any] = self.sync.getStatus()
+        return status
 
     def log_start(self) -> int:
         """The first index the log holds: entries before it live only in the snapshot."""

@@ -19,7 +19,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -261,7 +261,7 @@ class Master:
 
     # ---- change notification (tick thread -> loop) ---------------------------------------------
 
-    def on_applied(self, applied: list[tuple[c.Command | None, c.Result]]) -> None:
+    def on_applied(self, applied: Sequence[tuple[c.Command | None, c.Result]]) -> None:
         """Listener for every applied log entry; runs on pysyncobj's tick thread, so it only hands off."""
         changes = [cmd for cmd, result in applied if result.ok and cmd is not None and not isinstance(cmd, c.Barrier)]
         inbox = self.raft.inbox

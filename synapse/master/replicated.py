@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pysyncobj import SyncObjConsumer, replicated
 
@@ -43,7 +44,7 @@ OWN_KINDS = frozenset({c.SubmitJob, c.SubmitWorkflowJob, c.SubmitCheckpointJob, 
 CHECK_OWN_ENTRIES_ENV = "SYNAPSE_TEST_CHECK_OWN_ENTRIES"
 
 
-class ReplicatedState(SyncObjConsumer):
+class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]  # pysyncobj has no types: its classes are Any
     """A ClusterState applied through the Raft log. Read it under `lock`.
 
     It stops applying, for good, at the first log entry it must not apply: one that fails its
@@ -68,7 +69,7 @@ class ReplicatedState(SyncObjConsumer):
         self._digest_cache: tuple[int, str] = (-1, "")  #: (applied, digest) last computed
         #: called on the tick thread once per applied log entry with its (command, result) pairs;
         #: must be trivial (hand off to another thread)
-        self.listener: Callable[[list[tuple[c.Command | None, c.Result]]], None] | None = None
+        self.listener: Callable[[Sequence[tuple[c.Command | None, c.Result]]], None] | None = None
         #: sealed entry -> the commands this replica encoded into it, for the entries it proposed
         #: (written by the loop, taken by the tick thread's apply): see `proposing`
         self._own: dict[bytes, list[c.Command]] = {}
@@ -88,7 +89,8 @@ class ReplicatedState(SyncObjConsumer):
             self._own.clear()
         self._own[data] = cmds
 
-    @replicated
+    # pysyncobj has no types; the replicated method also takes callback=, sync= and timeout= (RaftNode).
+    @replicated  # type: ignore[untyped-decorator]
     def apply(self, data: bytes) -> list[c.Result] | None:
         """The one replicated door: a sealed (checksummed), versioned, encoded command or batch.
         None when the entry was not applied because this replica stopped applying (see the class)."""
@@ -144,12 +146,12 @@ class ReplicatedState(SyncObjConsumer):
         sync = self._syncObj
         return f" {sync.raftLastApplied + 1}" if sync is not None else ""
 
-    def _serialize(self) -> dict:
+    def _serialize(self) -> dict[str, Any]:
         with self.lock:
             snapshot = self.state.to_snapshot()
         return {"sha256": snapshot_digest(snapshot), "state": snapshot}
 
-    def _deserialize(self, data: dict) -> None:
+    def _deserialize(self, data: dict[str, Any]) -> None:
         snapshot = data.get("state") if isinstance(data, dict) else None
         if snapshot is None or data.get("sha256") != snapshot_digest(snapshot):
             self.corruption = self.corruption or "the snapshot fails its SHA-256"
