@@ -37,7 +37,7 @@ GOODPUT_COLUMNS = ("held_gpu_seconds", "kept_gpu_seconds", "lost_failures_gpu_se
                    "lost_other_gpu_seconds", "requeue_wait_gpu_seconds")
 
 
-def _goodput_columns() -> list[sa.Column]:
+def _goodput_columns() -> list[sa.Column[float]]:
     return [sa.Column(name, sa.Double, nullable=False, server_default="0") for name in GOODPUT_COLUMNS]
 
 jobs = sa.Table(

@@ -17,7 +17,7 @@ import operator
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -47,6 +47,11 @@ from synapse.history.schema import (
     usage_daily,
     usage_rows,
 )
+
+if TYPE_CHECKING:  # each dialect's insert is imported where a store of that dialect makes one
+    from sqlalchemy.dialects import postgresql, sqlite
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -303,12 +308,14 @@ class HistoryStore:
                                                                  (usage_upsert, usage_daily))))
         return self._prepared
 
-    def _insert(self, table: sa.Table):
+    def _insert(self, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
         if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        return insert(table)
+            from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+            return postgresql_insert(table)
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table)
 
     def add_utilization(self, sample: ClusterSample, now: float, max_gap: float = UTILIZATION_MAX_GAP_S) -> float:
         """Add `sample` held since the last sample (at most `max_gap`) to the days' cluster rows,
@@ -398,7 +405,8 @@ class HistoryStore:
         self._ready()
         return self._days(sa.select(cluster_daily).order_by(cluster_daily.c.day), cluster_daily.c.day, since, until)
 
-    def _days(self, stmt: sa.Select, day: sa.Column, since: float, until: float) -> list[dict[str, Any]]:
+    def _days(self, stmt: sa.Select[*tuple[Any, ...]], day: sa.Column[str], since: float,
+              until: float) -> list[dict[str, Any]]:
         """The rows of `stmt` on the UTC days [since, until] (0: unbounded)."""
         if since:
             stmt = stmt.where(day >= day_of(since))
@@ -411,14 +419,14 @@ class HistoryStore:
             raise StoreError(_why(exc)) from None
 
 
-def _dicts(result: sa.CursorResult) -> list[dict[str, Any]]:
+def _dicts(result: sa.CursorResult[*tuple[Any, ...]]) -> list[dict[str, Any]]:
     """Every row as a dict (fetched at once, its keys read once: per-row mappings cost more than
     the query on a page of a thousand)."""
     keys = list(result.keys())
     return [dict(zip(keys, row, strict=True)) for row in result.all()]
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")  # readers on other replicas never block the exporter
     cursor.execute("PRAGMA synchronous=NORMAL")
@@ -431,6 +439,6 @@ def _why(exc: SQLAlchemyError) -> str:
     return f"{type(getattr(exc, 'orig', None) or exc).__name__}: {text[0] if text else ''}"[:400]
 
 
-def _chunks(items: list, size: int) -> Iterable[list]:
+def _chunks(items: list[_T], size: int) -> Iterable[list[_T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
