@@ -172,7 +172,8 @@ class ClusterView:
         if descending:
             base: Iterator[NodeEntry] = (e for e in reversed(stats.entries) if e[3] not in touched)
             return heapq.merge(base, reversed(moved), reverse=True)
-        base = (e for e in stats.entries.irange(minimum=(start,)) if e[3] not in touched)
+        # (start,) is a prefix, before every entry with `start` free GPUs: no entry of the list's type is.
+        base = (e for e in stats.entries.irange(minimum=(start,)) if e[3] not in touched)  # type: ignore[arg-type]
         return heapq.merge(base, (e for e in moved if e[0] >= start))
 
 

@@ -45,8 +45,8 @@ class DomainStats:
     total_gpu: int = 0
     free_gpu_hist: list[int] = field(default_factory=list)  #: [g] = nodes with g free GPUs
     total_gpu_hist: list[int] = field(default_factory=list)  #: [g] = nodes with g GPUs in all
-    children: SortedSet = field(default_factory=SortedSet)  #: child domain keys (not for racks)
-    entries: SortedList | None = None  #: NodeEntry list, kept for racks and the root only
+    children: SortedSet[Domain] = field(default_factory=SortedSet)  #: child domain keys (not for racks)
+    entries: SortedList[NodeEntry] | None = None  #: NodeEntry list, kept for racks and the root only
 
     def _add(self, free: Resources, capacity: Resources, sign: int) -> None:
         self.nodes += sign
@@ -97,7 +97,7 @@ class CapacityIndex:
     def __init__(self, levels: int) -> None:
         self.levels = levels  #: number of topology levels; racks are at depth `levels`
         self.domains: dict[Domain, DomainStats] = {(): self._new_domain(())}
-        self.by_depth: list[SortedSet] = [SortedSet() for _ in range(levels + 1)]
+        self.by_depth: list[SortedSet[Domain]] = [SortedSet() for _ in range(levels + 1)]
         self.by_depth[0].add(())
         self._indexed: dict[str, tuple[Domain, Resources, Resources]] = {}  #: node -> what was added
 

@@ -63,7 +63,8 @@ class ClusterTables:
         # -- jobs and gangs (state.jobs, state.arrays, state.gangs, state.tasks, state.transitions)
         self.jobs: dict[str, Job] = {}  #: by job id; apply only
         self.job_by_request: dict[str, str] = {}  #: client request id -> job id; apply only
-        self.pending: SortedList = SortedList()  #: (queue_key, job id) of PENDING jobs; apply only
+        #: (queue_key, job id) of PENDING jobs; apply only
+        self.pending: SortedList[tuple[tuple[int, float, int], str]] = SortedList()
         self.job_seq = 0  #: submissions accepted so far; gives each job its queue tie-breaker
         self.live_tasks: dict[str, set[tuple[str, int, int]]] = {}  #: node id -> live task keys
         self.arrays: dict[str, JobArray] = {}  #: job arrays by id (their elements are jobs once placed); apply only
