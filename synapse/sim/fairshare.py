@@ -74,8 +74,9 @@ def two_teams(half_life: float, *, days: int = 7, weights: tuple[float, float] =
 def _day(sim: Simulator, day: int, used: dict[str, list[float]], half_life: float, at: float) -> Day:
     decayed = [value_at(sim.state.queue_decay.get(team), at, half_life) for team in TEAMS]
     total = sum(decayed)
-    return Day(day, tuple(used[team][day] / 3600 for team in TEAMS),  # type: ignore[arg-type]
-               tuple(d / total if total else 0.0 for d in decayed))  # type: ignore[arg-type]
+    a, b = TEAMS
+    return Day(day, (used[a][day] / 3600, used[b][day] / 3600),
+               (decayed[0] / total if total else 0.0, decayed[1] / total if total else 0.0))
 
 
 def table(with_memory: list[Day], without: list[Day], half_life_days: float) -> str:

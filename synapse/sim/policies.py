@@ -82,6 +82,7 @@ def tuned(policy: Policy, text: str) -> Policy:
         except ValueError:
             raise ValueError(f"--tuning: {key}={raw!r} is not a {type(default).__name__}") from None
         changes[key] = value
+    # Each value was parsed above to the type of its field's default: the checker sees only object.
     tuning = dataclasses.replace(policy.tuning, **changes)  # type: ignore[arg-type]
     if tuning.reservations < 1 or min(tuning.locality_wait_s, tuning.switch_min_s, tuning.reevaluate_s,
                                       tuning.switch_share) < 0 or not 0 < tuning.spread_factor <= 1:

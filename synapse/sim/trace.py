@@ -274,7 +274,8 @@ def _check_dependencies(jobs: list[TraceJob], where: str) -> None:
         for _kind, upstream in job.dependencies:
             element = split_element_id(upstream)
             base = earlier.get(upstream) or (earlier.get(element[0]) if element else None)
-            if base is None or (upstream not in earlier and not _has_index(base.array, element[1])):  # type: ignore[index]
+            if base is None or (upstream not in earlier and (element is None
+                                                             or not _has_index(base.array, element[1]))):
                 raise TraceError(f"{where}: job {job.id}: after: {upstream} is not a job (or array element) "
                                  "submitted before it")
         earlier[job.id] = job

@@ -104,8 +104,10 @@ def parse_line(line: str) -> Value | str:
 def _number(v: object) -> float | None:
     if isinstance(v, bool):
         return None
+    if not isinstance(v, int | float | str):
+        return None
     try:
-        number = float(v)  # type: ignore[arg-type]
+        number = float(v)
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None

@@ -438,8 +438,8 @@ class WorkerState:
         if task.handle is None:  # not started: nothing to save, SIGTERM once it has a process
             return []
         out = self._notice(key, task, sig, now) if sig else []
-        if sig and task.noticed_at is not None and now < task.noticed_at + a.notice:  # type: ignore[union-attr]
-            task.term_at = task.noticed_at + a.notice  # type: ignore[union-attr]
+        if sig and a is not None and task.noticed_at is not None and now < task.noticed_at + a.notice:
+            task.term_at = task.noticed_at + a.notice
             task.stop_requested_at = None  # the grace counts from SIGTERM
             return out
         return out + [Signal(key, task.handle, signal.SIGTERM)]

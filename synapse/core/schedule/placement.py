@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from synapse.core.model import (
@@ -309,7 +310,7 @@ def _fill_rack(view: ClusterView, stats: DomainStats, n: int, per_task: Resource
 
 
 def _fill_single_node(view: ClusterView, stats: DomainStats, n: int, per_task: Resources,
-                      exclude: set[str] = frozenset()) -> list[tuple[str, int]]:  # type: ignore[assignment]
+                      exclude: AbstractSet[str] = frozenset()) -> list[tuple[str, int]]:
     """The tightest node of the domain that holds all `n` tasks, looking at a bounded number.
 
     Across racks (a domain above them), among the nodes as tight as the tightest, the one in the

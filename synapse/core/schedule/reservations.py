@@ -426,7 +426,7 @@ def _earliest(state: ClusterRead, view: ClusterView, spec: JobSpec, until: Mappi
             candidates = []  #: (expected empty, node, tasks it holds when empty)
             racks = [key] if d == leaf else [k for k in state.index.by_depth[leaf] if k[:d] == key]
             for rack in racks:
-                for _, _, _, node_id in state.index.domains[rack].entries:  # type: ignore[union-attr]
+                for _, _, _, node_id in state.index.domains[rack].entries or ():  # a rack's are always kept
                     capacity = state.nodes[node_id].capacity
                     when_empty = holds.get(capacity)
                     if when_empty is None:

@@ -117,8 +117,8 @@ def workflow_problem(state: ClusterTables, cmd: c.SubmitJob) -> str:
     except JobFileError as exc:
         return str(exc)
     for _kind, upstream in spec.after:
-        if upstream == cmd.job_id or split_element_id(upstream) is not None and \
-                split_element_id(upstream)[0] == cmd.job_id:  # type: ignore[index]
+        if upstream == cmd.job_id or (element := split_element_id(upstream)) is not None and \
+                element[0] == cmd.job_id:
             return f"after: job {upstream} is this job itself"
         if not dependencies.known(state, upstream):
             return f"after: unknown job {upstream}"

@@ -45,7 +45,10 @@ LEARNED_OUTCOMES = frozenset({EndReason.COMPLETED, EndReason.ERROR, EndReason.SI
 
 def find_task(state: ClusterTables, job_id: str, attempt: int, index: int,
               node_id: str) -> tuple[Job, Task, Result | None]:
-    """The job and task a worker's report names, or the rejection of the report."""
+    """The job and task a worker's report names, or the rejection of the report.
+
+    A rejection comes with what was found (None for the rest: the ignores below), and callers read
+    the job and task only when there is none."""
     job = state.jobs.get(job_id)
     if job is None:
         return None, None, Result.not_found(f"unknown job {job_id}")  # type: ignore[return-value]

@@ -84,9 +84,10 @@ class JobsApi(JobViews):
             if job is None and request.job_id in self.m.state.arrays:
                 return self._array_info(self.m.state.arrays[request.job_id])
             status = dependencies.upstream_status(self.m.state, request.job_id) if job is None else ""
-            if job is None and status and request.job_id not in self.m.state.finished:
+            element = split_element_id(request.job_id) if job is None and status else None
+            if element is not None and request.job_id not in self.m.state.finished:
                 # an element not yet a job: shown as the job it will be
-                array_id, index = split_element_id(request.job_id)  # type: ignore[misc]
+                array_id, index = element
                 array = self.m.state.arrays[array_id]
                 return convert.job_to_info(Job(id=request.job_id, spec=array.spec, request_id="",
                                                submitted_at=array.submitted_at, seq=array.seq,
