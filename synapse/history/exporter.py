@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from synapse.core import commands as c
 from synapse.core import versions
@@ -57,10 +58,54 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
 PURGE_EVERY_S = 3600.0
 
 
+class ReplicaRaft(Protocol):
+    """What the exporter asks of its replica's Raft node (synapse.master.raft.RaftNode)."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_if_connected(self) -> str | None: ...
+
+    def member_versions(self) -> dict[str, int]: ...
+
+    def partners(self) -> list[str]: ...
+
+    def cluster_version(self) -> int: ...
+
+
+class ReplicaAddresses(Protocol):
+    """A replica's addresses (synapse.master.config.ReplicaConfig)."""
+
+    @property
+    def raft(self) -> str: ...
+
+
+class Replica(Protocol):
+    """What the exporter needs of the replica it runs in (synapse.master.replica.Master, which this
+    package may not import): its lock, state, clock, change events and Raft node."""
+
+    @property
+    def raft(self) -> ReplicaRaft: ...
+
+    @property
+    def replica(self) -> ReplicaAddresses: ...
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    @property
+    def state(self) -> ClusterState: ...
+
+    def now(self) -> float: ...
+
+    def state_changed(self) -> asyncio.Event: ...
+
+
 class ExportDriver(Protocol):
     """What the exporter needs of the leader loops it runs in (synapse.master.leader.LeaderLoops)."""
 
-    master: Any  #: the replica (synapse.master.replica.Master): its lock, state and change events
+    @property
+    def master(self) -> Replica: ...
+
     stopped: bool  #: the term is over
 
     async def propose(self, cmd: c.Command) -> c.Result | None:
@@ -121,7 +166,7 @@ def exporter_of(members: Iterable[str], leader: str | None) -> str | None:
     return followers[0] if followers else None
 
 
-def _exporter(master: Any, leader: str | None) -> str | None:
+def _exporter(master: Replica, leader: str | None) -> str | None:
     """`exporter_of` this replica's view of the members, under `leader`."""
     return exporter_of([master.replica.raft, *master.raft.partners()], leader)
 
@@ -133,7 +178,7 @@ def _oldest_unarchived_wait(state: ClusterState, now: float) -> float:
     return 0.0
 
 
-async def _export_pass(master: Any, history: History, cursor: int | None) -> tuple[int, ExportBatch]:
+async def _export_pass(master: Replica, history: History, cursor: int | None) -> tuple[int, ExportBatch]:
     """Write this replica's next batch of finished jobs to the store, the rows and the store's
     cursor in one transaction; return the store's cursor after it, and the batch (an empty one
     when the store is ahead of a follower's state: it is a moment behind). Raises StoreError or
@@ -155,7 +200,7 @@ async def _export_pass(master: Any, history: History, cursor: int | None) -> tup
     return (batch.upto if batch.records else cursor), batch
 
 
-async def _read_cursor(master: Any, history: History) -> int:
+async def _read_cursor(master: Replica, history: History) -> int:
     """The store's cursor (its tables created or migrated first); notes a store behind the cluster."""
     await asyncio.to_thread(history.store.migrate)
     cursor = await asyncio.to_thread(history.store.cursor)
@@ -180,7 +225,7 @@ async def _wait_for_change(changed: asyncio.Event) -> None:
         pass
 
 
-async def _passes(master: Any, history: History, running: Callable[[], bool],
+async def _passes(master: Replica, history: History, running: Callable[[], bool],
                   one_pass: Callable[[int | None], Awaitable[tuple[int | None, bool] | None]]) -> None:
     """Run `one_pass(cursor)` while `running()`: it gets the store's cursor as last read or written
     (None: read it) and returns it with whether more waits (go on at once), or None when it did
@@ -252,7 +297,7 @@ async def export_loop(loops: ExportDriver, history: History) -> None:
     await _passes(master, history, lambda: not loops.stopped, one_pass)
 
 
-async def follower_export_loop(master: Any, history: History, stop: asyncio.Event) -> None:
+async def follower_export_loop(master: Replica, history: History, stop: asyncio.Event) -> None:
     """A follower's part, until `stop`: while it is the exporter (`exporter_of`) and linked to its
     leader, write finished jobs to the store from its own state; the leader proposes the cursor."""
 
