@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import grpc
+from google.protobuf.message import Message
 
 from synapse.common.auth import LEADER_METADATA_KEY, client_metadata
 from synapse.common.tls import TLSFiles, channel_credentials
-from synapse.proto import api_pb2, api_pb2_grpc
+from synapse.proto import api_pb2, api_pb2_grpc, types_pb2
 
 log = logging.getLogger(__name__)
 
@@ -384,10 +385,11 @@ class MasterClient:
             self._channels[address] = channel
         return channel
 
-    def call(self, method: str, request: Any, *, deadline: float | None = None, to: str | None = None,
+    def call(self, method: str, request: Message, *, deadline: float | None = None, to: str | None = None,
              try_timeout: float | None = None, order: Callable[[], list[str]] | None = None) -> Any:
         """Call `method` on the leader (or on `to` only, for per-replica reads; or on the first of
-        `order()` that answers, for calls any replica serves), with failover.
+        `order()` that answers, for calls any replica serves), with failover; its reply, which the
+        caller types (the RPC is named by a string: the typed helpers below name their replies).
         A try that gets no answer within `try_timeout` (a leader whose process stalls) moves on to
         the next replica: the short default bounds an outage; large listings pass a longer one."""
         tries = Failover(self, deadline if deadline is not None else self.deadline, to=to, order=order)
@@ -403,7 +405,7 @@ class MasterClient:
             return reply
         raise tries.unavailable()
 
-    def watch(self, method: str, request: Callable[[], Any], *, leader: bool = True,
+    def watch(self, method: str, request: Callable[[], Message], *, leader: bool = True,
               deadline: float | None = None, try_timeout: float | None = None,
               stop: threading.Event | None = None, order: Callable[[], list[str]] | None = None,
               jitter: float = 0.0) -> Iterator[Any]:
@@ -449,10 +451,10 @@ class MasterClient:
 
     # ---- typed helpers -------------------------------------------------------------------------
 
-    def submit(self, spec_proto: Any, request_id: str | None = None) -> str:
+    def submit(self, spec_proto: types_pb2.JobSpec, request_id: str | None = None) -> str:
         return self.submit_job(spec_proto, request_id).job_id
 
-    def submit_job(self, spec_proto: Any, request_id: str | None = None,
+    def submit_job(self, spec_proto: types_pb2.JobSpec, request_id: str | None = None,
                    secrets: Mapping[str, str] | None = None) -> api_pb2.SubmitJobReply:
         """Submit (with the job's `secrets` by name, which the masters seal); the reply has the job id
         and what the job was accepted with but not as asked."""
