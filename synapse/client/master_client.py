@@ -463,17 +463,26 @@ class MasterClient:
         reply: api_pb2.SubmitJobReply = self.call("SubmitJob", request)
         return reply
 
+    def start_step(self, alloc_id: str, spec_proto: Any, request_id: str | None = None) -> str:
+        """Start a step in a running allocation (synapse.client.steps); its job id (`<alloc_id>.<k>`)."""
+        request = api_pb2.StartStepRequest(alloc_id=alloc_id, spec=spec_proto,
+                                           request_id=request_id or new_request_id())
+        return str(self.call("StartStep", request).step_id)
+
     def get_job(self, job_id: str) -> api_pb2.JobInfo:
         job: api_pb2.JobInfo = self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))
         return job
 
-    def list_jobs(self, statuses: list[str] | None = None, page: int = 0, user: str = "") -> list[api_pb2.JobInfo]:
-        """Every job (without events), oldest first, fetched a page at a time; `user`: only theirs."""
+    def list_jobs(self, statuses: list[str] | None = None, page: int = 0, user: str = "",
+                  alloc_id: str = "") -> list[api_pb2.JobInfo]:
+        """Every job (without events), oldest first, fetched a page at a time; `user`: only theirs;
+        `alloc_id`: only that allocation's steps."""
         out: list[api_pb2.JobInfo] = []
         after = ""
         while True:
             reply = self.call("ListJobs", api_pb2.ListJobsRequest(status=statuses or [], limit=page, after=after,
-                                                                  user=user), try_timeout=LISTING_TRY_S)
+                                                                  user=user, alloc_id=alloc_id),
+                              try_timeout=LISTING_TRY_S)
             out += reply.jobs
             if not reply.next:
                 return out

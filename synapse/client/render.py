@@ -17,7 +17,7 @@ import yaml
 from synapse.core import codec
 from synapse.core.goodput import Goodput
 from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_wait
-from synapse.core.model import EndReason
+from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, EndReason
 from synapse.proto import api_pb2, types_pb2
 from synapse.rpc import convert
 
@@ -90,7 +90,26 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
                      "checkpoint_step": info.checkpoint_step if info.checkpoint_step >= 0 else None,
                      "at": info.progress_at} if info.progress_at else None,
         "goodput": goodput_dict(convert.goodput_from_proto(info.goodput)) if info.HasField("goodput") else None,
+        "allocation": {"steps": info.step_count, "idle_since": info.idle_since or None,
+                       "idle_timeout_s": spec.idle_timeout or DEFAULT_IDLE_TIMEOUT_S} if spec.alloc else None,
+        "alloc_id": info.alloc_id or None,
     }
+
+
+def step_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
+    """One step of an allocation as `get steps` shows it: its exit code is its tasks' highest."""
+    spec = codec.job_spec_from_proto(info.spec)
+    codes = [t.exit_code for t in info.tasks if t.has_exit_code]
+    return {"id": info.id, "status": info.status, "tasks": spec.tasks, "command": list(spec.command),
+            "nodes": sorted({t.node_id for t in info.tasks}), "exit_code": max(codes) if codes else None,
+            "started_at": info.started_at or None, "finished_at": info.finished_at or None}
+
+
+def steps_table(steps: list[dict[str, Any]]) -> str:
+    """`get steps ALLOC`."""
+    return table(["ID", "STATUS", "TASKS", "EXIT", "NODES", "COMMAND"],
+                 [[s["id"], s["status"], s["tasks"], "-" if s["exit_code"] is None else s["exit_code"],
+                   ",".join(s["nodes"]), " ".join(s["command"])[:60]] for s in steps])
 
 
 def goodput_dict(g: Goodput) -> dict[str, Any]:
@@ -169,6 +188,13 @@ def job_description(j: dict[str, Any]) -> str:
                 "(time limit, preemption, drain, resize), then SIGTERM"] if j.get("checkpoint") else []),
              f"Submitted:  {when(j['submitted_at'])}   Started: {when(j['started_at'])}   "
              f"Finished: {when(j['finished_at'])}"]
+    if j.get("allocation"):
+        al = j["allocation"]
+        idle = f"; idle since {when(al['idle_since'])}" if al["idle_since"] and j["status"] == "RUNNING" else ""
+        lines.append(f"Allocation: {al['steps']} step(s) started (`synctl get steps {j['id']}`); ends after "
+                     f"{al['idle_timeout_s']:g}s with no step running{idle}")
+    if j.get("alloc_id"):
+        lines.append(f"Step of:    allocation {j['alloc_id']}")
     a = j["array"]
     if a and a["index"] is None:
         lines.append(f"Array:      [{a['indices']}] {a['total']} element(s), throttle {a['throttle'] or 'none'}: "

@@ -113,18 +113,27 @@ def job_spec_into(p: types_pb2.JobSpec, spec: JobSpec) -> types_pb2.JobSpec:
     p.image_pull_timeout_s = spec.image_pull_timeout
     for secret in spec.secrets:
         p.secrets.add(name=secret.name, fingerprint=secret.fingerprint, sealed=secret.sealed)
+    if spec.has_alloc:
+        p.alloc = spec.alloc
+        p.idle_timeout_s = spec.idle_timeout
     return p
 
 
 def _before_images(spec: JobSpec) -> JobSpec:
     """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout (and
-    no secrets, which came later still)."""
-    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0, secrets=())
+    no secrets or allocation, which came later still)."""
+    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0, secrets=(), alloc=False, idle_timeout=0.0)
 
 
 def _before_secrets(spec: JobSpec) -> JobSpec:
-    """A spec as a replica before command-set version 6 reads it: no secrets."""
-    return dataclasses.replace(spec, secrets=()) if spec.secrets else spec
+    """A spec as a replica before command-set version 6 reads it: no secrets (and no allocation)."""
+    return dataclasses.replace(spec, secrets=(), alloc=False, idle_timeout=0.0) \
+        if spec.secrets or spec.has_alloc else spec
+
+
+def _before_alloc(spec: JobSpec) -> JobSpec:
+    """A spec as a replica before command-set version 7 reads it: no allocation."""
+    return dataclasses.replace(spec, alloc=False, idle_timeout=0.0) if spec.has_alloc else spec
 
 
 def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2.Mount]:
@@ -163,7 +172,8 @@ def job_spec_from_proto(p: types_pb2.JobSpec, default_queue: str = "") -> JobSpe
         checkpoint=CheckpointSpec(signal=checkpoint.signal, notice=checkpoint.notice_s)
         if p.HasField("checkpoint") else _NO_CHECKPOINT,
         mounts=mounts_from_proto(p.mounts) if p.mounts else (), image_pull_timeout=p.image_pull_timeout_s,
-        secrets=tuple(Secret(x.name, x.fingerprint, x.sealed) for x in p.secrets) if p.secrets else ())
+        secrets=tuple(Secret(x.name, x.fingerprint, x.sealed) for x in p.secrets) if p.secrets else (),
+        alloc=p.alloc, idle_timeout=p.idle_timeout_s)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -225,6 +235,7 @@ def _submission_into(body: commands_pb2.SubmitJob, cmd: c.SubmitJob) -> None:
 #: flag that says it holds it, what the error says), checked in order. An older replica would drop
 #: such fields and apply another job.
 _TRAVELS_AS = {
+    "alloc": ("has_alloc", "an allocation's spec travels as SubmitAllocJob"),
     "secrets": ("has_secrets", "a spec with secrets travels as SubmitSecretJob"),
     "workflow": ("has_workflow", "a spec with an array or dependencies travels as SubmitWorkflowJob"),
     "checkpoint": ("has_checkpoint", "a spec with a checkpoint notice travels as SubmitCheckpointJob"),
@@ -232,11 +243,12 @@ _TRAVELS_AS = {
 }
 #: Per submission kind, what its spec may not hold (_TRAVELS_AS), in the order it is checked.
 _REFUSED_BY_KIND: dict[type[c.Command], tuple[str, ...]] = {
-    c.SubmitSecretJob: (),
-    c.SubmitImageJob: ("secrets",),
-    c.SubmitCheckpointJob: ("secrets", "image"),
-    c.SubmitWorkflowJob: ("secrets", "image", "checkpoint"),
-    c.SubmitJob: ("secrets", "workflow", "checkpoint", "image"),
+    c.SubmitAllocJob: (),
+    c.SubmitSecretJob: ("alloc",),
+    c.SubmitImageJob: ("alloc", "secrets"),
+    c.SubmitCheckpointJob: ("alloc", "secrets", "image"),
+    c.SubmitWorkflowJob: ("alloc", "secrets", "image", "checkpoint"),
+    c.SubmitJob: ("alloc", "secrets", "workflow", "checkpoint", "image"),
 }
 
 
@@ -255,7 +267,7 @@ def _read_submit_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
     if spec.has_workflow:  # never encoded so; read it as an older replica would, a plain job
         spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                    on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
-    spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets else spec
+    spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets or spec.has_alloc else spec
     if spec.checkpoint != _NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
         spec = dataclasses.replace(spec, checkpoint=_NO_CHECKPOINT)
     return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
@@ -278,7 +290,24 @@ def _read_submit_image_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
 
 
 def _read_submit_secret_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
-    return c.SubmitSecretJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
+    return c.SubmitSecretJob(job_id=b.job_id, request_id=b.request_id,
+                             spec=_before_alloc(job_spec_from_proto(b.spec)), **base)
+
+
+def _read_submit_alloc_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    return c.SubmitAllocJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
+
+
+def _write_start_step(env: commands_pb2.Command, cmd: c.StartStep) -> None:
+    body = env.start_step
+    body.SetInParent()
+    body.alloc_id = cmd.alloc_id
+    body.request_id = cmd.request_id
+    job_spec_into(body.spec, cmd.spec)
+
+
+def _read_start_step(b: commands_pb2.StartStep, base: _Base) -> c.Command:
+    return c.StartStep(alloc_id=b.alloc_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
 
 
 def _write_pending_reasons(env: commands_pb2.Command, cmd: c.PendingReasons) -> None:
@@ -359,6 +388,8 @@ _BODIES: Mapping[type[c.Command], _Body] = MappingProxyType(dict([
     _flat("node_up", c.NodeUp, commands_pb2.NodeUp, "node_id"),
     _flat("set_schedulable", c.SetSchedulable, commands_pb2.SetSchedulable, "node_id schedulable reason"),
     _flat("set_node_health", c.SetNodeHealth, commands_pb2.SetNodeHealth, "node_id healthy message drain"),
+    _submission("submit_alloc_job", c.SubmitAllocJob, _read_submit_alloc_job),
+    _custom("start_step", c.StartStep, _write_start_step, _read_start_step),
     _submission("submit_secret_job", c.SubmitSecretJob, _read_submit_secret_job),
     _submission("submit_image_job", c.SubmitImageJob, _read_submit_image_job),
     _submission("submit_checkpoint_job", c.SubmitCheckpointJob, _read_submit_checkpoint_job),

@@ -168,8 +168,29 @@ class SubmitSecretJob(SubmitImageJob):
     drop them and run the job without them, so it travels as its own kind. It carries any spec."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitAllocJob(SubmitSecretJob):
+    """A SubmitJob of an allocation (command-set version 7): its tasks hold resources and run nothing,
+    and steps run inside them; an older replica would apply it as a job without a command, so it
+    travels as its own kind. It carries any spec."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartStep(Command):
+    """Start a step inside a running allocation, without queueing (command-set version 7): `spec`'s
+    tasks go onto the allocation's tasks where they fit beside its running steps
+    (synapse.core.steps.fit_step), all or none, as job `<alloc_id>.<k>` (k: the allocation's next
+    step number); a request id already used returns the step it made (an idempotent retry)."""
+
+    alloc_id: str
+    request_id: str
+    spec: JobSpec
+
+
 def submit_kind(spec: JobSpec) -> type[SubmitJob]:
     """The kind a submission of `spec` travels as: the oldest that carries all of it."""
+    if spec.has_alloc:
+        return SubmitAllocJob
     if spec.has_secrets:
         return SubmitSecretJob
     if spec.has_image_run:

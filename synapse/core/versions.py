@@ -47,6 +47,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.GpuFault: 4,
     # Job secrets, sealed (version 5 changed only the transport: SEALED_TRANSPORT_VERSION).
     c.SubmitSecretJob: 6,
+    # Allocations and their steps (synapse.core.steps).
+    c.SubmitAllocJob: 7, c.StartStep: 7,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member

@@ -45,6 +45,8 @@ def assignments_for_node(state: ClusterState, node_id: str, unseal: Unseal | Non
     out = []
     for task, wanted in state.tasks_on_node(node_id):
         job = state.jobs[task.job_id]
+        if job.spec.alloc:
+            continue  # an allocation's task runs nothing: it holds what its steps' tasks run on
         secrets = _opened(job, unseal) if wanted and job.spec.secrets and unseal is not None else ()
         out.append(_assignment(state, job, task.index, node_id, stop=not wanted, secrets=secrets, ports=ports))
     return out
@@ -76,6 +78,11 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
     touched: set[str] = set()
     for cmd in cmds:
         if isinstance(cmd, c.SubmitJob):
+            continue
+        if isinstance(cmd, c.StartStep):  # the step's nodes are among its allocation's
+            alloc = state.jobs.get(cmd.alloc_id)
+            if alloc is not None:
+                touched.update(t.node_id for t in alloc.tasks)
             continue
         if isinstance(cmd, c.NodeDown | c.DrainNode | c.GpuFault) or (isinstance(cmd, c.SetNodeHealth) and cmd.drain):
             return set(watched)
@@ -121,7 +128,7 @@ def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: b
         # The task learns its grace at start: after a SIGTERM for preemption it has this long.
         env=tuple(sorted((*job.spec.env, *secrets, ("SYNAPSE_GRACE_S", f"{job.spec.grace or DEFAULT_GRACE_S:g}"),
                           ("SYNAPSE_RESTART_REASON", restart_reason(job)), *_checkpoint_env(state, job),
-                          *_array_env(state, job), *_elastic_env(job)))))
+                          *_array_env(state, job), *_elastic_env(job), *_step_env(job)))))
 
 
 def held(state: ClusterState, job: Job) -> bool:
@@ -164,6 +171,12 @@ def _elastic_env(job: Job) -> tuple[tuple[str, str], ...]:
         return ()
     return (("SYNAPSE_TASKS_MIN", str(job.spec.tasks_min)), ("SYNAPSE_TASKS_MAX", str(job.spec.tasks)),
             ("SYNAPSE_RDZV_ID", job.id))
+
+
+def _step_env(job: Job) -> tuple[tuple[str, str], ...]:
+    """A step's allocation, as `synctl alloc` names it to its command (Slurm's SLURM_JOB_ID in a
+    step; the step's own id is SYNAPSE_JOB_ID)."""
+    return (("SYNAPSE_ALLOC", job.alloc_id),) if job.alloc_id else ()
 
 
 def _array_env(state: ClusterState, job: Job) -> tuple[tuple[str, str], ...]:

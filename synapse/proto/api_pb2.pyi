@@ -186,12 +186,15 @@ class ListJobsRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
     limit: _builtins.int
     """jobs per page (default 500, at most 5000)"""
     after: _builtins.str
     """the `next` of the previous page; empty = from the first job"""
     user: _builtins.str
     """only jobs this user submitted; empty = everyone's"""
+    alloc_id: _builtins.str
+    """only the steps of this allocation; empty = any job"""
     @_builtins.property
     def status(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty = all"""
@@ -203,10 +206,11 @@ class ListJobsRequest(_message.Message):
         limit: _builtins.int = ...,
         after: _builtins.str = ...,
         user: _builtins.str = ...,
+        alloc_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "limit", b"limit", "status", b"status", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "alloc_id", b"alloc_id", "limit", b"limit", "status", b"status", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -444,6 +448,9 @@ class JobInfo(_message.Message):
     CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     PROGRESS_AT_FIELD_NUMBER: _builtins.int
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    STEP_COUNT_FIELD_NUMBER: _builtins.int
+    IDLE_SINCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -491,6 +498,14 @@ class JobInfo(_message.Message):
     """the latest step reported (-1 = not said)"""
     progress_at: _builtins.float
     """when that progress was heard; 0 = never"""
+    alloc_id: _builtins.str
+    """Allocations and steps (synapse.core.steps).
+    a step: the allocation it runs in
+    """
+    step_count: _builtins.int
+    """an allocation: the steps it started (ids <id>.0, <id>.1, ...)"""
+    idle_since: _builtins.float
+    """a running allocation: since when no step runs (0 while one does)"""
     @_builtins.property
     def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]:
         """A gang waiting for its image: how far each node's pull is, as the leader last heard (soft state)."""
@@ -558,10 +573,13 @@ class JobInfo(_message.Message):
         checkpoint_step: _builtins.int = ...,
         step: _builtins.int = ...,
         progress_at: _builtins.float = ...,
+        alloc_id: _builtins.str = ...,
+        step_count: _builtins.int = ...,
+        idle_since: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "goodput", b"goodput", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "idle_since", b"idle_since", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "step_count", b"step_count", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2860,3 +2878,52 @@ class GetUsageReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetUsageReply: _TypeAlias = GetUsageReply  # noqa: Y015
+
+@_typing.final
+class StartStepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    alloc_id: _builtins.str
+    request_id: _builtins.str
+    """idempotency key: the same id always yields the same step"""
+    @_builtins.property
+    def spec(self) -> _types_pb2.JobSpec:
+        """the step's tasks, per-task resources (a share of the allocation's), command, env"""
+
+    def __init__(
+        self,
+        *,
+        alloc_id: _builtins.str = ...,
+        spec: _types_pb2.JobSpec | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "request_id", b"request_id", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartStepRequest: _TypeAlias = StartStepRequest  # noqa: Y015
+
+@_typing.final
+class StartStepReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """<alloc_id>.<k>: a job of its own (get job, logs, wait, cancel)"""
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartStepReply: _TypeAlias = StartStepReply  # noqa: Y015

@@ -139,6 +139,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.LogAccessReply.FromString,
                 _registered_method=True)
+        self.StartStep = channel.unary_unary(
+                '/synapse.v1.Master/StartStep',
+                request_serializer=synapse_dot_proto_dot_api__pb2.StartStepRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.StartStepReply.FromString,
+                _registered_method=True)
         self.RegisterNode = channel.unary_unary(
                 '/synapse.v1.Master/RegisterNode',
                 request_serializer=synapse_dot_proto_dot_api__pb2.RegisterNodeRequest.SerializeToString,
@@ -337,6 +342,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartStep(self, request, context):
+        """A step inside a running allocation (its owner or an admin): started at once where it fits
+        beside the allocation's running steps, or refused with the reason; never queued.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterNode(self, request, context):
         """Workers.
         """
@@ -522,6 +535,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.LogAccess,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.LogAccessRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.LogAccessReply.SerializeToString,
+            ),
+            'StartStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartStep,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.StartStepRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.StartStepReply.SerializeToString,
             ),
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
@@ -1151,6 +1169,33 @@ class Master:
             '/synapse.v1.Master/LogAccess',
             synapse_dot_proto_dot_api__pb2.LogAccessRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.LogAccessReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/StartStep',
+            synapse_dot_proto_dot_api__pb2.StartStepRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.StartStepReply.FromString,
             options,
             channel_credentials,
             insecure,

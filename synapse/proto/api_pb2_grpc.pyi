@@ -62,6 +62,10 @@ class MasterStub:
     """The cluster's typed events from a cursor; any replica serves them (from its applied state)."""
     LogAccess: _grpc.UnaryUnaryMultiCallable[_api_pb2.LogAccessRequest, _api_pb2.LogAccessReply]
     """Tickets that let the caller read a job's task logs from the workers that ran them."""
+    StartStep: _grpc.UnaryUnaryMultiCallable[_api_pb2.StartStepRequest, _api_pb2.StartStepReply]
+    """A step inside a running allocation (its owner or an admin): started at once where it fits
+    beside the allocation's running steps, or refused with the reason; never queued.
+    """
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_api_pb2.RegisterNodeRequest, _api_pb2.RegisterNodeReply]
     """Workers."""
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_api_pb2.HeartbeatRequest, _api_pb2.HeartbeatReply]
@@ -112,6 +116,10 @@ class MasterAsyncStub(MasterStub):
     """The cluster's typed events from a cursor; any replica serves them (from its applied state)."""
     LogAccess: _aio.UnaryUnaryMultiCallable[_api_pb2.LogAccessRequest, _api_pb2.LogAccessReply]  # type: ignore[assignment]
     """Tickets that let the caller read a job's task logs from the workers that ran them."""
+    StartStep: _aio.UnaryUnaryMultiCallable[_api_pb2.StartStepRequest, _api_pb2.StartStepReply]  # type: ignore[assignment]
+    """A step inside a running allocation (its owner or an admin): started at once where it fits
+    beside the allocation's running steps, or refused with the reason; never queued.
+    """
     RegisterNode: _aio.UnaryUnaryMultiCallable[_api_pb2.RegisterNodeRequest, _api_pb2.RegisterNodeReply]  # type: ignore[assignment]
     """Workers."""
     Heartbeat: _aio.UnaryUnaryMultiCallable[_api_pb2.HeartbeatRequest, _api_pb2.HeartbeatReply]  # type: ignore[assignment]
@@ -285,6 +293,16 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.LogAccessReply, _abc.Awaitable[_api_pb2.LogAccessReply]]:
         """Tickets that let the caller read a job's task logs from the workers that ran them."""
+
+    @_abc_1.abstractmethod
+    def StartStep(
+        self,
+        request: _api_pb2.StartStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.StartStepReply, _abc.Awaitable[_api_pb2.StartStepReply]]:
+        """A step inside a running allocation (its owner or an admin): started at once where it fits
+        beside the allocation's running steps, or refused with the reason; never queued.
+        """
 
     @_abc_1.abstractmethod
     def RegisterNode(

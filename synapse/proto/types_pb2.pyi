@@ -119,6 +119,8 @@ class JobSpec(_message.Message):
     MOUNTS_FIELD_NUMBER: _builtins.int
     IMAGE_PULL_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    ALLOC_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -150,6 +152,10 @@ class JobSpec(_message.Message):
     """at least this long between two growths; 0 = the default (10 min)"""
     image_pull_timeout_s: _builtins.float
     """0 = the default (10 minutes)"""
+    alloc: _builtins.bool
+    """Allocations (command-set version 7): its tasks hold resources and run nothing; steps run inside."""
+    idle_timeout_s: _builtins.float
+    """an allocation ends after this long with no step running; 0 = the default"""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -203,10 +209,12 @@ class JobSpec(_message.Message):
         mounts: _abc.Iterable[Global___Mount] | None = ...,
         image_pull_timeout_s: _builtins.float = ...,
         secrets: _abc.Iterable[Global___SealedSecret] | None = ...,
+        alloc: _builtins.bool = ...,
+        idle_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "secrets", b"secrets", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "alloc", b"alloc", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "idle_timeout_s", b"idle_timeout_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "secrets", b"secrets", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -451,7 +451,7 @@ def test_snapshots_are_version_2_and_a_version_1_snapshot_still_loads():
                     "resize_interval"):
             del job["spec"][key]
     assert ClusterState.from_snapshot(old).digest() == state.digest()
-    for version in (0, 6, None):
+    for version in (0, 7, None):
         with pytest.raises(ValueError, match="unsupported snapshot version"):
             ClusterState.from_snapshot({**new, "version": version})
 

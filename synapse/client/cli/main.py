@@ -69,6 +69,8 @@ class _Main(LazyGroup):
 
 #: synctl's verbs: name -> (where it is defined, its one-line help).
 VERBS = {
+    "alloc": ("alloc:alloc", "Hold a gang (placed and queued like any) and run a command here while it is held, "
+              "with SYNAPSE_ALLOC naming it: `alloc --tasks 2 --gpu 8 -- sh` (default: your $SHELL)."),
     "apply": ("queues:apply_file", "Create or update the queues a YAML file lists (`queues:`); the same file "
               "again changes nothing (admin)."),
     "cancel": ("jobs:cancel", "Cancel a job: pending jobs end at once, running gangs are stopped first."),
@@ -81,6 +83,8 @@ VERBS = {
              "any as admin)."),
     "node": ("nodes:node", "Nodes: join tokens for registering workers (admin)."),
     "preempt": ("queues:preempt", "Which gangs the leader would preempt for pending job JOB_ID now, and why."),
+    "step": ("alloc:step", "Run a step inside an allocation (SYNAPSE_ALLOC) at once, never queued, and wait for "
+             "it, printing its tasks' output: `step -- hostname`, `step --tasks 1 --gpu 4 -- python x.py`."),
     "submit": ("submit:submit", "Submit a job file, or a one-off job from flags that runs the command after "
                "`--`: `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."),
     "uncordon": ("nodes:uncordon", "Allow new tasks on a node again."),
@@ -99,6 +103,8 @@ GET = {
     "jobs": ("jobs:get_jobs", "List jobs, oldest first."),
     "nodes": ("nodes:get_nodes", "List nodes with their capacity and use."),
     "queues": ("queues:get_queues", "List queues with their GPU quota and what their gangs hold now."),
+    "steps": ("alloc:get_steps", "The steps of an allocation, oldest first: id, status, tasks, exit code, nodes, "
+              "command."),
 }
 #: `synctl describe`'s objects.
 DESCRIBE = {

@@ -68,6 +68,17 @@ class Context:
         return self._client
 
 
+class AfterDashes(click.Command):
+    """A verb whose words after the first `--` are a command to run (`submit`, `alloc`, `step`),
+    never its own arguments: they are left in `ctx.meta["synctl.command"]`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["synctl.command"] = args[args.index("--") + 1:]
+            args = args[:args.index("--")]
+        return super().parse_args(ctx, args)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr, `synctl: MESSAGE`, and exit `code`."""
     common_fail("synctl", message, code)

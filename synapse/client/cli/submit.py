@@ -11,7 +11,7 @@ import click
 
 from synapse.client import render
 from synapse.client.cli.jobs import follow_job
-from synapse.client.cli.session import OUTPUT, Context, fail, run
+from synapse.client.cli.session import OUTPUT, AfterDashes, Context, fail, run
 from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
 from synapse.client.master_client import new_request_id
 from synapse.core import codec
@@ -22,17 +22,7 @@ from synapse.core.model import JobSpec
 from synapse.core.queues import queue_name_problem
 
 
-class _Submit(click.Command):
-    """`submit`: the words after the first `--` are the command to run, never a job file."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            ctx.meta["synctl.command"] = args[args.index("--") + 1:]
-            args = args[:args.index("--")]
-        return super().parse_args(ctx, args)
-
-
-@click.command(cls=_Submit, context_settings={"ignore_unknown_options": False})
+@click.command(cls=AfterDashes, context_settings={"ignore_unknown_options": False})
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1)
 @click.option("--request-id", help="idempotency key: the same id always yields the same job")

@@ -57,6 +57,8 @@ FOLLOWED = MappingProxyType({
     c.RecordProgress: Followed("progress", _attempt),
     # Only the failure of a job whose dependency can never be met.
     c.FailAttempt: Followed("unsatisfiable", _unsatisfiable, "job"),
+    # Only the cluster's own cancels (no user's): an idle allocation's (monitors.idle_timeout).
+    c.CancelJob: Followed("idle", lambda cmd: None if cmd.by else cmd.job_id, "job"),
 })
 
 

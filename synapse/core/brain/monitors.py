@@ -16,7 +16,14 @@ from synapse.core import versions
 from synapse.core.brain.config import LeaderConfig
 from synapse.core.brain.inflight import InFlight
 from synapse.core.brain.stimuli import Instruction, MonitorDue, Propose
-from synapse.core.model import DEFAULT_IMAGE_PULL_TIMEOUT_S, EndReason, Job, JobStatus, gang_unprepared
+from synapse.core.model import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_IMAGE_PULL_TIMEOUT_S,
+    EndReason,
+    Job,
+    JobStatus,
+    gang_unprepared,
+)
 from synapse.core.state.fsm import ClusterState
 
 log = logging.getLogger(__name__)
@@ -41,11 +48,24 @@ def limits(state: ClusterState, s: MonitorDue, inflight: InFlight) -> list[Instr
     preparing = versions.may_propose(c.TaskPrepared, s.cluster_version)
     out: list[Instruction] = []
     for job in state.jobs.values():
+        if job.status is JobStatus.RUNNING and job.spec.alloc and job.idle_since:
+            out += idle_timeout(job, s.at, inflight)
         if job.status is JobStatus.RUNNING and job.spec.time_limit:
             out += time_limit(state, job, s.at, noticeable, inflight)
         elif job.status is JobStatus.SCHEDULED and job.spec.image and preparing:
             out += pull_timeout(job, s.at)
     return out
+
+
+def idle_timeout(job: Job, now: float, inflight: InFlight) -> list[Instruction]:
+    """An allocation with no step running for its idle timeout (`idle_since` is 0 while one runs):
+    cancelled by the cluster, saying so (its holder's `synctl alloc` then ends its command)."""
+    timeout = job.spec.idle_timeout or DEFAULT_IDLE_TIMEOUT_S
+    if now - job.idle_since < timeout or inflight.holds("idle", job.id):
+        return []
+    log.info("allocation idle job=%s idle_s=%.0f timeout_s=%g", job.id, now - job.idle_since, timeout)
+    return [inflight.propose(c.CancelJob(at=now, job_id=job.id, reason=f"idle: no step ran for {timeout:g}s "
+                                                                       "(its idle_timeout)"))]
 
 
 def pull_timeout(job: Job, now: float) -> list[Instruction]:

@@ -302,8 +302,13 @@ def check_spec(spec: JobSpec, levels: tuple[str, ...] = ("zone", "block", "rack"
     if 0 < r.memory < MIN_TASK_MEMORY:
         raise JobFileError("resources.memory", f"{r.memory} bytes is below {MIN_TASK_MEMORY >> 20}Mi, the least a "
                                                "worker can confine a task to")
-    if not (spec.command or spec.image) or len(spec.command) > MAX_COMMAND_ARGS:
-        raise JobFileError("command", f"must have 1 to {MAX_COMMAND_ARGS} arguments (none only with an image)")
+    if not (spec.command or spec.image or spec.alloc) or len(spec.command) > MAX_COMMAND_ARGS:
+        raise JobFileError("command", f"must have 1 to {MAX_COMMAND_ARGS} arguments (none only with an image, "
+                                      "or for an allocation)")
+    if spec.alloc and (spec.command or spec.image):
+        raise JobFileError("command", "an allocation runs nothing itself: its steps run the commands")
+    if spec.idle_timeout < 0 or (spec.idle_timeout and not spec.alloc):
+        raise JobFileError("idle_timeout", "an allocation's only, and not negative")
     if any(len(a) > MAX_ARG_CHARS for a in spec.command):
         raise JobFileError("command", f"an argument is longer than {MAX_ARG_CHARS} characters")
     if len(spec.env) > MAX_ENV_ENTRIES:

@@ -20,6 +20,7 @@ from synapse.core.model.ends import (
     gpu_fault_hits,
 )
 from synapse.core.model.job import (
+    DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_IMAGE_PULL_TIMEOUT_S,
     CheckpointSpec,
     ClusterEvent,
@@ -69,6 +70,7 @@ __all__ = [
     "CheckpointSpec",
     "ClusterEvent",
     "DEFAULT_GRACE_S",
+    "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_IMAGE_PULL_TIMEOUT_S",
     "DEFAULT_LABEL",
     "DEFAULT_LEVELS",

@@ -80,6 +80,12 @@ class JobSpec:
     #: the job's secrets, sealed, by name (command-set version 6): given to its tasks as environment
     #: variables, never shown (the API shows their names)
     secrets: tuple[Secret, ...] = ()
+    #: an allocation (`synctl alloc`, command-set version 7): its tasks hold their resources and run
+    #: nothing; steps (StartStep) run inside them without queueing (synapse.core.steps)
+    alloc: bool = False
+    #: an allocation ends (cancelled) after this many seconds with no step running; 0: the default
+    #: (DEFAULT_IDLE_TIMEOUT_S)
+    idle_timeout: float = 0.0
 
     @property
     def has_workflow(self) -> bool:
@@ -101,6 +107,11 @@ class JobSpec:
     def has_secrets(self) -> bool:
         """True when it carries secrets (a field that needs command-set version 6)."""
         return bool(self.secrets)
+
+    @property
+    def has_alloc(self) -> bool:
+        """True when it is an allocation (a field that needs command-set version 7)."""
+        return self.alloc or bool(self.idle_timeout)
 
     @property
     def total(self) -> Resources:
@@ -128,6 +139,10 @@ class JobStatus(enum.StrEnum):
 
 #: How long a gang waits for its image on all its nodes, unless its job says otherwise.
 DEFAULT_IMAGE_PULL_TIMEOUT_S = 600.0
+#: How long an allocation may stay with no step running before it ends, unless its job says otherwise:
+#: an idle session holds GPUs for nothing (Kubeflow culls notebooks after a day, SkyPilot stops idle
+#: clusters after 5 minutes; a researcher between two steps rarely pauses half an hour).
+DEFAULT_IDLE_TIMEOUT_S = 1800.0
 
 
 def gang_unprepared(job: Job) -> list[Task]:
@@ -182,6 +197,10 @@ class Task:
     reason_message: str = ""  #: the detail: exit code, signal, memory limit, who cancelled…
     #: its node holds the job's image (TaskPrepared, version 4): the gang starts once every task is
     prepared: bool = False
+    #: a step's task: the index of the task of its allocation it runs inside (on the same node, with
+    #: a share of that task's resources and GPUs, which its node counts once, for the allocation's
+    #: task); -1: not a step's (synapse.core.steps)
+    holder: int = -1
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -294,6 +313,14 @@ class Job:
     #: its latest attempt's progress as recorded (RecordProgress, command-set version 4); None: none
     #: reported; apply only
     progress: Progress | None = None
+    #: a step's allocation (StartStep, command-set version 7): the step runs inside its tasks, never
+    #: queues and never restarts; "" for any other job
+    alloc_id: str = ""
+    #: an allocation's steps started so far: step k is job `<id>.<k>` (synapse.core.steps.step_id); apply only
+    step_count: int = 0
+    #: an allocation: since when no step of it runs (0 while one does); its idle timeout counts from
+    #: it; apply only
+    idle_since: float = 0.0
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

@@ -125,8 +125,8 @@ def _candidates(state: ClusterRead, job: Job, queue: Queue, rules: tuple[str, ..
     by_priority = "priority" in rules
     mine, priority, key = queue.name, job.spec.priority, job.queue_key()
     for other in state.jobs.values():
-        if other.status not in _LIVE or other.id == job.id:
-            continue
+        if other.status not in _LIVE or other.id == job.id or other.alloc_id:
+            continue  # a step frees nothing of its node's: its allocation holds it (synapse.core.steps)
         name = state.queue_of(other)
         if name not in per_queue:
             other_queue = state.queues.get(name) or Queue(name)

@@ -293,6 +293,8 @@ class DrainClock:
         latest = self.now
         for job_id, _attempt, index in self.state.live_tasks.get(node_id, ()):
             job = self.state.jobs[job_id]
+            if job.tasks[index].holder >= 0:
+                continue  # a step's task: its allocation's task on the node says when it frees
             run = self._runs.get(job_id)
             if run is None:
                 run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict)

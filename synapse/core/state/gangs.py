@@ -21,6 +21,7 @@ from synapse.core.model import (
     PackMode,
     Progress,
     Task,
+    TaskState,
     excluded_for,
 )
 from synapse.core.schedule import elastic
@@ -62,6 +63,13 @@ def commit_plan(state: ClusterTables, cmd: c.CommitPlan) -> Result:
     job_event(state, job, cmd.at, "Scheduled",
               f"attempt {job.attempt}: {len(cmd.placements)} task(s) on {len(nodes)} node(s): "
               + ", ".join(nodes[:8]) + (" …" if len(nodes) > 8 else ""))
+    if job.spec.alloc:
+        # An allocation's tasks run nothing (no worker is told of them, synapse.master.dispatch):
+        # held is running. A node's loss or drain still ends them, as any task on it.
+        for task in job.tasks:
+            task.state, task.started_at = TaskState.RUNNING, cmd.at
+        job.status, job.started_at, job.idle_since = JobStatus.RUNNING, cmd.at, cmd.at
+        job_event(state, job, cmd.at, "Running", f"allocation of {len(job.tasks)} task(s) granted: steps may start")
     array = state.arrays.get(job.array_id) if job.array_id else None
     if array is not None and array.rep == job.id:
         array.rep = ""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from synapse.core.model import JobStatus, Resources, TaskState
+from synapse.core.model import Job, JobStatus, Resources, Task, TaskState
 from synapse.core.schedule.elastic import least
 from synapse.core.state.fsm import ClusterState
+from synapse.core.steps import step_ids
 
 
 def node_violations(state: ClusterState, node_ids: Iterable[str]) -> list[str]:
@@ -25,6 +26,8 @@ def node_violations(state: ClusterState, node_ids: Iterable[str]) -> list[str]:
         used = Resources()
         gpus: list[int] = []
         for task in tasks:
+            if task.holder >= 0:  # a step's task: its allocation's task counts it (step_violations)
+                continue
             used = used + task.resources
             gpus.extend(task.gpus)
         if used != node.used:
@@ -58,10 +61,13 @@ def violations(state: ClusterState) -> list[str]:
             if task.node_id not in state.nodes:
                 out.append(f"task {task.key} is on unknown node {task.node_id}")
                 continue
-            used[task.node_id] = used[task.node_id] + task.resources
-            gpus[task.node_id].extend(task.gpus)
             if task.key not in state.live_tasks[task.node_id]:
                 out.append(f"live task {task.key} missing from its node's index")
+            if task.holder >= 0:
+                continue  # a step's task: its allocation's task counts it (step_violations)
+            used[task.node_id] = used[task.node_id] + task.resources
+            gpus[task.node_id].extend(task.gpus)
+        out += step_violations(state, job)
     for node_id, node in state.nodes.items():
         if used[node_id] != node.used:
             out.append(f"node {node_id} records {node.used} used, its live tasks hold {used[node_id]}")
@@ -74,4 +80,46 @@ def violations(state: ClusterState) -> list[str]:
                        f"its tasks hold {sorted(gpus[node_id])}")
         if any(not 0 <= g < node.capacity.gpu for g in gpus[node_id]):
             out.append(f"node {node_id} gives out a GPU index it does not have")
+    return out
+
+
+def step_violations(state: ClusterState, job: Job) -> list[str]:
+    """The invariants of an allocation and its steps (synapse.core.steps), for one job: a step's
+    live task runs inside a live task of its allocation on the same node; the live step tasks
+    inside one allocation task fit in its resources and hold its GPU indices, none twice. With
+    the node's own check (which counts allocation tasks, not step tasks), no GPU is booked twice."""
+    out: list[str] = []
+    if job.alloc_id:
+        alloc = state.jobs.get(job.alloc_id)
+        for task in job.tasks:
+            if not task.state.live:
+                continue
+            holder = alloc.tasks[task.holder] if alloc is not None and 0 <= task.holder < len(alloc.tasks) else None
+            if holder is None or not holder.state.live or holder.node_id != task.node_id:
+                out.append(f"step task {task.key} runs inside no live task of allocation {job.alloc_id} "
+                           f"on {task.node_id}")
+    elif any(t.holder >= 0 for t in job.tasks):
+        out.append(f"job {job.id} is no step, yet its tasks name an allocation's task")
+    if not job.spec.alloc:
+        return out
+    inside: dict[int, list[Task]] = {}
+    for step_id in step_ids(job):
+        step = state.jobs.get(step_id)
+        for task in step.tasks if step is not None else ():
+            if task.state.live:
+                inside.setdefault(task.holder, []).append(task)
+    for index, tasks in sorted(inside.items()):
+        holder = job.tasks[index] if 0 <= index < len(job.tasks) else None
+        if holder is None:
+            continue  # reported above, by the step
+        used = Resources()
+        gpus: list[int] = []
+        for task in tasks:
+            used = used + task.resources
+            gpus.extend(task.gpus)
+        if not used.fits_in(holder.resources):
+            out.append(f"steps use {used} inside task {index} of allocation {job.id}, which holds {holder.resources}")
+        if len(gpus) != len(set(gpus)) or not set(gpus) <= set(holder.gpus):
+            out.append(f"steps inside task {index} of allocation {job.id} hold GPUs {sorted(gpus)}: twice, or "
+                       f"not among its {sorted(holder.gpus)}")
     return out

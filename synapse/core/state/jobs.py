@@ -31,8 +31,12 @@ def validate_spec(state: ClusterTables, spec: JobSpec) -> str:
         return "resources must not be negative"
     if spec.resources == Resources():
         return "a task must ask for some cpu, memory or gpu"
-    if not spec.command and not spec.image:  # with an image, its entrypoint (a SubmitImageJob alone)
+    if not spec.command and not spec.image and not spec.alloc:  # with an image, its entrypoint (a SubmitImageJob alone)
         return "command must not be empty"
+    if spec.alloc and (spec.command or spec.image or spec.array or spec.tasks_min):
+        return "an allocation runs nothing itself (its steps do): no command, image, array or elastic size"
+    if spec.idle_timeout < 0 or (spec.idle_timeout and not spec.alloc):
+        return "idle_timeout is an allocation's, and must not be negative"
     if spec.max_restarts < 0:
         return "max_restarts must not be negative"
     if spec.time_limit < 0:
@@ -96,6 +100,8 @@ def checkpoint_problem(cmd: c.SubmitJob) -> str:
         return "mounts, or a job without a command, need a SubmitImageJob command"
     if cmd.spec.has_secrets and not isinstance(cmd, c.SubmitSecretJob):
         return "secrets need a SubmitSecretJob command"
+    if cmd.spec.has_alloc and not isinstance(cmd, c.SubmitAllocJob):
+        return "an allocation needs a SubmitAllocJob command"
     try:
         check_checkpoint(cmd.spec)
     except JobFileError as exc:

@@ -130,6 +130,8 @@ def node_down(state: ClusterTables, cmd: c.NodeDown) -> Result:
     for job_id, _attempt, index in sorted(state.live_tasks[node.id]):
         job = state.jobs[job_id]
         task = job.tasks[index]
+        if not task.state.live:  # an allocation's task that a step's end on this node ended already
+            continue
         if job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING) and job_id not in ended:
             ended.append(job_id)
         end_task(state, task, TaskState.LOST, None, cmd.at, EndReason.NODE_LOST, reason)

@@ -14,7 +14,20 @@ from typing import Any
 
 from synapse.core import commands as c
 from synapse.core.commands import Result
-from synapse.core.state import arrays, cluster, gangs, history, jobs, node_faults, nodes, queues, tasks, usage, users
+from synapse.core.state import (
+    arrays,
+    cluster,
+    gangs,
+    history,
+    jobs,
+    node_faults,
+    nodes,
+    queues,
+    steps,
+    tasks,
+    usage,
+    users,
+)
 from synapse.core.state.tables import ClusterTables
 
 HANDLERS: dict[type[c.Command], Callable[[ClusterTables, Any], Result]] = {
@@ -24,6 +37,8 @@ HANDLERS: dict[type[c.Command], Callable[[ClusterTables, Any], Result]] = {
     c.SubmitCheckpointJob: jobs.submit_job,
     c.SubmitImageJob: jobs.submit_job,
     c.SubmitSecretJob: jobs.submit_job,
+    c.SubmitAllocJob: jobs.submit_job,
+    c.StartStep: steps.start_step,
     c.CancelJob: jobs.cancel_job,
     c.FailAttempt: jobs.fail_attempt,
     c.SetArrayThrottle: arrays.set_array_throttle,

@@ -60,9 +60,15 @@ SNAPSHOT_VERSION_4 = 4
 #: The version written once a job holds secrets (command-set version 6): a version-4 release refuses
 #: it rather than drop them.
 SNAPSHOT_VERSION_5 = 5
+#: The version written once the state holds an allocation or a step (command-set version 7): a
+#: version-5 release refuses it rather than drop them (it would run an allocation's steps on
+#: resources its nodes no longer count).
+SNAPSHOT_VERSION_6 = 6
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+#: A job's records of version 6 (allocations and steps), written only when set.
+_VERSION_6_KEYS = frozenset({"alloc_id", "step_count", "idle_since"})
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
@@ -84,8 +90,10 @@ def encode(state: Any) -> dict[str, Any]:
                  for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays]) \
         or any("prepared" in t for j in jobs for t in j["tasks"])
     secrets = any("secrets" in s for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays])
+    allocs = any(_VERSION_6_KEYS & set(j) or "alloc" in j["spec"] for j in jobs)
     return {
-        "version": SNAPSHOT_VERSION_5 if secrets else SNAPSHOT_VERSION_4 if v4 or images
+        "version": SNAPSHOT_VERSION_6 if allocs else SNAPSHOT_VERSION_5 if secrets
+        else SNAPSHOT_VERSION_4 if v4 or images
         else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
         "levels": list(state.levels),
         "applied": state.applied,
@@ -176,7 +184,8 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
         for task in job.tasks:
             if task.state.live:
                 state.live_tasks[task.node_id].add(task.key)
-                state._use(job, task.resources)  # the queue usage apply keeps, by apply's own code
+                if task.holder < 0:  # a step's task uses its allocation's share (synapse.core.steps)
+                    state._use(job, task.resources)  # the queue usage apply keeps, by apply's own code
     for ad in data.get("arrays", []):
         array = _array_from_dict(ad)
         state.arrays[array.id] = array
@@ -238,7 +247,8 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {}),
             **({"image_pull_timeout": s.image_pull_timeout} if s.image_pull_timeout else {}),
             # sealed: (name, fingerprint, nonce and ciphertext), the bytes as hex
-            **({"secrets": [[x.name, x.fingerprint.hex(), x.sealed.hex()] for x in s.secrets]} if s.secrets else {})}
+            **({"secrets": [[x.name, x.fingerprint.hex(), x.sealed.hex()] for x in s.secrets]} if s.secrets else {}),
+            **({"alloc": [s.alloc, s.idle_timeout]} if s.has_alloc else {})}
 
 
 def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
@@ -254,14 +264,16 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    checkpoint=CheckpointSpec(*d.get("checkpoint", ("", 0.0))),
                    mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())),
                    image_pull_timeout=d.get("image_pull_timeout", 0.0),
-                   secrets=tuple(Secret(n, bytes.fromhex(f), bytes.fromhex(x)) for n, f, x in d.get("secrets", ())))
+                   secrets=tuple(Secret(n, bytes.fromhex(f), bytes.fromhex(x)) for n, f, x in d.get("secrets", ())),
+                   alloc=d.get("alloc", (False, 0.0))[0], idle_timeout=d.get("alloc", (False, 0.0))[1])
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
     return {"index": t.index, "node_id": t.node_id, "resources": _res(t.resources),
             "gpus": list(t.gpus), "rank": t.rank, "state": t.state.value, "exit_code": t.exit_code,
             "started_at": t.started_at, "ended_at": t.ended_at, "reason": t.reason,
-            "reason_message": t.reason_message, **({"prepared": True} if t.prepared else {})}
+            "reason_message": t.reason_message, **({"prepared": True} if t.prepared else {}),
+            **({"holder": t.holder} if t.holder >= 0 else {})}
 
 
 def _job_to_dict(j: Job) -> dict[str, Any]:
@@ -282,7 +294,10 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             **({"stop_notice": j.stop_notice} if j.stop_notice else {}),
             **({"notice_at": j.notice_at} if j.notice_at else {}),
             **({"excluded_nodes": list(j.excluded_nodes)} if j.excluded_nodes else {}),
-            **({"progress": _progress_to_list(j.progress)} if j.progress is not None else {})}
+            **({"progress": _progress_to_list(j.progress)} if j.progress is not None else {}),
+            **({"alloc_id": j.alloc_id} if j.alloc_id else {}),
+            **({"step_count": j.step_count} if j.step_count else {}),
+            **({"idle_since": j.idle_since} if j.idle_since else {})}
 
 
 def _progress_to_list(p: Progress) -> list[Any]:
@@ -320,7 +335,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               runs=[_run_from_list(r) for r in d.get("runs", ())], archive_seq=d.get("archive_seq", 0),
               archived_at=d.get("archived_at", 0.0), stop_notice=d.get("stop_notice", 0.0),
               notice_at=d.get("notice_at", 0.0), excluded_nodes=tuple(d.get("excluded_nodes", ())),
-              progress=Progress(*d["progress"]) if "progress" in d else None)
+              progress=Progress(*d["progress"]) if "progress" in d else None, alloc_id=d.get("alloc_id", ""),
+              step_count=d.get("step_count", 0), idle_since=d.get("idle_since", 0.0))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when
@@ -330,7 +346,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
                       resources=Resources(*t["resources"]), gpus=tuple(t["gpus"]), rank=t["rank"],
                       state=TaskState(t["state"]), exit_code=t["exit_code"],
                       started_at=t["started_at"], ended_at=t["ended_at"], reason=t.get("reason", ""),
-                      reason_message=t.get("reason_message", ""), prepared=t.get("prepared", False))
+                      reason_message=t.get("reason_message", ""), prepared=t.get("prepared", False),
+                      holder=t.get("holder", -1))
                  for t in d["tasks"]]
     return job
 

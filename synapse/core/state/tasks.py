@@ -30,6 +30,8 @@ def task_started(state: ClusterTables, cmd: c.TaskStarted) -> Result:
     job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
     if rejection is not None:
         return rejection
+    if job.spec.alloc:
+        return _runs_nothing(job)
     if task.state is not TaskState.ASSIGNED:
         return Result(True, value=f"task already {task.state.value}")
     task.state, task.started_at = TaskState.RUNNING, cmd.at
@@ -66,6 +68,8 @@ def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
     job, task, rejection = find_task(state, cmd.job_id, cmd.attempt, cmd.index, cmd.node_id)
     if rejection is not None:
         return rejection
+    if job.spec.alloc:
+        return _runs_nothing(job)
     if not task.state.live:
         return Result(True, value=f"task already {task.state.value}")
     if not task.started_at:
@@ -118,6 +122,12 @@ def task_exited(state: ClusterTables, cmd: c.TaskExited) -> Result:
                      + (f": {message}" if message else ""))
     maybe_end_attempt(state, job, cmd.at)
     return Result(True)
+
+
+def _runs_nothing(job: Job) -> Result:
+    """The refusal of a worker's report about an allocation's task: no worker runs one, so none may
+    end one (it ends with the allocation, once no step task runs inside it)."""
+    return Result.rejected(f"job {job.id} is an allocation: its tasks run no process, no worker reports them")
 
 
 def end_reason(job: Job, cmd: c.TaskExited) -> tuple[str, str]:

@@ -25,6 +25,7 @@ from synapse.core.state.arrays import element_ended
 from synapse.core.state.events import job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.usage import count_usage, queue_of, release_hold
+from synapse.core.steps import step_ids
 from synapse.core.versions import PREDICT_VERSION
 
 #: How a Notice event names the planned stop it announces.
@@ -77,17 +78,26 @@ def running_attempt(state: ClusterTables, job_id: str, attempt: int) -> Job | Re
 
 def end_task(state: ClusterTables, task: Task, ended: TaskState, exit_code: int | None, at: float, reason: str,
              message: str) -> None:
-    """The task is gone: give its resources back, and record why it ended."""
+    """The task is gone: give its resources back, and record why it ended. A step's task gives
+    them back to its allocation's task, which its node and queue count (synapse.core.steps); if
+    that task's allocation is stopping and no other step task runs inside it, it ends too."""
     job = state.jobs.get(task.job_id)
-    if job is not None:
-        count_usage(state, job, Resources() - task.resources, at)
     node = state.nodes[task.node_id]
-    node.used = node.used - task.resources
-    node.gpus_in_use.difference_update(task.gpus)
+    nested = task.holder >= 0
+    if not nested:
+        if job is not None:
+            count_usage(state, job, Resources() - task.resources, at)
+        node.used = node.used - task.resources
+        node.gpus_in_use.difference_update(task.gpus)
     state.live_tasks[node.id].discard(task.key)
     task.state, task.exit_code, task.ended_at = ended, exit_code, at
     task.reason, task.reason_message = str(reason), message
-    state.index.update(node)
+    if not nested:
+        state.index.update(node)
+    elif job is not None:
+        alloc = state.jobs.get(job.alloc_id)
+        if alloc is not None and alloc.status is JobStatus.STOPPING and task.holder < len(alloc.tasks):
+            release_holders(state, alloc, at)
 
 
 def stop_attempt(state: ClusterTables, job: Job, reason: str, at: float, cause: str = "", failure: str = "",
@@ -111,6 +121,37 @@ def stop_attempt(state: ClusterTables, job: Job, reason: str, at: float, cause: 
             job.stop_notice = notice_of(state, job) if notice is None else notice
             if job.stop_notice and not job.notice_at:
                 give_notice(state, job, at, at + job.stop_notice, cause)
+        if job.spec.alloc:
+            stop_steps(state, job, at)
+
+
+def live_steps(state: ClusterTables, alloc: Job) -> list[Job]:
+    """The steps of an allocation whose tasks exist (started, running or stopping), oldest first."""
+    return [step for step in (state.jobs.get(i) for i in step_ids(alloc)) if step is not None and step.status.has_gang]
+
+
+def stop_steps(state: ClusterTables, alloc: Job, at: float) -> None:
+    """An allocation stops: so does every step of it (cancelled with it when it is cancelled), and
+    its tasks that no step task runs inside end now (they run nothing); the others end with the
+    last step task inside them (end_task), and the allocation ends with its last task."""
+    for step in live_steps(state, alloc):
+        if alloc.cancel_requested:
+            step.cancel_requested, step.cancelled_by = True, alloc.cancelled_by
+        stop_attempt(state, step, f"its allocation {alloc.id} stops: {alloc.stop_reason}", at,
+                     cause=alloc.stop_cause)
+        maybe_end_attempt(state, step, at)
+    release_holders(state, alloc, at)
+
+
+def release_holders(state: ClusterTables, alloc: Job, at: float) -> None:
+    """End the stopping allocation's live tasks that no live step task runs inside, and the
+    allocation once none is left."""
+    inside = {t.holder for step in live_steps(state, alloc) for t in step.tasks if t.state.live}
+    for task in alloc.tasks:
+        if task.state.live and task.index not in inside:
+            end_task(state, task, TaskState.EXITED, 0, at, alloc.stop_cause or EndReason.CANCELLED,
+                     alloc.stop_reason)
+    maybe_end_attempt(state, alloc, at)
 
 
 def give_notice(state: ClusterTables, job: Job, at: float, stop_at: float, cause: str) -> None:
@@ -140,6 +181,10 @@ def maybe_end_attempt(state: ClusterTables, job: Job, at: float) -> None:
         finish(state, job, JobStatus.SUCCEEDED, f"all {len(job.tasks)} task(s) exited 0", at)
     elif job.cancel_requested:
         finish(state, job, JobStatus.CANCELLED, job.stop_reason, at)
+    elif job.spec.alloc or job.alloc_id:
+        # An allocation is a person's session, and a step a command they wait for: neither comes
+        # back later on its own (a lost node, a drain or a preemption ends it; Slurm does the same).
+        finish(state, job, JobStatus.FAILED, job.stop_reason, at)
     elif job.stop_cause == EndReason.RESIZED:
         job.resizes += 1
         requeue_unfailed(state, job, at, f"to resize from {len(job.tasks)} task(s)")
@@ -187,7 +232,9 @@ def record_run(state: ClusterTables, job: Job) -> None:
         outcome, why = job.stop_cause, job.stop_reason
     else:
         outcome, why = (failed[0].reason if failed else EndReason.ERROR), job.failure or job.stop_reason
-    held = [(t.resources, max(0.0, t.ended_at - job.placed_at)) for t in job.tasks]
+    # A step's tasks hold a share of their allocation's, which its own run counts: counted again
+    # here, the same GPU-seconds would be charged twice (synapse.core.steps).
+    held = [(t.resources, max(0.0, t.ended_at - job.placed_at)) for t in job.tasks if t.holder < 0]
     job.runs.append(Run(
         attempt=job.attempt, placed_at=job.placed_at, started_at=job.started_at,
         ended_at=max((t.ended_at for t in job.tasks), default=job.placed_at),
@@ -200,7 +247,8 @@ def record_run(state: ClusterTables, job: Job) -> None:
     run = job.runs[-1]
     # Learned from command-set version 4 on only (the cluster version is replicated): a replica
     # of an older release does not learn, and while one is a member their states must not part.
-    if outcome in LEARNED_OUTCOMES and run.ended_at >= run.started_at and state.cluster_version >= PREDICT_VERSION:
+    if outcome in LEARNED_OUTCOMES and run.ended_at >= run.started_at and state.cluster_version >= PREDICT_VERSION \
+            and not (job.spec.alloc or job.alloc_id):  # neither queues: their run times predict no wait
         state.run_times.learn(job.user, job.spec.name, job.spec.total.gpu, run.ended_at - run.started_at)
 
 
@@ -228,6 +276,12 @@ def finish(state: ClusterTables, job: Job, status: JobStatus, reason: str, at: f
     job_event(state, job, at, status.value.capitalize(), reason)
     if job.array_id:
         element_ended(state, job, at)
+    alloc = state.jobs.get(job.alloc_id) if job.alloc_id else None
+    if alloc is not None:
+        code = next((t.exit_code for t in job.tasks if t.exit_code), 0)
+        job_event(state, alloc, at, "StepEnded", f"step {job.id} {status.value} (exit code {code}): {reason}")
+        if alloc.status is JobStatus.RUNNING and not live_steps(state, alloc):
+            alloc.idle_since = at
 
 
 def utc_clock(at: float) -> str:

@@ -15,6 +15,7 @@ from synapse.core.jobs import dependencies
 from synapse.core.jobs.arrays import split_element_id
 from synapse.core.jobs.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
 from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
+from synapse.core.steps import step_ids
 from synapse.master.api.base import MAX_ID_CHARS, Context
 from synapse.master.api.job_info import JobViews
 from synapse.proto import api_pb2
@@ -102,8 +103,8 @@ class JobsApi(JobViews):
         if request.limit < 0 or request.limit > MAX_PAGE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: between 1 and {MAX_PAGE}")
         limit = request.limit or DEFAULT_PAGE
-        if len(request.user) > MAX_ID_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"user: at most {MAX_ID_CHARS} characters")
+        if len(request.user) > MAX_ID_CHARS or len(request.alloc_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"user, alloc_id: at most {MAX_ID_CHARS} characters")
         await self._current_read(context)
         wanted = set(request.status)
         with self.m.lock:
@@ -114,7 +115,10 @@ class JobsApi(JobViews):
             # Jobs are kept in submission order (dicts keep insertion order; seq grows with it).
             page: list[Job] = []
             more = False
-            for job in jobs.values():
+            alloc = jobs.get(request.alloc_id) if request.alloc_id else None
+            listed = jobs.values() if not request.alloc_id else \
+                [jobs[i] for i in (step_ids(alloc) if alloc is not None else ()) if i in jobs]
+            for job in listed:
                 if after is not None and job.seq <= after.seq:
                     continue
                 if wanted and job.status.value not in wanted:
