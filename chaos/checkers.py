@@ -103,6 +103,10 @@ def replay_replica(data_dir: str | Path, levels: tuple[str, ...] | None = None) 
 def _touched_nodes(state: ClusterState, cmd: c.Command) -> set[str]:
     """Nodes whose allocation a command may have changed."""
     nodes = {p.node_id for p in cmd.placements} if isinstance(cmd, c.CommitPlan) else set()
+    if isinstance(cmd, c.StartStep):  # a step's tasks go onto its allocation's nodes
+        alloc = state.jobs.get(cmd.alloc_id)
+        if alloc is not None:
+            nodes.update(t.node_id for t in alloc.tasks)
     if hasattr(cmd, "node_id"):
         nodes.add(cmd.node_id)  # type: ignore[attr-defined]
     if hasattr(cmd, "job_id"):

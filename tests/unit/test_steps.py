@@ -12,7 +12,7 @@ from synapse.core.brain.monitors import idle_timeout
 from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, JobSpec, JobStatus, Placement, Resources, TaskState
 from synapse.core.state import snapshot
 from synapse.core.state.fsm import ClusterState
-from synapse.core.state.invariants import violations
+from synapse.core.state.invariants import node_violations, violations
 from synapse.core.steps import Room, fit_step
 from synapse.master.dispatch import assignments_for_node
 from tests.support.helpers import GI, checked, cluster
@@ -187,6 +187,7 @@ def test_invariants_catch_a_step_that_books_what_its_allocation_does_not_hold():
     task = state.jobs["a.0"].tasks[0]
     task.gpus = (6, 7, 8, 9)
     assert any("not among its" in v for v in violations(state))
+    assert any("not among its" in v for v in node_violations(state, [NODES[0]]))  # what chaos checks per command
     task.gpus, task.resources = (0, 1, 2, 3), Resources(1000, GI, 16)
     assert any("steps use" in v for v in violations(state))
     task.resources = Resources(1000, GI, 4)

@@ -36,6 +36,8 @@ def node_violations(state: ClusterState, node_ids: Iterable[str]) -> list[str]:
             out.append(f"node {node_id} is over-allocated: {node.used} of {node.capacity}")
         if len(gpus) != len(set(gpus)) or set(gpus) != node.gpus_in_use:
             out.append(f"node {node_id} gives a GPU index twice or records the wrong ones: {sorted(gpus)}")
+        for job_id in sorted({t.job_id for t in tasks if t.holder >= 0 or state.jobs[t.job_id].spec.alloc}):
+            out += step_violations(state, state.jobs[job_id])
     return out
 
 
