@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import click
+import grpc
 
 from synapse.client import render
 from synapse.client.cli.jobs import NEVER_STARTS, TERMINAL, _worker_channel
@@ -188,8 +189,9 @@ def step(obj: Context, alloc_id: str, tasks: int | None, cpu: str | None, memory
         fail(exc.message, 1)
     try:
         started = wait_step(client, step_id, until=frozenset({"RUNNING", "STOPPING", *TERMINAL}))
-        print_output(obj, step_id, len(started.tasks), label)
+        output = StepOutput(obj, step_id, len(started.tasks), label)
         ended = wait_step(client, step_id)
+        output.finish()
     except KeyboardInterrupt:
         client.cancel(step_id, "its synctl step was interrupted")
         click.echo(f"synctl: step {step_id} cancelled", err=True)
@@ -208,31 +210,51 @@ def _env_pair(item: str) -> tuple[str, str]:
     return key, value
 
 
-def print_output(obj: Context, job_id: str, tasks: int, label: bool) -> None:
-    """Stream every task's output of a job's latest attempt until its tasks end (the workers' log
-    service follows a task's log while it runs), one thread per task, lines labelled with the rank
-    when asked."""
-    access = run(lambda: obj.client.call("LogAccess", api_pb2.LogAccessRequest(job_id=job_id)))
-    lock = threading.Lock()
+class StepOutput:
+    """Every task's output of a step, streamed from its workers while it runs (their log service
+    follows a task's log), and its tail read once the step has ended: a follow ends only once the
+    worker forgets the task, later than the step's end is known, so `finish` cuts the follows and
+    reads on from where each stopped."""
 
-    def stream(ticket: api_pb2.LogTicket) -> None:
-        channel = _worker_channel(obj, ticket.address, ticket.node_id)
-        request = api_pb2.ReadLogRequest(job_id=job_id, attempt=access.attempt, index=ticket.index, follow=True,
-                                         ticket=ticket.ticket)
+    def __init__(self, obj: Context, job_id: str, tasks: int, label: bool) -> None:
+        self.obj, self.job_id, self.label = obj, job_id, label
+        access = run(lambda: obj.client.call("LogAccess", api_pb2.LogAccessRequest(job_id=job_id)))
+        self.attempt = access.attempt
+        self.tickets = list(access.tickets[:tasks])  #: one per task, by index
+        self.offsets = {t.index: 0 for t in self.tickets}  #: how far each task's log was printed
+        self.calls: dict[int, Any] = {}  #: the follow stream of each task, while it is open
+        self.lock = threading.Lock()
+        self.channels = {t.index: _worker_channel(obj, t.address, t.node_id) for t in self.tickets}
+        self.threads = [threading.Thread(target=self._read, args=(t, True), daemon=True) for t in self.tickets]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, ticket: api_pb2.LogTicket, follow: bool) -> None:
+        request = api_pb2.ReadLogRequest(job_id=self.job_id, attempt=self.attempt, index=ticket.index, follow=follow,
+                                         ticket=ticket.ticket, offset=self.offsets[ticket.index])
         try:
-            for chunk in api_pb2_grpc.WorkerStub(channel).ReadLog(request):
-                with lock:
-                    click.echo(render.task_log(chunk.data.decode(errors="replace"), ticket.index, label), nl=False)
-        except Exception as exc:  # noqa: BLE001 - one task's stream failing must not hide the others'
-            click.echo(f"synctl: task {ticket.index} on {ticket.node_id}: {exc}", err=True)
-        finally:
-            channel.close()
+            call = api_pb2_grpc.WorkerStub(self.channels[ticket.index]).ReadLog(request)
+            if follow:
+                self.calls[ticket.index] = call
+            for chunk in call:
+                with self.lock:
+                    click.echo(render.task_log(chunk.data.decode(errors="replace"), ticket.index, self.label), nl=False)
+                    self.offsets[ticket.index] = chunk.offset
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                click.echo(f"synctl: task {ticket.index} on {ticket.node_id}: {exc.details() or exc.code().name}",
+                           err=True)
 
-    threads = [threading.Thread(target=stream, args=(t,), daemon=True) for t in access.tickets[:tasks]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def finish(self) -> None:
+        """The step ended: stop following, print what each task wrote since, close the channels."""
+        for call in list(self.calls.values()):
+            call.cancel()
+        for thread in self.threads:
+            thread.join(5.0)
+        for ticket in self.tickets:
+            self._read(ticket, False)
+        for channel in self.channels.values():
+            channel.close()
 
 
 @click.command("steps")
