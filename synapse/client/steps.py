@@ -55,20 +55,35 @@ def start_step(client: MasterClient, alloc_id: str, spec: JobSpec, request_id: s
     return client.start_step(alloc_id, codec.job_spec_to_proto(spec), request_id)
 
 
+#: The job event (its cluster event's reason, synapse.core.state.events) that says a job reached each status.
+_REACHED = {"RUNNING": "GangRunning", "STOPPING": "GangStopping", "SUCCEEDED": "JobSucceeded",
+            "FAILED": "JobFailed", "CANCELLED": "JobCancelled"}
+
+
 def wait_step(client: MasterClient, step_id: str, *, until: frozenset[str] = ENDED,
               deadline: float | None = None) -> api_pb2.JobInfo:
-    """The step's JobInfo once its status is in `until` (by default: ended), polled briskly at
-    first (most steps are short) and every quarter second after; TimeoutError past `deadline`
-    (time.monotonic)."""
-    pause = 0.01
-    while True:
-        info = client.get_job(step_id)
-        if info.status in until:
-            return info
+    """The job's JobInfo (a step's, or any job's) once its status is in `until` (by default:
+    ended). It follows the job's events (WatchEvents, from any master, pushed as they apply) rather
+    than asking again and again, and reads the job when one says it got there; TimeoutError past
+    `deadline` (time.monotonic)."""
+    info = client.get_job(step_id)
+    if info.status in until:
+        return info
+    reasons = {_REACHED[s] for s in until if s in _REACHED}
+    remaining = None if deadline is None else max(0.1, deadline - time.monotonic())
+    request = api_pb2.WatchEventsRequest(job_id=step_id, follow=True)
+    for event in client.watch("WatchEvents", lambda: request, leader=False, try_timeout=remaining,
+                              deadline=remaining):
+        if event.reason in reasons:
+            info = client.get_job(step_id)
+            if info.status in until:
+                return info
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"step {step_id} is still {info.status}")
-        time.sleep(pause)
-        pause = min(0.25, pause * 1.5)
+            break
+    info = client.get_job(step_id)
+    if info.status in until:
+        return info
+    raise TimeoutError(f"job {step_id} is still {info.status}")
 
 
 def exit_status(info: api_pb2.JobInfo) -> int:
