@@ -5,6 +5,7 @@ ends the steps with the allocation."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from chaos import checkers
 from synapse.client.master_client import ClientError
 from synapse.client.steps import exit_status, start_step, step_spec, wait_step
 from synapse.core import codec
@@ -93,6 +95,11 @@ def test_steps_side_by_side_a_step_that_does_not_fit_is_refused_and_a_cancel_end
     with pytest.raises(ClientError) as ended:
         start_step(client, alloc_id, half)
     assert "steps start only while it runs" in ended.value.message
+    # Every command the cluster applied, replayed with the invariants checked after each one (the
+    # chaos checker's pass): no node booked past its capacity, no GPU given twice, steps nested.
+    cluster.stop()
+    state, problems, replayed = checkers.replay_replica(cluster.state["masters"][0]["data_dir"])
+    assert not problems and replayed > 10 and state.jobs[first].alloc_id == alloc_id
 
 
 @pytest.mark.slow
@@ -105,3 +112,17 @@ def test_an_idle_allocation_ends_and_synctl_alloc_ends_its_command(make_cluster)
     alloc_id = out.stderr.split("synctl: allocation ")[1].split(":")[0]
     assert cluster.client.get_job(alloc_id).status == "CANCELLED"
     assert nodes_idle(cluster)
+    # A SIGTERM to synctl alloc goes on to its command, and the allocation is released after it.
+    env = {**os.environ, **cluster.env}
+    proc = subprocess.Popen([*SYNCTL, "alloc", "--gpu", "2", "--", "sleep", "60"], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while "granted" not in line:
+        assert line, "synctl alloc ended before its allocation was granted"
+        line = proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    alloc_id = line.split("synctl: allocation ")[1].split(" ")[0]
+    job = cluster.client.get_job(alloc_id)
+    assert job.status == "CANCELLED" and "its command exited with status 143" in job.events[-1].message

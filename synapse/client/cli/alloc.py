@@ -55,28 +55,36 @@ def alloc(obj: Context, **flags: Any) -> None:
     rid = new_request_id()
     alloc_id = run(lambda: client.submit_job(codec.job_spec_to_proto(spec), request_id=rid)).job_id
     click.echo(f"synctl: allocation {alloc_id}: pending", err=True)
+    # Until the command runs, SIGTERM and SIGHUP (a closed terminal) are an interruption, as Ctrl-C:
+    # the allocation is cancelled rather than left to its idle timeout.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         info = _granted(obj, alloc_id)
+        nodes = sorted({t.node_id for t in info.tasks})
+        env = {**os.environ, ALLOC_ENV: alloc_id, "SYNAPSE_ALLOC_NODES": ",".join(nodes), **_client_env(obj)}
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            run(lambda: client.cancel(alloc_id, f"its command did not start: {why}"))
+            fail(f"cannot run {command[0]}: {why}", 127)
+        # From here (not before: a disposition ignored at its exec would stay ignored in it) Ctrl-C
+        # belongs to the command, which shares this terminal's foreground group; a SIGTERM or SIGHUP
+        # to synctl goes on to the command, and the allocation is released once the command is gone.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda n, _f: child.send_signal(n))
     except KeyboardInterrupt:
-        run(lambda: client.cancel(alloc_id, "its synctl alloc was interrupted before it was granted"))
+        run(lambda: client.cancel(alloc_id, "its synctl alloc was interrupted before its command ran"))
         click.echo(f"synctl: allocation {alloc_id} cancelled", err=True)
         sys.exit(130)
-    nodes = sorted({t.node_id for t in info.tasks})
     click.echo(f"synctl: allocation {alloc_id} granted on {', '.join(nodes)}", err=True)
-    env = {**os.environ, ALLOC_ENV: alloc_id, "SYNAPSE_ALLOC_NODES": ",".join(nodes), **_client_env(obj)}
-    # Ctrl-C belongs to the command (a shell, a script): it shares this terminal's foreground group.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        child = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        run(lambda: client.cancel(alloc_id, f"its command did not start: {why}"))
-        fail(f"cannot run {command[0]}: {why}", 127)
     ended: list[str] = []
     watcher = threading.Thread(target=_watch, args=(obj, alloc_id, child, ended), daemon=True)
     watcher.start()
     code = child.wait()
-    signal.signal(signal.SIGINT, previous)
+    for sig, handler in {signal.SIGINT: signal.default_int_handler, **previous}.items():
+        signal.signal(sig, handler)
     status = 128 - code if code < 0 else code
     if not ended:
         try:
@@ -85,6 +93,10 @@ def alloc(obj: Context, **flags: Any) -> None:
             click.echo(f"synctl: allocation {alloc_id} not cancelled: {exc.message}", err=True)
     click.echo(f"synctl: allocation {alloc_id} " + (f"ended: {ended[0]}" if ended else "released"), err=True)
     sys.exit(status)
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _alloc_spec(flags: dict[str, Any]) -> JobSpec:
