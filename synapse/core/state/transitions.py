@@ -278,7 +278,7 @@ def finish(state: ClusterTables, job: Job, status: JobStatus, reason: str, at: f
         element_ended(state, job, at)
     alloc = state.jobs.get(job.alloc_id) if job.alloc_id else None
     if alloc is not None:
-        code = next((t.exit_code for t in job.tasks if t.exit_code), 0)
+        code = max((t.exit_code for t in job.tasks if t.exit_code is not None), default=0)
         job_event(state, alloc, at, "StepEnded", f"step {job.id} {status.value} (exit code {code}): {reason}")
         if alloc.status is JobStatus.RUNNING and not live_steps(state, alloc):
             alloc.idle_since = at
