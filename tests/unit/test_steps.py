@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from synapse.core import codec
 from synapse.core import commands as c
 from synapse.core.brain.inflight import InFlight
@@ -223,3 +225,21 @@ def test_allocations_and_steps_survive_the_codec_and_a_snapshot():
     again = snapshot.decode(data, ClusterState)
     assert snapshot.encode(again) == data and not violations(again)
     assert again.jobs["a.0"].tasks[0].holder == 0 and again.queue_usage == state.queue_usage
+
+
+def test_two_allocation_tasks_on_one_node_each_hold_their_own_steps():
+    state = cluster()
+    assert checked(state, c.SubmitAllocJob(at=1.0, job_id="a", request_id="", spec=alloc_spec(gpu=4), by="alice")).ok
+    assert checked(state, c.CommitPlan(at=2.0, job_id="a", attempt=1, placements=(
+        Placement(0, NODES[0], (0, 1, 2, 3), 0), Placement(1, NODES[0], (4, 5, 6, 7), 1)))).ok
+    assert start(state, step_spec(gpu=2)).ok
+    assert [(t.holder, t.gpus) for t in state.jobs["a.0"].tasks] == [(0, (0, 1)), (1, (4, 5))]
+    assert start(state, step_spec(tasks=1, gpu=2)).ok and state.jobs["a.1"].tasks[0].gpus == (2, 3)
+    assert state.nodes[NODES[0]].used.gpu == 8
+
+
+def test_an_allocation_travels_only_as_its_own_kind():
+    with pytest.raises(codec.CodecError, match="SubmitAllocJob"):
+        codec.encode_command(c.SubmitSecretJob(at=1.0, job_id="a", request_id="", spec=alloc_spec()))
+    plain = c.SubmitJob(at=1.0, job_id="j", request_id="", spec=step_spec())
+    assert codec.decode_command(codec.encode_command(plain)) == plain

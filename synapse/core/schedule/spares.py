@@ -82,16 +82,19 @@ def may_use_spares(job: Job) -> bool:
 
 
 def _evictable(job: Job) -> bool:
+    """A step is not: it frees nothing of its node's (its allocation holds it; synapse.core.steps)."""
     return job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING) and not restarting(job) \
-        and job.spec.time_limit > 0
+        and job.spec.time_limit > 0 and not job.alloc_id
 
 
 def _guests(state: ClusterRead, node_id: str) -> tuple[set[str], bool]:
     """The evictable jobs with live tasks on the node, and whether anything else runs there."""
     guests, other = set(), False
     for job_id, _attempt, _index in state.live_tasks.get(node_id, ()):
-        if _evictable(state.jobs[job_id]):
-            guests.add(job_id)
+        job = state.jobs[job_id]
+        job = state.jobs.get(job.alloc_id, job) if job.alloc_id else job  # a step goes with its allocation
+        if _evictable(job):
+            guests.add(job.id)
         else:
             other = True
     return guests, other
