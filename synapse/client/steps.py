@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from synapse.client.master_client import MasterClient
+from synapse.client.master_client import ClusterUnavailable, MasterClient
 from synapse.core import codec
 from synapse.core.jobs.jobspec import MIN_TASK_MEMORY
 from synapse.core.model import JobSpec, Resources
@@ -56,7 +56,7 @@ def start_step(client: MasterClient, alloc_id: str, spec: JobSpec, request_id: s
 
 
 #: The job event (its cluster event's reason, synapse.core.state.events) that says a job reached each status.
-_REACHED = {"RUNNING": "GangRunning", "STOPPING": "GangStopping", "SUCCEEDED": "JobSucceeded",
+REACHED = {"RUNNING": "GangRunning", "STOPPING": "GangStopping", "SUCCEEDED": "JobSucceeded",
             "FAILED": "JobFailed", "CANCELLED": "JobCancelled"}
 
 
@@ -69,17 +69,21 @@ def wait_step(client: MasterClient, step_id: str, *, until: frozenset[str] = END
     info = client.get_job(step_id)
     if info.status in until:
         return info
-    reasons = {_REACHED[s] for s in until if s in _REACHED}
+    reasons = {REACHED[s] for s in until if s in REACHED}
     remaining = None if deadline is None else max(0.1, deadline - time.monotonic())
     request = api_pb2.WatchEventsRequest(job_id=step_id, follow=True)
-    for event in client.watch("WatchEvents", lambda: request, leader=False, try_timeout=remaining,
-                              deadline=remaining):
-        if event.reason in reasons:
-            info = client.get_job(step_id)
-            if info.status in until:
-                return info
-        if deadline is not None and time.monotonic() > deadline:
-            break
+    try:
+        for event in client.watch("WatchEvents", lambda: request, leader=False, try_timeout=remaining,
+                                  deadline=remaining):
+            if event.reason in reasons:
+                info = client.get_job(step_id)
+                if info.status in until:
+                    return info
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    except ClusterUnavailable:
+        if deadline is None or time.monotonic() < deadline:
+            raise  # not the deadline: no master answered
     info = client.get_job(step_id)
     if info.status in until:
         return info

@@ -16,16 +16,16 @@ import grpc
 from synapse.client import render
 from synapse.client.cli.jobs import NEVER_STARTS, TERMINAL, _worker_channel
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, emit, fail, run
-from synapse.client.master_client import ClientError, new_request_id
-from synapse.client.steps import ALLOC_ENV, exit_status, start_step, step_spec, wait_step
+from synapse.client.master_client import ClientError, ClusterUnavailable, new_request_id
+from synapse.client.steps import ALLOC_ENV, REACHED, exit_status, start_step, step_spec, wait_step
 from synapse.core import codec
 from synapse.core.jobs.jobspec import JobFileError, check_spec
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.proto import api_pb2, api_pb2_grpc
 
-#: How often `synctl alloc` looks whether its allocation still runs while its command does.
-WATCH_S = 1.0
+#: How often `synctl alloc` looks why its allocation waits (one that can never start ends it).
+NEVER_STARTS_CHECK_S = 5.0
 #: After telling its command the allocation ended (SIGHUP, then SIGTERM), how long before SIGKILL.
 KILL_AFTER_S = 5.0
 
@@ -118,10 +118,14 @@ def _alloc_spec(flags: dict[str, Any]) -> JobSpec:
 
 
 def _granted(obj: Context, alloc_id: str) -> api_pb2.JobInfo:
-    """The allocation once it runs (exit 1 if it ended first, 2 if it can never start)."""
-    pause = 0.02
+    """The allocation once it runs (exit 1 if it ended first, 2 if it can never start): its events
+    followed as they apply, and why it waits looked at every NEVER_STARTS_CHECK_S."""
     while True:
-        info = run(lambda: obj.client.get_job(alloc_id))
+        try:
+            info = run(lambda: wait_step(obj.client, alloc_id, until=frozenset({"RUNNING", "STOPPING", *TERMINAL}),
+                                         deadline=time.monotonic() + NEVER_STARTS_CHECK_S))
+        except TimeoutError:
+            info = run(lambda: obj.client.get_job(alloc_id))
         if info.status == "RUNNING":
             return info
         if info.status in TERMINAL or info.status == "STOPPING":
@@ -129,8 +133,6 @@ def _granted(obj: Context, alloc_id: str) -> api_pb2.JobInfo:
         if info.waiting_code in NEVER_STARTS:
             obj.client.cancel(alloc_id, "it can never start")
             fail(f"allocation {alloc_id} can never start: {info.waiting}", 2)
-        time.sleep(pause)
-        pause = min(0.5, pause * 1.5)
 
 
 def _client_env(obj: Context) -> dict[str, str]:
@@ -143,27 +145,26 @@ def _client_env(obj: Context) -> dict[str, str]:
 def _watch(obj: Context, alloc_id: str, child: subprocess.Popen, ended: list[str]) -> None:
     """While the command runs: once the allocation no longer runs (idle timeout, time limit, a lost
     node, a cancel), say why and end the command (SIGHUP, as a closed terminal does; then SIGTERM
-    and, KILL_AFTER_S later, SIGKILL)."""
-    while child.poll() is None:
-        time.sleep(WATCH_S)
-        try:
-            info = obj.client.get_job(alloc_id)
-        except ClientError:
-            continue
-        if info.status == "RUNNING":
-            continue
-        why = next((e.message for e in reversed(info.events) if e.kind in ("Stopping", "Cancelled", "Failed")),
-                   info.status)
-        ended.append(f"{info.status}: {why}")
-        click.echo(f"\nsynctl: allocation {alloc_id} ended ({why}); ending its command", err=True)
-        for sig in (signal.SIGHUP, signal.SIGTERM):
-            if child.poll() is None:
-                child.send_signal(sig)
-        try:
-            child.wait(KILL_AFTER_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-        return
+    and, KILL_AFTER_S later, SIGKILL). It follows the allocation's events as they apply (any master
+    serves them): no request per second for the hours a session lasts."""
+    stopped = {REACHED[s] for s in ("STOPPING", *TERMINAL)}
+    request = api_pb2.WatchEventsRequest(job_id=alloc_id, follow=True)
+    try:
+        why = next(e.message for e in obj.client.watch("WatchEvents", lambda: request, leader=False)
+                   if e.reason in stopped)
+    except (ClientError, ClusterUnavailable, StopIteration):
+        return  # the masters are gone for good: the command goes on, as a job's tasks do
+    if child.poll() is not None:
+        return  # the command ended first: its end is what stops the allocation
+    ended.append(why)
+    click.echo(f"\nsynctl: allocation {alloc_id} ended ({why}); ending its command", err=True)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        if child.poll() is None:
+            child.send_signal(sig)
+    try:
+        child.wait(KILL_AFTER_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
 
 
 @click.command("step", cls=AfterDashes)
