@@ -193,6 +193,9 @@ def test_invariants_catch_a_step_that_books_what_its_allocation_does_not_hold():
     task.gpus, task.resources = (0, 1, 2, 3), Resources(1000, GI, 16)
     assert any("steps use" in v for v in violations(state))
     task.resources = Resources(1000, GI, 4)
+    state.jobs["a"].live_step_ids.clear()
+    assert any("records steps [] placed" in v for v in violations(state))
+    state.jobs["a"].live_step_ids.add("a.0")
     state.jobs["a"].tasks[0].state = TaskState.EXITED
     assert any("runs inside no live task" in v for v in violations(state))
 
@@ -225,6 +228,7 @@ def test_allocations_and_steps_survive_the_codec_and_a_snapshot():
     again = snapshot.decode(data, ClusterState)
     assert snapshot.encode(again) == data and not violations(again)
     assert again.jobs["a.0"].tasks[0].holder == 0 and again.queue_usage == state.queue_usage
+    assert again.jobs["a"].live_step_ids == {"a.0"}
 
 
 def test_two_allocation_tasks_on_one_node_each_hold_their_own_steps():

@@ -321,6 +321,9 @@ class Job:
     #: an allocation: since when no step of it runs (0 while one does); its idle timeout counts from
     #: it; apply only
     idle_since: float = 0.0
+    #: an allocation: the ids of its steps whose tasks exist (placed, running or stopping), so that
+    #: apply never walks every step it ever ran; derived: apply keeps it, a snapshot's load rebuilds it
+    live_step_ids: set[str] = field(default_factory=set)
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts

@@ -105,11 +105,17 @@ def step_violations(state: ClusterState, job: Job) -> list[str]:
     if not job.spec.alloc:
         return out
     inside: dict[int, list[Task]] = {}
+    placed: set[str] = set()
     for step_id in step_ids(job):
         step = state.jobs.get(step_id)
+        if step is not None and step.status.has_gang:
+            placed.add(step_id)
         for task in step.tasks if step is not None else ():
             if task.state.live:
                 inside.setdefault(task.holder, []).append(task)
+    if placed != job.live_step_ids:
+        out.append(f"allocation {job.id} records steps {sorted(job.live_step_ids)} placed, its steps say "
+                   f"{sorted(placed)}")
     for index, tasks in sorted(inside.items()):
         holder = job.tasks[index] if 0 <= index < len(job.tasks) else None
         if holder is None:

@@ -195,6 +195,8 @@ def decode(data: dict[str, Any], new_state: Callable[[tuple[str, ...]], Any]) ->
     for job in state.jobs.values():
         if job.array_id in state.arrays and not job.status.terminal:
             state.array_live[job.array_id].add(job.id)
+        if job.alloc_id in state.jobs and job.status.has_gang:
+            state.jobs[job.alloc_id].live_step_ids.add(job.id)
     state.finished = {k: v for k, v in data.get("finished", [])}
     state.run_times = RunTimes.from_list(data.get("run_times", []))
     state.unarchived = dict(sorted(state.unarchived.items()))

@@ -66,6 +66,7 @@ def start_step(state: ClusterTables, cmd: c.StartStep) -> Result:
     if cmd.request_id:
         state.job_by_request[cmd.request_id] = step.id
     alloc.step_count += 1
+    alloc.live_step_ids.add(step.id)
     alloc.idle_since = 0.0
     nodes = sorted({t.node_id for t in step.tasks})
     where = f"{len(step.tasks)} task(s) of {describe(cmd.spec.resources)} on {', '.join(nodes)}"

@@ -25,7 +25,6 @@ from synapse.core.state.arrays import element_ended
 from synapse.core.state.events import job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.usage import count_usage, queue_of, release_hold
-from synapse.core.steps import step_ids
 from synapse.core.versions import PREDICT_VERSION
 
 #: How a Notice event names the planned stop it announces.
@@ -126,8 +125,8 @@ def stop_attempt(state: ClusterTables, job: Job, reason: str, at: float, cause: 
 
 
 def live_steps(state: ClusterTables, alloc: Job) -> list[Job]:
-    """The steps of an allocation whose tasks exist (started, running or stopping), oldest first."""
-    return [step for step in (state.jobs.get(i) for i in step_ids(alloc)) if step is not None and step.status.has_gang]
+    """The steps of an allocation whose tasks exist (placed, running or stopping), oldest first."""
+    return sorted((state.jobs[i] for i in alloc.live_step_ids), key=lambda step: step.seq)
 
 
 def stop_steps(state: ClusterTables, alloc: Job, at: float) -> None:
@@ -278,9 +277,10 @@ def finish(state: ClusterTables, job: Job, status: JobStatus, reason: str, at: f
         element_ended(state, job, at)
     alloc = state.jobs.get(job.alloc_id) if job.alloc_id else None
     if alloc is not None:
+        alloc.live_step_ids.discard(job.id)
         code = max((t.exit_code for t in job.tasks if t.exit_code is not None), default=0)
         job_event(state, alloc, at, "StepEnded", f"step {job.id} {status.value} (exit code {code}): {reason}")
-        if alloc.status is JobStatus.RUNNING and not live_steps(state, alloc):
+        if alloc.status is JobStatus.RUNNING and not alloc.live_step_ids:
             alloc.idle_since = at
 
 
