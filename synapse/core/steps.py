@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from synapse.core.model import Job, Resources
 from synapse.core.jobs.quantity import format_cpu, format_memory
+from synapse.core.model import Job, Resources
 
 
 @dataclass(frozen=True, slots=True)

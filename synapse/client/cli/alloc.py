@@ -20,8 +20,8 @@ from synapse.client.master_client import ClientError, ClusterUnavailable, new_re
 from synapse.client.steps import ALLOC_ENV, REACHED, exit_status, start_step, step_spec, wait_step
 from synapse.core import codec
 from synapse.core.jobs.jobspec import JobFileError, check_spec
-from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
+from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.proto import api_pb2, api_pb2_grpc
 
 #: How often `synctl alloc` looks why its allocation waits (one that can never start ends it).
