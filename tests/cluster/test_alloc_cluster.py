@@ -19,6 +19,7 @@ from synapse.client.master_client import ClientError
 from synapse.client.steps import exit_status, start_step, step_spec, wait_step
 from synapse.core import codec
 from synapse.core.model import JobSpec, Resources
+from synapse.proto import api_pb2
 from tests.support.helpers import GI, wait_for
 from tests.support.paths import ROOT
 
@@ -126,3 +127,30 @@ def test_an_idle_allocation_ends_and_synctl_alloc_ends_its_command(make_cluster)
     alloc_id = line.split("synctl: allocation ")[1].split(" ")[0]
     job = cluster.client.get_job(alloc_id)
     assert job.status == "CANCELLED" and "its command exited with status 143" in job.events[-1].message
+
+
+@pytest.mark.slow
+def test_a_lost_node_or_a_drain_ends_the_allocation_and_its_steps_without_requeueing(make_cluster):
+    cluster = make_cluster(masters=1, workers=2, racks=1, gpus=8)
+    client = cluster.client
+    # A drain: the allocation ends (FAILED, not requeued) and so does its step, on both nodes.
+    alloc_id = allocation(cluster)
+    step_id = start_step(client, alloc_id, step_spec(client.get_job(alloc_id), ("sleep", "60")))
+    wait_step(client, step_id, until=frozenset({"RUNNING"}), deadline=time.monotonic() + 30)
+    drained = client.get_job(step_id).tasks[0].node_id
+    client.call("DrainNode", api_pb2.DrainNodeRequest(node_id=drained))
+    assert wait_step(client, step_id, deadline=time.monotonic() + 30).status == "FAILED"
+    assert wait_step(client, alloc_id, deadline=time.monotonic() + 30).status == "FAILED"
+    client.call("SetSchedulable", api_pb2.SetSchedulableRequest(node_id=drained, schedulable=True))
+    wait_for(lambda: nodes_idle(cluster), what="the nodes given back after the drain")
+    # A lost node: its tasks are lost, the step's other task is stopped, the allocation ends.
+    alloc_id = allocation(cluster)
+    step_id = start_step(client, alloc_id, step_spec(client.get_job(alloc_id), ("sleep", "60")))
+    wait_step(client, step_id, until=frozenset({"RUNNING"}), deadline=time.monotonic() + 30)
+    lost = client.get_job(step_id).tasks[1].node_id
+    cluster.kill_worker(lost, with_tasks=True)
+    assert wait_step(client, alloc_id, deadline=time.monotonic() + 60).status == "FAILED"
+    step = wait_step(client, step_id, deadline=time.monotonic() + 30)
+    assert step.status == "FAILED" and step.attempt == 1
+    assert {t.state for t in step.tasks} == {"LOST", "EXITED"}
+    assert all(n.used.gpu == 0 for n in client.list_nodes())
