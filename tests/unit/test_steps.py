@@ -247,3 +247,17 @@ def test_an_allocation_travels_only_as_its_own_kind():
         codec.encode_command(c.SubmitSecretJob(at=1.0, job_id="a", request_id="", spec=alloc_spec()))
     plain = c.SubmitJob(at=1.0, job_id="j", request_id="", spec=step_spec())
     assert codec.decode_command(codec.encode_command(plain)) == plain
+
+
+def test_a_preempted_allocation_gives_its_steps_its_grace_and_ends_without_requeueing():
+    state = granted()
+    start(state, step_spec(tasks=1, gpu=8))
+    assert checked(state, c.SubmitJob(at=3.0, job_id="p", request_id="", spec=step_spec(tasks=1, gpu=8))).ok
+    assert checked(state, c.Preempt(at=4.0, job_id="p", attempt=1, rule="priority",
+                                    victims=(c.Victim("a", 1, 30.0),), nodes=(NODES[0],))).ok
+    a, step = state.jobs["a"], state.jobs["a.0"]
+    assert a.status is JobStatus.STOPPING and step.status is JobStatus.STOPPING and step.stop_grace == 30.0
+    assert [(x.stop, x.grace) for x in assignments_for_node(state, NODES[0])] == [(True, 30.0)]
+    exit_all(state, "a.0", 5.0, code=143)
+    assert a.status is JobStatus.FAILED and step.status is JobStatus.FAILED and a.attempt == 1
+    assert [j for _, j in state.pending] == ["p"] and all(state.nodes[n].used == Resources() for n in NODES)

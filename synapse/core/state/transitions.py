@@ -136,6 +136,7 @@ def stop_steps(state: ClusterTables, alloc: Job, at: float) -> None:
     for step in live_steps(state, alloc):
         if alloc.cancel_requested:
             step.cancel_requested, step.cancelled_by = True, alloc.cancelled_by
+        step.stop_grace = alloc.stop_grace  # a preemption's grace reaches the processes that run
         stop_attempt(state, step, f"its allocation {alloc.id} stops: {alloc.stop_reason}", at,
                      cause=alloc.stop_cause)
         maybe_end_attempt(state, step, at)
