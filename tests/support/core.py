@@ -101,7 +101,11 @@ def _submit(data, state, now, job_id, job, attempt, node_id, term, word):
                  queue=pick(["", "team-a"] if "team-a" in state.queues else [""], ["nope"]),
                  time_limit=pick([0.0, 60.0], [-1.0]))
     new_id = pick([f"j{len(state.jobs)}"], [job_id, ""])
-    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image", "secret"]))
+    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image", "secret", "alloc"]))
+    if kind == "alloc":
+        shape = dataclasses.replace(shape, alloc=True, command=pick([()], [("true",)]),
+                                    idle_timeout=pick([0.0, 60.0], [-1.0]))
+        return [c.SubmitAllocJob(at=now, job_id=new_id, request_id=new_id, spec=shape, by=data.draw(word))]
     if kind == "secret":
         secret = Secret("API_KEY", b"\x01" * 16, pick([b"\x02" * 40], [b""]))
         shape = dataclasses.replace(shape, secrets=(secret,))

@@ -196,9 +196,19 @@ def _admin(data, state, now, job_id, job, attempt, node_id, term, word):
     return [c.Barrier(at=now, term=term)]
 
 
+def _step(data, state, now, job_id, job, attempt, node_id, term, word):
+    """A step in an allocation (mostly a running one), of a shape that fits or does not."""
+    allocs = sorted(j.id for j in state.jobs.values() if j.spec.alloc)
+    alloc_id = data.draw(st.sampled_from(allocs)) if allocs and data.draw(st.integers(0, 3)) > 0 else job_id
+    shape = spec(tasks=data.draw(st.sampled_from([1, 2, 0])), gpu=data.draw(st.sampled_from([0, 1, 4, 8, 16])),
+                 cpu=data.draw(st.sampled_from([250, 500, 100_000])), name="step")
+    return [c.StartStep(at=now, term=term, alloc_id=alloc_id, request_id=data.draw(st.sampled_from(["", "s1", "s2"])),
+                        spec=shape, by=data.draw(word))]
+
+
 #: Drawn by name; a kind named twice is drawn twice as often (jobs to place, place, run, end).
 KINDS = {"submit": _submit, "submit2": _submit, "plan": _plan, "plan2": _plan, "task": _task, "task2": _task,
-         "node": _node, "job": _job, "admin": _admin}
+         "node": _node, "job": _job, "admin": _admin, "step": _step}
 
 
 def apply_checked(state: ClusterState, cmd: c.Command) -> c.Result:
