@@ -13,6 +13,8 @@ when a handler is made to mutate and then refuse.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +29,7 @@ from synapse.core.model import (
 )
 from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.state.fsm import ApplyFailed, ClusterState
+from synapse.core.state.invariants import violations
 from synapse.master.durability import seal
 from synapse.master.replicated import ReplicatedState
 from tests.support.core import NODES, _submit, started_state
@@ -202,6 +205,11 @@ def _step(data, state, now, job_id, job, attempt, node_id, term, word):
     alloc_id = data.draw(st.sampled_from(allocs)) if allocs and data.draw(st.integers(0, 3)) > 0 else job_id
     shape = spec(tasks=data.draw(st.sampled_from([1, 2, 0])), gpu=data.draw(st.sampled_from([0, 1, 4, 8, 16])),
                  cpu=data.draw(st.sampled_from([250, 500, 100_000])), name="step")
+    alloc = state.jobs.get(alloc_id)
+    if alloc is not None and alloc.spec.alloc and data.draw(st.integers(0, 3)) > 0:  # mostly a share that fits
+        r, div = alloc.spec.resources, data.draw(st.sampled_from([1, 2]))
+        shape = dataclasses.replace(shape, tasks=data.draw(st.integers(1, alloc.spec.tasks)),
+                                    resources=Resources(r.cpu // div, r.memory // div, r.gpu // div))
     return [c.StartStep(at=now, term=term, alloc_id=alloc_id, request_id=data.draw(st.sampled_from(["", "s1", "s2"])),
                         spec=shape, by=data.draw(word))]
 
@@ -250,6 +258,29 @@ def test_the_random_commands_cover_every_kind_the_state_machine_handles():
     collect()
     missing = sorted(k.__name__ for k in started_state()._handlers if k not in seen)
     assert not missing, f"no random command of kind(s) {missing}"
+
+
+def test_random_commands_keep_the_invariants_with_steps_in_allocations():
+    """The same random commands, with the invariants checked after each one (no node booked past its
+    capacity, no GPU given twice, every step's task inside a live task of its allocation): and
+    steps do start among them, or the check would be about nothing."""
+    started = []
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None,
+              derandomize=True)
+    @given(st.data())
+    def run(data):
+        state = started_state()
+        for step in range(30):
+            for cmd in draw(data, state, now=float(step)):
+                result = state.apply(cmd)
+                if isinstance(cmd, c.StartStep) and result.ok:
+                    started.append(result.value)
+                problems = violations(state)
+                assert not problems, f"after {type(cmd).__name__}: {problems}"
+
+    run()
+    assert len(started) >= 5, started
 
 
 def test_the_checker_catches_a_handler_that_mutates_before_it_refuses():
