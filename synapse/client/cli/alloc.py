@@ -44,7 +44,7 @@ KILL_AFTER_S = 5.0
 @click.option("--idle-timeout", help="end the allocation after this long with no step running, e.g. 30m "
                                      "[default: 30m]")
 @click.pass_obj
-def alloc(obj: Context, **flags: Any) -> None:
+def alloc(obj: Context, /, **flags: Any) -> None:
     """Hold a gang (placed and queued like any) and run a command here while it is held, with
     SYNAPSE_ALLOC naming it: `alloc --tasks 2 --gpu 8 -- sh` (default: your $SHELL). Inside,
     `synctl step -- CMD` runs steps on its nodes at once. It ends when the command exits (its exit
@@ -142,7 +142,7 @@ def _client_env(obj: Context) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
-def _watch(obj: Context, alloc_id: str, child: subprocess.Popen, ended: list[str]) -> None:
+def _watch(obj: Context, alloc_id: str, child: subprocess.Popen[bytes], ended: list[str]) -> None:
     """While the command runs: once the allocation no longer runs (idle timeout, time limit, a lost
     node, a cancel), say why and end the command (SIGHUP, as a closed terminal does; then SIGTERM
     and, KILL_AFTER_S later, SIGKILL). It follows the allocation's events as they apply (any master

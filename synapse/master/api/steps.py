@@ -13,7 +13,7 @@ from synapse.core.jobs.jobspec import JobFileError, check_spec
 from synapse.core.state.steps import step_problem
 from synapse.core.state.transitions import live_steps
 from synapse.core.steps import fit_step, rooms
-from synapse.master.api.base import MAX_ID_CHARS, ServicerBase
+from synapse.master.api.base import MAX_ID_CHARS, Context, ServicerBase
 from synapse.proto import api_pb2
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class StepsApi(ServicerBase):
     """StartStep."""
 
-    async def StartStep(self, request, context):
+    async def StartStep(self, request: api_pb2.StartStepRequest, context: Context) -> api_pb2.StartStepReply:
         """A step inside a running allocation, for its owner or an admin: started where it fits beside
         the allocation's running steps, in one command (no scheduling round), or refused with the
         reason (never queued). The fit is asked here first, so a refusal costs no log entry; apply
