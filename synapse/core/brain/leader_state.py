@@ -52,6 +52,7 @@ from synapse.core.brain.stimuli import (
 )
 from synapse.core.model import Job, Progress
 from synapse.core.schedule import preemption
+from synapse.core.schedule.estimate import Estimate
 from synapse.core.schedule.reservations import Reservation
 from synapse.core.schedule.scheduler import RoundResult, WaitReason
 from synapse.core.state.fsm import ClusterState
@@ -76,6 +77,9 @@ class LeaderView(Protocol):
 
     def waiting(self) -> dict[str, WaitReason]:
         """Every pending job's wait reason from the last round (do not change it)."""
+
+    def estimates(self, state: ClusterState, now: float) -> dict[str, Estimate]:
+        """Each pending job's estimated start from the last round's plan (call under the state's lock)."""
 
     def shard_silences(self, shards: Iterable[str], now: float) -> dict[str, float]:
         """Seconds since each link shard's last digest reached the leader (`now`: monotonic)."""
@@ -134,6 +138,11 @@ class LeaderState:
     def waiting(self) -> dict[str, WaitReason]:
         """Every pending job's wait reason from the last round (do not change it)."""
         return self.rounds.waiting()
+
+    def estimates(self, state: ClusterState, now: float) -> dict[str, Estimate]:
+        """Each pending job's estimated start from the last round's plan (worked out once a round, when
+        first asked; call under the state's lock, do not change it)."""
+        return self.rounds.estimates(state, now)
 
     def shard_silences(self, shards: Iterable[str], now: float) -> dict[str, float]:
         """Seconds since each link shard's last digest reached the leader (`now`: monotonic)."""

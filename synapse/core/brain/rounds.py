@@ -5,7 +5,14 @@ command-set version 4); after it, the guests of spares are evicted for the first
 node that waits (`Preempt`, rule `spare`). A round that places nothing may plan one preemption
 (synapse.core.brain.preempting), grows running elastic gangs into room, and records why gangs wait
 (`PendingReasons`, for those whose reason changed). A pending job a dependency of which can never be
-met is failed for good (`FailAttempt`, cause DependencyNeverSatisfied), unless it asked to wait."""
+met is failed for good (`FailAttempt`, cause DependencyNeverSatisfied), unless it asked to wait.
+
+Estimated starts (synapse.core.schedule.estimate) are the last round's plan walked forward. They
+stay with the leader, worked out when first read after a round and kept until the next: they
+change with nearly every round (each task's predicted end, each reservation's start), so putting
+them into the log, even beside the pending reasons (recorded only when a reason's code changes),
+would grow it with rounds, not with changes, and a walk in every round would cost the rounds
+nobody reads. Reads of them go to the leader, as every job read does (`_current_read`)."""
 
 from __future__ import annotations
 
@@ -24,8 +31,9 @@ from synapse.core.model import Job, JobStatus, excluded_for
 from synapse.core.schedule import preemption, spares
 from synapse.core.schedule.elastic import at_size, growth, is_elastic, place_largest
 from synapse.core.schedule.eligibility import HELD_CODES
+from synapse.core.schedule.estimate import Estimate, estimate_starts
 from synapse.core.schedule.placement import ClusterView
-from synapse.core.schedule.reservations import Reservation
+from synapse.core.schedule.reservations import TUNING, Reservation, Tuning
 from synapse.core.schedule.scheduler import RoundMemo, RoundResult, WaitReason
 from synapse.core.state.fsm import ClusterState
 
@@ -52,6 +60,9 @@ class Rounds:
         self._waiting: dict[str, WaitReason] = {}
         #: state.other_changes when the spares were last found right (nothing to designate since); handle only
         self.spares_checked = -1
+        #: (round, its waiting, the estimates of its plan): worked out when first read after a round;
+        #: readers replace it whole
+        self._estimates: tuple[RoundResult, dict[str, WaitReason], dict[str, Estimate]] | None = None
 
     def wait_reason(self, job_id: str) -> WaitReason | None:
         """Why a pending job waited in the last round, or None."""
@@ -71,6 +82,19 @@ class Rounds:
     def waiting(self) -> dict[str, WaitReason]:
         """Every pending job's wait reason from the last round (do not change it)."""
         return self._waiting
+
+    def estimates(self, state: ClusterState, now: float, tuning: Tuning = TUNING) -> dict[str, Estimate]:
+        """Each pending job's estimated start from the last round's plan (estimate.estimate_starts),
+        worked out once a round, when first asked (call under the state's lock; do not change it)."""
+        last, waiting, cached = self.last_round, self._waiting, self._estimates
+        if last is None:
+            return {}
+        if cached is not None and cached[0] is last and cached[1] is waiting:
+            return cached[2]
+        found = estimate_starts(state, now, waiting, self.reservations(), last.plans, predict=tuning.predict,
+                                locality_wait_s=tuning.locality_wait_s)
+        self._estimates = (last, waiting, found)
+        return found
 
     def what_if(self, state: ClusterState, job: Job, now: float) -> preemption.PreemptionPlan | str:
         """What the preemption step would do for `job` now: its plan, or why none (changes nothing)."""
