@@ -41,6 +41,13 @@ Definitions (docs/evaluation/ repeats them):
   those among them that lost an attempt to a failure (`failed_big_gangs`).
 * idle_gpu_hours: the idle GPU-hours of the submission window by cause (replay.IDLE_CAUSES);
   big_gang_wait_hours: the big gangs' waits summed, by what they waited in (replay.BIG_WAIT_STATES).
+* estimated starts (a policy whose plan gives any: synapse's from its walk, synapse.core.schedule.estimate;
+  EASY's for the head job its reservation holds): each job's estimate after the first round that
+  saw it pending, against its start. Over the jobs that waited at least `ESTIMATE_MIN_WAIT_S` and
+  had a known estimate: `estimate_error_p50` and `estimate_error_p90` of |estimate - start| / wait,
+  `estimate_late_share` (started after the estimate), `estimate_jobs`; `estimate_known_share`: of
+  the jobs that waited that long, those that had a known estimate. Omitted for a policy that
+  estimated no job.
 * per queue (when the trace names queues): jobs, GPU-hours used, share of the GPU-hours, mean and
   p99 wait; `jain_fairness` of the queues' used share over their weight (1: exactly fair).
 """
@@ -61,6 +68,9 @@ Summary = dict[str, Any]
 
 SIZE_CLASSES = (("1", 1, 1), ("2-8", 2, 8), ("16-32", 9, 32), ("64-128", 33, 128), ("256+", 129, 1 << 30))
 SLOWDOWN_FLOOR_S = 10.0
+#: Estimates are judged over the jobs that waited at least this long (a short wait's relative error
+#: says little: a minute off on a minute's wait is 100 %).
+ESTIMATE_MIN_WAIT_S = 600.0
 #: Two-sided 95 % Student t quantiles by degrees of freedom (beyond the table: 1.96).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
@@ -171,6 +181,7 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> Summary:
         "restart_held_idle_gpu_hours": run.restart_held_idle / 3600,
         "node_failures": sum(1 for t in run.failure_times if window_start <= t <= run.horizon),
     }
+    out.update(estimate_metrics(started))
     delays = [r.start - r.ready for r in started if not math.isnan(r.ready)]
     if delays or any(not math.isnan(r.ready) for r in records):
         out["dependency_jobs"] = len(delays)
@@ -180,6 +191,20 @@ def summarize(run: RunResult, *, warmup: float = 0.0) -> Summary:
     if run.queues or len({r.queue for r in records}) > 1:
         out["queues"], out["jain_fairness"] = _by_queue(run, records)
     return out
+
+
+def estimate_metrics(started: Sequence[JobRecord]) -> dict[str, float]:
+    """How far the estimates at submit were from the starts (see the module's docstring); {} for a
+    policy that estimated none."""
+    if all(math.isnan(r.estimate) for r in started):
+        return {}
+    waited = [r for r in started if r.start - r.submit >= ESTIMATE_MIN_WAIT_S]
+    known = [r for r in waited if not math.isnan(r.estimate)]
+    errors = [abs(r.estimate - r.start) / (r.start - r.submit) for r in known]
+    return {"estimate_error_p50": quantile(errors, 0.5), "estimate_error_p90": quantile(errors, 0.9),
+            "estimate_late_share": (sum(1 for r in known if r.start > r.estimate) / len(known)) if known else math.nan,
+            "estimate_jobs": len(known),
+            "estimate_known_share": (len(known) / len(waited)) if waited else math.nan}
 
 
 def failure_metrics(ended: Sequence[JobRecord]) -> dict[str, float]:

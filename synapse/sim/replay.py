@@ -12,6 +12,10 @@ wherever their new attempt lands.
 With a failure model (synapse.sim.failures), nodes die and come back: the replay commits the
 leader's NodeLost and NodeUp, and each gang stopped by a failure resumes from its last checkpoint;
 with recovery `spares`, so does a guest evicted from a spare for a restart.
+
+Each job's estimated start is recorded once, after the round that follows its submission, from
+that round's plan (synapse.core.schedule.estimate, as the leader answers `synctl get jobs`): the
+estimate a user sees at submit, to be judged against the start it got. Reading it changes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from synapse.core import commands as c
 from synapse.core.jobs.arrays import element_id, format_ranges, parse_array, split_element_id
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
+from synapse.core.schedule.estimate import estimate_starts
 from synapse.core.schedule.reservations import Reservation
 from synapse.core.schedule.scheduler import RoundMemo, RoundResult
 from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, restarting
@@ -72,6 +77,9 @@ class JobRecord:
     #: stop, of which the seconds up to its last checkpoint became progress
     failures: tuple[tuple[float, float, float], ...] = ()
     restart_s: float = 0.0  #: of the recorded attempt's run, the restart after a failure (no progress)
+    #: its estimated start after the first round that saw it pending (math.nan: unknown, or it started
+    #: in that round)
+    estimate: float = math.nan
 
 
 @dataclass(slots=True)
@@ -149,6 +157,7 @@ class Replay(Simulator):
         self._latest: dict[str, str] = {}  #: trace job id -> its latest copy (recovery back)
         self._limited: set[tuple[str, int]] = set()  #: (job, attempt) of attempts that reach their time limit
         self.restart_held_idle = 0.0  #: see RunResult.restart_held_idle
+        self.estimates: dict[str, float] = {}  #: job id -> its estimated start at submit (see JobRecord.estimate)
         self._held_for_restarts = 0  #: idle GPUs the last round reserved for attempts after a failure
 
     def _must(self, cmd: c.Command) -> None:
@@ -223,6 +232,7 @@ class Replay(Simulator):
         # The leader's periodic round would see a gang's locality wait run out within a second;
         # with no ticks here, that moment is an event of its own.
         wakeups: list[float] = []
+        arrived: list[str] = []  #: submitted since the last round: their estimates are due
         while True:
             arrival = jobs[i].submit if i < len(jobs) else math.inf
             end = self.next_event_at()
@@ -249,9 +259,14 @@ class Replay(Simulator):
                 result = self.apply(kind(at=at, job_id=jobs[i].id, request_id=jobs[i].id, spec=spec, by=jobs[i].user))
                 if not result.ok:
                     raise ValueError(f"job {jobs[i].id}: {result.error}")
+                if not spec.array:
+                    arrived.append(jobs[i].id)
                 i += 1
                 events += 1
             self.schedule(full=failed > 0 or self.now - last_round >= FULL_ROUND_AFTER_S)
+            if arrived:
+                self._estimate(arrived)
+                arrived = []
             last_round = self.now
             self._after_round = self._classify()
             self._held_for_restarts = self._idle_held_for_restarts()
@@ -340,6 +355,20 @@ class Replay(Simulator):
         self._must(c.submit_kind(spec)(at=self.now, job_id=copy_id, request_id=copy_id, spec=spec, by=job.user))
         self._origin[copy_id], self._latest[origin] = origin, copy_id
 
+    def _estimate(self, arrived: list[str]) -> None:
+        """Record the estimated start of the jobs just submitted that the round left pending, from
+        the round's plan (the walk goes as far down the queue as the last of them)."""
+        pending = [j for j in arrived if j in self.state.jobs and self.state.jobs[j].status is JobStatus.PENDING]
+        if not pending or self.leader.last_round is None:
+            return
+        tuning = self.spec_policy.tuning
+        found = estimate_starts(self.state, self.now, self.leader.waiting(), self.leader.reservations(),
+                                self.leader.last_round.plans, predict=tuning.predict,
+                                locality_wait_s=tuning.locality_wait_s, until=pending)
+        for job_id in pending:
+            est = found.get(job_id)
+            self.estimates[job_id] = math.nan if est is None or est.at is None else est.at
+
     def _idle_held_for_restarts(self) -> int:
         """Idle GPUs on the nodes the last round reserved for attempts after a failure (a node in two
         reservations counts once, for the first)."""
@@ -414,7 +443,8 @@ class Replay(Simulator):
                                      racks=self.racks.get(job.id, 0), status=job.status.value,
                                      preempted=tuple(lost.get(job_id, ())), ready=self._ready(tj),
                                      failures=tuple(self._failed_runs.get(job_id, ())),
-                                     restart_s=self._attempt.get(job.id, (0.0, 1.0, 0.0))[2]))
+                                     restart_s=self._attempt.get(job.id, (0.0, 1.0, 0.0))[2],
+                                     estimate=self.estimates.get(job_id, math.nan)))
         return out
 
     def _ready(self, tj: TraceJob) -> float:

@@ -29,7 +29,7 @@ the leader runs it only when someone reads estimates, once per round (synapse.co
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
@@ -37,7 +37,7 @@ from sortedcontainers import SortedList
 from synapse.core.model import Job, JobSpec, JobStatus, PackMode, Plan, Resources, excluded_for, topology_path
 from synapse.core.quantity import format_moment
 from synapse.core.schedule.placement import pack_depth
-from synapse.core.schedule.reservations import DrainClock, Reservation, expected_run
+from synapse.core.schedule.reservations import Reservation, expected_run
 from synapse.core.schedule.scheduler import WaitReason
 from synapse.core.schedule.spares import restarting
 from synapse.core.schedule.view import ClusterRead
@@ -81,15 +81,15 @@ class Estimate:
 def estimate_starts(state: ClusterRead, now: float, waiting: Mapping[str, WaitReason],
                     reservations: Iterable[Reservation] = (), plans: list[Plan] | None = None, *,
                     predict: bool = True, locality_wait_s: float = math.inf, depth: int = DEPTH,
-                    until: str | None = None) -> dict[str, Estimate]:
+                    until: Collection[str] = ()) -> dict[str, Estimate]:
     """Every pending job's estimate from a round's `waiting` (job id -> WaitReason, in the round's
     order), its `reservations` and its `plans`, at `now`. A job a reservation holds comes first if
-    the round left it out of `waiting` (a baseline policy). `until`: stop once that job is estimated."""
+    the round left it out of `waiting` (a baseline policy). `until`: stop once these are estimated."""
     walk = _Walk(state, now, plans or [], predict, locality_wait_s)
     held = {r.job_id: r for r in reservations}
     order = [j for j in held if j not in waiting] + list(waiting)
     out: dict[str, Estimate] = {}
-    estimated = 0
+    estimated, left = 0, set(until)
     for job_id in order:
         job = state.jobs.get(job_id)
         if job is None or job.status is not JobStatus.PENDING or job_id in out:
@@ -103,39 +103,78 @@ def estimate_starts(state: ClusterRead, now: float, waiting: Mapping[str, WaitRe
         else:
             estimated += 1
             out[job_id] = walk.queued(job, waiting[job_id])
-        if job_id == until:
-            break
+        if left:
+            left.discard(job_id)
+            if not left:
+                break
     return out
 
 
+#: An estimated place: the moment, the tasks per node, and the jobs (with their ends) it waits for.
+_Found = tuple[float, dict[str, int], tuple[tuple[str, float], ...]]
+
+
 class _Walk:
-    """The timeline one walk carries: when each node is expected to be empty, and who holds it then."""
+    """The timeline one walk carries: what each node has free now, what it gets back when, and
+    what the walk gave the jobs it estimated, from when to when.
+
+    Tasks only end here, so what a node has free, jobs estimated aside, only grows with time. A job
+    estimated to start at `s` holds its resources over [s, its predicted end); a job behind it may
+    use them before `s` only if it is expected to end by then (backfill, by the predicted run), so
+    a job's estimate is the first moment after which one domain holds it for its whole predicted
+    run. (Any estimated job overlapping that run counts in full: a safe side, simply worked out.)"""
 
     def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool,
                  locality_wait_s: float) -> None:
         self.state, self.now, self.predict, self.locality_wait_s = state, now, predict, locality_wait_s
-        clock = DrainClock(state, now, plans, predict)
-        #: node -> when it is expected to be empty (its tasks' predicted ends, then the walk's claims)
-        self.free_at = {n: clock.empty_at(n) for n in state.nodes if state.index.contains(n)}
-        self.order = SortedList((at, n) for n, at in self.free_at.items())  #: (free_at, node), soonest first
-        self.claims: dict[str, tuple[str, float]] = {}  #: node -> (job, its predicted end) the walk put there
-        self.planned: dict[str, list[str]] = {}  #: node -> this round's plans on it (not in the state yet)
-        for plan in plans:
+        self.free = {n: state.nodes[n].free for n in state.nodes if state.index.contains(n)}  #: node -> free now
+        #: (at, seq, node, resources, job): what a node gets back when (nothing: an estimated job's end,
+        #: a moment to look again); seq keeps a moment's events in order
+        self.events: SortedList = SortedList()
+        self._seq = 0
+        #: node -> (start, end, resources, job) the walk gave the jobs it estimated
+        self.claims: dict[str, list[tuple[float, float, Resources, str]]] = {}
+        runs: dict[str, float] = {}
+        for node_id in self.free:
+            for job_id, _attempt, index in state.live_tasks.get(node_id, ()):
+                job = state.jobs[job_id]
+                run = runs.get(job_id)
+                if run is None:
+                    run = runs[job_id] = self._run(job)
+                task = job.tasks[index]
+                self._add((task.started_at or now) + run, node_id, task.resources, job_id)
+        for plan in plans:  # this round's, while not yet committed: started now
+            job = state.jobs.get(plan.job_id)
+            if job is None or job.status is not JobStatus.PENDING:
+                continue
+            end = now + self._run(job)
             for p in plan.placements:
-                self.planned.setdefault(p.node_id, []).append(plan.job_id)
-        self._fits: dict[tuple[Resources, Resources], int] = {}  #: (capacity, per task) -> tasks it holds
+                if p.node_id in self.free:
+                    self.free[p.node_id] = self.free[p.node_id] - job.spec.resources
+                    self._add(end, p.node_id, job.spec.resources, job.id)
+
+    def _run(self, job: Job) -> float:
+        """How long `job` is expected to run: the predictor's best guess (runs of its own kind, else of
+        its user's, else its limit; never beyond its limit), by its limit alone without `predict`."""
+        return expected_run(self.state, job, self.now, self.predict, own_kind=False)
+
+    def _add(self, at: float, node_id: str, resources: Resources, job_id: str) -> None:
+        if math.isinf(at):
+            return  # never given back
+        self._seq += 1
+        self.events.add((max(at, self.now), self._seq, node_id, resources, job_id))
 
     def reserved(self, job: Job, r: Reservation) -> Estimate:
-        """A job a reservation holds: its start is the reservation's."""
-        if math.isinf(r.starts_at):
+        """A job a reservation holds: when its reserved nodes are expected to hold it."""
+        found = self._earliest(job, job.spec, only=r.nodes)
+        if found is None:
             return Estimate.unknown("no predicted end on its nodes", "its reserved nodes run jobs with no time limit "
                                     "and no run-time prediction")
-        at = max(r.starts_at, self.now)
-        ahead = self._ahead(r.nodes)
-        self._claim(job, r.nodes, at)
+        at, taken, ahead = found
+        self._claim(job, job.spec.resources, taken, at)
         where = f" in {topology_path(r.domain)}" if r.domain else ""
         return Estimate(at, "reservation", detail=f"holds a reservation of {len(r.nodes)} node(s){where}, expected "
-                        f"free at {format_moment(at, self.now)}" + _waits_for(ahead, self.now), ahead=ahead)
+                        f"to hold it at {format_moment(at, self.now)}" + _waits_for(ahead, self.now), ahead=ahead)
 
     def queued(self, job: Job, reason: WaitReason) -> Estimate:
         """A job without a reservation: unknown if the round held it back, else when it first fits."""
@@ -146,81 +185,130 @@ class _Walk:
         if spec.topology != job.spec.topology:  # waiting for one domain until its locality wait ends
             ends = job.submitted_at + self.locality_wait_s
             if found is None or found[0] > ends:
-                split = self._earliest(job, job.spec)
-                if split is not None and (found is None or max(split[0], ends) < found[0]):
-                    found = (max(split[0], ends), split[1])
+                split = self._earliest(job, job.spec, after=ends)
+                if split is not None and (found is None or split[0] < found[0]):
+                    found = split
         if found is None:
             return Estimate.unknown("no predicted end ahead", "the nodes it would need run jobs with no time limit "
-                                    "and no run-time prediction, or are held for good")
-        at, nodes = found
-        ahead = self._ahead(nodes)
-        self._claim(job, nodes, at)
-        where = _domain_of(self.state, nodes)
-        return Estimate(at, "queue", detail=f"fits on {len(nodes)} node(s){where} expected free at "
+                                    "and no run-time prediction")
+        at, taken, ahead = found
+        self._claim(job, spec.resources, taken, at)
+        where = _domain_of(self.state, taken)
+        return Estimate(at, "queue", detail=f"fits on {len(taken)} node(s){where} from "
                         f"{format_moment(at, self.now)}" + _waits_for(ahead, self.now), ahead=ahead)
 
-    def _earliest(self, job: Job, spec: JobSpec) -> tuple[float, frozenset[str]] | None:
-        """When enough nodes are first expected empty in one domain `spec` may use, and which."""
-        state, per_task, n = self.state, spec.resources, spec.tasks
+    def _earliest(self, job: Job, spec: JobSpec, only: frozenset[str] | None = None, after: float = -math.inf,
+                  ) -> _Found | None:
+        """The first moment (none before `after`) from which one domain `spec` may use (or the nodes
+        `only`) holds it for its predicted run: the moment, the tasks it puts on each node, and the
+        jobs whose ends it waits for."""
+        state, per_task, n, claims = self.state, spec.resources, spec.tasks, self.claims
+        run = self._run(job)
         depth = 0
-        if spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
+        if only is None and spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
             depth = min(pack_depth(state.levels, spec.topology.pack), len(state.levels))
         never = excluded_for(state.nodes, job) | (frozenset() if restarting(job) else state.spares)
         hold = state.holds.get(job.id)
         mine = frozenset(hold.nodes) if hold is not None else frozenset()
-        room: dict[tuple[str, ...], int] = {}
-        members: dict[tuple[str, ...], list[str]] = {}
-        for at, node_id in self.order:
-            if math.isinf(at):
+        held = state.held_nodes
+
+        def usable(node_id: str) -> bool:
+            return (only is None or node_id in only) and node_id not in never and (node_id not in held
+                                                                                  or node_id in mine)
+
+        free: dict[str, Resources] = {}  #: node -> free at the moment reached (estimated jobs aside), if it changed
+        fits: dict[tuple[str, ...], dict[str, int]] = {}  #: domain -> node -> tasks it holds then (unclaimed nodes)
+        room: dict[tuple[str, ...], int] = {}  #: domain -> tasks its unclaimed nodes hold then
+        ends: dict[str, dict[str, float]] = {}  #: node -> job -> its end that gave the node room
+        claimed = [x for x in (claims if only is None else only & claims.keys()) if x in self.free and usable(x)]
+
+        def count(node_id: str, have: Resources) -> tuple[str, ...]:
+            domain = state.nodes[node_id].topology[:depth]
+            k = _tasks_in(per_task, have, n)
+            on = fits.setdefault(domain, {})
+            room[domain] = room.get(domain, 0) + k - on.get(node_id, 0)
+            on[node_id] = k
+            return domain
+
+        def fitting(at: float, domains: Iterable[tuple[str, ...]]) -> _Found | None:
+            """The gang's place at `at` in one of `domains` (claimed nodes weighed for its whole run)."""
+            if at < after:
                 return None
-            if node_id in never or (node_id in state.held_nodes and node_id not in mine):
+            extra: dict[tuple[str, ...], dict[str, int]] = {}
+            for node_id in claimed:
+                overlap = [c for c in claims[node_id] if c[0] < at + run and c[1] > at]
+                have = free.get(node_id, self.free[node_id])
+                for c in overlap:
+                    have = have - c[2]
+                k = _tasks_in(per_task, have, n)
+                if k:
+                    extra.setdefault(state.nodes[node_id].topology[:depth], {})[node_id] = k
+            for domain in {*domains, *extra}:
+                mine_extra = extra.get(domain, {})
+                if room.get(domain, 0) + sum(mine_extra.values()) >= n:
+                    taken = _take({**fits.get(domain, {}), **mine_extra}, n)
+                    behind = {x: ends.get(x, {}) | {c[3]: c[1] for c in claims.get(x, ()) if c[1] <= at}
+                              for x in taken}
+                    return at, taken, _latest(behind, taken)
+            return None
+
+        skip = set(claimed)
+        for node_id in (self.free if only is None else only):
+            have = self.free.get(node_id)
+            if have is not None and node_id not in skip and have.gpu >= per_task.gpu and have.cpu >= per_task.cpu \
+                    and have.memory >= per_task.memory and usable(node_id):
+                count(node_id, have)
+        found = fitting(self.now, room)
+        if found is not None:
+            return found
+        for at, _seq, node_id, back, job_id in self.events:
+            if not usable(node_id):
                 continue
-            node = state.nodes[node_id]
-            key = (node.capacity, per_task)
-            fits = self._fits.get(key)
-            if fits is None:
-                fits = self._fits[key] = per_task.count_in(node.capacity)
-            if fits == 0:
-                continue
-            domain = node.topology[:depth]
-            got = room[domain] = room.get(domain, 0) + (n if fits < 0 else fits)
-            members.setdefault(domain, []).append(node_id)
-            if got >= n:
-                return max(at, self.now), frozenset(members[domain])
+            have = free[node_id] = free.get(node_id, self.free[node_id]) + back
+            if back.gpu or back.cpu or back.memory:  # a task's end, not an estimated job's
+                ends.setdefault(node_id, {})[job_id] = at
+            found = fitting(at, () if node_id in skip else (count(node_id, have),))
+            if found is not None:
+                return found
+        if math.isfinite(after):  # nothing more frees: it fits once its wait ends, if ever
+            return fitting(max(after, self.now), room)
         return None
 
-    def _claim(self, job: Job, nodes: Iterable[str], at: float) -> None:
-        """The job runs on `nodes` from `at` for its predicted run: they are busy until then."""
-        end = at + expected_run(self.state, job, self.now, self.predict)
-        for node_id in nodes:
-            old = self.free_at.get(node_id)
-            if old is None:
-                continue
-            self.order.remove((old, node_id))
-            self.free_at[node_id] = new = max(old, end)
-            self.order.add((new, node_id))
-            self.claims[node_id] = (job.id, end)
+    def _claim(self, job: Job, per_task: Resources, taken: dict[str, int], at: float) -> None:
+        """The job runs as `taken` from `at` for its predicted run."""
+        end = at + self._run(job)
+        for node_id, k in taken.items():
+            self.claims.setdefault(node_id, []).append((at, end, per_task.scaled(k), job.id))
+            self._add(end, node_id, Resources(), job.id)
 
-    def _ahead(self, nodes: Iterable[str]) -> tuple[tuple[str, float], ...]:
-        """The jobs whose predicted ends free `nodes`, latest first: what the walk put there, else the
-        tasks running on them (and this round's plans)."""
-        state, now = self.state, self.now
-        ends: dict[str, float] = {}
-        for node_id in nodes:
-            claim = self.claims.get(node_id)
-            if claim is not None:
-                ends[claim[0]] = max(ends.get(claim[0], now), claim[1])
-                continue
-            for job_id, _attempt, index in state.live_tasks.get(node_id, ()):
-                job = state.jobs[job_id]
-                end = (job.tasks[index].started_at or now) + expected_run(state, job, now, self.predict)
-                ends[job_id] = max(ends.get(job_id, now), end)
-            for job_id in self.planned.get(node_id, ()):
-                planned = state.jobs.get(job_id)
-                if planned is not None:
-                    ends[job_id] = max(ends.get(job_id, now), now + expected_run(state, planned, now, self.predict))
-        later = sorted(((end, job_id) for job_id, end in ends.items() if end > now), reverse=True)
-        return tuple((job_id, end) for end, job_id in later[:MAX_AHEAD])
+
+def _tasks_in(per_task: Resources, have: Resources, n: int) -> int:
+    """Tasks of `per_task` that `have` holds (none if any part of it is below zero), at most `n`."""
+    if have.cpu < 0 or have.memory < 0 or have.gpu < 0:
+        return 0
+    k = per_task.count_in(have)
+    return n if k < 0 else min(k, n)
+
+
+def _take(fits: Mapping[str, int], n: int) -> dict[str, int]:
+    """Tasks per node for a gang of `n` from the nodes that hold the most first (then by id)."""
+    taken: dict[str, int] = {}
+    for node_id, k in sorted(fits.items(), key=lambda kv: (-kv[1], kv[0])):
+        if n <= 0:
+            break
+        if k > 0:
+            taken[node_id] = min(k, n)
+            n -= taken[node_id]
+    return taken
+
+
+def _latest(ends: Mapping[str, Mapping[str, float]], nodes: Iterable[str]) -> tuple[tuple[str, float], ...]:
+    """The jobs whose ends gave `nodes` the room it takes, latest end first, at most MAX_AHEAD."""
+    found: dict[str, float] = {}
+    for node_id in nodes:
+        for job_id, at in ends.get(node_id, {}).items():
+            found[job_id] = max(found.get(job_id, at), at)
+    return tuple(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_AHEAD])
 
 
 def _waits_for(ahead: tuple[tuple[str, float], ...], now: float) -> str:
