@@ -16,7 +16,7 @@ import yaml
 
 from synapse.core import codec
 from synapse.core.goodput import Goodput
-from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_wait
+from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_start, format_wait
 from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, EndReason
 from synapse.proto import api_pb2, types_pb2
 from synapse.rpc import convert
@@ -78,6 +78,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
         "excluded_nodes": list(info.excluded_nodes),
         "shortfalls": list(info.shortfalls), "reservation": info.reservation or None,
         "prediction": info.prediction or None,
+        **estimate_dict(info),
         "events": [{"at": e.at, "reason": e.kind, "kind": e.kind, "message": e.message} for e in info.events],
         "array": _array_dict(info, spec), "failure_cause": info.failure_cause or None,
         "dependencies": [{"kind": d.kind, "job": d.job_id, "upstream_status": d.upstream_status or None,
@@ -110,6 +111,25 @@ def steps_table(steps: list[dict[str, Any]]) -> str:
     return table(["ID", "STATUS", "TASKS", "EXIT", "NODES", "COMMAND"],
                  [[s["id"], s["status"], s["tasks"], "-" if s["exit_code"] is None else s["exit_code"],
                    ",".join(s["nodes"]), " ".join(s["command"])[:60]] for s in steps])
+
+
+def estimate_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
+    """A pending job's estimated start: `estimated_start` (epoch seconds, None when unknown) and what
+    it rests on; every key None for a job that is not pending."""
+    if info.status != "PENDING" or not info.estimate_basis:
+        return {"estimated_start": None, "estimate_basis": None, "estimate_detail": None, "estimate_why": None,
+                "estimate_ahead": []}
+    return {"estimated_start": info.estimated_start or None, "estimate_basis": info.estimate_basis,
+            "estimate_detail": info.estimate_detail or None, "estimate_why": info.estimate_why or None,
+            "estimate_ahead": [{"job": a.job_id, "ends_at": a.ends_at} for a in info.estimate_ahead]}
+
+
+def start_column(j: dict[str, Any], now: float) -> str:
+    """`get jobs`' START: for a pending job "in ~25 min" (within 2 h), "at 14:02 UTC" (later), "now",
+    or "unknown: <why>"; "-" for the others."""
+    if j["status"] != "PENDING" or j.get("estimate_basis") is None:
+        return "-"
+    return format_start(j["estimated_start"], j["estimate_why"] or "", now)
 
 
 def goodput_dict(g: Goodput) -> dict[str, Any]:
@@ -151,10 +171,10 @@ def waited(j: dict[str, Any], now: float) -> str:
 def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> str:
     """`get jobs`; WAIT is measured up to `now` (default: this machine's clock) for pending jobs."""
     now = time.time() if now is None else now
-    return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED", "WAIT"],
+    return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED", "WAIT", "START"],
                  [[j["array"]["line_id"] if j["array"] else j["id"], j["name"], j["user"] or "-", j["status"],
                    j["attempt"], tasks_column(j),
-                   j["resources"]["gpu"], when(j["submitted_at"]), waited(j, now)] for j in jobs])
+                   j["resources"]["gpu"], when(j["submitted_at"]), waited(j, now), start_column(j, now)] for j in jobs])
 
 
 def tasks_column(j: dict[str, Any]) -> str:
@@ -213,6 +233,9 @@ def job_description(j: dict[str, Any]) -> str:
         lines.append(f"Reserved:   {j['reservation']}")
     if j.get("prediction"):
         lines.append(f"Predicted:  {j['prediction']}")
+    if j.get("estimate_basis"):
+        lines.append(f"Start:      {start_column(j, time.time())}"
+                     + (f" ({j['estimate_detail']})" if j.get("estimate_detail") else ""))
     if j.get("excluded_nodes"):
         lines.append(f"Excluded:   {', '.join(j['excluded_nodes'])} (they ended earlier attempts: never placed there "
                      "again)")

@@ -20,13 +20,14 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
-from synapse.core.jobs.quantity import format_pull, format_wait
+from synapse.core.jobs.quantity import format_pull, format_start, format_wait
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, NodeStatus, gang_unprepared, topology_path
 from synapse.core.schedule import fairshare
 from synapse.master import dashboard_history
 
 if TYPE_CHECKING:
     from synapse.core.model import Job
+    from synapse.core.schedule.estimate import Estimate
     from synapse.core.schedule.scheduler import WaitReason
     from synapse.master.replica import Master
 
@@ -93,6 +94,13 @@ def _reason_cell(job: dict[str, Any]) -> str:
     detail = f" {escape(job['why'])}" if job["why"] else ""
     kept = ' <span class="muted">(nodes kept for it: see Nodes)</span>' if job["reserved"] else ""
     return code + detail + kept
+
+
+def _start_cell(estimate: Estimate | None, now: float) -> str:
+    """A pending job's estimated start (synctl's START): the leader's, from its last round."""
+    if estimate is None:
+        return "unknown: not yet weighed by a round"
+    return format_start(estimate.at, estimate.why, now)
 
 
 def _node_link(node_id: str) -> str:
@@ -230,6 +238,7 @@ class Dashboard:
         reserving = {r.job_id for r in view.reservations()} if view is not None else set()
         with self.m.lock:
             state = self.m.state
+            estimates = view.estimates(state, now) if view is not None else {}
             out = []
             for j in state.jobs.values():
                 pending = j.status is JobStatus.PENDING
@@ -240,7 +249,8 @@ class Dashboard:
                             # the same figure as synctl's WAIT: from submission, so far while pending
                             "wait": format_wait(pending, j.submitted_at, j.started_at, now),
                             "wait_s": (now if pending else j.started_at or j.submitted_at) - j.submitted_at,
-                            "reason": code, "why": why, "reserved": j.id in reserving or j.id in state.holds})
+                            "reason": code, "why": why, "reserved": j.id in reserving or j.id in state.holds,
+                            "start": _start_cell(estimates.get(j.id), now) if pending else "-"})
             return out
 
     @staticmethod
@@ -386,9 +396,10 @@ class Dashboard:
         headers = [f'<a href="{escape(link(sort=key, order=flip(key)))}">{label}</a>'
                    for key, label in (("name", "Name"), ("state", "State"), ("queue", "Queue"), ("user", "User"),
                                       ("gpus", "GPUs"), ("submitted", "Submitted"), ("wait", "Wait"),
-                                      ("reason", "Why waiting"))]
+                                      ("reason", "Why waiting"))] + ["Start"]
         rows = [[_job_link(j["id"]) + f" {escape(j['name'])}", j["state"], escape(j["queue"]), escape(j["user"]),
-                 str(j["gpus"]), _when(j["submitted_at"]), j["wait"], _reason_cell(j)] for j in shown]
+                 str(j["gpus"]), _when(j["submitted_at"]), j["wait"], _reason_cell(j), escape(j["start"])]
+                for j in shown]
         options = "".join(f'<option value="{s.value}"{" selected" if args.get("state") == s.value else ""}>'
                           f"{s.value}</option>" for s in JobStatus)
         form = (f'<form method="get" action="/jobs">State <select name="state"><option value="">any</option>{options}'
@@ -423,6 +434,7 @@ class Dashboard:
             view = self.m.leader_view()
             waiting = view.wait_reason(job.id) if view is not None and job.status is JobStatus.PENDING else None
             why = waiting.describe(state) if waiting is not None else ""
+            estimate = view.estimates(state, time.time()).get(job.id) if waiting is not None else None
             hold = state.holds.get(job.id)
         facts = [["Name", escape(spec.name)], ["State", status], ["Attempt", str(attempt)], ["Queue", escape(queue)],
                  ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
@@ -440,6 +452,8 @@ class Dashboard:
             facts.append(["Image", escape(spec.image) + progress])
         if waiting is not None:
             facts.append(["Waiting", escape(why)])
+        if estimate is not None:
+            facts.append(["Start", escape(_start_cell(estimate, time.time()) + f" ({estimate.detail})")])
         elif status == "PENDING" and not self.m.raft.is_leader():
             facts.append(["Waiting", "the leader knows why: open this page on the leader"])
         if hold is not None:

@@ -451,6 +451,11 @@ class JobInfo(_message.Message):
     ALLOC_ID_FIELD_NUMBER: _builtins.int
     STEP_COUNT_FIELD_NUMBER: _builtins.int
     IDLE_SINCE_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_FIELD_NUMBER: _builtins.int
+    ESTIMATE_BASIS_FIELD_NUMBER: _builtins.int
+    ESTIMATE_DETAIL_FIELD_NUMBER: _builtins.int
+    ESTIMATE_WHY_FIELD_NUMBER: _builtins.int
+    ESTIMATE_AHEAD_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -506,6 +511,16 @@ class JobInfo(_message.Message):
     """an allocation: the steps it started (ids <id>.0, <id>.1, ...)"""
     idle_since: _builtins.float
     """a running allocation: since when no step runs (0 while one does)"""
+    estimated_start: _builtins.float
+    """For a pending job: when it is expected to start, from the leader's last round (synapse.core.schedule.estimate).
+    epoch seconds; 0 = unknown (estimate_why says why)
+    """
+    estimate_basis: _builtins.str
+    """reservation, queue or unknown"""
+    estimate_detail: _builtins.str
+    """what it rests on (or why it is unknown), for people"""
+    estimate_why: _builtins.str
+    """for an unknown estimate, why, short"""
     @_builtins.property
     def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]:
         """A gang waiting for its image: how far each node's pull is, as the leader last heard (soft state)."""
@@ -535,6 +550,10 @@ class JobInfo(_message.Message):
     @_builtins.property
     def goodput(self) -> Global___Goodput:
         """Goodput (synapse.core.goodput), as of when it was read, and the progress its tasks reported."""
+
+    @_builtins.property
+    def estimate_ahead(self) -> _containers.RepeatedCompositeFieldContainer[Global___EstimateAhead]:
+        """the jobs it waits for, latest predicted end first"""
 
     def __init__(
         self,
@@ -576,14 +595,43 @@ class JobInfo(_message.Message):
         alloc_id: _builtins.str = ...,
         step_count: _builtins.int = ...,
         idle_since: _builtins.float = ...,
+        estimated_start: _builtins.float = ...,
+        estimate_basis: _builtins.str = ...,
+        estimate_detail: _builtins.str = ...,
+        estimate_why: _builtins.str = ...,
+        estimate_ahead: _abc.Iterable[Global___EstimateAhead] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "goodput", b"goodput", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "idle_since", b"idle_since", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "step_count", b"step_count", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "estimate_ahead", b"estimate_ahead", "estimate_basis", b"estimate_basis", "estimate_detail", b"estimate_detail", "estimate_why", b"estimate_why", "estimated_start", b"estimated_start", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "idle_since", b"idle_since", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "step_count", b"step_count", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobInfo: _TypeAlias = JobInfo  # noqa: Y015
+
+@_typing.final
+class EstimateAhead(_message.Message):
+    """A job an estimated start waits for, and its predicted end."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ENDS_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    ends_at: _builtins.float
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        ends_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ends_at", b"ends_at", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateAhead: _TypeAlias = EstimateAhead  # noqa: Y015
 
 @_typing.final
 class Goodput(_message.Message):

@@ -66,8 +66,8 @@ Events:
   01:00:00  Submitted  queued
   01:01:01  Scheduled  on n1,n2"""
     assert render.jobs_table([job]).split("\n") == [
-        "ID   NAME   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED  WAIT",
-        "j-1  train  alice  RUNNING  1        2      4         01:00:00   1m"]
+        "ID   NAME   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED  WAIT  START",
+        "j-1  train  alice  RUNNING  1        2      4         01:00:00   1m    -"]
     assert render.job_event_line(running_job().events[1]) == "01:01:01  Scheduled  on n1,n2"
 
 
@@ -91,6 +91,32 @@ def test_describe_a_pending_job_says_why_it_waits():
                           "Events:"]
 
 
+def test_get_jobs_and_describe_show_the_estimated_start_of_a_pending_job():
+    """START: "in ~25 min" within two hours, "at HH:MM UTC" later, "unknown: <why>"; json keeps the epoch."""
+    now = 1_699_920_000.0  # midnight UTC
+
+    def pending(**fields):
+        return render.job_dict(api_pb2.JobInfo(id="j-6", spec=codec.job_spec_to_proto(spec(tasks=2, name="g")),
+                                               status="PENDING", submitted_at=now - 60, **fields))
+
+    soon = pending(estimated_start=now + 25 * 60, estimate_basis="reservation",
+                   estimate_detail="holds a reservation of 2 node(s) in z0/b0/r1",
+                   estimate_ahead=[api_pb2.EstimateAhead(job_id="j-1", ends_at=now + 25 * 60)])
+    later = pending(estimated_start=now + 5 * 3600, estimate_basis="queue")
+    never = pending(estimate_basis="unknown", estimate_why="can never fit")
+    assert [render.start_column(j, now) for j in (soon, later, never)] == [
+        "in ~25 min", "at 05:00 UTC", "unknown: can never fit"]
+    assert soon["estimated_start"] == now + 1500 and soon["estimate_basis"] == "reservation"
+    assert soon["estimate_ahead"] == [{"job": "j-1", "ends_at": now + 1500}]
+    assert never["estimated_start"] is None and never["estimate_why"] == "can never fit"
+    assert render.jobs_table([never], now=now).split("\n")[1].endswith("1m    unknown: can never fit")
+    assert any(line.startswith("Start:      ") and "holds a reservation of 2 node(s) in z0/b0/r1" in line
+               for line in render.job_description(soon).split("\n"))
+    running = render.job_dict(api_pb2.JobInfo(id="j-7", spec=codec.job_spec_to_proto(spec()), status="RUNNING",
+                                              estimated_start=now))
+    assert running["estimated_start"] is None and render.start_column(running, now) == "-"
+
+
 def test_describe_a_job_names_the_nodes_excluded_for_it():
     state = cluster(racks=1, nodes_per_rack=2)
     checked(state, c.SubmitJob(at=10, job_id="j1", request_id="j1", spec=spec(tasks=1)))
@@ -110,7 +136,7 @@ def test_get_jobs_shows_how_long_each_job_waits():
                                            status="PENDING", submitted_at=1000.0))
     rows = [base, {**base, "id": "j-4", "status": "RUNNING", "started_at": 1045.0},
             {**base, "id": "j-5", "status": "CANCELLED"}]
-    waits = [line.split()[-1] for line in render.jobs_table(rows, now=1000.0 + 2 * 86400 + 4 * 3600 + 59).split("\n")]
+    waits = [line.split()[-2] for line in render.jobs_table(rows, now=1000.0 + 2 * 86400 + 4 * 3600 + 59).split("\n")]
     assert waits == ["WAIT", "2d04h", "45s", "-"]
     assert [format_duration(s) for s in (-3, 59, 61, 3599, 3600 + 5 * 60, 86399)] == ["0s", "59s", "1m", "59m",
                                                                                    "1h05m", "23h59m"]

@@ -117,6 +117,19 @@ def format_wait(pending: bool, submitted_at: float, started_at: float, now: floa
     return format_duration(started_at - submitted_at) if started_at else "-"
 
 
+def format_start(at: float | None, why: str, now: float) -> str:
+    """A pending job's estimated start for people, as of `now`: "now", "in ~25 min" (within two
+    hours), "at 14:02 UTC" (later), or "unknown: <why>" for none."""
+    if at is None or not math.isfinite(at) or at <= 0:
+        return f"unknown: {why or 'no estimate'}"
+    ahead = at - now
+    if ahead < 60:
+        return "now"
+    if ahead < 2 * 3600:
+        return f"in ~{round(ahead / 60)} min"
+    return f"at {format_moment(at, now)}"
+
+
 def format_pull(phase: str, done_bytes: int, total_bytes: int) -> str:
     """A node's image pull for people: "45% of 1.2Gi" while layers download, else its phase."""
     if phase == "layers" and total_bytes > 0:

@@ -49,6 +49,15 @@ class JobViews(ServicerBase):
             info.prediction = state.run_times.predict(job.user, job.spec.name, job.spec.total.gpu,
                                                       job.spec.time_limit, elapsed).describe(
                 job.user or "-", job.spec.name, job.spec.total.gpu)
+        if view is not None and job.status is JobStatus.PENDING:  # the leader's alone (synapse.core.brain.rounds)
+            estimate = view.estimates(state, self.m.now()).get(job.id)
+            if estimate is not None:
+                info.estimated_start = estimate.at or 0.0
+                info.estimate_basis, info.estimate_detail, info.estimate_why = \
+                    estimate.basis, estimate.detail, estimate.why
+                info.estimate_ahead.extend(api_pb2.EstimateAhead(job_id=j, ends_at=at) for j, at in estimate.ahead)
+            else:
+                info.estimate_basis, info.estimate_why = "unknown", "not yet weighed by a round"
         if job.spec.after:
             info.dependencies.extend(convert.dependencies_to_proto(dependencies.resolve(state, job.spec.after)))
         info.goodput.CopyFrom(convert.goodput_to_proto(goodput.of_job(job, self.m.now())))
