@@ -364,7 +364,8 @@ class Replay(Simulator):
         tuning = self.spec_policy.tuning
         found = estimate_starts(self.state, self.now, self.leader.waiting(), self.leader.reservations(),
                                 self.leader.last_round.plans, predict=tuning.predict,
-                                locality_wait_s=tuning.locality_wait_s, until=pending)
+                                locality_wait_s=tuning.locality_wait_s, until=pending,
+                                reservation_start=not self.spec_policy.tunable)
         for job_id in pending:
             est = found.get(job_id)
             self.estimates[job_id] = math.nan if est is None or est.at is None else est.at

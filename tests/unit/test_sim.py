@@ -318,3 +318,24 @@ def test_reduced_acceptance_synapse_against_fifo_and_easy():
     m = {p: summarize(replay(trace, shape, POLICIES[p])) for p in ("fifo", "easy", "synapse")}
     assert m["synapse"]["mean_jct_s"] <= 0.5 * m["fifo"]["mean_jct_s"]
     assert m["synapse"]["mean_jct_s"] <= 1.05 * m["easy"]["mean_jct_s"]
+
+
+def test_estimates_at_submit_are_judged_against_the_starts():
+    """Each job's estimate after the first round that saw it waiting, against the start it got:
+    synapse's walk estimates every waiting job, EASY's reservation its head job only, FIFO none."""
+    jobs = [job("a", 100, 64, 3600, limit=3600), job("b", 110, 64, 1800, limit=7200),
+            job("c", 120, 8, 1800, limit=3600)]
+    records = run(jobs, "synapse")
+    # b waits for a's end (its limit: nothing learned yet); c for b's, b's limit taken as its run
+    assert (records["b"].estimate, records["b"].start) == (3700, 3700)
+    assert (records["c"].estimate, records["c"].start) == (3700 + 7200, 5700)  # b ran split: 2000 s
+    assert math.isnan(records["a"].estimate)  # it started in its first round
+    m = summarize(replay(Trace(jobs, SMALL), SMALL, POLICIES["synapse"]))
+    c_error = (10900 - 5700) / (5700 - 120)
+    assert m["estimate_error_p50"] == pytest.approx(c_error / 2) and m["estimate_error_p90"] == pytest.approx(
+        0.9 * c_error)
+    assert (m["estimate_jobs"], m["estimate_known_share"], m["estimate_late_share"]) == (2, 1.0, 0.0)
+    easy_m = summarize(replay(Trace(jobs, SMALL), SMALL, POLICIES["easy"]))
+    assert (easy_m["estimate_jobs"], easy_m["estimate_known_share"], easy_m["estimate_error_p50"]) == (1, 0.5, 0.0)
+    assert not any(key.startswith("estimate") for key in summarize(replay(Trace(jobs, SMALL), SMALL,
+                                                                          POLICIES["fifo"])))

@@ -3,27 +3,30 @@
 The estimate is the scheduler's own plan carried forward, not a second model (Slurm's `squeue
 --start` reads its backfill plan the same way). After a round, the pending jobs are walked in the
 round's order (`RoundResult.waiting` keeps it; a round after submissions alone appends the new
-jobs to the memo's) against a timeline of when each node is expected to be empty: the drain clock
-the round plans reservations by (each task's start plus its job's predicted run,
-synapse.core.schedule.predict; this round's plans counted as started now).
+jobs to the memo's) against a timeline of what each node has free and gets back when: each
+task's start plus its job's predicted run (synapse.core.schedule.predict: runs of its kind, else
+of its user's, else its time limit); this round's plans counted as started now.
 
-* A job that holds a reservation starts when its reserved nodes are expected to be empty (the
-  reservation's own `starts_at`); basis `reservation`.
+* A job that holds a reservation starts when its reserved nodes are expected to hold it; basis
+  `reservation`. (By the predictor's best guess, its user's runs included: the reservation's own
+  `starts_at`, which the policy chooses nodes by, takes a job of a kind never seen to run to its
+  limit, and limits are mostly far above the runs. A baseline's estimate is its plan's start,
+  EASY's shadow time: `reservation_start`.)
 * Another job that waits for room starts at the earliest moment enough nodes are expected to be
   empty in one domain it may use (one rack while it waits for one rack, then anywhere once its
   locality wait ends; anywhere for `preferred` packing; one domain of its pack level when
   `required`); basis `queue`.
-* Either way, the nodes it takes are then expected busy until its own predicted end, so the jobs
-  behind it wait for it (conservative backfill's profile, whole nodes: a node counts from when it
-  is expected to be empty, as reservations count it, so a job that could fit beside others' tasks
-  is estimated late rather than early).
+* Either way, what it takes is then expected busy from its start to its own predicted end, so
+  the jobs behind it wait for it, or run before it if they are expected to end in time
+  (conservative backfill's profile, which the policy's reservations approach: only the first
+  few blocked gangs reserve, so a job behind them may also start earlier than estimated).
 * A job the round holds back (a dependency, a throttle, a singleton, its queue's max), one that
   can never fit, one whose nodes run jobs of unknown length (no time limit, no prediction), and
   one beyond the first `DEPTH` the walk reaches, gets no time: `unknown` with the reason.
 
-The walk reads and changes nothing but its own timeline. Its cost is a sort of the nodes by when
-they drain, then per job a scan in that order until a domain holds it (the first nodes, mostly):
-the leader runs it only when someone reads estimates, once per round (synapse.core.brain.rounds).
+The walk reads and changes nothing but its own timeline. Its cost is a sort of the running
+tasks' ends, then per job a scan of them in time order until a domain holds it: the leader runs
+it only when someone reads estimates, once per round (synapse.core.brain.rounds).
 """
 
 from __future__ import annotations
@@ -81,11 +84,13 @@ class Estimate:
 def estimate_starts(state: ClusterRead, now: float, waiting: Mapping[str, WaitReason],
                     reservations: Iterable[Reservation] = (), plans: list[Plan] | None = None, *,
                     predict: bool = True, locality_wait_s: float = math.inf, depth: int = DEPTH,
-                    until: Collection[str] = ()) -> dict[str, Estimate]:
+                    until: Collection[str] = (), reservation_start: bool = False) -> dict[str, Estimate]:
     """Every pending job's estimate from a round's `waiting` (job id -> WaitReason, in the round's
     order), its `reservations` and its `plans`, at `now`. A job a reservation holds comes first if
-    the round left it out of `waiting` (a baseline policy). `until`: stop once these are estimated."""
-    walk = _Walk(state, now, plans or [], predict, locality_wait_s)
+    the round left it out of `waiting` (a baseline policy). `until`: stop once these are estimated.
+    `reservation_start`: a reservation's own start is its job's estimate (a baseline's plan, EASY's
+    shadow time), not when the walk expects its nodes to hold it."""
+    walk = _Walk(state, now, plans or [], predict, locality_wait_s, reservation_start)
     held = {r.job_id: r for r in reservations}
     order = [j for j in held if j not in waiting] + list(waiting)
     out: dict[str, Estimate] = {}
@@ -125,8 +130,9 @@ class _Walk:
     run. (Any estimated job overlapping that run counts in full: a safe side, simply worked out.)"""
 
     def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool,
-                 locality_wait_s: float) -> None:
+                 locality_wait_s: float, reservation_start: bool = False) -> None:
         self.state, self.now, self.predict, self.locality_wait_s = state, now, predict, locality_wait_s
+        self.reservation_start = reservation_start  #: a reservation's own start is its estimate
         self.free = {n: state.nodes[n].free for n in state.nodes if state.index.contains(n)}  #: node -> free now
         #: (at, seq, node, resources, job): what a node gets back when (nothing: an estimated job's end,
         #: a moment to look again); seq keeps a moment's events in order
@@ -167,6 +173,8 @@ class _Walk:
     def reserved(self, job: Job, r: Reservation) -> Estimate:
         """A job a reservation holds: when its reserved nodes are expected to hold it."""
         found = self._earliest(job, job.spec, only=r.nodes)
+        if found is not None and self.reservation_start:
+            found = (r.starts_at, found[1], found[2]) if math.isfinite(r.starts_at) else None
         if found is None:
             return Estimate.unknown("no predicted end on its nodes", "its reserved nodes run jobs with no time limit "
                                     "and no run-time prediction")
