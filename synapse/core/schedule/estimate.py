@@ -158,6 +158,8 @@ class _Walk:
                 if p.node_id in self.free:
                     self.free[p.node_id] = self.free[p.node_id] - job.spec.resources
                     self._add(end, p.node_id, job.spec.resources, job.id)
+        #: the nodes with room now (a scan starts from these; the others only gain room at an event)
+        self.roomy = frozenset(x for x, have in self.free.items() if have.gpu > 0 or have.cpu > 0)
 
     def _run(self, job: Job) -> float:
         """How long `job` is expected to run: the predictor's best guess (runs of its own kind, else of
@@ -209,7 +211,12 @@ class _Walk:
                   ) -> _Found | None:
         """The first moment (none before `after`) from which one domain `spec` may use (or the nodes
         `only`) holds it for its predicted run: the moment, the tasks it puts on each node, and the
-        jobs whose ends it waits for."""
+        jobs whose ends it waits for.
+
+        A scan of the timeline's events in time order, each node's tasks kept per domain as they
+        change: a task's end gives a node room, an estimated job's end gives back what it held, and
+        an estimated job's start comes into this job's run (from its start less this run on) and
+        takes it."""
         state, per_task, n, claims = self.state, spec.resources, spec.tasks, self.claims
         run = self._run(job)
         depth = 0
@@ -221,16 +228,21 @@ class _Walk:
         held = state.held_nodes
 
         def usable(node_id: str) -> bool:
-            return (only is None or node_id in only) and node_id not in never and (node_id not in held
-                                                                                  or node_id in mine)
+            return node_id in self.free and (only is None or node_id in only) and node_id not in never \
+                and (node_id not in held or node_id in mine)
 
         free: dict[str, Resources] = {}  #: node -> free at the moment reached (estimated jobs aside), if it changed
-        fits: dict[tuple[str, ...], dict[str, int]] = {}  #: domain -> node -> tasks it holds then (unclaimed nodes)
-        room: dict[tuple[str, ...], int] = {}  #: domain -> tasks its unclaimed nodes hold then
+        fits: dict[tuple[str, ...], dict[str, int]] = {}  #: domain -> node -> tasks it holds then
+        room: dict[tuple[str, ...], int] = {}  #: domain -> tasks it holds then
         ends: dict[str, dict[str, float]] = {}  #: node -> job -> its end that gave the node room
-        claimed = [x for x in (claims if only is None else only & claims.keys()) if x in self.free and usable(x)]
 
-        def count(node_id: str, have: Resources) -> tuple[str, ...]:
+        def count(node_id: str, at: float) -> tuple[str, ...]:
+            """Bring the node's tasks of this gang up to `at`: what it has free then, less the estimated
+            jobs that overlap [at, at + run)."""
+            have = free.get(node_id, self.free[node_id])
+            for start, end, amount, _job in claims.get(node_id, ()):
+                if start < at + run and end > at:
+                    have = have - amount
             domain = state.nodes[node_id].topology[:depth]
             k = _tasks_in(per_task, have, n)
             on = fits.setdefault(domain, {})
@@ -238,48 +250,42 @@ class _Walk:
             on[node_id] = k
             return domain
 
-        def fitting(at: float, domains: Iterable[tuple[str, ...]]) -> _Found | None:
-            """The gang's place at `at` in one of `domains` (claimed nodes weighed for its whole run)."""
-            if at < after:
-                return None
-            extra: dict[tuple[str, ...], dict[str, int]] = {}
-            for node_id in claimed:
-                overlap = [c for c in claims[node_id] if c[0] < at + run and c[1] > at]
-                have = free.get(node_id, self.free[node_id])
-                for c in overlap:
-                    have = have - c[2]
-                k = _tasks_in(per_task, have, n)
-                if k:
-                    extra.setdefault(state.nodes[node_id].topology[:depth], {})[node_id] = k
-            for domain in {*domains, *extra}:
-                mine_extra = extra.get(domain, {})
-                if room.get(domain, 0) + sum(mine_extra.values()) >= n:
-                    taken = _take({**fits.get(domain, {}), **mine_extra}, n)
-                    behind = {x: ends.get(x, {}) | {c[3]: c[1] for c in claims.get(x, ()) if c[1] <= at}
-                              for x in taken}
-                    return at, taken, _latest(behind, taken)
-            return None
+        def found(at: float, domain: tuple[str, ...]) -> _Found:
+            taken = _take(fits[domain], n)
+            behind = {x: ends.get(x, {}) | {c[3]: c[1] for c in claims.get(x, ()) if c[1] <= at} for x in taken}
+            return at, taken, _latest(behind, taken)
 
-        skip = set(claimed)
-        for node_id in (self.free if only is None else only):
-            have = self.free.get(node_id)
-            if have is not None and node_id not in skip and have.gpu >= per_task.gpu and have.cpu >= per_task.cpu \
-                    and have.memory >= per_task.memory and usable(node_id):
-                count(node_id, have)
-        found = fitting(self.now, room)
-        if found is not None:
-            return found
+        # Estimated jobs that come into this run later: each a moment to count its node again.
+        entries: list[tuple[float, str]] = []
+        for node_id in (claims if only is None else only & claims.keys()):
+            if usable(node_id):
+                entries += [(start - run, node_id) for start, _end, _amount, _job in claims[node_id]
+                            if start - run >= self.now]
+        entries.sort(reverse=True)  # soonest last: popped first
+        for node_id in (self.roomy | claims.keys() if only is None else only):
+            if usable(node_id):
+                count(node_id, self.now)
+        if self.now >= after:
+            for domain, tasks in room.items():
+                if tasks >= n:
+                    return found(self.now, domain)
         for at, _seq, node_id, back, job_id in self.events:
+            while entries and entries[-1][0] < at:  # estimated jobs that now overlap [at, at + run)
+                count(entries.pop()[1], at)
             if not usable(node_id):
                 continue
-            have = free[node_id] = free.get(node_id, self.free[node_id]) + back
             if back.gpu or back.cpu or back.memory:  # a task's end, not an estimated job's
+                free[node_id] = free.get(node_id, self.free[node_id]) + back
                 ends.setdefault(node_id, {})[job_id] = at
-            found = fitting(at, () if node_id in skip else (count(node_id, have),))
-            if found is not None:
-                return found
+            domain = count(node_id, at)
+            if at >= after and room[domain] >= n:
+                return found(at, domain)
         if math.isfinite(after):  # nothing more frees: it fits once its wait ends, if ever
-            return fitting(max(after, self.now), room)
+            for node_id in [x for on in list(fits.values()) for x in on] + [x for _, x in entries]:
+                count(node_id, after)
+            for domain, tasks in room.items():
+                if tasks >= n:
+                    return found(max(after, self.now), domain)
         return None
 
     def _claim(self, job: Job, per_task: Resources, taken: dict[str, int], at: float) -> None:
