@@ -121,3 +121,38 @@ def test_estimates_are_worked_out_once_a_round():
     assert estimates(s) is first
     s.schedule()
     assert estimates(s) is not first and estimates(s)[job] == first[job]
+
+
+class _Forgetful(dict):
+    """A scans table that keeps nothing: every job's scan starts afresh."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def test_a_scan_that_goes_on_from_the_last_of_its_shape_finds_what_a_fresh_one_does(monkeypatch):
+    import random
+
+    from synapse.core.schedule import estimate
+
+    rng = random.Random(7)
+    s = sim(racks=4, nodes_per_rack=4)
+    nodes = sorted(s.state.nodes)
+    for i in range(0, 16, 2):  # pairs of nodes busy until various times
+        run_on(s, nodes[i:i + 2], time_limit=rng.choice([600, 1200, 3600, 7200]), name=f"fill{i}")
+    s.now = 1100.0
+    for i in range(30):
+        s.submit(spec(tasks=rng.choice([1, 2, 4]), gpu=rng.choice([4, 8]), time_limit=rng.choice([300, 900, 1800]),
+                      name=f"w{i}", pack=rng.choice(["", "rack"]), required=rng.random() < 0.3), duration=60)
+    s.schedule()
+    args = (s.state, s.now, s.leader.waiting(), s.leader.reservations())
+    kept = estimate_starts(*args)
+    original = estimate._Walk.__init__
+
+    def forgetful(self, *a, **kw):
+        original(self, *a, **kw)
+        self.scans = _Forgetful()
+
+    monkeypatch.setattr(estimate._Walk, "__init__", forgetful)
+    assert estimate_starts(*args) == kept
+    assert sum(1 for e in kept.values() if e.at is not None) >= 20

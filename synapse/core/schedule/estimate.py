@@ -31,9 +31,11 @@ it only when someone reads estimates, once per round (synapse.core.brain.rounds)
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -115,6 +117,23 @@ def estimate_starts(state: ClusterRead, now: float, waiting: Mapping[str, WaitRe
     return out
 
 
+@dataclass(slots=True)
+class _Scan:
+    """Where one shape's scan of the timeline stands. A later job of the same shape, run and
+    constraints starts no earlier (the jobs estimated in between only took room), so its scan goes
+    on from here: a queue of many alike gangs costs one scan of the timeline, not one per gang."""
+
+    at: float  #: the moment reached
+    seen: int  #: claims counted (Walk.claim_log's length then)
+    pos: tuple[Any, ...] | None = None  #: the last event taken in
+    free: dict[str, Resources] = field(default_factory=dict)  #: node -> free then (estimated jobs aside), if changed
+    fits: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)  #: domain -> node -> tasks it holds
+    room: dict[tuple[str, ...], int] = field(default_factory=dict)  #: domain -> tasks it holds
+    ends: dict[str, dict[str, float]] = field(default_factory=dict)  #: node -> job -> its end that gave room
+    #: (moment, node): when an estimated job on the node comes into the run (a heap)
+    entries: list[tuple[float, str]] = field(default_factory=list)
+
+
 #: An estimated place: the moment, the tasks per node, and the jobs (with their ends) it waits for.
 _Found = tuple[float, dict[str, int], tuple[tuple[str, float], ...]]
 
@@ -140,6 +159,8 @@ class _Walk:
         self._seq = 0
         #: node -> (start, end, resources, job) the walk gave the jobs it estimated
         self.claims: dict[str, list[tuple[float, float, Resources, str]]] = {}
+        self.claim_log: list[tuple[str, float]] = []  #: (node, start) of every claim, in the order made
+        self.scans: dict[tuple[Any, ...], _Scan] = {}  #: how far each shape's scan went (see _Scan)
         runs: dict[str, float] = {}
         for node_id in self.free:
             for job_id, _attempt, index in state.live_tasks.get(node_id, ()):
@@ -231,10 +252,12 @@ class _Walk:
             return node_id in self.free and (only is None or node_id in only) and node_id not in never \
                 and (node_id not in held or node_id in mine)
 
-        free: dict[str, Resources] = {}  #: node -> free at the moment reached (estimated jobs aside), if it changed
-        fits: dict[tuple[str, ...], dict[str, int]] = {}  #: domain -> node -> tasks it holds then
-        room: dict[tuple[str, ...], int] = {}  #: domain -> tasks it holds then
-        ends: dict[str, dict[str, float]] = {}  #: node -> job -> its end that gave the node room
+        key = None if only is not None else (per_task, n, depth, run, never, mine, after)
+        scan = self.scans.get(key) if key is not None else None
+        fresh = scan is None
+        if scan is None:
+            scan = _Scan(self.now, len(self.claim_log))
+        free, fits, room, ends, entries = scan.free, scan.fits, scan.room, scan.ends, scan.entries
 
         def count(node_id: str, at: float) -> tuple[str, ...]:
             """Bring the node's tasks of this gang up to `at`: what it has free then, less the estimated
@@ -251,27 +274,44 @@ class _Walk:
             return domain
 
         def found(at: float, domain: tuple[str, ...]) -> _Found:
+            if key is not None:
+                self.scans[key] = scan
             taken = _take(fits[domain], n)
             behind = {x: ends.get(x, {}) | {c[3]: c[1] for c in claims.get(x, ()) if c[1] <= at} for x in taken}
             return at, taken, _latest(behind, taken)
 
-        # Estimated jobs that come into this run later: each a moment to count its node again.
-        entries: list[tuple[float, str]] = []
-        for node_id in (claims if only is None else only & claims.keys()):
-            if usable(node_id):
-                entries += [(start - run, node_id) for start, _end, _amount, _job in claims[node_id]
-                            if start - run >= self.now]
-        entries.sort(reverse=True)  # soonest last: popped first
-        for node_id in (self.roomy | claims.keys() if only is None else only):
-            if usable(node_id):
-                count(node_id, self.now)
-        if self.now >= after:
-            for domain, tasks in room.items():
-                if tasks >= n:
-                    return found(self.now, domain)
-        for at, _seq, node_id, back, job_id in self.events:
-            while entries and entries[-1][0] < at:  # estimated jobs that now overlap [at, at + run)
-                count(entries.pop()[1], at)
+        if fresh:
+            # Estimated jobs that come into this run later: each a moment to count its node again.
+            for node_id in (claims if only is None else only & claims.keys()):
+                if usable(node_id):
+                    entries += [(start - run, node_id) for start, _end, _amount, _job in claims[node_id]
+                                if start - run >= self.now]
+            heapq.heapify(entries)
+            for node_id in (self.roomy | claims.keys() if only is None else only):
+                if usable(node_id):
+                    count(node_id, self.now)
+            touched: Iterable[tuple[str, ...]] = list(room)
+        else:  # a job of this shape was estimated before: it starts no earlier (claims only take room)
+            changed = set()
+            for node_id, start in self.claim_log[scan.seen:]:  # the jobs estimated since
+                if not usable(node_id):
+                    continue
+                if start - run < scan.at:
+                    changed.add(count(node_id, scan.at))
+                else:
+                    heapq.heappush(entries, (start - run, node_id))
+            touched = changed
+        scan.seen = len(self.claim_log)
+        if scan.at >= after:
+            for domain in touched:
+                if room[domain] >= n:
+                    return found(scan.at, domain)
+        events = self.events.irange(minimum=scan.pos, inclusive=(False, True)) if scan.pos else iter(self.events)
+        for event in events:
+            at, _seq, node_id, back, job_id = scan.pos = event
+            scan.at = at
+            while entries and entries[0][0] < at:  # estimated jobs that now overlap [at, at + run)
+                count(heapq.heappop(entries)[1], at)
             if not usable(node_id):
                 continue
             if back.gpu or back.cpu or back.memory:  # a task's end, not an estimated job's
@@ -281,11 +321,15 @@ class _Walk:
             if at >= after and room[domain] >= n:
                 return found(at, domain)
         if math.isfinite(after):  # nothing more frees: it fits once its wait ends, if ever
+            scan.at = max(after, scan.at)
             for node_id in [x for on in list(fits.values()) for x in on] + [x for _, x in entries]:
-                count(node_id, after)
+                count(node_id, scan.at)
+            entries.clear()
             for domain, tasks in room.items():
                 if tasks >= n:
-                    return found(max(after, self.now), domain)
+                    return found(scan.at, domain)
+        if key is not None:
+            self.scans[key] = scan
         return None
 
     def _claim(self, job: Job, per_task: Resources, taken: dict[str, int], at: float) -> None:
@@ -293,6 +337,7 @@ class _Walk:
         end = at + self._run(job)
         for node_id, k in taken.items():
             self.claims.setdefault(node_id, []).append((at, end, per_task.scaled(k), job.id))
+            self.claim_log.append((node_id, at))
             self._add(end, node_id, Resources(), job.id)
 
 
@@ -307,12 +352,12 @@ def _tasks_in(per_task: Resources, have: Resources, n: int) -> int:
 def _take(fits: Mapping[str, int], n: int) -> dict[str, int]:
     """Tasks per node for a gang of `n` from the nodes that hold the most first (then by id)."""
     taken: dict[str, int] = {}
-    for node_id, k in sorted(fits.items(), key=lambda kv: (-kv[1], kv[0])):
+    # each node holds one task at least: the first n in that order are all it can need
+    for neg, node_id in heapq.nsmallest(n, ((-k, node_id) for node_id, k in fits.items() if k > 0)):
         if n <= 0:
             break
-        if k > 0:
-            taken[node_id] = min(k, n)
-            n -= taken[node_id]
+        taken[node_id] = min(-neg, n)
+        n -= taken[node_id]
     return taken
 
 
