@@ -7,7 +7,7 @@ from synapse.core import commands as c
 from synapse.core.model import Placement, Plan
 from synapse.core.schedule.estimate import DEPTH, estimate_starts
 from synapse.sim.engine import Simulator, uniform_cluster
-from tests.helpers import spec
+from tests.support.helpers import spec
 
 
 def sim(racks=1, nodes_per_rack=4):
