@@ -117,6 +117,15 @@ def estimate_starts(state: ClusterRead, now: float, waiting: Mapping[str, WaitRe
     return out
 
 
+#: (cpu, memory, gpu), as the walk does its sums
+_Amount = tuple[int, int, int]
+_NOTHING: _Amount = (0, 0, 0)  #: what an estimated job's end gives back to the timeline (a moment to look again)
+
+
+def _amount(r: Resources) -> _Amount:
+    return r.cpu, r.memory, r.gpu
+
+
 @dataclass(slots=True)
 class _Scan:
     """Where one shape's scan of the timeline stands. A later job of the same shape, run and
@@ -126,7 +135,7 @@ class _Scan:
     at: float  #: the moment reached
     seen: int  #: claims counted (Walk.claim_log's length then)
     pos: tuple[Any, ...] | None = None  #: the last event taken in
-    free: dict[str, Resources] = field(default_factory=dict)  #: node -> free then (estimated jobs aside), if changed
+    free: dict[str, _Amount] = field(default_factory=dict)  #: node -> free then (estimated jobs aside), if changed
     fits: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)  #: domain -> node -> tasks it holds
     room: dict[tuple[str, ...], int] = field(default_factory=dict)  #: domain -> tasks it holds
     ends: dict[str, dict[str, float]] = field(default_factory=dict)  #: node -> job -> its end that gave room
@@ -152,13 +161,16 @@ class _Walk:
                  locality_wait_s: float, reservation_start: bool = False) -> None:
         self.state, self.now, self.predict, self.locality_wait_s = state, now, predict, locality_wait_s
         self.reservation_start = reservation_start  #: a reservation's own start is its estimate
-        self.free = {n: state.nodes[n].free for n in state.nodes if state.index.contains(n)}  #: node -> free now
+        #: node -> (cpu, memory, gpu) free now (plain ints: the scan's arithmetic is its cost)
+        self.free: dict[str, _Amount] = {n: _amount(state.nodes[n].free) for n in state.nodes
+                                         if state.index.contains(n)}
+        self._domains: dict[int, dict[str, tuple[str, ...]]] = {}  #: depth -> node -> its domain there
         #: (at, seq, node, resources, job): what a node gets back when (nothing: an estimated job's end,
         #: a moment to look again); seq keeps a moment's events in order
         self.events: SortedList = SortedList()
         self._seq = 0
         #: node -> (start, end, resources, job) the walk gave the jobs it estimated
-        self.claims: dict[str, list[tuple[float, float, Resources, str]]] = {}
+        self.claims: dict[str, list[tuple[float, float, _Amount, str]]] = {}
         self.claim_log: list[tuple[str, float]] = []  #: (node, start) of every claim, in the order made
         self.scans: dict[tuple[Any, ...], _Scan] = {}  #: how far each shape's scan went (see _Scan)
         runs: dict[str, float] = {}
@@ -169,25 +181,33 @@ class _Walk:
                 if run is None:
                     run = runs[job_id] = self._run(job)
                 task = job.tasks[index]
-                self._add((task.started_at or now) + run, node_id, task.resources, job_id)
+                self._add((task.started_at or now) + run, node_id, _amount(task.resources), job_id)
         for plan in plans:  # this round's, while not yet committed: started now
             job = state.jobs.get(plan.job_id)
             if job is None or job.status is not JobStatus.PENDING:
                 continue
-            end = now + self._run(job)
+            end, (c, m, g) = now + self._run(job), _amount(job.spec.resources)
             for p in plan.placements:
                 if p.node_id in self.free:
-                    self.free[p.node_id] = self.free[p.node_id] - job.spec.resources
-                    self._add(end, p.node_id, job.spec.resources, job.id)
+                    fc, fm, fg = self.free[p.node_id]
+                    self.free[p.node_id] = (fc - c, fm - m, fg - g)
+                    self._add(end, p.node_id, (c, m, g), job.id)
         #: the nodes with room now (a scan starts from these; the others only gain room at an event)
-        self.roomy = frozenset(x for x, have in self.free.items() if have.gpu > 0 or have.cpu > 0)
+        self.roomy = frozenset(x for x, have in self.free.items() if have[2] > 0 or have[0] > 0)
 
     def _run(self, job: Job) -> float:
         """How long `job` is expected to run: the predictor's best guess (runs of its own kind, else of
         its user's, else its limit; never beyond its limit), by its limit alone without `predict`."""
         return expected_run(self.state, job, self.now, self.predict, own_kind=False)
 
-    def _add(self, at: float, node_id: str, resources: Resources, job_id: str) -> None:
+    def domains(self, depth: int) -> dict[str, tuple[str, ...]]:
+        """Node -> its domain at `depth` (worked out once a walk per depth)."""
+        found = self._domains.get(depth)
+        if found is None:
+            found = self._domains[depth] = {n: self.state.nodes[n].topology[:depth] for n in self.free}
+        return found
+
+    def _add(self, at: float, node_id: str, resources: _Amount, job_id: str) -> None:
         if math.isinf(at):
             return  # never given back
         self._seq += 1
@@ -259,15 +279,21 @@ class _Walk:
             scan = _Scan(self.now, len(self.claim_log))
         free, fits, room, ends, entries = scan.free, scan.fits, scan.room, scan.ends, scan.entries
 
+        domain_of, base = self.domains(depth), self.free
+        pc, pm, pg = _amount(per_task)
+
         def count(node_id: str, at: float) -> tuple[str, ...]:
             """Bring the node's tasks of this gang up to `at`: what it has free then, less the estimated
             jobs that overlap [at, at + run)."""
-            have = free.get(node_id, self.free[node_id])
-            for start, end, amount, _job in claims.get(node_id, ()):
+            c, m, g = free[node_id] if node_id in free else base[node_id]
+            for start, end, (cc, cm, cg), _job in claims.get(node_id, ()):
                 if start < at + run and end > at:
-                    have = have - amount
-            domain = state.nodes[node_id].topology[:depth]
-            k = _tasks_in(per_task, have, n)
+                    c, m, g = c - cc, m - cm, g - cg
+            if c < 0 or m < 0 or g < 0:
+                k = 0
+            else:
+                k = min(n, c // pc if pc else n, m // pm if pm else n, g // pg if pg else n)
+            domain = domain_of[node_id]
             on = fits.setdefault(domain, {})
             room[domain] = room.get(domain, 0) + k - on.get(node_id, 0)
             on[node_id] = k
@@ -314,8 +340,9 @@ class _Walk:
                 count(heapq.heappop(entries)[1], at)
             if not usable(node_id):
                 continue
-            if back.gpu or back.cpu or back.memory:  # a task's end, not an estimated job's
-                free[node_id] = free.get(node_id, self.free[node_id]) + back
+            if back is not _NOTHING:  # a task's end, not an estimated job's
+                c, m, g = free[node_id] if node_id in free else base[node_id]
+                free[node_id] = (c + back[0], m + back[1], g + back[2])
                 ends.setdefault(node_id, {})[job_id] = at
             domain = count(node_id, at)
             if at >= after and room[domain] >= n:
@@ -335,18 +362,11 @@ class _Walk:
     def _claim(self, job: Job, per_task: Resources, taken: dict[str, int], at: float) -> None:
         """The job runs as `taken` from `at` for its predicted run."""
         end = at + self._run(job)
+        c, m, g = _amount(per_task)
         for node_id, k in taken.items():
-            self.claims.setdefault(node_id, []).append((at, end, per_task.scaled(k), job.id))
+            self.claims.setdefault(node_id, []).append((at, end, (c * k, m * k, g * k), job.id))
             self.claim_log.append((node_id, at))
-            self._add(end, node_id, Resources(), job.id)
-
-
-def _tasks_in(per_task: Resources, have: Resources, n: int) -> int:
-    """Tasks of `per_task` that `have` holds (none if any part of it is below zero), at most `n`."""
-    if have.cpu < 0 or have.memory < 0 or have.gpu < 0:
-        return 0
-    k = per_task.count_in(have)
-    return n if k < 0 else min(k, n)
+            self._add(end, node_id, _NOTHING, job.id)
 
 
 def _take(fits: Mapping[str, int], n: int) -> dict[str, int]:
