@@ -138,6 +138,8 @@ class _Scan:
     free: dict[str, _Amount] = field(default_factory=dict)  #: node -> free then (estimated jobs aside), if changed
     fits: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)  #: domain -> node -> tasks it holds
     room: dict[tuple[str, ...], int] = field(default_factory=dict)  #: domain -> tasks it holds
+    #: domain -> (-tasks, node) of its nodes that hold any, the most first: whom a gang takes
+    order: dict[tuple[str, ...], SortedList] = field(default_factory=dict)
     ends: dict[str, dict[str, float]] = field(default_factory=dict)  #: node -> job -> its end that gave room
     #: (moment, node): when an estimated job on the node comes into the run (a heap)
     entries: list[tuple[float, str]] = field(default_factory=list)
@@ -277,7 +279,7 @@ class _Walk:
         fresh = scan is None
         if scan is None:
             scan = _Scan(self.now, len(self.claim_log))
-        free, fits, room, ends, entries = scan.free, scan.fits, scan.room, scan.ends, scan.entries
+        free, fits, room, ends, entries, order = scan.free, scan.fits, scan.room, scan.ends, scan.entries, scan.order
 
         domain_of, base = self.domains(depth), self.free
         pc, pm, pg = _amount(per_task)
@@ -295,14 +297,23 @@ class _Walk:
                 k = min(n, c // pc if pc else n, m // pm if pm else n, g // pg if pg else n)
             domain = domain_of[node_id]
             on = fits.setdefault(domain, {})
-            room[domain] = room.get(domain, 0) + k - on.get(node_id, 0)
-            on[node_id] = k
+            old = on.get(node_id, 0)
+            if k != old:
+                ranked = order.get(domain)
+                if ranked is None:
+                    ranked = order[domain] = SortedList()
+                if old:
+                    ranked.remove((-old, node_id))
+                if k:
+                    ranked.add((-k, node_id))
+                room[domain] = room.get(domain, 0) + k - old
+                on[node_id] = k
             return domain
 
         def found(at: float, domain: tuple[str, ...]) -> _Found:
             if key is not None:
                 self.scans[key] = scan
-            taken = _take(fits[domain], n)
+            taken = _take(order[domain], n)
             behind = {x: ends.get(x, {}) | {c[3]: c[1] for c in claims.get(x, ()) if c[1] <= at} for x in taken}
             return at, taken, _latest(behind, taken)
 
@@ -330,7 +341,7 @@ class _Walk:
         scan.seen = len(self.claim_log)
         if scan.at >= after:
             for domain in touched:
-                if room[domain] >= n:
+                if room.get(domain, 0) >= n:
                     return found(scan.at, domain)
         events = self.events.irange(minimum=scan.pos, inclusive=(False, True)) if scan.pos else iter(self.events)
         for event in events:
@@ -345,7 +356,7 @@ class _Walk:
                 free[node_id] = (c + back[0], m + back[1], g + back[2])
                 ends.setdefault(node_id, {})[job_id] = at
             domain = count(node_id, at)
-            if at >= after and room[domain] >= n:
+            if at >= after and room.get(domain, 0) >= n:
                 return found(at, domain)
         if math.isfinite(after):  # nothing more frees: it fits once its wait ends, if ever
             scan.at = max(after, scan.at)
@@ -369,11 +380,10 @@ class _Walk:
             self._add(end, node_id, _NOTHING, job.id)
 
 
-def _take(fits: Mapping[str, int], n: int) -> dict[str, int]:
-    """Tasks per node for a gang of `n` from the nodes that hold the most first (then by id)."""
+def _take(ranked: Iterable[tuple[int, str]], n: int) -> dict[str, int]:
+    """Tasks per node for a gang of `n` from `ranked` (-tasks, node): those that hold the most first."""
     taken: dict[str, int] = {}
-    # each node holds one task at least: the first n in that order are all it can need
-    for neg, node_id in heapq.nsmallest(n, ((-k, node_id) for node_id, k in fits.items() if k > 0)):
+    for neg, node_id in ranked:
         if n <= 0:
             break
         taken[node_id] = min(-neg, n)
