@@ -59,6 +59,8 @@ from synapse.client.master_client import MasterClient  # noqa: E402
 from synapse.common import beats  # noqa: E402
 from synapse.common.auth import node_metadata  # noqa: E402
 from synapse.core import commands as c  # noqa: E402
+from synapse.core.brain.leader_state import LeaderState  # noqa: E402
+from synapse.core.brain.stimuli import RoundDue  # noqa: E402
 from synapse.core.shards import ranked  # noqa: E402
 from synapse.core.state.fsm import ClusterState  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
@@ -268,14 +270,23 @@ class Sim:
                 await channel.close()
 
 
-def scheduling_at_size(nodes: int, gangs: int, rounds: int) -> dict:
-    """(d): rounds over a full cluster of `nodes` with `gangs` pending 64 x 8 gangs; the snapshot."""
+def scheduling_at_size(nodes: int, gangs: int, rounds: int, limits: bool = False) -> dict:
+    """(d): rounds over a full cluster of `nodes` with `gangs` pending 64 x 8 gangs; the estimate walk
+    after each (what the first read of estimated starts costs the leader); the snapshot. `limits`:
+    every running task and gang has a time limit (1-8 h; the gangs 1 h), so the walk has ends to
+    plan by (without, every estimate is unknown at once)."""
     state = new_state(racks=max(1, nodes // 32), nodes_per_rack=32)
-    fill(state, at=1.0)
+    fill(state, at=1.0, limits=(3600.0, 7200.0, 14400.0, 28800.0) if limits else ())
     for i in range(gangs):
-        spec = dataclasses.replace(job_spec(f"gang{i}"), tasks=64)
+        spec = dataclasses.replace(job_spec(f"gang{i}", time_limit=3600.0 if limits else 0.0), tasks=64)
         assert state.apply(c.SubmitJob(at=2.0, job_id=f"gang{i}", request_id=f"gang{i}", spec=spec)).ok
     times, cpu = round_times(state, rounds, at=3.0)
+    brain, walks = LeaderState(), []
+    for i in range(rounds):
+        brain.handle(state, RoundDue(at=3.0 + i))
+        started = time.thread_time()
+        brain.estimates(state, 3.0 + i)
+        walks.append(time.thread_time() - started)
     started = time.perf_counter()
     text = json.dumps(state.to_snapshot())
     written = time.perf_counter() - started
@@ -284,7 +295,8 @@ def scheduling_at_size(nodes: int, gangs: int, rounds: int) -> dict:
     read = time.perf_counter() - started
     return {"nodes": len(state.nodes), "pending_gangs": gangs, "rounds": rounds,
             "round_p50_s": round(statistics.median(times), 4), "round_p99_s": round(percentile(times, 0.99), 4),
-            "round_cpu_p99_s": round(percentile(cpu, 0.99), 4),
+            "round_cpu_p99_s": round(percentile(cpu, 0.99), 4), "round_cpu_p50_s": round(statistics.median(cpu), 4),
+            "estimate_walk_cpu_p50_s": round(statistics.median(walks), 4), "limits": limits,
             "snapshot_mb": round(len(text) / 1e6, 2), "snapshot_write_s": round(written, 3),
             "snapshot_read_s": round(read, 3)}
 
@@ -482,6 +494,8 @@ def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_S, help="heartbeat interval, seconds")
     parser.add_argument("--state-nodes", type=int, default=20000, help="(d): nodes of the pure state")
     parser.add_argument("--rounds", type=int, default=20, help="(d): scheduling rounds timed")
+    parser.add_argument("--state-limits", action="store_true",
+                        help="(d): running tasks and gangs with time limits (the estimate walk plans by them)")
     parser.add_argument("--keep", default="", help="run the cluster in this directory and keep its logs")
     parser.add_argument("--calls", action="store_true",
                         help="every heartbeat by call, none by datagram (as workers sent them before datagrams)")
@@ -492,7 +506,7 @@ def main() -> None:
         args.nodes, args.window, args.idle, args.dead, args.fault_limit, args.heartbeat = 60, 3.0, 1.0, 2, 30.0, 1.0
         args.state_nodes, args.rounds = 640, 3
     HEARTBEAT_S = args.heartbeat
-    scheduling = scheduling_at_size(args.state_nodes, 1000 if not args.quick else 50, args.rounds)
+    scheduling = scheduling_at_size(args.state_nodes, 1000 if not args.quick else 50, args.rounds, args.state_limits)
     with tempfile.TemporaryDirectory(prefix="synapse-bench-scale-") as tmp:
         data_dir = Path(args.keep or tmp) / "cluster"
         # 5 s heartbeats (timeout 15 s), as the issue's targets; history off: liveness only. Plaintext
@@ -545,7 +559,8 @@ def print_table(r: dict) -> None:
               f"{k['moved']} shard moves, {k['false_node_downs']} false NodeDowns")
     d = r["scheduling"]
     print(f"pure state, {d['nodes']} busy nodes, {d['pending_gangs']} pending 64 x 8 gangs: round p50 "
-          f"{d['round_p50_s']} s, p99 {d['round_p99_s']} s ({d['rounds']} rounds); snapshot {d['snapshot_mb']} MB, "
+          f"{d['round_p50_s']} s, p99 {d['round_p99_s']} s ({d['rounds']} rounds), estimate walk after it "
+          f"{d['estimate_walk_cpu_p50_s']} s CPU; snapshot {d['snapshot_mb']} MB, "
           f"written in {d['snapshot_write_s']} s, read in {d['snapshot_read_s']} s")
     z = r["at_20000_nodes"]
     print(f"at 20,000 nodes (linear in the per-node costs above): leader {z['leader_cores_if_linear']} cores; "

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -79,10 +81,13 @@ def ack_times(trials: int, elements: int) -> list[float]:
     return out
 
 
-def fill(state: ClusterState, at: float) -> None:
-    """Every node busy with a one-node job that has no time limit."""
+def fill(state: ClusterState, at: float, limits: Sequence[float] = ()) -> None:
+    """Every node busy with a one-node job: without a time limit, or with one of `limits` (drawn
+    with a fixed seed)."""
+    rng = random.Random(1)
     for i, node_id in enumerate(sorted(state.nodes)):
-        state.apply(c.SubmitJob(at=at, job_id=f"fill{i}", request_id=f"fill{i}", spec=job_spec("fill")))
+        spec = job_spec("fill", time_limit=rng.choice(limits)) if limits else job_spec("fill")
+        state.apply(c.SubmitJob(at=at, job_id=f"fill{i}", request_id=f"fill{i}", spec=spec))
         assert state.apply(c.CommitPlan(at=at, job_id=f"fill{i}", attempt=1,
                                         placements=(Placement(0, node_id, tuple(range(8)), 0),))).ok
 
