@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sortedcontainers import SortedList
 
+from synapse.core.jobs.quantity import format_moment
 from synapse.core.model import Job, JobSpec, JobStatus, PackMode, Plan, Resources, excluded_for, topology_path
-from synapse.core.quantity import format_moment
 from synapse.core.schedule.placement import pack_depth
 from synapse.core.schedule.reservations import Reservation, expected_run
 from synapse.core.schedule.scheduler import WaitReason
@@ -128,10 +128,16 @@ def _amount(r: Resources) -> _Amount:
 
 @dataclass(slots=True)
 class _Scan:
-    """Where one shape's scan of the timeline stands. A later job of the same shape, run and
-    constraints starts no earlier (the jobs estimated in between only took room), so its scan goes
-    on from here: a queue of many alike gangs costs one scan of the timeline, not one per gang."""
+    """One shape's scan of the timeline, and where it stands. A later job of the same shape, run
+    and constraints starts no earlier (the jobs estimated in between only took room), so its scan
+    goes on from here: a queue of many alike gangs costs one scan of the timeline, not one per gang."""
 
+    need: _Amount  #: per task
+    n: int  #: tasks of the gang
+    run: float  #: its predicted run: an estimated job overlapping [at, at + run) takes room
+    domain_of: dict[str, tuple[str, ...]]  #: node -> its domain at the gang's pack level
+    base: dict[str, _Amount]  #: the walk's: node -> free now
+    claims: dict[str, list[tuple[float, float, _Amount, str]]]  #: the walk's estimated jobs, by node
     at: float  #: the moment reached
     seen: int  #: claims counted (Walk.claim_log's length then)
     pos: tuple[Any, ...] | None = None  #: the last event taken in
@@ -139,12 +145,58 @@ class _Scan:
     fits: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)  #: domain -> node -> tasks it holds
     room: dict[tuple[str, ...], int] = field(default_factory=dict)  #: domain -> tasks it holds
     #: domain -> (-tasks, node) of its nodes that hold any, the most first: whom a gang takes
-    order: dict[tuple[str, ...], SortedList] = field(default_factory=dict)
+    order: dict[tuple[str, ...], SortedList[tuple[int, str]]] = field(default_factory=dict)
     ends: dict[str, dict[str, float]] = field(default_factory=dict)  #: node -> job -> its end that gave room
     #: (moment, node): when an estimated job on the node comes into the run (a heap)
     entries: list[tuple[float, str]] = field(default_factory=list)
 
+    def count(self, node_id: str, at: float) -> tuple[str, ...]:
+        """Bring the node's tasks of this gang up to `at`: what it has free then, less the estimated
+        jobs that overlap [at, at + run); its domain."""
+        c, m, g = self.free[node_id] if node_id in self.free else self.base[node_id]
+        horizon = at + self.run
+        for start, end, (cc, cm, cg), _job in self.claims.get(node_id, ()):
+            if start < horizon and end > at:
+                c, m, g = c - cc, m - cm, g - cg
+        n, (pc, pm, pg) = self.n, self.need
+        k = 0 if c < 0 or m < 0 or g < 0 else min(n, c // pc if pc else n, m // pm if pm else n,
+                                                    g // pg if pg else n)
+        domain = self.domain_of[node_id]
+        on = self.fits.setdefault(domain, {})
+        old = on.get(node_id, 0)
+        if k != old:
+            ranked = self.order.get(domain)
+            if ranked is None:
+                ranked = self.order[domain] = SortedList()
+            if old:
+                ranked.remove((-old, node_id))
+            if k:
+                ranked.add((-k, node_id))
+            self.room[domain] = self.room.get(domain, 0) + k - old
+            on[node_id] = k
+        return domain
 
+    def fits_in(self, domains: Iterable[tuple[str, ...]]) -> tuple[str, ...] | None:
+        """The first of `domains` that holds the gang at the moment reached."""
+        return next((d for d in domains if self.room.get(d, 0) >= self.n), None)
+
+    def place(self, domain: tuple[str, ...]) -> _Found:
+        """The gang in `domain` at the moment reached: the nodes that hold the most first."""
+        taken: dict[str, int] = {}
+        n = self.n
+        for neg, node_id in self.order[domain]:
+            if n <= 0:
+                break
+            taken[node_id] = min(-neg, n)
+            n -= taken[node_id]
+        at = self.at
+        behind = {x: self.ends.get(x, {}) | {c[3]: c[1] for c in self.claims.get(x, ()) if c[1] <= at}
+                  for x in taken}
+        return at, taken, _latest(behind, taken)
+
+
+#: (at, seq, node, what it gets back, job): one moment of the timeline
+_Event = tuple[float, int, str, tuple[int, int, int], str]
 #: An estimated place: the moment, the tasks per node, and the jobs (with their ends) it waits for.
 _Found = tuple[float, dict[str, int], tuple[tuple[str, float], ...]]
 
@@ -169,7 +221,7 @@ class _Walk:
         self._domains: dict[int, dict[str, tuple[str, ...]]] = {}  #: depth -> node -> its domain there
         #: (at, seq, node, resources, job): what a node gets back when (nothing: an estimated job's end,
         #: a moment to look again); seq keeps a moment's events in order
-        self.events: SortedList = SortedList()
+        self.events: SortedList[_Event] = SortedList()
         self._seq = 0
         #: node -> (start, end, resources, job) the walk gave the jobs it estimated
         self.claims: dict[str, list[tuple[float, float, _Amount, str]]] = {}
@@ -260,8 +312,7 @@ class _Walk:
         change: a task's end gives a node room, an estimated job's end gives back what it held, and
         an estimated job's start comes into this job's run (from its start less this run on) and
         takes it."""
-        state, per_task, n, claims = self.state, spec.resources, spec.tasks, self.claims
-        run = self._run(job)
+        state = self.state
         depth = 0
         if only is None and spec.topology.mode is PackMode.REQUIRED and spec.topology.pack:
             depth = min(pack_depth(state.levels, spec.topology.pack), len(state.levels))
@@ -274,101 +325,73 @@ class _Walk:
             return node_id in self.free and (only is None or node_id in only) and node_id not in never \
                 and (node_id not in held or node_id in mine)
 
-        key = None if only is not None else (per_task, n, depth, run, never, mine, after)
+        run = self._run(job)
+        key = None if only is not None else (spec.resources, spec.tasks, depth, run, never, mine, after)
         scan = self.scans.get(key) if key is not None else None
-        fresh = scan is None
         if scan is None:
-            scan = _Scan(self.now, len(self.claim_log))
-        free, fits, room, ends, entries, order = scan.free, scan.fits, scan.room, scan.ends, scan.entries, scan.order
-
-        domain_of, base = self.domains(depth), self.free
-        pc, pm, pg = _amount(per_task)
-
-        def count(node_id: str, at: float) -> tuple[str, ...]:
-            """Bring the node's tasks of this gang up to `at`: what it has free then, less the estimated
-            jobs that overlap [at, at + run)."""
-            c, m, g = free[node_id] if node_id in free else base[node_id]
-            for start, end, (cc, cm, cg), _job in claims.get(node_id, ()):
-                if start < at + run and end > at:
-                    c, m, g = c - cc, m - cm, g - cg
-            if c < 0 or m < 0 or g < 0:
-                k = 0
-            else:
-                k = min(n, c // pc if pc else n, m // pm if pm else n, g // pg if pg else n)
-            domain = domain_of[node_id]
-            on = fits.setdefault(domain, {})
-            old = on.get(node_id, 0)
-            if k != old:
-                ranked = order.get(domain)
-                if ranked is None:
-                    ranked = order[domain] = SortedList()
-                if old:
-                    ranked.remove((-old, node_id))
-                if k:
-                    ranked.add((-k, node_id))
-                room[domain] = room.get(domain, 0) + k - old
-                on[node_id] = k
-            return domain
-
-        def found(at: float, domain: tuple[str, ...]) -> _Found:
-            if key is not None:
-                self.scans[key] = scan
-            taken = _take(order[domain], n)
-            behind = {x: ends.get(x, {}) | {c[3]: c[1] for c in claims.get(x, ()) if c[1] <= at} for x in taken}
-            return at, taken, _latest(behind, taken)
-
-        if fresh:
-            # Estimated jobs that come into this run later: each a moment to count its node again.
-            for node_id in (claims if only is None else only & claims.keys()):
-                if usable(node_id):
-                    entries += [(start - run, node_id) for start, _end, _amount, _job in claims[node_id]
-                                if start - run >= self.now]
-            heapq.heapify(entries)
-            for node_id in (self.roomy | claims.keys() if only is None else only):
-                if usable(node_id):
-                    count(node_id, self.now)
-            touched: Iterable[tuple[str, ...]] = list(room)
+            scan = _Scan(_amount(spec.resources), spec.tasks, run, self.domains(depth), self.free, self.claims,
+                         self.now, len(self.claim_log))
+            touched = self._begin(scan, only, usable)
         else:  # a job of this shape was estimated before: it starts no earlier (claims only take room)
-            changed = set()
-            for node_id, start in self.claim_log[scan.seen:]:  # the jobs estimated since
-                if not usable(node_id):
-                    continue
-                if start - run < scan.at:
-                    changed.add(count(node_id, scan.at))
-                else:
-                    heapq.heappush(entries, (start - run, node_id))
-            touched = changed
-        scan.seen = len(self.claim_log)
-        if scan.at >= after:
-            for domain in touched:
-                if room.get(domain, 0) >= n:
-                    return found(scan.at, domain)
+            touched = self._catch_up(scan, usable)
+        if key is not None:
+            self.scans[key] = scan
+        domain = scan.fits_in(touched) if scan.at >= after else None
+        if domain is not None:
+            return scan.place(domain)
         events = self.events.irange(minimum=scan.pos, inclusive=(False, True)) if scan.pos else iter(self.events)
         for event in events:
             at, _seq, node_id, back, job_id = scan.pos = event
             scan.at = at
-            while entries and entries[0][0] < at:  # estimated jobs that now overlap [at, at + run)
-                count(heapq.heappop(entries)[1], at)
+            while scan.entries and scan.entries[0][0] < at:  # estimated jobs that now overlap [at, at + run)
+                scan.count(heapq.heappop(scan.entries)[1], at)
             if not usable(node_id):
                 continue
             if back is not _NOTHING:  # a task's end, not an estimated job's
-                c, m, g = free[node_id] if node_id in free else base[node_id]
-                free[node_id] = (c + back[0], m + back[1], g + back[2])
-                ends.setdefault(node_id, {})[job_id] = at
-            domain = count(node_id, at)
-            if at >= after and room.get(domain, 0) >= n:
-                return found(at, domain)
+                c, m, g = scan.free[node_id] if node_id in scan.free else self.free[node_id]
+                scan.free[node_id] = (c + back[0], m + back[1], g + back[2])
+                scan.ends.setdefault(node_id, {})[job_id] = at
+            domain = scan.count(node_id, at)
+            if at >= after and scan.room.get(domain, 0) >= scan.n:
+                return scan.place(domain)
         if math.isfinite(after):  # nothing more frees: it fits once its wait ends, if ever
             scan.at = max(after, scan.at)
-            for node_id in [x for on in list(fits.values()) for x in on] + [x for _, x in entries]:
-                count(node_id, scan.at)
-            entries.clear()
-            for domain, tasks in room.items():
-                if tasks >= n:
-                    return found(scan.at, domain)
-        if key is not None:
-            self.scans[key] = scan
+            for node_id in [x for on in list(scan.fits.values()) for x in on] + [x for _, x in scan.entries]:
+                scan.count(node_id, scan.at)
+            scan.entries.clear()
+            domain = scan.fits_in(list(scan.room))
+            if domain is not None:
+                return scan.place(domain)
         return None
+
+    def _begin(self, scan: _Scan, only: frozenset[str] | None,
+               usable: Callable[[str], bool]) -> list[tuple[str, ...]]:
+        """A fresh scan at now: the nodes with room and those the walk gave estimated jobs counted,
+        and when each estimated job comes into the run; the domains counted."""
+        claims, run = self.claims, scan.run
+        for node_id in (claims if only is None else only & claims.keys()):
+            if usable(node_id):
+                scan.entries += [(start - run, node_id) for start, _end, _amount, _job in claims[node_id]
+                                 if start - run >= self.now]
+        heapq.heapify(scan.entries)
+        for node_id in (self.roomy | claims.keys() if only is None else only):
+            if usable(node_id):
+                scan.count(node_id, self.now)
+        return list(scan.room)
+
+    def _catch_up(self, scan: _Scan, usable: Callable[[str], bool]) -> set[tuple[str, ...]]:
+        """A scan goes on: the jobs estimated since it stopped counted (now, or when they come into
+        the run); the domains they changed."""
+        changed = set()
+        for node_id, start in self.claim_log[scan.seen:]:
+            if not usable(node_id):
+                continue
+            if start - scan.run < scan.at:
+                changed.add(scan.count(node_id, scan.at))
+            else:
+                heapq.heappush(scan.entries, (start - scan.run, node_id))
+        scan.seen = len(self.claim_log)
+        return changed
 
     def _claim(self, job: Job, per_task: Resources, taken: dict[str, int], at: float) -> None:
         """The job runs as `taken` from `at` for its predicted run."""
@@ -378,17 +401,6 @@ class _Walk:
             self.claims.setdefault(node_id, []).append((at, end, (c * k, m * k, g * k), job.id))
             self.claim_log.append((node_id, at))
             self._add(end, node_id, _NOTHING, job.id)
-
-
-def _take(ranked: Iterable[tuple[int, str]], n: int) -> dict[str, int]:
-    """Tasks per node for a gang of `n` from `ranked` (-tasks, node): those that hold the most first."""
-    taken: dict[str, int] = {}
-    for neg, node_id in ranked:
-        if n <= 0:
-            break
-        taken[node_id] = min(-neg, n)
-        n -= taken[node_id]
-    return taken
 
 
 def _latest(ends: Mapping[str, Mapping[str, float]], nodes: Iterable[str]) -> tuple[tuple[str, float], ...]:
