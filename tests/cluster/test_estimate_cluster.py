@@ -4,7 +4,7 @@ gang is expected to start, from the leader's plan."""
 import json
 
 from click.testing import CliRunner
-from synapse.core.jobspec import parse_job
+from synapse.core.jobs.jobspec import parse_job
 
 from synapse.client.cli.main import main
 from synapse.core import codec
