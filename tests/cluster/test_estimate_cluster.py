@@ -4,10 +4,10 @@ gang is expected to start, from the leader's plan."""
 import json
 
 from click.testing import CliRunner
-from synapse.core.jobs.jobspec import parse_job
 
 from synapse.client.cli.main import main
 from synapse.core import codec
+from synapse.core.jobs.jobspec import parse_job
 from tests.support.helpers import wait_for
 
 
