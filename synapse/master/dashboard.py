@@ -250,7 +250,8 @@ class Dashboard:
                             "wait": format_wait(pending, j.submitted_at, j.started_at, now),
                             "wait_s": (now if pending else j.started_at or j.submitted_at) - j.submitted_at,
                             "reason": code, "why": why, "reserved": j.id in reserving or j.id in state.holds,
-                            "start": _start_cell(estimates.get(j.id), now) if pending else "-"})
+                            "start": "-" if not pending else _start_cell(estimates.get(j.id), now) if view is not None
+                            else "unknown: the leader's (open this page on the leader)"})
             return out
 
     @staticmethod

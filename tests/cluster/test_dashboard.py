@@ -243,10 +243,14 @@ def test_the_dashboard(make_cluster):
     assert "nodes kept for it" in jobs_page.row_of(big)["cells"][7]
     running = jobs_page.row_of(job)["cells"]
     assert running[1] == "RUNNING" and re.fullmatch(r"\d+s", running[6]) and running[7] == "", running
+    # Start: the leader's estimate (the running job has no time limit: when it ends is unknown)
+    assert jobs_page.row_of(big)["cells"][8] == "unknown: no predicted end on its nodes", jobs_page.row_of(big)
+    assert running[8] == "-"
 
     # A follower knows the reasons the leader recorded in the log, not the reservations.
     followed = poll(follower, "/jobs", lambda p: reason(p, big) in PENDING_REASONS)
     assert reason(followed, big) in PENDING_REASONS
+    assert followed.row_of(big)["cells"][8].startswith("unknown: the leader's")
     follower_nodes = get(follower, "/nodes", cluster.token)[2]
     assert "only preemption holds are marked here" in follower_nodes and not reserved_rows(Page(follower_nodes))
     for j in (big, small, job):
