@@ -228,6 +228,7 @@ class _Walk:
         self.claim_log: list[tuple[str, float]] = []  #: (node, start) of every claim, in the order made
         self.scans: dict[tuple[Any, ...], _Scan] = {}  #: how far each shape's scan went (see _Scan)
         runs: dict[str, float] = {}
+        ends: list[_Event] = []  #: sorted once (a SortedList built whole is far cheaper than added to)
         for node_id in self.free:
             for job_id, _attempt, index in state.live_tasks.get(node_id, ()):
                 job = state.jobs[job_id]
@@ -235,7 +236,11 @@ class _Walk:
                 if run is None:
                     run = runs[job_id] = self._run(job)
                 task = job.tasks[index]
-                self._add((task.started_at or now) + run, node_id, _amount(task.resources), job_id)
+                at = (task.started_at or now) + run
+                if not math.isinf(at):  # a task of unknown length never gives its room back
+                    self._seq += 1
+                    ends.append((max(at, now), self._seq, node_id, _amount(task.resources), job_id))
+        self.events.update(ends)
         for plan in plans:  # this round's, while not yet committed: started now
             job = state.jobs.get(plan.job_id)
             if job is None or job.status is not JobStatus.PENDING:
