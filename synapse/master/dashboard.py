@@ -435,7 +435,8 @@ class Dashboard:
             view = self.m.leader_view()
             waiting = view.wait_reason(job.id) if view is not None and job.status is JobStatus.PENDING else None
             why = waiting.describe(state) if waiting is not None else ""
-            estimate = view.estimates(state, time.time()).get(job.id) if waiting is not None else None
+            estimate = view.estimates(state, time.time()).get(job.id) if view is not None and waiting is not None \
+                else None
             hold = state.holds.get(job.id)
         facts = [["Name", escape(spec.name)], ["State", status], ["Attempt", str(attempt)], ["Queue", escape(queue)],
                  ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
