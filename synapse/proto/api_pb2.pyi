@@ -2049,11 +2049,14 @@ class LogTicket(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TICKET_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
     """the worker's log service"""
     ticket: _builtins.str
+    rank: _builtins.int
+    """AttachAccess: the task's rank"""
     def __init__(
         self,
         *,
@@ -2061,10 +2064,11 @@ class LogTicket(_message.Message):
         node_id: _builtins.str = ...,
         address: _builtins.str = ...,
         ticket: _builtins.str = ...,
+        rank: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "node_id", b"node_id", "ticket", b"ticket"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "node_id", b"node_id", "rank", b"rank", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,6 +19,7 @@ it ends when the stream does.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -27,6 +28,7 @@ import struct
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -35,8 +37,9 @@ from synapse.common import tickets
 from synapse.core.model import Assignment
 from synapse.proto import api_pb2
 from synapse.worker import stdio_host
+from synapse.worker.fence import process_start_ticks, running
 from synapse.worker.logs import LogService, Served, authorize
-from synapse.worker.runtime import Handle, alive, exit_code
+from synapse.worker.runtime import Handle, alive, exit_code, task_id
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +52,20 @@ HOST_WAIT_S = 10.0
 #: The signals a caller may send to a task's (or an exec's) process group.
 ALLOWED_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGHUP, signal.SIGQUIT,
                              signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT, signal.SIGTSTP})
+#: How long an exec's output may go on after it ended (what it left running, or a terminal's last bytes).
+EXEC_DRAIN_S = 0.5
 #: A task's environment variables that are the shim's, not the task's.
 SHIM_ONLY_ENV = ("SYNAPSE_SHIM_CGROUPS", "SYNAPSE_TASK_UMASK")
-#: Joins the cgroups named in SYNAPSE_EXEC_CGROUPS (cgroup.procs files, ':'-separated), then runs the rest.
-JOIN_CGROUPS = ('IFS=:; for p in $SYNAPSE_EXEC_CGROUPS; do printf "%s\\n" $$ > "$p" || exit 125; done; '
-                'unset SYNAPSE_EXEC_CGROUPS; unset IFS; exec "$@"')
+#: How an exec runs: it joins the cgroups named in SYNAPSE_EXEC_CGROUPS (cgroup.procs files,
+#: ':'-separated; none: no cgroup), runs the rest, and writes its status to the file SYNAPSE_EXEC_STATUS
+#: names. A file, not the wrapper's wait status: the worker's main loop reaps every child it has
+#: (ProcessRuntime.reap), an exec's too, before the exec's own wait could read it.
+EXEC_WRAPPER = ('status=$SYNAPSE_EXEC_STATUS; '
+                'if [ -n "${SYNAPSE_EXEC_CGROUPS:-}" ]; then IFS=:; for p in $SYNAPSE_EXEC_CGROUPS; do '
+                'printf "%s\\n" $$ > "$p" || { echo "cannot join cgroup ${p%/cgroup.procs}" >&2; '
+                'printf "125\\n" > "$status"; exit 125; }; done; unset IFS; fi; '
+                'unset SYNAPSE_EXEC_CGROUPS SYNAPSE_EXEC_STATUS; "$@"; code=$?; '
+                'printf "%s\\n" "$code" > "$status.tmp" && mv -f "$status.tmp" "$status"; exit "$code"')
 #: The capabilities a task in an image keeps (synapse.worker.sandbox.KEPT_CAPS), by name for setpriv.
 KEPT_CAPS = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
              "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap")
@@ -90,13 +102,9 @@ class AttachService(LogService):
             return
         a, handle = found
         yield api_pb2.AttachOutput(ready=True)
-        feeder = threading.Thread(target=self._task_input, args=(a, handle, request_iterator),
-                                  name="attach-in", daemon=True)
-        feeder.start()
-        if o.window.rows and a.stdin_mode == "pty":
-            threading.Thread(target=self._write_frames, args=(a, [stdio_host.window_frame(o.window.rows,
-                                                                                          o.window.cols)]),
-                             daemon=True).start()
+        first = [api_pb2.AttachInput(window=o.window)] if o.window.rows and a.stdin_mode == "pty" else []
+        threading.Thread(target=self._task_input, args=(a, handle, itertools.chain(first, request_iterator)),
+                         name="attach-in", daemon=True).start()
         offset, ended, quiet_since = max(0, o.offset), False, time.monotonic()
         with open(handle.log_file, "rb") as f:
             while context.is_active():
@@ -130,7 +138,13 @@ class AttachService(LogService):
         return None
 
     def _task_input(self, a: Assignment, handle: Handle, request_iterator) -> None:
-        """(attach-in thread) The caller's stdin, signals and window size, to the task."""
+        """(attach-in thread) The caller's signals to the task at once; its stdin and window size to
+        the task's stdin host, through a writer of their own (a host still starting must not hold
+        up a signal)."""
+        frames_out: queue.Queue[list[bytes] | None] = queue.Queue()
+        if a.stdin_mode:
+            threading.Thread(target=self._frame_writer, args=(a, frames_out), name="attach-stdin",
+                             daemon=True).start()
         try:
             for message in request_iterator:
                 if message.signal:
@@ -146,9 +160,16 @@ class AttachService(LogService):
                 if message.HasField("window") and message.window.rows:
                     frames.append(stdio_host.window_frame(message.window.rows, message.window.cols))
                 if frames and a.stdin_mode:
-                    self._write_frames(a, frames)
+                    frames_out.put(frames)
         except Exception:  # the stream went (a cancel, the worker stopping): the task keeps its stdin
-            return
+            pass
+        finally:
+            frames_out.put(None)
+
+    def _frame_writer(self, a: Assignment, frames_out: queue.Queue) -> None:
+        """(attach-stdin thread) Frames for the task's stdin host, in order, until None."""
+        while (frames := frames_out.get()) is not None:
+            self._write_frames(a, frames)
 
     def _write_frames(self, a: Assignment, frames: list[bytes]) -> None:
         """Write frames into the task's stdin FIFO, once its host reads it (HOST_WAIT_S at most)."""
@@ -182,19 +203,23 @@ class AttachService(LogService):
             argv, env, cwd = self._exec_plan(a, handle, command, o.pty, o.term)
         except OSError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec into the task: {exc}")
+        status_file = self.agent.runtime.work_dir / "tasks" / f"{task_id(a)}.exec-{uuid.uuid4().hex[:12]}"
+        env["SYNAPSE_EXEC_STATUS"] = str(status_file)
         out: queue.Queue = queue.Queue()
         terminal = -1
         try:
             if o.pty:
                 terminal, other = os.openpty()
                 _set_window(terminal, o.window.rows, o.window.cols)
-                proc = subprocess.Popen(argv, stdin=other, stdout=other, stderr=other, env=env, cwd=cwd)
+                proc = subprocess.Popen(argv, stdin=other, stdout=other, stderr=other, env=env, cwd=cwd,
+                                        start_new_session=True)
                 os.close(other)
                 readers = [(terminal, "stdout")]
             else:
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=env, cwd=cwd, start_new_session=True)
                 readers = [(proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr")]  # type: ignore[union-attr]
+            ticks = process_start_ticks(proc.pid)
         except OSError as exc:
             if terminal >= 0:
                 os.close(terminal)
@@ -205,34 +230,40 @@ class AttachService(LogService):
         threading.Thread(target=_exec_input, args=(proc, terminal, request_iterator), name="exec-in",
                          daemon=True).start()
         yield api_pb2.AttachOutput(ready=True)
-        open_streams = len(readers)
+        open_streams, ended_at = len(readers), None
         try:
+            # Output until every stream has ended; a terminal may not say EOF while something the
+            # exec started holds it, so its end is the exec's end and a moment's quiet after it.
             while open_streams and context.is_active():
                 try:
-                    stream, data = out.get(timeout=0.5)
+                    stream, data = out.get(timeout=0.1)
                 except queue.Empty:
-                    if proc.poll() is not None and o.pty:
-                        open_streams = 0  # a terminal whose last holder is gone may not say EOF at once
+                    if ended_at is None and not running(proc.pid, ticks):
+                        ended_at = time.monotonic()
+                    if ended_at is not None and time.monotonic() - ended_at > EXEC_DRAIN_S:
+                        break
                     continue
                 if data is None:
                     open_streams -= 1
                     continue
                 yield api_pb2.AttachOutput(**{stream: data})
-            code = proc.wait(timeout=None if context.is_active() else 0.1)
-            yield api_pb2.AttachOutput(ended=True, exit_code=128 - code if code < 0 else code, has_exit_code=True)
-        except subprocess.TimeoutExpired:
-            pass
+            deadline = time.monotonic() + EXEC_DRAIN_S
+            while running(proc.pid, ticks) and context.is_active() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            code = _status(status_file)
+            if context.is_active() and not running(proc.pid, ticks):
+                yield api_pb2.AttachOutput(ended=True, exit_code=code or 0, has_exit_code=code is not None)
         finally:
-            if proc.poll() is None:  # the caller went: the exec goes with it
+            if running(proc.pid, ticks):  # the caller went: the exec goes with it
                 _killpg(proc.pid, signal.SIGHUP)
-                try:
-                    proc.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    _killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                deadline = time.monotonic() + 2.0
+                while running(proc.pid, ticks) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                _killpg(proc.pid, signal.SIGKILL)
             if terminal >= 0:
                 os.close(terminal)
-            log.info("exec ended task=%s pid=%d code=%s", a.key, proc.pid, proc.returncode)
+            log.info("exec ended task=%s pid=%d code=%s", a.key, proc.pid, _status(status_file))
+            status_file.unlink(missing_ok=True)
 
     def _exec_plan(self, a: Assignment, handle: Handle, command: tuple[str, ...], pty: bool,
                    term: str) -> tuple[list[str], dict[str, str], str]:
@@ -260,8 +291,15 @@ class AttachService(LogService):
             argv = ["setsid", "--ctty", "--", *argv]
         if runtime.cgroups is not None and handle.cgroup:
             env["SYNAPSE_EXEC_CGROUPS"] = ":".join(str(d / "cgroup.procs") for d in runtime.cgroups.dirs(handle.cgroup))
-            argv = ["/bin/sh", "-c", JOIN_CGROUPS, "synapse-exec", *argv]
-        return argv, env, cwd
+        return ["/bin/sh", "-c", EXEC_WRAPPER, "synapse-exec", *argv], env, cwd
+
+
+def _status(path: Path) -> int | None:
+    """An exec's exit status as its wrapper wrote it; None if it did not (it was killed)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -28,9 +28,10 @@ dir, removed once the gate is opened, is how a restarted worker tells a created 
 `find` kills what is left of it) from a started one.
 
 A task's stdin is /dev/null, except rank 0's of a job `synctl run` attaches (Assignment.stdin_mode):
-the shim runs the stdin host (`stdio_host.py`) in place of its command, which feeds the command's
-stdin, or a pseudo-terminal, from a FIFO beside the task's files (`stdin_fifo`) that the attach
-service writes; the host lives in the task's process group, so the stdin outlives the worker.
+the stdin host (`stdio_host.py`) feeds the command's stdin (a pipe from the host, which the shim
+runs beside the command) or pseudo-terminal (the host runs the command on it) from a FIFO beside the
+task's files (`stdin_fifo`) that the attach service writes; the host lives in the task's process
+group, so the stdin outlives the worker.
 
 Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
 (`port_in_use`; why and what follows: synapse.core.rendezvous).
@@ -354,8 +355,13 @@ class ProcessRuntime:
             except OSError:
                 _close(mine, theirs)
                 raise
-            command = [sys.executable, "-I", "-S", "-c", STDIO_HOST_LAUNCH, str(STDIO_HOST.parent), str(fifo),
-                       a.stdin_mode, "--", *command]
+            # A pipe: the shim runs the host and the command as a pipeline; a terminal: the host runs it.
+            if a.stdin_mode == "pipe":
+                command = ["--synapse-stdin", sys.executable, STDIO_HOST_LAUNCH, str(STDIO_HOST.parent), str(fifo),
+                           *command]
+            else:
+                command = [sys.executable, "-I", "-S", "-c", STDIO_HOST_LAUNCH, str(STDIO_HOST.parent), str(fifo),
+                           "pty", "--", *command]
         env = {**os.environ, **task_env(a), "SYNAPSE_PROGRESS_FILE": str(progress_file(exit_file))}
         name = ""
         if self.cgroups is not None:

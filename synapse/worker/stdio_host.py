@@ -1,11 +1,15 @@
 """The stdin host: gives a task started by `synctl run` a stdin that outlives the worker, run by the
-shim in place of the task's command (before the sandbox, for a task in an image).
+shim (before the sandbox, for a task in an image).
 
-    python3 -I -S -c 'import os, sys; sys.path.append(sys.argv[1]); …' DIR FIFO MODE -- CMD [ARGS...]
+    python3 -I -S -c 'import os, sys; sys.path.append(sys.argv[1]); …' DIR FIFO pipe | CMD [ARGS...]
+    python3 -I -S -c 'import os, sys; sys.path.append(sys.argv[1]); …' DIR FIFO pty -- CMD [ARGS...]
 
-MODE `pipe`: the command's stdin is a pipe whose other end the host holds; its stdout and stderr
-are the shim's (the task's log). MODE `pty`: the command runs as the leader of a new session on a
-pseudo-terminal (its controlling terminal), and the host copies the terminal's output to the log.
+`pipe`: the shim runs the host and the command as a pipeline, the host's stdout the command's
+stdin, so the command starts as soon as a plain task's would (not after an interpreter's start: a
+gang's other ranks do not wait for it, nor does a failing one stop it before it ran); the host
+ends once the command's stdin is closed by every reader, or once it has passed on the caller's
+end of input. `pty`: the host forks the command as the leader of a new session on a
+pseudo-terminal (its controlling terminal) and copies the terminal's output to the log.
 
 The worker's attach service (synapse.worker.attach) writes frames into FIFO, a named pipe in the
 task's directory that the worker made before the start: `D` bytes for the command's stdin, `E`
@@ -15,11 +19,12 @@ keeps its stdin, and the next attach writes into the same FIFO. A frame is at mo
 which a pipe writes whole, so frames of two writers never interleave.
 
 Signals: the host sits in the shim's process group and, like the shim, outlives every signal a
-task may be sent (a handler, not an ignore: the command, forked before, gets the default action
-or its own handler). On a pipe the command shares the group, so the worker's signals reach it
-directly; on a pseudo-terminal it has a session of its own, and the host passes each signal on to
-the command's process group. The host ends with the command's status (128+N for signal N), which
-the shim records as the task's. Standard library only: it starts on the task's start path.
+task may be sent (a handler, not an ignore: the command gets the default action or its own
+handler), so an interrupted command that reads on still gets its input. On a pipe the command
+shares the group, so the worker's signals reach it directly; on a pseudo-terminal it has a session
+of its own, and the host passes each signal on to the command's process group and ends with the
+command's status (128+N for signal N), which the shim records as the task's. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -58,33 +63,25 @@ def window_frame(rows: int, cols: int) -> bytes:
     return frames(WINDOW, struct.pack(">HH", max(0, min(rows, 65535)), max(0, min(cols, 65535))))[0]
 
 
-def _spawn(argv: list[str], mode: str) -> tuple[int, int]:
-    """Fork the command; returns (its pid, the host's end of its stdin: a pipe, or the terminal)."""
-    if mode == "pty":
-        master, slave = os.openpty()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(master)
-                os.setsid()
-                fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-                for fd in (0, 1, 2):
-                    os.dup2(slave, fd)
-                if slave > 2:
-                    os.close(slave)
-            except OSError as exc:
-                os.write(2, f"synapse: cannot set up the terminal: {exc}\n".encode())
-                os._exit(125)
-            _exec(argv)
-        os.close(slave)
-        return pid, master
-    read_end, write_end = os.pipe()
+def _spawn(argv: list[str]) -> tuple[int, int]:
+    """Fork the command on a new pseudo-terminal; returns (its pid, the terminal's master side)."""
+    master, slave = os.openpty()
     pid = os.fork()
     if pid == 0:
-        os.dup2(read_end, 0)
+        try:
+            os.close(master)
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(slave, fd)
+            if slave > 2:
+                os.close(slave)
+        except OSError as exc:
+            os.write(2, f"synapse: cannot set up the terminal: {exc}\n".encode())
+            os._exit(125)
         _exec(argv)
-    os.close(read_end)
-    return pid, write_end
+    os.close(slave)
+    return pid, master
 
 
 def _exec(argv: list[str]) -> None:
@@ -97,7 +94,8 @@ def _exec(argv: list[str]) -> None:
 
 
 class Host:
-    """The copy loop: frames from the FIFO to the command, the terminal's output to the log."""
+    """The copy loop: frames from the FIFO to the command, the terminal's output to the log. On a
+    pipe (`pid` 0) the command is not the host's child: `sink` is the pipe to it."""
 
     def __init__(self, fifo: str, mode: str, pid: int, sink: int) -> None:
         self.mode, self.pid, self.sink = mode, pid, sink
@@ -119,15 +117,15 @@ class Host:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         status = None
-        while status is None:
+        while status is None and (self.pid or self.sink >= 0):
             poller = select.poll()
             poller.register(wake_r, select.POLLIN)
             if len(self.pending) < MAX_PENDING:
                 poller.register(self.fifo, select.POLLIN)
             if self.terminal >= 0 and not self.hung_up:
                 poller.register(self.terminal, select.POLLIN | (select.POLLOUT if self.pending else 0))
-            elif self.sink >= 0 and self.pending:
-                poller.register(self.sink, select.POLLOUT)
+            elif self.sink >= 0:  # POLLERR once the command's stdin has no reader left
+                poller.register(self.sink, select.POLLOUT if self.pending else 0)
             for fd, events in poller.poll(1000):
                 if fd == wake_r:
                     _drain(wake_r)
@@ -135,13 +133,16 @@ class Host:
                     self._read_fifo()
                 elif fd == self.terminal and events & (select.POLLIN | select.POLLHUP | select.POLLERR):
                     self._copy_out()
-                if fd == self.sink and events & select.POLLOUT:
+                if fd == self.sink and self.terminal < 0 and events & (select.POLLERR | select.POLLHUP):
+                    os.close(self.sink)
+                    self.sink = -1
+                elif fd == self.sink and events & select.POLLOUT:
                     self._feed()
-            status = _reaped(self.pid)
+            status = _reaped(self.pid) if self.pid else None
         if self.terminal >= 0:
             while self._copy_out():
                 pass
-        return status
+        return status or 0
 
     def _read_fifo(self) -> None:
         try:
@@ -232,8 +233,19 @@ def _reaped(pid: int) -> int | None:
     return 128 - code if code < 0 else code
 
 
+def _wait(pid: int) -> int:
+    """The command's exit status once it has ended (blocking)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 125
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 def _outlive_signals(mode: str, child: list[int]) -> None:
-    """Survive every task signal; on a terminal, pass it on to the command's process group."""
+    """Survive every task signal; on a terminal, pass it on to the command's process group. (On a
+    pipe the shim starts the host with them ignored already, and this changes nothing that matters.)"""
     def forward(signum, frame) -> None:
         if mode == "pty" and child:
             try:
@@ -247,34 +259,24 @@ def _outlive_signals(mode: str, child: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the command after `--` with its stdin (or terminal) fed from the FIFO; its exit status."""
-    if len(argv) < 4 or argv[2] != "--" or argv[1] not in ("pipe", "pty"):
-        os.write(2, b"usage: stdio_host FIFO pipe|pty -- CMD [ARGS...]\n")
+    """Feed the command's stdin (`pipe`: the host's stdout) or terminal (`pty`: the command after
+    `--`) from the FIFO; the command's exit status (`pty`), or 0."""
+    mode = argv[1] if len(argv) > 1 else ""
+    if mode not in ("pipe", "pty") or (mode == "pty" and (len(argv) < 4 or argv[2] != "--")):
+        os.write(2, b"usage: stdio_host FIFO pipe | stdio_host FIFO pty -- CMD [ARGS...]\n")
         return 125
-    fifo, mode, command = argv[0], argv[1], argv[3:]
+    fifo = argv[0]
     child: list[int] = []
     _outlive_signals(mode, child)  # before the fork: a signal in between must not end the host
-    pid, sink = _spawn(command, mode)
-    child.append(pid)
+    pid, sink = _spawn(argv[3:]) if mode == "pty" else (0, 1)
+    if pid:
+        child.append(pid)
     try:
         host = Host(fifo, mode, pid, sink)
     except OSError as exc:  # no FIFO: the command runs on, its stdin never written
         os.write(2, f"synapse: stdin not attached: {exc}\n".encode())
-        while (status := _reaped_blocking(pid)) is None:
-            pass
-        return status
+        return _wait(pid) if pid else 0
     return host.run()
-
-
-def _reaped_blocking(pid: int) -> int | None:
-    try:
-        _, status = os.waitpid(pid, 0)
-    except InterruptedError:
-        return None
-    except ChildProcessError:
-        return 125
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

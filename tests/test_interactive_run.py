@@ -1,0 +1,217 @@
+"""`synctl run` and `synctl exec` as a user types them: real synctl processes against a 3-master TLS
+cluster with 2 workers running real tasks (a pseudo-terminal from Python's pty module where a
+terminal is needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from synapse.client.cli.main import main
+
+pytestmark = pytest.mark.slow
+
+SYNCTL = [sys.executable, "-m", "synapse.client.cli"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from tests.conftest import LocalCluster
+
+    c = LocalCluster(tmp_path_factory.mktemp("interactive"), 3, 2, 1, 8)
+    yield c
+    c.stop()
+
+
+def synctl(cluster, *args, token=None, **kw):
+    env = {**os.environ, **cluster.env, **({"SYNAPSE_TOKEN": token} if token else {})}
+    return subprocess.run([*SYNCTL, *args], env=env, capture_output=True, timeout=60, **kw)
+
+
+def synctl_bg(cluster, *args, **kw):
+    return subprocess.Popen([*SYNCTL, *args], env={**os.environ, **cluster.env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **kw)
+
+
+def job_json(cluster, job_id):
+    out = CliRunner().invoke(main, ["describe", "job", job_id, "-o", "json"], env=cluster.env,
+                             catch_exceptions=False)
+    return json.loads(out.output)
+
+
+def running_job(cluster, name):
+    """The id of the RUNNING job named `name` once there is one."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        out = CliRunner().invoke(main, ["get", "jobs", "-o", "json"], env=cluster.env, catch_exceptions=False)
+        for job in json.loads(out.output):
+            if job["name"] == name and job["status"] == "RUNNING":
+                return job["id"]
+        time.sleep(0.1)
+    raise AssertionError(f"no running job {name}")
+
+
+def test_run_prints_every_ranks_lines_and_exits_with_the_worst_ranks_code(cluster):
+    done = synctl(cluster, "run", "--tasks", "2", "--gpu", "8", "--", "sh", "-c", "echo $RANK; exit 3",
+                  stdin=subprocess.DEVNULL)
+    out = done.stdout.decode()
+    assert done.returncode == 3, (out, done.stderr.decode())
+    assert sorted(out.splitlines()) == ["[rank 0] 0", "[rank 1] 1"]
+
+
+def test_run_of_one_rank_is_unlabelled_and_its_status_is_the_tasks(cluster):
+    done = synctl(cluster, "run", "--", "sh", "-c", "echo out; echo err >&2; exit 0", stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr.decode()
+    assert sorted(done.stdout.decode().splitlines()) == ["err", "out"]  # the task's log holds both
+    label = synctl(cluster, "run", "--label", "--", "sh", "-c", "kill -TERM $$", stdin=subprocess.DEVNULL)
+    assert label.returncode == 128 + signal.SIGTERM, label.stderr.decode()
+
+
+def test_run_feeds_its_stdin_to_rank_0_only(cluster):
+    done = synctl(cluster, "run", "--tasks", "2", "--", "sh", "-c", 'read line; echo "$RANK got $line"',
+                  input=b"hello\n")
+    lines = sorted(done.stdout.decode().splitlines())
+    assert lines == ["[rank 0] 0 got hello", "[rank 1] 1 got "], done.stderr.decode()
+    assert done.returncode == 0
+
+
+def test_ctrl_c_reaches_every_rank_and_twice_cancels(cluster):
+    script = "trap 'echo interrupted $RANK; exit 0' INT; echo ready $RANK; while :; do sleep 0.1; done"
+    proc = synctl_bg(cluster, "run", "--name", "ctrlc", "--tasks", "2", "--", "sh", "-c", script,
+                     stdin=subprocess.DEVNULL)
+    _wait_for(proc.stdout, b"ready", count=2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert sorted(line for line in out.decode().splitlines() if "interrupted" in line) == [
+        "[rank 0] interrupted 0", "[rank 1] interrupted 1"]
+
+    plain = synctl_bg(cluster, "run", "--name", "plain", "--", "sh", "-c", "echo ready; exec sleep 60",
+                      stdin=subprocess.DEVNULL)
+    _wait_for(plain.stdout, b"ready")
+    plain.send_signal(signal.SIGINT)
+    plain.communicate(timeout=60)
+    assert plain.returncode == 128 + signal.SIGINT
+
+    stubborn = synctl_bg(cluster, "run", "--name", "stubborn", "--", "sh", "-c",
+                         "trap '' INT; echo ready; while :; do sleep 0.1; done", stdin=subprocess.DEVNULL)
+    _wait_for(stubborn.stdout, b"ready")
+    stubborn.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    stubborn.send_signal(signal.SIGINT)
+    _, err = stubborn.communicate(timeout=60)
+    assert stubborn.returncode != 0 and b"cancelling job" in err, err.decode()
+
+
+def test_run_pty_gives_rank_0_a_terminal_and_returns_the_shells_status(cluster):
+    import fcntl
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: synctl on the pseudo-terminal's other side, 33 rows by 101 columns
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+        os.environ.update(cluster.env)
+        os.execv(sys.executable, [*SYNCTL, "run", "--pty", "--gpu", "1", "--", "sh"])
+    try:
+        seen = _read_until(fd, pid, b"# ")  # the shell's prompt
+        os.write(fd, b"test -t 0 && echo IS-A-TTY; stty size\n")
+        seen += _read_until(fd, pid, b"33 101")
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # synctl gets SIGWINCH
+        time.sleep(0.5)
+        os.write(fd, b"stty size; exit 5\n")
+        seen += _read_until_exit(fd, pid)
+        status = _status
+    finally:
+        os.close(fd)
+    assert b"IS-A-TTY" in seen, seen
+    assert b"40 120" in seen, seen
+    assert status == 5, seen
+
+
+def _read_until(fd, pid, marker: bytes, timeout=60.0) -> bytes:
+    seen, deadline = b"", time.monotonic() + timeout
+    while marker not in seen:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"no {marker!r} in {seen!r}")
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            seen += os.read(fd, 4096)
+    return seen
+
+
+_status = -1
+
+
+def _read_until_exit(fd, pid, timeout=60.0) -> bytes:
+    global _status
+    seen, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                data = b""
+            seen += data
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            _status = os.waitstatus_to_exitcode(status)
+            return seen
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"synctl run --pty did not end: {seen!r}")
+
+
+def _wait_for(stream, marker: bytes, count: int = 1, timeout: float = 60.0) -> bytes:
+    seen, deadline = b"", time.monotonic() + timeout
+    fd = stream.fileno()
+    while seen.count(marker) < count:
+        assert time.monotonic() < deadline, f"no {marker!r} in {seen!r}"
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            seen += os.read(fd, 4096)
+    return seen
+
+
+def test_exec_runs_in_a_running_task_and_is_recorded(cluster):
+    sleeper = synctl_bg(cluster, "run", "--name", "sleeper", "--env", "FOO=bar", "--", "sh", "-c",
+                        "echo started; sleep 60", stdin=subprocess.DEVNULL)
+    try:
+        job_id = running_job(cluster, "sleeper")
+        done = synctl(cluster, "exec", job_id, "--", "sh", "-c", 'echo "$FOO $SYNAPSE_JOB_ID $(pwd)"; exit 4')
+        assert done.returncode == 4, done.stderr.decode()
+        foo, job, cwd = done.stdout.decode().split()
+        assert (foo, job) == ("bar", job_id) and cwd.endswith("attempt-1")
+        fed = synctl(cluster, "exec", job_id, "--", "cat", input=b"through stdin\n")
+        assert fed.stdout == b"through stdin\n" and fed.returncode == 0, fed.stderr.decode()
+        events = [e for e in job_json(cluster, job_id)["events"] if e["kind"] == "Exec"]
+        assert len(events) == 2 and "ran in task 0: sh -c" in events[0]["message"], events
+    finally:
+        sleeper.send_signal(signal.SIGINT)
+        sleeper.send_signal(signal.SIGINT)
+        sleeper.communicate(timeout=60)
+
+
+def test_exec_is_refused_to_another_user(cluster):
+    out = CliRunner().invoke(main, ["user", "add", "mallory", "-o", "json"], env=cluster.env, catch_exceptions=False)
+    mallory = json.loads(out.output)["token"]
+    sleeper = synctl_bg(cluster, "run", "--name", "victim", "--", "sleep", "60", stdin=subprocess.DEVNULL)
+    try:
+        job_id = running_job(cluster, "victim")
+        done = synctl(cluster, "exec", job_id, "--", "true", token=mallory)
+        assert done.returncode != 0 and b"permission denied" in done.stderr, done.stderr.decode()
+        assert not [e for e in job_json(cluster, job_id)["events"] if e["kind"] == "Exec"]
+    finally:
+        sleeper.send_signal(signal.SIGINT)
+        sleeper.send_signal(signal.SIGINT)
+        sleeper.communicate(timeout=60)
