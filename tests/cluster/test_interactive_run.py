@@ -25,7 +25,7 @@ SYNCTL = [sys.executable, "-m", "synapse.client.cli"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tests.conftest import LocalCluster
+    from tests.support.cluster import LocalCluster
 
     c = LocalCluster(tmp_path_factory.mktemp("interactive"), 3, 2, 1, 8)
     yield c
