@@ -11,7 +11,7 @@ fresh ticket, until the task has ended; how each task ended comes from the maste
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -121,7 +121,9 @@ class TaskStream:
         self.connect = connect  #: a channel to the task's worker and a fresh ticket
         self.output = output
         self.gone = gone  #: True once the masters say the task's attempt is over (stop retrying)
-        self.inputs: queue.Queue[api_pb2.AttachInput | None] = queue.Queue()
+        #: input not yet handed to a stream (None: the end of input); guarded by `_more`
+        self.inputs: collections.deque[api_pb2.AttachInput | None] = collections.deque()
+        self._more = threading.Condition()
         self.ready = threading.Event()  #: the worker found the task (input now reaches it)
         self.done = threading.Event()
         self.exit_code: int | None = None  #: as the worker read it, if it could
@@ -129,18 +131,27 @@ class TaskStream:
         self.thread = threading.Thread(target=self._run, name=f"attach-{open_message.index}", daemon=True)
 
     def send(self, message: api_pb2.AttachInput) -> None:
-        self.inputs.put(message)
+        with self._more:
+            self.inputs.append(message)
+            self._more.notify_all()
 
     def close_input(self) -> None:
-        self.inputs.put(None)
+        with self._more:
+            self.inputs.append(None)
+            self._more.notify_all()
 
-    def _requests(self, first: api_pb2.AttachInput, stop: threading.Event) -> Iterator[api_pb2.AttachInput]:
+    def _requests(self, first: api_pb2.AttachInput, stop: threading.Event,
+                  ready: threading.Event) -> Iterator[api_pb2.AttachInput]:
+        """The stream's messages: the open, then input once the worker is ready for it. Input is
+        taken only by a stream that is ready and not broken (a stream being opened to a worker that
+        is not there yet must not swallow it); what is typed at the moment a worker dies may be lost."""
         yield first
         while not stop.is_set():
-            try:
-                message = self.inputs.get(timeout=0.2)
-            except queue.Empty:
-                continue
+            with self._more:
+                if not (ready.is_set() and self.inputs):
+                    self._more.wait(0.1)
+                    continue
+                message = self.inputs.popleft()
             if message is None:
                 return
             yield message
@@ -161,6 +172,11 @@ class TaskStream:
                         self.error = exc.details() or code.name  # type: ignore[attr-defined]
                         return
                     time.sleep(RETRY_S)
+                except Exception as exc:  # the masters did not give a new ticket (yet): a failover, say
+                    if time.monotonic() > given_up_at or self.gone():
+                        self.error = str(exc)
+                        return
+                    time.sleep(RETRY_S)
         finally:
             self.output.flush(self.open.index)
             self.done.set()
@@ -168,12 +184,16 @@ class TaskStream:
     def _once(self) -> None:
         channel, ticket = self.connect()
         self.open.ticket = ticket
-        stop = threading.Event()
+        stop, ready = threading.Event(), threading.Event()
         try:
-            replies = api_pb2_grpc.WorkerStub(channel).Attach(self._requests(api_pb2.AttachInput(open=self.open), stop))
+            replies = api_pb2_grpc.WorkerStub(channel).Attach(
+                self._requests(api_pb2.AttachInput(open=self.open), stop, ready))
             for reply in replies:
                 if reply.ready:
+                    ready.set()
                     self.ready.set()
+                    with self._more:
+                        self._more.notify_all()
                 if reply.stdout:
                     self.output.write(self.open.index, "stdout", reply.stdout)
                 if reply.stderr:
@@ -185,4 +205,6 @@ class TaskStream:
                     return
         finally:
             stop.set()
+            with self._more:
+                self._more.notify_all()
             channel.close()

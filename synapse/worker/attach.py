@@ -97,15 +97,21 @@ class AttachService(LogService):
 
     def _attach(self, key, o, request_iterator, context):
         found = self._wait_for_task(key, context)
-        if found is None:
-            yield api_pb2.AttachOutput(ended=True)  # ended before, or never here: the masters know how
-            return
-        a, handle = found
-        yield api_pb2.AttachOutput(ready=True)
-        first = [api_pb2.AttachInput(window=o.window)] if o.window.rows and a.stdin_mode == "pty" else []
-        threading.Thread(target=self._task_input, args=(a, handle, itertools.chain(first, request_iterator)),
-                         name="attach-in", daemon=True).start()
-        offset, ended, quiet_since = max(0, o.offset), False, time.monotonic()
+        runtime = self.agent.runtime
+        if found is None:  # ended before: its output and status as they were left; or never here
+            log_file = runtime.log_path(*key)
+            exit_file = runtime.work_dir / "tasks" / f"{key[0]}.{key[1]}.{key[2]}.exit"
+            if not log_file.exists():
+                yield api_pb2.AttachOutput(ended=True)  # the masters know how it ended
+                return
+            handle = Handle(0, 0, str(exit_file), str(log_file))
+        else:
+            a, handle = found
+            yield api_pb2.AttachOutput(ready=True)
+            first = [api_pb2.AttachInput(window=o.window)] if o.window.rows and a.stdin_mode == "pty" else []
+            threading.Thread(target=self._task_input, args=(a, handle, itertools.chain(first, request_iterator)),
+                             name="attach-in", daemon=True).start()
+        offset, ended, quiet_since = max(0, o.offset), found is None, time.monotonic()
         with open(handle.log_file, "rb") as f:
             while context.is_active():
                 f.seek(offset)

@@ -27,7 +27,9 @@ SYNCTL = [sys.executable, "-m", "synapse.client.cli"]
 def cluster(tmp_path_factory):
     from tests.support.cluster import LocalCluster
 
-    c = LocalCluster(tmp_path_factory.mktemp("interactive"), 3, 2, 1, 8)
+    # A lease of 6.4 s: a worker's restart under a running task must come within it (see
+    # test_gang_execution's agent-crash test).
+    c = LocalCluster(tmp_path_factory.mktemp("interactive"), 3, 2, 1, 8, heartbeat_timeout=8.0)
     yield c
     c.stop()
 
@@ -82,6 +84,23 @@ def test_run_feeds_its_stdin_to_rank_0_only(cluster):
     lines = sorted(done.stdout.decode().splitlines())
     assert lines == ["[rank 0] 0 got hello", "[rank 1] 1 got "], done.stderr.decode()
     assert done.returncode == 0
+
+
+def test_stdin_and_the_stream_outlive_a_worker_restart(cluster):
+    proc = subprocess.Popen([*SYNCTL, "run", "--name", "restarted", "--", "sh", "-c",
+                             "read a; echo got $a; read b; echo got $b"], env={**os.environ, **cluster.env},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    job_id = running_job(cluster, "restarted")
+    proc.stdin.write(b"one\n")
+    proc.stdin.flush()
+    _wait_for(proc.stdout, b"got one")
+    node = job_json(cluster, job_id)["tasks"][0]["node"]
+    cluster.kill_worker(node, with_tasks=False)
+    cluster.restart_worker(node)
+    proc.stdin.write(b"two\n")
+    proc.stdin.close()
+    _wait_for(proc.stdout, b"got two")
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
 
 
 def test_ctrl_c_reaches_every_rank_and_twice_cancels(cluster):

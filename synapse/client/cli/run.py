@@ -156,14 +156,19 @@ def _attach_attempt(obj: Context, job_id: str, access: api_pb2.AttachAccessReply
     rows, cols = _window()
 
     def connect(index: int) -> Callable[[], tuple[grpc.Channel, str]]:
+        opened = [False]
+
         def fresh() -> tuple[grpc.Channel, str]:
+            """The first time, the ticket in hand; after a break, a new one and the worker's address
+            as the masters know it now (a worker restarted may listen elsewhere)."""
             ticket = tickets[index]
-            if time.time() > access.expires_at - 30:  # a reopening after long: a new ticket
+            if opened[0]:
                 renewed = obj.client.call("AttachAccess", api_pb2.AttachAccessRequest(job_id=job_id))
                 if renewed.attempt != access.attempt:
                     attempt_over.set()
                 else:
                     ticket = {t.index: t for t in renewed.tickets}[index]
+            opened[0] = True
             return worker_channel(obj.tls, ticket.address, ticket.node_id), ticket.ticket
         return fresh
 
