@@ -10,9 +10,9 @@ process group as the worker's own stops do. Everything lives in the task's files
 so a worker restart loses nothing but the stream, and the caller attaches again.
 
 Exec: the command runs in the task's cgroup with the task's environment and working directory;
-for a task in an image, inside its namespaces (`nsenter` by the task's pid: its root, mounts,
-pids, ipc, hostname, and its user namespace if it has one) with the task's capability bounding
-set and no_new_privs (`setpriv`), never with the worker's own privileges. It is the caller's:
+for a task in an image, inside its namespaces (synapse.worker.sandbox.enter, by the task's pid: its
+root, mounts, pids, ipc, hostname, and its user namespace if it has one) as the task's user, with
+the task's capability bounding set and no_new_privs, never with the worker's own privileges. It is the caller's:
 it ends when the stream does.
 """
 
@@ -26,6 +26,7 @@ import queue
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -39,7 +40,7 @@ from synapse.proto import api_pb2
 from synapse.worker import stdio_host
 from synapse.worker.fence import process_start_ticks, running
 from synapse.worker.logs import LogService, Served, authorize
-from synapse.worker.runtime import Handle, alive, exit_code, task_id
+from synapse.worker.runtime import SANDBOX, Handle, alive, exit_code, task_id
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,8 @@ EXEC_WRAPPER = ('status=$SYNAPSE_EXEC_STATUS; '
                 'printf "125\\n" > "$status"; exit 125; }; done; unset IFS; fi; '
                 'unset SYNAPSE_EXEC_CGROUPS SYNAPSE_EXEC_STATUS; "$@"; code=$?; '
                 'printf "%s\\n" "$code" > "$status.tmp" && mv -f "$status.tmp" "$status"; exit "$code"')
-#: The capabilities a task in an image keeps (synapse.worker.sandbox.KEPT_CAPS), by name for setpriv.
-KEPT_CAPS = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
-             "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap")
+#: How an exec enters a task in an image: the sandbox's `enter`, started as the sandbox is.
+SANDBOX_ENTER = "import os, sys; sys.path.append(sys.argv[1]); import sandbox; os._exit(sandbox.enter(sys.argv[2:]))"
 
 
 class AttachService(LogService):
@@ -285,13 +285,8 @@ class AttachService(LogService):
             target = _contained_process(handle.pid)
             if target is None:
                 raise OSError(errno.ESRCH, "the task's sandbox has no running process")
-            env = _environ(target)
-            cwd = "/"
-            enter = ["nsenter", "-t", str(target), "-m", "-u", "-i", "-p", "-r", "-w"]
-            if _namespace(target, "user") != _namespace(os.getpid(), "user"):
-                enter += ["-U", "--preserve-credentials"]
-            caps = ",".join(f"+{cap}" for cap in KEPT_CAPS)
-            argv = [*enter, "--", "setpriv", "--no-new-privs", f"--bounding-set=-all,{caps}", "--", *argv]
+            env, cwd = _environ(target), "/"
+            argv = [sys.executable, "-I", "-S", "-c", SANDBOX_ENTER, str(SANDBOX.parent), str(target), "--", *argv]
         if pty:
             env["TERM"] = term or env.get("TERM", "xterm")
             argv = ["setsid", "--ctty", "--", *argv]

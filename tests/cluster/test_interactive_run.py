@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from synapse.client.cli.main import main
+from tests.support.images import busybox_root, needs_root_fs
 
 pytestmark = pytest.mark.slow
 
@@ -219,6 +220,25 @@ def test_exec_runs_in_a_running_task_and_is_recorded(cluster):
         sleeper.send_signal(signal.SIGINT)
         sleeper.send_signal(signal.SIGINT)
         sleeper.communicate(timeout=60)
+
+
+@needs_root_fs
+def test_exec_into_a_task_in_an_image_sees_the_image_and_its_namespaces(cluster, tmp_path):
+    root = busybox_root(tmp_path / "root", release="exec-test 1")
+    boxed = synctl_bg(cluster, "run", "--name", "boxed", "--image", f"dir:{root}", "--", "sh", "-c",
+                      "echo started; exec sleep 60", stdin=subprocess.DEVNULL)
+    try:
+        job_id = running_job(cluster, "boxed")
+        _wait_for(boxed.stdout, b"started")
+        done = synctl(cluster, "exec", job_id, "--", "sh", "-c",
+                      "cat /etc/os-release; cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $SYNAPSE_JOB_ID")
+        assert done.returncode == 0, done.stderr.decode()
+        release, init, job = done.stdout.decode().splitlines()
+        assert release == "NAME=exec-test 1" and job == job_id
+        assert "sandbox" in init or "python" in init, init  # pid 1 is the task's sandbox, not the machine's init
+    finally:
+        boxed.send_signal(signal.SIGINT)
+        boxed.communicate(timeout=60)
 
 
 def test_exec_is_refused_to_another_user(cluster):

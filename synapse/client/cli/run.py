@@ -61,7 +61,7 @@ def start(obj: Context, spec: JobSpec, secrets: dict[str, str] | None = None) ->
 
 
 @click.command("run", cls=AfterDashes)
-@click.argument("command", nargs=-1)
+@click.argument("command", nargs=-1, metavar="-- CMD [ARGS]...")
 @job_flags
 @click.option("--pty", is_flag=True, help="give rank 0 a pseudo-terminal (a shell: `run --pty -- bash`)")
 @click.option("--label/--no-label", default=None,
@@ -88,7 +88,7 @@ def run_job(obj: Context, command: tuple[str, ...], pty: bool, label: bool | Non
 
 @click.command("exec", cls=AfterDashes)
 @click.argument("job_id")
-@click.argument("command", nargs=-1)
+@click.argument("command", nargs=-1, metavar="-- CMD [ARGS]...")
 @click.option("--task", "index", type=int, default=0, show_default=True, help="the task (index) to run in")
 @click.option("--pty", is_flag=True, help="on a pseudo-terminal (a shell: `exec JOB --pty -- bash`)")
 @click.pass_obj
