@@ -25,7 +25,7 @@
 # With --synapse-stdin (rank 0 of a job `synctl run` attaches), the command's stdin is a pipe from
 # the stdin host (stdio_host.py, run as PYTHON -I -S -c LAUNCH DIR FIFO pipe), which feeds it what the
 # worker writes into FIFO; the two run as a pipeline, so the command starts without waiting for the
-# host's interpreter, and the status is the command's.
+# host's interpreter (nor ends waiting for it), and the status is the command's.
 #
 # The shim's own files are private (the worker's umask, 077); the task runs with the umask the
 # worker was started with (SYNAPSE_TASK_UMASK): its files are its owner's business.
@@ -63,9 +63,11 @@ trap 'true' TERM INT HUP QUIT USR1 USR2 ALRM URG WINCH XCPU XFSZ VTALRM PROF
 [ -z "$task_umask" ] || umask "$task_umask"
 if [ -n "$feed" ]; then
     # The host ignores the task's signals from its first instruction (a stop or Ctrl-C while its
-    # interpreter starts would end it, and the pipeline would report it); it ends with the stdin.
+    # interpreter starts would end it). It runs in the background of the pipeline's first half, so
+    # the task's end waits for neither its start nor its end: it ends by itself once the command's
+    # stdin has no reader left (or with the task's cgroup, or the group's SIGKILL).
     { trap '' TERM INT HUP QUIT USR1 USR2 ALRM URG WINCH XCPU XFSZ VTALRM PROF
-      exec "$feed_python" -I -S -c "$feed_launch" "$feed_dir" "$feed_fifo" pipe; } | "$@"
+      "$feed_python" -I -S -c "$feed_launch" "$feed_dir" "$feed_fifo" pipe & } | "$@"
 else
     "$@"
 fi

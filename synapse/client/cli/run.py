@@ -120,11 +120,12 @@ def attach(obj: Context, job_id: str, label: bool | None = None, pty: bool = Fal
     (lines labelled `[rank N] ` when `label`, by default when it has more than one), the caller's
     stdin to rank 0, Ctrl-C as SIGINT to every rank (twice within a second: the job is cancelled),
     the terminal's size to rank 0 (`pty`). A job that requeues is attached to again."""
-    attempt = 0
+    attempt, info = 0, None
     with _Terminal(pty and sys.stdin.isatty()):
         while True:
             access = _placed(obj, job_id, after=attempt)
             if access is None:  # ended without (another) attempt that ran
+                info = None
                 break
             attempt = access.attempt
             _attach_attempt(obj, job_id, access, label, pty)
@@ -133,7 +134,8 @@ def attach(obj: Context, job_id: str, label: bool | None = None, pty: bool = Fal
                 click.echo(f"synctl: job {job_id} restarts (attempt {info.attempt})", err=True)
                 continue
             break
-    info = run(lambda: obj.client.get_job(job_id))
+    if info is None:
+        info = run(lambda: obj.client.get_job(job_id))
     tasks = [t for t in info.tasks if t.attempt == attempt] if attempt else []
     if not tasks:
         click.echo(f"synctl: job {job_id} ended {info.status} without running: {info.message or info.waiting}",
