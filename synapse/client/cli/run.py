@@ -44,9 +44,12 @@ EXIT_NOT_STARTED = 1
 
 
 def interactive(spec: JobSpec) -> JobSpec:
-    """The spec marked as an interactive job (`run --pty`): the seam for the interactive field of
-    issue 46's job rules (a required maximum duration, idle culling, no preemption within the
-    queue's guarantee), which the spec does not have yet; until then the spec is unchanged."""
+    """The spec marked as an interactive job (`run --pty`: a person at a terminal), which the
+    interactive job rules then bound (a maximum duration, no preemption within the queue's
+    guarantee). The spec's `interactive` field comes with those rules; a spec without it is left
+    as it is."""
+    if "interactive" in {f.name for f in dataclasses.fields(spec)}:
+        return dataclasses.replace(spec, interactive=True)  # type: ignore[call-arg]
     return spec
 
 
