@@ -86,7 +86,7 @@ def run_job(obj: Context, command: tuple[str, ...], pty: bool, label: bool | Non
     spec = dataclasses.replace(spec, env=tuple(sorted(env.items())))
     if pty:
         spec = interactive(spec)
-    sys.exit(attach(obj, start(obj, spec), label=label, pty=pty))
+    _exit(attach(obj, start(obj, spec), label=label, pty=pty))
 
 
 @click.command("exec", cls=AfterDashes)
@@ -115,7 +115,7 @@ def exec_in(obj: Context, job_id: str, command: tuple[str, ...], index: int, pty
         _drive([stream], stream, pty, on_kill=lambda: stream.send(api_pb2.AttachInput(signal=signal.SIGKILL)))
     if stream.exit_code is None:
         fail(f"exec in task {index} of job {job_id}: {stream.error or 'the worker did not say how it ended'}", 1)
-    sys.exit(stream.exit_code)
+    _exit(stream.exit_code)
 
 
 def attach(obj: Context, job_id: str, label: bool | None = None, pty: bool = False) -> int:
@@ -289,6 +289,15 @@ def _ended(obj: Context, job_id: str, attempt: int) -> api_pb2.JobInfo:
             return info
         time.sleep(pause)
         pause = min(pause * 2, MAX_POLL_S)
+
+
+def _exit(code: int) -> None:
+    """Exit with `code` once the output is out, skipping the interpreter's teardown: gRPC's (its
+    channels closed, its threads joined) took 0.2-0.45 s after the command was done, on a loaded
+    machine, and a foreground command's caller waits for every bit of it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _window() -> tuple[int, int]:
