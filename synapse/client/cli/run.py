@@ -27,7 +27,7 @@ from synapse.client.cli.session import AfterDashes, Context, fail, run
 from synapse.client.cli.submit import flags_spec, job_flags
 from synapse.client.master_client import ClientError, new_request_id
 from synapse.core import codec
-from synapse.core.jobspec import JobFileError
+from synapse.core.jobs.jobspec import JobFileError
 from synapse.core.model import STDIN_ENV, JobSpec
 from synapse.proto import api_pb2
 
