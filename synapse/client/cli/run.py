@@ -23,6 +23,8 @@ import click
 import grpc
 
 from synapse.client.attach import Output, TaskStream, exit_status, worker_channel
+from synapse.client.cli.exits import EXIT_INTERRUPTED
+from synapse.client.cli.jobs import NEVER_STARTS
 from synapse.client.cli.session import AfterDashes, Context, fail, run
 from synapse.client.cli.submit import flags_spec, job_flags
 from synapse.client.master_client import ClientError, new_request_id
@@ -41,6 +43,10 @@ END_WAIT_S = 30.0
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 #: Ways a job ends without its tasks having run: the exit status `run` gives then.
 EXIT_NOT_STARTED = 1
+
+
+class NeverStarts(Exception):
+    """The job waits for what will never come (no domain could hold it even idle): why."""
 
 
 def interactive(spec: JobSpec) -> JobSpec:
@@ -86,7 +92,16 @@ def run_job(obj: Context, command: tuple[str, ...], pty: bool, label: bool | Non
     spec = dataclasses.replace(spec, env=tuple(sorted(env.items())))
     if pty:
         spec = interactive(spec)
-    _exit(attach(obj, start(obj, spec), label=label, pty=pty))
+    job_id = start(obj, spec)
+    try:
+        code = attach(obj, job_id, label=label, pty=pty)
+    except KeyboardInterrupt:  # before it started (attached, Ctrl-C goes to the tasks): srun cancels too
+        obj.client.cancel(job_id, "synctl run: interrupted before it started")
+        fail(f"interrupted; job {job_id} cancelled", EXIT_INTERRUPTED)
+    except NeverStarts as never:
+        obj.client.cancel(job_id, "synctl run: it can never start")
+        fail(f"job {job_id} can never start: {never} (cancelled)", 2)
+    _exit(code)
 
 
 @click.command("exec", cls=AfterDashes)
@@ -253,7 +268,7 @@ def _forward_stdin(to: TaskStream) -> None:
 
 def _placed(obj: Context, job_id: str, after: int) -> api_pb2.AttachAccessReply | None:
     """Attach tickets for the job's first attempt later than `after` once it is placed; None if the
-    job ends first. Says once on stderr why it waits."""
+    job ends first; NeverStarts if it waits for what never comes. Says once on stderr why it waits."""
     pause, told, asked_at = FIRST_POLL_S, False, time.monotonic()
 
     def ask() -> api_pb2.AttachAccessReply | None:
@@ -272,6 +287,8 @@ def _placed(obj: Context, job_id: str, after: int) -> api_pb2.AttachAccessReply 
             info = run(lambda: obj.client.get_job(job_id))
             if info.status in TERMINAL:
                 return None
+            if info.waiting_code in NEVER_STARTS:
+                raise NeverStarts(info.waiting)
             if not told and info.status == "PENDING":
                 click.echo(f"synctl: job {job_id} waits: {info.waiting or 'queued'}", err=True)
                 told = True
