@@ -24,7 +24,6 @@ import grpc
 
 from synapse.client.attach import Output, TaskStream, exit_status, worker_channel
 from synapse.client.cli.exits import EXIT_INTERRUPTED
-from synapse.client.cli.jobs import NEVER_STARTS
 from synapse.client.cli.session import AfterDashes, Context, fail, run
 from synapse.client.cli.submit import flags_spec, job_flags
 from synapse.client.master_client import ClientError, new_request_id
@@ -287,6 +286,7 @@ def _placed(obj: Context, job_id: str, after: int) -> api_pb2.AttachAccessReply 
             info = run(lambda: obj.client.get_job(job_id))
             if info.status in TERMINAL:
                 return None
+            from synapse.client.cli.jobs import NEVER_STARTS  # only once it waits: jobs' imports cost ~50 ms
             if info.waiting_code in NEVER_STARTS:
                 raise NeverStarts(info.waiting)
             if not told and info.status == "PENDING":

@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from synapse.client import render
-from synapse.client.cli.jobs import follow_job
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, fail, run
 from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
 from synapse.client.master_client import new_request_id
@@ -103,6 +102,7 @@ def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], requ
     job_id = reply.job_id
     click.echo(render.submitted(job_id, rid, output))
     if wait:
+        from synapse.client.cli.jobs import follow_job  # here: `run` shares this module, not jobs' imports
         sys.exit(follow_job(obj, job_id, quiet=output != "table"))
 
 
