@@ -224,8 +224,19 @@ def test_exec_runs_in_a_running_task_and_is_recorded(cluster):
         assert (foo, job) == ("bar", job_id) and cwd.endswith("attempt-1")
         fed = synctl(cluster, "exec", job_id, "--", "cat", input=b"through stdin\n")
         assert fed.stdout == b"through stdin\n" and fed.returncode == 0, fed.stderr.decode()
+        pid, fd = pty.fork()
+        if pid == 0:  # a shell in the task, on a terminal
+            os.environ.update(cluster.env)
+            os.execv(sys.executable, [*SYNCTL, "exec", job_id, "--pty", "--", "sh"])
+        try:
+            _read_until(fd, pid, b"# ")
+            os.write(fd, b"test -t 0 && echo EXEC-TTY; exit 6\n")
+            seen = _read_until_exit(fd, pid)
+        finally:
+            os.close(fd)
+        assert b"EXEC-TTY" in seen and _status == 6, seen
         events = [e for e in job_json(cluster, job_id)["events"] if e["kind"] == "Exec"]
-        assert len(events) == 2 and "ran in task 0: sh -c" in events[0]["message"], events
+        assert len(events) == 3 and "ran in task 0: sh -c" in events[0]["message"], events
     finally:
         sleeper.send_signal(signal.SIGINT)
         sleeper.send_signal(signal.SIGINT)
