@@ -164,12 +164,12 @@ class TaskStream:
                     self._once()
                     return
                 except grpc.RpcError as exc:
-                    code = exc.code()  # type: ignore[attr-defined]
+                    code = exc.code()
                     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
                                 grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                                 grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED) \
                             or time.monotonic() > given_up_at or self.gone():
-                        self.error = exc.details() or code.name  # type: ignore[attr-defined]
+                        self.error = exc.details() or code.name
                         return
                     time.sleep(RETRY_S)
                 except Exception as exc:  # the masters did not give a new ticket (yet): a failover, say

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -41,6 +42,7 @@ from synapse.worker import stdio_host
 from synapse.worker.fence import process_start_ticks, running
 from synapse.worker.logs import LogService, Served, authorize
 from synapse.worker.runtime import SANDBOX, Handle, alive, exit_code, task_id
+from synapse.worker.state import Key
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,8 @@ class AttachService(LogService):
     def __init__(self, agent: Served) -> None:
         super().__init__(agent)
 
-    def Attach(self, request_iterator, context):
+    def Attach(self, request_iterator: Iterator[api_pb2.AttachInput],
+               context: grpc.ServicerContext) -> Iterator[api_pb2.AttachOutput]:
         """Attach to a task, or exec in it: the first message opens, the rest are input."""
         try:
             first = next(request_iterator)
@@ -95,7 +98,8 @@ class AttachService(LogService):
         else:
             yield from self._attach(key, o, request_iterator, context)
 
-    def _attach(self, key, o, request_iterator, context):
+    def _attach(self, key: Key, o: api_pb2.AttachOpen, request_iterator: Iterator[api_pb2.AttachInput],
+                context: grpc.ServicerContext) -> Iterator[api_pb2.AttachOutput]:
         found = self._wait_for_task(key, context)
         runtime = self.agent.runtime
         if found is None:  # ended before: its output and status as they were left; or never here
@@ -129,7 +133,7 @@ class AttachService(LogService):
         code = exit_code(handle)
         yield api_pb2.AttachOutput(ended=True, offset=offset, exit_code=code or 0, has_exit_code=code is not None)
 
-    def _wait_for_task(self, key, context) -> tuple[Assignment, Handle] | None:
+    def _wait_for_task(self, key: Key, context: grpc.ServicerContext) -> tuple[Assignment, Handle] | None:
         """The task's assignment and process once it has one here; None if it ended already (its exit
         file says so) or none appears within FIND_S."""
         deadline = time.monotonic() + FIND_S
@@ -143,7 +147,7 @@ class AttachService(LogService):
             time.sleep(POLL_S)
         return None
 
-    def _task_input(self, a: Assignment, handle: Handle, request_iterator) -> None:
+    def _task_input(self, a: Assignment, handle: Handle, request_iterator: Iterator[api_pb2.AttachInput]) -> None:
         """(attach-in thread) The caller's signals to the task at once; its stdin and window size to
         the task's stdin host, through a writer of their own (a host still starting must not hold
         up a signal)."""
@@ -172,7 +176,7 @@ class AttachService(LogService):
         finally:
             frames_out.put(None)
 
-    def _frame_writer(self, a: Assignment, frames_out: queue.Queue) -> None:
+    def _frame_writer(self, a: Assignment, frames_out: queue.Queue[list[bytes] | None]) -> None:
         """(attach-stdin thread) Frames for the task's stdin host, in order, until None."""
         while (frames := frames_out.get()) is not None:
             self._write_frames(a, frames)
@@ -199,11 +203,14 @@ class AttachService(LogService):
         finally:
             os.close(fd)
 
-    def _exec(self, key, command, o, request_iterator, context):
+    def _exec(self, key: Key, command: tuple[str, ...], o: api_pb2.AttachOpen,
+              request_iterator: Iterator[api_pb2.AttachInput],
+              context: grpc.ServicerContext) -> Iterator[api_pb2.AttachOutput]:
         found = self.agent.view.processes.get(key)
         if found is None or not alive(found[1]):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"task {key[2]} of job {key[0]} attempt {key[1]} is not running on {self.agent.node_id}")
+            return
         a, handle = found
         try:
             argv, env, cwd = self._exec_plan(a, handle, command, o.pty, o.term)
@@ -211,7 +218,7 @@ class AttachService(LogService):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec into the task: {exc}")
         status_file = self.agent.runtime.work_dir / "tasks" / f"{task_id(a)}.exec-{uuid.uuid4().hex[:12]}"
         env["SYNAPSE_EXEC_STATUS"] = str(status_file)
-        out: queue.Queue = queue.Queue()
+        out: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
         terminal = -1
         try:
             if o.pty:
@@ -252,7 +259,7 @@ class AttachService(LogService):
                 if data is None:
                     open_streams -= 1
                     continue
-                yield api_pb2.AttachOutput(**{stream: data})
+                yield api_pb2.AttachOutput(stdout=data) if stream == "stdout" else api_pb2.AttachOutput(stderr=data)
             deadline = time.monotonic() + EXEC_DRAIN_S
             while running(proc.pid, ticks) and context.is_active() and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -356,7 +363,7 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _pump(fd: int, stream: str, out: queue.Queue) -> None:
+def _pump(fd: int, stream: str, out: queue.Queue[tuple[str, bytes | None]]) -> None:
     """(exec-out thread) An exec's output, chunk by chunk, then None."""
     try:
         while True:
@@ -371,7 +378,7 @@ def _pump(fd: int, stream: str, out: queue.Queue) -> None:
         out.put((stream, None))
 
 
-def _exec_input(proc: subprocess.Popen, terminal: int, request_iterator) -> None:
+def _exec_input(proc: subprocess.Popen[bytes], terminal: int, request_iterator: Iterator[api_pb2.AttachInput]) -> None:
     """(exec-in thread) The caller's stdin, signals and window size, to the exec."""
     sink = terminal if terminal >= 0 else proc.stdin.fileno()  # type: ignore[union-attr]
     try:

@@ -31,7 +31,8 @@ class Served(Protocol):
 
 
 class LogService(api_pb2_grpc.WorkerServicer):
-    """Streams a task's log file from an offset, following it while the task runs."""
+    """Streams a task's log file from an offset, following it while the task runs (the Worker
+    service's ReadLog; synapse.worker.attach.AttachService serves the rest)."""
 
     CHUNK = 64 << 10
 
@@ -61,7 +62,8 @@ class LogService(api_pb2_grpc.WorkerServicer):
                 time.sleep(0.2)
 
 
-def authorize(agent: Served, context, job_id: str, attempt: int, index: int, ticket: str, purpose: str) -> None:
+def authorize(agent: Served, context: grpc.ServicerContext, job_id: str, attempt: int, index: int, ticket: str,
+              purpose: str) -> None:
     """Abort the call unless it may do `purpose` (synapse.common.tickets) on this task: a ticket the
     masters signed for it, or the cluster token; an open cluster (no credential at all) needs no
     ticket for a log, and checks one it is given."""
@@ -84,13 +86,13 @@ def authorize(agent: Served, context, job_id: str, attempt: int, index: int, tic
 MAX_STREAMS = 32
 
 
-def serve_logs(agent: Served, address: str, port: int, tls: TLSFiles | None,
-               servicer: api_pb2_grpc.WorkerServicer | None = None) -> tuple[grpc.Server, int]:
-    """The worker's service (`servicer`, by default the log service alone): over TLS with this
-    worker's certificate when it has one (clients check that the certificate names this node), else
-    in the clear as the rest of such a cluster is."""
+def serve_logs(servicer: api_pb2_grpc.WorkerServicer, address: str, port: int,
+               tls: TLSFiles | None) -> tuple[grpc.Server, int]:
+    """The worker's service (synapse.worker.attach.AttachService: logs, attach, exec): over TLS with
+    this worker's certificate when it has one (clients check that the certificate names this node),
+    else in the clear as the rest of such a cluster is."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS, thread_name_prefix="logs"))
-    api_pb2_grpc.add_WorkerServicer_to_server(servicer or LogService(agent), server)
+    api_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     host = address.rpartition(":")[0] if ":" in address else address
     bind = f"{host or '127.0.0.1'}:{port}"
     ca, cert, key = tls.read() if tls is not None and tls.enabled else (b"", None, None)

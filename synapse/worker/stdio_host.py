@@ -246,7 +246,7 @@ def _wait(pid: int) -> int:
 def _outlive_signals(mode: str, child: list[int]) -> None:
     """Survive every task signal; on a terminal, pass it on to the command's process group. (On a
     pipe the shim starts the host with them ignored already, and this changes nothing that matters.)"""
-    def forward(signum, frame) -> None:
+    def forward(signum: int, frame: object) -> None:
         if mode == "pty" and child:
             try:
                 os.killpg(child[0], signum)

@@ -89,6 +89,12 @@ def test_run_of_one_rank_is_unlabelled_and_its_status_is_the_tasks(cluster):
     assert label.returncode == 128 + signal.SIGTERM, label.stderr.decode()
 
 
+def test_a_job_that_cannot_start_says_why_and_fails(cluster, tmp_path):
+    done = synctl(cluster, "run", "--image", f"dir:{tmp_path / 'no-such-image'}", "--", "true",
+                  stdin=subprocess.DEVNULL)
+    assert done.returncode != 0 and b"ImagePullFailed" in done.stderr, done.stderr.decode()
+
+
 def test_run_feeds_its_stdin_to_rank_0_only(cluster):
     done = synctl(cluster, "run", "--tasks", "2", "--", "sh", "-c", 'read line; echo "$RANK got $line"',
                   input=b"hello\n")

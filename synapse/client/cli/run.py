@@ -75,7 +75,7 @@ def start(obj: Context, spec: JobSpec, secrets: dict[str, str] | None = None) ->
 @click.option("--label/--no-label", default=None,
               help="prefix each line with [rank N] (default: when there is more than one rank)")
 @click.pass_obj
-def run_job(obj: Context, command: tuple[str, ...], pty: bool, label: bool | None, **flags: Any) -> None:
+def run_job(obj: Context, /, command: tuple[str, ...], pty: bool, label: bool | None, **flags: Any) -> None:
     """Run a job in the foreground, as srun does: each rank's output, stdin to rank 0, Ctrl-C to every
     rank, the worst rank's exit status: `run --tasks 2 --gpu 8 -- python train.py`."""
     argv = click.get_current_context().meta.get("synctl.command")
@@ -109,7 +109,7 @@ def run_job(obj: Context, command: tuple[str, ...], pty: bool, label: bool | Non
 @click.option("--task", "index", type=int, default=0, show_default=True, help="the task (index) to run in")
 @click.option("--pty", is_flag=True, help="on a pseudo-terminal (a shell: `exec JOB --pty -- bash`)")
 @click.pass_obj
-def exec_in(obj: Context, job_id: str, command: tuple[str, ...], index: int, pty: bool) -> None:
+def exec_in(obj: Context, /, job_id: str, command: tuple[str, ...], index: int, pty: bool) -> None:
     """Run a command inside a running task's sandbox (its namespaces, cgroup, environment), as kubectl
     exec does: yours, or any as admin; recorded in the job's events."""
     argv = click.get_current_context().meta.get("synctl.command")
@@ -155,7 +155,8 @@ def attach(obj: Context, job_id: str, label: bool | None = None, pty: bool = Fal
         info = run(lambda: obj.client.get_job(job_id))
     tasks = [t for t in info.tasks if t.attempt == attempt] if attempt else []
     if not tasks:
-        click.echo(f"synctl: job {job_id} ended {info.status} without running: {info.message or info.waiting}",
+        why = info.failure or (f"cancelled by {info.cancelled_by}" if info.cancelled_by else "") or info.waiting
+        click.echo(f"synctl: job {job_id} ended {info.status} without running: {why or 'see synctl describe job'}",
                    err=True)
         return EXIT_NOT_STARTED
     code, why = exit_status(tasks)
@@ -272,7 +273,9 @@ def _placed(obj: Context, job_id: str, after: int) -> api_pb2.AttachAccessReply 
 
     def ask() -> api_pb2.AttachAccessReply | None:
         try:
-            return obj.client.call("AttachAccess", api_pb2.AttachAccessRequest(job_id=job_id))
+            reply: api_pb2.AttachAccessReply = obj.client.call("AttachAccess",
+                                                               api_pb2.AttachAccessRequest(job_id=job_id))
+            return reply
         except ClientError as exc:
             if exc.code == grpc.StatusCode.FAILED_PRECONDITION:  # not placed yet
                 return None

@@ -12,7 +12,7 @@ import grpc
 from synapse.common import tickets
 from synapse.core import commands as c
 from synapse.core.model import JobStatus
-from synapse.master.api.base import ServicerBase
+from synapse.master.api.base import Context, ServicerBase
 from synapse.proto import api_pb2
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ MAX_EXEC_WORDS = 1024
 class InteractiveApi(ServicerBase):
     """AttachAccess."""
 
-    async def AttachAccess(self, request, context):
+    async def AttachAccess(self, request: api_pb2.AttachAccessRequest, context: Context) -> api_pb2.AttachAccessReply:
         """Attach tickets for every task of a job's latest placed attempt, or (with a command) an exec
         ticket for one task of its running attempt, once the exec is recorded."""
         await self._check_id(request.job_id, "job_id", context)
@@ -46,7 +46,8 @@ class InteractiveApi(ServicerBase):
                                                   expires, tickets.ATTACH))
             for i, node in enumerate(nodes)])
 
-    async def _exec_ticket(self, request, command: tuple[str, ...], context) -> api_pb2.AttachAccessReply:
+    async def _exec_ticket(self, request: api_pb2.AttachAccessRequest, command: tuple[str, ...],
+                           context: Context) -> api_pb2.AttachAccessReply:
         """An exec ticket for one task of the job's running attempt, once the exec is recorded."""
         attempt, nodes, addresses, ranks, status = await self._placed(request.job_id, "exec into", context)
         if status is not JobStatus.RUNNING:
@@ -69,7 +70,8 @@ class InteractiveApi(ServicerBase):
                               ticket=tickets.sign(self.m.node_credential(node), request.job_id, attempt,
                                                   request.index, expires, tickets.exec_purpose(command)))])
 
-    async def _placed(self, job_id: str, verb: str, context):
+    async def _placed(self, job_id: str, verb: str, context: Context
+                      ) -> tuple[int, tuple[str, ...], dict[str, str], dict[int, int], JobStatus]:
         """The job's latest placed attempt (attempt, nodes by task index, node addresses, ranks by
         index, status), for its owner or an admin; aborts otherwise, or if it has none yet."""
         caller = self.caller()
