@@ -70,7 +70,8 @@ def test_run_prints_every_ranks_lines_and_exits_with_the_worst_ranks_code(cluste
                   stdin=subprocess.DEVNULL)
     out = done.stdout.decode()
     assert done.returncode == 3, (out, done.stderr.decode())
-    assert sorted(out.splitlines()) == ["[rank 0] 0", "[rank 1] 1"]
+    # (the rank the stop ended may add its shell's "Terminated")
+    assert {"[rank 0] 0", "[rank 1] 1"} <= set(out.splitlines()), out
 
 
 @pytest.mark.flaky(reruns=2)  # two workers' starts race the first rank's failure (see above)
@@ -78,7 +79,7 @@ def test_the_issues_own_line_prints_both_ranks_and_exits_3(cluster):
     done = synctl(cluster, "run", "--tasks", "2", "--gpu", "8", "--", "sh", "-c", "echo $RANK; exit 3",
                   stdin=subprocess.DEVNULL)
     assert done.returncode == 3, done.stderr.decode()
-    assert sorted(done.stdout.decode().splitlines()) == ["[rank 0] 0", "[rank 1] 1"]
+    assert {"[rank 0] 0", "[rank 1] 1"} <= set(done.stdout.decode().splitlines()), done.stdout.decode()
 
 
 def test_run_of_one_rank_is_unlabelled_and_its_status_is_the_tasks(cluster):
