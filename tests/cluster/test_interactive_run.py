@@ -16,7 +16,10 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from synapse.client.cli.exits import EXIT_DENIED
 from synapse.client.cli.main import main
+from synapse.client.master_client import MasterClient, PermissionDenied
+from synapse.proto import api_pb2
 from tests.support.images import busybox_root, needs_root_fs
 
 pytestmark = pytest.mark.slow
@@ -276,7 +279,11 @@ def test_exec_is_refused_to_another_user(cluster):
     try:
         job_id = running_job(cluster, "victim")
         done = synctl(cluster, "exec", job_id, "--", "true", token=mallory)
-        assert done.returncode != 0 and b"permission denied" in done.stderr, done.stderr.decode()
+        assert done.returncode == EXIT_DENIED and b"permission denied" in done.stderr, done.stderr.decode()
+        client = MasterClient(cluster.addresses, mallory, tls=cluster.tls)
+        with pytest.raises(PermissionDenied, match="may not attach to"):
+            client.call("AttachAccess", api_pb2.AttachAccessRequest(job_id=job_id))
+        client.close()
         assert not [e for e in job_json(cluster, job_id)["events"] if e["kind"] == "Exec"]
     finally:
         sleeper.send_signal(signal.SIGINT)
