@@ -124,6 +124,20 @@ def test_stdin_and_the_stream_outlive_a_worker_restart(cluster):
     assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
 
 
+def test_run_inside_an_allocation_starts_steps_on_its_nodes(cluster):
+    script = "synctl run -- sh -c 'echo step $SYNAPSE_JOB_ID'; echo hi | synctl run --tasks 2 -- cat"
+    path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"  # synctl as installed
+    done = subprocess.run([*SYNCTL, "alloc", "--name", "session", "--tasks", "2", "--gpu", "8", "--", "sh", "-c",
+                           script], env={**os.environ, **cluster.env, "PATH": path}, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    out = done.stdout.decode()
+    assert done.returncode == 0, (out, done.stderr.decode())
+    lines = out.splitlines()
+    steps = [line for line in lines if line.startswith("[rank") and "step session-" in line]
+    assert len(steps) == 2 and all(line.endswith(".0") for line in steps), out  # step 0: one task per node
+    assert "[rank 0] hi" in lines, out  # the second step's rank 0 read run's stdin
+
+
 def test_ctrl_c_reaches_every_rank_and_twice_cancels(cluster):
     script = "trap 'echo interrupted $RANK; exit 0' INT; echo ready $RANK; while :; do sleep 0.1; done"
     proc = synctl_bg(cluster, "run", "--name", "ctrlc", "--tasks", "2", "--", "sh", "-c", script,

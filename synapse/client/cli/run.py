@@ -1,11 +1,11 @@
 """`synctl run` (Slurm's srun) and `synctl exec` (kubectl exec): work in the foreground.
 
-`run` starts a job (`start`) and attaches to it (`attach`): every rank's output as it comes, rank
-0's stdin, Ctrl-C to every rank, the exit status of the worst rank. The two halves are apart so
-that another start can come before the same attach: inside an allocation (SYNAPSE_ALLOC) a step of
-it rather than a new gang. `exec` starts a command in a running task's sandbox and streams it the
-same way. With `--pty`, rank 0 (or the exec) gets a pseudo-terminal of the caller's size, and the
-caller's terminal is raw until the command ends, restored on every way out.
+`run` starts a job (`start`: a new gang; inside an allocation, SYNAPSE_ALLOC set, `start_step_of`:
+a step of it) and attaches to it (`attach`): every rank's output as it comes, rank 0's stdin,
+Ctrl-C to every rank, the exit status of the worst rank. `exec` starts a command in a running
+task's sandbox and streams it the same way. With `--pty`, rank 0 (or the exec) gets a
+pseudo-terminal of the caller's size, and the caller's terminal is raw until the command ends,
+restored on every way out.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from synapse.client.cli.exits import EXIT_INTERRUPTED
 from synapse.client.cli.session import AfterDashes, Context, fail, run
 from synapse.client.cli.submit import flags_spec, job_flags
 from synapse.client.master_client import ClientError, new_request_id
+from synapse.client.steps import ALLOC_ENV, start_step, step_spec
 from synapse.core import codec
 from synapse.core.jobs.jobspec import JobFileError
+from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.core.model import STDIN_ENV, JobSpec
 from synapse.proto import api_pb2
 
@@ -59,13 +61,40 @@ def interactive(spec: JobSpec) -> JobSpec:
 
 
 def start(obj: Context, spec: JobSpec, secrets: dict[str, str] | None = None) -> str:
-    """Start the job `run` attaches to, and return its id: a new gang. Inside an allocation
-    (SYNAPSE_ALLOC) this is where a step of the allocation starts instead."""
+    """Start the job `run` attaches to, and return its id: a new gang (inside an allocation,
+    `start_step_of` starts a step of it instead)."""
     reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=new_request_id(),
                                               secrets=secrets or {}))
     for line in reply.warnings:
         click.echo(f"synctl: warning: {line}", err=True)
     return str(reply.job_id)
+
+
+#: The job flags that describe a gang of its own: inside an allocation a step takes its allocation's.
+GANG_ONLY_FLAGS = ("name", "image", "pack", "required", "priority", "max_restarts", "time_limit", "queue")
+
+
+def start_step_of(obj: Context, alloc_id: str, spec: JobSpec, flags: dict[str, Any]) -> str:
+    """Inside allocation `alloc_id` (SYNAPSE_ALLOC, set by `synctl alloc`): start `spec`'s command as a
+    step of it, on its nodes at once and never queued, as `srun` inside `salloc` does; its job id.
+    `--tasks`, `--cpu`, `--mem` and `--gpu` shape the step as for `synctl step` (a share of the
+    allocation's tasks by default); a step that does not fit beside the running ones is refused."""
+    given = [name for name in GANG_ONLY_FLAGS if flags.get(name)]
+    if given:
+        fail(f"inside allocation {alloc_id}, run starts a step of it: --{given[0].replace('_', '-')} is the "
+             "allocation's (unset SYNAPSE_ALLOC for a gang of its own)", 2)
+    try:
+        cpu = parse_cpu(flags["cpu"]) if flags["cpu"] else None
+        memory = parse_memory(flags["memory"]) if flags["memory"] else None
+    except QuantityError as exc:
+        fail(f"invalid step: {exc}", 2)
+    alloc = run(lambda: obj.client.get_job(alloc_id))
+    step = step_spec(alloc, spec.command, tasks=flags["tasks"], cpu=cpu, memory=memory, gpu=flags["gpu"],
+                     env=spec.env)
+    try:
+        return start_step(obj.client, alloc_id, step)
+    except ClientError as exc:
+        fail(exc.message, 1)
 
 
 @click.command("run", cls=AfterDashes)
@@ -91,7 +120,8 @@ def run_job(obj: Context, /, command: tuple[str, ...], pty: bool, label: bool | 
     spec = dataclasses.replace(spec, env=tuple(sorted(env.items())))
     if pty:
         spec = interactive(spec)
-    job_id = start(obj, spec)
+    alloc_id = os.environ.get(ALLOC_ENV, "")
+    job_id = start_step_of(obj, alloc_id, spec, flags) if alloc_id else start(obj, spec)
     try:
         code = attach(obj, job_id, label=label, pty=pty)
     except KeyboardInterrupt:  # before it started (attached, Ctrl-C goes to the tasks): srun cancels too
