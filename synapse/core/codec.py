@@ -423,6 +423,7 @@ _BODIES: Mapping[type[c.Command], _Body] = MappingProxyType(dict([
     _flat("checkpoint_notice", c.CheckpointNotice, commands_pb2.CheckpointNotice, "job_id attempt stop_at cause"),
     _flat("record_progress", c.RecordProgress, commands_pb2.RecordProgress,
           "job_id attempt checkpoint_at checkpoint_step step problem"),
+    _flat("record_exec", c.RecordExec, commands_pb2.RecordExec, "job_id attempt index command", repeated="command"),
     _flat("resize_gang", c.ResizeGang, commands_pb2.ResizeGang, "job_id attempt size reason"),
     _flat("set_array_throttle", c.SetArrayThrottle, commands_pb2.SetArrayThrottle, "job_id throttle"),
     _custom("preempt", c.Preempt, _copied("preempt", lambda cmd: commands_pb2.Preempt(

@@ -213,6 +213,17 @@ class CheckpointNotice(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecordExec(Command):
+    """A process was started in a running task's sandbox (`synctl exec`) by `by`: a job event, so
+    every exec is on record. Command-set version 7."""
+
+    job_id: str
+    attempt: int
+    index: int
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordProgress(Command):
     """An attempt's progress as its tasks reported it (SYNAPSE_PROGRESS_FILE): its last checkpoint,
     which goodput accounting needs on every replica (a new leader must know it), and a progress

@@ -49,6 +49,8 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.SubmitSecretJob: 6,
     # Allocations and their steps (synapse.core.steps).
     c.SubmitAllocJob: 7, c.StartStep: 7,
+    # Interactive work: an exec into a running task, recorded as the job's event.
+    c.RecordExec: 7,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member

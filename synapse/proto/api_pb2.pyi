@@ -23,6 +23,161 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class WindowSize(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    cols: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        cols: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WindowSize: _TypeAlias = WindowSize  # noqa: Y015
+
+@_typing.final
+class AttachOpen(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    PTY_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    TERM_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    index: _builtins.int
+    ticket: _builtins.str
+    """from AttachAccess, for this task (and this exec's command)"""
+    pty: _builtins.bool
+    """exec: on a pseudo-terminal"""
+    offset: _builtins.int
+    """attach: the task's output from this byte on"""
+    term: _builtins.str
+    """exec with pty: the caller's TERM"""
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """exec: the command to start in the task's sandbox; empty: attach"""
+
+    @_builtins.property
+    def window(self) -> Global___WindowSize:
+        """the caller's terminal (pty)"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        index: _builtins.int = ...,
+        ticket: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        pty: _builtins.bool = ...,
+        window: Global___WindowSize | None = ...,
+        offset: _builtins.int = ...,
+        term: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "index", b"index", "job_id", b"job_id", "offset", b"offset", "pty", b"pty", "term", b"term", "ticket", b"ticket", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachOpen: _TypeAlias = AttachOpen  # noqa: Y015
+
+@_typing.final
+class AttachInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPEN_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    STDIN_EOF_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    stdin: _builtins.bytes
+    stdin_eof: _builtins.bool
+    signal: _builtins.int
+    """a signal number for the task's (or the exec's) process group"""
+    @_builtins.property
+    def open(self) -> Global___AttachOpen:
+        """the first message only"""
+
+    @_builtins.property
+    def window(self) -> Global___WindowSize:
+        """the caller's terminal changed size"""
+
+    def __init__(
+        self,
+        *,
+        open: Global___AttachOpen | None = ...,
+        stdin: _builtins.bytes = ...,
+        stdin_eof: _builtins.bool = ...,
+        signal: _builtins.int = ...,
+        window: Global___WindowSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["open", b"open", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["open", b"open", "signal", b"signal", "stdin", b"stdin", "stdin_eof", b"stdin_eof", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachInput: _TypeAlias = AttachInput  # noqa: Y015
+
+@_typing.final
+class AttachOutput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STDOUT_FIELD_NUMBER: _builtins.int
+    STDERR_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    HAS_EXIT_CODE_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    stdout: _builtins.bytes
+    stderr: _builtins.bytes
+    offset: _builtins.int
+    """attach: the task's output offset just after this chunk"""
+    ended: _builtins.bool
+    """the task (or the exec) ended and its output is all sent"""
+    exit_code: _builtins.int
+    """with ended: 128+N for a signal; see has_exit_code"""
+    has_exit_code: _builtins.bool
+    """false: this node does not know it (ask the masters)"""
+    ready: _builtins.bool
+    """first: the process is there and input now reaches it"""
+    def __init__(
+        self,
+        *,
+        stdout: _builtins.bytes = ...,
+        stderr: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+        ended: _builtins.bool = ...,
+        exit_code: _builtins.int = ...,
+        has_exit_code: _builtins.bool = ...,
+        ready: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "exit_code", b"exit_code", "has_exit_code", b"has_exit_code", "offset", b"offset", "ready", b"ready", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachOutput: _TypeAlias = AttachOutput  # noqa: Y015
+
+@_typing.final
 class ReadLogRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1942,11 +2097,14 @@ class LogTicket(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     TICKET_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
     """the worker's log service"""
     ticket: _builtins.str
+    rank: _builtins.int
+    """AttachAccess: the task's rank"""
     def __init__(
         self,
         *,
@@ -1954,14 +2112,72 @@ class LogTicket(_message.Message):
         node_id: _builtins.str = ...,
         address: _builtins.str = ...,
         ticket: _builtins.str = ...,
+        rank: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "node_id", b"node_id", "ticket", b"ticket"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "node_id", b"node_id", "rank", b"rank", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LogTicket: _TypeAlias = LogTicket  # noqa: Y015
+
+@_typing.final
+class AttachAccessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    index: _builtins.int
+    """exec: the task"""
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """exec: what to start; empty: attach to every task"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "index", b"index", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachAccessRequest: _TypeAlias = AttachAccessRequest  # noqa: Y015
+
+@_typing.final
+class AttachAccessReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    TICKETS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    expires_at: _builtins.float
+    @_builtins.property
+    def tickets(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogTicket]:
+        """index order; exec: the one task's"""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        tickets: _abc.Iterable[Global___LogTicket] | None = ...,
+        expires_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "expires_at", b"expires_at", "tickets", b"tickets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachAccessReply: _TypeAlias = AttachAccessReply  # noqa: Y015
 
 @_typing.final
 class LogAccessReply(_message.Message):

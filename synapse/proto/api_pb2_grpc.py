@@ -144,6 +144,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.StartStepRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.StartStepReply.FromString,
                 _registered_method=True)
+        self.AttachAccess = channel.unary_unary(
+                '/synapse.v1.Master/AttachAccess',
+                request_serializer=synapse_dot_proto_dot_api__pb2.AttachAccessRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.AttachAccessReply.FromString,
+                _registered_method=True)
         self.RegisterNode = channel.unary_unary(
                 '/synapse.v1.Master/RegisterNode',
                 request_serializer=synapse_dot_proto_dot_api__pb2.RegisterNodeRequest.SerializeToString,
@@ -350,6 +355,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachAccess(self, request, context):
+        """Tickets to attach to a running job's tasks (`synctl run`: their output, rank 0's stdin,
+        signals), or to start a process in one task's sandbox (`synctl exec`, recorded as an event):
+        for the job's owner and admins.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterNode(self, request, context):
         """Workers.
         """
@@ -540,6 +554,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.StartStep,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.StartStepRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.StartStepReply.SerializeToString,
+            ),
+            'AttachAccess': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachAccess,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.AttachAccessRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.AttachAccessReply.SerializeToString,
             ),
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
@@ -1207,6 +1226,33 @@ class Master:
             _registered_method=True)
 
     @staticmethod
+    def AttachAccess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/AttachAccess',
+            synapse_dot_proto_dot_api__pb2.AttachAccessRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.AttachAccessReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RegisterNode(request,
             target,
             options=(),
@@ -1546,6 +1592,11 @@ class WorkerStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.ReadLogRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.Attach = channel.stream_stream(
+                '/synapse.v1.Worker/Attach',
+                request_serializer=synapse_dot_proto_dot_api__pb2.AttachInput.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.AttachOutput.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -1558,6 +1609,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request_iterator, context):
+        """A running task's output and stdin, signals and window size (`synctl run`), or a process in its
+        sandbox (`synctl exec`). The first message is the `open`; the last one back has `ended`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1565,6 +1624,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.ReadLog,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.ReadLogRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.LogChunk.SerializeToString,
+            ),
+            'Attach': grpc.stream_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.AttachInput.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.AttachOutput.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1595,6 +1659,33 @@ class Worker:
             '/synapse.v1.Worker/ReadLog',
             synapse_dot_proto_dot_api__pb2.ReadLogRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/synapse.v1.Worker/Attach',
+            synapse_dot_proto_dot_api__pb2.AttachInput.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.AttachOutput.FromString,
             options,
             channel_credentials,
             insecure,

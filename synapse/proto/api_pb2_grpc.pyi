@@ -66,6 +66,11 @@ class MasterStub:
     """A step inside a running allocation (its owner or an admin): started at once where it fits
     beside the allocation's running steps, or refused with the reason; never queued.
     """
+    AttachAccess: _grpc.UnaryUnaryMultiCallable[_api_pb2.AttachAccessRequest, _api_pb2.AttachAccessReply]
+    """Tickets to attach to a running job's tasks (`synctl run`: their output, rank 0's stdin,
+    signals), or to start a process in one task's sandbox (`synctl exec`, recorded as an event):
+    for the job's owner and admins.
+    """
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_api_pb2.RegisterNodeRequest, _api_pb2.RegisterNodeReply]
     """Workers."""
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_api_pb2.HeartbeatRequest, _api_pb2.HeartbeatReply]
@@ -119,6 +124,11 @@ class MasterAsyncStub(MasterStub):
     StartStep: _aio.UnaryUnaryMultiCallable[_api_pb2.StartStepRequest, _api_pb2.StartStepReply]  # type: ignore[assignment]
     """A step inside a running allocation (its owner or an admin): started at once where it fits
     beside the allocation's running steps, or refused with the reason; never queued.
+    """
+    AttachAccess: _aio.UnaryUnaryMultiCallable[_api_pb2.AttachAccessRequest, _api_pb2.AttachAccessReply]  # type: ignore[assignment]
+    """Tickets to attach to a running job's tasks (`synctl run`: their output, rank 0's stdin,
+    signals), or to start a process in one task's sandbox (`synctl exec`, recorded as an event):
+    for the job's owner and admins.
     """
     RegisterNode: _aio.UnaryUnaryMultiCallable[_api_pb2.RegisterNodeRequest, _api_pb2.RegisterNodeReply]  # type: ignore[assignment]
     """Workers."""
@@ -305,6 +315,17 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def AttachAccess(
+        self,
+        request: _api_pb2.AttachAccessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.AttachAccessReply, _abc.Awaitable[_api_pb2.AttachAccessReply]]:
+        """Tickets to attach to a running job's tasks (`synctl run`: their output, rank 0's stdin,
+        signals), or to start a process in one task's sandbox (`synctl exec`, recorded as an event):
+        for the job's owner and admins.
+        """
+
+    @_abc_1.abstractmethod
     def RegisterNode(
         self,
         request: _api_pb2.RegisterNodeRequest,
@@ -404,6 +425,10 @@ class WorkerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerAsyncStub: ...
     ReadLog: _grpc.UnaryStreamMultiCallable[_api_pb2.ReadLogRequest, _api_pb2.LogChunk]
+    Attach: _grpc.StreamStreamMultiCallable[_api_pb2.AttachInput, _api_pb2.AttachOutput]
+    """A running task's output and stdin, signals and window size (`synctl run`), or a process in its
+    sandbox (`synctl exec`). The first message is the `open`; the last one back has `ended`.
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -411,6 +436,10 @@ class WorkerAsyncStub(WorkerStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ReadLog: _aio.UnaryStreamMultiCallable[_api_pb2.ReadLogRequest, _api_pb2.LogChunk]  # type: ignore[assignment]
+    Attach: _aio.StreamStreamMultiCallable[_api_pb2.AttachInput, _api_pb2.AttachOutput]  # type: ignore[assignment]
+    """A running task's output and stdin, signals and window size (`synctl run`), or a process in its
+    sandbox (`synctl exec`). The first message is the `open`; the last one back has `ended`.
+    """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
     """Served by every worker: task logs, read straight from the machine that holds them."""
@@ -421,5 +450,15 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.ReadLogRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_api_pb2.LogChunk], _abc.AsyncIterator[_api_pb2.LogChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def Attach(
+        self,
+        request_iterator: _MaybeAsyncIterator[_api_pb2.AttachInput],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_api_pb2.AttachOutput], _abc.AsyncIterator[_api_pb2.AttachOutput]]:
+        """A running task's output and stdin, signals and window size (`synctl run`), or a process in its
+        sandbox (`synctl exec`). The first message is the `open`; the last one back has `ended`.
+        """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -75,6 +75,7 @@ class Command(_message.Message):
     SUBMIT_SECRET_JOB_FIELD_NUMBER: _builtins.int
     SUBMIT_ALLOC_JOB_FIELD_NUMBER: _builtins.int
     START_STEP_FIELD_NUMBER: _builtins.int
+    RECORD_EXEC_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -205,6 +206,12 @@ class Command(_message.Message):
 
     @_builtins.property
     def start_step(self) -> Global___StartStep: ...
+    @_builtins.property
+    def record_exec(self) -> Global___RecordExec:
+        """Command-set version 7, interactive work: numbers 290-299 (exec).
+        a process started in a running task's sandbox (synctl exec)
+        """
+
     def __init__(
         self,
         *,
@@ -257,12 +264,13 @@ class Command(_message.Message):
         submit_secret_job: Global___SubmitJob | None = ...,
         submit_alloc_job: Global___SubmitJob | None = ...,
         start_step: Global___StartStep | None = ...,
+        record_exec: Global___RecordExec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_exec", b"record_exec", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_exec", b"record_exec", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress", "set_spares", "submit_image_job", "task_prepared", "gpu_fault", "submit_secret_job", "submit_alloc_job", "start_step"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress", "set_spares", "submit_image_job", "task_prepared", "gpu_fault", "submit_secret_job", "submit_alloc_job", "start_step", "record_exec"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1374,3 +1382,36 @@ class StartStep(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StartStep: _TypeAlias = StartStep  # noqa: Y015
+
+@_typing.final
+class RecordExec(_message.Message):
+    """A process started inside a running task's sandbox (`synctl exec`): a job event, so every exec is
+    on record with who ran what. `by` (the Command's) is the user.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    index: _builtins.int
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        index: _builtins.int = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "index", b"index", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordExec: _TypeAlias = RecordExec  # noqa: Y015

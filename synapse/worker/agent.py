@@ -52,6 +52,7 @@ from synapse.core.shards import ranked
 from synapse.images.store import ImageStore
 from synapse.worker import observe, statefile
 from synapse.worker import state as ws
+from synapse.worker.attach import AttachService
 from synapse.worker.beats import DatagramBeats
 from synapse.worker.exits import ExitWatcher, ProcessEnded
 from synapse.worker.gpu_errors import GpuWatch
@@ -150,7 +151,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
         self._use_credential()
         #: heartbeats by datagram first (synapse.worker.beats), unless the operator said no
         self.datagrams = DatagramBeats(node_id, lambda: self.node_credential) if heartbeat_datagrams else None
-        self.log_server, self.log_port = serve_logs(self, address, log_port, tls)
+        self.log_server, self.log_port = serve_logs(AttachService(self), address, log_port, tls)
         self.metrics = WorkerMetrics(self)
         self.heartbeat_ok = False  #: the last heartbeat was answered (a metric)
         #: the HTTP server (metrics, liveness) and where it listens, if `http` asked for one; the

@@ -27,6 +27,12 @@ sandboxes read EOF and end without running their commands). A marker file in the
 dir, removed once the gate is opened, is how a restarted worker tells a created task (never run:
 `find` kills what is left of it) from a started one.
 
+A task's stdin is /dev/null, except rank 0's of a job `synctl run` attaches (Assignment.stdin_mode):
+the stdin host (`stdio_host.py`) feeds the command's stdin (a pipe from the host, which the shim
+runs beside the command) or pseudo-terminal (the host runs the command on it) from a FIFO beside the
+task's files (`stdin_fifo`) that the attach service writes; the host lives in the task's process
+group, so the stdin outlives the worker.
+
 Before it starts a rank 0, the worker checks that the task can bind its MASTER_PORT here
 (`port_in_use`; why and what follows: synapse.core.rendezvous).
 """
@@ -68,6 +74,11 @@ SANDBOX = Path(__file__).with_name("sandbox.py")
 #: module torn down) cost ~2 ms of CPU at each contained task's end, which for a short task falls
 #: while the rest of its gang is still being released (bench/images.py).
 SANDBOX_LAUNCH = "import os, sys; sys.path.append(sys.argv[1]); import sandbox; os._exit(sandbox.main(sys.argv[1:]))"
+#: The stdin host the shim runs in place of rank 0's command when `synctl run` attaches its stdin
+#: (Assignment.stdin_mode; stdlib only, started as the sandbox is).
+STDIO_HOST = Path(__file__).with_name("stdio_host.py")
+STDIO_HOST_LAUNCH = ("import os, sys; sys.path.append(sys.argv[1]); import stdio_host; "
+                     "os._exit(stdio_host.main(sys.argv[2:]))")
 #: Where Linux keeps the range it takes the local ports of outgoing connections from.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -280,6 +291,10 @@ class ProcessRuntime:
         return (f"{name} exists on this machine but the worker's runtime template (--runtime) hides it: "
                 f"name a command inside what the runtime shows, or make the template show {os.path.dirname(name)}")
 
+    def stdin_fifo(self, a: Assignment) -> Path:
+        """The named pipe through which the attach service feeds a task's stdin host (stdio_host)."""
+        return self.work_dir / "tasks" / f"{task_id(a)}.stdin"
+
     def task_files(self, a: Assignment) -> tuple[Path, Path]:
         """(exit file, pid file) of a task."""
         tasks = self.work_dir / "tasks"
@@ -332,6 +347,21 @@ class ProcessRuntime:
         exit_file.with_suffix(FENCED_SUFFIX).unlink(missing_ok=True)
         progress_file(exit_file).parent.mkdir(exist_ok=True)
         shim_error_file(exit_file).unlink(missing_ok=True)
+        if a.stdin_mode:  # before the cgroup: nothing to undo if the FIFO cannot be made
+            fifo = self.stdin_fifo(a)
+            fifo.unlink(missing_ok=True)
+            try:
+                os.mkfifo(fifo, 0o600)
+            except OSError:
+                _close(mine, theirs)
+                raise
+            # A pipe: the shim runs the host and the command as a pipeline; a terminal: the host runs it.
+            if a.stdin_mode == "pipe":
+                command = ["--synapse-stdin", sys.executable, STDIO_HOST_LAUNCH, str(STDIO_HOST.parent), str(fifo),
+                           *command]
+            else:
+                command = [sys.executable, "-I", "-S", "-c", STDIO_HOST_LAUNCH, str(STDIO_HOST.parent), str(fifo),
+                           "pty", "--", *command]
         env = {**os.environ, **task_env(a), "SYNAPSE_PROGRESS_FILE": str(progress_file(exit_file))}
         name = ""
         if self.cgroups is not None:

@@ -3,6 +3,8 @@
     python3 -I -S -c 'import os, sys; sys.path.append(sys.argv[1]); …' DIR SPEC (runtime.SANDBOX_LAUNCH)
     python3 -I -S sandbox.py SPEC                                               (the same, compiled each time)
 
+`enter` is the other way in: `synctl exec` into a running task (synapse.worker.attach).
+
 `SPEC` is what `synapse.worker.container.plan` decided for the task, as `container.prepare` wrote
 it: the image's root, the task's writable layer, its argv, env and working directory, the devices
 and bind mounts it gets. This file keeps no state (everything it needs is in the spec) and imports
@@ -101,6 +103,7 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 class SetupError(Exception):
@@ -428,6 +431,11 @@ def main(argv: list[str]) -> int:
         os._exit(_init(spec, end_fd, user_ns, gate_fd))
     if gate_fd >= 0:
         os.close(gate_fd)
+    return _wait(child)
+
+
+def _wait(child: int) -> int:
+    """A child's status once it has ended (SETUP_FAILED if it cannot be waited for)."""
     while True:
         try:
             pid, status = os.waitpid(child, 0)
@@ -435,6 +443,60 @@ def main(argv: list[str]) -> int:
             return SETUP_FAILED
         if pid == child:
             return _status(status)
+
+
+#: The namespaces an exec joins, in the order it joins them: the user namespace first (it grants
+#: the rights to join the others), the mount namespace last (the task's /proc hides the rest).
+ENTERED = (("user", CLONE_NEWUSER), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("pid", CLONE_NEWPID),
+           ("mnt", CLONE_NEWNS))
+
+
+def enter(argv: list[str]) -> int:
+    """`synctl exec` into a task in an image: `PID -- CMD [ARGS...]`, PID the task's process. Join
+    its namespaces (its user namespace only when it has one of its own), its root and working
+    directory, its user, its capability bounding set and no_new_privs, then run the command as a
+    child in its pid namespace, with this process's environment (the task's, which the worker
+    passes); the command's status. The worker has put this process in the task's cgroup already."""
+    if len(argv) < 3 or argv[1] != "--":
+        os.write(2, b"usage: sandbox enter PID -- CMD [ARGS...]\n")
+        return SETUP_FAILED
+    pid, command = argv[0], argv[2:]
+    try:
+        own_user = os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")
+        fds = [(os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC), flag)
+               for kind, flag in ENTERED if kind != "user" or own_user]
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        cwd = os.open(f"/proc/{pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        ids = {}
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("Uid:", "Gid:")):
+                    ids[line[:3]] = int(line.split()[1])
+        for fd, flag in fds:
+            _check(_libc.setns(fd, flag), f"join the task's namespace {flag:#x}")
+            os.close(fd)
+        os.fchdir(root)
+        os.chroot(".")
+        os.fchdir(cwd)
+        drop_privileges()
+        if not own_user and (ids["Uid"], ids["Gid"]) != (0, 0):
+            os.setgroups([])
+            os.setgid(ids["Gid"])
+            os.setuid(ids["Uid"])
+    except (SetupError, OSError, KeyError, ValueError) as exc:
+        os.write(2, f"synapse: cannot enter the task: {exc}\n".encode())
+        return SETUP_FAILED
+    child = os.fork()
+    if child == 0:
+        env = dict(os.environ)
+        env.setdefault("PATH", DEFAULT_PATH)
+        try:
+            _execvpe(command, env)
+        except OSError as exc:
+            os.write(2, f"synapse: {command[0]}: {exc.strerror}\n".encode())
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    _catch_all()  # the exec's signals are its command's
+    return _wait(child)
 
 
 if __name__ == "__main__":

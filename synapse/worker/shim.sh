@@ -1,7 +1,7 @@
 # The task shim: a tiny supervisor between the worker and one task's process (POSIX sh, so it
 # starts in about a millisecond; a Python shim cost 60 ms of CPU per task).
 #
-#     sh shim.sh EXIT_FILE PID_FILE CMD [ARGS...]
+#     sh shim.sh EXIT_FILE PID_FILE [--synapse-stdin PYTHON LAUNCH DIR FIFO] CMD [ARGS...]
 #
 # The worker starts the shim in a new session, so the task has its own process group and
 # outlives a crash or restart of the worker. First the shim writes its pid and start time to
@@ -22,11 +22,22 @@
 # instruction. If it cannot, it runs nothing: it writes why to EXIT_FILE.err, and 125 as the
 # status (a task never runs unconfined without anyone knowing).
 #
+# With --synapse-stdin (rank 0 of a job `synctl run` attaches), the command's stdin is a pipe from
+# the stdin host (stdio_host.py, run as PYTHON -I -S -c LAUNCH DIR FIFO pipe), which feeds it what the
+# worker writes into FIFO; the two run as a pipeline, so the command starts without waiting for the
+# host's interpreter (nor ends waiting for it), and the status is the command's.
+#
 # The shim's own files are private (the worker's umask, 077); the task runs with the umask the
 # worker was started with (SYNAPSE_TASK_UMASK): its files are its owner's business.
 exit_file=$1
 pid_file=$2
 shift 2
+feed=
+if [ "${1:-}" = "--synapse-stdin" ]; then
+    feed_python=$2 feed_launch=$3 feed_dir=$4 feed_fifo=$5
+    shift 5
+    feed=1
+fi
 task_umask=${SYNAPSE_TASK_UMASK:-}
 unset SYNAPSE_TASK_UMASK
 read -r _pid _comm _state _ppid _pgrp _sess _tty _tpgid _flags _minflt _cminflt _majflt _cmajflt \
@@ -50,7 +61,16 @@ if [ -n "${SYNAPSE_SHIM_CGROUPS:-}" ]; then
 fi
 trap 'true' TERM INT HUP QUIT USR1 USR2 ALRM URG WINCH XCPU XFSZ VTALRM PROF
 [ -z "$task_umask" ] || umask "$task_umask"
-"$@"
+if [ -n "$feed" ]; then
+    # The host ignores the task's signals from its first instruction (a stop or Ctrl-C while its
+    # interpreter starts would end it). It runs in the background of the pipeline's first half, so
+    # the task's end waits for neither its start nor its end: it ends by itself once the command's
+    # stdin has no reader left (or with the task's cgroup, or the group's SIGKILL).
+    { trap '' TERM INT HUP QUIT USR1 USR2 ALRM URG WINCH XCPU XFSZ VTALRM PROF
+      "$feed_python" -I -S -c "$feed_launch" "$feed_dir" "$feed_fifo" pipe & } | "$@"
+else
+    "$@"
+fi
 code=$?
 umask 077
 printf '%s\n' "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"

@@ -44,8 +44,9 @@ Rules:
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from synapse.core.model import Assignment, EndReason
@@ -249,6 +250,8 @@ class StateView:
     unreported: tuple[Report, ...] = ()  #: what the reporter sends
     tasks: frozenset[Key] = frozenset()  #: the live tasks (the log service follows their logs)
     phases: tuple[str, ...] = ()  #: each live task's phase (the metrics count them)
+    #: each live task with a process: its assignment and process (the attach service finds them here)
+    processes: Mapping[Key, tuple[Assignment, Handle]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(slots=True)
@@ -300,7 +303,9 @@ class WorkerState:
     def view(self) -> StateView:
         """A frozen copy of what other threads may read."""
         return StateView(self.known, tuple(self.unreported), frozenset(self.tasks),
-                         tuple(t.phase for t in self.tasks.values()))
+                         tuple(t.phase for t in self.tasks.values()),
+                         MappingProxyType({k: (t.assignment, t.handle) for k, t in self.tasks.items()
+                                           if t.handle is not None}))
 
     def handle(self, event: object, now: float) -> list[Instruction]:
         """Apply one event; returns what the agent must do. Reports accumulate in `unreported`."""

@@ -126,7 +126,7 @@ def _node(data, state, now, job_id, job, attempt, node_id, term, word):
 
 def _job(data, state, now, job_id, job, attempt, node_id, term, word):
     kind = data.draw(st.sampled_from(["cancel", "fail", "notice", "throttle", "resize", "preempt", "forget",
-                                      "archive", "overflow", "reasons", "progress"]))
+                                      "archive", "overflow", "reasons", "progress", "exec"]))
     if kind == "cancel":
         return [c.CancelJob(at=now, job_id=job_id)]
     if kind == "fail":
@@ -135,6 +135,9 @@ def _job(data, state, now, job_id, job, attempt, node_id, term, word):
     if kind == "notice":
         return [c.CheckpointNotice(at=now, term=term, job_id=job_id, attempt=attempt,
                                    stop_at=now + data.draw(st.sampled_from([-1.0, 30.0])))]
+    if kind == "exec":
+        return [c.RecordExec(at=now, by=word, job_id=job_id, attempt=attempt, index=data.draw(st.integers(-1, 2)),
+                             command=data.draw(st.sampled_from([(), ("ls",), ("sh", "-c", "x" * 400)])))]
     if kind == "progress":
         return [c.RecordProgress(at=now, term=term, job_id=job_id, attempt=attempt,
                                  checkpoint_at=data.draw(st.sampled_from([0.0, now, now + 1e6, -1.0])),

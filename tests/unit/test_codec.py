@@ -41,6 +41,7 @@ ALL_COMMANDS = [
               victims=(c.Victim("j2", 1, 30.0),)),
     c.SubmitJob(at=16, job_id="j2", request_id="r2", spec=spec(queue="a")),
     c.GpuFault(at=19, term=3, node_id="n1", gpus=(0, 3), message="GPU 0: Xid 79; GPU 3: ECC"),
+    c.RecordExec(at=20, by="alice", job_id="j1", attempt=1, index=0, command=("sh", "-c", "ls")),
 ]
 
 

@@ -253,6 +253,7 @@ DETACHED = {"handle", "view"}
 OFF_THE_MAIN_LOOP = {"uplink.py": {"_register", "_watch_loop", "_heartbeat_loop", "_follow_shard", "_report_loop",
                                    "_progress_loop", "_health_loop", "_gpu_loop"},
                      "pulls.py": {"_pull"}, "tasks.py": {"_watch_gate"}, "logs.py": {"LogService"},
+                     "attach.py": {"AttachService"},
                      "observe.py": {"_Tasks"}}
 
 

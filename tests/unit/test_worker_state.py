@@ -371,11 +371,14 @@ def test_the_view_is_a_copy_of_one_moment():
     assert s.view() == StateView()
     running(s, a)
     view = s.view()
-    assert view == StateView((1, 1), (Report(a.key, started=True),), frozenset({a.key}), ("running",))
+    assert view == StateView((1, 1), (Report(a.key, started=True),), frozenset({a.key}), ("running",),
+                             {a.key: (a, HANDLE)})
     s.handle(ReportsAcknowledged(view.unreported), now=1)
     s.handle(TaskExited(a.key, 0), now=1)
     assert view.unreported == (Report(a.key, started=True),) and a.key in view.tasks  # unchanged
+    assert view.processes == {a.key: (a, HANDLE)}
     assert s.view().tasks == frozenset() and s.view().unreported == (Report(a.key, started=False),)
+    assert s.view().processes == {}
 
 
 def test_a_task_that_died_with_its_machine_is_reported_ended_by_its_node():

@@ -14,7 +14,8 @@ import click
 import grpc
 
 from synapse.client import render
-from synapse.client.cli.jobs import NEVER_STARTS, TERMINAL, _worker_channel
+from synapse.client.attach import worker_channel
+from synapse.client.cli.jobs import NEVER_STARTS, TERMINAL
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, emit, fail, run
 from synapse.client.master_client import ClientError, ClusterUnavailable, new_request_id
 from synapse.client.steps import ALLOC_ENV, REACHED, exit_status, start_step, step_spec, wait_step
@@ -237,7 +238,7 @@ class StepOutput:
         self.offsets = {t.index: 0 for t in self.tickets}  #: how far each task's log was printed
         self.calls: dict[int, Any] = {}  #: the follow stream of each task, while it is open
         self.lock = threading.Lock()
-        self.channels = {t.index: _worker_channel(obj, t.address, t.node_id) for t in self.tickets}
+        self.channels = {t.index: worker_channel(obj.tls, t.address, t.node_id) for t in self.tickets}
         self.threads = [threading.Thread(target=self._read, args=(t, True), daemon=True) for t in self.tickets]
         for thread in self.threads:
             thread.start()

@@ -10,9 +10,9 @@ import click
 import grpc
 
 from synapse.client import accounting, render
+from synapse.client.attach import worker_channel
 from synapse.client.cli.session import OUTPUT, Context, emit, fail, interrupted, run
 from synapse.client.master_client import ClientError
-from synapse.common.tls import channel_credentials
 from synapse.core.model import JobStatus
 from synapse.proto import api_pb2, api_pb2_grpc
 
@@ -104,15 +104,6 @@ def _live_job(obj: Context, job_id: str) -> api_pb2.JobInfo:
         raise LookupError(found[0]) from None
 
 
-def _worker_channel(obj: Context, address: str, node_id: str) -> grpc.Channel:
-    """A channel to a worker's log service: over TLS when the cluster uses it, checking that the
-    worker's certificate was issued to that node (not merely to some host at that address)."""
-    if not obj.tls.enabled:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, channel_credentials(obj.tls),
-                               options=[("grpc.ssl_target_name_override", node_id)])
-
-
 @click.command()
 @click.argument("job_id")
 @click.option("--task", "task_index", type=int, help="only this task index (default: all)")
@@ -130,7 +121,7 @@ def logs(obj: Context, job_id: str, task_index: int | None, attempt: int | None,
 
     def stream(index: int) -> None:
         ticket = tickets[index]
-        channel = _worker_channel(obj, ticket.address, ticket.node_id)
+        channel = worker_channel(obj.tls, ticket.address, ticket.node_id)
         request = api_pb2.ReadLogRequest(job_id=job_id, attempt=access.attempt, index=index, follow=follow,
                                          ticket=ticket.ticket)
         try:

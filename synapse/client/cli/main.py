@@ -75,6 +75,8 @@ VERBS = {
               "again changes nothing (admin)."),
     "cancel": ("jobs:cancel", "Cancel a job: pending jobs end at once, running gangs are stopped first."),
     "cluster": ("cluster:cluster", "The master replicas."),
+    "exec": ("run:exec_in", "Run a command inside a running task's sandbox (its namespaces, cgroup, environment), "
+             "as kubectl exec does: yours, or any as admin; recorded in the job's events."),
     "cordon": ("nodes:cordon", "Stop placing new tasks on a node (running ones stay)."),
     "delete": ("queues:delete", "Delete a queue."),
     "drain": ("nodes:drain", "Cordon a node and stop every gang with a task on it (they are requeued)."),
@@ -83,6 +85,8 @@ VERBS = {
              "any as admin)."),
     "node": ("nodes:node", "Nodes: join tokens for registering workers (admin)."),
     "preempt": ("queues:preempt", "Which gangs the leader would preempt for pending job JOB_ID now, and why."),
+    "run": ("run:run_job", "Run a job in the foreground, as srun does: each rank's output, stdin to rank 0, "
+            "Ctrl-C to every rank, the worst rank's exit status: `run --tasks 2 --gpu 8 -- python train.py`."),
     "step": ("alloc:step", "Run a step inside an allocation (SYNAPSE_ALLOC) at once, never queued, and wait for "
              "it, printing its tasks' output: `step -- hostname`, `step --tasks 1 --gpu 4 -- python x.py`."),
     "submit": ("submit:submit", "Submit a job file, or a one-off job from flags that runs the command after "

@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from synapse.client import render
-from synapse.client.cli.jobs import follow_job
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, fail, run
 from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
 from synapse.client.master_client import new_request_id
@@ -22,24 +21,49 @@ from synapse.core.model import JobSpec
 from synapse.core.queues import queue_name_problem
 
 
+def job_flags(command: Any) -> Any:
+    """The flags that make a one-off job (`submit`, `run`): name, gang size, resources, image,
+    packing, priority, restarts, time limit, env, queue."""
+    for option in reversed((
+            click.option("--name", help="job name (shorthand without a file)"),
+            click.option("--tasks", type=int, help="gang size"),
+            click.option("--cpu", help="cpu per task, e.g. 4 or 500m"),
+            click.option("--mem", "--memory", "memory", help="memory per task, e.g. 16Gi"),
+            click.option("--gpu", type=int, help="GPUs per task"),
+            click.option("--image", help="container image the tasks run in (see docs: Container images)"),
+            click.option("--pack", help="topology level to pack the gang in (rack, block, zone, node)"),
+            click.option("--required", is_flag=True, help="wait rather than spread beyond --pack"),
+            click.option("--priority", type=int),
+            click.option("--max-restarts", type=int),
+            click.option("--time-limit", help="e.g. 2h; lets the job backfill ahead of a reservation"),
+            click.option("--env", "env", multiple=True, help="NAME=value (repeatable)"),
+            click.option("--queue", help="the queue to submit to (overrides the job file's; default: the default "
+                                         "queue)"))):
+        command = option(command)
+    return command
+
+
+def flags_spec(argv: list[str], flags: dict[str, Any]) -> JobSpec:
+    """The one-off job that `job_flags` and the command `argv` describe; JobFileError if it is not one."""
+    return _queue_flag(resolve_paths(parse_job(_flags_to_doc(argv, flags)), os.getcwd()), flags)
+
+
+def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
+    """`--queue` over the spec's queue."""
+    if not flags["queue"]:
+        return spec
+    problem = queue_name_problem(flags["queue"])
+    if problem:
+        raise JobFileError("queue", problem)
+    return dataclasses.replace(spec, queue=flags["queue"])
+
+
 @click.command(cls=AfterDashes, context_settings={"ignore_unknown_options": False})
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1)
 @click.option("--request-id", help="idempotency key: the same id always yields the same job")
 @click.option("--wait", is_flag=True, help="follow the job until it ends, as `synctl wait` does")
-@click.option("--name", help="job name (shorthand without a file)")
-@click.option("--tasks", type=int, help="gang size")
-@click.option("--cpu", help="cpu per task, e.g. 4 or 500m")
-@click.option("--mem", "--memory", "memory", help="memory per task, e.g. 16Gi")
-@click.option("--gpu", type=int, help="GPUs per task")
-@click.option("--image", help="container image the tasks run in (see docs: Container images)")
-@click.option("--pack", help="topology level to pack the gang in (rack, block, zone, node)")
-@click.option("--required", is_flag=True, help="wait rather than spread beyond --pack")
-@click.option("--priority", type=int)
-@click.option("--max-restarts", type=int)
-@click.option("--time-limit", help="e.g. 2h; lets the job backfill ahead of a reservation")
-@click.option("--env", "env", multiple=True, help="NAME=value (repeatable)")
-@click.option("--queue", help="the queue to submit to (overrides the job file's; default: the default queue)")
+@job_flags
 @click.option("--array", help="an array of gangs, Slurm's syntax: 0-99%8, 0-15:4, 1,3,7 (overrides the file's)")
 @click.option("--after", help="dependencies: ok:ID,any:ID,notok:ID (added to the file's)")
 @click.option("--singleton", is_flag=True, default=None, help="run only while no job of this name and user runs")
@@ -61,10 +85,9 @@ def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], requ
         if after_dashes is not None and not command:
             raise JobFileError("command", "give the command to run after -- (e.g. -- python train.py)")
         if shorthand:
-            spec = resolve_paths(parse_job(_flags_to_doc(([job_file] if job_file else []) + list(command), flags)),
-                                 os.getcwd())
+            spec = flags_spec(([job_file] if job_file else []) + list(command), flags)
         elif job_file:
-            spec, secrets = load_job_file(job_file), load_secrets(job_file)
+            spec, secrets = _queue_flag(load_job_file(job_file), flags), load_secrets(job_file)
         else:
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
         spec = _workflow_flags(spec, flags)
@@ -72,11 +95,6 @@ def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], requ
         hint = " (a command to run goes after --: submit -- CMD ARGS…)" \
             if not shorthand and job_file and not os.path.exists(job_file) else ""
         fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
-    if flags["queue"]:
-        problem = queue_name_problem(flags["queue"])
-        if problem:
-            fail(f"invalid job: queue: {problem}", 2)
-        spec = dataclasses.replace(spec, queue=flags["queue"])
     rid = request_id or new_request_id()
     reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=rid, secrets=secrets))
     for line in reply.warnings:
@@ -84,6 +102,7 @@ def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], requ
     job_id = reply.job_id
     click.echo(render.submitted(job_id, rid, output))
     if wait:
+        from synapse.client.cli.jobs import follow_job  # here: `run` shares this module, not jobs' imports
         sys.exit(follow_job(obj, job_id, quiet=output != "table"))
 
 

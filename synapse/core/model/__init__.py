@@ -49,6 +49,8 @@ from synapse.core.model.node import (
 )
 from synapse.core.model.plans import (
     DEFAULT_GRACE_S,
+    STDIN_ENV,
+    STDIN_MODES,
     Assignment,
     Hold,
     Placement,
@@ -66,6 +68,8 @@ from synapse.core.model.tenants import (
 )
 
 __all__ = [
+    "STDIN_ENV",
+    "STDIN_MODES",
     "Assignment",
     "CheckpointSpec",
     "ClusterEvent",

@@ -62,6 +62,14 @@ class Shortfall:
         return f"{self.domain}: {self.fits}/{self.needed} tasks fit (short of {why})"
 
 
+#: The job env variable that gives rank 0 an attachable stdin (`synctl run` sets it): `pipe` (a pipe
+#: fed by `synctl run`'s stdin) or `pty` (a pseudo-terminal); any other value, or none, leaves every
+#: task's stdin /dev/null. A variable, not a spec field, so it needs no new command-set version; the
+#: task sees it too.
+STDIN_ENV = "SYNAPSE_STDIN"
+STDIN_MODES = ("pipe", "pty")
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """One task a worker must run (or stop), with everything its process environment needs."""
@@ -95,3 +103,11 @@ class Assignment:
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.job_id, self.attempt, self.index)
+
+    @property
+    def stdin_mode(self) -> str:
+        """Rank 0's attachable stdin (STDIN_ENV: `pipe` or `pty`); "" for every other task and job."""
+        if self.rank != 0:
+            return ""
+        mode = dict(self.env).get(STDIN_ENV, "")
+        return mode if mode in STDIN_MODES else ""

@@ -19,6 +19,7 @@ JOB_REASONS = {
     "Failed": ("JobFailed", "Warning"), "Cancelled": ("JobCancelled", "Normal"),
     "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
     "Notice": ("CheckpointNotice", "Normal"), "ProgressIgnored": ("ProgressIgnored", "Warning"),
+    "Exec": ("TaskExec", "Normal"),
 }
 
 

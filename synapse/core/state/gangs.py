@@ -2,7 +2,8 @@
 running attempt's checkpoint notice and progress.
 
 State: the jobs' tasks and attempts, placements, progress; the nodes' `used`/`gpus_in_use`,
-`live_tasks`, `index`. Commands: CommitPlan, ResizeGang, CheckpointNotice, RecordProgress.
+`live_tasks`, `index`. Commands: CommitPlan, ResizeGang, CheckpointNotice, RecordProgress, RecordExec (an
+exec into a running task, a job event).
 """
 
 from __future__ import annotations
@@ -193,4 +194,25 @@ def record_progress(state: ClusterTables, cmd: c.RecordProgress) -> Result:
     job.progress = Progress(job.attempt, checkpoint_at, checkpoint_step, step, cmd.at)
     if cmd.problem:
         job_event(state, job, cmd.at, "ProgressIgnored", cmd.problem[:300])
+    return Result(True)
+
+
+#: The longest command an exec event shows (its words joined); longer ones end with "…".
+MAX_EXEC_SHOWN = 300
+
+
+def record_exec(state: ClusterTables, cmd: c.RecordExec) -> Result:
+    """Record an exec into a task of a job's running attempt as the job's event (`Exec`), who ran
+    what: the API asks for this before it lets the process start, so no exec goes unrecorded."""
+    job = state.jobs.get(cmd.job_id)
+    if job is None:
+        return Result.not_found(f"unknown job {cmd.job_id}")
+    if job.status is not JobStatus.RUNNING or job.attempt != cmd.attempt:
+        return Result.rejected(f"job {job.id} is {job.status.value} at attempt {job.attempt}, not running "
+                               f"attempt {cmd.attempt}")
+    if not 0 <= cmd.index < len(job.tasks) or not cmd.command:
+        return Result.rejected(f"job {job.id} has tasks 0..{len(job.tasks) - 1} and an exec needs a command")
+    shown = " ".join(cmd.command)
+    shown = shown if len(shown) <= MAX_EXEC_SHOWN else shown[:MAX_EXEC_SHOWN - 1] + "…"
+    job_event(state, job, cmd.at, "Exec", f"{cmd.by or 'someone'} ran in task {cmd.index}: {shown}")
     return Result(True)

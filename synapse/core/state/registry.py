@@ -49,6 +49,7 @@ HANDLERS: dict[type[c.Command], Callable[[ClusterTables, Any], Result]] = {
     c.ResizeGang: gangs.resize_gang,
     c.CheckpointNotice: gangs.checkpoint_notice,
     c.RecordProgress: gangs.record_progress,
+    c.RecordExec: gangs.record_exec,
     # nodes
     c.RegisterNode: nodes.register_node,
     c.CreateJoinToken: nodes.create_join_token,

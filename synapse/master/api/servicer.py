@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from synapse.master.api.admin import AdminApi
 from synapse.master.api.history import HistoryApi
+from synapse.master.api.interactive import InteractiveApi
 from synapse.master.api.jobs import JobsApi
 from synapse.master.api.replicas import ReplicasApi
 from synapse.master.api.steps import StepsApi
@@ -16,6 +17,7 @@ from synapse.master.api.workers import WorkersApi
 from synapse.proto import api_pb2_grpc
 
 
-class MasterServicer(JobsApi, StepsApi, AdminApi, WorkersApi, ReplicasApi, HistoryApi, api_pb2_grpc.MasterServicer):
+class MasterServicer(JobsApi, StepsApi, InteractiveApi, AdminApi, WorkersApi, ReplicasApi, HistoryApi,
+                     api_pb2_grpc.MasterServicer):
     """Every RPC of the Master service (the generated base last: an RPC no mixin serves fails the
     one-proposal test, which finds every RPC among the mixins)."""
