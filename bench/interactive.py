@@ -1,10 +1,11 @@
-"""Interactive work: `synctl run -- true` end to end, and synctl's own start, on an idle local TLS
-cluster (3 masters, 2 workers, as `synapse-local up`).
+"""Interactive work: `synctl run -- true` end to end, a step's start inside an allocation and `synctl
+run -- true` as a step, and synctl's own start, on an idle local TLS cluster (3 masters, 2 workers).
 
     python bench/interactive.py              # 30 trials of each
     python bench/interactive.py --quick      # 5 of each (for CI)
-    python bench/interactive.py --json       # {"run_end_to_end_p50_s", "run_end_to_end_p99_s",
-                                             #  "cli_start_p50_s", "cli_start_p99_s", "run_phases_p50_s": {...}}
+    python bench/interactive.py --json       # {"run_end_to_end_p50_s", "step_start_p50_s",
+                                             #  "step_end_to_end_p50_s", "cli_start_p50_s", ... (and p99s),
+                                             #  "run_phases_p50_s": {...}}
 
 run_end_to_end: from the exec of `synctl run -- true` (stdin /dev/null) to its exit, one at a time:
 synctl's start, the submission, the gang's placement and start, the attach to the task's worker,
@@ -14,9 +15,16 @@ this machine's): exec -> Submitted (synctl's start and the submission), Submitte
 round, the commit, the worker's start), Running -> the job's end (the task, and its exit reported
 and committed), the end -> synctl's exit (the last output, the status read).
 
+step_start: inside an allocation of 2 tasks held for the bench, a step's own path, from its StartStep
+reaching the leader to the step's first instruction on its last node (bench/steps.py's trial, which
+prints its phases). step_end_to_end: `synctl run -- true` with SYNAPSE_ALLOC set (a step, no
+queueing), from exec to exit.
+
 cli_start: `synctl --version`, from exec to exit (no verb module, no gRPC imported).
 
-Targets (issue 46): run end to end at most 0.3 s, CLI start at most 0.1 s (p50).
+Targets (issue 46, p50): step start at most 0.05 s, step end to end at most 0.2 s, run end to end at
+most 0.3 s, CLI start at most 0.1 s. Slurm 22.05 on the same machine (the issue's window): a step
+(`srun -N2 true` inside `salloc`) 0.041 s end to end, `srun -N2 --gres=gpu:8 true` alone 0.047 s.
 """
 
 from __future__ import annotations
@@ -34,9 +42,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from steps import trial as step_trial  # noqa: E402
 from support.measure import percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient  # noqa: E402
+from synapse.client.steps import wait_step  # noqa: E402
+from synapse.core import codec  # noqa: E402
+from synapse.core.model import JobSpec, Resources  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
 
 #: synctl as a user runs it: the installed entry point beside this interpreter.
@@ -75,6 +87,24 @@ def run_trials(client: MasterClient, env: dict[str, str], trials: int) -> tuple[
     return totals, phases
 
 
+def step_trials(client: MasterClient, data_dir: Path, env: dict[str, str],
+                trials: int) -> tuple[list[float], list[float]]:
+    """Inside an allocation of 2 tasks x 8 GPUs: each step's start (bench/steps.py's trial), then
+    `synctl run -- true` as a step, from exec to exit."""
+    marks = data_dir.parent / "marks"
+    marks.mkdir(exist_ok=True)
+    spec = JobSpec(name="bench-alloc", tasks=2, resources=Resources(1000, 1 << 30, 8), command=(), alloc=True,
+                   idle_timeout=3600.0)
+    alloc_id = client.submit_job(codec.job_spec_to_proto(spec)).job_id
+    info = wait_step(client, alloc_id, until=frozenset({"RUNNING"}), deadline=time.monotonic() + 60)
+    step_trial(client, data_dir, marks, alloc_id, info, -1)  # warm: connections, the workers' first spawns
+    starts = [step_trial(client, data_dir, marks, alloc_id, info, i)["step_start"] for i in range(trials)]
+    in_alloc = {**env, "SYNAPSE_ALLOC": alloc_id}
+    ends = [timed([str(SYNCTL), "run", "--", "true"], in_alloc) for _ in range(trials)]
+    client.cancel(alloc_id)
+    return starts, ends
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=30)
@@ -93,11 +123,16 @@ def main() -> None:
             timed([str(SYNCTL), "run", "--", "true"], env)  # warm: the page cache, the leader's first round
             cli = [timed([str(SYNCTL), "--version"], env) for _ in range(args.trials)]
             totals, phases = run_trials(client, env, args.trials)
+            step_starts, step_ends = step_trials(client, data_dir, env, args.trials)
             client.close()
         finally:
             local.down(data_dir)
     report = {"run_end_to_end_p50_s": round(statistics.median(totals), 4),
               "run_end_to_end_p99_s": round(percentile(totals, 0.99), 4),
+              "step_start_p50_s": round(statistics.median(step_starts), 4),
+              "step_start_p99_s": round(percentile(step_starts, 0.99), 4),
+              "step_end_to_end_p50_s": round(statistics.median(step_ends), 4),
+              "step_end_to_end_p99_s": round(percentile(step_ends, 0.99), 4),
               "cli_start_p50_s": round(statistics.median(cli), 4), "cli_start_p99_s": round(percentile(cli, 0.99), 4),
               "run_phases_p50_s": {k: round(statistics.median(v), 4) for k, v in phases.items()},
               "trials": args.trials, "load_1min": round(os.getloadavg()[0], 2)}
@@ -108,6 +143,10 @@ def main() -> None:
           f"p99 {report['run_end_to_end_p99_s']:.3f} s ({args.trials} trials; target p50 <= 0.3 s)")
     for phase, value in report["run_phases_p50_s"].items():  # type: ignore[union-attr]
         print(f"  {phase:22} p50 {value:.3f} s")
+    print(f"a step's start in an allocation: p50 {report['step_start_p50_s']:.3f} s, p99 "
+          f"{report['step_start_p99_s']:.3f} s (target p50 <= 0.05 s)")
+    print(f"synctl run -- true as a step: p50 {report['step_end_to_end_p50_s']:.3f} s, p99 "
+          f"{report['step_end_to_end_p99_s']:.3f} s (target p50 <= 0.2 s)")
     print(f"synctl --version: p50 {report['cli_start_p50_s']:.3f} s, p99 {report['cli_start_p99_s']:.3f} s "
           f"(target p50 <= 0.1 s)")
     print(f"load average (1 min) at the end: {report['load_1min']}")
