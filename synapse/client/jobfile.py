@@ -18,8 +18,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-import yaml
-
 from synapse.core.jobs.jobspec import JobFileError, check_secret_value, parse_job, secret_refs
 from synapse.core.model import JobSpec
 
@@ -29,6 +27,8 @@ def _read(path: str | Path) -> object:
         text = Path(path).read_text()
     except OSError as exc:
         raise JobFileError("(file)", f"cannot read {path}: {exc.strerror}") from None
+    import yaml  # here: PyYAML's import is a tenth of synctl's start, and `run` reads no file
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
-
 from synapse.core import codec
 from synapse.core.goodput import Goodput
 from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_start, format_wait
@@ -27,6 +25,8 @@ def formatted(data: Any, output: str, text: Callable[[Any], str]) -> str:
     if output == "json":
         return json.dumps(data, indent=2)
     if output == "yaml":
+        import yaml  # only for -o yaml: a tenth of synctl's start
+
         return yaml.safe_dump(data, sort_keys=False).rstrip()
     return text(data)
 
@@ -429,6 +429,8 @@ def queues_table(queues: list[dict[str, Any]]) -> str:
 
 
 def queue_description(q: dict[str, Any]) -> str:
+    import yaml
+
     return yaml.safe_dump(q, sort_keys=False).rstrip()
 
 
