@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from synapse.core import codec
 from synapse.core.goodput import Goodput
+from synapse.core.jobs import wire
 from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_start, format_wait
 from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, EndReason
 from synapse.proto import api_pb2, types_pb2
@@ -50,7 +50,7 @@ def when(ts: float | None) -> str:
 OWN_FAILURES = frozenset({EndReason.ERROR, EndReason.OOM_KILLED, EndReason.COMMAND_NOT_FOUND})
 
 def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
-    spec = codec.job_spec_from_proto(info.spec)
+    spec = wire.job_spec_from_proto(info.spec)
     return {
         "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
         "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
@@ -99,7 +99,7 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
 
 def step_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
     """One step of an allocation as `get steps` shows it: its exit code is its tasks' highest."""
-    spec = codec.job_spec_from_proto(info.spec)
+    spec = wire.job_spec_from_proto(info.spec)
     codes = [t.exit_code for t in info.tasks if t.has_exit_code]
     return {"id": info.id, "status": info.status, "tasks": spec.tasks, "command": list(spec.command),
             "nodes": sorted({t.node_id for t in info.tasks}), "exit_code": max(codes) if codes else None,
@@ -298,7 +298,7 @@ def submitted(job_id: str, request_id: str, output: str) -> str:
 # ---- nodes ---------------------------------------------------------------------------------------
 
 def node_dict(n: api_pb2.NodeInfo) -> dict[str, Any]:
-    capacity, used = codec.resources_from_proto(n.capacity), codec.resources_from_proto(n.used)
+    capacity, used = wire.resources_from_proto(n.capacity), wire.resources_from_proto(n.used)
     return {"id": n.id, "address": n.address, "topology": "/".join(n.topology), "status": n.status,
             "schedulable": n.schedulable, "spare": n.spare, "cordon_reason": n.cordon_reason or None,
             "health": n.health or None, "labels": dict(sorted(n.labels.items())), "isolation": n.isolation or None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from synapse.client.master_client import ClusterUnavailable, MasterClient
-from synapse.core import codec
+from synapse.core.jobs import wire
 from synapse.core.jobs.jobspec import MIN_TASK_MEMORY
 from synapse.core.model import JobSpec, Resources
 from synapse.proto import api_pb2
@@ -32,7 +32,7 @@ def step_spec(alloc: api_pb2.JobInfo, command: tuple[str, ...], *, tasks: int | 
     allocation task's: as large a share as the largest of those given (`--gpu 4` of 8: half its
     cpu and memory too), and no more than an even share among the step tasks that land on one
     allocation task (cpu in millicores, memory in bytes)."""
-    whole = codec.job_spec_from_proto(alloc.spec)
+    whole = wire.job_spec_from_proto(alloc.spec)
     n = tasks or whole.tasks
     held = whole.resources
     fraction = 1 / -(-n // whole.tasks)  # an even share among the step tasks on one allocation task
@@ -52,7 +52,7 @@ def start_step(client: MasterClient, alloc_id: str, spec: JobSpec, request_id: s
     """Start `spec` as a step of running allocation `alloc_id`; its job id. Raises ClientError
     (FAILED_PRECONDITION) with the reason when it does not fit beside the allocation's running
     steps or the allocation does not run; a retry with the same `request_id` gets the same step."""
-    return client.start_step(alloc_id, codec.job_spec_to_proto(spec), request_id)
+    return client.start_step(alloc_id, wire.job_spec_to_proto(spec), request_id)
 
 
 #: The job event (its cluster event's reason, synapse.core.state.events) that says a job reached each status.

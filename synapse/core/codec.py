@@ -13,7 +13,7 @@ refuses an entry of a version it does not know.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypedDict
@@ -21,23 +21,44 @@ from typing import Any, TypedDict
 from google.protobuf.message import DecodeError
 
 from synapse.core import commands as c
-from synapse.core.model import (
-    CheckpointSpec,
-    JobSpec,
-    PackMode,
-    Placement,
-    Queue,
-    Resources,
-    Role,
-    Secret,
-    TopologySpec,
+from synapse.core.jobs.wire import (
+    NO_CHECKPOINT as NO_CHECKPOINT,
 )
+
+# The spec's, resources' and queue's messages (synapse.core.jobs.wire), as codec.* for the log's users too
+from synapse.core.jobs.wire import (
+    CodecError as CodecError,
+)
+from synapse.core.jobs.wire import (
+    job_spec_from_proto as job_spec_from_proto,
+)
+from synapse.core.jobs.wire import (
+    job_spec_into as job_spec_into,
+)
+from synapse.core.jobs.wire import (
+    job_spec_to_proto as job_spec_to_proto,
+)
+from synapse.core.jobs.wire import (
+    mounts_from_proto as mounts_from_proto,
+)
+from synapse.core.jobs.wire import (
+    mounts_to_proto as mounts_to_proto,
+)
+from synapse.core.jobs.wire import (
+    queue_from_proto as queue_from_proto,
+)
+from synapse.core.jobs.wire import (
+    queue_to_proto as queue_to_proto,
+)
+from synapse.core.jobs.wire import (
+    resources_from_proto as resources_from_proto,
+)
+from synapse.core.jobs.wire import (
+    resources_to_proto as resources_to_proto,
+)
+from synapse.core.model import CheckpointSpec, JobSpec, Placement, Role
 from synapse.core.versions import BASE_VERSION, COMMAND_VERSION, KIND_VERSIONS
 from synapse.proto import commands_pb2, types_pb2
-
-
-class CodecError(ValueError):
-    """Bytes that are not a command this version understands."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,66 +80,6 @@ class CommandSet:
 CURRENT = CommandSet(KIND_VERSIONS, COMMAND_VERSION)
 
 
-def resources_to_proto(r: Resources) -> types_pb2.Resources:
-    return types_pb2.Resources(cpu_millis=r.cpu, memory_bytes=r.memory, gpu=r.gpu)
-
-
-def resources_from_proto(p: types_pb2.Resources) -> Resources:
-    return Resources(cpu=p.cpu_millis, memory=p.memory_bytes, gpu=p.gpu)
-
-
-def job_spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
-    return job_spec_into(types_pb2.JobSpec(), spec)
-
-
-def job_spec_into(p: types_pb2.JobSpec, spec: JobSpec) -> types_pb2.JobSpec:
-    """Write `spec` into the empty message `p` and return it: in place, as a proposal's encode does
-    for each submission (nested messages built apart and copied in took twice the CPU). The bytes
-    are those of a message built from keyword arguments: resources and topology always present,
-    a checkpoint only when the spec asks for a notice (tests/unit/test_codec.py pins them)."""
-    p.SetInParent()  # a field of an envelope: present even if every value is a default
-    p.name = spec.name
-    p.tasks = spec.tasks
-    resources = p.resources
-    resources.SetInParent()
-    resources.cpu_millis = spec.resources.cpu
-    resources.memory_bytes = spec.resources.memory
-    resources.gpu = spec.resources.gpu
-    p.command.extend(spec.command)
-    if spec.env:
-        p.env.update(spec.env)
-    topology = p.topology  # present: a mode is never empty
-    topology.pack = spec.topology.pack
-    topology.mode = spec.topology.mode.value
-    p.priority = spec.priority
-    p.max_restarts = spec.max_restarts
-    p.time_limit_s = spec.time_limit
-    p.image = spec.image
-    p.queue = spec.queue
-    p.grace_s = spec.grace
-    p.gpu_model = spec.gpu_model
-    p.array = spec.array
-    p.array_throttle = spec.array_throttle
-    for kind, job_id in spec.after:
-        p.after.add(kind=kind, job_id=job_id)
-    p.singleton = spec.singleton
-    p.on_unsatisfiable = spec.on_unsatisfiable
-    p.tasks_min = spec.tasks_min
-    p.resize_interval_s = spec.resize_interval
-    if spec.has_checkpoint:
-        p.checkpoint.signal = spec.checkpoint.signal
-        p.checkpoint.notice_s = spec.checkpoint.notice
-    for source, target, readonly in spec.mounts:
-        p.mounts.add(source=source, target=target, readonly=readonly)
-    p.image_pull_timeout_s = spec.image_pull_timeout
-    for secret in spec.secrets:
-        p.secrets.add(name=secret.name, fingerprint=secret.fingerprint, sealed=secret.sealed)
-    if spec.has_alloc:
-        p.alloc = spec.alloc
-        p.idle_timeout_s = spec.idle_timeout
-    return p
-
-
 def _before_images(spec: JobSpec) -> JobSpec:
     """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout (and
     no secrets or allocation, which came later still)."""
@@ -134,62 +95,6 @@ def _before_secrets(spec: JobSpec) -> JobSpec:
 def _before_alloc(spec: JobSpec) -> JobSpec:
     """A spec as a replica before command-set version 7 reads it: no allocation."""
     return dataclasses.replace(spec, alloc=False, idle_timeout=0.0) if spec.has_alloc else spec
-
-
-def mounts_to_proto(mounts: tuple[tuple[str, str, bool], ...]) -> list[types_pb2.Mount]:
-    return [types_pb2.Mount(source=s, target=t, readonly=ro) for s, t, ro in mounts]
-
-
-def mounts_from_proto(mounts: Iterable[types_pb2.Mount]) -> tuple[tuple[str, str, bool], ...]:
-    return tuple((m.source, m.target, m.readonly) for m in mounts)
-
-
-_NO_CHECKPOINT = CheckpointSpec()
-_DEFAULT_TOPOLOGY = TopologySpec()
-
-
-def job_spec_from_proto(p: types_pb2.JobSpec, default_queue: str = "") -> JobSpec:
-    """The spec a message carries; `default_queue` names the queue when it names none (the API's
-    submission path fills it in here rather than copying the spec again). Every replica decodes
-    every submission's spec in apply, so the common empty parts are shared constants, not built."""
-    topology, checkpoint = p.topology, p.checkpoint  # (reading a field absent returns its defaults)
-    if not topology.pack and not topology.mode:
-        pack = _DEFAULT_TOPOLOGY
-    else:
-        try:
-            pack = TopologySpec(pack=topology.pack, mode=PackMode(topology.mode or PackMode.PREFERRED.value))
-        except ValueError as exc:
-            raise CodecError(f"topology.mode must be preferred or required, not {topology.mode!r}") from exc
-    return JobSpec(
-        name=p.name, tasks=p.tasks, resources=resources_from_proto(p.resources),
-        command=tuple(p.command), env=tuple(sorted(p.env.items())) if p.env else (),
-        topology=pack, priority=p.priority,
-        max_restarts=p.max_restarts, time_limit=p.time_limit_s, image=p.image, queue=p.queue or default_queue,
-        grace=p.grace_s,
-        gpu_model=p.gpu_model, array=p.array, array_throttle=p.array_throttle,
-        after=tuple((d.kind, d.job_id) for d in p.after) if p.after else (), singleton=p.singleton,
-        on_unsatisfiable=p.on_unsatisfiable, tasks_min=p.tasks_min, resize_interval=p.resize_interval_s,
-        checkpoint=CheckpointSpec(signal=checkpoint.signal, notice=checkpoint.notice_s)
-        if p.HasField("checkpoint") else _NO_CHECKPOINT,
-        mounts=mounts_from_proto(p.mounts) if p.mounts else (), image_pull_timeout=p.image_pull_timeout_s,
-        secrets=tuple(Secret(x.name, x.fingerprint, x.sealed) for x in p.secrets) if p.secrets else (),
-        alloc=p.alloc, idle_timeout=p.idle_timeout_s)
-
-
-def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
-    return types_pb2.QueueSpec(
-        name=q.name, parent=q.parent, weight=q.weight, guaranteed=resources_to_proto(q.guaranteed),
-        max=resources_to_proto(q.max), lending_limit=resources_to_proto(q.lending_limit), users=list(q.users),
-        groups=list(q.groups), preemption_rules=list(q.preemption_rules), min_runtime_s=q.min_runtime,
-        max_grace_s=q.max_grace)
-
-
-def queue_from_proto(p: types_pb2.QueueSpec) -> Queue:
-    """A queue as sent; its validity is checked by synapse.core.queues, not here."""
-    return Queue(name=p.name, parent=p.parent, weight=p.weight or 1.0, guaranteed=resources_from_proto(p.guaranteed),
-                 max=resources_from_proto(p.max), lending_limit=resources_from_proto(p.lending_limit),
-                 users=tuple(p.users), groups=tuple(p.groups), preemption_rules=tuple(p.preemption_rules),
-                 min_runtime=p.min_runtime_s, max_grace=p.max_grace_s)
 
 
 def placement_to_proto(pl: Placement) -> types_pb2.Placement:
@@ -268,8 +173,8 @@ def _read_submit_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
         spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                    on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
     spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets or spec.has_alloc else spec
-    if spec.checkpoint != _NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
-        spec = dataclasses.replace(spec, checkpoint=_NO_CHECKPOINT)
+    if spec.checkpoint != NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
+        spec = dataclasses.replace(spec, checkpoint=NO_CHECKPOINT)
     return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
 
 

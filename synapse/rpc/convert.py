@@ -1,26 +1,30 @@
 """The API's messages to and from the domain: flat `x_to_proto` / `x_from_proto` pairs for what the
 masters' gRPC API shows and takes (api.proto). The core never imports the API's messages: what a
-Raft log entry holds is encoded by synapse.core.codec, whose conversions of shared messages (a
-spec, resources, mounts) these build on. The master, the worker, the client and synctl use them.
+Raft log entry holds is encoded by synapse.core.codec; the conversions both share (a spec,
+resources, mounts) are synapse.core.jobs.wire's, which these build on. The master, the worker, the
+client and synctl use them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from synapse.core.brain.heartbeat import GpuErrorReport
-from synapse.core.codec import (
+from synapse.core.goodput import Goodput
+from synapse.core.jobs.arrays import JobArray
+from synapse.core.jobs.dependencies import Resolved
+from synapse.core.jobs.wire import (
     job_spec_to_proto,
     mounts_from_proto,
     mounts_to_proto,
     resources_from_proto,
     resources_to_proto,
 )
-from synapse.core.goodput import Goodput
-from synapse.core.jobs.arrays import JobArray
-from synapse.core.jobs.dependencies import Resolved
 from synapse.core.model import Assignment, Job, JobSpec, JoinToken, Node, Progress, User
 from synapse.proto import api_pb2, types_pb2
+
+if TYPE_CHECKING:  # the brain imports every command of the log: a client converting a job needs none
+    from synapse.core.brain.heartbeat import GpuErrorReport
 
 
 def join_token_to_proto(t: JoinToken) -> api_pb2.JoinTokenInfo:
@@ -117,6 +121,8 @@ def gpu_errors_to_proto(errors: tuple[GpuErrorReport, ...]) -> list[api_pb2.GpuE
 
 def gpu_errors_from_proto(request: api_pb2.HeartbeatRequest) -> tuple[GpuErrorReport, ...]:
     """A heartbeat's GPU errors (its sender's word: synapse.core.brain.heartbeat.gpu_fault_change bounds them)."""
+    from synapse.core.brain.heartbeat import GpuErrorReport
+
     return tuple(GpuErrorReport(e.gpu, e.message) for e in request.gpu_errors)
 
 

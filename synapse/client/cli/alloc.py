@@ -19,7 +19,7 @@ from synapse.client.cli.jobs import NEVER_STARTS, TERMINAL
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, emit, fail, run
 from synapse.client.master_client import ClientError, ClusterUnavailable, new_request_id
 from synapse.client.steps import ALLOC_ENV, REACHED, exit_status, start_step, step_spec, wait_step
-from synapse.core import codec
+from synapse.core.jobs import wire
 from synapse.core.jobs.jobspec import JobFileError, check_spec
 from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_duration, parse_memory
 from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
@@ -54,7 +54,7 @@ def alloc(obj: Context, /, **flags: Any) -> None:
     spec = _alloc_spec(flags)
     client = obj.client
     rid = new_request_id()
-    alloc_id = run(lambda: client.submit_job(codec.job_spec_to_proto(spec), request_id=rid)).job_id
+    alloc_id = run(lambda: client.submit_job(wire.job_spec_to_proto(spec), request_id=rid)).job_id
     click.echo(f"synctl: allocation {alloc_id}: pending", err=True)
     # Until the command runs, SIGTERM and SIGHUP (a closed terminal) are an interruption, as Ctrl-C:
     # the allocation is cancelled rather than left to its idle timeout.

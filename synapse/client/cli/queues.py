@@ -13,7 +13,7 @@ import yaml
 from synapse.client import render
 from synapse.client.cli.session import OUTPUT, Context, emit, fail, run
 from synapse.client.master_client import ClientError, ClusterUnavailable
-from synapse.core import codec
+from synapse.core.jobs import wire
 from synapse.core.jobs.quantity import format_cpu, format_memory
 from synapse.core.model import Queue, Resources
 from synapse.core.queues import QueueFileError, parse_queue_file
@@ -34,7 +34,7 @@ def apply_file(obj: Context, file: str) -> None:
     except QueueFileError as exc:
         fail(f"invalid queue file {file}: {exc}", 2)
     reply = run(lambda: obj.client.call("ApplyQueues", api_pb2.ApplyQueuesRequest(
-        queues=[codec.queue_to_proto(q) for q in queues])))
+        queues=[wire.queue_to_proto(q) for q in queues])))
     for line in render.applied(reply):
         click.echo(line)
     try:
@@ -42,8 +42,8 @@ def apply_file(obj: Context, file: str) -> None:
         every = obj.client.call("ListQueues", api_pb2.ListQueuesRequest()).queues
     except (ClientError, ClusterUnavailable):
         return  # the queues are applied; what follows is advice
-    capacity = sum((codec.resources_from_proto(n.capacity) for n in nodes), Resources())
-    for line in guarantee_warnings(queues, [codec.queue_from_proto(q.spec) for q in every], capacity, len(nodes)):
+    capacity = sum((wire.resources_from_proto(n.capacity) for n in nodes), Resources())
+    for line in guarantee_warnings(queues, [wire.queue_from_proto(q.spec) for q in every], capacity, len(nodes)):
         click.echo(f"synctl: warning: {line}", err=True)
 
 

@@ -28,7 +28,7 @@ from synapse.client.cli.session import AfterDashes, Context, fail, run
 from synapse.client.cli.submit import flags_spec, job_flags
 from synapse.client.master_client import ClientError, new_request_id
 from synapse.client.steps import ALLOC_ENV, start_step, step_spec
-from synapse.core import codec
+from synapse.core.jobs import wire
 from synapse.core.jobs.jobspec import JobFileError
 from synapse.core.jobs.quantity import QuantityError, parse_cpu, parse_memory
 from synapse.core.model import STDIN_ENV, JobSpec
@@ -63,7 +63,7 @@ def interactive(spec: JobSpec) -> JobSpec:
 def start(obj: Context, spec: JobSpec, secrets: dict[str, str] | None = None) -> str:
     """Start the job `run` attaches to, and return its id: a new gang (inside an allocation,
     `start_step_of` starts a step of it instead)."""
-    reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=new_request_id(),
+    reply = run(lambda: obj.client.submit_job(wire.job_spec_to_proto(spec), request_id=new_request_id(),
                                               secrets=secrets or {}))
     for line in reply.warnings:
         click.echo(f"synctl: warning: {line}", err=True)

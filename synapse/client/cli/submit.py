@@ -13,7 +13,7 @@ from synapse.client import render
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, fail, run
 from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
 from synapse.client.master_client import new_request_id
-from synapse.core import codec
+from synapse.core.jobs import wire
 from synapse.core.jobs.arrays import ArraySpecError, format_ranges, parse_array
 from synapse.core.jobs.dependencies import parse_after_flag
 from synapse.core.jobs.jobspec import JobFileError, check_workflow, parse_job
@@ -96,7 +96,7 @@ def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], requ
             if not shorthand and job_file and not os.path.exists(job_file) else ""
         fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
     rid = request_id or new_request_id()
-    reply = run(lambda: obj.client.submit_job(codec.job_spec_to_proto(spec), request_id=rid, secrets=secrets))
+    reply = run(lambda: obj.client.submit_job(wire.job_spec_to_proto(spec), request_id=rid, secrets=secrets))
     for line in reply.warnings:
         click.echo(f"synctl: warning: {line}", err=True)
     job_id = reply.job_id
