@@ -469,8 +469,10 @@ class MasterClient:
                                            request_id=request_id or new_request_id())
         return str(self.call("StartStep", request).step_id)
 
-    def get_job(self, job_id: str) -> api_pb2.JobInfo:
-        job: api_pb2.JobInfo = self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id))
+    def get_job(self, job_id: str, applied: bool = False) -> api_pb2.JobInfo:
+        """The job as the leader knows it: after a barrier (a linearizable read), or with `applied`
+        from what it has applied (for what does not change: one Raft write less)."""
+        job: api_pb2.JobInfo = self.call("GetJob", api_pb2.GetJobRequest(job_id=job_id, applied=applied))
         return job
 
     def list_jobs(self, statuses: list[str] | None = None, page: int = 0, user: str = "",

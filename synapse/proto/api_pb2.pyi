@@ -319,15 +319,22 @@ class GetJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    applied: _builtins.bool
+    """The leader answers from what it has applied, without first committing a barrier (a read that
+    may miss the last moments: for what never changes, such as an allocation's shape, which `synctl
+    run` reads before each step). Default: a linearizable read.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        applied: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

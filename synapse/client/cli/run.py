@@ -39,6 +39,8 @@ DOUBLE_INTERRUPT_S = 1.0
 #: How often a job that has not started yet is asked again: soon at first (a gang on an idle
 #: cluster starts in milliseconds), then every quarter second.
 FIRST_POLL_S, MAX_POLL_S = 0.005, 0.25
+#: the first pause while the masters record a job's end (reads without a barrier cost them little)
+END_FIRST_POLL_S = 0.002
 #: After the tasks' streams end, how long the masters may take to record how the tasks ended.
 END_WAIT_S = 30.0
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -88,7 +90,7 @@ def start_step_of(obj: Context, alloc_id: str, spec: JobSpec, flags: dict[str, A
         memory = parse_memory(flags["memory"]) if flags["memory"] else None
     except QuantityError as exc:
         fail(f"invalid step: {exc}", 2)
-    alloc = run(lambda: obj.client.get_job(alloc_id))
+    alloc = run(lambda: obj.client.get_job(alloc_id, applied=True))  # its shape never changes
     step = step_spec(alloc, spec.command, tasks=flags["tasks"], cpu=cpu, memory=memory, gpu=flags["gpu"],
                      env=spec.env)
     try:
@@ -332,9 +334,11 @@ def _placed(obj: Context, job_id: str, after: int) -> api_pb2.AttachAccessReply 
 
 def _ended(obj: Context, job_id: str, attempt: int) -> api_pb2.JobInfo:
     """The job once the masters know how `attempt` ended (terminal, or a later attempt), or after END_WAIT_S."""
-    deadline, pause = time.monotonic() + END_WAIT_S, FIRST_POLL_S
+    deadline, pause = time.monotonic() + END_WAIT_S, END_FIRST_POLL_S
     while True:
-        info = run(lambda: obj.client.get_job(job_id))
+        # From what the leader applied, without a barrier: it applies only what is committed, so a
+        # job seen ended has ended, and one not yet seen is asked again a moment later.
+        info = run(lambda: obj.client.get_job(job_id, applied=True))
         if info.status in TERMINAL or info.attempt > attempt or time.monotonic() > deadline:
             return info
         time.sleep(pause)

@@ -79,7 +79,10 @@ class JobsApi(JobViews):
 
     async def GetJob(self, request: api_pb2.GetJobRequest, context: Context) -> api_pb2.JobInfo:
         await self._check_id(request.job_id, "job_id", context)
-        await self._current_read(context)
+        if request.applied:
+            await self._leader(context)
+        else:
+            await self._current_read(context)
         with self.m.lock:
             job = self.m.state.jobs.get(request.job_id)
             if job is None and request.job_id in self.m.state.arrays:
