@@ -2,7 +2,7 @@
 
     synapse-sim generate --mix gang-heavy --load 0.9 --days 7 -o t.csv
     synapse-sim import-sacct sacct.txt -o t.csv
-    synapse-sim run t.csv --policies fifo,greedy,easy,synapse --json
+    synapse-sim run t.csv --policies fifo,greedy,easy,easy++,synapse --json
     synapse-sim run t.csv --policies easy,synapse --jitter 60     # the noise floor of the comparison
     synapse-sim run t.csv --node-mtbf 200 --checkpoint-every 10m --restart-cost 1m --recovery back
     synapse-sim sweep --loads 0.7,0.9,1.1 --seeds 1,2,3 --report out/
@@ -70,7 +70,7 @@ def _write(text: str, output: str | None) -> None:
 @version_option(PROG)
 def main() -> None:
     """Trace-driven evaluation: Synapse's real state machine and queue policy on a simulated clock,
-    against FIFO, greedy and EASY backfill, on the same simulated cluster."""
+    against FIFO, greedy, EASY backfill and EASY++ (EASY by the same predictor), on the same simulated cluster."""
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -240,7 +240,8 @@ def _above_zero(_ctx: click.Context, _param: click.Parameter, value: float | Non
 @click.option("--report", "report_dir", help="Also write an HTML report with plots into this directory.")
 @click.option("--tuning", default="", metavar="KEY=VALUE,...",
               help="Change the knobs of Synapse's policies (synapse.core.schedule.reservations.Tuning: reservations, "
-                   "locality_wait_s, weigh_locality, spread_factor, switch_share, switch_min_s, reevaluate_s), "
+                   "locality_wait_s, weigh_locality, spread_factor, switch_share, switch_min_s, reevaluate_s, "
+                   "backfill_by_user, drain_by_user, shortest_backfill), "
                    "for ablations.")
 @click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",
               help="Replay only the jobs of at least N GPUs, as if nothing else were submitted (64: the big "
@@ -492,7 +493,7 @@ def _floats(text: str, what: str) -> list[float]:
 @click.option("--mix", type=click.Choice(sorted(MIXES)), default="gang-heavy", show_default=True)
 @click.option("--days", type=float, default=7.0, show_default=True)
 @click.option("--failures", type=float, default=0.0, show_default=True)
-@click.option("--policies", default="fifo,greedy,easy,synapse", show_default=True,
+@click.option("--policies", default="fifo,greedy,easy,easy++,synapse", show_default=True,
               help=f"Comma-separated, of: {', '.join(POLICIES)}.")
 @click.option("--spread-factor", type=click.FloatRange(0.05, 1.0), default=SPREAD_FACTOR, show_default=True)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -503,9 +504,9 @@ def _floats(text: str, what: str) -> list[float]:
               help="As for generate: share of jobs that resubmit a template of their user (0: none).")
 @click.option("--within-cv", type=float, default=WITHIN_CV, show_default=True, metavar="CV",
               help="As for generate: coefficient of variation of a template's run times.")
-@click.option("--baseline", default="easy", show_default=True,
-              help="Policy every other one is paired with, seed by seed (ratios of mean JCT and big-gang p99 "
-                   "wait, difference of useful utilisation).")
+@click.option("--baseline", default="easy,easy++", show_default=True,
+              help="Policies every other one is paired with, seed by seed (ratios of mean JCT and big-gang p99 "
+                   "wait, difference of useful utilisation), comma-separated; those not replayed are skipped.")
 @_shape_options
 def sweep(loads: str, seeds: str, mix: str, days: float, failures: float, policies: str, spread_factor: float,
           workers: int, as_json: bool, report_dir: str | None, recurrence: float, within_cv: float, baseline: str,
@@ -529,7 +530,7 @@ def sweep(loads: str, seeds: str, mix: str, days: float, failures: float, polici
         fail(PROG, str(exc))
     keep = min(load_list, key=lambda x: abs(x - 0.9))
     result, kept = run_sweep(base, load_list, seed_list, chosen, spread_factor=spread_factor, workers=workers,
-                             keep=keep, baseline=baseline)
+                             keep=keep, baseline=tuple(b.strip() for b in baseline.split(",") if b.strip()))
     text = sweep_table(result)
     if report_dir:
         summaries = {r.policy: summarize(r) for r in kept}
@@ -554,7 +555,8 @@ def sweep_table(result: dict[str, Any]) -> str:
         for other, by_metric in result["claims_synapse_over"].items():
             lines.append(f"  synapse/{other}: mean JCT {by_metric['mean_jct_s'][li]}; "
                          f"big p99 wait {by_metric['big_gang_p99_wait_s'][li]}")
-        for policy, by_metric in result.get("paired", {}).items():
+        for policy, by_metric, base in ((p, m, b) for b, by_policy in result.get("paired_with", {}).items()
+                                        for p, m in by_policy.items()):
             cells = []
             for key, label, scale in (("mean_jct_s", "mean JCT", 1), ("big_gang_p99_wait_s", "big p99 wait", 1),
                                       ("useful_utilisation", "useful util pt", 100)):
@@ -563,7 +565,7 @@ def sweep_table(result: dict[str, Any]) -> str:
                 worst = f" (max {p['max'] * scale:.2f})" if key != "useful_utilisation" else \
                     f" (min {p['min'] * scale:+.2f})"
                 cells.append(f"{label} {p['mean'] * scale:.3f}{half}{worst}")
-            lines.append(f"  {policy}/{result['baseline']} by seed: " + "; ".join(cells))
+            lines.append(f"  {policy}/{base} by seed: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
 

@@ -250,7 +250,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("synapse-strict", schedule_round, "ablation: Synapse's policy, gangs that fit in a rack require one",
            strict_racks=True, preempts=True),
 )}
-DEFAULT_POLICIES = ("fifo", "greedy", "easy", "synapse", "synapse-flat")
+DEFAULT_POLICIES = ("fifo", "greedy", "easy", "easy++", "synapse", "synapse-flat")
 
 
 def parse_policies(text: str | Iterable[str]) -> list[Policy]:

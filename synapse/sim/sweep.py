@@ -39,10 +39,13 @@ def _run(case: Case) -> tuple[Case, Summary, RunResult]:
 
 
 def sweep(base: Recipe, loads: list[float], seeds: list[int], policies: list[str], *, spread_factor: float,
-          workers: int = 1, keep: float | None = None, baseline: str = "easy",
+          workers: int = 1, keep: float | None = None, baseline: str | tuple[str, ...] = ("easy", "easy++"),
           ) -> tuple[dict[str, Any], list[RunResult]]:
-    """{"loads", "seeds", "policies": {NAME: {metric: [(mean, half width) per load]}}, "samples", "claims"},
-    and the replays of the first seed at load `keep` (for the per-run plots)."""
+    """{"loads", "seeds", "policies": {NAME: {metric: [(mean, half width) per load]}}, "samples", "claims",
+    "baseline", "paired"} (paired with the first of the `baseline`s that was replayed), "paired_with"
+    ({baseline: paired} for each of them that was), and the replays of the first seed at load `keep`
+    (for the per-run plots)."""
+    baselines = [b for b in ((baseline,) if isinstance(baseline, str) else baseline) if b in policies]
     cases = [Case(dataclasses.replace(base, load=load, seed=seed), p, spread_factor)
              for load in loads for seed in seeds for p in policies]
     if workers > 1:
@@ -66,9 +69,10 @@ def sweep(base: Recipe, loads: list[float], seeds: list[int], policies: list[str
                 continue
             claims[other] = {m: [ratio_claim(samples["synapse"][m][i], samples[other][m][i]) for i in range(len(loads))]
                              for m in ("mean_jct_s", "big_gang_p99_wait_s")}
+    paired_with = {b: paired(samples, b, len(loads)) for b in baselines}
     return {"loads": loads, "seeds": seeds, "policies": curves, "samples": samples,
-            "claims_synapse_over": claims, "baseline": baseline,
-            "paired": paired(samples, baseline, len(loads)) if baseline in policies else {}}, kept
+            "claims_synapse_over": claims, "baseline": baselines[0] if baselines else None,
+            "paired": paired_with[baselines[0]] if baselines else {}, "paired_with": paired_with}, kept
 
 
 def paired(samples: dict[str, dict[str, list[list[float]]]], baseline: str,

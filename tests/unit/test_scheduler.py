@@ -437,3 +437,66 @@ def test_conservative_backfill_reserves_for_every_blocked_gang_one_after_another
     fourth = s.submit(spec(tasks=1, time_limit=90), duration=10)
     result = schedule_round(s.state, s.now, tuning=CONSERVATIVE)
     assert result.plans == [] and fourth not in {r.job_id for r in result.reservations}
+
+
+def _submit_as(s, user, job_spec, duration):
+    job_id = f"{user}-{job_spec.name}-{len(s.state.jobs)}"
+    assert s.apply(c.SubmitJob(at=s.now, job_id=job_id, request_id=job_id, spec=job_spec, by=user)).ok
+    s._runtime[job_id] = (duration, 0)
+    return job_id
+
+
+def _known_runs(s):
+    """bob's prep ran 100 s twice; alice's train 1000 s twice."""
+    for user, name, run in (("bob", "prep", 100.0), ("alice", "train", 1000.0)):
+        for _ in range(2):
+            s.state.run_times.learn(user, name, 8, run)
+
+
+def _behind_a_gang(knob, holder, behind):
+    """Two nodes: `holder` (user, name, run) runs on one, a two-node gang of carol's waits, then
+    `behind` (user, name, run) is submitted, each with an hour's limit; a round with `knob` off
+    and on: {on: (the gang's expected start, what the round starts)}, and the id of `behind`."""
+    out = {}
+    for on in (False, True):
+        s = sim(racks=1, nodes_per_rack=2)
+        _known_runs(s)
+        _submit_as(s, holder[0], spec(tasks=1, name=holder[1], time_limit=3600), holder[2])
+        s.schedule()
+        _submit_as(s, "carol", spec(tasks=2, name="big", time_limit=3600), 100)
+        job = _submit_as(s, behind[0], spec(tasks=1, name=behind[1], time_limit=3600), behind[2])
+        result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, **{knob: on}))
+        out[on] = (result.reservation.starts_at, [p.job_id for p in result.plans])
+    return out, job
+
+
+def test_the_drain_clock_expects_a_job_of_unknown_kind_to_run_its_users_runs():
+    """bob's sim, of a kind never run, holds one of two nodes; a two-node gang reserves both. By
+    the kind alone the node drains at its limit and alice's 1000 s train fits before it; by bob's
+    runs (100 s) it drains at once, and the train would delay the gang."""
+    out, train = _behind_a_gang("drain_by_user", ("bob", "sim", 500), ("alice", "train", 1000))
+    assert out == {False: (3600, [train]), True: (100, [])}
+
+
+def test_a_job_of_unknown_kind_may_backfill_by_its_users_runs():
+    """bob's sim, of a kind never run, asks for an hour; bob's runs last 100 s. By its limit it may
+    not go on the nodes reserved for a gang expected to start in 1000 s; by bob's runs it may."""
+    out, quick = _behind_a_gang("backfill_by_user", ("alice", "train", 1000), ("bob", "sim", 100))
+    assert out == {False: (1000, []), True: (1000, [quick])}
+
+
+def test_shortest_backfill_tries_the_jobs_behind_the_reservations_shortest_first():
+    """One node free outside a blocked gang's reservation and two jobs behind it: in queue order
+    the hour-long one takes it; shortest first, the 100 s one does."""
+    order = {}
+    for shortest in (False, True):
+        s = sim(racks=2, nodes_per_rack=2)
+        _known_runs(s)
+        occupy(s, ["r0-n0", "r1-n0"])  # no limit: the reservation's start is unknown, no one goes on its nodes
+        _submit_as(s, "carol", spec(tasks=2, name="big", pack="rack", required=True), 100)
+        long = _submit_as(s, "dave", spec(tasks=1, name="long", time_limit=3600), 3600)
+        quick = _submit_as(s, "bob", spec(tasks=1, name="prep", time_limit=3600), 100)
+        tuning = dataclasses.replace(TUNING, reservations=1, shortest_backfill=shortest)
+        result = schedule_round(s.state, s.now, tuning=tuning)
+        order[shortest] = [p.job_id for p in result.plans]
+    assert order == {False: [long], True: [quick]}

@@ -106,6 +106,18 @@ def test_sweep_gives_intervals_over_seeds(tmp_path):
     assert set(data["claims_synapse_over"]) == {"greedy"}
 
 
+def test_run_and_sweep_compare_with_easy_plus_plus_by_default(trace_file):
+    result = invoke("run", str(trace_file), "--json")
+    assert result.exit_code == 0, result.output
+    assert "easy++" in json.loads(result.output)["policies"]
+    result = invoke("sweep", "--mix", "philly", "--days", "0.5", "--loads", "0.5", "--seeds", "1,2",
+                    "--policies", "easy,easy++,synapse", *SHAPE)
+    assert result.exit_code == 0, result.output
+    for pair in ("synapse/easy by seed", "synapse/easy++ by seed", "easy++/easy by seed"):
+        assert pair in result.output
+    assert "easy/easy++ by seed" in result.output  # each baseline against the other too
+
+
 def test_queues_from_the_trace_get_fair_share_figures(tmp_path):
     path = tmp_path / "q.csv"
     assert invoke("generate", "--mix", "philly", "--days", "0.5", "--queue-mix", "alpha=3,beta=1", *SHAPE,

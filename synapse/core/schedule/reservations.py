@@ -98,6 +98,17 @@ class Tuning:
     #: is being repaired, for hours or for good, and holding a rack's GPUs idle that long costs more
     #: than the drain the gang then waits for once the node is back
     restart_hold_s: float = 900.0
+    #: EASY++'s rules, one by one (ablations, off: measured against `easy++` on the gang-heavy
+    #: week, docs/evaluation/results.md, none gained JCT without lengthening the big gangs' tail).
+    #: With `predict`, a job with no runs of its own kind may go on reserved nodes by its user's
+    #: runs (the mean of their last two), not only by its time limit (backfill_run)
+    backfill_by_user: bool = False
+    #: with `predict`, the drain clock expects a running job with no runs of its own kind to run
+    #: what its user's runs predict, not its time limit (the split test still weighs its own kind)
+    drain_by_user: bool = False
+    #: the jobs behind the reserving gangs (the backfill) are tried shortest expected run first,
+    #: not in queue order (scheduler._Round.walk)
+    shortest_backfill: bool = False
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -135,6 +146,8 @@ def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> fl
     elapsed = now - job.started_at if job.started_at else 0.0
     longest = state.run_times.longest_own(job.user, job.spec.name, job.spec.resources.gpu * job.spec.tasks, limit,
                                           elapsed)
+    if longest is None and tuning.backfill_by_user:
+        return expected_run(state, job, now, True, own_kind=False)
     return limit if longest is None else min(limit, longest)
 
 
@@ -248,8 +261,9 @@ class DrainClock:
     prediction, or by time limit) of the tasks on it (inf when one has none), counting this round's
     plans (array elements not yet jobs among them) as started now. Computed per node on demand."""
 
-    def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool = False) -> None:
-        self.state, self.now, self.plans, self.predict = state, now, plans, predict
+    def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool = False,
+                 own_kind: bool = True) -> None:
+        self.state, self.now, self.plans, self.predict, self.own_kind = state, now, plans, predict, own_kind
         #: job id -> how long its attempt is expected to run (a job's, not a task's: its tasks start
         #: apart, and each ends that long after its own start)
         self._runs: dict[str, float] = {}
@@ -270,7 +284,7 @@ class DrainClock:
         for plan in self.plans[self._seen_plans:]:
             job = self.state.jobs.get(plan.job_id)
             if job is not None:
-                end = self.now + expected_run(self.state, job, self.now, self.predict)
+                end = self.now + expected_run(self.state, job, self.now, self.predict, self.own_kind)
             else:
                 spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
                 limit = spec.time_limit if spec is not None else 0.0
@@ -297,7 +311,7 @@ class DrainClock:
                 continue  # a step's task: its allocation's task on the node says when it frees
             run = self._runs.get(job_id)
             if run is None:
-                run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict)
+                run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict, self.own_kind)
             if math.isinf(run):
                 return math.inf
             latest = max(latest, (job.tasks[index].started_at or self.now) + run)

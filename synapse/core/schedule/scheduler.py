@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,7 +247,7 @@ class _Round:
         self.held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
         self.claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
         self.queue_order = _queue_order(state) if state.queues else None  #: None: the plain queue order
-        self.clock = DrainClock(state, now, self.result.plans, tuning.predict)
+        self.clock = DrainClock(state, now, self.result.plans, tuning.predict, not tuning.drain_by_user)
         #: (tasks, resources, depth) -> some domain of that depth holds such a gang when idle
         self.rack_fit: dict[tuple[int, Resources, int], bool] = {}
         self.gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
@@ -267,6 +267,17 @@ class _Round:
 
     def walk(self, jobs: Iterable[Job]) -> None:
         """Each job in turn: planned if it can start, else why it waits (and a reservation, if it may).
+        With `Tuning.shortest_backfill`, once the reservations are taken, the jobs left (the
+        backfill) in the order of their expected runs, shortest first (EASY++'s order; the mean of
+        their kind's or their user's last runs, else their limit), queue order breaking ties."""
+        rest = self._walk(iter(jobs), self.tuning.shortest_backfill)
+        if rest:
+            state, now, predict = self.state, self.now, self.tuning.predict
+            self._walk(iter(sorted(rest, key=lambda j: expected_run(state, j, now, predict, own_kind=False))), False)
+
+    def _walk(self, jobs: Iterator[Job], backfill_apart: bool) -> list[Job]:
+        """`walk`'s loop, in the order given; with `backfill_apart`, up to the first job once the
+        reservations are taken: the jobs from there on are returned, not walked.
 
         First what the job asks of the round: its spec (delay scheduling), the reserved nodes it may
         use, its spares, and the shape it fits or fails as. The gate, the queue's max and the shapes
@@ -277,6 +288,8 @@ class _Round:
         view, rack_fit, failed, reservations, pivotal = self.view, self.rack_fit, self.failed, self.reservations, \
             self.pivotal
         for job in jobs:
+            if backfill_apart and len(reservations) >= tuning.reservations:
+                return [job, *jobs]
             if job.spec.after:  # the gate reads their status: a quiet departure of one changes this job's lot
                 pivotal.update(upstream for _, upstream in job.spec.after)
             held_back = gate.held(job) if job.id not in state.holds else None
@@ -316,6 +329,7 @@ class _Round:
                 verdict = same
             result.waiting[job.id] = verdict
             result.examined.append(job.id)
+        return []
 
     def _turn(self, ask: _Ask) -> None:
         """A job whose shape has not failed this round: planned if it can start, else why it waits."""
