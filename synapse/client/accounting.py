@@ -26,7 +26,7 @@ SACCT_FIELDS = ("JobID", "JobIDRaw", "Cluster", "Partition", "Account", "Group",
 #: Slurm's state for a run's outcome, when it is not the job's own final state.
 _SLURM_STATE = {"Completed": "COMPLETED", "Error": "FAILED", "Signal": "FAILED", "OOMKilled": "OUT_OF_MEMORY",
                 "TimeLimit": "TIMEOUT", "NodeLost": "NODE_FAIL", "GpuError": "NODE_FAIL", "Preempted": "PREEMPTED",
-                "Cancelled": "CANCELLED",
+                "Cancelled": "CANCELLED", "Requeued": "REQUEUED",
                 # Slurm cancels a job whose dependency can never be met (kill_invalid_depend)
                 "DependencyNeverSatisfied": "CANCELLED"}
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2})?)?$")

@@ -15,7 +15,7 @@ from typing import Any
 from synapse.core.goodput import Goodput
 from synapse.core.jobs import wire
 from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_start, format_wait
-from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, EndReason
+from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_INTERACTIVE_MAX_S, EndReason
 from synapse.proto import api_pb2, types_pb2
 from synapse.rpc import convert
 
@@ -412,6 +412,8 @@ def queue_dict(q: api_pb2.QueueInfo) -> dict[str, Any]:
             "lending_limit": _amounts(s.lending_limit, True), "users": list(s.users), "groups": list(s.groups),
             "preemption": {"rules": list(s.preemption_rules), "min_runtime_s": s.min_runtime_s,
                            "max_grace_s": s.max_grace_s},
+            "max_per_user": {k: v for k, v in (("gpu", s.max_per_user_gpu), ("jobs", s.max_per_user_jobs)) if v > 0},
+            "interactive": {"max_duration_s": s.interactive_max_duration_s or DEFAULT_INTERACTIVE_MAX_S},
             "usage": _amounts(q.usage, False), "decayed_gpu_hours": round(q.decayed_gpu_hours, 3),
             "pending": q.pending, "running": q.running, **({"implicit": True} if q.implicit else {})}
 

@@ -56,7 +56,7 @@ from synapse.core.jobs.wire import (
 from synapse.core.jobs.wire import (
     resources_to_proto as resources_to_proto,
 )
-from synapse.core.model import CheckpointSpec, JobSpec, Placement, Role
+from synapse.core.model import UNLIMITED, CheckpointSpec, JobSpec, Placement, Role
 from synapse.core.versions import BASE_VERSION, COMMAND_VERSION, KIND_VERSIONS
 from synapse.proto import commands_pb2, types_pb2
 
@@ -83,18 +83,26 @@ CURRENT = CommandSet(KIND_VERSIONS, COMMAND_VERSION)
 def _before_images(spec: JobSpec) -> JobSpec:
     """A spec as a replica before command-set version 4 reads it: no mounts, no pull timeout (and
     no secrets or allocation, which came later still)."""
-    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0, secrets=(), alloc=False, idle_timeout=0.0)
+    return dataclasses.replace(spec, mounts=(), image_pull_timeout=0.0, secrets=(), alloc=False, idle_timeout=0.0,
+                               interactive=False)
 
 
 def _before_secrets(spec: JobSpec) -> JobSpec:
-    """A spec as a replica before command-set version 6 reads it: no secrets (and no allocation)."""
-    return dataclasses.replace(spec, secrets=(), alloc=False, idle_timeout=0.0) \
-        if spec.secrets or spec.has_alloc else spec
+    """A spec as a replica before command-set version 6 reads it: no secrets (and nothing of version 7)."""
+    return dataclasses.replace(spec, secrets=(), alloc=False, idle_timeout=0.0, interactive=False) \
+        if spec.secrets or spec.has_alloc or spec.interactive else spec
 
 
 def _before_alloc(spec: JobSpec) -> JobSpec:
-    """A spec as a replica before command-set version 7 reads it: no allocation."""
-    return dataclasses.replace(spec, alloc=False, idle_timeout=0.0) if spec.has_alloc else spec
+    """A spec as a replica before command-set version 7 reads it: no allocation, no interactive mark."""
+    return dataclasses.replace(spec, alloc=False, idle_timeout=0.0, interactive=False) \
+        if spec.has_alloc or spec.interactive else spec
+
+
+def _before_interactive(spec: JobSpec) -> JobSpec:
+    """A spec as SubmitAllocJob carries it: no interactive mark (an interactive spec travels as
+    SubmitInteractiveJob)."""
+    return dataclasses.replace(spec, interactive=False) if spec.interactive else spec
 
 
 def placement_to_proto(pl: Placement) -> types_pb2.Placement:
@@ -134,12 +142,15 @@ def _submission_into(body: commands_pb2.SubmitJob, cmd: c.SubmitJob) -> None:
     body.job_id = cmd.job_id
     body.request_id = cmd.request_id
     job_spec_into(body.spec, cmd.spec)
+    if isinstance(cmd, c.SubmitInteractiveJob) and cmd.held:
+        body.held = True
 
 
 #: What a submission's spec may not hold for a kind older than the one that carries it: (the spec
 #: flag that says it holds it, what the error says), checked in order. An older replica would drop
 #: such fields and apply another job.
 _TRAVELS_AS = {
+    "interactive": ("has_interactive", "an interactive spec travels as SubmitInteractiveJob"),
     "alloc": ("has_alloc", "an allocation's spec travels as SubmitAllocJob"),
     "secrets": ("has_secrets", "a spec with secrets travels as SubmitSecretJob"),
     "workflow": ("has_workflow", "a spec with an array or dependencies travels as SubmitWorkflowJob"),
@@ -148,12 +159,13 @@ _TRAVELS_AS = {
 }
 #: Per submission kind, what its spec may not hold (_TRAVELS_AS), in the order it is checked.
 _REFUSED_BY_KIND: dict[type[c.Command], tuple[str, ...]] = {
-    c.SubmitAllocJob: (),
-    c.SubmitSecretJob: ("alloc",),
-    c.SubmitImageJob: ("alloc", "secrets"),
-    c.SubmitCheckpointJob: ("alloc", "secrets", "image"),
-    c.SubmitWorkflowJob: ("alloc", "secrets", "image", "checkpoint"),
-    c.SubmitJob: ("alloc", "secrets", "workflow", "checkpoint", "image"),
+    c.SubmitInteractiveJob: (),
+    c.SubmitAllocJob: ("interactive",),
+    c.SubmitSecretJob: ("interactive", "alloc"),
+    c.SubmitImageJob: ("interactive", "alloc", "secrets"),
+    c.SubmitCheckpointJob: ("interactive", "alloc", "secrets", "image"),
+    c.SubmitWorkflowJob: ("interactive", "alloc", "secrets", "image", "checkpoint"),
+    c.SubmitJob: ("interactive", "alloc", "secrets", "workflow", "checkpoint", "image"),
 }
 
 
@@ -173,6 +185,7 @@ def _read_submit_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
         spec = dataclasses.replace(spec, array="", array_throttle=0, after=(), singleton=False,
                                    on_unsatisfiable="", tasks_min=0, resize_interval=0.0)
     spec = _before_images(spec) if spec.mounts or spec.image_pull_timeout or spec.secrets or spec.has_alloc else spec
+    spec = _before_interactive(spec)
     if spec.checkpoint != NO_CHECKPOINT:  # likewise (the test, not a copy each time: apply's hot path)
         spec = dataclasses.replace(spec, checkpoint=NO_CHECKPOINT)
     return c.SubmitJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
@@ -180,13 +193,14 @@ def _read_submit_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
 
 def _read_submit_workflow_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
     # as older replicas read it
-    spec = dataclasses.replace(_before_images(job_spec_from_proto(b.spec)), checkpoint=CheckpointSpec())
+    spec = dataclasses.replace(_before_images(job_spec_from_proto(b.spec)), checkpoint=CheckpointSpec(),
+                               interactive=False)
     return c.SubmitWorkflowJob(job_id=b.job_id, request_id=b.request_id, spec=spec, **base)
 
 
 def _read_submit_checkpoint_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
     return c.SubmitCheckpointJob(job_id=b.job_id, request_id=b.request_id,
-                                 spec=_before_images(job_spec_from_proto(b.spec)), **base)
+                                 spec=_before_interactive(_before_images(job_spec_from_proto(b.spec))), **base)
 
 
 def _read_submit_image_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
@@ -200,7 +214,8 @@ def _read_submit_secret_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command
 
 
 def _read_submit_alloc_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
-    return c.SubmitAllocJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
+    return c.SubmitAllocJob(job_id=b.job_id, request_id=b.request_id,
+                            spec=_before_interactive(job_spec_from_proto(b.spec)), **base)
 
 
 def _write_start_step(env: commands_pb2.Command, cmd: c.StartStep) -> None:
@@ -213,6 +228,45 @@ def _write_start_step(env: commands_pb2.Command, cmd: c.StartStep) -> None:
 
 def _read_start_step(b: commands_pb2.StartStep, base: _Base) -> c.Command:
     return c.StartStep(alloc_id=b.alloc_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec), **base)
+
+
+def _read_submit_interactive_job(b: commands_pb2.SubmitJob, base: _Base) -> c.Command:
+    return c.SubmitInteractiveJob(job_id=b.job_id, request_id=b.request_id, spec=job_spec_from_proto(b.spec),
+                                  held=b.held, **base)
+
+
+def _write_update_job(env: commands_pb2.Command, cmd: c.UpdateJob) -> None:
+    body = env.update_job
+    body.SetInParent()
+    body.job_id = cmd.job_id
+    if cmd.priority is not None:
+        body.priority = cmd.priority
+    if cmd.time_limit is not None:
+        body.time_limit_s = cmd.time_limit
+    if cmd.queue is not None:
+        body.queue = cmd.queue
+
+
+def _read_update_job(b: commands_pb2.UpdateJob, base: _Base) -> c.Command:
+    return c.UpdateJob(job_id=b.job_id, priority=b.priority if b.HasField("priority") else None,
+                       time_limit=b.time_limit_s if b.HasField("time_limit_s") else None,
+                       queue=b.queue if b.HasField("queue") else None, **base)
+
+
+def _queues_body(field: str, kind: type[c.ApplyQueues]) -> tuple[type[c.Command], _Body]:
+    """ApplyQueues and ApplyQueuesWithLimits: the same body; the older kind refuses what it cannot carry."""
+    def build(cmd: c.ApplyQueues) -> commands_pb2.ApplyQueues:
+        if kind is c.ApplyQueues and c.queues_kind(cmd.queues) is not c.ApplyQueues:
+            raise CodecError("queues with per-user limits or an interactive maximum travel as ApplyQueuesWithLimits")
+        return commands_pb2.ApplyQueues(queues=[queue_to_proto(q) for q in cmd.queues])
+
+    def read(b: commands_pb2.ApplyQueues, base: _Base) -> c.Command:
+        queues = tuple(queue_from_proto(q) for q in b.queues)
+        if kind is c.ApplyQueues:  # as an older replica reads it
+            queues = tuple(dataclasses.replace(q, user_gpu=UNLIMITED, user_jobs=UNLIMITED, interactive_max=0.0)
+                           for q in queues)
+        return kind(queues=queues, **base)
+    return kind, _Body(field, _copied(field, build), read)
 
 
 def _write_pending_reasons(env: commands_pb2.Command, cmd: c.PendingReasons) -> None:
@@ -293,6 +347,7 @@ _BODIES: Mapping[type[c.Command], _Body] = MappingProxyType(dict([
     _flat("node_up", c.NodeUp, commands_pb2.NodeUp, "node_id"),
     _flat("set_schedulable", c.SetSchedulable, commands_pb2.SetSchedulable, "node_id schedulable reason"),
     _flat("set_node_health", c.SetNodeHealth, commands_pb2.SetNodeHealth, "node_id healthy message drain"),
+    _submission("submit_interactive_job", c.SubmitInteractiveJob, _read_submit_interactive_job),
     _submission("submit_alloc_job", c.SubmitAllocJob, _read_submit_alloc_job),
     _custom("start_step", c.StartStep, _write_start_step, _read_start_step),
     _submission("submit_secret_job", c.SubmitSecretJob, _read_submit_secret_job),
@@ -318,9 +373,8 @@ _BODIES: Mapping[type[c.Command], _Body] = MappingProxyType(dict([
         name=cmd.name, groups=list(cmd.groups), role=cmd.role.value, token_hash=cmd.token_hash)), _read_add_user),
     _flat("set_user_token", c.SetUserToken, commands_pb2.SetUserToken, "name token_hash"),
     _flat("remove_user", c.RemoveUser, commands_pb2.RemoveUser, "name"),
-    _custom("apply_queues", c.ApplyQueues, _copied("apply_queues", lambda cmd: commands_pb2.ApplyQueues(
-        queues=[queue_to_proto(q) for q in cmd.queues])),
-        lambda b, base: c.ApplyQueues(queues=tuple(queue_from_proto(q) for q in b.queues), **base)),
+    _queues_body("apply_queues", c.ApplyQueues),
+    _queues_body("apply_queues_with_limits", c.ApplyQueuesWithLimits),
     _flat("delete_queue", c.DeleteQueue, commands_pb2.DeleteQueue, "name"),
     _custom("pending_reasons", c.PendingReasons, _write_pending_reasons,
             lambda b, base: c.PendingReasons(entries=tuple(c.PendingReason(e.job_id, e.attempt, e.code, e.message)
@@ -331,6 +385,10 @@ _BODIES: Mapping[type[c.Command], _Body] = MappingProxyType(dict([
     _flat("record_exec", c.RecordExec, commands_pb2.RecordExec, "job_id attempt index command", repeated="command"),
     _flat("resize_gang", c.ResizeGang, commands_pb2.ResizeGang, "job_id attempt size reason"),
     _flat("set_array_throttle", c.SetArrayThrottle, commands_pb2.SetArrayThrottle, "job_id throttle"),
+    _flat("hold_job", c.HoldJob, commands_pb2.JobRef, "job_id"),
+    _flat("release_job", c.ReleaseJob, commands_pb2.JobRef, "job_id"),
+    _custom("update_job", c.UpdateJob, _write_update_job, _read_update_job),
+    _flat("requeue_job", c.RequeueJob, commands_pb2.RequeueJob, "job_id attempt reason"),
     _custom("preempt", c.Preempt, _copied("preempt", lambda cmd: commands_pb2.Preempt(
         job_id=cmd.job_id, attempt=cmd.attempt, rule=cmd.rule, nodes=list(cmd.nodes), explanation=cmd.explanation,
         victims=[commands_pb2.Victim(job_id=v.job_id, attempt=v.attempt, grace_s=v.grace, notice_s=v.notice)

@@ -187,8 +187,21 @@ class StartStep(Command):
     spec: JobSpec
 
 
-def submit_kind(spec: JobSpec) -> type[SubmitJob]:
-    """The kind a submission of `spec` travels as: the oldest that carries all of it."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitInteractiveJob(SubmitAllocJob):
+    """A SubmitJob whose spec is interactive, or that is held from the start (command-set version 7):
+    an older replica would drop the mark (and preempt the session, or place the held job), so it
+    travels as its own kind. It carries any spec, an allocation's too; `held`: queued but held by
+    its submitter (`synctl submit --hold`) until released."""
+
+    held: bool = False
+
+
+def submit_kind(spec: JobSpec, held: bool = False) -> type[SubmitJob]:
+    """The kind a submission of `spec` travels as: the oldest that carries all of it (of the two of
+    version 7, an allocation that is neither interactive nor held travels as SubmitAllocJob)."""
+    if held or spec.has_interactive:
+        return SubmitInteractiveJob
     if spec.has_alloc:
         return SubmitAllocJob
     if spec.has_secrets:
@@ -253,6 +266,45 @@ class SetArrayThrottle(Command):
 
     job_id: str
     throttle: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldJob(Command):
+    """Hold a pending job back from the queue (`synctl hold`): it keeps its place and is never placed
+    until released (command-set version 7). Refused for a job that is not pending."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseJob(Command):
+    """Release a held job: it takes part in the next round at its place (command-set version 7)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateJob(Command):
+    """Change a job's priority, time limit or queue (command-set version 7), re-checked at apply: its
+    owner may lower the priority and shorten the limit, only an admin raise or lengthen them (`by`
+    names who asks, and the state says whether that user is an admin); a new queue must take the job
+    by its rules (synapse.core.submission). None: that field stays. Queue and a running gang: refused."""
+
+    job_id: str
+    priority: int | None = None
+    time_limit: float | None = None  #: seconds; 0: no limit
+    queue: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequeueJob(Command):
+    """Stop a job's placed attempt and queue it again, a new attempt at its place, not charged to
+    max_restarts (`synctl requeue`, command-set version 7); refused unless it is SCHEDULED or RUNNING
+    at `attempt`."""
+
+    job_id: str
+    attempt: int
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -394,6 +446,17 @@ class ApplyQueues(Command):
     """Create or replace these queues, all together or none."""
 
     queues: tuple[Queue, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApplyQueuesWithLimits(ApplyQueues):
+    """ApplyQueues whose queues set per-user limits or an interactive maximum (command-set version 7):
+    an older replica would drop them and accept submissions this one refuses, so it is its own kind."""
+
+
+def queues_kind(queues: tuple[Queue, ...]) -> type[ApplyQueues]:
+    """The kind an ApplyQueues of `queues` travels as: the oldest that carries all of it."""
+    return ApplyQueuesWithLimits if any(q.has_limits for q in queues) else ApplyQueues
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

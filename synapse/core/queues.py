@@ -12,6 +12,8 @@
         users: [alice]                 # who may submit (with groups); both empty: everyone
         groups: [team-vision]
         preemption: {rules: [reclaim, priority, backfill, fair_share], min_runtime: 10m, max_grace: 5m}
+        max_per_user: {gpu: 64, jobs: 200}   # one user's running GPUs, and pending+running jobs, here
+        interactive: {max_duration: 8h}      # the longest an interactive job may run here (default 8h)
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from synapse.core.model import UNLIMITED, Queue, Resources
 
 PREEMPTION_RULES = ("reclaim", "priority", "backfill", "fair_share")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_FIELDS = {"name", "parent", "weight", "guaranteed", "max", "lending_limit", "users", "groups", "preemption"}
+_FIELDS = {"name", "parent", "weight", "guaranteed", "max", "lending_limit", "users", "groups", "preemption",
+           "max_per_user", "interactive"}
+#: The longest interactive max_duration a queue may set.
+MAX_INTERACTIVE_S = 7 * 86400
 _RESOURCES = {"gpu", "cpu", "memory"}
 MAX_QUEUES = 1000
 
@@ -108,17 +113,47 @@ def parse_queue(doc: Any, where: str = "queue") -> Queue:
         max_grace = parse_duration(str(pre.get("max_grace", 0)))
     except QuantityError as exc:
         raise QueueFileError(f"{where}.preemption", str(exc)) from None
+    user_gpu, user_jobs = _per_user(doc.get("max_per_user"), f"{where}.max_per_user")
+    interactive = doc.get("interactive") or {}
+    if not isinstance(interactive, dict) or set(map(str, interactive)) - {"max_duration"}:
+        raise QueueFileError(f"{where}.interactive", "must be a mapping of max_duration")
+    try:
+        interactive_max = parse_duration(str(interactive.get("max_duration", 0)))
+    except QuantityError as exc:
+        raise QueueFileError(f"{where}.interactive.max_duration", str(exc)) from None
     queue = Queue(name=name, parent=parent, weight=float(weight),
                   guaranteed=_amounts(doc.get("guaranteed"), f"{where}.guaranteed", 0),
                   max=_amounts(doc.get("max"), f"{where}.max", UNLIMITED),
                   lending_limit=_amounts(doc.get("lending_limit"), f"{where}.lending_limit", UNLIMITED),
                   users=_names(doc.get("users"), f"{where}.users"), groups=_names(doc.get("groups"), f"{where}.groups"),
                   preemption_rules=_names(pre.get("rules"), f"{where}.preemption.rules"),
-                  min_runtime=min_runtime, max_grace=max_grace)
+                  min_runtime=min_runtime, max_grace=max_grace, user_gpu=user_gpu, user_jobs=user_jobs,
+                  interactive_max=interactive_max)
     problem = queue_problem(queue)
     if problem:
         raise QueueFileError(where, problem)
     return queue
+
+
+def _per_user(doc: Any, field: str) -> tuple[int, int]:
+    """(gpu, jobs) of a `max_per_user` mapping; a limit left out is UNLIMITED."""
+    if doc is None:
+        return UNLIMITED, UNLIMITED
+    if not isinstance(doc, dict):
+        raise QueueFileError(field, "must be a mapping of gpu, jobs")
+    unknown = sorted(set(map(str, doc)) - {"gpu", "jobs"})
+    if unknown:
+        raise QueueFileError(f"{field}.{unknown[0]}", "unknown limit (known: gpu, jobs)")
+    out = []
+    for key in ("gpu", "jobs"):
+        raw = doc.get(key)
+        if raw is None:
+            out.append(UNLIMITED)
+            continue
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            raise QueueFileError(f"{field}.{key}", "must be a whole number of at least 1 (leave it out for no limit)")
+        out.append(raw)
+    return out[0], out[1]
 
 
 def parse_queue_file(doc: Any) -> list[Queue]:
@@ -171,6 +206,11 @@ def queue_problem(q: Queue) -> str:
         return f"preemption.rules: unknown rule {unknown[0]!r} (known: {', '.join(PREEMPTION_RULES)})"
     if not (0 <= q.min_runtime <= 366 * 86400 and 0 <= q.max_grace <= 86400):
         return "preemption: min_runtime at most 366 days, max_grace at most 1 day"
+    for key, limit in (("gpu", q.user_gpu), ("jobs", q.user_jobs)):
+        if limit != UNLIMITED and limit < 1:
+            return f"max_per_user.{key}: at least 1 (leave it out for no limit)"
+    if not 0 <= q.interactive_max <= MAX_INTERACTIVE_S:
+        return "interactive.max_duration: at most 7 days"
     return ""
 
 

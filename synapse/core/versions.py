@@ -51,6 +51,11 @@ KIND_VERSIONS: Mapping[type[c.Command], int] = MappingProxyType({
     c.SubmitAllocJob: 7, c.StartStep: 7,
     # Interactive work: an exec into a running task, recorded as the job's event.
     c.RecordExec: 7,
+    # The researcher's loop: held jobs, a job's priority, time limit or queue changed, a requeue on
+    # demand, per-user limits of a queue and interactive sessions (an older replica would place a held
+    # job, or drop a limit and accept what this one refuses).
+    c.SubmitInteractiveJob: 7, c.HoldJob: 7, c.ReleaseJob: 7, c.UpdateJob: 7, c.RequeueJob: 7,
+    c.ApplyQueuesWithLimits: 7,
 })
 #: The command-set version that introduced each worker end reason later than the first set: a replica
 #: of an older set reads it as an exit code (Error), so a leader passes it on only once every member

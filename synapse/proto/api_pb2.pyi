@@ -264,8 +264,11 @@ class SubmitJobRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """client-chosen; the same id always yields the same job"""
+    hold: _builtins.bool
+    """queue it held by its submitter: it is never placed until released"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec:
         """its secrets empty: the master seals them from `secrets`"""
@@ -280,10 +283,11 @@ class SubmitJobRequest(_message.Message):
         request_id: _builtins.str = ...,
         spec: _types_pb2.JobSpec | None = ...,
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        hold: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "secrets", b"secrets", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "request_id", b"request_id", "secrets", b"secrets", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -618,6 +622,7 @@ class JobInfo(_message.Message):
     ESTIMATE_DETAIL_FIELD_NUMBER: _builtins.int
     ESTIMATE_WHY_FIELD_NUMBER: _builtins.int
     ESTIMATE_AHEAD_FIELD_NUMBER: _builtins.int
+    HELD_BY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     status: _builtins.str
     attempt: _builtins.int
@@ -683,6 +688,8 @@ class JobInfo(_message.Message):
     """what it rests on (or why it is unknown), for people"""
     estimate_why: _builtins.str
     """for an unknown estimate, why, short"""
+    held_by: _builtins.str
+    """who holds it back from the queue (synctl hold); empty = not held"""
     @_builtins.property
     def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullProgress]:
         """A gang waiting for its image: how far each node's pull is, as the leader last heard (soft state)."""
@@ -762,10 +769,11 @@ class JobInfo(_message.Message):
         estimate_detail: _builtins.str = ...,
         estimate_why: _builtins.str = ...,
         estimate_ahead: _abc.Iterable[Global___EstimateAhead] | None = ...,
+        held_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "goodput", b"goodput", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "estimate_ahead", b"estimate_ahead", "estimate_basis", b"estimate_basis", "estimate_detail", b"estimate_detail", "estimate_why", b"estimate_why", "estimated_start", b"estimated_start", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "id", b"id", "idle_since", b"idle_since", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "step_count", b"step_count", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "array", b"array", "array_id", b"array_id", "array_index", b"array_index", "array_waiting", b"array_waiting", "attempt", b"attempt", "attempts", b"attempts", "cancelled_by", b"cancelled_by", "checkpoint_at", b"checkpoint_at", "checkpoint_step", b"checkpoint_step", "dependencies", b"dependencies", "estimate_ahead", b"estimate_ahead", "estimate_basis", b"estimate_basis", "estimate_detail", b"estimate_detail", "estimate_why", b"estimate_why", "estimated_start", b"estimated_start", "events", b"events", "excluded_nodes", b"excluded_nodes", "failure", b"failure", "failure_cause", b"failure_cause", "finished_at", b"finished_at", "goodput", b"goodput", "held_by", b"held_by", "id", b"id", "idle_since", b"idle_since", "prediction", b"prediction", "progress_at", b"progress_at", "pulls", b"pulls", "request_id", b"request_id", "requeues", b"requeues", "reservation", b"reservation", "restarts_used", b"restarts_used", "shortfalls", b"shortfalls", "spec", b"spec", "started_at", b"started_at", "status", b"status", "step", b"step", "step_count", b"step_count", "submitted_at", b"submitted_at", "tasks", b"tasks", "user", b"user", "waiting", b"waiting", "waiting_code", b"waiting_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2571,26 +2579,135 @@ Global___DependencyInfo: _TypeAlias = DependencyInfo  # noqa: Y015
 
 @_typing.final
 class UpdateJobRequest(_message.Message):
+    """An array's throttle, or (with any of the optional fields) a job's priority, time limit or queue:
+    its owner may lower the priority and shorten the limit; raising or lengthening needs an admin.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     THROTTLE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     throttle: _builtins.int
-    """the array's new throttle; 0 = no limit"""
+    """the array's new throttle; 0 = no limit (when no optional field is set)"""
+    priority: _builtins.int
+    time_limit_s: _builtins.float
+    """0 = no limit"""
+    queue: _builtins.str
+    """a pending job only; the queue's rules must take it"""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         throttle: _builtins.int = ...,
+        priority: _builtins.int | None = ...,
+        time_limit_s: _builtins.float | None = ...,
+        queue: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "_queue", b"_queue", "_time_limit_s", b"_time_limit_s", "priority", b"priority", "queue", b"queue", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "_queue", b"_queue", "_time_limit_s", b"_time_limit_s", "job_id", b"job_id", "priority", b"priority", "queue", b"queue", "throttle", b"throttle", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
+    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
+    _WhichOneofReturnType__queue: _TypeAlias = _typing.Literal["queue"]  # noqa: Y015
+    _WhichOneofArgType__queue: _TypeAlias = _typing.Literal["_queue", b"_queue"]  # noqa: Y015
+    _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
+    _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue) -> _WhichOneofReturnType__queue | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__time_limit_s) -> _WhichOneofReturnType__time_limit_s | None: ...
+
+Global___UpdateJobRequest: _TypeAlias = UpdateJobRequest  # noqa: Y015
+
+@_typing.final
+class SetJobHoldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    held: _builtins.bool
+    """true: hold it; false: release it"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "throttle", b"throttle"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___UpdateJobRequest: _TypeAlias = UpdateJobRequest  # noqa: Y015
+Global___SetJobHoldRequest: _TypeAlias = SetJobHoldRequest  # noqa: Y015
+
+@_typing.final
+class SetJobHoldReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetJobHoldReply: _TypeAlias = SetJobHoldReply  # noqa: Y015
+
+@_typing.final
+class RequeueJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueJobRequest: _TypeAlias = RequeueJobRequest  # noqa: Y015
+
+@_typing.final
+class RequeueJobReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueJobReply: _TypeAlias = RequeueJobReply  # noqa: Y015
 
 @_typing.final
 class UpdateJobReply(_message.Message):

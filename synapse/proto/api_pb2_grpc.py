@@ -184,6 +184,16 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.UpdateJobReply.FromString,
                 _registered_method=True)
+        self.SetJobHold = channel.unary_unary(
+                '/synapse.v1.Master/SetJobHold',
+                request_serializer=synapse_dot_proto_dot_api__pb2.SetJobHoldRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.SetJobHoldReply.FromString,
+                _registered_method=True)
+        self.RequeueJob = channel.unary_unary(
+                '/synapse.v1.Master/RequeueJob',
+                request_serializer=synapse_dot_proto_dot_api__pb2.RequeueJobRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.RequeueJobReply.FromString,
+                _registered_method=True)
         self.CreateJoinToken = channel.unary_unary(
                 '/synapse.v1.Master/CreateJoinToken',
                 request_serializer=synapse_dot_proto_dot_api__pb2.CreateJoinTokenRequest.SerializeToString,
@@ -410,6 +420,20 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetJobHold(self, request, context):
+        """Hold a pending job back from the queue, or release it (synctl hold / release).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueJob(self, request, context):
+        """Stop a placed job's attempt and queue it again, uncharged (synctl requeue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateJoinToken(self, request, context):
         """Join tokens (admin): each allows registering new nodes only, which returns a node's own credential.
         """
@@ -594,6 +618,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.UpdateJob,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.UpdateJobRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.UpdateJobReply.SerializeToString,
+            ),
+            'SetJobHold': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobHold,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.SetJobHoldRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.SetJobHoldReply.SerializeToString,
+            ),
+            'RequeueJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueJob,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.RequeueJobRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.RequeueJobReply.SerializeToString,
             ),
             'CreateJoinToken': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateJoinToken,
@@ -1431,6 +1465,60 @@ class Master:
             '/synapse.v1.Master/UpdateJob',
             synapse_dot_proto_dot_api__pb2.UpdateJobRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.UpdateJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJobHold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/SetJobHold',
+            synapse_dot_proto_dot_api__pb2.SetJobHoldRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.SetJobHoldReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/RequeueJob',
+            synapse_dot_proto_dot_api__pb2.RequeueJobRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.RequeueJobReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -82,6 +82,10 @@ class MasterStub:
     """Replicas: a link shard's liveness digest to the leader (a replica's credential only)."""
     UpdateJob: _grpc.UnaryUnaryMultiCallable[_api_pb2.UpdateJobRequest, _api_pb2.UpdateJobReply]
     """Arrays: change a running array's throttle."""
+    SetJobHold: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetJobHoldRequest, _api_pb2.SetJobHoldReply]
+    """Hold a pending job back from the queue, or release it (synctl hold / release)."""
+    RequeueJob: _grpc.UnaryUnaryMultiCallable[_api_pb2.RequeueJobRequest, _api_pb2.RequeueJobReply]
+    """Stop a placed job's attempt and queue it again, uncharged (synctl requeue)."""
     CreateJoinToken: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateJoinTokenRequest, _api_pb2.CreateJoinTokenReply]
     """Join tokens (admin): each allows registering new nodes only, which returns a node's own credential."""
     ListJoinTokens: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListJoinTokensRequest, _api_pb2.ListJoinTokensReply]
@@ -141,6 +145,10 @@ class MasterAsyncStub(MasterStub):
     """Replicas: a link shard's liveness digest to the leader (a replica's credential only)."""
     UpdateJob: _aio.UnaryUnaryMultiCallable[_api_pb2.UpdateJobRequest, _api_pb2.UpdateJobReply]  # type: ignore[assignment]
     """Arrays: change a running array's throttle."""
+    SetJobHold: _aio.UnaryUnaryMultiCallable[_api_pb2.SetJobHoldRequest, _api_pb2.SetJobHoldReply]  # type: ignore[assignment]
+    """Hold a pending job back from the queue, or release it (synctl hold / release)."""
+    RequeueJob: _aio.UnaryUnaryMultiCallable[_api_pb2.RequeueJobRequest, _api_pb2.RequeueJobReply]  # type: ignore[assignment]
+    """Stop a placed job's attempt and queue it again, uncharged (synctl requeue)."""
     CreateJoinToken: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateJoinTokenRequest, _api_pb2.CreateJoinTokenReply]  # type: ignore[assignment]
     """Join tokens (admin): each allows registering new nodes only, which returns a node's own credential."""
     ListJoinTokens: _aio.UnaryUnaryMultiCallable[_api_pb2.ListJoinTokensRequest, _api_pb2.ListJoinTokensReply]  # type: ignore[assignment]
@@ -377,6 +385,22 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.UpdateJobReply, _abc.Awaitable[_api_pb2.UpdateJobReply]]:
         """Arrays: change a running array's throttle."""
+
+    @_abc_1.abstractmethod
+    def SetJobHold(
+        self,
+        request: _api_pb2.SetJobHoldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.SetJobHoldReply, _abc.Awaitable[_api_pb2.SetJobHoldReply]]:
+        """Hold a pending job back from the queue, or release it (synctl hold / release)."""
+
+    @_abc_1.abstractmethod
+    def RequeueJob(
+        self,
+        request: _api_pb2.RequeueJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RequeueJobReply, _abc.Awaitable[_api_pb2.RequeueJobReply]]:
+        """Stop a placed job's attempt and queue it again, uncharged (synctl requeue)."""
 
     @_abc_1.abstractmethod
     def CreateJoinToken(

@@ -76,6 +76,12 @@ class Command(_message.Message):
     SUBMIT_ALLOC_JOB_FIELD_NUMBER: _builtins.int
     START_STEP_FIELD_NUMBER: _builtins.int
     RECORD_EXEC_FIELD_NUMBER: _builtins.int
+    SUBMIT_INTERACTIVE_JOB_FIELD_NUMBER: _builtins.int
+    HOLD_JOB_FIELD_NUMBER: _builtins.int
+    RELEASE_JOB_FIELD_NUMBER: _builtins.int
+    UPDATE_JOB_FIELD_NUMBER: _builtins.int
+    REQUEUE_JOB_FIELD_NUMBER: _builtins.int
+    APPLY_QUEUES_WITH_LIMITS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """encoding version; a replica refuses versions it does not know"""
     at: _builtins.float
@@ -212,6 +218,24 @@ class Command(_message.Message):
         a process started in a running task's sandbox (synctl exec)
         """
 
+    @_builtins.property
+    def submit_interactive_job(self) -> Global___SubmitJob:
+        """Command-set version 7, hold, update, requeue, per-user limits, interactive jobs: numbers 340-349.
+        a SubmitJob whose spec is interactive, or held from the start
+        """
+
+    @_builtins.property
+    def hold_job(self) -> Global___JobRef: ...
+    @_builtins.property
+    def release_job(self) -> Global___JobRef: ...
+    @_builtins.property
+    def update_job(self) -> Global___UpdateJob: ...
+    @_builtins.property
+    def requeue_job(self) -> Global___RequeueJob: ...
+    @_builtins.property
+    def apply_queues_with_limits(self) -> Global___ApplyQueues:
+        """ApplyQueues whose queues set per-user limits or interactive"""
+
     def __init__(
         self,
         *,
@@ -265,12 +289,18 @@ class Command(_message.Message):
         submit_alloc_job: Global___SubmitJob | None = ...,
         start_step: Global___StartStep | None = ...,
         record_exec: Global___RecordExec | None = ...,
+        submit_interactive_job: Global___SubmitJob | None = ...,
+        hold_job: Global___JobRef | None = ...,
+        release_job: Global___JobRef | None = ...,
+        update_job: Global___UpdateJob | None = ...,
+        requeue_job: Global___RequeueJob | None = ...,
+        apply_queues_with_limits: Global___ApplyQueues | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_exec", b"record_exec", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "apply_queues_with_limits", b"apply_queues_with_limits", "archive_jobs", b"archive_jobs", "barrier", b"barrier", "batch", b"batch", "body", b"body", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "hold_job", b"hold_job", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_exec", b"record_exec", "record_progress", b"record_progress", "register_node", b"register_node", "release_job", b"release_job", "remove_user", b"remove_user", "requeue_job", b"requeue_job", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_interactive_job", b"submit_interactive_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started", "update_job", b"update_job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_exec", b"record_exec", "record_progress", b"record_progress", "register_node", b"register_node", "remove_user", b"remove_user", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started", "term", b"term", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_user", b"add_user", "apply_queues", b"apply_queues", "apply_queues_with_limits", b"apply_queues_with_limits", "archive_jobs", b"archive_jobs", "at", b"at", "barrier", b"barrier", "batch", b"batch", "body", b"body", "by", b"by", "cancel_job", b"cancel_job", "checkpoint_notice", b"checkpoint_notice", "commit_plan", b"commit_plan", "create_join_token", b"create_join_token", "delete_queue", b"delete_queue", "drain_node", b"drain_node", "fail_attempt", b"fail_attempt", "forget_jobs", b"forget_jobs", "gpu_fault", b"gpu_fault", "history_exported", b"history_exported", "history_overflow", b"history_overflow", "hold_job", b"hold_job", "join_node", b"join_node", "node_down", b"node_down", "node_lost", b"node_lost", "node_up", b"node_up", "pending_reasons", b"pending_reasons", "preempt", b"preempt", "record_exec", b"record_exec", "record_progress", b"record_progress", "register_node", b"register_node", "release_job", b"release_job", "remove_user", b"remove_user", "requeue_job", b"requeue_job", "resize_gang", b"resize_gang", "revoke_join_token", b"revoke_join_token", "set_array_throttle", b"set_array_throttle", "set_cluster_version", b"set_cluster_version", "set_node_health", b"set_node_health", "set_replica", b"set_replica", "set_schedulable", b"set_schedulable", "set_spares", b"set_spares", "set_usage_half_life", b"set_usage_half_life", "set_user_token", b"set_user_token", "start_step", b"start_step", "submit_alloc_job", b"submit_alloc_job", "submit_checkpoint_job", b"submit_checkpoint_job", "submit_image_job", b"submit_image_job", "submit_interactive_job", b"submit_interactive_job", "submit_job", b"submit_job", "submit_secret_job", b"submit_secret_job", "submit_workflow_job", b"submit_workflow_job", "task_exited", b"task_exited", "task_prepared", b"task_prepared", "task_started", b"task_started", "term", b"term", "update_job", b"update_job", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress", "set_spares", "submit_image_job", "task_prepared", "gpu_fault", "submit_secret_job", "submit_alloc_job", "start_step", "record_exec"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_node", "node_down", "node_up", "set_schedulable", "submit_job", "commit_plan", "task_started", "task_exited", "cancel_job", "fail_attempt", "barrier", "batch", "set_replica", "forget_jobs", "add_user", "set_user_token", "remove_user", "apply_queues", "delete_queue", "preempt", "pending_reasons", "set_node_health", "submit_workflow_job", "set_array_throttle", "resize_gang", "archive_jobs", "create_join_token", "revoke_join_token", "join_node", "history_exported", "history_overflow", "set_usage_half_life", "node_lost", "drain_node", "set_cluster_version", "submit_checkpoint_job", "checkpoint_notice", "record_progress", "set_spares", "submit_image_job", "task_prepared", "gpu_fault", "submit_secret_job", "submit_alloc_job", "start_step", "record_exec", "submit_interactive_job", "hold_job", "release_job", "update_job", "requeue_job", "apply_queues_with_limits"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -690,10 +720,13 @@ class SubmitJob(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """chosen by the proposer"""
     request_id: _builtins.str
     """chosen by the client; a repeated request id returns the existing job"""
+    held: _builtins.bool
+    """submit_interactive_job only: queued but held by its submitter"""
     @_builtins.property
     def spec(self) -> _types_pb2.JobSpec: ...
     def __init__(
@@ -702,14 +735,105 @@ class SubmitJob(_message.Message):
         job_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         spec: _types_pb2.JobSpec | None = ...,
+        held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "request_id", b"request_id", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "job_id", b"job_id", "request_id", b"request_id", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitJob: _TypeAlias = SubmitJob  # noqa: Y015
+
+@_typing.final
+class JobRef(_message.Message):
+    """A job named by its id (HoldJob, ReleaseJob)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobRef: _TypeAlias = JobRef  # noqa: Y015
+
+@_typing.final
+class UpdateJob(_message.Message):
+    """A job's priority, time limit or queue changed; an absent field stays as it is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    priority: _builtins.int
+    time_limit_s: _builtins.float
+    """0 = no limit"""
+    queue: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        priority: _builtins.int | None = ...,
+        time_limit_s: _builtins.float | None = ...,
+        queue: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "_queue", b"_queue", "_time_limit_s", b"_time_limit_s", "priority", b"priority", "queue", b"queue", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "_queue", b"_queue", "_time_limit_s", b"_time_limit_s", "job_id", b"job_id", "priority", b"priority", "queue", b"queue", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
+    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
+    _WhichOneofReturnType__queue: _TypeAlias = _typing.Literal["queue"]  # noqa: Y015
+    _WhichOneofArgType__queue: _TypeAlias = _typing.Literal["_queue", b"_queue"]  # noqa: Y015
+    _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
+    _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue) -> _WhichOneofReturnType__queue | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__time_limit_s) -> _WhichOneofReturnType__time_limit_s | None: ...
+
+Global___UpdateJob: _TypeAlias = UpdateJob  # noqa: Y015
+
+@_typing.final
+class RequeueJob(_message.Message):
+    """Stop a placed attempt and queue the job again, uncharged."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    attempt: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueJob: _TypeAlias = RequeueJob  # noqa: Y015
 
 @_typing.final
 class CommitPlan(_message.Message):

@@ -121,6 +121,7 @@ class JobSpec(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     ALLOC_FIELD_NUMBER: _builtins.int
     IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    INTERACTIVE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tasks: _builtins.int
     priority: _builtins.int
@@ -156,6 +157,8 @@ class JobSpec(_message.Message):
     """Allocations (command-set version 7): its tasks hold resources and run nothing; steps run inside."""
     idle_timeout_s: _builtins.float
     """an allocation ends after this long with no step running; 0 = the default"""
+    interactive: _builtins.bool
+    """Interactive sessions (command-set version 7): synctl run --pty, synctl alloc."""
     @_builtins.property
     def resources(self) -> Global___Resources:
         """per task"""
@@ -211,10 +214,11 @@ class JobSpec(_message.Message):
         secrets: _abc.Iterable[Global___SealedSecret] | None = ...,
         alloc: _builtins.bool = ...,
         idle_timeout_s: _builtins.float = ...,
+        interactive: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "resources", b"resources", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "alloc", b"alloc", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "idle_timeout_s", b"idle_timeout_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "secrets", b"secrets", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "alloc", b"alloc", "array", b"array", "array_throttle", b"array_throttle", "checkpoint", b"checkpoint", "command", b"command", "env", b"env", "gpu_model", b"gpu_model", "grace_s", b"grace_s", "idle_timeout_s", b"idle_timeout_s", "image", b"image", "image_pull_timeout_s", b"image_pull_timeout_s", "interactive", b"interactive", "max_restarts", b"max_restarts", "mounts", b"mounts", "name", b"name", "on_unsatisfiable", b"on_unsatisfiable", "priority", b"priority", "queue", b"queue", "resize_interval_s", b"resize_interval_s", "resources", b"resources", "secrets", b"secrets", "singleton", b"singleton", "tasks", b"tasks", "tasks_min", b"tasks_min", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -350,6 +354,9 @@ class QueueSpec(_message.Message):
     PREEMPTION_RULES_FIELD_NUMBER: _builtins.int
     MIN_RUNTIME_S_FIELD_NUMBER: _builtins.int
     MAX_GRACE_S_FIELD_NUMBER: _builtins.int
+    MAX_PER_USER_GPU_FIELD_NUMBER: _builtins.int
+    MAX_PER_USER_JOBS_FIELD_NUMBER: _builtins.int
+    INTERACTIVE_MAX_DURATION_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     parent: _builtins.str
     """the organisation above this team; empty = a top-level queue"""
@@ -359,6 +366,14 @@ class QueueSpec(_message.Message):
     """a gang is not preempted before it has run this long"""
     max_grace_s: _builtins.float
     """cap on a job's grace (SIGTERM to SIGKILL) when preempted"""
+    max_per_user_gpu: _builtins.int
+    """Command-set version 7: per user, and for interactive jobs.
+    GPUs one user's running jobs may hold in it; 0 = no limit
+    """
+    max_per_user_jobs: _builtins.int
+    """pending and running jobs of one user in it; 0 = no limit"""
+    interactive_max_duration_s: _builtins.float
+    """an interactive job's longest time limit; 0 = 8 h"""
     @_builtins.property
     def guaranteed(self) -> Global___Resources: ...
     @_builtins.property
@@ -389,10 +404,13 @@ class QueueSpec(_message.Message):
         preemption_rules: _abc.Iterable[_builtins.str] | None = ...,
         min_runtime_s: _builtins.float = ...,
         max_grace_s: _builtins.float = ...,
+        max_per_user_gpu: _builtins.int = ...,
+        max_per_user_jobs: _builtins.int = ...,
+        interactive_max_duration_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["guaranteed", b"guaranteed", "lending_limit", b"lending_limit", "max", b"max"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "guaranteed", b"guaranteed", "lending_limit", b"lending_limit", "max", b"max", "max_grace_s", b"max_grace_s", "min_runtime_s", b"min_runtime_s", "name", b"name", "parent", b"parent", "preemption_rules", b"preemption_rules", "users", b"users", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "guaranteed", b"guaranteed", "interactive_max_duration_s", b"interactive_max_duration_s", "lending_limit", b"lending_limit", "max", b"max", "max_grace_s", b"max_grace_s", "max_per_user_gpu", b"max_per_user_gpu", "max_per_user_jobs", b"max_per_user_jobs", "min_runtime_s", b"min_runtime_s", "name", b"name", "parent", b"parent", "preemption_rules", b"preemption_rules", "users", b"users", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,9 +65,10 @@ def job_to_info(job: Job, waiting: str = "", shortfalls: tuple[str, ...] = (),
                   for a, nodes in sorted(job.placements.items())],
         user=job.user, cancelled_by=job.cancelled_by, failure=job.failure, array_id=job.array_id,
         array_index=job.array_index, failure_cause=job.failure_cause, waiting_code=waiting_code,
-        restarts_used=job.restarts_used(), requeues=job.preemptions + job.resizes + job.requeues,
+        restarts_used=job.restarts_used(),
+        requeues=job.preemptions + job.resizes + job.requeues + job.manual_requeues,
         excluded_nodes=list(job.excluded_nodes), alloc_id=job.alloc_id, step_count=job.step_count,
-        idle_since=job.idle_since)
+        idle_since=job.idle_since, held_by=job.held_by)
 
 
 def goodput_to_proto(g: Goodput) -> api_pb2.Goodput:

@@ -101,7 +101,13 @@ def _submit(data, state, now, job_id, job, attempt, node_id, term, word):
                  queue=pick(["", "team-a"] if "team-a" in state.queues else [""], ["nope"]),
                  time_limit=pick([0.0, 60.0], [-1.0]))
     new_id = pick([f"j{len(state.jobs)}"], [job_id, ""])
-    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image", "secret", "alloc"]))
+    kind = data.draw(st.sampled_from(["plain", "plain", "workflow", "checkpoint", "image", "secret", "alloc",
+                                      "interactive"]))
+    if kind == "interactive":  # a session (bounded by its queue's maximum), or a job held from the start
+        shape = dataclasses.replace(shape, interactive=data.draw(st.booleans()),
+                                    time_limit=pick([3600.0, 60.0], [0.0, 1e6]))
+        return [c.SubmitInteractiveJob(at=now, job_id=new_id, request_id=new_id, spec=shape, by=data.draw(word),
+                                       held=data.draw(st.booleans()))]
     if kind == "alloc":
         shape = dataclasses.replace(shape, alloc=True, command=pick([()], [("true",)]),
                                     idle_timeout=pick([0.0, 60.0], [-1.0]))

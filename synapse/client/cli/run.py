@@ -54,12 +54,9 @@ class NeverStarts(Exception):
 
 def interactive(spec: JobSpec) -> JobSpec:
     """The spec marked as an interactive job (`run --pty`: a person at a terminal), which the
-    interactive job rules then bound (a maximum duration, no preemption within the queue's
-    guarantee). The spec's `interactive` field comes with those rules; a spec without it is left
-    as it is."""
-    if "interactive" in {f.name for f in dataclasses.fields(spec)}:
-        return dataclasses.replace(spec, interactive=True)  # type: ignore[call-arg]
-    return spec
+    interactive job rules then bound (its queue's maximum duration, no preemption within the
+    queue's guarantee: synapse.core.submission, synapse.core.schedule.preemption)."""
+    return dataclasses.replace(spec, interactive=True)
 
 
 def start(obj: Context, spec: JobSpec, secrets: dict[str, str] | None = None) -> str:

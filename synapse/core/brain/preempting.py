@@ -94,7 +94,7 @@ class Preemptions:
             return f"it may not run now: {waiting.message}"
         if state.queue_of(job) not in state.queues:
             return f"its queue {state.queue_of(job)} is not one an admin defined: only those preempt"
-        return admission.max_block(state, job)
+        return admission.max_block(state, job) or admission.user_block(state, job)
 
     def what_if(self, state: ClusterState, job: Job, now: float,
                 waiting: Mapping[str, WaitReason]) -> preemption.PreemptionPlan | str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from synapse.core.model import CheckpointSpec, JobSpec, PackMode, Queue, Resources, Secret, TopologySpec
+from synapse.core.model import UNLIMITED, CheckpointSpec, JobSpec, PackMode, Queue, Resources, Secret, TopologySpec
 from synapse.proto import types_pb2
 
 
@@ -73,6 +73,7 @@ def job_spec_into(p: types_pb2.JobSpec, spec: JobSpec) -> types_pb2.JobSpec:
     if spec.has_alloc:
         p.alloc = spec.alloc
         p.idle_timeout_s = spec.idle_timeout
+    p.interactive = spec.interactive
     return p
 
 
@@ -114,7 +115,7 @@ def job_spec_from_proto(p: types_pb2.JobSpec, default_queue: str = "") -> JobSpe
         if p.HasField("checkpoint") else NO_CHECKPOINT,
         mounts=mounts_from_proto(p.mounts) if p.mounts else (), image_pull_timeout=p.image_pull_timeout_s,
         secrets=tuple(Secret(x.name, x.fingerprint, x.sealed) for x in p.secrets) if p.secrets else (),
-        alloc=p.alloc, idle_timeout=p.idle_timeout_s)
+        alloc=p.alloc, idle_timeout=p.idle_timeout_s, interactive=p.interactive)
 
 
 def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
@@ -122,7 +123,17 @@ def queue_to_proto(q: Queue) -> types_pb2.QueueSpec:
         name=q.name, parent=q.parent, weight=q.weight, guaranteed=resources_to_proto(q.guaranteed),
         max=resources_to_proto(q.max), lending_limit=resources_to_proto(q.lending_limit), users=list(q.users),
         groups=list(q.groups), preemption_rules=list(q.preemption_rules), min_runtime_s=q.min_runtime,
-        max_grace_s=q.max_grace)
+        max_grace_s=q.max_grace, max_per_user_gpu=_limit_to_wire(q.user_gpu),
+        max_per_user_jobs=_limit_to_wire(q.user_jobs), interactive_max_duration_s=q.interactive_max)
+
+
+def _limit_to_wire(limit: int) -> int:
+    """A per-user limit as QueueSpec carries it: 0 is no limit (what a message without it says)."""
+    return 0 if limit == UNLIMITED else limit
+
+
+def _limit_from_wire(value: int) -> int:
+    return UNLIMITED if value <= 0 else value
 
 
 def queue_from_proto(p: types_pb2.QueueSpec) -> Queue:
@@ -130,4 +141,5 @@ def queue_from_proto(p: types_pb2.QueueSpec) -> Queue:
     return Queue(name=p.name, parent=p.parent, weight=p.weight or 1.0, guaranteed=resources_from_proto(p.guaranteed),
                  max=resources_from_proto(p.max), lending_limit=resources_from_proto(p.lending_limit),
                  users=tuple(p.users), groups=tuple(p.groups), preemption_rules=tuple(p.preemption_rules),
-                 min_runtime=p.min_runtime_s, max_grace=p.max_grace_s)
+                 min_runtime=p.min_runtime_s, max_grace=p.max_grace_s, user_gpu=_limit_from_wire(p.max_per_user_gpu),
+                 user_jobs=_limit_from_wire(p.max_per_user_jobs), interactive_max=p.interactive_max_duration_s)

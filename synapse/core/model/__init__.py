@@ -58,6 +58,7 @@ from synapse.core.model.plans import (
     Shortfall,
 )
 from synapse.core.model.tenants import (
+    DEFAULT_INTERACTIVE_MAX_S,
     DEFAULT_QUEUE,
     JOIN_TOKEN_NODES,
     UNLIMITED,
@@ -76,6 +77,7 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_IMAGE_PULL_TIMEOUT_S",
+    "DEFAULT_INTERACTIVE_MAX_S",
     "DEFAULT_LABEL",
     "DEFAULT_LEVELS",
     "DEFAULT_QUEUE",

@@ -32,6 +32,9 @@ class EndReason(enum.StrEnum):
     #: a host path it asks to mount lies outside the prefixes its worker allows: the job fails at
     #: once, not retried (no attempt can mend it), and the reason names the allowed prefixes
     MOUNT_REFUSED = "MountRefused"
+    #: stopped because its owner or an admin asked to requeue its job (`synctl requeue`): the job
+    #: queues again, a new attempt, not charged to max_restarts
+    REQUEUED = "Requeued"
 
 
 #: The ends of a task whose command never ran: it has no exit code (a worker sends 127 in its place).

@@ -86,6 +86,10 @@ class JobSpec:
     #: an allocation ends (cancelled) after this many seconds with no step running; 0: the default
     #: (DEFAULT_IDLE_TIMEOUT_S)
     idle_timeout: float = 0.0
+    #: an interactive session (`synctl run --pty`, `synctl alloc`; command-set version 7): its time
+    #: limit is bounded by its queue's interactive max_duration, and it is never preempted while its
+    #: queue is within its guarantee
+    interactive: bool = False
 
     @property
     def has_workflow(self) -> bool:
@@ -112,6 +116,11 @@ class JobSpec:
     def has_alloc(self) -> bool:
         """True when it is an allocation (a field that needs command-set version 7)."""
         return self.alloc or bool(self.idle_timeout)
+
+    @property
+    def has_interactive(self) -> bool:
+        """True when it is an interactive session (a field that needs command-set version 7)."""
+        return self.interactive
 
     @property
     def total(self) -> Resources:
@@ -324,12 +333,19 @@ class Job:
     #: an allocation: the ids of its steps whose tasks exist (placed, running or stopping), so that
     #: apply never walks every step it ever ran; derived: apply keeps it, a snapshot's load rebuilds it
     live_step_ids: set[str] = field(default_factory=set)
+    #: who holds it back from the queue (`synctl hold`, `submit --hold`; command-set version 7): a held
+    #: job is never placed; "" = not held; apply only
+    held_by: str = ""
+    #: attempts ended by its owner's or an admin's requeue (RequeueJob); they use up none of its restarts
+    manual_requeues: int = 0
+    #: UpdateJob commands applied to it (its spec's priority, time limit or queue changed); apply only
+    updates: int = 0
 
     def restarts_allowed(self) -> int:
         return 0 if self.final_failure else self.spec.max_restarts
 
     def restarts_used(self) -> int:
-        return self.attempt - 1 - self.preemptions - self.resizes - self.requeues
+        return self.attempt - 1 - self.preemptions - self.resizes - self.requeues - self.manual_requeues
 
     def queue_key(self) -> tuple[int, float, int]:
         """Queue order: higher priority first, then earlier submission."""

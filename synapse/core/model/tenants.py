@@ -15,6 +15,10 @@ DEFAULT_QUEUE = "default"
 #: In a queue's `max` or `lending_limit`, an amount meaning "no limit" for that resource.
 UNLIMITED = -1
 
+#: The longest an interactive job may run when its queue says nothing (MosaicML's `--max-duration`,
+#: a working day): its time limit defaults to it.
+DEFAULT_INTERACTIVE_MAX_S = 8 * 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class Queue:
@@ -31,6 +35,25 @@ class Queue:
     preemption_rules: tuple[str, ...] = ()  #: of reclaim, priority, fair_share
     min_runtime: float = 0.0  #: seconds a gang runs before it may be preempted
     max_grace: float = 0.0  #: cap, in seconds, on a job's grace when preempted and on its checkpoint notice; 0: no cap
+    #: per user: the most GPUs one user's live tasks in this queue may hold (admission waits beyond it);
+    #: UNLIMITED: no limit (command-set version 7)
+    user_gpu: int = UNLIMITED
+    #: per user: the most unfinished jobs (pending or running) one user may have in this queue (a
+    #: submission beyond it is refused); UNLIMITED: no limit (command-set version 7)
+    user_jobs: int = UNLIMITED
+    #: the longest an interactive job of this queue may run, in seconds: its time limit defaults to it
+    #: and may not exceed it; 0: DEFAULT_INTERACTIVE_MAX_S (command-set version 7)
+    interactive_max: float = 0.0
+
+    @property
+    def has_limits(self) -> bool:
+        """True when it sets what needs command-set version 7 (per-user limits, an interactive maximum)."""
+        return self.user_gpu != UNLIMITED or self.user_jobs != UNLIMITED or bool(self.interactive_max)
+
+    @property
+    def interactive_max_duration(self) -> float:
+        """Seconds an interactive job of this queue may run at most."""
+        return self.interactive_max or DEFAULT_INTERACTIVE_MAX_S
 
     def capped(self, seconds: float) -> float:
         """`seconds` (a grace or a checkpoint notice) within this queue's max_grace."""

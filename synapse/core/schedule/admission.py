@@ -4,7 +4,8 @@ Admins define queues; a job runs in the queue its spec names (or the default que
 asks two things of a waiting gang:
 
 * **limits** — a queue (with its children, for a parent) may never hold more than its `max`;
-  `max_block` says why a gang would break that, counting usage claimed earlier in the same round.
+  `max_block` says why a gang would break that, counting usage claimed earlier in the same round;
+  one user's gangs in a queue never more GPUs than its `max_per_user.gpu` (`user_block`).
 * **order** — across queues, gangs whose queue stays within its `guaranteed` resources once they run
   come first; then the lowest weighted dominant share once admitted (Kueue's: the largest fraction
   of the READY pool the queue uses beyond its guarantee, plus, with a usage half-life, the decayed
@@ -100,3 +101,21 @@ def max_block(state: ClusterRead, job: Job, extra: dict[str, Resources] | None =
             return (f"queue {q.name} is at its max: {d} {getattr(used, d)} in use of {getattr(q.max, d)}, "
                     f"the job needs {getattr(need, d)}")
     return ""
+
+
+def user_block(state: ClusterRead, job: Job, extra: dict[tuple[str, str], int] | None = None) -> str:
+    """Why the job's user may not take more GPUs in its queue now, by the queue's max_per_user.gpu;
+    or ''. `extra`: GPUs claimed earlier in the same round, by (queue, user)."""
+    name = state.queue_of(job)
+    queue = state.queues.get(name)
+    if queue is None or queue.user_gpu == UNLIMITED:
+        return ""
+    need = job.spec.total.gpu
+    if not need:
+        return ""
+    key = (name, job.user)
+    used = state.user_usage.get(key, Resources()).gpu + (extra or {}).get(key, 0)
+    if used + need <= queue.user_gpu:
+        return ""
+    return (f"user limit: {queue.user_gpu} GPUs in queue {name} (max_per_user.gpu): user {job.user or '-'} "
+            f"holds {used}, the job needs {need}")

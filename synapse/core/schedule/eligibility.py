@@ -1,4 +1,5 @@
-"""Which pending jobs a scheduling round may consider: array throttles, dependencies, singletons. Pure.
+"""Which pending jobs a scheduling round may consider: held jobs, array throttles, dependencies,
+singletons. Pure.
 
 A job held back here takes no part in the round: it gets no plan and no reservation, and waits
 with a reason that names what it waits on (a pending reason code of synapse.core.schedule.scheduler). One
@@ -33,7 +34,8 @@ NEVER = dependencies.NEVER_SATISFIED  #: a dependency can never be met (the job 
 DEPENDENCY = "Dependency"  #: a dependency is not met yet
 SINGLETON = "Singleton"  #: another job of its name and user holds a gang
 THROTTLE = "ArrayThrottle"  #: its array has as many elements running as its throttle allows
-HELD_CODES = frozenset({NEVER, DEPENDENCY, SINGLETON, THROTTLE})
+HELD = "Held"  #: its owner or an admin holds it (synctl hold, submit --hold) until released
+HELD_CODES = frozenset({NEVER, DEPENDENCY, SINGLETON, THROTTLE, HELD})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,8 @@ class Gate:
 
     def held(self, job: Job) -> Held | None:
         """Why `job` may not take part in this round, or None."""
+        if job.held_by:
+            return Held(HELD, f"held by {job.held_by}")
         spec = job.spec
         if spec.after:
             resolved = dependencies.resolve(self.state, spec.after)

@@ -18,7 +18,8 @@ A victim gets its checkpoint notice (if its job asks for one), then SIGTERM, the
 grace; the notice and the grace are each capped by the victim's queue's max_grace, so a preemptor
 waits at most twice that for its room.
 
-Victims are whole gangs that have run at least their queue's `min_runtime`; a gang preempted
+Victims are whole gangs that have run at least their queue's `min_runtime`, and never an interactive
+job (`interactive: true`) while its queue uses no more than its guarantee; a gang preempted
 PREEMPTION_BUDGET times within a day is exempt from the priority and fair-share rules for the rest
 of it. Planning looks at one
 topology domain at a time (the job's `pack` level, or the whole cluster), and never proposes a set
@@ -134,6 +135,8 @@ def _candidates(state: ClusterRead, job: Job, queue: Queue, rules: tuple[str, ..
             per_queue[name] = (other_queue, used, bool(beyond_guarantee(used, other_queue.guaranteed)),
                                share(other_queue, used, pool) if fair else 0.0)
         other_queue, used, borrowing, current_share = per_queue[name]
+        if other.spec.interactive and not borrowing:
+            continue  # an interactive session is never preempted while its queue is within its guarantee
         if reclaim and borrowing and name != mine:
             rule = "reclaim"
         elif other.preempted_at and exhausted(other, now):

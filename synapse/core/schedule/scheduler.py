@@ -57,7 +57,7 @@ from synapse.core.model import (
     TopologySpec,
     excluded_for,
 )
-from synapse.core.schedule.admission import admission_key, max_block, pool_of
+from synapse.core.schedule.admission import admission_key, max_block, pool_of, user_block
 from synapse.core.schedule.elastic import at_size, is_elastic, least, place_largest
 from synapse.core.schedule.eligibility import Gate
 from synapse.core.schedule.placement import ClusterView, explain, pack_depth
@@ -82,8 +82,8 @@ Shape = tuple[Any, ...]
 
 
 #: Why a gang waits, a closed set ranked from the most to the least lasting (metrics count by it).
-PENDING_REASONS = ("DependencyNeverSatisfied", "Unschedulable", "QueueAtMax", "Dependency", "Singleton",
-                   "ArrayThrottle", "BehindReservation", "Resources", "Preempting")
+PENDING_REASONS = ("DependencyNeverSatisfied", "Held", "Unschedulable", "QueueAtMax", "UserLimit", "Dependency",
+                   "Singleton", "ArrayThrottle", "BehindReservation", "Resources", "Preempting")
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +246,8 @@ class _Round:
         self.pivotal: set[str] = set()  #: see RoundMemo.pivotal
         self.held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
         self.claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
+        #: (queue, user) -> the GPUs this round's plans add to that user's in the queue (max_per_user.gpu)
+        self.user_claimed: dict[tuple[str, str], int] = {}
         self.queue_order = _queue_order(state) if state.queues else None  #: None: the plain queue order
         self.clock = DrainClock(state, now, self.result.plans, tuning.predict, not tuning.drain_by_user)
         #: (tasks, resources, depth) -> some domain of that depth holds such a gang when idle
@@ -297,6 +299,8 @@ class _Round:
                 verdict = WaitReason((), held_back.message, held_back.code)
             elif state.queues and (beyond_max := max_block(state, job, self.claimed)):
                 verdict = WaitReason((), beyond_max, "QueueAtMax")
+            elif state.queues and (beyond_user := user_block(state, job, self.user_claimed)):
+                verdict = WaitReason((), beyond_user, "UserLimit")
             else:
                 hold = state.holds.get(job.id)
                 restart = restarting(job)  # a lost node ended its last attempt: no locality wait, its own shape
@@ -396,14 +400,19 @@ class _Round:
         self.view.claim(plan, job.spec.resources)
         name = state.queue_of(job)
         claimed[name] = claimed.get(name, Resources()) + job.spec.total
+        user_claimed, key = self.user_claimed, (name, job.user)
+        if state.queues:
+            user_claimed[key] = user_claimed.get(key, 0) + job.spec.total.gpu
         self.gate.placed(job)
 
         def within_max(j: Job = job) -> bool:
-            return not (state.queues and max_block(state, j, claimed))
+            return not (state.queues and (max_block(state, j, claimed) or user_block(state, j, user_claimed)))
 
         for more in self.gate.more_elements(self.view, job, spec, within_max):
             result.plans.append(more)
             claimed[name] = claimed[name] + job.spec.total
+            if state.queues:
+                user_claimed[key] = user_claimed[key] + job.spec.total.gpu
 
     def _waits(self, ask: _Ask) -> None:
         """Record why `ask` waits, as the verdict on its shape; reserve for it if it may."""

@@ -92,6 +92,10 @@ class ClusterRead(Protocol):
         """What the live tasks of each queue's jobs hold."""
 
     @property
+    def user_usage(self) -> Mapping[tuple[str, str], Resources]:
+        """What the live tasks of each user's jobs hold in each queue, by (queue, user)."""
+
+    @property
     def queue_decay(self) -> Mapping[str, DecayedUsage]:
         """Each queue's decayed GPU usage."""
 

@@ -82,6 +82,8 @@ def plan_problem(state: ClusterTables, job: Job, cmd: c.CommitPlan) -> str:
     """Everything that makes a gang plan invalid against the current state, or ''."""
     if job.status is not JobStatus.PENDING:
         return f"job is {job.status.value}, not PENDING"
+    if job.held_by:
+        return f"job is held by {job.held_by} (release it first)"
     for p in cmd.placements:
         holder = state.held_nodes.get(p.node_id)
         if holder is not None and holder != job.id:

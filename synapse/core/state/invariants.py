@@ -57,6 +57,8 @@ def violations(state: ClusterState) -> list[str]:
                 out.append(f"job {job.id} is {job.status.value} but some tasks are gone")
         elif live:
             out.append(f"job {job.id} is {job.status.value} yet holds {len(live)} live task(s)")
+        if job.held_by and job.status.has_gang:
+            out.append(f"job {job.id} is held by {job.held_by} yet was placed ({job.status.value})")
         if job.status is JobStatus.PENDING and (job.id not in {j for _, j in state.pending}):
             out.append(f"job {job.id} is PENDING but not queued")
         for task in live:

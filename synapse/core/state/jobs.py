@@ -19,6 +19,7 @@ from synapse.core.state.events import job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.transitions import end_pending, maybe_end_attempt, stop_attempt
 from synapse.core.state.usage import queue_of
+from synapse.core.submission import limit_problem
 
 
 def validate_spec(state: ClusterTables, spec: JobSpec) -> str:
@@ -55,6 +56,9 @@ def request_conflict(state: ClusterTables, request_id: str, spec: JobSpec) -> st
     made = state.arrays.get(job_id) or state.jobs.get(job_id)
     if made is None or made.spec == spec:
         return ""
+    if isinstance(made, Job) and made.updates and made.spec == dataclasses.replace(
+            spec, priority=made.spec.priority, time_limit=made.spec.time_limit, queue=made.spec.queue):
+        return ""  # its spec as submitted, since changed by UpdateJob: still a retry
     return (f"request id {request_id} already made job {job_id}, from another spec: "
             "a new job needs a new request id")
 
@@ -76,7 +80,13 @@ def submit_job(state: ClusterTables, cmd: c.SubmitJob) -> Result:
         return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
     if cmd.spec.queue not in ("", DEFAULT_QUEUE) and cmd.spec.queue not in state.queues:
         return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: queue: unknown queue {cmd.spec.queue}")
+    held = isinstance(cmd, c.SubmitInteractiveJob) and cmd.held
+    problem = limit_problem(state, cmd.spec, cmd.by)  # its queue's per-user jobs, an interactive maximum
+    if problem:
+        return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: {problem}")
     if cmd.spec.array:
+        if held:
+            return Result.rejected(f"job {cmd.spec.name or cmd.job_id}: an array cannot be held; hold its elements")
         return submit_array(state, cmd)
     state.job_seq += 1
     job = Job(id=cmd.job_id, spec=cmd.spec, request_id=cmd.request_id, submitted_at=cmd.at,
@@ -85,10 +95,12 @@ def submit_job(state: ClusterTables, cmd: c.SubmitJob) -> Result:
     if cmd.request_id:
         state.job_by_request[cmd.request_id] = job.id
     state.pending.add((job.queue_key(), job.id))
+    if held:
+        job.held_by = cmd.by or "-"
     capped = notice_capped(cmd.spec, state.queues.get(queue_of(job)))
     job_event(state, job, cmd.at, "Submitted", (f"by {cmd.by}: " if cmd.by else "")
               + f"{cmd.spec.tasks} task(s), max_restarts {cmd.spec.max_restarts}"
-              + (f"; warning: {capped}" if capped else ""))
+              + (f"; warning: {capped}" if capped else "") + (f"; held by {job.held_by}" if held else ""))
     return Result(True, value=job.id)
 
 

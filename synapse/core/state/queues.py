@@ -55,6 +55,8 @@ def preempt(state: ClusterTables, cmd: c.Preempt) -> Result:
         return Result.rejected(f"preemptor {cmd.job_id} is not pending at attempt {cmd.attempt}")
     if cmd.job_id in state.holds:
         return Result.rejected(f"job {cmd.job_id} already holds nodes from an earlier preemption")
+    if job.held_by:
+        return Result.rejected(f"preemptor {cmd.job_id} is held by {job.held_by}: it preempts nothing until released")
     if not cmd.victims or not cmd.nodes:
         return Result.rejected("a preemption needs victims and nodes")
     for node_id in cmd.nodes:

@@ -17,6 +17,7 @@ from typing import Any
 
 from synapse.core.jobs.arrays import JobArray
 from synapse.core.model import (
+    UNLIMITED,
     CheckpointSpec,
     ClusterEvent,
     Event,
@@ -60,15 +61,19 @@ SNAPSHOT_VERSION_4 = 4
 #: The version written once a job holds secrets (command-set version 6): a version-4 release refuses
 #: it rather than drop them.
 SNAPSHOT_VERSION_5 = 5
-#: The version written once the state holds an allocation or a step (command-set version 7): a
-#: version-5 release refuses it rather than drop them (it would run an allocation's steps on
-#: resources its nodes no longer count).
+#: The version written once the state holds what command-set version 7 brought: an allocation or a
+#: step, a held job, a job requeued or updated by its owner, an interactive spec, a queue's per-user
+#: limits or interactive maximum. A version-5 release refuses it rather than drop them (it would run
+#: an allocation's steps on resources its nodes no longer count, or place a held job).
 SNAPSHOT_VERSION_6 = 6
 #: The versions `decode` reads (an older snapshot holds none of a later version's records: they are
 #: read at their defaults); any other is refused.
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
-#: A job's records of version 6 (allocations and steps), written only when set.
-_VERSION_6_KEYS = frozenset({"alloc_id", "step_count", "idle_since"})
+#: A job's records of version 6 (allocations and steps; holds, owners' requeues and updates), written
+#: only when set.
+_VERSION_6_KEYS = frozenset({"alloc_id", "step_count", "idle_since", "held_by", "manual_requeues", "updates"})
+#: A queue's records of version 6 (per-user limits, an interactive maximum), written only when set.
+_QUEUE_VERSION_6_KEYS = frozenset({"user_gpu", "user_jobs", "interactive_max"})
 #: A job's records of version 3, written only when set.
 _VERSION_3_KEYS = frozenset({"requeues", "stop_notice", "notice_at", "excluded_nodes"})
 #: A node's records of version 3, written only when set.
@@ -90,9 +95,11 @@ def encode(state: Any) -> dict[str, Any]:
                  for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays]) \
         or any("prepared" in t for j in jobs for t in j["tasks"])
     secrets = any("secrets" in s for s in [j["spec"] for j in jobs] + [a["spec"] for a in arrays])
-    allocs = any(_VERSION_6_KEYS & set(j) or "alloc" in j["spec"] for j in jobs)
+    queues = [_queue_to_dict(q) for _, q in sorted(state.queues.items())]
+    v6 = any(_VERSION_6_KEYS & set(j) or "alloc" in j["spec"] or "interactive" in j["spec"] for j in jobs) \
+        or any("interactive" in a["spec"] for a in arrays) or any(_QUEUE_VERSION_6_KEYS & set(q) for q in queues)
     return {
-        "version": SNAPSHOT_VERSION_6 if allocs else SNAPSHOT_VERSION_5 if secrets
+        "version": SNAPSHOT_VERSION_6 if v6 else SNAPSHOT_VERSION_5 if secrets
         else SNAPSHOT_VERSION_4 if v4 or images
         else SNAPSHOT_VERSION_3 if newer else SNAPSHOT_VERSION,
         "levels": list(state.levels),
@@ -100,7 +107,7 @@ def encode(state: Any) -> dict[str, Any]:
         "max_term": state.max_term, "job_seq": state.job_seq,
         "replicas": {k: list(v) for k, v in sorted(state.replicas.items())},
         "users": [_user_to_dict(u) for _, u in sorted(state.users.items())],
-        "queues": [_queue_to_dict(q) for _, q in sorted(state.queues.items())],
+        "queues": queues,
         "event_seq": state.event_seq,
         "archive": [state.archive_seq, state.archived_upto, state.history_dropped],
         "decay": {"half_life": state.usage_half_life, "clock": state.usage_clock,
@@ -248,6 +255,7 @@ def _spec_to_dict(s: JobSpec) -> dict[str, Any]:
             **({"checkpoint": [s.checkpoint.signal, s.checkpoint.notice]} if s.has_checkpoint else {}),
             **({"mounts": [list(m) for m in s.mounts]} if s.mounts else {}),
             **({"image_pull_timeout": s.image_pull_timeout} if s.image_pull_timeout else {}),
+            **({"interactive": True} if s.interactive else {}),
             # sealed: (name, fingerprint, nonce and ciphertext), the bytes as hex
             **({"secrets": [[x.name, x.fingerprint.hex(), x.sealed.hex()] for x in s.secrets]} if s.secrets else {}),
             **({"alloc": [s.alloc, s.idle_timeout]} if s.has_alloc else {})}
@@ -267,7 +275,8 @@ def _spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    mounts=tuple((s, t, bool(ro)) for s, t, ro in d.get("mounts", ())),
                    image_pull_timeout=d.get("image_pull_timeout", 0.0),
                    secrets=tuple(Secret(n, bytes.fromhex(f), bytes.fromhex(x)) for n, f, x in d.get("secrets", ())),
-                   alloc=d.get("alloc", (False, 0.0))[0], idle_timeout=d.get("alloc", (False, 0.0))[1])
+                   alloc=d.get("alloc", (False, 0.0))[0], idle_timeout=d.get("alloc", (False, 0.0))[1],
+                   interactive=d.get("interactive", False))
 
 
 def _task_to_dict(t: Task) -> dict[str, Any]:
@@ -299,7 +308,10 @@ def _job_to_dict(j: Job) -> dict[str, Any]:
             **({"progress": _progress_to_list(j.progress)} if j.progress is not None else {}),
             **({"alloc_id": j.alloc_id} if j.alloc_id else {}),
             **({"step_count": j.step_count} if j.step_count else {}),
-            **({"idle_since": j.idle_since} if j.idle_since else {})}
+            **({"idle_since": j.idle_since} if j.idle_since else {}),
+            **({"held_by": j.held_by} if j.held_by else {}),
+            **({"manual_requeues": j.manual_requeues} if j.manual_requeues else {}),
+            **({"updates": j.updates} if j.updates else {})}
 
 
 def _progress_to_list(p: Progress) -> list[Any]:
@@ -338,7 +350,8 @@ def _job_from_dict(d: dict[str, Any]) -> Job:
               archived_at=d.get("archived_at", 0.0), stop_notice=d.get("stop_notice", 0.0),
               notice_at=d.get("notice_at", 0.0), excluded_nodes=tuple(d.get("excluded_nodes", ())),
               progress=Progress(*d["progress"]) if "progress" in d else None, alloc_id=d.get("alloc_id", ""),
-              step_count=d.get("step_count", 0), idle_since=d.get("idle_since", 0.0))
+              step_count=d.get("step_count", 0), idle_since=d.get("idle_since", 0.0), held_by=d.get("held_by", ""),
+              manual_requeues=d.get("manual_requeues", 0), updates=d.get("updates", 0))
     if "pending_since" in d:
         job.pending_since, job.placed_at = d["pending_since"], d["placed_at"]
     else:  # a snapshot from before these fields: the job's own events say when
@@ -396,11 +409,14 @@ def _queue_to_dict(q: Queue) -> dict[str, Any]:
     return {"name": q.name, "parent": q.parent, "weight": q.weight, "guaranteed": _res(q.guaranteed),
             "max": _res(q.max), "lending_limit": _res(q.lending_limit), "users": list(q.users),
             "groups": list(q.groups), "preemption_rules": list(q.preemption_rules), "min_runtime": q.min_runtime,
-            "max_grace": q.max_grace}
+            "max_grace": q.max_grace, **({"user_gpu": q.user_gpu} if q.user_gpu != UNLIMITED else {}),
+            **({"user_jobs": q.user_jobs} if q.user_jobs != UNLIMITED else {}),
+            **({"interactive_max": q.interactive_max} if q.interactive_max else {})}
 
 
 def _queue_from_dict(d: dict[str, Any]) -> Queue:
     return Queue(name=d["name"], parent=d["parent"], weight=d["weight"], guaranteed=Resources(*d["guaranteed"]),
                  max=Resources(*d["max"]), lending_limit=Resources(*d["lending_limit"]), users=tuple(d["users"]),
                  groups=tuple(d["groups"]), preemption_rules=tuple(d["preemption_rules"]),
-                 min_runtime=d["min_runtime"], max_grace=d["max_grace"])
+                 min_runtime=d["min_runtime"], max_grace=d["max_grace"], user_gpu=d.get("user_gpu", UNLIMITED),
+                 user_jobs=d.get("user_jobs", UNLIMITED), interactive_max=d.get("interactive_max", 0.0))

@@ -87,6 +87,9 @@ class ClusterTables:
         #: what the live tasks of each queue's jobs hold (the accounting of admission and preemption);
         #: derived, kept by apply and rebuilt on restore
         self.queue_usage: dict[str, Resources] = {}
+        #: what the live tasks of each user's jobs hold in each queue, by (queue, user) (a queue's
+        #: max_per_user.gpu); derived, kept by apply and rebuilt on restore
+        self.user_usage: dict[tuple[str, str], Resources] = {}
         self.usage_half_life = 0.0  #: seconds; the decayed usage's half-life (0: none); apply only
         #: each queue's and user's decayed GPU usage (synapse.core.schedule.fairshare), from the commands'
         #: own timestamps; apply only

@@ -191,6 +191,9 @@ def maybe_end_attempt(state: ClusterTables, job: Job, at: float) -> None:
     elif job.stop_cause == EndReason.PREEMPTED:
         job.preemptions += 1
         requeue_unfailed(state, job, at, f"after preemption {job.preemptions}")
+    elif job.stop_cause == EndReason.REQUEUED:
+        job.manual_requeues += 1
+        requeue_unfailed(state, job, at, job.stop_reason)
     elif (job.stop_cause in REQUEUED_CAUSES or job.stop_cause == EndReason.IMAGE_PULL_FAILED) \
             and not ((job.stop_cause in NODE_FAULTS or job.stop_cause == EndReason.IMAGE_PULL_FAILED)
                      and job.requeues >= MAX_UNCHARGED_REQUEUES):

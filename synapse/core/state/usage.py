@@ -1,7 +1,7 @@
 """The usage table: what each queue's live tasks hold, the decayed GPU usage of queues and users
 (synapse.core.schedule.fairshare), and the nodes held for preemptors.
 
-State: `queue_usage`, `queue_decay`, `user_decay`, `usage_clock`, `usage_half_life`, `holds`,
+State: `queue_usage`, `user_usage`, `queue_decay`, `user_decay`, `usage_clock`, `usage_half_life`, `holds`,
 `held_nodes`. Command: SetUsageHalfLife. `count_usage` and `release_hold` are called by the job
 transitions (synapse.core.state.transitions) and, for `count_usage`, by a snapshot's rebuild.
 """
@@ -25,6 +25,8 @@ def count_usage(state: ClusterTables, job: Job, delta: Resources, at: float | No
     apply, not when a snapshot rebuilds it), in the decayed usage of its queue and user too."""
     name = queue_of(job)
     state.queue_usage[name] = state.queue_usage.get(name, Resources()) + delta
+    key = (name, job.user)
+    state.user_usage[key] = state.user_usage.get(key, Resources()) + delta
     if at is not None:
         half_life = state.usage_half_life
         state.queue_decay[name] = fairshare.accrue(state.queue_decay.get(name), delta.gpu, at, half_life)

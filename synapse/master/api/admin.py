@@ -171,8 +171,8 @@ class AdminApi(ServicerBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid queues: {problem}")
         changed = [q for q in queues if existing.get(q.name) != q]
         if changed:
-            result = await self._propose(c.ApplyQueues(at=self.m.now(), by=self.caller().name, queues=tuple(changed)),
-                                         context)
+            kind = c.queues_kind(tuple(changed))  # per-user limits or an interactive maximum: version 7
+            result = await self._propose(kind(at=self.m.now(), by=self.caller().name, queues=tuple(changed)), context)
             await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
             log.info("queues applied queues=%s by=%s", ",".join(q.name for q in changed), self.caller().name)
         return api_pb2.ApplyQueuesReply(

@@ -1,5 +1,6 @@
-"""The users' RPCs about their jobs: submit, read, list, cancel, change an array's throttle, get
-tickets to read task logs, and ask what preemption would do for a pending job."""
+"""The users' RPCs about their jobs: submit, read, list, cancel, hold and release, update (an array's
+throttle; a job's priority, time limit or queue), requeue, get tickets to read task logs, and ask
+what preemption would do for a pending job."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from synapse.core import commands as c
 from synapse.core.jobs import dependencies
 from synapse.core.jobs.arrays import split_element_id
 from synapse.core.jobs.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
-from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus
+from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue
+from synapse.core.state.job_controls import update_denial, update_problem
 from synapse.core.steps import step_ids
 from synapse.master.api.base import MAX_ID_CHARS, Context
 from synapse.master.api.job_info import JobViews
@@ -29,7 +31,7 @@ MAX_PAGE = 5000
 
 
 class JobsApi(JobViews):
-    """SubmitJob, GetJob, ListJobs, CancelJob, UpdateJob, LogAccess, PreemptWhatIf."""
+    """SubmitJob, GetJob, ListJobs, CancelJob, SetJobHold, UpdateJob, RequeueJob, LogAccess, PreemptWhatIf."""
 
     async def SubmitJob(self, request: api_pb2.SubmitJobRequest, context: Context) -> api_pb2.SubmitJobReply:
         try:
@@ -49,9 +51,11 @@ class JobsApi(JobViews):
         await self._leader(context)
         caller = self.caller()
         with self.m.lock:
+            queue = self.m.state.queues.get(spec.queue)
+            if spec.interactive and not spec.time_limit:  # a session runs at most its queue's maximum
+                spec = dataclasses.replace(spec, time_limit=(queue or Queue(spec.queue)).interactive_max_duration)
             existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
             conflict = self.m.state.request_conflict(request.request_id, spec)
-            queue = self.m.state.queues.get(spec.queue)
             refused = submission.refusal(self.m.state, spec,
                                          submission.Submitter(caller.name, caller.groups, caller.is_admin))
         if conflict:
@@ -62,13 +66,16 @@ class JobsApi(JobViews):
             return api_pb2.SubmitJobReply(job_id=existing, warnings=warnings)
         if refused is not None and refused.kind is submission.Refused.DENIED:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {refused.reason}")
+        if refused is not None and refused.kind is submission.Refused.LIMIT:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"limit reached: {refused.reason}")
         if refused is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {refused.reason}")
         job_id = self.m.new_job_id(spec.name)
         user = caller.name
-        kind = c.submit_kind(spec)
+        kind = c.submit_kind(spec, request.hold)
+        held = {"held": True} if request.hold else {}
         result = await self._propose(kind(at=self.m.now(), by=user, job_id=job_id,
-                                          request_id=request.request_id, spec=spec), context)
+                                          request_id=request.request_id, spec=spec, **held), context)
         await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
         # DEBUG, not INFO: a log record per submission was a twentieth of the leader's CPU per
         # submission (format, write, flush), and the replicated JobSubmitted event (`synctl events`,
@@ -176,8 +183,70 @@ class JobsApi(JobViews):
                 status = JobStatus.STOPPING.value  # a cancelled array's running elements are stopping
         return api_pb2.CancelJobReply(status=status)
 
+    async def _owned_by_caller(self, job_id: str, verb: str, context: Context) -> str:
+        """The caller's name once it is known to own `job_id` or to be an admin (else the call aborts)."""
+        await self._check_id(job_id, "job_id", context)
+        await self._leader(context)
+        caller = self.caller()
+        with self.m.lock:
+            found = self._owner(job_id)
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {job_id}")
+        if not caller.is_admin and found != caller.name:
+            log.info("permission denied verb=%s user=%s job=%s owner=%s", verb, caller.name, job_id, found)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"permission denied: user {caller.name} may not {verb} job {job_id}: it belongs to "
+                                f"{found or 'no user'}; only its owner or an admin may")
+        return caller.name
+
+    async def SetJobHold(self, request: api_pb2.SetJobHoldRequest, context: Context) -> api_pb2.SetJobHoldReply:
+        """Hold a pending job back from the queue, or release it: its owner or an admin (apply re-checks)."""
+        verb = "hold" if request.held else "release"
+        by = await self._owned_by_caller(request.job_id, verb, context)
+        kind = c.HoldJob if request.held else c.ReleaseJob
+        result = await self._propose(kind(at=self.m.now(), by=by, job_id=request.job_id), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.SetJobHoldReply(message=f"job {request.job_id} {result.value}")
+
+    async def RequeueJob(self, request: api_pb2.RequeueJobRequest, context: Context) -> api_pb2.RequeueJobReply:
+        """Stop a placed job's attempt and queue it again, uncharged: its owner or an admin."""
+        by = await self._owned_by_caller(request.job_id, "requeue", context)
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            attempt = job.attempt if job is not None else 0
+        result = await self._propose(c.RequeueJob(at=self.m.now(), by=by, job_id=request.job_id, attempt=attempt,
+                                                  reason=request.reason[:512]), context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.RequeueJobReply(message=f"job {request.job_id}: {result.value}")
+
+    async def _update_job(self, request: api_pb2.UpdateJobRequest, context: Context) -> api_pb2.UpdateJobReply:
+        """A job's priority, time limit or queue: its owner lowers and shortens, an admin may also raise
+        and lengthen, and a new queue's rules must take the job (apply re-checks all of it)."""
+        if request.HasField("time_limit_s") and request.time_limit_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "time_limit: must not be negative (0: no limit)")
+        if request.HasField("queue") and len(request.queue) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"queue: at most {MAX_ID_CHARS} characters")
+        by = await self._owned_by_caller(request.job_id, "update", context)
+        cmd = c.UpdateJob(at=self.m.now(), by=by, job_id=request.job_id,
+                          priority=request.priority if request.HasField("priority") else None,
+                          time_limit=request.time_limit_s if request.HasField("time_limit_s") else None,
+                          queue=request.queue if request.HasField("queue") else None)
+        with self.m.lock:
+            job = self.m.state.jobs.get(request.job_id)
+            denied = update_denial(self.m.state, job, cmd) if job is not None else ""
+            problem = update_problem(self.m.state, job, cmd) if job is not None else ""
+        if denied:  # answered here with the code it deserves; apply would refuse it alike
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: job {request.job_id}: {denied}")
+        if problem:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {request.job_id}: {problem}")
+        result = await self._propose(cmd, context)
+        await self._ok_or_abort(result, context)
+        return api_pb2.UpdateJobReply(message=f"job {request.job_id}: {result.value}")
+
     async def UpdateJob(self, request: api_pb2.UpdateJobRequest, context: Context) -> api_pb2.UpdateJobReply:
-        """Change a running array's throttle: its owner or an admin."""
+        """Change an array's throttle, or (with priority, time limit or queue) a job: its owner or an admin."""
+        if request.HasField("priority") or request.HasField("time_limit_s") or request.HasField("queue"):
+            return await self._update_job(request, context)
         await self._check_id(request.job_id, "job_id", context)
         if request.throttle < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "throttle: 0 (no limit) or more")
