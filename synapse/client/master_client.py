@@ -455,11 +455,11 @@ class MasterClient:
         return self.submit_job(spec_proto, request_id).job_id
 
     def submit_job(self, spec_proto: types_pb2.JobSpec, request_id: str | None = None,
-                   secrets: Mapping[str, str] | None = None) -> api_pb2.SubmitJobReply:
-        """Submit (with the job's `secrets` by name, which the masters seal); the reply has the job id
-        and what the job was accepted with but not as asked."""
+                   secrets: Mapping[str, str] | None = None, hold: bool = False) -> api_pb2.SubmitJobReply:
+        """Submit (with the job's `secrets` by name, which the masters seal; `hold`: queued but held
+        until released); the reply has the job id and what the job was accepted with but not as asked."""
         request = api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto,
-                                           secrets=secrets or {})
+                                           secrets=secrets or {}, hold=hold)
         reply: api_pb2.SubmitJobReply = self.call("SubmitJob", request)
         return reply
 

@@ -14,8 +14,15 @@ from typing import Any
 
 from synapse.core.goodput import Goodput
 from synapse.core.jobs import wire
-from synapse.core.jobs.quantity import format_cpu, format_memory, format_pull, format_start, format_wait
-from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_INTERACTIVE_MAX_S, EndReason
+from synapse.core.jobs.quantity import (
+    format_cpu,
+    format_duration,
+    format_memory,
+    format_pull,
+    format_start,
+    format_wait,
+)
+from synapse.core.model import DEFAULT_IDLE_TIMEOUT_S, EndReason
 from synapse.proto import api_pb2, types_pb2
 from synapse.rpc import convert
 
@@ -53,6 +60,8 @@ def job_dict(info: api_pb2.JobInfo) -> dict[str, Any]:
     spec = wire.job_spec_from_proto(info.spec)
     return {
         "id": info.id, "name": spec.name, "status": info.status, "attempt": info.attempt,
+        "type": "interactive" if spec.interactive else "batch", "held_by": info.held_by or None,
+        "time_limit_s": spec.time_limit or None,
         "max_restarts": spec.max_restarts, "priority": spec.priority, "tasks_requested": spec.tasks,
         "tasks_min": spec.tasks_min or None,
         "queue": spec.queue or "default", "grace_s": spec.grace or None,
@@ -171,10 +180,16 @@ def waited(j: dict[str, Any], now: float) -> str:
 def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> str:
     """`get jobs`; WAIT is measured up to `now` (default: this machine's clock) for pending jobs."""
     now = time.time() if now is None else now
-    return table(["ID", "NAME", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED", "WAIT", "START"],
-                 [[j["array"]["line_id"] if j["array"] else j["id"], j["name"], j["user"] or "-", j["status"],
-                   j["attempt"], tasks_column(j),
+    return table(["ID", "NAME", "TYPE", "USER", "STATUS", "ATTEMPT", "TASKS", "GPU/TASK", "SUBMITTED", "WAIT",
+                  "START"],
+                 [[j["array"]["line_id"] if j["array"] else j["id"], j["name"], j.get("type", "batch"),
+                   j["user"] or "-", status_column(j), j["attempt"], tasks_column(j),
                    j["resources"]["gpu"], when(j["submitted_at"]), waited(j, now), start_column(j, now)] for j in jobs])
+
+
+def status_column(j: dict[str, Any]) -> str:
+    """A job's status as `get jobs` shows it: a held job's says so (it waits for a release, not room)."""
+    return f"{j['status']} (held)" if j.get("held_by") else j["status"]
 
 
 def tasks_column(j: dict[str, Any]) -> str:
@@ -189,14 +204,17 @@ def job_description(j: dict[str, Any]) -> str:
     """`describe job`: status, attempt, placement, events, and for a pending job why it waits."""
     r = j["resources"]
     cancelled = f" (cancelled by {j['cancelled_by']})" if j["cancelled_by"] else ""
-    lines = [f"Job:        {j['id']} ({j['name']})", f"Status:     {j['status']}{cancelled}",
+    held = f" (held by {j['held_by']}: `synctl release {j['id']}`)" if j.get("held_by") else ""
+    session = "   Type: interactive" if j.get("type") == "interactive" else ""
+    lines = [f"Job:        {j['id']} ({j['name']}){session}", f"Status:     {j['status']}{cancelled}{held}",
              f"User:       {j['user'] or '-'}   Queue: {j['queue']}",
              f"Attempt:    {j['attempt']} (restarts used {j['restarts_used']} of max_restarts {j['max_restarts']}"
-             + (f"; requeued {j['requeues']} time(s), not charged: node lost, GPU error, drain, preemption or resize)"
-                if j["requeues"] else ")"),
+             + (f"; requeued {j['requeues']} time(s), not charged: node lost, GPU error, drain, preemption, resize "
+                "or synctl requeue)" if j["requeues"] else ")"),
              f"Gang:       {tasks_column(j)} task(s) x cpu {r['cpu']}, memory {r['memory']}, gpu {r['gpu']}",
              f"Topology:   pack {j['topology']['pack']} ({j['topology']['mode']})",
-             f"Priority:   {j['priority']}",
+             f"Priority:   {j['priority']}"
+             + (f"   Time limit: {format_duration(j['time_limit_s'])}" if j.get("time_limit_s") else ""),
              f"Command:    {' '.join(j['command']) or '(the image' + chr(39) + 's entrypoint)'}",
              *([f"Image:      {j['image']}" + (f"   {image_progress(j)}" if image_progress(j) else "")]
                if j.get("image") else []),
@@ -407,13 +425,15 @@ def _amounts(r: types_pb2.Resources, limit: bool) -> dict[str, Any]:
 
 def queue_dict(q: api_pb2.QueueInfo) -> dict[str, Any]:
     s = q.spec
+    per_user = {k: v for k, v in (("gpu", s.max_per_user_gpu), ("jobs", s.max_per_user_jobs)) if v > 0}
     return {"name": s.name, "parent": s.parent or None, "weight": s.weight,
             "guaranteed": _amounts(s.guaranteed, False), "max": _amounts(s.max, True),
             "lending_limit": _amounts(s.lending_limit, True), "users": list(s.users), "groups": list(s.groups),
             "preemption": {"rules": list(s.preemption_rules), "min_runtime_s": s.min_runtime_s,
                            "max_grace_s": s.max_grace_s},
-            "max_per_user": {k: v for k, v in (("gpu", s.max_per_user_gpu), ("jobs", s.max_per_user_jobs)) if v > 0},
-            "interactive": {"max_duration_s": s.interactive_max_duration_s or DEFAULT_INTERACTIVE_MAX_S},
+            **({"max_per_user": per_user} if per_user else {}),
+            **({"interactive": {"max_duration_s": s.interactive_max_duration_s}}
+               if s.interactive_max_duration_s else {}),
             "usage": _amounts(q.usage, False), "decayed_gpu_hours": round(q.decayed_gpu_hours, 3),
             "pending": q.pending, "running": q.running, **({"implicit": True} if q.implicit else {})}
 

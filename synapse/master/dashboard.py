@@ -103,6 +103,11 @@ def _start_cell(estimate: Estimate | None, now: float) -> str:
     return format_start(estimate.at, estimate.why, now)
 
 
+def _type_mark(job: dict[str, Any]) -> str:
+    """An interactive job's mark in a list of jobs (a session: `synctl run --pty`, `synctl alloc`)."""
+    return ' <span class="muted">[interactive]</span>' if job.get("interactive") else ""
+
+
 def _node_link(node_id: str) -> str:
     return f'<a href="/nodes/{quote(node_id)}">{escape(node_id)}</a>'
 
@@ -251,7 +256,8 @@ class Dashboard:
                             "wait_s": (now if pending else j.started_at or j.submitted_at) - j.submitted_at,
                             "reason": code, "why": why, "reserved": j.id in reserving or j.id in state.holds,
                             "start": "-" if not pending else _start_cell(estimates.get(j.id), now) if view is not None
-                            else "unknown: the leader's (open this page on the leader)"})
+                            else "unknown: the leader's (open this page on the leader)",
+                            "interactive": j.spec.interactive, "held_by": j.held_by})
             return out
 
     @staticmethod
@@ -325,8 +331,8 @@ class Dashboard:
         node_rows = [[_node_link(n["id"]), escape(n["rack"]), n["status"] + ("" if n["schedulable"] else " (cordoned)"),
                       f"{n['used']}/{n['gpus']}"] for n in nodes]
         running = [j for j in jobs if j["state"] in ("SCHEDULED", "RUNNING", "STOPPING")]
-        job_rows = [[_job_link(j["id"]), escape(j["name"]), j["state"], escape(j["queue"]), escape(j["user"]),
-                     str(j["gpus"])] for j in running]
+        job_rows = [[_job_link(j["id"]), escape(j["name"]) + _type_mark(j), j["state"], escape(j["queue"]),
+                     escape(j["user"]), str(j["gpus"])] for j in running]
         return _page("Overview", summary + "<h2>Nodes</h2>" + _table(["Node", "Rack", "Status", "GPUs"], node_rows)
                      + "<h2>Running jobs</h2>" + _table(["Job", "Name", "State", "Queue", "User", "GPUs"], job_rows))
 
@@ -398,8 +404,10 @@ class Dashboard:
                    for key, label in (("name", "Name"), ("state", "State"), ("queue", "Queue"), ("user", "User"),
                                       ("gpus", "GPUs"), ("submitted", "Submitted"), ("wait", "Wait"),
                                       ("reason", "Why waiting"))] + ["Start"]
-        rows = [[_job_link(j["id"]) + f" {escape(j['name'])}", j["state"], escape(j["queue"]), escape(j["user"]),
-                 str(j["gpus"]), _when(j["submitted_at"]), j["wait"], _reason_cell(j), escape(j["start"])]
+        rows = [[_job_link(j["id"]) + f" {escape(j['name'])}" + _type_mark(j),
+                 j["state"] + (f" (held by {escape(j['held_by'])})" if j["held_by"] else ""), escape(j["queue"]),
+                 escape(j["user"]), str(j["gpus"]), _when(j["submitted_at"]), j["wait"], _reason_cell(j),
+                 escape(j["start"])]
                 for j in shown]
         options = "".join(f'<option value="{s.value}"{" selected" if args.get("state") == s.value else ""}>'
                           f"{s.value}</option>" for s in JobStatus)
@@ -432,13 +440,16 @@ class Dashboard:
                     for t in job.tasks]
             events = list(job.events)
             queue, user, status, attempt = state.queue_of(job), job.user or "-", job.status.value, job.attempt
+            held_by = job.held_by
             view = self.m.leader_view()
             waiting = view.wait_reason(job.id) if view is not None and job.status is JobStatus.PENDING else None
             why = waiting.describe(state) if waiting is not None else ""
             estimate = view.estimates(state, time.time()).get(job.id) if view is not None and waiting is not None \
                 else None
             hold = state.holds.get(job.id)
-        facts = [["Name", escape(spec.name)], ["State", status], ["Attempt", str(attempt)], ["Queue", escape(queue)],
+        facts = [["Name", escape(spec.name) + (" (interactive)" if spec.interactive else "")],
+                 ["State", status + (f" (held by {escape(held_by)})" if held_by else "")], ["Attempt", str(attempt)],
+                 ["Queue", escape(queue)],
                  ["User", escape(user)], ["Gang", f"{spec.tasks} task(s) x {spec.resources.gpu} GPU(s)"],
                  ["Command", escape(" ".join(spec.command))],
                  ["Environment", escape(", ".join(f"{k}=***" for k, _ in spec.env)) or "-"]]

@@ -66,8 +66,13 @@ Events:
   01:00:00  Submitted  queued
   01:01:01  Scheduled  on n1,n2"""
     assert render.jobs_table([job]).split("\n") == [
-        "ID   NAME   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED  WAIT  START",
-        "j-1  train  alice  RUNNING  1        2      4         01:00:00   1m    -"]
+        "ID   NAME   TYPE   USER   STATUS   ATTEMPT  TASKS  GPU/TASK  SUBMITTED  WAIT  START",
+        "j-1  train  batch  alice  RUNNING  1        2      4         01:00:00   1m    -"]
+    session = {**job, "type": "interactive", "held_by": "alice", "status": "PENDING"}
+    assert render.jobs_table([session]).split("\n")[1].split()[2:5] == ["interactive", "alice", "PENDING"]
+    assert "PENDING (held)" in render.jobs_table([session])
+    assert "Status:     PENDING (held by alice: `synctl release j-1`)" in render.job_description(session)
+    assert "Type: interactive" in render.job_description(session)
     assert render.job_event_line(running_job().events[1]) == "01:01:01  Scheduled  on n1,n2"
 
 

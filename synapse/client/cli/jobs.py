@@ -1,4 +1,5 @@
-"""synctl's verbs on jobs once submitted: `get jobs`, `describe job`, `wait`, `logs`, `cancel`, `update`."""
+"""synctl's verbs on jobs once submitted: `get jobs`, `describe job`, `wait`, `logs`, `cancel` (holding,
+releasing, updating and requeueing a job are synapse.client.cli.control's)."""
 
 from __future__ import annotations
 
@@ -154,15 +155,3 @@ def cancel(obj: Context, job_id: str, reason: str) -> None:
     """Cancel a job: pending jobs end at once, running gangs are stopped first. An array's id
     cancels every element; ID_7, one."""
     click.echo(f"{job_id}: {run(lambda: obj.client.cancel(job_id, reason))}")
-
-
-@click.command()
-@click.argument("job_id")
-@click.option("--throttle", type=int, required=True, help="the most elements of the array running at once; 0: no limit")
-@click.pass_obj
-def update(obj: Context, job_id: str, throttle: int) -> None:
-    """Change a running array's throttle (Slurm's ArrayTaskThrottle)."""
-    if throttle < 0:
-        fail("invalid update: throttle: 0 (no limit) or more", 2)
-    reply = run(lambda: obj.client.call("UpdateJob", api_pb2.UpdateJobRequest(job_id=job_id, throttle=throttle)))
-    click.echo(reply.message)

@@ -80,11 +80,17 @@ VERBS = {
     "cordon": ("nodes:cordon", "Stop placing new tasks on a node (running ones stay)."),
     "delete": ("queues:delete", "Delete a queue."),
     "drain": ("nodes:drain", "Cordon a node and stop every gang with a task on it (they are requeued)."),
+    "hold": ("control:hold", "Hold pending jobs: they keep their place in the queue but are not placed until "
+             "released."),
     "history": ("history:history", "Finished jobs from the history store, by end time (times in UTC)."),
     "logs": ("jobs:logs", "Print a job's task output, read straight from the workers that ran it (yours, or "
              "any as admin)."),
     "node": ("nodes:node", "Nodes: join tokens for registering workers (admin)."),
     "preempt": ("queues:preempt", "Which gangs the leader would preempt for pending job JOB_ID now, and why."),
+    "release": ("control:release", "Release held jobs: they take part in the next scheduling round, at their "
+                "place."),
+    "requeue": ("control:requeue", "Stop running jobs' tasks and queue the jobs again: a new attempt at their place, "
+                "not charged to max_restarts."),
     "run": ("run:run_job", "Run a job in the foreground, as srun does: each rank's output, stdin to rank 0, "
             "Ctrl-C to every rank, the worst rank's exit status: `run --tasks 2 --gpu 8 -- python train.py`."),
     "step": ("alloc:step", "Run a step inside an allocation (SYNAPSE_ALLOC) at once, never queued, and wait for "
@@ -92,7 +98,7 @@ VERBS = {
     "submit": ("submit:submit", "Submit a job file, or a one-off job from flags that runs the command after "
                "`--`: `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."),
     "uncordon": ("nodes:uncordon", "Allow new tasks on a node again."),
-    "update": ("jobs:update", "Change a running array's throttle (Slurm's ArrayTaskThrottle)."),
+    "update": ("control:update", "Change a job's priority, time limit or queue, or an array's throttle."),
     "usage": ("history:usage", "GPU-hours and CPU-hours allocated, per user, queue or day, and the cluster's "
               "utilisation (allocated, idle, down) per day, from the history store; with --goodput, where "
               "the GPU time went."),

@@ -63,6 +63,7 @@ def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
 @click.argument("command", nargs=-1)
 @click.option("--request-id", help="idempotency key: the same id always yields the same job")
 @click.option("--wait", is_flag=True, help="follow the job until it ends, as `synctl wait` does")
+@click.option("--hold", is_flag=True, help="queue it held: it is not placed until `synctl release JOB`")
 @job_flags
 @click.option("--array", help="an array of gangs, Slurm's syntax: 0-99%8, 0-15:4, 1,3,7 (overrides the file's)")
 @click.option("--after", help="dependencies: ok:ID,any:ID,notok:ID (added to the file's)")
@@ -70,7 +71,7 @@ def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
 @OUTPUT
 @click.pass_obj
 def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
-           output: str, **flags: Any) -> None:
+           hold: bool, output: str, **flags: Any) -> None:
     """Submit a job file, or a one-off job from flags that runs the command after `--`:
     `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
     after_dashes = click.get_current_context().meta.get("synctl.command")
@@ -96,7 +97,8 @@ def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], requ
             if not shorthand and job_file and not os.path.exists(job_file) else ""
         fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
     rid = request_id or new_request_id()
-    reply = run(lambda: obj.client.submit_job(wire.job_spec_to_proto(spec), request_id=rid, secrets=secrets))
+    reply = run(lambda: obj.client.submit_job(wire.job_spec_to_proto(spec), request_id=rid, secrets=secrets,
+                                              hold=hold))
     for line in reply.warnings:
         click.echo(f"synctl: warning: {line}", err=True)
     job_id = reply.job_id

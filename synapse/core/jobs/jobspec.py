@@ -41,7 +41,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIELDS = {"name", "tasks", "resources", "command", "env", "topology", "priority", "max_restarts",
            "time_limit", "image", "queue", "grace", "gpu_model", "array", "after", "singleton", "on_unsatisfiable",
-           "resize_interval", "checkpoint", "mounts", "image_pull_timeout", "secrets"}
+           "resize_interval", "checkpoint", "mounts", "image_pull_timeout", "secrets", "interactive"}
 #: The signals a checkpoint notice may be, spelled as `kill -l` gives them without SIG: those a task
 #: can trap and whose default is not to stop or core-dump a process it did not expect (the task
 #: shim, shim.sh, outlives every one of them). A job file may write SIGUSR1 or usr1 too.
@@ -228,6 +228,11 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
     if not isinstance(singleton, bool):
         raise JobFileError("singleton", "must be true or false")
     on_unsatisfiable = doc.get("on_unsatisfiable", "") or ""
+    interactive = doc.get("interactive", False)
+    if not isinstance(interactive, bool):
+        raise JobFileError("interactive", "must be true or false")
+    if interactive and array:
+        raise JobFileError("interactive", "an interactive job cannot be an array")
     spec = JobSpec(
         name=name, tasks=tasks, resources=resources, command=command,
         env=tuple(sorted((str(k), str(v)) for k, v in env.items())), topology=topology,
@@ -236,7 +241,8 @@ def parse_job(doc: Any, levels: tuple[str, ...] = ("zone", "block", "rack")) -> 
         time_limit=time_limit, image=image, queue=queue, grace=grace, gpu_model=str(gpu_model), array=array,
         array_throttle=throttle, after=after, singleton=singleton, on_unsatisfiable=str(on_unsatisfiable),
         tasks_min=tasks_min, resize_interval=resize_interval, checkpoint=_checkpoint(doc.get("checkpoint")),
-        mounts=_mounts(doc.get("mounts")), image_pull_timeout=_pull_timeout(doc.get("image_pull_timeout")))
+        mounts=_mounts(doc.get("mounts")), image_pull_timeout=_pull_timeout(doc.get("image_pull_timeout")),
+        interactive=interactive)
     check_spec(spec, levels)
     return spec
 
