@@ -96,7 +96,8 @@ def run(action: Callable[[], _T]) -> _T:
         fail(f"authentication failed: {exc.message} (check --token / SYNAPSE_TOKEN)", 4)
     except ClientError as exc:
         prefix = {grpc.StatusCode.NOT_FOUND: "not found", grpc.StatusCode.INVALID_ARGUMENT: "rejected",
-                  grpc.StatusCode.ALREADY_EXISTS: "refused"}
+                  grpc.StatusCode.ALREADY_EXISTS: "refused", grpc.StatusCode.RESOURCE_EXHAUSTED: "refused",
+                  grpc.StatusCode.FAILED_PRECONDITION: "refused"}
         fail(f"{prefix.get(exc.code, exc.code.name.lower())}: {exc.message}", 2)
     except UnknownHosts as exc:
         fail(f"bad master address: {exc} (--masters / SYNAPSE_MASTERS)", 2)
