@@ -139,7 +139,7 @@ class Replay(Simulator):
             self._must(c.RegisterNode(at=0, node_id=node_id, address=f"{node_id}:7000",
                                       topology=("z0", "b0", seen), capacity=shape.node_capacity()))
         if queues:
-            self._must(c.ApplyQueues(at=0, queues=queues))
+            self._must(c.queues_kind(queues)(at=0, queues=queues))
         self.failure_model = failures
         self.failures = NodeFailures(failures, sorted(self.rack_of)) if failures else None
         if failures and failures.recovery == "back" and any(j.after for j in trace.jobs):
