@@ -77,6 +77,8 @@ def test_hold_is_for_pending_jobs_of_their_owner_or_an_admin():
     assert "only its owner or an admin" in unchanged(state, c.HoldJob(at=11, by="bob", job_id="j1"))
     assert checked(state, c.HoldJob(at=11, by="root", job_id="j1")).value == "held by root"
     assert state.jobs["j1"].held_by == "root" and not schedule_round(state, 12).plans
+    assert state.cluster_events[-1][3:] == ("job", "JobHeld", "j1", "by root: it stays queued and is not placed until "
+                                                                    "released")
     checked(state, c.ReleaseJob(at=13, by="alice", job_id="j1"))
     place(state, "j1")
     assert "only a pending job can be held" in unchanged(state, c.HoldJob(at=21, by="alice", job_id="j1"))

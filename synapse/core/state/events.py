@@ -20,6 +20,7 @@ JOB_REASONS = {
     "Preempted": ("Preempted", "Warning"), "Preempting": ("Preempting", "Normal"),
     "Notice": ("CheckpointNotice", "Normal"), "ProgressIgnored": ("ProgressIgnored", "Warning"),
     "Exec": ("TaskExec", "Normal"),
+    "Held": ("JobHeld", "Normal"), "Released": ("JobReleased", "Normal"), "Updated": ("JobUpdated", "Normal"),
 }
 
 
