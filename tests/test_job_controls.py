@@ -248,6 +248,11 @@ def test_an_interactive_job_is_not_preempted_while_its_queue_is_within_its_guara
     submit(state, "one", queue="a", priority=10)
     found = preemption.plan(state, state.jobs["one"], 5000)
     assert [v.job_id for v in found.command.victims] == ["batch"]
+    # apply refuses a plan that takes the session (a leader that planned otherwise)
+    session = c.Victim("session", 1, 5.0)
+    error = unchanged(state, c.Preempt(at=5000, job_id="one", attempt=1, rule="priority", victims=(session,),
+                                       nodes=(state.jobs["session"].tasks[0].node_id,)))
+    assert "interactive and its queue a is within its guarantee" in error
 
 
 # ---- the queue file, the codec, snapshots ----------------------------------------------------------

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from synapse.core import commands as c
 from synapse.core.commands import Result
-from synapse.core.model import EndReason, Event, Hold, JobStatus, NodeStatus
+from synapse.core.model import EndReason, Event, Hold, Job, JobStatus, NodeStatus, Queue, Resources
 from synapse.core.queues import batch_problem
 from synapse.core.schedule import elastic
+from synapse.core.schedule.admission import beyond_guarantee
 from synapse.core.state.events import MAX_EVENTS_PER_JOB, job_event
 from synapse.core.state.tables import ClusterTables
 from synapse.core.state.transitions import stop_attempt
@@ -71,6 +72,9 @@ def preempt(state: ClusterTables, cmd: c.Preempt) -> Result:
         if victim is None or victim.attempt != v.attempt or victim.status not in (JobStatus.SCHEDULED,
                                                                                   JobStatus.RUNNING):
             return Result.rejected(f"victim {v.job_id} is not running at attempt {v.attempt}")
+        if victim.spec.interactive and not _borrowing(state, victim):
+            return Result.rejected(f"victim {v.job_id} is interactive and its queue {queue_of(victim)} is within its "
+                                   "guarantee")
         victims.append((victim, v))
     for victim, v in victims:
         victim.stop_grace = v.grace
@@ -98,6 +102,15 @@ def preempt(state: ClusterTables, cmd: c.Preempt) -> Result:
               f"rule {cmd.rule}: stopping {', '.join(v.job_id for v in cmd.victims)}; holding "
               f"{', '.join(cmd.nodes)}" + (f"; {cmd.explanation}" if cmd.explanation else ""))
     return Result(True)
+
+
+def _borrowing(state: ClusterTables, job: Job) -> bool:
+    """Whether the job's queue uses more than it is guaranteed (an interactive job of a queue within its
+    guarantee is never preempted: synapse.core.schedule.preemption; only version-7 submissions are
+    interactive, so the rule changes nothing an older replica applies)."""
+    name = queue_of(job)
+    queue = state.queues.get(name) or Queue(name)
+    return bool(beyond_guarantee(state.queue_usage.get(name, Resources()), queue.guaranteed))
 
 
 def pending_reasons(state: ClusterTables, cmd: c.PendingReasons) -> Result:
