@@ -15,7 +15,7 @@ from synapse.core.schedule import preemption
 from synapse.core.schedule.scheduler import schedule_round
 from synapse.core.state.fsm import ClusterState
 from synapse.core.state.invariants import violations
-from tests.helpers import checked, cluster, spec
+from tests.support.helpers import checked, cluster, spec
 
 HOUR = 3600.0
 

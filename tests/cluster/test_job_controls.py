@@ -8,8 +8,8 @@ import time
 import pytest
 
 from synapse.client.cli.exits import EXIT_DENIED
-from tests.test_master_ha import wait_status
-from tests.test_queues import synctl
+from tests.support.cluster import synctl_as as synctl
+from tests.support.cluster import wait_status
 
 QUEUES = """
 queues:
