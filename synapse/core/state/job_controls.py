@@ -148,8 +148,8 @@ def update_job(state: ClusterTables, cmd: c.UpdateJob) -> Result:
 
 
 def requeue_job(state: ClusterTables, cmd: c.RequeueJob) -> Result:
-    """Stop a placed attempt (its tasks get Requeued, with the job's grace) and queue the job again
-    once they are gone: a new attempt at its place in the queue, not charged to max_restarts."""
+    """Stop a placed attempt as a cancel does (its tasks end Requeued) and queue the job again once
+    they are gone: a new attempt at its place in the queue, not charged to max_restarts."""
     job = _owned(state, cmd.job_id, cmd.by, "requeue")
     if isinstance(job, Result):
         return job
