@@ -300,3 +300,15 @@ def test_a_snapshot_keeps_holds_limits_and_sessions():
     assert again.queues["q"] == state.queues["q"]
     plain = cluster()
     assert plain.to_snapshot()["version"] < 6
+
+
+def test_synctl_alloc_makes_an_interactive_job_that_travels_with_its_allocation():
+    from synapse.client.cli.alloc import _alloc_spec
+
+    flags = {"name": "alloc", "tasks": 2, "cpu": "1", "memory": "1Gi", "gpu": 8, "pack": "", "required": False,
+             "priority": 0, "queue": "", "time_limit": None, "idle_timeout": None}
+    made = _alloc_spec(flags)
+    assert made.interactive and made.alloc and made.time_limit == 0.0  # the API sets its queue's maximum
+    assert c.submit_kind(made) is c.SubmitInteractiveJob and issubclass(c.SubmitInteractiveJob, c.SubmitAllocJob)
+    cmd = c.SubmitInteractiveJob(at=1.0, job_id="a", request_id="a", spec=dataclasses.replace(made, time_limit=60.0))
+    assert codec.identical(codec.decode_command(codec.encode_command(cmd)), cmd)

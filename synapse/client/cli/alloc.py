@@ -41,7 +41,8 @@ KILL_AFTER_S = 5.0
 @click.option("--required", is_flag=True, help="wait rather than spread beyond --pack")
 @click.option("--priority", type=int, default=0)
 @click.option("--queue", default="", help="the queue to allocate from (default: the default queue)")
-@click.option("--time-limit", help="e.g. 8h: the allocation ends then, whatever runs")
+@click.option("--time-limit", help="e.g. 4h: the allocation ends then, whatever runs; at most (and by default) its "
+              "queue's interactive max_duration, 8h unless the queue sets one")
 @click.option("--idle-timeout", help="end the allocation after this long with no step running, e.g. 30m "
                                      "[default: 30m]")
 @click.pass_obj
@@ -111,7 +112,8 @@ def _alloc_spec(flags: dict[str, Any]) -> JobSpec:
                                              PackMode.REQUIRED if flags["required"] else PackMode.PREFERRED),
                        priority=flags["priority"], queue=flags["queue"],
                        time_limit=parse_duration(flags["time_limit"]) if flags["time_limit"] else 0.0,
-                       alloc=True, idle_timeout=parse_duration(flags["idle_timeout"]) if flags["idle_timeout"] else 0.0)
+                       alloc=True, idle_timeout=parse_duration(flags["idle_timeout"]) if flags["idle_timeout"] else 0.0,
+                       interactive=True)  # a session: bounded by its queue's interactive max_duration
         check_spec(spec)
     except (QuantityError, JobFileError) as exc:
         fail(f"invalid allocation: {exc}", 2)
