@@ -177,8 +177,10 @@ class _Scan:
         return domain
 
     def fits_in(self, domains: Iterable[tuple[str, ...]]) -> tuple[str, ...] | None:
-        """The first of `domains` that holds the gang at the moment reached."""
-        return next((d for d in domains if self.room.get(d, 0) >= self.n), None)
+        """Of `domains`, the one that holds the gang at the moment reached, the first by name if
+        several do: not the first met, since the order the nodes were counted in follows sets of
+        node ids (string hashes differ from one process to the next, and the estimate must not)."""
+        return min((d for d in domains if self.room.get(d, 0) >= self.n), default=None)
 
     def place(self, domain: tuple[str, ...]) -> _Found:
         """The gang in `domain` at the moment reached: the nodes that hold the most first."""
