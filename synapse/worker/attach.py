@@ -112,6 +112,7 @@ class AttachService(LogService):
         else:
             a, handle = found
             yield api_pb2.AttachOutput(ready=True)
+            log.info("attach: stream ready task=%s/%d/%d", *key)
             first = [api_pb2.AttachInput(window=o.window)] if o.window.rows and a.stdin_mode == "pty" else []
             threading.Thread(target=self._task_input, args=(a, handle, itertools.chain(first, request_iterator)),
                              name="attach-in", daemon=True).start()

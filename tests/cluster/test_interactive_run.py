@@ -116,8 +116,17 @@ def test_stdin_and_the_stream_outlive_a_worker_restart(cluster):
     proc.stdin.flush()
     _wait_for(proc.stdout, b"got one")
     node = job_json(cluster, job_id)["tasks"][0]["node"]
+    log = cluster.data_dir / "logs" / f"{node}.log"
+    before = log.stat().st_size
     cluster.kill_worker(node, with_tasks=False)
     cluster.restart_worker(node)
+    # Input typed while synctl has not yet seen its stream break may go down the broken stream and
+    # be lost (docs/using/interactive.md says so); once the stream to the restarted worker is
+    # ready, input reaches the task.
+    deadline = time.monotonic() + 60
+    while f"attach: stream ready task={job_id}/" not in log.read_text(errors="replace")[before:]:
+        assert time.monotonic() < deadline, "synctl's stream never came back to the restarted worker"
+        time.sleep(0.05)
     proc.stdin.write(b"two\n")
     proc.stdin.close()
     _wait_for(proc.stdout, b"got two")
