@@ -14,10 +14,16 @@ def _next(events: queue.Queue, timeout: float) -> object:
     return events.get(timeout=timeout)
 
 
-def test_an_end_is_put_on_the_queue_as_it_happens() -> None:
+def _watching() -> tuple[queue.Queue, ExitWatcher]:
+    """An exit watcher running, and the queue it puts ends on."""
     events: queue.Queue = queue.Queue()
     watcher = ExitWatcher(events)
     watcher.start()
+    return events, watcher
+
+
+def test_an_end_is_put_on_the_queue_as_it_happens() -> None:
+    events, watcher = _watching()
     proc = subprocess.Popen(["sleep", "0.3"])
     try:
         watcher.track({(proc.pid, start_ticks(proc.pid))})
@@ -34,9 +40,7 @@ def test_an_end_is_put_on_the_queue_as_it_happens() -> None:
 
 
 def test_a_process_already_gone_or_not_the_tracked_one_counts_as_ended_at_once() -> None:
-    events: queue.Queue = queue.Queue()
-    watcher = ExitWatcher(events)
-    watcher.start()
+    events, watcher = _watching()
     gone = subprocess.Popen(["true"])
     gone.wait()  # reaped: no such pid any more
     alive = subprocess.Popen(["sleep", "5"])
@@ -50,9 +54,7 @@ def test_a_process_already_gone_or_not_the_tracked_one_counts_as_ended_at_once()
 
 
 def test_untracked_processes_are_not_reported() -> None:
-    events: queue.Queue = queue.Queue()
-    watcher = ExitWatcher(events)
-    watcher.start()
+    events, watcher = _watching()
     proc = subprocess.Popen(["sleep", "0.2"])
     try:
         watcher.track({(proc.pid, start_ticks(proc.pid))})
