@@ -234,17 +234,23 @@ class WorkerAgent(TaskLifecycle, Uplink):
                          for t in self.state.running()], time.monotonic(), time.time()):
                     self.reports_ready.set()
             if changed:
-                self._save_state()
+                # The reports go before the save: a start or an end reported, then lost with the
+                # agent before its save, is reported again by the next agent (the state file's task
+                # is re-adopted: WorkerState.restore), as one whose acknowledgement was lost is.
                 if self.state.unreported:
                     self.reports_ready.set()
                 self.exits.track({(t.handle.pid, t.handle.start_ticks) for t in self.state.running()
                                   if t.handle is not None})
+                self._save_state()
 
     def _handle(self, event: object) -> None:
         """(main loop) The one door to the state: apply the event, publish the new view, carry out
         what the state asks."""
+        reports = len(self.state.unreported)
         instructions = self.state.handle(event, time.monotonic())
         self.view = self.state.view()
+        if len(self.state.unreported) > reports:
+            self.reports_ready.set()  # a start or an end goes at once, not after the rest of the loop's work
         self._carry_out(instructions)
 
     def _carry_out(self, instructions: list[ws.Instruction]) -> None:

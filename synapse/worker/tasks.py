@@ -183,9 +183,12 @@ class TaskLifecycle:
                 outcome = ("succeeded" if code == 0 else "oom_killed" if end.cause == "OOMKilled"
                            else "killed" if code is None or task.phase == "stopping" else "failed")
                 self.metrics.exits.labels(outcome).inc()
-                # The cgroup goes once its OOM count has been read: the task's end is now known.
-                self.runtime.release(task.handle.cgroup)
-                self._end_container(a)
+                handle = task.handle
                 self._handle(ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause))
+                # Reported first (a waiting gang waits for it), then cleaned up: the cgroup goes once
+                # its OOM count has been read, before this loop takes its next event (a task that
+                # starts here next never meets the old one's cgroup or container).
+                self.runtime.release(handle.cgroup)
+                self._end_container(a)
                 changed = True
         return changed
