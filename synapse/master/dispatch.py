@@ -98,6 +98,11 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
     return touched
 
 
+def relists_any(state: ClusterState, cmds: Iterable[c.Command]) -> bool:
+    """Whether `cmds` may have changed any node's list (nodes_relisted, every node watched)."""
+    return bool(nodes_relisted(state, cmds, ("*",)))  # a node-wide stop returns the watched: not empty
+
+
 def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
     """True for a gang's report that cannot have changed any of its lists (nodes_relisted)."""
     if not isinstance(cmd, c.TaskPrepared | c.TaskStarted) or cmd.attempt != job.attempt:

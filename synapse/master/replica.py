@@ -32,7 +32,7 @@ from synapse.core.brain.stimuli import HealthReport, ProgressReport
 from synapse.core.shards import ShardMap
 from synapse.core.state.fsm import ClusterState
 from synapse.master.config import ClusterConfig
-from synapse.master.dispatch import nodes_relisted
+from synapse.master.dispatch import nodes_relisted, relists_any
 from synapse.master.durability import free_bytes
 from synapse.master.raft import ProposeError, RaftNode
 from synapse.proto import api_pb2
@@ -264,6 +264,8 @@ class Master:
     def on_applied(self, applied: Sequence[tuple[c.Command | None, c.Result]]) -> None:
         """Listener for every applied log entry; runs on pysyncobj's tick thread, so it only hands off."""
         changes = [cmd for cmd, result in applied if result.ok and cmd is not None and not isinstance(cmd, c.Barrier)]
+        if changes and relists_any(self.state, changes):  # the state is the tick thread's here
+            self.raft.sync.commit_at_once()
         inbox = self.raft.inbox
         if inbox is not None and changes:
             inbox.post(self._changed_all, changes)

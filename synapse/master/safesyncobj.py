@@ -49,7 +49,8 @@ Each correction, and why (the class docstring and the methods hold the details):
   that much later, and a loaded leader sends (and encrypts, and hears answers to) about half as
   many messages (`_SyncObj__applyLogEntries`, `_settle_commit`). With nothing waiting, the commit
   index goes out at once: followers (which serve the workers' assignments) lag no write on an
-  idle cluster.
+  idle cluster; nor is it held after entries that change what a worker runs (a gang's placement,
+  a stop: `commit_at_once`), which the workers watching a follower would otherwise wait for.
 * **The transport's seal.** pysyncobj seals every message with Fernet, a tenth of a loaded
   leader's CPU; `encryptor` is synapse.master.cipher's RaftCipher instead: AES-GCM once every
   member reads it (the cluster version), Fernet until then, both always read.
@@ -198,6 +199,7 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         #: (the leader's next-heartbeat time, monotonic time) when it applied entries whose commit
         #: index no message has carried yet; None: nothing owed. The first changes with every send.
         self._commit_owed: tuple[float, float] | None = None
+        self._commit_urgent = False  #: the entries being applied must reach the followers at once
         self._poll_messages: Callable[[float], None] = _before_transport  #: the poller's own poll
         #: whether proposals wait for the next entry (raft.RaftNode sets it; None: take it that they do)
         self.more_coming: Callable[[], bool] | None = None
@@ -286,9 +288,18 @@ class SafeSyncObj(PreVote, SnapshotGuard):
             return send
         if self.more_coming is not None and not self.more_coming():
             return send  # no entry is on its way to carry it
+        if self._commit_urgent:
+            self._commit_urgent = False
+            return send  # workers wait for it on the followers they watch from (commit_at_once)
         if self._commit_owed is None or self._commit_owed[0] != self._SyncObj__newAppendEntriesTime:
             self._commit_owed = (self._SyncObj__newAppendEntriesTime, monotonic())
         return False  # _settle_commit sends it, unless the next entry's AppendEntries carries it first
+
+    def commit_at_once(self) -> None:
+        """(tick thread, while applying) The entries being applied change what some worker runs: the
+        followers, which serve most workers their lists (link shards), learn the commit at once,
+        not up to COMMIT_HOLD_S later with the next entry."""
+        self._commit_urgent = True
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - overrides pysyncobj's
         SyncObj._checkCommandsToApply(self)  # the tick's command intake: each new entry is sent at once

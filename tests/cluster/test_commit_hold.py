@@ -61,14 +61,19 @@ def write_in_a_pipeline(nodes, leader: int, writes: int) -> list[int]:
     return outcomes
 
 
-def commit_messages(tmp_path, cls, writes: int = 40, more_coming=None) -> tuple[float, list[int], list[int]]:
+def commit_messages(tmp_path, cls, writes: int = 40, more_coming=None,
+                    urgent: bool = False) -> tuple[float, list[int], list[int]]:
     """(AppendEntries per entry the leader sent each follower during the writes, each follower's
     commit index after the writes and a short quiet spell, the leader's). `more_coming`: what the
-    leader's proposer says of proposals waiting for the next entry (None: it says nothing)."""
+    leader's proposer says of proposals waiting for the next entry (None: it says nothing);
+    `urgent`: every entry changes what a worker runs (the leader's apply says so, as
+    synapse.master.replica.Replica.on_applied does for a placement)."""
     _, nodes = start(tmp_path, cls)
     try:
         leader = elect(nodes)
         nodes[leader].more_coming = more_coming
+        if urgent:
+            nodes[leader]._SyncObj__consumers[0].listener = lambda applied: nodes[leader].commit_at_once()
         tick(nodes, 0.2)
         counts = count_appends(nodes)
         outcomes = write_in_a_pipeline(nodes, leader, writes)
@@ -101,5 +106,13 @@ def test_with_no_proposal_waiting_the_commit_index_goes_out_at_once(tmp_path):
 
 def test_without_the_hold_each_entry_costs_two(tmp_path):
     per_entry, followers, [leader] = commit_messages(tmp_path, Immediate)
+    assert per_entry > 1.8, f"{per_entry:.2f} AppendEntries per entry and follower"
+    assert followers == [leader, leader]
+
+
+def test_after_an_entry_that_changes_what_a_worker_runs_the_commit_index_goes_out_at_once(tmp_path):
+    """A gang's placement (or a stop) applied on the leader: the workers that watch a follower wait
+    for that follower to learn the commit, so it is not held for the next entry."""
+    per_entry, followers, [leader] = commit_messages(tmp_path, SafeSyncObj, urgent=True)
     assert per_entry > 1.8, f"{per_entry:.2f} AppendEntries per entry and follower"
     assert followers == [leader, leader]
