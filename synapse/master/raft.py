@@ -432,9 +432,14 @@ class RaftNode:
             raise self._failure(err)
 
     def partners(self) -> list[str]:
-        """Raft addresses of the other current members, as this replica knows them."""
-        prefix = "partner_node_status_server_"
-        return sorted(k[len(prefix):] for k in self.status() if k.startswith(prefix))
+        """Raft addresses of the other current members, as this replica knows them (read off the
+        tick thread, as pysyncobj's status is; without building all of that status)."""
+        return sorted(node.id for node in self.sync.otherNodes)
+
+    def partners_connected(self) -> tuple[int, int]:
+        """(how many of the other current members this replica has a link to, how many there are)."""
+        nodes = self.sync.otherNodes
+        return sum(1 for node in nodes if self.sync.isNodeConnected(node)), len(nodes)
 
     def is_leader(self) -> bool:
         return bool(self.sync._isLeader())

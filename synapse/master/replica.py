@@ -148,6 +148,7 @@ class Master:
         #: soft state while leading: node -> (the references its image store holds, monotonic time heard)
         self.node_images: dict[str, tuple[tuple[str, ...], float]] = {}
         self._node_events: dict[str, asyncio.Event] = {}  #: node id -> set when its assignments may change
+        self._credential_key: tuple[str, bytes] = ("", b"")  #: (Raft password, the node credentials' key)
         self._leadership_lost = asyncio.Event()  #: set whenever this replica stops leading
         self.deposed_at = float("-inf")  #: monotonic time this replica last stopped leading
         self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
@@ -212,8 +213,10 @@ class Master:
     def node_credential(self, node_id: str) -> str:
         """The credential a worker presents to act for `node_id`: an HMAC only masters can make
         (keyed by the Raft password, which clients and workers never see)."""
-        key = hashlib.sha256(b"synapse-node-credential\0" + self.config.raft_password.encode()).digest()
-        return hmac.new(key, node_id.encode(), hashlib.sha256).hexdigest()
+        password = self.config.raft_password
+        if self._credential_key[0] != password:  # worked out once: every worker call checks one
+            self._credential_key = (password, hashlib.sha256(b"synapse-node-credential\0" + password.encode()).digest())
+        return hmac.new(self._credential_key[1], node_id.encode(), hashlib.sha256).hexdigest()
 
     def replica_credential(self) -> str:
         """The credential replicas present to each other's API (their liveness digests)."""
