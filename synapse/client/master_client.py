@@ -20,7 +20,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import grpc
@@ -123,6 +123,13 @@ def _absence(code: grpc.StatusCode, details: str) -> str:
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+def job_request(spec_proto: types_pb2.JobSpec, request_id: str | None = None, secrets: Mapping[str, str] | None = None,
+                hold: bool = False) -> api_pb2.SubmitJobRequest:
+    """One job's submission (`MasterClient.submit_job`, one of `submit_jobs`): a new request id unless given."""
+    return api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto, secrets=secrets or {},
+                                    hold=hold)
 
 
 def parse_addresses(text: str | list[str]) -> list[str]:
@@ -458,10 +465,24 @@ class MasterClient:
                    secrets: Mapping[str, str] | None = None, hold: bool = False) -> api_pb2.SubmitJobReply:
         """Submit (with the job's `secrets` by name, which the masters seal; `hold`: queued but held
         until released); the reply has the job id and what the job was accepted with but not as asked."""
-        request = api_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec_proto,
-                                           secrets=secrets or {}, hold=hold)
-        reply: api_pb2.SubmitJobReply = self.call("SubmitJob", request)
+        reply: api_pb2.SubmitJobReply = self.call("SubmitJob", job_request(spec_proto, request_id, secrets, hold))
         return reply
+
+    def submit_jobs(self, requests: Sequence[api_pb2.SubmitJobRequest]) -> list[api_pb2.SubmitJobReply]:
+        """Submit several jobs (each built by `job_request`, with its own request id) in one request
+        and one log entry: every one, or none if the master refuses one (ClientError naming it: "job
+        K of N (name): ..."). One reply per job, in order. A master of a release without SubmitJobs
+        gets one SubmitJob each (by their request ids, so a retry after a failure is safe); so does a
+        lone job, whose refusal then reads as `submit_job`'s."""
+        if len(requests) == 1:
+            return [self.call("SubmitJob", requests[0])]
+        try:
+            reply: api_pb2.SubmitJobsReply = self.call("SubmitJobs", api_pb2.SubmitJobsRequest(jobs=requests))
+        except ClientError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return [self.call("SubmitJob", request) for request in requests]
+        return list(reply.jobs)
 
     def start_step(self, alloc_id: str, spec_proto: Any, request_id: str | None = None) -> str:
         """Start a step in a running allocation (synapse.client.steps); its job id (`<alloc_id>.<k>`)."""

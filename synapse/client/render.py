@@ -308,9 +308,13 @@ def job_event_line(event: api_pb2.JobEvent) -> str:
     return f"{when(event.at)}  {event.kind:<10} {event.message}"
 
 
-def submitted(job_id: str, request_id: str, output: str) -> str:
-    """`submit`'s answer: the job id alone in a table, else with the request id that made it."""
-    return job_id if output == "table" else formatted({"id": job_id, "request_id": request_id}, output, str)
+def submitted(job_ids: list[str], request_ids: list[str], output: str) -> str:
+    """`submit`'s answer: the job ids, one a line, in a table; else each with the request id that
+    made it (one job: that object, as always; several: a list of them)."""
+    if output == "table":
+        return "\n".join(job_ids)
+    made = [{"id": job_id, "request_id": rid} for job_id, rid in zip(job_ids, request_ids, strict=True)]
+    return formatted(made[0] if len(made) == 1 else made, output, str)
 
 
 # ---- nodes ---------------------------------------------------------------------------------------

@@ -62,16 +62,18 @@ def queue_denial(queue: Queue, submitter: Submitter) -> str:
             f"{', '.join(queue.users) or '-'} and groups {', '.join(queue.groups) or '-'}")
 
 
-def refusal(state: ClusterTables, spec: JobSpec, submitter: Submitter) -> Refusal | None:
+def refusal(state: ClusterTables, spec: JobSpec, submitter: Submitter, earlier: int = 0) -> Refusal | None:
     """Why the cluster refuses `spec` from `submitter` now, the first rule broken in the order the
-    API has always answered them, or None (read it under the master lock)."""
+    API has always answered them, or None (read it under the master lock). `earlier`: the jobs the
+    same request submits to the same queue before this one (SubmitJobs), which its per-user job
+    limit counts as if they were there already."""
     unplaceable = elastic.required_domain_problem(ClusterView(state.nodes, state.index, state.levels), spec)
     if unplaceable:
         return Refusal(Refused.INVALID, f"tasks.min: {unplaceable}")
     unknown = [j for _kind, j in spec.after if not dependencies.known(state, j)]
     if unknown:
         return Refusal(Refused.INVALID, f"after: unknown job {unknown[0]} (not submitted, or forgotten too long ago)")
-    refused = queue_refusal(state, spec, submitter)
+    refused = queue_refusal(state, spec, submitter, earlier=earlier)
     if refused is not None:
         return refused
     largest = state.largest
@@ -83,10 +85,12 @@ def refusal(state: ClusterTables, spec: JobSpec, submitter: Submitter) -> Refusa
     return None
 
 
-def queue_refusal(state: ClusterTables, spec: JobSpec, submitter: Submitter, moving: str = "") -> Refusal | None:
+def queue_refusal(state: ClusterTables, spec: JobSpec, submitter: Submitter, moving: str = "",
+                  earlier: int = 0) -> Refusal | None:
     """Why the queue `spec` names does not take it from `submitter`: unknown, its users and groups,
     its per-user job limit, its interactive maximum; or None. `moving`: the id of a job of
-    `submitter` moving into this queue (it does not count against the limit twice)."""
+    `submitter` moving into this queue (it does not count against the limit twice); `earlier`: jobs
+    of the same request ahead of it in this queue (counted against the limit)."""
     name = spec.queue or DEFAULT_QUEUE
     queue = state.queues.get(name)
     if queue is None and name != DEFAULT_QUEUE:
@@ -97,7 +101,7 @@ def queue_refusal(state: ClusterTables, spec: JobSpec, submitter: Submitter, mov
     problem = interactive_problem(spec, queue)
     if problem:
         return Refusal(Refused.INVALID, problem)
-    problem = user_jobs_problem(state, spec, submitter.name, moving)
+    problem = user_jobs_problem(state, spec, submitter.name, moving, earlier)
     return Refusal(Refused.LIMIT, problem) if problem else None
 
 
@@ -123,18 +127,20 @@ def interactive_problem(spec: JobSpec, queue: Queue | None) -> str:
     return ""
 
 
-def user_jobs_problem(state: ClusterTables, spec: JobSpec, user: str, moving: str = "") -> str:
+def user_jobs_problem(state: ClusterTables, spec: JobSpec, user: str, moving: str = "", earlier: int = 0) -> str:
     """Why `user` may not add `spec` (an array counts its elements) to its queue by the queue's
-    max_per_user jobs limit, or ''. Only a queue that sets the limit counts anything."""
+    max_per_user jobs limit, or ''. Only a queue that sets the limit counts anything. `earlier`:
+    jobs the same request adds to this queue before `spec`, counted as if already there."""
     queue = state.queues.get(spec.queue or DEFAULT_QUEUE)
     if queue is None or queue.user_jobs == UNLIMITED:
         return ""
     have = unfinished_jobs(state, queue.name, user, skip=moving)
-    adding = _elements(spec)
-    if have + adding <= queue.user_jobs:
+    adding = elements(spec)
+    if have + earlier + adding <= queue.user_jobs:
         return ""
-    return (f"queue {queue.name}: user {user or '-'} has {have} pending or running job(s) there and its "
-            f"max_per_user.jobs is {queue.user_jobs}" + (f"; this array adds {adding}" if spec.array else "")
+    return (f"queue {queue.name}: user {user or '-'} has {have} pending or running job(s) there"
+            + (f", this request adds {earlier} before this one," if earlier else "")
+            + f" and its max_per_user.jobs is {queue.user_jobs}" + (f"; this array adds {adding}" if spec.array else "")
             + ": wait for some to end, or cancel some")
 
 
@@ -149,7 +155,7 @@ def unfinished_jobs(state: ClusterTables, queue: str, user: str, skip: str = "")
     return count
 
 
-def _elements(spec: JobSpec) -> int:
+def elements(spec: JobSpec) -> int:
     """Jobs a submission of `spec` adds: one, or an array's elements."""
     return size_of(parse_array(spec.array, MAX_ARRAY_SIZE)[0]) if spec.array else 1
 

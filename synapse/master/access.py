@@ -46,9 +46,9 @@ ACCESS: dict[str, Role] = {
     "WhoAmI": Role.USER, "ListQueues": Role.USER, "PreemptWhatIf": Role.USER,
     "WatchEvents": Role.USER, "ListHistory": Role.USER, "GetUsage": Role.USER,
     # a user's own work (the endpoint checks ownership)
-    "SubmitJob": Role.USER, "CancelJob": Role.USER, "LogAccess": Role.USER, "RotateUserToken": Role.USER,
-    "UpdateJob": Role.USER, "StartStep": Role.USER, "AttachAccess": Role.USER, "SetJobHold": Role.USER,
-    "RequeueJob": Role.USER,
+    "SubmitJob": Role.USER, "SubmitJobs": Role.USER, "CancelJob": Role.USER, "LogAccess": Role.USER,
+    "RotateUserToken": Role.USER, "UpdateJob": Role.USER, "StartStep": Role.USER, "AttachAccess": Role.USER,
+    "SetJobHold": Role.USER, "RequeueJob": Role.USER,
     # operating the cluster
     "SetSchedulable": Role.ADMIN, "DrainNode": Role.ADMIN, "AddReplica": Role.ADMIN, "RemoveReplica": Role.ADMIN,
     "AddUser": Role.ADMIN, "RemoveUser": Role.ADMIN, "ListUsers": Role.ADMIN,

@@ -319,6 +319,58 @@ class SubmitJobReply(_message.Message):
 Global___SubmitJobReply: _TypeAlias = SubmitJobReply  # noqa: Y015
 
 @_typing.final
+class SubmitJobsRequest(_message.Message):
+    """Each job is checked as SubmitJob checks one (a queue's per-user limit counts the request's earlier
+    jobs too); if any is refused, none is proposed and the status names it ("job K of N (name): ...").
+    The rest commit together, in one log entry. Only a change of the state between that check and the
+    commit (another submission filling a per-user limit, a queue deleted) can refuse one there: the
+    others stay submitted, the status names the refused job and the submitted ids, and a retry with the
+    same request ids gets those and submits the rest. At most 1,000 jobs per request.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitJobRequest]:
+        """each with its own request id (distinct within the request)"""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___SubmitJobRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitJobsRequest: _TypeAlias = SubmitJobsRequest  # noqa: Y015
+
+@_typing.final
+class SubmitJobsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitJobReply]:
+        """one per job, in the request's order"""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___SubmitJobReply] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitJobsReply: _TypeAlias = SubmitJobsReply  # noqa: Y015
+
+@_typing.final
 class GetJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

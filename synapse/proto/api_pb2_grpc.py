@@ -39,6 +39,11 @@ class MasterStub:
                 request_serializer=synapse_dot_proto_dot_api__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=synapse_dot_proto_dot_api__pb2.SubmitJobReply.FromString,
                 _registered_method=True)
+        self.SubmitJobs = channel.unary_unary(
+                '/synapse.v1.Master/SubmitJobs',
+                request_serializer=synapse_dot_proto_dot_api__pb2.SubmitJobsRequest.SerializeToString,
+                response_deserializer=synapse_dot_proto_dot_api__pb2.SubmitJobsReply.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/synapse.v1.Master/GetJob',
                 request_serializer=synapse_dot_proto_dot_api__pb2.GetJobRequest.SerializeToString,
@@ -226,6 +231,13 @@ class MasterServicer:
 
     def SubmitJob(self, request, context):
         """Clients (synctl).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJobs(self, request, context):
+        """Several jobs in one request and one log entry: every one or none (see SubmitJobsRequest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -474,6 +486,11 @@ def add_MasterServicer_to_server(servicer, server):
                     request_deserializer=synapse_dot_proto_dot_api__pb2.SubmitJobRequest.FromString,
                     response_serializer=synapse_dot_proto_dot_api__pb2.SubmitJobReply.SerializeToString,
             ),
+            'SubmitJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJobs,
+                    request_deserializer=synapse_dot_proto_dot_api__pb2.SubmitJobsRequest.FromString,
+                    response_serializer=synapse_dot_proto_dot_api__pb2.SubmitJobsReply.SerializeToString,
+            ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
                     request_deserializer=synapse_dot_proto_dot_api__pb2.GetJobRequest.FromString,
@@ -682,6 +699,33 @@ class Master:
             '/synapse.v1.Master/SubmitJob',
             synapse_dot_proto_dot_api__pb2.SubmitJobRequest.SerializeToString,
             synapse_dot_proto_dot_api__pb2.SubmitJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.Master/SubmitJobs',
+            synapse_dot_proto_dot_api__pb2.SubmitJobsRequest.SerializeToString,
+            synapse_dot_proto_dot_api__pb2.SubmitJobsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,8 @@ class MasterStub:
     def __new__(cls, channel: _aio.Channel) -> MasterAsyncStub: ...
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_api_pb2.SubmitJobRequest, _api_pb2.SubmitJobReply]
     """Clients (synctl)."""
+    SubmitJobs: _grpc.UnaryUnaryMultiCallable[_api_pb2.SubmitJobsRequest, _api_pb2.SubmitJobsReply]
+    """Several jobs in one request and one log entry: every one or none (see SubmitJobsRequest)."""
     GetJob: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetJobRequest, _api_pb2.JobInfo]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListJobsRequest, _api_pb2.ListJobsReply]
     ListNodes: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListNodesRequest, _api_pb2.ListNodesReply]
@@ -99,6 +101,8 @@ class MasterAsyncStub(MasterStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     SubmitJob: _aio.UnaryUnaryMultiCallable[_api_pb2.SubmitJobRequest, _api_pb2.SubmitJobReply]  # type: ignore[assignment]
     """Clients (synctl)."""
+    SubmitJobs: _aio.UnaryUnaryMultiCallable[_api_pb2.SubmitJobsRequest, _api_pb2.SubmitJobsReply]  # type: ignore[assignment]
+    """Several jobs in one request and one log entry: every one or none (see SubmitJobsRequest)."""
     GetJob: _aio.UnaryUnaryMultiCallable[_api_pb2.GetJobRequest, _api_pb2.JobInfo]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_api_pb2.ListJobsRequest, _api_pb2.ListJobsReply]  # type: ignore[assignment]
     ListNodes: _aio.UnaryUnaryMultiCallable[_api_pb2.ListNodesRequest, _api_pb2.ListNodesReply]  # type: ignore[assignment]
@@ -165,6 +169,14 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.SubmitJobReply, _abc.Awaitable[_api_pb2.SubmitJobReply]]:
         """Clients (synctl)."""
+
+    @_abc_1.abstractmethod
+    def SubmitJobs(
+        self,
+        request: _api_pb2.SubmitJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.SubmitJobsReply, _abc.Awaitable[_api_pb2.SubmitJobsReply]]:
+        """Several jobs in one request and one log entry: every one or none (see SubmitJobsRequest)."""
 
     @_abc_1.abstractmethod
     def GetJob(

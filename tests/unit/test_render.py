@@ -39,8 +39,11 @@ def test_formatted_gives_json_yaml_or_the_table():
     assert render.formatted(data, "json", str) == '{\n  "id": "j-1",\n  "tasks": [\n    1,\n    2\n  ]\n}'
     assert render.formatted(data, "yaml", str) == "id: j-1\ntasks:\n- 1\n- 2"
     assert render.formatted(data, "table", lambda d: d["id"]) == "j-1"
-    assert render.submitted("j-1", "r-1", "table") == "j-1"
-    assert json.loads(render.submitted("j-1", "r-1", "json")) == {"id": "j-1", "request_id": "r-1"}
+    assert render.submitted(["j-1"], ["r-1"], "table") == "j-1"
+    assert json.loads(render.submitted(["j-1"], ["r-1"], "json")) == {"id": "j-1", "request_id": "r-1"}
+    assert render.submitted(["j-1", "j-2"], ["r-1", "r-2"], "table") == "j-1\nj-2"  # one id a line
+    assert json.loads(render.submitted(["j-1", "j-2"], ["r-1", "r-2"], "json")) == [
+        {"id": "j-1", "request_id": "r-1"}, {"id": "j-2", "request_id": "r-2"}]
 
 
 def test_describe_job_shows_tasks_with_their_end_and_the_events():

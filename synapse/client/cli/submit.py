@@ -1,4 +1,5 @@
-"""`synctl submit`: a job file, or a one-off job from flags and the command after `--`."""
+"""`synctl submit`: job files (several, or N copies, in one request), or a one-off job from flags and
+the command after `--`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import click
 from synapse.client import render
 from synapse.client.cli.session import OUTPUT, AfterDashes, Context, fail, run
 from synapse.client.jobfile import load_job_file, load_secrets, resolve_paths
-from synapse.client.master_client import new_request_id
+from synapse.client.master_client import job_request, new_request_id
 from synapse.core.jobs import wire
 from synapse.core.jobs.arrays import ArraySpecError, format_ranges, parse_array
 from synapse.core.jobs.dependencies import parse_after_flag
-from synapse.core.jobs.jobspec import JobFileError, check_workflow, parse_job
+from synapse.core.jobs.jobspec import MAX_NAME, JobFileError, check_workflow, parse_job
 from synapse.core.model import JobSpec
 from synapse.core.queues import queue_name_problem
 
@@ -61,7 +62,9 @@ def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
 @click.command(cls=AfterDashes, context_settings={"ignore_unknown_options": False})
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1)
-@click.option("--request-id", help="idempotency key: the same id always yields the same job")
+@click.option("--request-id", help="idempotency key: the same id always yields the same job (several: R-1, R-2, ...)")
+@click.option("--count", type=click.IntRange(1), default=1,
+              help="submit N copies of the job (of each job file), named NAME-1 to NAME-N, in one request")
 @click.option("--wait", is_flag=True, help="follow the job until it ends, as `synctl wait` does")
 @click.option("--hold", is_flag=True, help="queue it held: it is not placed until `synctl release JOB`")
 @job_flags
@@ -70,42 +73,70 @@ def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
 @click.option("--singleton", is_flag=True, default=None, help="run only while no job of this name and user runs")
 @OUTPUT
 @click.pass_obj
-def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], request_id: str | None, wait: bool,
-           hold: bool, output: str, **flags: Any) -> None:
-    """Submit a job file, or a one-off job from flags that runs the command after `--`:
+def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], request_id: str | None, count: int,
+           wait: bool, hold: bool, output: str, **flags: Any) -> None:
+    """Submit job files (several, or `--count N` copies, go in one request: all of them or none),
+    or a one-off job from flags that runs the command after `--`:
     `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
     after_dashes = click.get_current_context().meta.get("synctl.command")
     if after_dashes is not None:
         if job_file or command:
             fail("invalid job: give a job file or a command after --, not both", 2)
         command = tuple(after_dashes)
-    shorthand = bool(command) or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu", "name",
-                                                                     "image"))
-    secrets: dict[str, str] = {}
+    # Flags make a one-off job, whose command may also come without `--` (`submit --gpu 1 python x.py`);
+    # without them every word is a job file.
+    shorthand = after_dashes is not None or any(flags[k] is not None for k in ("tasks", "cpu", "memory", "gpu",
+                                                                               "name", "image"))
+    files = [] if shorthand or not job_file else [job_file, *command]
+    jobs: list[tuple[JobSpec, dict[str, str]]] = []
+    file = job_file or ""  #: the job file being read
     try:
         if after_dashes is not None and not command:
             raise JobFileError("command", "give the command to run after -- (e.g. -- python train.py)")
         if shorthand:
-            spec = flags_spec(([job_file] if job_file else []) + list(command), flags)
-        elif job_file:
-            spec, secrets = _queue_flag(load_job_file(job_file), flags), load_secrets(job_file)
-        else:
+            jobs.append((_workflow_flags(flags_spec(([job_file] if job_file else []) + list(command), flags), flags),
+                         {}))
+        elif not files:
             raise JobFileError("(arguments)", "give a job file, or flags and a command: submit --gpu 1 -- python x.py")
-        spec = _workflow_flags(spec, flags)
+        for path in files:
+            file = path
+            jobs.append((_workflow_flags(_queue_flag(load_job_file(path), flags), flags), load_secrets(path)))
     except JobFileError as exc:
+        where = "" if shorthand or not file else " file " + file
         hint = " (a command to run goes after --: submit -- CMD ARGS…)" \
-            if not shorthand and job_file and not os.path.exists(job_file) else ""
-        fail(f"invalid job{'' if shorthand or not job_file else ' file ' + job_file}: {exc}{hint}", 2)
-    rid = request_id or new_request_id()
-    reply = run(lambda: obj.client.submit_job(wire.job_spec_to_proto(spec), request_id=rid, secrets=secrets,
-                                              hold=hold))
-    for line in reply.warnings:
-        click.echo(f"synctl: warning: {line}", err=True)
-    job_id = reply.job_id
-    click.echo(render.submitted(job_id, rid, output))
+            if not shorthand and file and not os.path.exists(file) else ""
+        fail(f"invalid job{where}: {exc}{hint}", 2)
+    jobs = [(copy, secrets) for spec, secrets in jobs for copy in numbered_copies(spec, count)]
+    if wait and len(jobs) > 1:
+        fail("--wait follows one job: submit them, then `synctl wait ID` each", 2)
+    rids = request_ids(request_id, len(jobs))
+    requests = [job_request(wire.job_spec_to_proto(spec), rid, secrets, hold)
+                for (spec, secrets), rid in zip(jobs, rids, strict=True)]
+    replies = run(lambda: obj.client.submit_jobs(requests))
+    for reply in replies:
+        for line in reply.warnings:
+            click.echo(f"synctl: warning: {line}", err=True)
+    click.echo(render.submitted([reply.job_id for reply in replies], rids, output))
     if wait:
         from synapse.client.cli.jobs import follow_job  # here: `run` shares this module, not jobs' imports
-        sys.exit(follow_job(obj, job_id, quiet=output != "table"))
+        sys.exit(follow_job(obj, replies[0].job_id, quiet=output != "table"))
+
+
+def numbered_copies(spec: JobSpec, count: int) -> list[JobSpec]:
+    """`count` copies of `spec` named NAME-1 to NAME-N (the name cut so that each stays within
+    MAX_NAME); the spec itself when `count` is 1."""
+    if count == 1:
+        return [spec]
+    return [dataclasses.replace(spec, name=f"{spec.name[:MAX_NAME - len(str(k)) - 1]}-{k}")
+            for k in range(1, count + 1)]
+
+
+def request_ids(given: str | None, n: int) -> list[str]:
+    """The request ids of `n` jobs submitted together: `given` for one, `given`-1 to `given`-N for
+    several (so the same command retried yields the same jobs); new ones without it."""
+    if not given:
+        return [new_request_id() for _ in range(n)]
+    return [given] if n == 1 else [f"{given}-{k}" for k in range(1, n + 1)]
 
 
 def _workflow_flags(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:

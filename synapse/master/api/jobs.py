@@ -1,21 +1,18 @@
-"""The users' RPCs about their jobs: submit, read, list, cancel, hold and release, update (an array's
-throttle; a job's priority, time limit or queue), requeue, get tickets to read task logs, and ask
-what preemption would do for a pending job."""
+"""The users' RPCs about their jobs once submitted (`submit` submits them): read, list, cancel, hold
+and release, update (an array's throttle; a job's priority, time limit or queue), requeue, get
+tickets to read task logs, and ask what preemption would do for a pending job."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import grpc
 
 from synapse.common import tickets
-from synapse.core import codec, submission
 from synapse.core import commands as c
 from synapse.core.jobs import dependencies
 from synapse.core.jobs.arrays import split_element_id
-from synapse.core.jobs.jobspec import JobFileError, check_secret_value, check_spec, notice_capped
-from synapse.core.model import DEFAULT_QUEUE, Job, JobStatus, Queue
+from synapse.core.model import Job, JobStatus
 from synapse.core.state.job_controls import update_denial, update_problem
 from synapse.core.steps import step_ids
 from synapse.master.api.base import MAX_ID_CHARS, Context
@@ -31,58 +28,7 @@ MAX_PAGE = 5000
 
 
 class JobsApi(JobViews):
-    """SubmitJob, GetJob, ListJobs, CancelJob, SetJobHold, UpdateJob, RequeueJob, LogAccess, PreemptWhatIf."""
-
-    async def SubmitJob(self, request: api_pb2.SubmitJobRequest, context: Context) -> api_pb2.SubmitJobReply:
-        try:
-            spec = codec.job_spec_from_proto(request.spec, default_queue=DEFAULT_QUEUE)
-            if spec.secrets:  # sealed by a master alone: a client's sealed bytes could be another job's
-                raise JobFileError("spec.secrets", "must be empty: send the values in the request's secrets")
-            for name, value in request.secrets.items():
-                check_secret_value(name, value)
-            # Sealed here, before the proposal, with this master's random nonces: apply only copies.
-            spec = dataclasses.replace(spec, secrets=tuple(self._seal.seal(name, value)
-                                                           for name, value in sorted(request.secrets.items())))
-            check_spec(spec, self.m.config.topology_levels, self.m.config.max_array_size)
-        except (JobFileError, codec.CodecError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
-        if len(request.request_id) > MAX_ID_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: at most {MAX_ID_CHARS} characters")
-        await self._leader(context)
-        caller = self.caller()
-        with self.m.lock:
-            queue = self.m.state.queues.get(spec.queue)
-            if spec.interactive and not spec.time_limit:  # a session runs at most its queue's maximum
-                spec = dataclasses.replace(spec, time_limit=(queue or Queue(spec.queue)).interactive_max_duration)
-            existing = self.m.state.job_by_request.get(request.request_id) if request.request_id else None
-            conflict = self.m.state.request_conflict(request.request_id, spec)
-            refused = submission.refusal(self.m.state, spec,
-                                         submission.Submitter(caller.name, caller.groups, caller.is_admin))
-        if conflict:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, conflict)
-        # The spec keeps the notice asked for: a queue given a larger max_grace later gives all of it.
-        warnings = [w for w in (notice_capped(spec, queue),) if w]
-        if existing:
-            return api_pb2.SubmitJobReply(job_id=existing, warnings=warnings)
-        if refused is not None and refused.kind is submission.Refused.DENIED:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"permission denied: {refused.reason}")
-        if refused is not None and refused.kind is submission.Refused.LIMIT:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"limit reached: {refused.reason}")
-        if refused is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {refused.reason}")
-        job_id = self.m.new_job_id(spec.name)
-        user = caller.name
-        kind = c.submit_kind(spec, request.hold)
-        held = {"held": True} if request.hold else {}
-        result = await self._propose(kind(at=self.m.now(), by=user, job_id=job_id,
-                                          request_id=request.request_id, spec=spec, **held), context)
-        await self._ok_or_abort(result, context, grpc.StatusCode.INVALID_ARGUMENT)
-        # DEBUG, not INFO: a log record per submission was a twentieth of the leader's CPU per
-        # submission (format, write, flush), and the replicated JobSubmitted event (`synctl events`,
-        # the history) already records each one with its user.
-        log.debug("job submitted job=%s request=%s tasks=%d user=%s", result.value, request.request_id, spec.tasks,
-                  user)
-        return api_pb2.SubmitJobReply(job_id=result.value, warnings=warnings)
+    """GetJob, ListJobs, CancelJob, SetJobHold, UpdateJob, RequeueJob, LogAccess, PreemptWhatIf."""
 
     async def GetJob(self, request: api_pb2.GetJobRequest, context: Context) -> api_pb2.JobInfo:
         await self._check_id(request.job_id, "job_id", context)

@@ -13,11 +13,12 @@ from synapse.master.api.interactive import InteractiveApi
 from synapse.master.api.jobs import JobsApi
 from synapse.master.api.replicas import ReplicasApi
 from synapse.master.api.steps import StepsApi
+from synapse.master.api.submit import SubmitApi
 from synapse.master.api.workers import WorkersApi
 from synapse.proto import api_pb2_grpc
 
 
-class MasterServicer(JobsApi, StepsApi, InteractiveApi, AdminApi, WorkersApi, ReplicasApi, HistoryApi,
+class MasterServicer(SubmitApi, JobsApi, StepsApi, InteractiveApi, AdminApi, WorkersApi, ReplicasApi, HistoryApi,
                      api_pb2_grpc.MasterServicer):
     """Every RPC of the Master service (the generated base last: an RPC no mixin serves fails the
     one-proposal test, which finds every RPC among the mixins)."""
