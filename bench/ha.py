@@ -2,7 +2,8 @@
 
     python bench/ha.py                 # a table
     python bench/ha.py --json          # {"submits_per_s", "submit_p50_ms", "submit_p99_ms",
-                                       #  "raw_raft_ops_per_s", "failover_p50_s", "failover_max_s"}
+                                       #  "raw_raft_ops_per_s", "failover_p50_s", "failover_max_s",
+                                       #  "batched_submits_per_s", "batched_vs_raw", ...}
 
 (a) Submissions acknowledged per second through gRPC (client library, several threads), with
 p50/p99 latency, next to raw pysyncobj throughput for the same command measured in the same run
@@ -10,7 +11,9 @@ on three bare replica processes (bench/support/raw_raft.py), and next to the sam
 that does not flush its journal (durability: none), to show what fsync costs. It also prints the
 CPU time each process spent per submission and how busy the machine was (every process shares
 the same cores here), and runs the same load from one asyncio client straight to the leader, a
-lighter load generator than 16 threads of the failover client. (b) Failover: kill -9 the leader
+lighter load generator than 16 threads of the failover client, and the same number of submissions
+sent `--batch` jobs to a request (SubmitJobs: one RPC and one log entry per request), with its rate
+against raw pysyncobj's, the CPU per submission, and each request's latency. (b) Failover: kill -9 the leader
 and time until the next write is acknowledged through the client; the killed replica is
 restarted and the cluster is let settle between trials. Targets: >= 1,000 submissions/s with
 p99 <= 50 ms; failover p50 <= 1 s, max <= 3 s. Every fault-free phase counts the elections it saw
@@ -48,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.elections import Elections  # noqa: E402
 from support.measure import cpu_seconds, machine_busy, percentile  # noqa: E402
 
-from synapse.client.master_client import MasterClient  # noqa: E402
+from synapse.client.master_client import MasterClient, job_request  # noqa: E402
 from synapse.common.tls import TLSFiles, channel_credentials  # noqa: E402
 from synapse.core import codec, versions
 from synapse.core import commands as c  # noqa: E402
@@ -134,6 +137,38 @@ def submit_load(client_addresses: list[str], token: str, total: int, threads: in
                     client.cancel(job_id)
                 mine.append((time.perf_counter() - t0) * 1000)
         finally:  # a failed thread's operations still count, and its failure is printed
+            client.close()
+            with lock:
+                latencies.extend(mine)
+
+    start = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return total / (time.perf_counter() - start), latencies
+
+
+def submit_batch_load(client_addresses: list[str], token: str, total: int, threads: int, per_request: int, *,
+                      prefix: str = "batch", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
+    """The same submissions sent `per_request` to a request (SubmitJobs: one RPC, one log entry
+    each): submissions per second, and each request's latency."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    proto = codec.job_spec_to_proto(SPEC)
+    starts = range(0, total, per_request)
+
+    def worker(k: int) -> None:
+        client = MasterClient(client_addresses, token, tls=tls)
+        mine = []
+        try:
+            for first in starts[k::threads]:
+                requests = [job_request(proto, f"{prefix}-{i}") for i in range(first, min(total, first + per_request))]
+                t0 = time.perf_counter()
+                client.submit_jobs(requests)
+                mine.append((time.perf_counter() - t0) * 1000)
+        finally:
             client.close()
             with lock:
                 latencies.extend(mine)
@@ -389,6 +424,8 @@ def main() -> None:
     parser.add_argument("--submits", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=16, metavar="K",
+                        help="jobs per request in the batched load (SubmitJobs), beside the one-per-request load")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true",
                         help="a few seconds, same code path: 200 submits from 4 threads, 1 failover (for CI)")
@@ -414,6 +451,10 @@ def main() -> None:
             settle(state, args.threads, tls)
             with elections.phase("load"), CpuMeter(state["masters"], leader) as meter:
                 rate, latencies = submit_load(addresses, state["token"], args.submits, args.threads, tls=tls)
+            # The same number of submissions, `--batch` to a request: one RPC and one log entry each.
+            with elections.phase("batched load"), CpuMeter(state["masters"], leader) as batch_meter:
+                batch_rate, batch_latencies = submit_batch_load(addresses, state["token"], args.submits, args.threads,
+                                                                args.batch, tls=tls)
             leader_address = next(m["api_address"] for m in state["masters"] if m["id"] == leader)
             with elections.phase("asyncio load"), CpuMeter(state["masters"], leader) as aio_meter:
                 aio_rate, aio_latencies = submit_load_asyncio(leader_address, state["token"], args.submits,
@@ -498,6 +539,12 @@ def main() -> None:
               "plain_submits_per_s": round(plain_rate, 1),
               "plain_submit_p99_ms": round(percentile(plain_latencies, 0.99), 2),
               "plain_cpu_ms_per_submit": plain_meter.per_submit_ms(args.submits),
+              "batch_size": args.batch, "batched_submits_per_s": round(batch_rate, 1),
+              "batched_vs_raw": round(batch_rate / raw, 2),
+              "batched_request_p50_ms": round(percentile(batch_latencies, 0.5), 2),
+              "batched_request_p99_ms": round(percentile(batch_latencies, 0.99), 2),
+              "batched_cpu_ms_per_submit": batch_meter.per_submit_ms(args.submits),
+              "batched_machine_busy": round(batch_meter.busy, 2),
               "fault_free_elections": elections.fault_free()}
     if args.json:
         print(json.dumps(report))
@@ -510,6 +557,11 @@ def main() -> None:
     per = report["cpu_ms_per_submit"]
     print(f"CPU per submission (ms): {per}; all of them {sum(per.values()):.2f} ms; "
           f"machine {report['machine_busy']:.0%} busy during the load")
+    batched = report["batched_cpu_ms_per_submit"]
+    print(f"same submissions {args.batch} to a request (SubmitJobs): {report['batched_submits_per_s']:,.0f}/s "
+          f"({report['batched_vs_raw']:.2f} x raw pysyncobj)  per request p50 {report['batched_request_p50_ms']} ms  "
+          f"p99 {report['batched_request_p99_ms']} ms; CPU per submission (ms): {batched}; "
+          f"machine {report['batched_machine_busy']:.0%} busy")
     aio = report["asyncio_client_cpu_ms_per_submit"]
     print(f"same load from one asyncio client: {report['asyncio_client_submits_per_s']:,.0f}/s  "
           f"p99 {report['asyncio_client_submit_p99_ms']} ms; CPU per submission (ms): {aio}; "
