@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: two are in flight; the rest never applied (a lost leadership) and are dropped past this many.
 OWN_KEPT = 64
 #: The kinds whose entries the replica that proposed them applies as it encoded them, undecoded
-#: (ReplicatedState.proposing): submissions, which only MasterServicer.SubmitJob makes, from a spec
+#: (ReplicatedState.proposing): submissions, which only MasterServicer.SubmitJob(s) make, from a spec
 #: the codec decoded from the request, a float clock reading and strings, so that decoding gives
 #: them back type for type (tests/unit/test_codec.py). Other kinds are built from Python values that
 #: decode to equal but not always identical ones (an int time comes back a float): decoded.
