@@ -95,8 +95,9 @@ VERBS = {
             "Ctrl-C to every rank, the worst rank's exit status: `run --tasks 2 --gpu 8 -- python train.py`."),
     "step": ("alloc:step", "Run a step inside an allocation (SYNAPSE_ALLOC) at once, never queued, and wait for "
              "it, printing its tasks' output: `step -- hostname`, `step --tasks 1 --gpu 4 -- python x.py`."),
-    "submit": ("submit:submit", "Submit a job file, or a one-off job from flags that runs the command after "
-               "`--`: `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."),
+    "submit": ("submit:submit", "Submit job files (several, or `--count N` copies, in one request: all or none), "
+               "or a one-off job from flags that runs the command after `--`: `submit -- hostname`, "
+               "`submit --tasks 2 --gpu 1 -- python x.py`."),
     "uncordon": ("nodes:uncordon", "Allow new tasks on a node again."),
     "update": ("control:update", "Change a job's priority, time limit or queue, or an array's throttle."),
     "usage": ("history:usage", "GPU-hours and CPU-hours allocated, per user, queue or day, and the cluster's "

@@ -61,7 +61,7 @@ def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
 
 @click.command(cls=AfterDashes, context_settings={"ignore_unknown_options": False})
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
-@click.argument("command", nargs=-1)
+@click.argument("command", nargs=-1, metavar="[JOB_FILE]...")
 @click.option("--request-id", help="idempotency key: the same id always yields the same job (several: R-1, R-2, ...)")
 @click.option("--count", type=click.IntRange(1), default=1,
               help="submit N copies of the job (of each job file), named NAME-1 to NAME-N, in one request")
@@ -75,9 +75,9 @@ def _queue_flag(spec: JobSpec, flags: dict[str, Any]) -> JobSpec:
 @click.pass_obj
 def submit(obj: Context, /, job_file: str | None, command: tuple[str, ...], request_id: str | None, count: int,
            wait: bool, hold: bool, output: str, **flags: Any) -> None:
-    """Submit job files (several, or `--count N` copies, go in one request: all of them or none),
-    or a one-off job from flags that runs the command after `--`:
-    `submit -- hostname`, `submit --tasks 2 --gpu 1 -- python x.py`."""
+    """Submit job files (several, or `--count N` copies, in one request: all or none), or a one-off
+    job from flags that runs the command after `--`: `submit -- hostname`, `submit --tasks 2 --gpu 1
+    -- python x.py`."""
     after_dashes = click.get_current_context().meta.get("synctl.command")
     if after_dashes is not None:
         if job_file or command:
