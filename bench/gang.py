@@ -2,7 +2,7 @@
 
     python bench/gang.py                  # a table
     python bench/gang.py --json           # {"gang_start_p50_s", "gang_start_p99_s", "unblock_p50_s",
-                                          #  "heartbeat_workers", "leader_cpu_share"}
+                                          #  "unblock_cancel_p50_s", "heartbeat_workers", "leader_cpu_share"}
 
 (a) Submit-to-all-tasks-running for an 8-task x 8-GPU gang on an idle cluster: from just before
 the client's SubmitJob call to the moment the job became RUNNING, which the state machine stamps
@@ -10,7 +10,9 @@ when it applies the last task's start report. (b) Unblock: one node is busy with
 task prints its own exit time; the gang needs all 8 nodes; the delay is from that exit to the gang
 running. Each is split into steps, each step's median printed: the blocker's exit to its worker
 noticing it (the worker's task journal), to the waiting gang's placement (its Scheduled event: the
-report, its commit and the round), to its first task's process, to its last. (c) 1,000 simulated
+report, its commit and the round), to its first task's process, to its last. The same hand-over
+when the blocker (a `sleep 60`) is cancelled instead: from just before the CancelJob call, the
+first step being the task's end as its worker noticed it. (c) 1,000 simulated
 workers (registration, then one heartbeat each every 5 s, phases spread) against the same leader;
 the leader's CPU share comes from /proc over the window.
 Targets: gang start p50 <= 0.1 s, p99 <= 0.3 s; 1,000 workers with the leader under half a core.
@@ -114,6 +116,24 @@ def unblocks(client: MasterClient, data_dir: Path, trials: int) -> tuple[list[fl
     return out, steps
 
 
+def cancel_unblocks(client: MasterClient, data_dir: Path, trials: int) -> tuple[list[float], list[dict[str, float]]]:
+    """The hand-over when the blocker is cancelled rather than ending: from just before the client's
+    CancelJob call to the waiting gang running (the blocker's task is stopped by SIGTERM first)."""
+    out, steps = [], []
+    for i in range(trials):
+        blocker = client.submit(spec(f"cancelled{i}", 1, ["sleep", "60"]))
+        wait(client, blocker, {"RUNNING"})
+        gang = client.submit(spec(f"after-cancel{i}", WORKERS, ["sleep", "0.2"]))
+        time.sleep(0.1)  # the gang has had its round, and waits
+        t0 = time.time()
+        client.cancel(blocker)
+        info = wait(client, gang, {"SUCCEEDED", "FAILED"})
+        out.append(info.started_at - t0)
+        noticed = journal(data_dir, blocker, "exit")[0]
+        steps.append({"exit_noticed": noticed - t0, **start_steps(data_dir, info, noticed)})
+    return out, steps
+
+
 def step_medians(steps: list[dict[str, float]]) -> dict[str, float]:
     return {name: round(statistics.median(s[name] for s in steps), 4) for name in steps[0]}
 
@@ -192,6 +212,8 @@ def main() -> None:
                 starts, start_parts = gang_starts(client, data_dir, args.trials)
             with elections.phase("unblocks"):
                 unblock, unblock_parts = unblocks(client, data_dir, unblock_trials)
+            with elections.phase("unblocks by cancel"):
+                cancelled, cancel_parts = cancel_unblocks(client, data_dir, unblock_trials)
             leader = next(m for m in state["masters"] if m["api_address"] == client.leader)
             # The 1,000 simulated workers never run tasks; their nodes stay out of the way by being
             # heartbeat-only. The window starts after registration.
@@ -209,8 +231,11 @@ def main() -> None:
     report = {"gang_start_p50_s": round(statistics.median(starts), 4),
               "gang_start_p99_s": round(percentile(starts, 0.99), 4),
               "unblock_p50_s": round(statistics.median(unblock), 4), "unblock_max_s": round(max(unblock), 4),
+              "unblock_cancel_p50_s": round(statistics.median(cancelled), 4),
+              "unblock_cancel_max_s": round(max(cancelled), 4),
               # each step's median (seconds), whose sum is near the p50 above
               "gang_start_steps": step_medians(start_parts), "unblock_steps": step_medians(unblock_parts),
+              "unblock_cancel_steps": step_medians(cancel_parts),
               "heartbeat_workers": args.sim_workers, "heartbeats": beats,
               "leader_cpu_share": round(share, 3), "simulated_nodes_down": down_nodes,
               "fault_free_elections": elections.fault_free()}
@@ -221,7 +246,10 @@ def main() -> None:
           f"p99 {report['gang_start_p99_s']} s")
     print(f"unblock (blocker exits -> gang running, {len(unblock)} runs): p50 {report['unblock_p50_s']} s, "
           f"max {report['unblock_max_s']} s")
-    for name, parts in (("gang start", report["gang_start_steps"]), ("unblock", report["unblock_steps"])):
+    print(f"unblock by cancel (CancelJob of the blocker -> gang running, {len(cancelled)} runs): p50 "
+          f"{report['unblock_cancel_p50_s']} s, max {report['unblock_cancel_max_s']} s")
+    for name, parts in (("gang start", report["gang_start_steps"]), ("unblock", report["unblock_steps"]),
+                        ("unblock by cancel", report["unblock_cancel_steps"])):
         print(f"  {name}, each step's median: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in parts.items()))
     print(f"{args.sim_workers} simulated workers at a 5 s heartbeat for {args.sim_seconds:.0f} s: {beats} heartbeats, "
           f"leader CPU {share:.2f} cores, {down_nodes} wrongly declared DOWN")

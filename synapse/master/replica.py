@@ -52,6 +52,13 @@ LEADERSHIP_POLL_S = 0.02
 WATCHDOG_S = 0.5
 
 
+
+#: The commands whose rounds may batch (leader.LeaderLoops._pace): they come in streams and free
+#: nothing (a submission, a task's start or preparation, the leader's own records and placements).
+PACED = (c.SubmitJob, c.TaskStarted, c.TaskPrepared, c.CommitPlan, c.Barrier, c.PendingReasons, c.RecordProgress,
+         c.RecordExec, c.CheckpointNotice, c.HistoryExported, c.HistoryOverflow)
+
+
 class LeaderWork(Protocol):
     """What the replica, the endpoints, metrics and the dashboard may use of the leader loops it
     starts (see `synapse.master.leader`)."""
@@ -152,6 +159,9 @@ class Master:
         self._leadership_lost = asyncio.Event()  #: set whenever this replica stops leading
         self.deposed_at = float("-inf")  #: monotonic time this replica last stopped leading
         self.scheduler_dirty = asyncio.Event()  #: something changed that may let a gang start
+        #: set with it by a change that is not only submissions and reports (PACED): resources
+        #: freed, a hold released, a node back; the next round need not wait out the batching pause
+        self.scheduler_urgent = asyncio.Event()
         self.data_dir = config.data_dir_of(replica_id)
         self.fatal = ""  #: why the replica stopped itself (corruption, an unknown command, full disk), if it did
         self.leader_changes = 0  #: times this replica saw the leader change (a metric)
@@ -277,6 +287,8 @@ class Master:
         if self.metrics is not None:
             self.metrics.applied(self, cmds)
         self.scheduler_dirty.set()
+        if not all(isinstance(cmd, PACED) for cmd in cmds):
+            self.scheduler_urgent.set()
         self._applied.set()
         self._applied = asyncio.Event()
         if self._node_events:  # only when some node's assignments are watched here
