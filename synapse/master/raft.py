@@ -196,7 +196,7 @@ class RaftNode:
             self.sync.cipher.sealed = \
                 lambda: self.replicated.state.cluster_version >= versions.SEALED_TRANSPORT_VERSION
         if durable:
-            fsync_durable(self.sync)
+            self.sync.journal_flush = fsync_durable(self.sync)
         #: groups of commands proposed together, each with its future, waiting for this loop turn
         self._queued: list[tuple[tuple[c.Command, ...] | list[c.Command], asyncio.Future[Outcome]]] = []
         self._flush_scheduled = False

@@ -80,7 +80,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse.master import frames
 from synapse.master.cipher import RaftCipher
-from synapse.master.durability import SnapshotWriter
+from synapse.master.durability import JournalFlush, SnapshotWriter
 from synapse.master.prevote import PreVote
 from synapse.master.snapshot_guard import SnapshotGuard
 
@@ -196,6 +196,9 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         #: the state and then the term could see a leader of a term it never led (after a pause,
         #: a deposed leader briefly started leader loops for the new term)
         self.role: tuple[bool, int] = (False, 0)
+        #: the journal's flush (durability.fsync_durable), which a leader's new entries leave until
+        #: they have gone to the followers; None: the journal is not flushed (durability: none)
+        self.journal_flush: JournalFlush | None = None
         #: (the leader's next-heartbeat time, monotonic time) when it applied entries whose commit
         #: index no message has carried yet; None: nothing owed. The first changes with every send.
         self._commit_owed: tuple[float, float] | None = None
@@ -302,7 +305,14 @@ class SafeSyncObj(PreVote, SnapshotGuard):
         self._commit_urgent = True
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - overrides pysyncobj's
-        SyncObj._checkCommandsToApply(self)  # the tick's command intake: each new entry is sent at once
+        flush = self.journal_flush
+        if flush is not None:
+            flush.deferring = True  # the new entries go to the followers before this replica flushes them
+        try:
+            SyncObj._checkCommandsToApply(self)  # the tick's command intake: each new entry is sent at once
+        finally:
+            if flush is not None:
+                flush.settle()  # before this tick ends: a commit counts this copy only on a later one
         self._settle_commit(monotonic())
 
     def _settle_commit(self, now: float) -> None:

@@ -133,3 +133,51 @@ def test_full_disk_refuses_writes_then_stops_cleanly(small_disk):
         assert "stopping before the journal cannot grow" in logs and "SIGBUS" not in logs
     finally:
         cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_leader_sends_a_new_entry_before_it_flushes_it_and_counts_it_only_after(tmp_path, monkeypatch):
+    """The leader's own flush of a new entry overlaps the followers' (durability.JournalFlush): its
+    AppendEntries go out before its fdatasync, and the entry commits (the proposer's callback)
+    only after that fdatasync, so an acknowledged write is still on a majority's disks."""
+    from synapse.core import commands as c
+    from synapse.master.safesyncobj import SafeSyncObj
+    from tests.support.raft import elect, start, tick
+
+    _, nodes = start(tmp_path, SafeSyncObj)
+    try:
+        for node in nodes:
+            node.journal_flush = fsync_durable(node)
+        leader = elect(nodes)
+        tick(nodes, 0.2)
+        events: list[str] = []
+        journal_file = nodes[leader]._SyncObj__raftLog._FileJournal__journalFile._ResizableFile__f
+        journal_inode = os.fstat(journal_file.fileno()).st_ino
+        real_fdatasync = os.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            if os.fstat(fd).st_ino == journal_inode:
+                events.append("leader flush")
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        send = nodes[leader]._send
+
+        def recorded(peer, message):
+            if message.get("type") == "append_entries" and message.get("entries"):
+                events.append("sent")
+            return send(peer, message)
+
+        nodes[leader]._send = recorded
+        replicated = nodes[leader]._SyncObj__consumers[0]
+        replicated.apply(seal(codec.encode_command(c.Barrier(at=1.0))),
+                         callback=lambda result, error: events.append(f"committed {error}"))
+        deadline = time.monotonic() + 10
+        while not any(e.startswith("committed") for e in events) and time.monotonic() < deadline:
+            for node in nodes:
+                node._onTick(0.0005)
+        assert events[:3] == ["sent", "sent", "leader flush"], events  # both followers first, one flush
+        assert events.index("committed 0") > events.index("leader flush"), events
+    finally:
+        for node in nodes:
+            node.destroy()
