@@ -5,7 +5,8 @@ command is in the journal of a majority of replicas **and on their disks**. pysy
 journal in an mmap'd file that it never flushes. A follower acknowledges AppendEntries only after
 `journal.add` returns, and the leader counts only those acknowledgements. So flushing inside `add`
 (fdatasync of the mapped file, see `datasync`) puts every acknowledged write on a majority's disks
-before the client hears of it. The term and vote (`raft.journal.meta`) are written with fsync too,
+before the client hears of it (the leader's own copy is flushed after it has gone to the
+followers, and counted only then: JournalFlush). The term and vote (`raft.journal.meta`) are written with fsync too,
 as Raft requires. With
 `durability: none` the journal reaches the disk whenever the kernel writes it back: acknowledged
 writes survive kill -9 (the page cache outlives the process) but not a power loss.
