@@ -56,7 +56,12 @@ def spec(name: str, tasks: int, command: list[str]) -> api_pb2.JobSpec:
                                            command=tuple(command)))
 
 
-def wait(client: MasterClient, job_id: str, statuses: set[str], timeout: float = 60.0) -> api_pb2.JobInfo:
+def wait(client: MasterClient, job_id: str, statuses: set[str], timeout: float = 60.0,
+         first: float = 0.0) -> api_pb2.JobInfo:
+    """Poll the job every 20 ms until it reaches one of `statuses`, the first poll `first` s from now.
+    The figures are the state machine's own stamps, not when a poll saw them: the measured waits
+    skip their polls while the gang starts (each is a TLS call to the leader, on the same two cores)."""
+    time.sleep(first)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         info = client.get_job(job_id)
@@ -97,7 +102,7 @@ def gang_starts(client: MasterClient, data_dir: Path, trials: int) -> tuple[list
     for i in range(trials):
         t0 = time.time()
         job_id = client.submit(spec(f"gang{i}", WORKERS, ["sleep", "0.2"]))
-        info = wait(client, job_id, {"SUCCEEDED", "FAILED"})
+        info = wait(client, job_id, {"SUCCEEDED", "FAILED"}, first=0.25)
         out.append(info.started_at - t0)
         steps.append(start_steps(data_dir, info, t0))
     return out, steps
@@ -117,7 +122,7 @@ def unblocks(client: MasterClient, data_dir: Path, trials: int,
         blocker = client.submit(spec(f"blocker{i}", 1, ["python3", "-c", blocker_code]))
         wait(client, blocker, {"RUNNING"})
         gang = client.submit(spec(f"waiter{i}", WORKERS, ["sleep", "0.2"]))
-        info = wait(client, gang, {"SUCCEEDED", "FAILED"})
+        info = wait(client, gang, {"SUCCEEDED", "FAILED"}, first=0.75)  # the blocker's 0.5 s, the gang's 0.2
         node = client.get_job(blocker).tasks[0].node_id
         exited = float((data_dir / "workers" / node / "logs" / blocker / "attempt-1" / "task-0.log").read_text())
         out.append(info.started_at - exited)
@@ -137,7 +142,7 @@ def cancel_unblocks(client: MasterClient, data_dir: Path, trials: int) -> tuple[
         time.sleep(0.1)  # the gang has had its round, and waits
         t0 = time.time()
         client.cancel(blocker)
-        info = wait(client, gang, {"SUCCEEDED", "FAILED"})
+        info = wait(client, gang, {"SUCCEEDED", "FAILED"}, first=0.25)
         out.append(info.started_at - t0)
         noticed = journal(data_dir, blocker, "exit")[0]
         steps.append({"exit_noticed": noticed - t0, **start_steps(data_dir, info, noticed)})

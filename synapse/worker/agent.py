@@ -208,6 +208,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
     def _main_loop(self) -> None:
         """Drain the events in order, poll the task processes every POLL_S, save the state after every change."""
         next_poll = 0.0
+        save_owed = False  #: acknowledgements taken in and not yet saved
         while not self.stopping.is_set():
             try:
                 event = self.events.get(timeout=POLL_S)
@@ -221,11 +222,18 @@ class WorkerAgent(TaskLifecycle, Uplink):
             elif isinstance(event, ws.ImageReady | ws.ImageFailed):
                 self._pulled(event)
                 changed = True
+            elif isinstance(event, ws.ReportsAcknowledged):
+                # Saved with the next change or at the next poll: an agent lost before that sends
+                # those reports again, as after a lost acknowledgement (a save is a file written
+                # and renamed, and two acknowledgements come in every task's life).
+                self._handle(event)
+                save_owed = True
             elif event is not None:
                 self._handle(event)
                 changed = True
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + POLL_S
+                changed |= save_owed
                 self._fence_if_lease_ended()
                 changed |= self._poll_processes()
                 self._handle(ws.Tick())
@@ -242,6 +250,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
                 self.exits.track({(t.handle.pid, t.handle.start_ticks) for t in self.state.running()
                                   if t.handle is not None})
                 self._save_state()
+                save_owed = False
 
     def _handle(self, event: object) -> None:
         """(main loop) The one door to the state: apply the event, publish the new view, carry out
