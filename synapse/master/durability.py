@@ -79,8 +79,9 @@ class JournalFlush:
     A leader appended each new entry and flushed it (`add`) before pysyncobj sent it to the
     followers, which then flushed it too: two flushes one after the other in every commit. (On the
     development machine's disk a flush of the preallocated journal takes 0.1 ms, and a commit
-    seen by a client 4-5 ms either way; on a disk whose flush costs milliseconds it is those.) Raft lets the leader write its own copy while the followers
-    write theirs (Ongaro's thesis, 10.2.1). While `deferring` (SafeSyncObj._checkCommandsToApply:
+    seen by a client 4-5 ms either way; on a disk whose flush costs milliseconds it is those.)
+    Raft lets the leader write its own copy while the followers write theirs (Ongaro's thesis,
+    10.2.1). While `deferring` (SafeSyncObj._checkCommandsToApply:
     the tick thread taking new commands in, and sending each), an `add` marks the flush owed;
     `settle` flushes once, before that method returns. The leader counts its own copy towards a
     commit only on a later tick, on the same thread, so only after that flush: an acknowledged
