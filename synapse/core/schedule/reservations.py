@@ -109,6 +109,13 @@ class Tuning:
     #: the jobs behind the reserving gangs (the backfill) are tried shortest expected run first,
     #: not in queue order (scheduler._Round.walk)
     shortest_backfill: bool = False
+    #: with `predict`, a job with no runs of its own kind may go on reserved nodes when this many
+    #: times the longest of its user's last runs ends before the reservation starts (0: off, by its
+    #: time limit then); a margin for a guess from the user's other jobs (backfill_run)
+    backfill_user_factor: float = 0.0
+    #: the drain clock expects a running job with no runs of its own kind to run what
+    #: `backfill_user_factor` let it onto reserved nodes by, not its time limit
+    drain_user_factor: bool = False
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -148,6 +155,10 @@ def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> fl
                                           elapsed)
     if longest is None and tuning.backfill_by_user:
         return expected_run(state, job, now, True, own_kind=False)
+    if longest is None and tuning.backfill_user_factor > 0:
+        users = state.run_times.longest_user(job.user, limit, elapsed)
+        if users is not None:
+            return min(limit, tuning.backfill_user_factor * users)
     return limit if longest is None else min(limit, longest)
 
 
@@ -262,8 +273,9 @@ class DrainClock:
     plans (array elements not yet jobs among them) as started now. Computed per node on demand."""
 
     def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool = False,
-                 own_kind: bool = True) -> None:
+                 own_kind: bool = True, user_factor: float = 0.0) -> None:
         self.state, self.now, self.plans, self.predict, self.own_kind = state, now, plans, predict, own_kind
+        self.user_factor = user_factor
         #: job id -> how long its attempt is expected to run (a job's, not a task's: its tasks start
         #: apart, and each ends that long after its own start)
         self._runs: dict[str, float] = {}
@@ -284,7 +296,7 @@ class DrainClock:
         for plan in self.plans[self._seen_plans:]:
             job = self.state.jobs.get(plan.job_id)
             if job is not None:
-                end = self.now + expected_run(self.state, job, self.now, self.predict, self.own_kind)
+                end = self.now + self._expected(job)
             else:
                 spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
                 limit = spec.time_limit if spec is not None else 0.0
@@ -294,6 +306,18 @@ class DrainClock:
                 if p.node_id in self._at:
                     self._at[p.node_id] = max(self._at[p.node_id], end)
         self._seen_plans = len(self.plans)
+
+    def _expected(self, job: Job) -> float:
+        run = expected_run(self.state, job, self.now, self.predict, self.own_kind)
+        if self.user_factor > 0 and self.predict and self.own_kind and job.spec.time_limit:
+            spec = job.spec
+            if self.state.run_times.longest_own(job.user, spec.name, spec.resources.gpu * spec.tasks,
+                                                spec.time_limit) is None:
+                elapsed = self.now - job.started_at if job.started_at else 0.0
+                users = self.state.run_times.longest_user(job.user, spec.time_limit, elapsed)
+                if users is not None:
+                    run = min(run, self.user_factor * users)
+        return run
 
     def nodes_empty_at(self, nodes: Iterable[str]) -> float:
         return max((self.empty_at(n) for n in nodes), default=self.now)
@@ -311,7 +335,7 @@ class DrainClock:
                 continue  # a step's task: its allocation's task on the node says when it frees
             run = self._runs.get(job_id)
             if run is None:
-                run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict, self.own_kind)
+                run = self._runs[job_id] = self._expected(job)
             if math.isinf(run):
                 return math.inf
             latest = max(latest, (job.tasks[index].started_at or self.now) + run)

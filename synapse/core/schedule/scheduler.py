@@ -249,7 +249,8 @@ class _Round:
         #: (queue, user) -> the GPUs this round's plans add to that user's in the queue (max_per_user.gpu)
         self.user_claimed: dict[tuple[str, str], int] = {}
         self.queue_order = _queue_order(state) if state.queues else None  #: None: the plain queue order
-        self.clock = DrainClock(state, now, self.result.plans, tuning.predict, not tuning.drain_by_user)
+        self.clock = DrainClock(state, now, self.result.plans, tuning.predict, not tuning.drain_by_user,
+                                tuning.backfill_user_factor if tuning.drain_user_factor else 0.0)
         #: (tasks, resources, depth) -> some domain of that depth holds such a gang when idle
         self.rack_fit: dict[tuple[int, Resources, int], bool] = {}
         self.gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
