@@ -111,11 +111,17 @@ class Tuning:
     shortest_backfill: bool = False
     #: with `predict`, a job with no runs of its own kind may go on reserved nodes when this many
     #: times the longest of its user's last runs ends before the reservation starts (0: off, by its
-    #: time limit then); a margin for a guess from the user's other jobs (backfill_run)
+    #: time limit then); a margin for a guess from the user's other jobs (guessed_run)
     backfill_user_factor: float = 0.0
     #: the drain clock expects a running job with no runs of its own kind to run what
-    #: `backfill_user_factor` let it onto reserved nodes by, not its time limit
+    #: `backfill_user_factor` lets such a job onto reserved nodes by, not its time limit: else a job
+    #: let on by the guess pushes the reservation's start out to its limit, the slack grows, and
+    #: more guessed jobs go on
     drain_user_factor: bool = False
+    #: a guess from the user's runs (backfill_user_factor) lets a job onto the nodes of a gang only
+    #: while that gang has waited less than this since its submission: the gangs that waited long
+    #: are promised their start by the job's own kind or limit alone
+    guess_wait_s: float = math.inf
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -132,6 +138,41 @@ def ends_before(run: float, reservation: Reservation, now: float) -> bool:
     """A job may use reserved nodes only if it is expected to end (`run`: its prediction, or its
     time limit) before the reservation is expected to start."""
     return not math.isinf(run) and not math.isinf(reservation.starts_at) and now + run <= reservation.starts_at
+
+
+def may_use_reserved(state: ClusterRead, job: Job, now: float, tuning: Tuning,
+                     reservations: list[Reservation]) -> tuple[bool, ...]:
+    """Per reservation, whether `job` may run on its nodes: whether it is expected to end before
+    the reservation starts (ends_before), by `backfill_run`, or by the guess from its user's runs
+    (`guessed_run`, with `Tuning.backfill_user_factor`) while the reserving gang has waited less
+    than `Tuning.guess_wait_s`."""
+    run = backfill_run(state, job, now, tuning)
+    guess = guessed_run(state, job, now, tuning.backfill_user_factor) if tuning.backfill_user_factor > 0 else None
+    if guess is None or guess >= run:
+        return tuple(ends_before(run, r, now) for r in reservations)
+    return tuple(ends_before(guess if _waited(state, r, now) < tuning.guess_wait_s else run, r, now)
+                 for r in reservations)
+
+
+def _waited(state: ClusterRead, reservation: Reservation, now: float) -> float:
+    """How long the gang of a reservation has waited since its submission (0 if it is gone)."""
+    gang = state.jobs.get(reservation.job_id)
+    return now - gang.submitted_at if gang is not None else 0.0
+
+
+def guessed_run(state: ClusterRead, job: Job, now: float, factor: float) -> float | None:
+    """`factor` times the longest of the last runs of the job's user, never beyond its time limit,
+    for a job its limit bounds that has no runs of its own kind but whose user has runs; None
+    otherwise. A guess from the user's other jobs errs both ways (two of three within ±100 % on the
+    recurring traces), so the factor is a margin; `guess_wait_s` bounds who pays for a miss."""
+    spec, limit = job.spec, job.spec.time_limit
+    if not limit or not job.user:
+        return None
+    elapsed = now - job.started_at if job.started_at else 0.0
+    if state.run_times.longest_own(job.user, spec.name, spec.resources.gpu * spec.tasks, limit, elapsed) is not None:
+        return None
+    users = state.run_times.longest_user(job.user, limit, elapsed)
+    return None if users is None else min(limit, factor * users)
 
 
 def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> float:
@@ -155,10 +196,6 @@ def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> fl
                                           elapsed)
     if longest is None and tuning.backfill_by_user:
         return expected_run(state, job, now, True, own_kind=False)
-    if longest is None and tuning.backfill_user_factor > 0:
-        users = state.run_times.longest_user(job.user, limit, elapsed)
-        if users is not None:
-            return min(limit, tuning.backfill_user_factor * users)
     return limit if longest is None else min(limit, longest)
 
 
@@ -269,8 +306,9 @@ def _unusable_nodes_reason(state: ClusterRead, spec: JobSpec) -> tuple[str, str]
 
 class DrainClock:
     """When each node is expected to be empty: the latest expected end (`expected_run`: by
-    prediction, or by time limit) of the tasks on it (inf when one has none), counting this round's
-    plans (array elements not yet jobs among them) as started now. Computed per node on demand."""
+    prediction, or by time limit; with `user_factor`, the guess of `guessed_run` if shorter) of the
+    tasks on it (inf when one has none), counting this round's plans (array elements not yet jobs
+    among them) as started now. Computed per node on demand."""
 
     def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool = False,
                  own_kind: bool = True, user_factor: float = 0.0) -> None:
@@ -308,15 +346,13 @@ class DrainClock:
         self._seen_plans = len(self.plans)
 
     def _expected(self, job: Job) -> float:
+        """How long `job` is expected to run: `expected_run`, or with `user_factor` the guess a job
+        of no known kind may go on reserved nodes by (guessed_run), if shorter."""
         run = expected_run(self.state, job, self.now, self.predict, self.own_kind)
-        if self.user_factor > 0 and self.predict and self.own_kind and job.spec.time_limit:
-            spec = job.spec
-            if self.state.run_times.longest_own(job.user, spec.name, spec.resources.gpu * spec.tasks,
-                                                spec.time_limit) is None:
-                elapsed = self.now - job.started_at if job.started_at else 0.0
-                users = self.state.run_times.longest_user(job.user, spec.time_limit, elapsed)
-                if users is not None:
-                    run = min(run, self.user_factor * users)
+        if self.user_factor > 0 and self.predict:
+            guess = guessed_run(self.state, job, self.now, self.user_factor)
+            if guess is not None:
+                run = min(run, guess)
         return run
 
     def nodes_empty_at(self, nodes: Iterable[str]) -> float:

@@ -66,10 +66,9 @@ from synapse.core.schedule.reservations import (
     DrainClock,
     Reservation,
     Tuning,
-    backfill_run,
     blocked_reason,
-    ends_before,
     expected_run,
+    may_use_reserved,
     reserved_until,
     split_pays,
 )
@@ -309,8 +308,7 @@ class _Round:
                 run = expected_run(state, job, now, tuning.predict) if spec is not job.spec and tuning.weigh_locality \
                     else math.inf  # only a gang waiting for one domain weighs its run (split_pays)
                 if reservations:
-                    backfill = backfill_run(state, job, now, tuning)
-                    may_use = tuple(ends_before(backfill, r, now) for r in reservations)
+                    may_use = may_use_reserved(state, job, now, tuning, reservations)
                 else:
                     may_use = ()
                 shape = (job.id,) if hold or restart else _shape(spec, may_use)
