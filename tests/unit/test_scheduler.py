@@ -456,8 +456,9 @@ def _known_runs(s):
 def _behind_a_gang(knob, holder, behind):
     """Two nodes: `holder` (user, name, run) runs on one, a two-node gang of carol's waits, then
     `behind` (user, name, run) is submitted, each with an hour's limit; a round with `knob` off
-    and on: {on: (the gang's expected start, what the round starts)}, and the id of `behind`."""
-    out = {on: _round_behind(holder, behind, **{knob: on})[0] for on in (False, True)}
+    and on, the guess by the user's longest runs off (`backfill_user_factor`, measured apart):
+    {on: (the gang's expected start, what the round starts)}, and the id of `behind`."""
+    out = {on: _round_behind(holder, behind, backfill_user_factor=0.0, **{knob: on})[0] for on in (False, True)}
     return out, _round_behind(holder, behind)[1]
 
 

@@ -23,8 +23,11 @@ task on its nodes has a time limit itself; otherwise those nodes stay untouched)
 a job is expected to run what the cluster's own runs of its kind predict (synapse.core.schedule.predict,
 learned in apply, so every replica expects the same; the limit when nothing is known): the drain
 clock, hence which nodes a gang reserves and when it expects to start, and the split test use
-that; a job may go on reserved nodes by the longer of the last runs of its own kind only
-(`backfill_run`). Time limits still end jobs and bound what a reservation promises a later one.
+that; a job may go on reserved nodes by the longer of the last runs of its own kind
+(`backfill_run`), or, with none, by four times the longest of its user's last runs
+(`guessed_run`), but on the nodes of a gang that has waited 12 h or more by its own kind or limit
+alone (`may_use_reserved`); the drain clock counts a running job of no known kind by that guess
+too. Time limits still end jobs and bound what a reservation promises a later one.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ class Tuning:
     #: than the drain the gang then waits for once the node is back
     restart_hold_s: float = 900.0
     #: EASY++'s rules, one by one (ablations, off: measured against `easy++` on the gang-heavy
-    #: week, docs/evaluation/results.md, none gained JCT without lengthening the big gangs' tail).
+    #: week, docs/evaluation/results.md, none gained JCT without lengthening the big gangs' tail;
+    #: `backfill_by_user` and `drain_by_user` are taken with `backfill_user_factor` set to 0).
     #: With `predict`, a job with no runs of its own kind may go on reserved nodes by its user's
     #: runs (the mean of their last two), not only by its time limit (backfill_run)
     backfill_by_user: bool = False
@@ -109,19 +113,20 @@ class Tuning:
     #: the jobs behind the reserving gangs (the backfill) are tried shortest expected run first,
     #: not in queue order (scheduler._Round.walk)
     shortest_backfill: bool = False
-    #: with `predict`, a job with no runs of its own kind may go on reserved nodes when this many
-    #: times the longest of its user's last runs ends before the reservation starts (0: off, by its
-    #: time limit then); a margin for a guess from the user's other jobs (guessed_run)
-    backfill_user_factor: float = 0.0
+    #: Issue 48 (docs/evaluation/results.md, "Against EASY++"): with `predict`, a job with no runs
+    #: of its own kind may go on reserved nodes when this many times the longest of its user's last
+    #: runs ends before the reservation starts (0: off, by its time limit then); a margin for a
+    #: guess from the user's other jobs (guessed_run)
+    backfill_user_factor: float = 4.0
     #: the drain clock expects a running job with no runs of its own kind to run what
     #: `backfill_user_factor` lets such a job onto reserved nodes by, not its time limit: else a job
     #: let on by the guess pushes the reservation's start out to its limit, the slack grows, and
     #: more guessed jobs go on
-    drain_user_factor: bool = False
+    drain_user_factor: bool = True
     #: a guess from the user's runs (backfill_user_factor) lets a job onto the nodes of a gang only
     #: while that gang has waited less than this since its submission: the gangs that waited long
-    #: are promised their start by the job's own kind or limit alone
-    guess_wait_s: float = math.inf
+    #: are promised their start by the job's own kind or limit alone (inf: no bound)
+    guess_wait_s: float = 12 * 3600.0
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -147,7 +152,8 @@ def may_use_reserved(state: ClusterRead, job: Job, now: float, tuning: Tuning,
     (`guessed_run`, with `Tuning.backfill_user_factor`) while the reserving gang has waited less
     than `Tuning.guess_wait_s`."""
     run = backfill_run(state, job, now, tuning)
-    guess = guessed_run(state, job, now, tuning.backfill_user_factor) if tuning.backfill_user_factor > 0 else None
+    guess = guessed_run(state, job, now, tuning.backfill_user_factor) \
+        if tuning.predict and tuning.backfill_user_factor > 0 else None
     if guess is None or guess >= run:
         return tuple(ends_before(run, r, now) for r in reservations)
     return tuple(ends_before(guess if _waited(state, r, now) < tuning.guess_wait_s else run, r, now)
@@ -182,7 +188,8 @@ def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> fl
     Only a job its time limit bounds may go there (the limit bounds the delay it can cause). With
     `Tuning.predict` it is judged by the longer of the last runs of its own kind (user, name, size),
     a guess that errs long; a guess from its user's other jobs is too loose to risk the reserved
-    gang's start on, and so is no history: then by its limit. (Measured on the recurring traces,
+    gang's start on, and so is no history: then by its limit (`guessed_run` is the bounded use of
+    the user's runs, may_use_reserved). (Measured on the recurring traces,
     docs/evaluation/results.md: the mean of the last two, or the user's runs, here lengthened the
     big gangs' waits; the drain clock and the split test still use the mean, where a guess that is
     short only makes the gang wait for nodes that drain later than expected.)"""
