@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
@@ -13,11 +12,7 @@ from tests.support import paths
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sim_targets", paths.ROOT / "scripts" / "sim_targets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return paths.script("sim_targets")
 
 
 def test_its_ratios_are_runs_and_the_cache_changes_nothing(tmp_path):
