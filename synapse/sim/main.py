@@ -241,7 +241,8 @@ def _above_zero(_ctx: click.Context, _param: click.Parameter, value: float | Non
 @click.option("--tuning", default="", metavar="KEY=VALUE,...",
               help="Change the knobs of Synapse's policies (synapse.core.schedule.reservations.Tuning: reservations, "
                    "locality_wait_s, weigh_locality, spread_factor, switch_share, switch_min_s, reevaluate_s, "
-                   "backfill_by_user, drain_by_user, shortest_backfill), "
+                   "backfill_by_user, drain_by_user, shortest_backfill, backfill_user_factor, "
+                   "drain_user_factor, guess_wait_s), "
                    "for ablations.")
 @click.option("--min-gpus", type=click.IntRange(min=1), default=None, metavar="N",
               help="Replay only the jobs of at least N GPUs, as if nothing else were submitted (64: the big "

@@ -158,7 +158,7 @@ def test_expect_is_predict_s_seconds():
 
 
 def test_expect_and_longest_own_answer_as_predict_does_whatever_the_runs_limit_and_time_run():
-    """The round's cheap readers (expect, longest_own) are predict without the Prediction: the same
+    """The round's cheap readers (expect, longest_own, longest_user) are predict without the Prediction: the same
     floats on every path (guess, raised to a step, past the last step, capped by the limit)."""
     rng = random.Random(36)
     times = RunTimes()
@@ -176,3 +176,6 @@ def test_expect_and_longest_own_answer_as_predict_does_whatever_the_runs_limit_a
             assert times.expect(user, name, gpus, limit, elapsed, own_kind=True) == p.seconds
         own = times.longest_own(user, name, gpus, limit, elapsed)
         assert own == (p.longest if p.basis == "job" else None), (user, name, gpus, limit, elapsed)
+        if p.basis != "job":  # without runs of its kind, the prediction rests on the user's, if any
+            users = times.longest_user(user, limit, elapsed)
+            assert users == (p.longest if p.basis == "user" else None), (user, name, gpus, limit, elapsed)

@@ -456,18 +456,23 @@ def _known_runs(s):
 def _behind_a_gang(knob, holder, behind):
     """Two nodes: `holder` (user, name, run) runs on one, a two-node gang of carol's waits, then
     `behind` (user, name, run) is submitted, each with an hour's limit; a round with `knob` off
-    and on: {on: (the gang's expected start, what the round starts)}, and the id of `behind`."""
-    out = {}
-    for on in (False, True):
-        s = sim(racks=1, nodes_per_rack=2)
-        _known_runs(s)
-        _submit_as(s, holder[0], spec(tasks=1, name=holder[1], time_limit=3600), holder[2])
-        s.schedule()
-        _submit_as(s, "carol", spec(tasks=2, name="big", time_limit=3600), 100)
-        job = _submit_as(s, behind[0], spec(tasks=1, name=behind[1], time_limit=3600), behind[2])
-        result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, **{knob: on}))
-        out[on] = (result.reservation.starts_at, [p.job_id for p in result.plans])
-    return out, job
+    and on, the guess by the user's longest runs off (`backfill_user_factor`, measured apart):
+    {on: (the gang's expected start, what the round starts)}, and the id of `behind`."""
+    out = {on: _round_behind(holder, behind, backfill_user_factor=0.0, **{knob: on})[0] for on in (False, True)}
+    return out, _round_behind(holder, behind)[1]
+
+
+def _round_behind(holder, behind, **changes):
+    """`_behind_a_gang`'s round with Tuning `changes`: ((the gang's expected start, what the round
+    starts), the id of `behind`)."""
+    s = sim(racks=1, nodes_per_rack=2)
+    _known_runs(s)
+    _submit_as(s, holder[0], spec(tasks=1, name=holder[1], time_limit=3600), holder[2])
+    s.schedule()
+    _submit_as(s, "carol", spec(tasks=2, name="big", time_limit=3600), 100)
+    job = _submit_as(s, behind[0], spec(tasks=1, name=behind[1], time_limit=3600), behind[2])
+    result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, **changes))
+    return (result.reservation.starts_at, [p.job_id for p in result.plans]), job
 
 
 def test_the_drain_clock_expects_a_job_of_unknown_kind_to_run_its_users_runs():
@@ -483,6 +488,39 @@ def test_a_job_of_unknown_kind_may_backfill_by_its_users_runs():
     not go on the nodes reserved for a gang expected to start in 1000 s; by bob's runs it may."""
     out, quick = _behind_a_gang("backfill_by_user", ("alice", "train", 1000), ("bob", "sim", 100))
     assert out == {False: (1000, []), True: (1000, [quick])}
+
+
+def test_a_job_of_unknown_kind_may_backfill_by_a_multiple_of_its_users_longest_run():
+    """bob's sim, of a kind never run, asks for an hour; bob's runs last 100 s, and the gang is
+    expected to start in 1000 s. By its limit it may not go on the reserved nodes; by four times
+    bob's longest run (400 s) it may; by twenty times (2000 s) it may not."""
+    holder, behind = ("alice", "train", 1000), ("bob", "sim", 100)
+    starts = {factor: _round_behind(holder, behind, backfill_user_factor=factor)[0] for factor in (0.0, 4.0, 20.0)}
+    quick = _round_behind(holder, behind)[1]
+    assert starts == {0.0: (1000, []), 4.0: (1000, [quick]), 20.0: (1000, [])}
+
+
+def test_the_drain_clock_counts_a_job_of_unknown_kind_by_the_guess_that_let_it_backfill():
+    """bob's sim, of a kind never run, holds one of two nodes with an hour's limit; bob's runs last
+    100 s. With drain_user_factor the drain clock expects it to run four times that (the guess
+    backfill_user_factor=4 lets such a job onto reserved nodes by), so the gang expects both nodes
+    at 400 s, not at the sim's limit; alice's 1000 s train then no longer fits before it."""
+    holder, behind = ("bob", "sim", 500), ("alice", "train", 1000)
+    starts = {on: _round_behind(holder, behind, backfill_user_factor=4.0, drain_user_factor=on)[0]
+              for on in (False, True)}
+    train = _round_behind(holder, behind)[1]
+    assert starts == {False: (3600, [train]), True: (400, [])}
+
+
+def test_a_gang_that_waited_long_takes_no_guessed_backfill():
+    """As above, bob's sim may go on the nodes of a gang expected in 1000 s by four times bob's
+    longest run, but only while the gang has waited less than `guess_wait_s`: at 0 s it has waited
+    long enough to be promised its start by the sim's kind or limit alone."""
+    holder, behind = ("alice", "train", 1000), ("bob", "sim", 100)
+    starts = {wait: _round_behind(holder, behind, backfill_user_factor=4.0, guess_wait_s=wait)[0]
+              for wait in (0.0, 3600.0)}
+    quick = _round_behind(holder, behind)[1]
+    assert starts == {0.0: (1000, []), 3600.0: (1000, [quick])}
 
 
 def test_shortest_backfill_tries_the_jobs_behind_the_reservations_shortest_first():

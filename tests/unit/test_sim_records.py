@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 from click.testing import CliRunner
@@ -13,11 +12,7 @@ from tests.support import paths
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sim_records", paths.ROOT / "scripts" / "sim_records.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return paths.script("sim_records")
 
 
 def test_it_prints_each_jobs_record_per_policy_and_the_same_twice(tmp_path):

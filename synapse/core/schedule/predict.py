@@ -73,6 +73,15 @@ def _raised(elapsed: float, cap: float) -> float:
     return min(cap, 2 * elapsed)
 
 
+def _longest(runs: list[float], limit: float, elapsed: float) -> float:
+    """The longest of `runs`, never beyond `limit` (0: none), raised as a prediction is if the job
+    has run longer than their mean already."""
+    cap = limit if limit > 0 else math.inf
+    guess: float = min(cap, sum(runs) / len(runs))
+    longest: float = min(cap, max(runs))
+    return max(longest, guess if elapsed < guess else _raised(elapsed, cap))
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -130,13 +139,12 @@ class RunTimes:
         None when it does not. What a scheduling round asks for every job that might go on reserved
         nodes (reservations.backfill_run), so, like `expect`, it builds nothing."""
         entry = self.keys.get(("job", user, name, gpus)) if user else None
-        if entry is None:
-            return None
-        runs = entry[1]
-        cap = limit if limit > 0 else math.inf
-        guess: float = min(cap, sum(runs) / len(runs))
-        longest: float = min(cap, max(runs))
-        return max(longest, guess if elapsed < guess else _raised(elapsed, cap))
+        return None if entry is None else _longest(entry[1], limit, elapsed)
+
+    def longest_user(self, user: str, limit: float, elapsed: float = 0.0) -> float | None:
+        """As `longest_own`, from the user's last runs of any job; None without them."""
+        entry = self.keys.get(("user", user)) if user else None
+        return None if entry is None else _longest(entry[1], limit, elapsed)
 
     def predict(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> Prediction:
         """The run expected of a job of (user, name, gpus) with time `limit` (0: none) that has

@@ -23,8 +23,11 @@ task on its nodes has a time limit itself; otherwise those nodes stay untouched)
 a job is expected to run what the cluster's own runs of its kind predict (synapse.core.schedule.predict,
 learned in apply, so every replica expects the same; the limit when nothing is known): the drain
 clock, hence which nodes a gang reserves and when it expects to start, and the split test use
-that; a job may go on reserved nodes by the longer of the last runs of its own kind only
-(`backfill_run`). Time limits still end jobs and bound what a reservation promises a later one.
+that; a job may go on reserved nodes by the longer of the last runs of its own kind
+(`backfill_run`), or, with none, by four times the longest of its user's last runs
+(`guessed_run`), but on the nodes of a gang that has waited 12 h or more by its own kind or limit
+alone (`may_use_reserved`); the drain clock counts a running job of no known kind by that guess
+too. Time limits still end jobs and bound what a reservation promises a later one.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ class Tuning:
     #: than the drain the gang then waits for once the node is back
     restart_hold_s: float = 900.0
     #: EASY++'s rules, one by one (ablations, off: measured against `easy++` on the gang-heavy
-    #: week, docs/evaluation/results.md, none gained JCT without lengthening the big gangs' tail).
+    #: week, docs/evaluation/results.md, none gained JCT without lengthening the big gangs' tail;
+    #: `backfill_by_user` and `drain_by_user` are taken with `backfill_user_factor` set to 0).
     #: With `predict`, a job with no runs of its own kind may go on reserved nodes by its user's
     #: runs (the mean of their last two), not only by its time limit (backfill_run)
     backfill_by_user: bool = False
@@ -109,6 +113,20 @@ class Tuning:
     #: the jobs behind the reserving gangs (the backfill) are tried shortest expected run first,
     #: not in queue order (scheduler._Round.walk)
     shortest_backfill: bool = False
+    #: Issue 48 (docs/evaluation/results.md, "Against EASY++"): with `predict`, a job with no runs
+    #: of its own kind may go on reserved nodes when this many times the longest of its user's last
+    #: runs ends before the reservation starts (0: off, by its time limit then); a margin for a
+    #: guess from the user's other jobs (guessed_run)
+    backfill_user_factor: float = 4.0
+    #: the drain clock expects a running job with no runs of its own kind to run what
+    #: `backfill_user_factor` lets such a job onto reserved nodes by, not its time limit: else a job
+    #: let on by the guess pushes the reservation's start out to its limit, the slack grows, and
+    #: more guessed jobs go on
+    drain_user_factor: bool = True
+    #: a guess from the user's runs (backfill_user_factor) lets a job onto the nodes of a gang only
+    #: while that gang has waited less than this since its submission: the gangs that waited long
+    #: are promised their start by the job's own kind or limit alone (inf: no bound)
+    guess_wait_s: float = 12 * 3600.0
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -127,6 +145,42 @@ def ends_before(run: float, reservation: Reservation, now: float) -> bool:
     return not math.isinf(run) and not math.isinf(reservation.starts_at) and now + run <= reservation.starts_at
 
 
+def may_use_reserved(state: ClusterRead, job: Job, now: float, tuning: Tuning,
+                     reservations: list[Reservation]) -> tuple[bool, ...]:
+    """Per reservation, whether `job` may run on its nodes: whether it is expected to end before
+    the reservation starts (ends_before), by `backfill_run`, or by the guess from its user's runs
+    (`guessed_run`, with `Tuning.backfill_user_factor`) while the reserving gang has waited less
+    than `Tuning.guess_wait_s`."""
+    run = backfill_run(state, job, now, tuning)
+    guess = guessed_run(state, job, now, tuning.backfill_user_factor) \
+        if tuning.predict and tuning.backfill_user_factor > 0 else None
+    if guess is None or guess >= run:
+        return tuple(ends_before(run, r, now) for r in reservations)
+    return tuple(ends_before(guess if _waited(state, r, now) < tuning.guess_wait_s else run, r, now)
+                 for r in reservations)
+
+
+def _waited(state: ClusterRead, reservation: Reservation, now: float) -> float:
+    """How long the gang of a reservation has waited since its submission (0 if it is gone)."""
+    gang = state.jobs.get(reservation.job_id)
+    return now - gang.submitted_at if gang is not None else 0.0
+
+
+def guessed_run(state: ClusterRead, job: Job, now: float, factor: float) -> float | None:
+    """`factor` times the longest of the last runs of the job's user, never beyond its time limit,
+    for a job its limit bounds that has no runs of its own kind but whose user has runs; None
+    otherwise. A guess from the user's other jobs errs both ways (two of three within ±100 % on the
+    recurring traces), so the factor is a margin; `guess_wait_s` bounds who pays for a miss."""
+    spec, limit = job.spec, job.spec.time_limit
+    if not limit or not job.user:
+        return None
+    elapsed = now - job.started_at if job.started_at else 0.0
+    if state.run_times.longest_own(job.user, spec.name, spec.resources.gpu * spec.tasks, limit, elapsed) is not None:
+        return None
+    users = state.run_times.longest_user(job.user, limit, elapsed)
+    return None if users is None else min(limit, factor * users)
+
+
 def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> float:
     """How long a job is taken to run when it asks for reserved nodes, where a wrong guess delays
     the gang the nodes are kept for.
@@ -134,7 +188,8 @@ def backfill_run(state: ClusterRead, job: Job, now: float, tuning: Tuning) -> fl
     Only a job its time limit bounds may go there (the limit bounds the delay it can cause). With
     `Tuning.predict` it is judged by the longer of the last runs of its own kind (user, name, size),
     a guess that errs long; a guess from its user's other jobs is too loose to risk the reserved
-    gang's start on, and so is no history: then by its limit. (Measured on the recurring traces,
+    gang's start on, and so is no history: then by its limit (`guessed_run` is the bounded use of
+    the user's runs, may_use_reserved). (Measured on the recurring traces,
     docs/evaluation/results.md: the mean of the last two, or the user's runs, here lengthened the
     big gangs' waits; the drain clock and the split test still use the mean, where a guess that is
     short only makes the gang wait for nodes that drain later than expected.)"""
@@ -258,12 +313,14 @@ def _unusable_nodes_reason(state: ClusterRead, spec: JobSpec) -> tuple[str, str]
 
 class DrainClock:
     """When each node is expected to be empty: the latest expected end (`expected_run`: by
-    prediction, or by time limit) of the tasks on it (inf when one has none), counting this round's
-    plans (array elements not yet jobs among them) as started now. Computed per node on demand."""
+    prediction, or by time limit; with `user_factor`, the guess of `guessed_run` if shorter) of the
+    tasks on it (inf when one has none), counting this round's plans (array elements not yet jobs
+    among them) as started now. Computed per node on demand."""
 
     def __init__(self, state: ClusterRead, now: float, plans: list[Plan], predict: bool = False,
-                 own_kind: bool = True) -> None:
+                 own_kind: bool = True, user_factor: float = 0.0) -> None:
         self.state, self.now, self.plans, self.predict, self.own_kind = state, now, plans, predict, own_kind
+        self.user_factor = user_factor
         #: job id -> how long its attempt is expected to run (a job's, not a task's: its tasks start
         #: apart, and each ends that long after its own start)
         self._runs: dict[str, float] = {}
@@ -284,7 +341,7 @@ class DrainClock:
         for plan in self.plans[self._seen_plans:]:
             job = self.state.jobs.get(plan.job_id)
             if job is not None:
-                end = self.now + expected_run(self.state, job, self.now, self.predict, self.own_kind)
+                end = self.now + self._expected(job)
             else:
                 spec = self.state.spec_of(plan.job_id)  # an array's next elements are not jobs yet
                 limit = spec.time_limit if spec is not None else 0.0
@@ -294,6 +351,16 @@ class DrainClock:
                 if p.node_id in self._at:
                     self._at[p.node_id] = max(self._at[p.node_id], end)
         self._seen_plans = len(self.plans)
+
+    def _expected(self, job: Job) -> float:
+        """How long `job` is expected to run: `expected_run`, or with `user_factor` the guess a job
+        of no known kind may go on reserved nodes by (guessed_run), if shorter."""
+        run = expected_run(self.state, job, self.now, self.predict, self.own_kind)
+        if self.user_factor > 0 and self.predict:
+            guess = guessed_run(self.state, job, self.now, self.user_factor)
+            if guess is not None:
+                run = min(run, guess)
+        return run
 
     def nodes_empty_at(self, nodes: Iterable[str]) -> float:
         return max((self.empty_at(n) for n in nodes), default=self.now)
@@ -311,7 +378,7 @@ class DrainClock:
                 continue  # a step's task: its allocation's task on the node says when it frees
             run = self._runs.get(job_id)
             if run is None:
-                run = self._runs[job_id] = expected_run(self.state, job, self.now, self.predict, self.own_kind)
+                run = self._runs[job_id] = self._expected(job)
             if math.isinf(run):
                 return math.inf
             latest = max(latest, (job.tasks[index].started_at or self.now) + run)

@@ -66,10 +66,9 @@ from synapse.core.schedule.reservations import (
     DrainClock,
     Reservation,
     Tuning,
-    backfill_run,
     blocked_reason,
-    ends_before,
     expected_run,
+    may_use_reserved,
     reserved_until,
     split_pays,
 )
@@ -249,7 +248,8 @@ class _Round:
         #: (queue, user) -> the GPUs this round's plans add to that user's in the queue (max_per_user.gpu)
         self.user_claimed: dict[tuple[str, str], int] = {}
         self.queue_order = _queue_order(state) if state.queues else None  #: None: the plain queue order
-        self.clock = DrainClock(state, now, self.result.plans, tuning.predict, not tuning.drain_by_user)
+        self.clock = DrainClock(state, now, self.result.plans, tuning.predict, not tuning.drain_by_user,
+                                tuning.backfill_user_factor if tuning.drain_user_factor else 0.0)
         #: (tasks, resources, depth) -> some domain of that depth holds such a gang when idle
         self.rack_fit: dict[tuple[int, Resources, int], bool] = {}
         self.gate = Gate(state)  #: array throttles, dependencies and singletons keep jobs out of the round
@@ -308,8 +308,7 @@ class _Round:
                 run = expected_run(state, job, now, tuning.predict) if spec is not job.spec and tuning.weigh_locality \
                     else math.inf  # only a gang waiting for one domain weighs its run (split_pays)
                 if reservations:
-                    backfill = backfill_run(state, job, now, tuning)
-                    may_use = tuple(ends_before(backfill, r, now) for r in reservations)
+                    may_use = may_use_reserved(state, job, now, tuning, reservations)
                 else:
                     may_use = ()
                 shape = (job.id,) if hold or restart else _shape(spec, may_use)
