@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -118,56 +119,19 @@ def settle(state: dict, threads: int, tls: TLSFiles, timeout: float = 20.0) -> N
     submit_load(addresses, state["token"], WARMUP, threads, prefix="warm", tls=tls)
 
 
-def submit_load(client_addresses: list[str], token: str, total: int, threads: int, *, cancel: bool = False,
-                prefix: str = "load", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
-    """Submissions per second (with `cancel`, each job is cancelled once submitted: a job that
-    finishes, which the history exporter archives), and each operation's latency."""
+def _threads(client_addresses: list[str], token: str, threads: int, tls: TLSFiles,
+             work: Callable[[MasterClient, int, list[float]], None]) -> tuple[float, list[float]]:
+    """Run `work(client, k, latencies)` in each of `threads` threads, each with its own client and
+    list; (seconds the whole took, every latency the threads appended). A failed thread's
+    operations still count, and its failure is printed."""
     latencies: list[float] = []
     lock = threading.Lock()
-    proto = codec.job_spec_to_proto(SPEC)
 
     def worker(k: int) -> None:
         client = MasterClient(client_addresses, token, tls=tls)
-        mine = []
+        mine: list[float] = []
         try:
-            for i in range(k, total, threads):
-                t0 = time.perf_counter()
-                job_id = client.submit(proto, request_id=f"{prefix}-{i}")
-                if cancel:
-                    client.cancel(job_id)
-                mine.append((time.perf_counter() - t0) * 1000)
-        finally:  # a failed thread's operations still count, and its failure is printed
-            client.close()
-            with lock:
-                latencies.extend(mine)
-
-    start = time.perf_counter()
-    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return total / (time.perf_counter() - start), latencies
-
-
-def submit_batch_load(client_addresses: list[str], token: str, total: int, threads: int, per_request: int, *,
-                      prefix: str = "batch", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
-    """The same submissions sent `per_request` to a request (SubmitJobs: one RPC, one log entry
-    each): submissions per second, and each request's latency."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    proto = codec.job_spec_to_proto(SPEC)
-    starts = range(0, total, per_request)
-
-    def worker(k: int) -> None:
-        client = MasterClient(client_addresses, token, tls=tls)
-        mine = []
-        try:
-            for first in starts[k::threads]:
-                requests = [job_request(proto, f"{prefix}-{i}") for i in range(first, min(total, first + per_request))]
-                t0 = time.perf_counter()
-                client.submit_jobs(requests)
-                mine.append((time.perf_counter() - t0) * 1000)
+            work(client, k, mine)
         finally:
             client.close()
             with lock:
@@ -179,7 +143,43 @@ def submit_batch_load(client_addresses: list[str], token: str, total: int, threa
         t.start()
     for t in pool:
         t.join()
-    return total / (time.perf_counter() - start), latencies
+    return time.perf_counter() - start, latencies
+
+
+def submit_load(client_addresses: list[str], token: str, total: int, threads: int, *, cancel: bool = False,
+                prefix: str = "load", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
+    """Submissions per second (with `cancel`, each job is cancelled once submitted: a job that
+    finishes, which the history exporter archives), and each operation's latency."""
+    proto = codec.job_spec_to_proto(SPEC)
+
+    def work(client: MasterClient, k: int, mine: list[float]) -> None:
+        for i in range(k, total, threads):
+            t0 = time.perf_counter()
+            job_id = client.submit(proto, request_id=f"{prefix}-{i}")
+            if cancel:
+                client.cancel(job_id)
+            mine.append((time.perf_counter() - t0) * 1000)
+
+    took, latencies = _threads(client_addresses, token, threads, tls, work)
+    return total / took, latencies
+
+
+def submit_batch_load(client_addresses: list[str], token: str, total: int, threads: int, per_request: int, *,
+                      prefix: str = "batch", tls: TLSFiles = PLAIN) -> tuple[float, list[float]]:
+    """The same submissions sent `per_request` to a request (SubmitJobs: one RPC, one log entry
+    each): submissions per second, and each request's latency."""
+    proto = codec.job_spec_to_proto(SPEC)
+    starts = range(0, total, per_request)
+
+    def work(client: MasterClient, k: int, mine: list[float]) -> None:
+        for first in starts[k::threads]:
+            requests = [job_request(proto, f"{prefix}-{i}") for i in range(first, min(total, first + per_request))]
+            t0 = time.perf_counter()
+            client.submit_jobs(requests)
+            mine.append((time.perf_counter() - t0) * 1000)
+
+    took, latencies = _threads(client_addresses, token, threads, tls, work)
+    return total / took, latencies
 
 
 def submit_load_asyncio(leader_address: str, token: str, total: int, concurrency: int,

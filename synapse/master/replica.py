@@ -277,7 +277,7 @@ class Master:
     def on_applied(self, applied: Sequence[tuple[c.Command | None, c.Result]]) -> None:
         """Listener for every applied log entry; runs on pysyncobj's tick thread, so it only hands off."""
         changes = [cmd for cmd, result in applied if result.ok and cmd is not None and not isinstance(cmd, c.Barrier)]
-        if changes and relists_any(self.state, changes):  # the state is the tick thread's here
+        if changes and self.raft.is_leader() and relists_any(self.state, changes):  # the tick thread's state
             self.raft.sync.commit_at_once()
         inbox = self.raft.inbox
         if inbox is not None and changes:
