@@ -4,7 +4,6 @@ and each replica answers only authentic, fresh ones (the wire format alone: test
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -99,7 +98,7 @@ def test_on_a_cluster_heartbeats_go_by_datagram_and_only_authentic_fresh_ones_ar
     cluster = make_cluster(masters=3, workers=1, racks=1)
     worker = cluster.state["workers"][0]
     data_dir = cluster.worker_dir(worker["id"])
-    credential = json.loads((data_dir / "node-credential.json").read_text())["credential"]
+    credential = cluster.saved_credential(worker["id"])["credential"]
     key = beats.key_of(credential)
     # The worker's own heartbeats are answered by datagram (its metrics say how many).
     http = (data_dir / "http-address").read_text().strip()

@@ -40,7 +40,7 @@ def attempt(stub, method: str, request, metadata) -> grpc.StatusCode:
 def worker_secrets(cluster, worker_id: str) -> tuple[str, str]:
     """What a thief finds on a worker machine: its join token file and its node credential."""
     join = (cluster.data_dir / "secrets" / local.JOIN_TOKEN_FILE).read_text().strip()
-    saved = json.loads((cluster.worker_dir(worker_id) / CREDENTIAL_FILE).read_text())
+    saved = cluster.saved_credential(worker_id)
     assert saved["node_id"] == worker_id
     return join, saved["credential"]
 

@@ -21,6 +21,7 @@ from synapse.core.model import JobSpec, PackMode, Resources, TopologySpec
 from synapse.local import cluster as local
 from synapse.proto import api_pb2, types_pb2
 from synapse.worker import fence
+from synapse.worker.lease import CREDENTIAL_FILE
 from tests.support.helpers import spec, wait_for
 
 
@@ -136,6 +137,12 @@ class LocalCluster:
 
     def worker_dir(self, worker_id: str) -> Path:
         return self.data_dir / "workers" / worker_id
+
+    def saved_credential(self, worker_id: str) -> dict:
+        """The node credential a worker keeps in its data dir. The worker writes it when the
+        registration reply reaches it, which may be after the node shows in the listing."""
+        path = self.worker_dir(worker_id) / CREDENTIAL_FILE
+        return wait_for(lambda: path.exists() and json.loads(path.read_text()), 15, f"{worker_id}'s credential file")
 
     def task_handles(self, worker_id: str) -> list[tuple[int, int]]:
         """(pid, start ticks) of the shims of the tasks a worker's state file lists as started."""
