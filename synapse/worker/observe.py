@@ -64,6 +64,8 @@ class WorkerMetrics:
                                     registry=self.registry)
         self.exits = Counter("synapse_worker_task_exits", "task ends by outcome: succeeded, failed, oom_killed, "
                              "killed, start_failed", ["outcome"], registry=self.registry)
+        self.reports = Counter("synapse_worker_task_reports", "task starts and ends the master acknowledged "
+                               "(each once, unless an acknowledgement was lost)", registry=self.registry)
         self.heartbeat = Histogram("synapse_worker_heartbeat_seconds", "heartbeat round trip to the leader",
                                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
                                    registry=self.registry)

@@ -211,6 +211,25 @@ class Report:
     prepared: bool = False  #: not started: its image is here, it waits for its gang (neither started nor exited)
 
 
+class Outbox:
+    """(report thread) Which of the state's unacknowledged reports to send: all but those the master
+    has acknowledged and the main loop has not taken in yet (ReportsAcknowledged waits in its
+    queue). Without it a report thread woken while its call was out (any change on the main loop
+    wakes it while reports are owed) sent those again at once: a second call and a second log
+    entry for a task's start or end, and the next report, a gang's start, queued behind it."""
+
+    def __init__(self) -> None:
+        self._acked: set[Report] = set()
+
+    def due(self, unreported: tuple[Report, ...]) -> list[Report]:
+        """The reports to send now, from the main loop's published `unreported`."""
+        self._acked &= set(unreported)  # taken in by the main loop: gone from both
+        return [r for r in unreported if r not in self._acked]
+
+    def acknowledged(self, batch: list[Report]) -> None:
+        self._acked.update(batch)
+
+
 Instruction = Start | Create | Signal | Unpin | Discard
 
 

@@ -256,10 +256,11 @@ class Uplink:
 
     def _report_loop(self) -> None:
         """Send the unacknowledged reports and the tasks' progress in batches, retrying until acknowledged."""
+        outbox = ws.Outbox()
         while not self.stopping.is_set():
             self.reports_ready.wait(1.0)
             self.reports_ready.clear()
-            batch = self.view.unreported
+            batch = outbox.due(self.view.unreported)
             progress = self.progress.take()
             if not batch and not progress:
                 continue
@@ -270,7 +271,9 @@ class Uplink:
                 for r in batch] + progress)
             try:
                 self.report_client.call("ReportTaskEvents", request, deadline=10.0)
-                self.events.put(ws.ReportsAcknowledged(batch))
+                outbox.acknowledged(batch)
+                self.metrics.reports.inc(len(batch))
+                self.events.put(ws.ReportsAcknowledged(tuple(batch)))
             except (ClientError, ClusterUnavailable) as exc:
                 self.progress.put_back(progress)
                 log.warning("report failed node=%s reports=%d error=%s; retrying", self.node_id, len(batch), exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -209,3 +210,19 @@ def test_a_worker_serves_its_own_metrics(make_cluster):
     assert {s.labels["phase"] for s in families["synapse_worker_tasks"].samples} == {"starting", "running", "stopping"}
     assert get(address, "/livez") == (200, "ok\n")
     assert get(address, "/metrics", method="POST")[0] == 405
+
+
+@pytest.mark.slow
+def test_each_task_start_and_end_reaches_the_master_once(make_cluster):
+    """A report thread woken while its call was out (the main loop wakes it at any change while
+    reports are owed) sent the reports just acknowledged again, before the main loop had taken the
+    acknowledgement in: a second call and a second log entry for a start or an end."""
+    cluster = make_cluster(workers=2, racks=1)
+    jobs = [cluster.client.submit(codec.job_spec_to_proto(
+        dataclasses.replace(spec(tasks=2, gpu=8, name=f"j{k}"), command=("sleep", "0.2")))) for k in range(6)]
+    for job in jobs:
+        wait_status(cluster.client, job, {"SUCCEEDED"}, timeout=60)
+    time.sleep(1.5)  # the last acknowledgements taken in (and any second report sent by then)
+    sent = sum(value(scrape((cluster.worker_dir(w) / "http-address").read_text().strip()),
+                     "synapse_worker_task_reports") for w in ("w1", "w2"))
+    assert sent == len(jobs) * 2 * 2  # each task: its start and its end, once

@@ -11,6 +11,7 @@ from synapse.worker.state import (
     Discard,
     ImageFailed,
     ImageReady,
+    Outbox,
     PullStarted,
     Report,
     ReportsAcknowledged,
@@ -397,3 +398,16 @@ def test_a_task_that_died_with_its_machine_is_reported_ended_by_its_node():
         assert s.handle(TaskExited(a.key, -1, "no exit status", "Signal"), now=6) == []
         assert s.unreported == [expected] and a.key in s.done
         s.validate()
+
+
+def test_the_outbox_holds_back_what_the_master_acknowledged_until_the_main_loop_takes_it_in():
+    start, end = Report(("j", 1, 0), started=True), Report(("j", 1, 0), started=False, exit_code=0)
+    outbox = Outbox()
+    assert outbox.due((start,)) == [start]
+    outbox.acknowledged([start])
+    assert outbox.due((start,)) == []  # the acknowledgement still waits in the main loop's queue
+    assert outbox.due((start, end)) == [end]
+    assert outbox.due((end,)) == [end]  # taken in: forgotten, so the end is all that is left
+    outbox.acknowledged([end])
+    assert outbox.due(()) == []
+    assert outbox.due((end,)) == [end]  # a report owed again (a new agent's restore) goes again
