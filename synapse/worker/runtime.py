@@ -57,7 +57,7 @@ from synapse.core.jobs.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
 from synapse.images.model import Image
 from synapse.worker import container
-from synapse.worker.fence import FENCED_SUFFIX, process_start_ticks, running, was_fenced
+from synapse.worker.fence import FENCED_SUFFIX, boot_tick, child_start_ticks, running, was_fenced
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
 from synapse.worker.progress import CONTAINED_PROGRESS_DIR, progress_file
 
@@ -372,6 +372,7 @@ class ProcessRuntime:
                 _close(mine, theirs)
                 raise OSError(f"cannot confine the task: {exc}") from None
             env["SYNAPSE_SHIM_CGROUPS"] = ":".join(map(str, procs))
+        tick = boot_tick()
         try:
             with open(log_file, "ab") as log:
                 proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *command],
@@ -386,7 +387,7 @@ class ProcessRuntime:
         if mine is not None and theirs is not None:
             theirs.close()
             self.gates[task_id(a)] = mine
-        return Handle(proc.pid, process_start_ticks(proc.pid), str(exit_file), str(log_file), name)
+        return Handle(proc.pid, child_start_ticks(proc.pid, tick), str(exit_file), str(log_file), name)
 
     def open_gate(self, a: Assignment) -> None:
         """Let a created task's command run: one byte into its gate, then its marker goes (written

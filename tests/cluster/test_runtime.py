@@ -9,6 +9,7 @@ import time
 
 from synapse.core.jobs.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment
+from synapse.worker import fence
 from synapse.worker.runtime import ProcessRuntime, alive, exit_code, stop_all, task_env
 from tests.support import paths
 
@@ -152,3 +153,22 @@ def test_a_worker_started_with_signals_ignored_gives_its_tasks_them_back():
             for kind in ("runtime", "plain")}
     assert runs["runtime"].stdout.strip() == "caught HUP caught TERM done", runs["runtime"]
     assert runs["plain"].stdout.strip() == "done", runs["plain"]  # the control: ignored, not trapped
+
+
+def test_a_childs_start_ticks_worked_out_from_the_boot_clock_are_those_proc_gives():
+    """The runtime takes a new shim's start time from the boot clock around its fork (reading
+    /proc/PID/stat at once waits for the child's exec); it must be the very value /proc gives, or
+    the worker takes its own task for a stranger (pid reuse guard) and ends it."""
+    children = []
+    try:
+        for _ in range(60):
+            tick = fence.boot_tick()
+            proc = subprocess.Popen(["/bin/sh", "-c", "sleep 1"], start_new_session=True)
+            worked_out = fence.child_start_ticks(proc.pid, tick)
+            children.append((proc, worked_out, fence.child_start_ticks(proc.pid, tick - 1)))  # this one reads /proc
+        for proc, worked_out, read in children:
+            assert worked_out == read == fence.process_start_ticks(proc.pid) > 0
+    finally:
+        for proc, _, _ in children:
+            proc.kill()
+            proc.wait()
