@@ -57,7 +57,7 @@ from synapse.core.jobs.jobspec import NOTICE_SIGNALS
 from synapse.core.model import Assignment, EndReason
 from synapse.images.model import Image
 from synapse.worker import container
-from synapse.worker.fence import FENCED_SUFFIX, boot_tick, child_start_ticks, running, was_fenced
+from synapse.worker.fence import FENCED_SUFFIX, MARK, boot_tick, child_start_ticks, running, shims, was_fenced
 from synapse.worker.isolation import DEFAULT_PIDS_MAX, Cgroups, IsolationError, Limits
 from synapse.worker.progress import CONTAINED_PROGRESS_DIR, progress_file
 
@@ -296,19 +296,21 @@ class ProcessRuntime:
         return self.work_dir / "tasks" / f"{task_id(a)}.stdin"
 
     def task_files(self, a: Assignment) -> tuple[Path, Path]:
-        """(exit file, pid file) of a task."""
+        """(exit file, the prefix of the shim's mark: synapse.worker.fence.MARK) of a task."""
         tasks = self.work_dir / "tasks"
-        return tasks / f"{task_id(a)}.exit", tasks / f"{task_id(a)}.pid"
+        return tasks / f"{task_id(a)}.exit", tasks / f"{task_id(a)}{MARK}"
 
     def find(self, a: Assignment) -> Handle | None:
-        """The handle of a task's shim from the pid file it wrote, if it ever started. A task created
-        gated whose gate was never opened did not start: its process group is killed (its command
-        never ran) and it is not found; the master lists it again and it is created anew."""
-        exit_file, pid_file = self.task_files(a)
-        try:
-            pid, ticks = (int(x) for x in pid_file.read_text().split())
-        except (OSError, ValueError):
+        """The handle of a task's shim from the mark it made, if it ever started (the one that runs,
+        or else the last). A task created gated whose gate was never opened did not start: its
+        process group is killed (its command never ran) and it is not found; the master lists it
+        again and it is created anew."""
+        exit_file, _ = self.task_files(a)
+        found = shims(exit_file.parent, task_id(a))
+        if not found:
             return None
+        shim = max(found, key=lambda s: (running(s.pid, s.start_ticks), s.start_ticks))
+        pid, ticks = shim.pid, shim.start_ticks
         name = task_id(a) if self.cgroups is not None and self.cgroups.exists(task_id(a)) else ""
         handle = Handle(pid, ticks, str(exit_file), str(self.log_path(a.job_id, a.attempt, a.index)), name)
         if self.contained(a) and self.gate_path(a).exists():
@@ -341,7 +343,7 @@ class ProcessRuntime:
                 raise
         log_file = self.log_path(a.job_id, a.attempt, a.index)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        exit_file, pid_file = self.task_files(a)
+        exit_file, mark = self.task_files(a)
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
         exit_file.with_suffix(FENCED_SUFFIX).unlink(missing_ok=True)
@@ -375,7 +377,7 @@ class ProcessRuntime:
         tick = boot_tick()
         try:
             with open(log_file, "ab") as log:
-                proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(pid_file), *command],
+                proc = subprocess.Popen(["/bin/sh", str(SHIM), str(exit_file), str(mark), *command],
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                         cwd=str(log_file.parent), pass_fds=(theirs.fileno(),) if theirs else ())

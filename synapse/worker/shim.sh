@@ -1,11 +1,12 @@
 # The task shim: a tiny supervisor between the worker and one task's process (POSIX sh, so it
 # starts in about a millisecond; a Python shim cost 60 ms of CPU per task).
 #
-#     sh shim.sh EXIT_FILE PID_FILE [--synapse-stdin PYTHON LAUNCH DIR FIFO] CMD [ARGS...]
+#     sh shim.sh EXIT_FILE MARK [--synapse-stdin PYTHON LAUNCH DIR FIFO] CMD [ARGS...]
 #
 # The worker starts the shim in a new session, so the task has its own process group and
-# outlives a crash or restart of the worker. First the shim writes its pid and start time to
-# PID_FILE, so a worker that crashed between forking it and recording it still finds it. Then it
+# outlives a crash or restart of the worker. First the shim makes an empty file MARK.PID.TICKS (its
+# pid and start time in its name, so the file appears whole: nothing to rename, which would take a
+# process, mv), so a worker that crashed between forking it and recording it still finds it. Then it
 # runs the command in the same process group, waits, and writes the exit status to EXIT_FILE
 # (128+N when the task was killed by signal N, as shells report it). A restarted
 # worker therefore re-adopts a task, or learns how it ended.
@@ -30,7 +31,7 @@
 # The shim's own files are private (the worker's umask, 077); the task runs with the umask the
 # worker was started with (SYNAPSE_TASK_UMASK): its files are its owner's business.
 exit_file=$1
-pid_file=$2
+mark=$2
 shift 2
 feed=
 if [ "${1:-}" = "--synapse-stdin" ]; then
@@ -42,7 +43,7 @@ task_umask=${SYNAPSE_TASK_UMASK:-}
 unset SYNAPSE_TASK_UMASK
 read -r _pid _comm _state _ppid _pgrp _sess _tty _tpgid _flags _minflt _cminflt _majflt _cmajflt \
     _utime _stime _cutime _cstime _prio _nice _threads _itreal start_ticks _rest < /proc/$$/stat
-printf '%s %s\n' "$$" "$start_ticks" > "$pid_file.tmp" && mv -f "$pid_file.tmp" "$pid_file"
+: > "$mark.$$.$start_ticks"
 if [ -n "${SYNAPSE_SHIM_CGROUPS:-}" ]; then
     cgroups=$SYNAPSE_SHIM_CGROUPS
     unset SYNAPSE_SHIM_CGROUPS

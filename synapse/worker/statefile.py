@@ -82,7 +82,7 @@ def load(data_dir: Path, stop_grace: float, find: Callable[[Assignment], Handle 
                                    "mounts": tuple(tuple(m) for m in a.get("mounts", ())),
                                    "resources": Resources(**a.get("resources", {}))})
         # A task recorded as starting may have been forked just before a crash: its shim's
-        # pid file says so. Never started (no pid file): forgotten; the master lists it again.
+        # mark says so (synapse.worker.fence.MARK). Never started (no mark): forgotten; the master lists it again.
         handle = Handle(**t["handle"]) if t["handle"] else find(assignment)
         saved.append(ws.SavedTask(assignment, t["phase"], handle, bool(t.get("noticed"))))
     # (a state file without a boot id is an older worker's: its machine is taken as not restarted)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -93,13 +94,9 @@ def test_no_lease_granted_or_masters_that_grant_none_fence_nothing(fence_dir):
 
 
 def _attempt_pids(cluster, job_id: str, attempt: int) -> list[tuple[int, int]]:
-    """(pid, start ticks) of every shim of one attempt of a job, from the workers' pid files."""
-    out = []
-    for w in cluster.state["workers"]:
-        for pid_file in (cluster.worker_dir(w["id"]) / "tasks").glob(f"{job_id}.{attempt}.*.pid"):
-            pid, ticks = (int(x) for x in pid_file.read_text().split())
-            out.append((pid, ticks))
-    return out
+    """(pid, start ticks) of every shim of one attempt of a job, from the workers' shim marks."""
+    return [(shim.pid, shim.start_ticks) for w in cluster.state["workers"]
+            for shim in fence.shims(cluster.worker_dir(w["id"]) / "tasks") if shim.key()[:2] == (job_id, attempt)]
 
 
 @pytest.mark.slow
@@ -113,7 +110,7 @@ def test_a_killed_agents_tasks_are_dead_before_the_gang_runs_elsewhere(make_clus
     job_id = cluster.client.submit(codec.job_spec_to_proto(spec))
     wait_for(lambda: cluster.client.get_job(job_id).status == "RUNNING", timeout=30, what="the gang running")
     first = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(_attempt_pids(cluster, job_id, 1)),
-                     timeout=10, what="attempt 1's pid files")
+                     timeout=10, what="attempt 1's shim marks")
     victim = cluster.client.get_job(job_id).tasks[0].node_id
     cluster.kill_worker(victim, with_tasks=False)
     wait_for(lambda: (lambda j: j.attempt == 2 and j.status == "RUNNING")(cluster.client.get_job(job_id)),
@@ -156,3 +153,35 @@ def test_a_task_the_fence_killed_ends_node_lost_for_whoever_reads_its_end(tmp_pa
     (tmp_path / "tasks" / f"j-9.1.1{fence.FENCED_SUFFIX}").unlink()  # as if a signal of someone else's
     end = runtime.outcome(other, tasks[1])
     assert (end.cause, end.exit_code) == (EndReason.SIGNAL, None)
+
+
+def test_a_shims_mark_names_it_and_an_earlier_releases_pid_file_is_read_too(tmp_path):
+    """A shim marks its start with an empty file whose name holds its pid and start ticks (it
+    appears whole); the runtime finds a task's shim by it, a restarted agent and the fence too,
+    and still reads the "PID TICKS" file an earlier release's shim wrote."""
+    from synapse.core.model import Assignment
+    from synapse.worker.runtime import ProcessRuntime
+
+    runtime = ProcessRuntime(tmp_path)
+    a = Assignment(job_id="exp.pidgin-1", attempt=2, index=0, rank=0, world_size=1, local_rank=0, local_world_size=1,
+                   node_rank=0, master_addr="127.0.0.1", master_port=29500, gpus=(), command=("sleep", "60"), env=())
+    handle = runtime.start(a)
+    try:
+        marks = wait_for(lambda: sorted(p.name for p in (tmp_path / "tasks").glob("*.pid.*")), 10, "the shim's mark")
+        assert marks == [f"exp.pidgin-1.2.0.pid.{handle.pid}.{handle.start_ticks}"]
+        assert (tmp_path / "tasks" / marks[0]).read_bytes() == b""
+        found = runtime.find(a)
+        assert found is not None and (found.pid, found.start_ticks) == (handle.pid, handle.start_ticks)
+        assert [(s.task, s.pid) for s in fence.live_shims(tmp_path)] == [("exp.pidgin-1.2.0", handle.pid)]
+        # The same task's mark from a shim that ended (a created task discarded, then created
+        # anew) loses to the one that runs.
+        (tmp_path / "tasks" / f"exp.pidgin-1.2.0.pid.{handle.pid + 1}.{handle.start_ticks + 5}").touch()
+        assert runtime.find(a).pid == handle.pid
+    finally:
+        os.killpg(handle.pid, signal.SIGKILL)
+    # An earlier release's shim: "PID TICKS" in JOB.ATTEMPT.INDEX.pid.
+    b = dataclasses.replace(a, job_id="old", attempt=1)
+    (tmp_path / "tasks" / "old.1.0.pid").write_text(f"{os.getpid()} {fence.process_start_ticks(os.getpid())}\n")
+    found = runtime.find(b)
+    assert found is not None and found.pid == os.getpid()
+    assert ("old.1.0", os.getpid()) in [(s.task, s.pid) for s in fence.live_shims(tmp_path)]

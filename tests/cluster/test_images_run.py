@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from synapse.core.model import Assignment
-from synapse.worker import container
+from synapse.worker import container, fence
 from synapse.worker.container import ContainerRefused
-from synapse.worker.runtime import ProcessRuntime, alive
+from synapse.worker.runtime import ProcessRuntime, alive, task_id
 from tests.support import paths
 from tests.support.cluster import start_worker
 from tests.support.helpers import wait_for
@@ -120,7 +120,7 @@ def test_a_created_task_discarded_or_left_by_a_restarted_worker_never_runs(tmp_p
     runtime.discard(a, handle_a)  # a stop before its gang started: SIGKILL, nothing to save
     assert not alive(handle_a) and not runtime.gate_path(a).exists() and len(runtime.gates) == 1
     # A restarted worker (a new runtime: it holds no gate) finds b created, never opened: not adopted.
-    wait_for(lambda: runtime.task_files(b)[1].exists(), 30, "the shim's pid file")
+    wait_for(lambda: fence.shims(runtime.task_files(b)[0].parent, task_id(b)), 30, "the shim's mark")
     assert ProcessRuntime(tmp_path / "w").find(b) is None
     wait_for(lambda: not alive(handle_b) or runtime.reap(), 30, "the created task to be killed")
     assert not runtime.container_dir(b).exists()

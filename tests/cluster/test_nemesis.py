@@ -16,6 +16,7 @@ from synapse.client.master_client import ClientError, ClusterUnavailable
 from synapse.core import codec
 from synapse.local import cluster as local
 from synapse.local import netns
+from synapse.worker import fence
 from tests.support.helpers import spec
 
 pytestmark = pytest.mark.slow
@@ -333,13 +334,10 @@ def test_kill_agent_under_gang_kills_the_agent_alone_and_watches_the_old_attempt
 
     def sample():
         alive = set()
-        for p in Path(t.data_dir, "workers").glob("*/tasks/*.pid"):
-            try:
-                pid, ticks = (int(x) for x in p.read_text().split())
-            except (OSError, ValueError):
-                continue
-            if task_alive(pid, ticks):
-                alive.add(f"{p.parent.parent.name}/{p.stem}")
+        for node in Path(t.data_dir, "workers").iterdir():
+            for shim in fence.shims(node / "tasks"):
+                if task_alive(shim.pid, shim.start_ticks):
+                    alive.add(f"{node.name}/{shim.task}")
         samples.append(({w for w, pid in agents.items() if local.is_alive(pid)}, alive))
 
     fault = watched(lambda: NEMESES["kill-agent-under-gang"](t, random.Random(3), History(tmp_path / "a.jsonl")),

@@ -99,7 +99,7 @@ def test_task_env_has_what_torch_distributed_expects():
 
 
 def test_restarted_agent_adopts_a_task_forked_just_before_a_crash(tmp_path):
-    """The state file says 'starting' (no pid yet): the shim's own pid file lets the next agent adopt
+    """The state file says 'starting' (no pid yet): the shim's own mark lets the next agent adopt
     it instead of starting a second instance; a task that never forked is simply forgotten."""
     import dataclasses
     import json
@@ -111,10 +111,11 @@ def test_restarted_agent_adopts_a_task_forked_just_before_a_crash(tmp_path):
 
     forked, never = assignment(0, ["sleep", "30"]), assignment(1, ["sleep", "30"])
     handle = ProcessRuntime(tmp_path).start(forked)
-    pid_file = ProcessRuntime(tmp_path).task_files(forked)[1]
+    tasks_dir = ProcessRuntime(tmp_path).task_files(forked)[0].parent
     deadline = time.monotonic() + 10
-    while not pid_file.exists() and time.monotonic() < deadline:  # the shim is up (a restart comes later)
+    while not fence.shims(tasks_dir) and time.monotonic() < deadline:  # the shim is up (a restart comes later)
         time.sleep(0.02)
+    assert [s.pid for s in fence.shims(tasks_dir)] == [handle.pid]
     tasks = [{"assignment": dataclasses.asdict(a), "phase": "starting", "handle": None} for a in (forked, never)]
     (tmp_path / STATE_FILE).write_text(json.dumps({"known": [3, 40], "done": [], "unreported": [], "tasks": tasks}))
     agent = WorkerAgent(node_id="n1", address="127.0.0.1", topology=(), capacity=Resources(1000, 1, 1),
