@@ -173,11 +173,12 @@ class LeaderLoops:
 
     async def _pace(self, started: float, ended: float) -> None:
         """Wait before the next round. Changes batch for up to SCHEDULE_MIN_INTERVAL_S from the last
-        round's start (a stream of submissions gets a round per batch, not per submission); one
-        that may let a waiting gang start (resources freed, a hold released: scheduler_urgent)
-        ends the wait, but no sooner than the last round took after it, so rounds never take
-        more than half the loop. Before, a cancel's freed nodes waited out the pause that followed
-        the round its own commit set off (bench/gang.py measures the hand-over by cancel)."""
+        round's start (a stream of submissions to a long queue gets a round per batch, not per
+        submission); one that may let a waiting gang start (resources freed, a hold released) or
+        a submission to a short queue (replica.urgent: scheduler_urgent) ends the wait, but no
+        sooner than the last round took after it, so rounds never take more than half the loop.
+        Before, a cancel's freed nodes waited out the pause that followed the round its own commit
+        set off (bench/gang.py measures the hand-over by cancel)."""
         urgent = self.master.scheduler_urgent
         until, soonest = started + SCHEDULE_MIN_INTERVAL_S, ended + (ended - started)
         while (now := time.monotonic()) < until and not self.stopped:

@@ -57,6 +57,19 @@ WATCHDOG_S = 0.5
 #: nothing (a submission, a task's start or preparation, the leader's own records and placements).
 PACED = (c.SubmitJob, c.TaskStarted, c.TaskPrepared, c.CommitPlan, c.Barrier, c.PendingReasons, c.RecordProgress,
          c.RecordExec, c.CheckpointNotice, c.HistoryExported, c.HistoryOverflow)
+#: A submission ends the pause too while no more than this many jobs wait: the round is cheap then,
+#: and the job may start at once (Slurm schedules at each submission, looking at the first
+#: default_queue_depth=100 jobs). A submission right after other changes (a gang's end, say) waited
+#: out their round's pause: 15.8 ms to its placement against 7 ms.
+QUICK_QUEUE = 100
+
+
+def urgent(cmds: Sequence[c.Command], waiting: int) -> bool:
+    """Whether applied `cmds` end the pause between rounds (LeaderLoops._pace): one that may let a
+    waiting gang start (resources freed, a hold released: not PACED), or a submission while at
+    most QUICK_QUEUE jobs wait (`waiting`)."""
+    return not all(isinstance(cmd, PACED) for cmd in cmds) or (
+        waiting <= QUICK_QUEUE and any(isinstance(cmd, c.SubmitJob) for cmd in cmds))
 
 
 class LeaderWork(Protocol):
@@ -287,7 +300,7 @@ class Master:
         if self.metrics is not None:
             self.metrics.applied(self, cmds)
         self.scheduler_dirty.set()
-        if not all(isinstance(cmd, PACED) for cmd in cmds):
+        if urgent(cmds, len(self.state.pending)):
             self.scheduler_urgent.set()
         self._applied.set()
         self._applied = asyncio.Event()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from synapse.core import commands as c
 from synapse.master import leader
 from synapse.master.leader import LeaderLoops
-from synapse.master.replica import PACED
+from synapse.master.replica import PACED, QUICK_QUEUE, urgent
 
 INTERVAL = 2.0
 
@@ -54,8 +54,19 @@ def test_an_urgent_change_waits_as_long_as_the_last_round_took(monkeypatch):
 
 
 def test_submissions_and_reports_batch_while_frees_do_not():
-    """Which applied commands end the pause (Replica._changed_all sets scheduler_urgent unless every
-    one is PACED)."""
+    """Which applied commands end the pause (replica.urgent: unless every one is PACED, or a
+    submission finds a short queue)."""
     assert issubclass(c.SubmitAllocJob, PACED) and issubclass(c.TaskStarted, PACED)
-    for urgent in (c.TaskExited, c.CancelJob, c.ReleaseJob, c.NodeUp, c.Preempt, c.UpdateJob):
-        assert not issubclass(urgent, PACED)
+    for kind in (c.TaskExited, c.CancelJob, c.ReleaseJob, c.NodeUp, c.Preempt, c.UpdateJob):
+        assert not issubclass(kind, PACED)
+
+
+
+def test_a_submission_ends_the_pause_while_the_queue_is_short():
+    """A submission to a short queue is scheduled at once (its round is cheap, the job may start);
+    to a long one it batches with the others for SCHEDULE_MIN_INTERVAL_S."""
+    submit = c.SubmitJob(at=1.0, job_id="j", request_id="", spec=None)  # type: ignore[arg-type]
+    started = c.TaskStarted(at=1.0, job_id="j", attempt=1, index=0, node_id="n1")
+    assert urgent([started, submit], 0) and urgent([submit], QUICK_QUEUE)
+    assert not urgent([submit], QUICK_QUEUE + 1) and not urgent([started], 0)
+    assert urgent([c.TaskExited(at=1.0, job_id="j", attempt=1, index=0, node_id="n1", exit_code=0)], 10_000)
