@@ -49,6 +49,10 @@ EXPORT_IDLE_S = 1.0
 #: Exports (and the passes that look for them) are at least this far apart: jobs finishing meanwhile go
 #: into one transaction and one proposal.
 EXPORT_MIN_INTERVAL_S = 0.2
+#: A pass waits this long after the change that woke it: a job's end comes with the hand-over of
+#: its nodes (the next gang's placement, its workers' starts and reports), which the pass's scan,
+#: store writes and proposal would otherwise compete with, on the leader's loop and in the log.
+EXPORT_SETTLE_S = 0.1
 #: The leader exports itself once a finished job has waited this long unarchived: the exporting
 #: follower is down, or cannot reach the store.
 TAKEOVER_S = 10.0
@@ -222,7 +226,8 @@ async def _wait_for_change(changed: asyncio.Event) -> None:
     try:
         await asyncio.wait_for(changed.wait(), EXPORT_IDLE_S)
     except TimeoutError:
-        pass
+        return
+    await asyncio.sleep(EXPORT_SETTLE_S)
 
 
 async def _passes(master: Replica, history: History, running: Callable[[], bool],
