@@ -49,10 +49,11 @@ EXPORT_IDLE_S = 1.0
 #: Exports (and the passes that look for them) are at least this far apart: jobs finishing meanwhile go
 #: into one transaction and one proposal.
 EXPORT_MIN_INTERVAL_S = 0.2
-#: A pass waits this long after the change that woke it: a job's end comes with the hand-over of
-#: its nodes (the next gang's placement, its workers' starts and reports), which the pass's scan,
-#: store writes and proposal would otherwise compete with, on the leader's loop and in the log.
-EXPORT_SETTLE_S = 0.1
+#: A pass waits for the state to stay unchanged this long after the change that woke it, for at
+#: most EXPORT_SETTLE_MAX_S: a job's end comes with the hand-over of its nodes (the next gang's
+#: placement, its workers' starts and reports, a commit every few ms), which the pass's scan, store
+#: writes and proposal would otherwise compete with, on the leader's loop and in the log.
+EXPORT_QUIET_S, EXPORT_SETTLE_MAX_S = 0.05, 1.0
 #: The leader exports itself once a finished job has waited this long unarchived: the exporting
 #: follower is down, or cannot reach the store.
 TAKEOVER_S = 10.0
@@ -217,7 +218,7 @@ async def _read_cursor(master: Replica, history: History) -> int:
     return cursor
 
 
-async def _wait_for_change(changed: asyncio.Event) -> None:
+async def _wait_for_change(changed: asyncio.Event, next_change: Callable[[], asyncio.Event]) -> None:
     # Passes at least this far apart, found something or not: the state changes at every applied
     # entry, hundreds of times a second under load, and a pass per change (the lock, the scan, a
     # wake-up) was 2 % of a loaded leader's event loop for nothing. What changes meanwhile sets
@@ -227,7 +228,12 @@ async def _wait_for_change(changed: asyncio.Event) -> None:
         await asyncio.wait_for(changed.wait(), EXPORT_IDLE_S)
     except TimeoutError:
         return
-    await asyncio.sleep(EXPORT_SETTLE_S)
+    settled_by = time.monotonic() + EXPORT_SETTLE_MAX_S
+    while (left := settled_by - time.monotonic()) > 0:
+        try:
+            await asyncio.wait_for(next_change().wait(), min(EXPORT_QUIET_S, left))
+        except TimeoutError:
+            return
 
 
 async def _passes(master: Replica, history: History, running: Callable[[], bool],
@@ -261,7 +267,7 @@ async def _passes(master: Replica, history: History, running: Callable[[], bool]
             await asyncio.sleep(delay)
             delay = min(RETRY_MAX_S, delay * 2)
             continue
-        await _wait_for_change(changed)
+        await _wait_for_change(changed, master.state_changed)
 
 
 async def export_loop(loops: ExportDriver, history: History) -> None:
