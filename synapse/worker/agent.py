@@ -121,6 +121,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
         self.lease = Lease(node_id, data_dir, list(cgroups.parents.values()) if cgroups is not None else [])
         #: the running tasks the main loop killed because the lease ended (main loop only)
         self.fenced: set[ws.Key] = set()
+        self.releases: list[tuple[float, str]] = []
         #: changed by the main loop alone, through `_handle` (synapse.worker.state's docstring)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         #: what the other threads read of the state: replaced whole by the main loop after every event
@@ -194,6 +195,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
         try:
             self._main_loop()
         finally:
+            self._release_due(0.0, every=True)  # ended tasks' cgroups: empty, nothing waits for them now
             self.log_server.stop(grace=0.5)
             if self.http_server is not None:
                 self.http_server.shutdown()
@@ -236,6 +238,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
                 changed |= save_owed
                 self._fence_if_lease_ended()
                 changed |= self._poll_processes()
+                self._release_due(time.monotonic())
                 self._handle(ws.Tick())
                 if self.progress.due(time.monotonic()) and self.progress.poll(
                         [(t.assignment.key, progress_file(self.runtime.task_files(t.assignment)[0]))

@@ -28,6 +28,9 @@ from synapse.worker.runtime import Handle, ProcessRuntime, alive, port_in_use, t
 
 log = logging.getLogger(__name__)
 
+#: An ended task's cgroup is removed this long after its end was noticed (TaskLifecycle._poll_processes).
+RELEASE_AFTER_S = 0.5
+
 
 class TaskLifecycle:
     """The agent's part that starts, opens, polls and fences task processes (main loop only; a mixin
@@ -42,6 +45,7 @@ class TaskLifecycle:
     metrics: WorkerMetrics
     lease: Lease
     fenced: set[ws.Key]
+    releases: list[tuple[float, str]]  #: (when, cgroup name): ended tasks' cgroups to remove (_release_due)
     _handle: Callable[[object], None]
     _save_state: Callable[[], None]
 
@@ -163,6 +167,14 @@ class TaskLifecycle:
             self.fenced.add(task.assignment.key)
         return bool(victims)
 
+    def _release_due(self, now: float, every: bool = False) -> None:
+        """(main loop) Remove the ended tasks' cgroups whose time has come (`every`: all of them)."""
+        due = [name for at, name in self.releases if every or at <= now]
+        if due:
+            self.releases = [(at, name) for at, name in self.releases if name not in due]
+            for name in due:
+                self.runtime.release(name)
+
     def _poll_processes(self) -> bool:
         """(main loop) Notice the tasks whose process ended: journal, count and report each end."""
         self.runtime.reap()
@@ -185,10 +197,13 @@ class TaskLifecycle:
                 self.metrics.exits.labels(outcome).inc()
                 handle = task.handle
                 self._handle(ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause))
-                # Reported first (a waiting gang waits for it), then cleaned up: the cgroup goes once
-                # its OOM count has been read, before this loop takes its next event (a task that
-                # starts here next never meets the old one's cgroup or container).
-                self.runtime.release(handle.cgroup)
+                # Reported first (a waiting gang waits for it), then cleaned up: the container before
+                # this loop takes its next event, the cgroup (its OOM count read by now, its processes
+                # gone) RELEASE_AFTER_S later, once the gang it makes room for has started: removing
+                # one takes the kernel's cgroup lock, which every other task's cgroup creation and
+                # join (and the forks waiting on those) need, right in the hand-over.
+                if handle.cgroup:
+                    self.releases.append((time.monotonic() + RELEASE_AFTER_S, handle.cgroup))
                 self._end_container(a)
                 changed = True
         return changed

@@ -19,6 +19,7 @@ from synapse.core import codec
 from synapse.core.model import Assignment, JobSpec, Resources
 from synapse.worker import isolation
 from synapse.worker.runtime import ProcessRuntime, alive
+from tests.support.helpers import wait_for
 from tests.support.isolation import MI
 
 
@@ -252,7 +253,8 @@ def test_oom_killed_task_fails_its_job_and_spares_its_neighbour(make_cluster, tm
         time.sleep(0.1)
     info = cluster.client.get_job(neighbour)
     assert info.status == "CANCELLED" and info.tasks[0].reason == "Cancelled"
-    assert cgroups_of(cgroup, tmp_path, cluster) is None
+    # Removed a moment after the end (tasks.RELEASE_AFTER_S: not inside the next gang's start).
+    wait_for(lambda: cgroups_of(cgroup, tmp_path, cluster) is None, 10, "the ended task's cgroup to go")
     cluster.stop()  # a worker that leaves with no task left removes its directory of task cgroups
     assert not any(parent.exists() for parent in isolation.here(
         isolation.group_name("w1", cluster.worker_dir("w1"))).parents.values())
