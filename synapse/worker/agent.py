@@ -122,6 +122,7 @@ class WorkerAgent(TaskLifecycle, Uplink):
         #: the running tasks the main loop killed because the lease ended (main loop only)
         self.fenced: set[ws.Key] = set()
         self.releases: list[tuple[float, str]] = []
+        self.last_start = 0.0
         #: changed by the main loop alone, through `_handle` (synapse.worker.state's docstring)
         self.state = ws.WorkerState(stop_grace=stop_grace)
         #: what the other threads read of the state: replaced whole by the main loop after every event

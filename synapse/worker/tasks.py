@@ -28,8 +28,18 @@ from synapse.worker.runtime import Handle, ProcessRuntime, alive, port_in_use, t
 
 log = logging.getLogger(__name__)
 
-#: An ended task's cgroup is removed this long after its end was noticed (TaskLifecycle._poll_processes).
-RELEASE_AFTER_S = 0.5
+#: An ended task's cgroup is removed this long after its end was noticed (TaskLifecycle._poll_processes),
+#: at a moment when no task has started here for RELEASE_QUIET_S (the next gang's start is through),
+#: and at the latest RELEASE_LATEST_S after its end.
+RELEASE_AFTER_S, RELEASE_QUIET_S, RELEASE_LATEST_S = 0.2, 0.2, 5.0
+
+
+def due_releases(releases: list[tuple[float, str]], now: float, last_start: float) -> list[str]:
+    """The cgroups of `releases` ((when its task's end was noticed, name)) to remove `now`: those
+    RELEASE_AFTER_S old when no task started here for RELEASE_QUIET_S, and any RELEASE_LATEST_S old."""
+    quiet = now - last_start >= RELEASE_QUIET_S
+    return [name for ended, name in releases
+            if (quiet and now - ended >= RELEASE_AFTER_S) or now - ended >= RELEASE_LATEST_S]
 
 
 class TaskLifecycle:
@@ -45,7 +55,8 @@ class TaskLifecycle:
     metrics: WorkerMetrics
     lease: Lease
     fenced: set[ws.Key]
-    releases: list[tuple[float, str]]  #: (when, cgroup name): ended tasks' cgroups to remove (_release_due)
+    releases: list[tuple[float, str]]  #: (when ended, cgroup name): ended tasks' cgroups to remove (_release_due)
+    last_start: float  #: when a task last started here (monotonic)
     _handle: Callable[[object], None]
     _save_state: Callable[[], None]
 
@@ -98,6 +109,7 @@ class TaskLifecycle:
         log.info("task started job=%s attempt=%d index=%d rank=%d pid=%d%s", a.job_id, a.attempt, a.index,
                  a.rank, handle.pid, how)
         self._journal("start", a, pid=handle.pid)
+        self.last_start = time.monotonic()
         self._handle(ws.TaskStarted(a.key, handle))
 
     def _start_failed(self, a: Assignment, reason: str, cause: str = EndReason.ERROR,
@@ -169,7 +181,7 @@ class TaskLifecycle:
 
     def _release_due(self, now: float, every: bool = False) -> None:
         """(main loop) Remove the ended tasks' cgroups whose time has come (`every`: all of them)."""
-        due = [name for at, name in self.releases if every or at <= now]
+        due = [name for ended, name in self.releases] if every else due_releases(self.releases, now, self.last_start)
         if due:
             self.releases = [(at, name) for at, name in self.releases if name not in due]
             for name in due:
@@ -199,11 +211,11 @@ class TaskLifecycle:
                 self._handle(ws.TaskExited(a.key, code if code is not None else -9, end.detail, end.cause))
                 # Reported first (a waiting gang waits for it), then cleaned up: the container before
                 # this loop takes its next event, the cgroup (its OOM count read by now, its processes
-                # gone) RELEASE_AFTER_S later, once the gang it makes room for has started: removing
+                # gone) later, once the gang it makes room for has started (_release_due): removing
                 # one takes the kernel's cgroup lock, which every other task's cgroup creation and
                 # join (and the forks waiting on those) need, right in the hand-over.
                 if handle.cgroup:
-                    self.releases.append((time.monotonic() + RELEASE_AFTER_S, handle.cgroup))
+                    self.releases.append((time.monotonic(), handle.cgroup))
                 self._end_container(a)
                 changed = True
         return changed
