@@ -5,6 +5,8 @@ Errors are one clear line on stderr and a non-zero exit (`exits`)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -111,6 +113,15 @@ def emit(data: Any, output: str, text: Callable[[Any], str]) -> None:
 
 
 def interrupted(job_id: str, again: str, status: str = "") -> NoReturn:
-    """Ctrl-C while following a job: it goes on; say how to come back to it."""
-    fail(f"interrupted; job {job_id} goes on{f' ({status})' if status else ''}: `synctl {again}` follows it "
-         f"again, `synctl cancel {job_id}` cancels it", EXIT_INTERRUPTED)
+    """Ctrl-C while following a job: it goes on; say how to come back to it. The process leaves at
+    once (os._exit, its output flushed): threads still streaming a task's output (`logs -f`) would
+    otherwise write to stdout while the interpreter shuts down, which aborts it (SIGABRT, "could not
+    acquire lock for <stdout> at interpreter shutdown") instead of exiting 130."""
+    click.echo(f"synctl: interrupted; job {job_id} goes on{f' ({status})' if status else ''}: `synctl {again}` "
+               f"follows it again, `synctl cancel {job_id}` cancels it", err=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_INTERRUPTED)
