@@ -538,3 +538,27 @@ def test_shortest_backfill_tries_the_jobs_behind_the_reservations_shortest_first
         result = schedule_round(s.state, s.now, tuning=tuning)
         order[shortest] = [p.job_id for p in result.plans]
     assert order == {False: [long], True: [quick]}
+
+
+def test_a_blocked_gang_behind_the_head_reserves_no_nodes_expected_too_far_out():
+    """r0's nodes free at t=100 and the head gang (one rack) reserves them; the whole-cluster gang
+    behind it can start only when r1-n0 ends, at t=200,000. Reserved, r1-n1 (free now) takes no job
+    whose limit does not end first; with `reserve_within_s` of a day that start is too far out to
+    hold nodes for: it reserves nothing, still counts as the round's second reservation (a third
+    blocked gang reserves nothing either), and r1-n1 takes the long job."""
+    plans, reserved = {}, {}
+    for within in (math.inf, 86_400.0):
+        s = sim(racks=2, nodes_per_rack=2)
+        occupy_until(s, {"r0-n0": 100, "r0-n1": 100, "r1-n0": 200_000})
+        head = s.submit(spec(tasks=2, pack="rack", required=True, time_limit=1000), duration=10)
+        wide = s.submit(spec(tasks=4, time_limit=1000), duration=10)
+        third = s.submit(spec(tasks=3, time_limit=1000), duration=10)
+        long = s.submit(spec(tasks=1, time_limit=300_000), duration=10)
+        result = schedule_round(s.state, s.now, tuning=dataclasses.replace(TUNING, reserve_within_s=within))
+        plans[within] = [p.job_id for p in result.plans]
+        reserved[within] = [(r.job_id, r.starts_at) for r in result.reservations]
+        assert result.waiting[third].code == "BehindReservation"
+        if within < math.inf:
+            assert result.waiting[wide].code == "BehindReservation" and "would start" in result.waiting[wide].message
+    assert reserved == {math.inf: [(head, 100), (wide, 200_000)], 86_400.0: [(head, 100)]}
+    assert plans == {math.inf: [], 86_400.0: [long]}

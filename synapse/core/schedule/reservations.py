@@ -3,7 +3,8 @@ who may run on them meanwhile. Pure; one scheduling round (synapse.core.schedule
 
 The first `Tuning.reservations` gangs that do not fit (but would fit the idle cluster) each get a
 **reservation**: in the lowest-level domain that holds the gang when idle, the nodes expected to
-be empty first by the time limits of their tasks (then those with the most room now). So a gang
+be empty first by the time limits of their tasks (then those with the most room now); a gang
+behind the head only if they are expected to hold it within `Tuning.reserve_within_s`. So a gang
 waits for the jobs that end first, not for whatever long job sits on the emptiest nodes. A node
 an earlier reservation holds counts as empty only from when that gang is expected to be done
 with it (its start + time limit; never, without one): with every blocked gang reserving
@@ -127,6 +128,13 @@ class Tuning:
     #: while that gang has waited less than this since its submission: the gangs that waited long
     #: are promised their start by the job's own kind or limit alone (inf: no bound)
     guess_wait_s: float = 12 * 3600.0
+    #: Issue 48: a blocked gang other than the head (and not a restart) reserves only nodes expected
+    #: to hold it within this long; one expected later holds none, but still takes its turn of
+    #: `reservations` (so the gangs behind it neither reserve nor weigh a split in its place). A
+    #: start expected a day or more away is mostly the time limits' (with no runs of the jobs' kinds
+    #: known, all of it), promises little, and keeps every job its limit does not end first off
+    #: those nodes all that while: measured, docs/evaluation/results.md (inf: no bound)
+    reserve_within_s: float = 24 * 3600.0
 
     def switch_margin(self, remaining: float) -> float:
         return self.switch_min_s if math.isinf(remaining) else max(self.switch_min_s, self.switch_share * remaining)
@@ -222,14 +230,16 @@ def expected_run(state: ClusterRead, job: Job, now: float, predict: bool = True,
 
 def blocked_reason(state: ClusterRead, view: ClusterView, job: Job, spec: JobSpec, now: float,
                     reservations: list[Reservation], previous: Reservation | None, clock: DrainClock,
-                    tuning: Tuning, depth: int | None = None, restart: bool = False) -> tuple[str, str]:
+                    tuning: Tuning, depth: int | None = None, restart: bool = False,
+                    declined: int = 0) -> tuple[str, str]:
     """Reserve nodes for a gang that does not fit, if it is among the first blocked ones or a
     restart after a lost node (which always reserves, whatever `Tuning.reservations`: while it
     waits, backfill must not take what it needs); the message and code of why it waits. The new reservation is
     appended to `reservations`; `depth` the level it goes at (None: the lowest domain that holds the
-    gang)."""
+    gang); `declined`: the blocked gangs before it that had their turn but reserved nothing
+    (Tuning.reserve_within_s, the caller's rule), counted against `Tuning.reservations` too."""
     local = " (waiting for one " + spec.topology.pack + ")" if spec.topology != job.spec.topology else ""
-    if len(reservations) >= tuning.reservations and not restart:
+    if len(reservations) + declined >= tuning.reservations and not restart:
         return (f"does not fit outside the reservations{local} ({reservations[0].describe(now)}, "
                 f"and {len(reservations) - 1} more)", "BehindReservation")
     # Its excluded nodes never free for it: a reservation holds none of them; nor spares, but for a restart.

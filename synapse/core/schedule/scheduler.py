@@ -22,7 +22,8 @@ admitted, see synapse.core.schedule.admission):
   placement now, or reserves the nodes that free first anywhere (`split_pays`). The queue waits
   behind such a gang, so its rack wait is everyone's.
 * The first `Tuning.reservations` gangs that do not fit (but would fit the idle cluster) each get a
-  **reservation**, and jobs behind them are **backfilled** around the reservations: when nodes are
+  **reservation** (those behind the head only if it is expected to start within
+  `Tuning.reserve_within_s`), and jobs behind them are **backfilled** around the reservations: when nodes are
   expected to drain, which a gang reserves and who may run on them meanwhile is
   synapse.core.schedule.reservations.
 * A **restart** after a lost node (synapse.core.schedule.spares.restarting) keeps its place in the queue
@@ -46,6 +47,7 @@ from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from synapse.core.jobs.quantity import format_moment
 from synapse.core.model import (
     Hold,
     Job,
@@ -152,6 +154,7 @@ class RoundMemo:
     #: the jobs seen whose departure would change the round: each the first to fail its shape, and
     #: every upstream a seen job depends on
     pivotal: frozenset[str] = frozenset()
+    declined: int = 0  #: _Round.declined then
 
     def carry_on(self, state: ClusterRead) -> tuple[int, list[str]] | None:
         """Where a round of `state` may carry on from (the position in its queue after the jobs
@@ -242,6 +245,9 @@ class _Round:
         self.result = RoundResult()
         self.failed: dict[Shape, WaitReason] = {}  #: the verdict on each shape that failed
         self.reservations: list[Reservation] = []  #: the blocked gangs', in queue order
+        #: blocked gangs that had a turn to reserve but whose nodes were expected too far out
+        #: (Tuning.reserve_within_s): they count against Tuning.reservations all the same
+        self.declined = 0
         self.pivotal: set[str] = set()  #: see RoundMemo.pivotal
         self.held = frozenset(state.held_nodes)  #: nodes kept for preemptors: no one else is placed there
         self.claimed: dict[str, Resources] = {}  #: queue -> what this round's plans add to its usage
@@ -262,6 +268,7 @@ class _Round:
         if self.queue_order is not None and start:
             return 0  # the order depends on usage: no memo (it assumes the plain queue order)
         self.failed, self.reservations, self.pivotal = dict(memo.failed), list(memo.reservations), set(memo.pivotal)
+        self.declined = memo.declined
         self.result.waiting = dict(memo.waiting)
         for job_id in gone:
             del self.result.waiting[job_id]
@@ -290,7 +297,7 @@ class _Round:
         view, rack_fit, failed, reservations, pivotal = self.view, self.rack_fit, self.failed, self.reservations, \
             self.pivotal
         for job in jobs:
-            if backfill_apart and len(reservations) >= tuning.reservations:
+            if backfill_apart and len(reservations) + self.declined >= tuning.reservations:
                 return [job, *jobs]
             if job.spec.after:  # the gate reads their status: a quiet departure of one changes this job's lot
                 pivotal.update(upstream for _, upstream in job.spec.after)
@@ -320,7 +327,8 @@ class _Round:
                 guest = bool(off_spares) and may_use_spares(job)
                 if off_spares:
                     shape = (*shape, guest)
-                if spec is not job.spec and tuning.weigh_locality and len(reservations) < tuning.reservations:
+                if spec is not job.spec and tuning.weigh_locality and \
+                        len(reservations) + self.declined < tuning.reservations:
                     # Whether it splits depends on how long it is expected to run, but only while it could
                     # hold a reservation (the split is weighed only then): predictions differ from job to
                     # job, and a key with them in it would make every waiting gang a shape of its own.
@@ -373,7 +381,7 @@ class _Round:
         view.set_blocked(blocked)
         plan = plan or place_largest(view, job.id, job.attempt, spec)  # an elastic gang: the largest size that fits
         if plan is None and spec is not job.spec and self.tuning.weigh_locality \
-                and len(self.reservations) < self.tuning.reservations:  # it would hold a reservation
+                and len(self.reservations) + self.declined < self.tuning.reservations:  # it would reserve
             plan = self._split_or_wait(ask, blocked)
         return plan
 
@@ -425,8 +433,16 @@ class _Round:
             return
         if is_elastic(spec):
             spec = at_size(spec, least(spec))  # an elastic gang waits for room for its min
-        message, code = blocked_reason(self.state, view, job, spec, self.now, self.reservations, self.kept.get(job.id),
-                                       self.clock, self.tuning, ask.depth, ask.restart)
+        reservations, tuning = self.reservations, self.tuning
+        before = len(reservations)
+        message, code = blocked_reason(self.state, view, job, spec, self.now, reservations, self.kept.get(job.id),
+                                       self.clock, tuning, ask.depth, ask.restart, self.declined)
+        if before and len(reservations) > before and not ask.restart \
+                and reservations[-1].starts_at - self.now > tuning.reserve_within_s:
+            far = reservations.pop()  # expected too far out to be worth its nodes' backfill (reserve_within_s)
+            self.declined += 1
+            message, code = (f"does not fit outside the reservations ({reservations[0].describe(self.now)}); "
+                             f"its own would start at {format_moment(far.starts_at, self.now)}"), "BehindReservation"
         if ask.excluded:
             message += f"; excluded nodes (they ended earlier attempts): {', '.join(sorted(ask.excluded))}"
         result.waiting[job.id] = self.failed[ask.shape] = WaitReason((), message, code, spec=spec, blocked=view.blocked)
@@ -441,7 +457,7 @@ class _Round:
             seen = len(state.pending)
             result.memo = RoundMemo(state, state.other_changes, state.dequeued_count, seen,
                                     state.pending[seen - 1] if seen else None, self.failed, tuple(reservations),
-                                    result.waiting, frozenset(self.pivotal))
+                                    result.waiting, frozenset(self.pivotal), self.declined)
         return result
 
 
