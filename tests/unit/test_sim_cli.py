@@ -48,11 +48,12 @@ def test_tuning_changes_synapse_s_knobs_and_leaves_the_baselines_alone(tmp_path)
     assert invoke("generate", "--mix", "gang-heavy", "--nodes", "32", "--racks", "4", "--days", "1", "--load", "1.1",
                   "--seed", "2", "--recurrence", "0", "-o", str(path)).exit_code == 0
     runs = {}
-    for label, extra in (("default", ()), ("tuned", ("--tuning", "reservations=4,reserve_within_s=inf,locality_wait_s=0"))):
+    knobs = "reservations=4,reserve_within_s=inf,locality_wait_s=0"
+    for label, extra in (("default", ()), ("tuned", ("--tuning", knobs))):
         result = invoke("run", str(path), "--policies", "easy,synapse", "--json", *extra)
         assert result.exit_code == 0, result.output
         runs[label] = json.loads(result.output)
-    assert runs["tuned"]["tuning"] == "reservations=4,reserve_within_s=inf,locality_wait_s=0"
+    assert runs["tuned"]["tuning"] == knobs
     outcome = ("jobs", "mean_jct_s", "mean_wait_s", "p99_wait_s", "utilisation", "single_rack_share")
     for policy, same in (("easy", True), ("synapse", False)):
         before, after = (tuple(runs[r]["policies"][policy][k] for k in outcome) for r in ("default", "tuned"))
