@@ -171,3 +171,13 @@ def test_a_job_refused_at_commit_names_the_jobs_submitted_and_a_retry_completes_
     assert sorted(state.jobs) == ["a-1", "other"]
     assert state.apply(c.CancelJob(at=101, by="alice", job_id="other")).ok
     assert [r.job_id for r in submit_many(svc, capped("a"), capped("b")).jobs] == ["a-1", "b-3"]
+
+
+def test_a_drawn_job_id_that_a_retained_job_holds_is_drawn_again():
+    from synapse.core import commands as c
+
+    state = limited_state()
+    assert state.apply(c.SubmitJob(at=99, by="alice", job_id="a-1", request_id="", spec=spec(name="a"))).ok
+    svc, _ = servicer(state)  # its first id drawn for "a" is a-1, which the job above holds
+    [reply] = submit_many(svc, capped("a", "new")).jobs
+    assert reply.job_id == "a-2" and state.jobs["a-2"].request_id == "new"
