@@ -10,7 +10,6 @@ a machine's crash ends its tasks anyway (the boot id says so)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -28,7 +27,7 @@ STATE_FILE = "worker-state.json"
 
 def save(data_dir: Path, state: ws.WorkerState) -> None:
     """Write `state` to the data dir's state file."""
-    data = {"boot_id": _this_boot(), "known": list(state.known),
+    data = {"boot_id": boot_id(), "known": list(state.known),
             "done": [list(k) for k in sorted(state.done)],
             "unreported": [_plain(r) | {"key": list(r.key)} for r in state.unreported],
             "tasks": [{"assignment": _plain(t.assignment) | {"resources": _plain(t.assignment.resources)},
@@ -43,12 +42,6 @@ def save(data_dir: Path, state: ws.WorkerState) -> None:
     except FileNotFoundError:
         pass
     os.rename(tmp, path)
-
-
-@functools.cache
-def _this_boot() -> str:
-    """This machine's boot id, read once: a process does not outlive its boot."""
-    return boot_id()
 
 
 _NAMES: dict[type, tuple[str, ...]] = {}

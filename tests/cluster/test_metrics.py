@@ -11,7 +11,7 @@ import yaml
 
 from synapse.core import codec
 from tests.support.cluster import wait_status
-from tests.support.helpers import spec
+from tests.support.helpers import spec, wait_for
 from tests.support.http import CONTRACTS, ROOT, get, scrape, value
 
 CONTRACT, WORKER_CONTRACT = CONTRACTS["metrics"], CONTRACTS["worker_metrics"]
@@ -222,7 +222,12 @@ def test_each_task_start_and_end_reaches_the_master_once(make_cluster):
         dataclasses.replace(spec(tasks=2, gpu=8, name=f"j{k}"), command=("sleep", "0.2")))) for k in range(6)]
     for job in jobs:
         wait_status(cluster.client, job, {"SUCCEEDED"}, timeout=60)
-    time.sleep(1.5)  # the last acknowledgements taken in (and any second report sent by then)
-    sent = sum(value(scrape((cluster.worker_dir(w) / "http-address").read_text().strip()),
-                     "synapse_worker_task_reports") for w in ("w1", "w2"))
-    assert sent == len(jobs) * 2 * 2  # each task: its start and its end, once
+    addresses = [(cluster.worker_dir(w) / "http-address").read_text().strip() for w in ("w1", "w2")]
+
+    def sent() -> float:
+        return sum(value(scrape(address), "synapse_worker_task_reports") for address in addresses)
+
+    expected = len(jobs) * 2 * 2  # each task: its start and its end, once
+    wait_for(lambda: sent() >= expected, 10, "every start and end acknowledged")
+    time.sleep(0.5)  # a second report, if one were owed, goes within a report loop's wake-up
+    assert sent() == expected
