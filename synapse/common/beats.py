@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import struct
 
 #: How long a worker waits for the answer to a datagram before it makes the gRPC call instead.
 WAIT_S = 0.25
@@ -40,6 +41,18 @@ MAC_BYTES = 32
 
 REQUEST = b"synapse-heartbeat-request\0"
 REPLY = b"synapse-heartbeat-reply\0"
+
+#: Task reports (a task's start or end) by datagram, to the leader: the same seal, their own domains.
+REPORT = b"synapse-task-report\0"
+REPORT_REPLY = b"synapse-task-report-reply\0"
+#: A report's body: REPORT_MARK, its seq (8 bytes, little-endian), a serialized
+#: ReportTaskEventsRequest. A HeartbeatRequest never starts with a zero byte (no field has number 0).
+REPORT_MARK = b"\0"
+_SEQ = struct.Struct("<Q")
+#: A report's answer: its seq and how many events the leader took, or REFUSED (not the leader, or it
+#: could not commit them: the worker makes the call, which says why).
+_ANSWER = struct.Struct("<QI")
+REFUSED = 0xFFFFFFFF
 
 
 def seal(key: bytes, domain: bytes, body: bytes) -> bytes:
@@ -68,3 +81,31 @@ def key_of(credential: str) -> bytes:
 def fresh(seq: int, last: int, now: float) -> bool:
     """A heartbeat's seq is new (above the node's last one taken here) and near this clock."""
     return seq > last and abs(seq / 1e9 - now) <= FRESH_S
+
+
+def report_body(seq: int, request: bytes) -> bytes:
+    """The body of a task report datagram: `request` a serialized ReportTaskEventsRequest."""
+    return REPORT_MARK + _SEQ.pack(seq) + request
+
+
+def is_report(body: bytes) -> bool:
+    return body[:1] == REPORT_MARK
+
+
+def report_of(body: bytes) -> tuple[int, bytes]:
+    """(seq, the serialized ReportTaskEventsRequest) of a report's body; ValueError if it is too short."""
+    if len(body) < 1 + _SEQ.size:
+        raise ValueError("a task report too short")
+    return _SEQ.unpack_from(body, 1)[0], body[1 + _SEQ.size:]
+
+
+def answer_body(seq: int, accepted: int) -> bytes:
+    return _ANSWER.pack(seq, accepted)
+
+
+def answer_of(body: bytes) -> tuple[int, int]:
+    """(seq, accepted or REFUSED) of a report's answer; ValueError if it is not one."""
+    if len(body) != _ANSWER.size:
+        raise ValueError("not a task report's answer")
+    seq, accepted = _ANSWER.unpack(body)
+    return seq, accepted

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from synapse.common import beats
+from synapse.master.api.base import DISK_CHECK_S
+from synapse.master.api.workers import MAX_REPORTED, take_reports
+from synapse.master.raft import ProposeError
 from synapse.proto import api_pb2
 
 if TYPE_CHECKING:
@@ -40,23 +43,35 @@ class BeatEndpoint(asyncio.DatagramProtocol):
         self.answered = 0  #: heartbeats taken and answered
         self.refused = 0  #: answered with a refusal
         self.dropped = 0  #: not authentic, not fresh, or not a heartbeat: no answer
+        self.last_report_seq: dict[str, int] = {}  #: node id -> the seq of its last task report taken here
+        self._reports: set[asyncio.Future[None]] = set()  #: the reports being committed
+        self.reports_taken = 0  #: task reports committed and answered
+        self.reports_refused = 0  #: task reports answered with a refusal
+        self._disk_room, self._disk_checked_at = True, float("-inf")
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        try:
-            request = api_pb2.HeartbeatRequest.FromString(beats.body_of(data))
-        except DecodeError:
-            self.dropped += 1
-            return
-        node_id = request.node_id
+    def _key(self, node_id: str) -> bytes:
         key = self._keys.get(node_id)
         if key is None:
             key = beats.key_of(self.m.node_credential(node_id))
             if len(self._keys) >= MAX_REMEMBERED:
                 self._keys.clear()
             self._keys[node_id] = key
+        return key
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if beats.is_report(beats.body_of(data)):
+            self._report_received(data, addr)
+            return
+        try:
+            request = api_pb2.HeartbeatRequest.FromString(beats.body_of(data))
+        except DecodeError:
+            self.dropped += 1
+            return
+        node_id = request.node_id
+        key = self._key(node_id)
         if not node_id or not beats.authentic(key, beats.REQUEST, data) or \
                 not beats.fresh(request.seq, self.last_seq.get(node_id, 0), time.time()):
             self.dropped += 1
@@ -74,6 +89,54 @@ class BeatEndpoint(asyncio.DatagramProtocol):
         reply.seq = request.seq
         assert self.transport is not None
         self.transport.sendto(beats.seal(key, beats.REPLY, reply.SerializeToString()), addr)
+
+    def _report_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        """A node's task report (synapse.common.beats): checked as a heartbeat is, with its own seq;
+        taken by the leader alone, as the ReportTaskEvents call would take it, and answered once its
+        entry committed (or refused: the worker then makes the call)."""
+        try:
+            seq, body = beats.report_of(beats.body_of(data))
+            request = api_pb2.ReportTaskEventsRequest.FromString(body)
+        except (ValueError, DecodeError):
+            self.dropped += 1
+            return
+        node_id = request.node_id
+        key = self._key(node_id)
+        if not node_id or len(request.events) > MAX_REPORTED or not beats.authentic(key, beats.REPORT, data) or \
+                not beats.fresh(seq, self.last_report_seq.get(node_id, 0), time.time()):
+            self.dropped += 1
+            return
+        if len(self.last_report_seq) >= MAX_REMEMBERED and node_id not in self.last_report_seq:
+            self.last_report_seq.pop(next(iter(self.last_report_seq)))
+        self.last_report_seq[node_id] = seq
+        task = asyncio.ensure_future(self._take_report(request, seq, key, addr))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _take_report(self, request: api_pb2.ReportTaskEventsRequest, seq: int, key: bytes,
+                           addr: tuple[str, int]) -> None:
+        accepted = beats.REFUSED
+        if self.m.ready_leader_term() and not self.m.stopping and self._disk_has_room():
+            cmds, progress = take_reports(self.m, request)
+            try:
+                results = await self.m.propose_all(cmds) if cmds else []
+            except ProposeError as exc:
+                log.debug("task report by datagram not committed node=%s error=%s", request.node_id, exc)
+            else:
+                accepted = progress + sum(1 for r in results if r.ok)
+        if accepted == beats.REFUSED:
+            self.reports_refused += 1
+        else:
+            self.reports_taken += 1
+        assert self.transport is not None
+        self.transport.sendto(beats.seal(key, beats.REPORT_REPLY, beats.answer_body(seq, accepted)), addr)
+
+    def _disk_has_room(self) -> bool:
+        """Master.disk_has_room, asked at most every DISK_CHECK_S (as the calls' own check)."""
+        now = time.monotonic()
+        if now - self._disk_checked_at >= DISK_CHECK_S:
+            self._disk_room, self._disk_checked_at = self.m.disk_has_room(), now
+        return self._disk_room
 
     def error_received(self, exc: Exception) -> None:
         log.debug("heartbeat datagram error: %s", exc)

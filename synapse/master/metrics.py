@@ -63,6 +63,11 @@ class StateCollector(Collector):
             datagrams.add_metric(["refused"], self.m.beats.refused)
             datagrams.add_metric(["dropped"], self.m.beats.dropped)
             yield datagrams
+            reports = CounterMetricFamily("synapse_report_datagrams", "task reports by datagram this replica "
+                                          "answered (synapse.master.beats), by outcome", labels=["outcome"])
+            reports.add_metric(["taken"], self.m.beats.reports_taken)
+            reports.add_metric(["refused"], self.m.beats.reports_refused)
+            yield reports
         digests = CounterMetricFamily("synapse_shard_digests", "liveness digests this replica sent the leader, "
                                       "by result", labels=["result"])
         digests.add_metric(["delivered"], shard.delivered)

@@ -132,12 +132,14 @@ class ShardWork(Protocol):
 
 
 class BeatCounts(Protocol):
-    """What metrics read of the heartbeat datagrams' endpoint (synapse.master.beats.BeatEndpoint,
+    """What metrics read of the heartbeat (and task report) datagrams' endpoint (synapse.master.beats.BeatEndpoint,
     which imports this module: hence a protocol)."""
 
     answered: int
     refused: int
     dropped: int
+    reports_taken: int  #: task reports by datagram committed and answered
+    reports_refused: int
 
 
 class MetricsWork(Protocol):

@@ -53,7 +53,7 @@ from synapse.images.store import ImageStore
 from synapse.worker import observe, statefile
 from synapse.worker import state as ws
 from synapse.worker.attach import AttachService
-from synapse.worker.beats import DatagramBeats
+from synapse.worker.beats import DatagramBeats, DatagramReports
 from synapse.worker.exits import ExitWatcher, ProcessEnded
 from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
@@ -153,6 +153,8 @@ class WorkerAgent(TaskLifecycle, Uplink):
         self._use_credential()
         #: heartbeats by datagram first (synapse.worker.beats), unless the operator said no
         self.datagrams = DatagramBeats(node_id, lambda: self.node_credential) if heartbeat_datagrams else None
+        #: the task reports by datagram to the leader first (the report thread's own socket), likewise
+        self.report_datagrams = DatagramReports(node_id, lambda: self.node_credential) if heartbeat_datagrams else None
         self.log_server, self.log_port = serve_logs(AttachService(self), address, log_port, tls)
         self.metrics = WorkerMetrics(self)
         self.heartbeat_ok = False  #: the last heartbeat was answered (a metric)

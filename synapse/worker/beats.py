@@ -13,7 +13,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -22,9 +22,14 @@ from synapse.proto import api_pb2
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Unanswered datagrams in a row after which a replica is sent none for QUIET_S.
 MISSES = 3
 QUIET_S = 300.0
+#: How long the report thread waits for the leader's answer to a task report (its commit, normally a
+#: few milliseconds) before it makes the call instead.
+REPORT_WAIT_S = 0.25
 
 
 class DatagramBeats:
@@ -43,50 +48,62 @@ class DatagramBeats:
     def beat(self, address: str, request: api_pb2.HeartbeatRequest) -> api_pb2.HeartbeatReply | None:
         """Send `request` to `address` by datagram; its reply if the replica took it, None if the
         caller should make the call instead (no answer in time, a refusal, a replica kept quiet)."""
+        self.seq = max(self.seq + 1, time.time_ns())
+        request.seq = self.seq
+        key = beats.key_of(self.credential())
+
+        def parse(body: bytes) -> api_pb2.HeartbeatReply | None:
+            try:
+                reply = api_pb2.HeartbeatReply.FromString(body)
+            except DecodeError:
+                return None
+            return reply if reply.seq == self.seq else None  # else the late answer to an earlier heartbeat
+
+        reply = self._exchange(address, beats.seal(key, beats.REQUEST, request.SerializeToString()), key,
+                               beats.REPLY, beats.WAIT_S, parse, "heartbeat")
+        if reply is None:
+            return None
+        if reply.refused:
+            log.debug("heartbeat datagram refused address=%s: %s", address, reply.refused)
+            return None
+        self.answered += 1
+        return reply
+
+    def _exchange(self, address: str, datagram: bytes, key: bytes, domain: bytes, wait: float,
+                  parse: Callable[[bytes], T | None], what: str) -> T | None:
+        """Send `datagram` to `address` and wait up to `wait` s for the answer: one from the replica,
+        sealed with `key` for `domain`, that `parse` takes (None: not the answer to this one). None
+        when none came (a miss: after MISSES in a row the replica is sent none for QUIET_S) or the
+        replica is kept quiet now."""
         now = time.monotonic()
         if now < self.quiet_until.get(address, 0.0):
             return None
         try:
             family, target = self._resolve(address)
             sock = self._socket(family)
+            sock.sendto(datagram, target)
         except OSError as exc:
-            log.debug("heartbeat datagram not sent address=%s error=%s", address, exc)
+            log.debug("%s datagram not sent address=%s error=%s", what, address, exc)
             return None
-        self.seq = max(self.seq + 1, time.time_ns())
-        request.seq = self.seq
-        key = beats.key_of(self.credential())
-        try:
-            sock.sendto(beats.seal(key, beats.REQUEST, request.SerializeToString()), target)
-        except OSError as exc:
-            log.debug("heartbeat datagram not sent address=%s error=%s", address, exc)
-            return None
-        deadline = now + beats.WAIT_S
+        deadline = now + wait
         while (left := deadline - time.monotonic()) > 0:
             sock.settimeout(left)
             try:
                 data, source = sock.recvfrom(beats.MAX_BYTES)
             except (TimeoutError, OSError):
                 break
-            if source[:2] != target[:2] or not beats.authentic(key, beats.REPLY, data):
+            if source[:2] != target[:2] or not beats.authentic(key, domain, data):
                 continue  # not the replica's, or not for this node
-            try:
-                reply = api_pb2.HeartbeatReply.FromString(beats.body_of(data))
-            except DecodeError:
-                continue
-            if reply.seq != self.seq:
-                continue  # the late answer to an earlier heartbeat
-            self.misses[address] = 0
-            if reply.refused:
-                log.debug("heartbeat datagram refused address=%s: %s", address, reply.refused)
-                return None
-            self.answered += 1
-            return reply
+            answer = parse(beats.body_of(data))
+            if answer is not None:
+                self.misses[address] = 0
+                return answer
         self.misses[address] = misses = self.misses.get(address, 0) + 1
         if misses >= MISSES:
             self.misses[address] = 0
             self.quiet_until[address] = time.monotonic() + QUIET_S
-            log.info("no heartbeat datagram answered by %s %d times in a row: heartbeats to it by call for %.0fs",
-                     address, MISSES, QUIET_S)
+            log.info("no %s datagram answered by %s %d times in a row: %ss to it by call for %.0fs",
+                     what, address, MISSES, what, QUIET_S)
         return None
 
     def _resolve(self, address: str) -> tuple[int, tuple[Any, ...]]:
@@ -107,3 +124,35 @@ class DatagramBeats:
         for sock in self._sockets.values():
             sock.close()
         self._sockets.clear()
+
+
+class DatagramReports(DatagramBeats):
+    """One node's task reports by datagram to the leader (the report thread only): a task's start or
+    end, one datagram answered once the leader committed it, instead of a ReportTaskEvents call
+    (a call costs the worker and the leader each about a millisecond of CPU; in a gang's start,
+    eight of them on the two cores of bench/gang.py). No answer within REPORT_WAIT_S, a refusal
+    (not the leader, no commit), or a report too large for a datagram: the caller makes the call.
+    A report the leader took whose answer was lost is sent again by call: its commands are
+    idempotent (synapse.core.state.tasks)."""
+
+    def report(self, address: str, request: api_pb2.ReportTaskEventsRequest) -> int | None:
+        """Send `request` to the leader at `address`; how many events it took, or None if the caller
+        should make the call instead."""
+        self.seq = seq = max(self.seq + 1, time.time_ns())
+        key = beats.key_of(self.credential())
+        datagram = beats.seal(key, beats.REPORT, beats.report_body(seq, request.SerializeToString()))
+        if len(datagram) > beats.MAX_BYTES:
+            return None
+
+        def parse(body: bytes) -> int | None:
+            try:
+                answered, accepted = beats.answer_of(body)
+            except ValueError:
+                return None
+            return accepted if answered == seq else None  # else the late answer to an earlier report
+
+        accepted = self._exchange(address, datagram, key, beats.REPORT_REPLY, REPORT_WAIT_S, parse, "task report")
+        if accepted is None or accepted == beats.REFUSED:
+            return None
+        self.answered += 1
+        return accepted

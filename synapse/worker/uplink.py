@@ -20,7 +20,7 @@ from synapse.images.store import ImageStore
 from synapse.proto import api_pb2
 from synapse.rpc import convert
 from synapse.worker import state as ws
-from synapse.worker.beats import DatagramBeats
+from synapse.worker.beats import DatagramBeats, DatagramReports
 from synapse.worker.gpu_errors import GpuWatch
 from synapse.worker.health import HealthCheck
 from synapse.worker.lease import Lease, save_credential
@@ -72,6 +72,7 @@ class Uplink:
     shard_moved: threading.Event
     reports_ready: threading.Event
     datagrams: DatagramBeats | None
+    report_datagrams: DatagramReports | None
     client: MasterClient
     watch_client: MasterClient
     report_client: MasterClient
@@ -269,8 +270,14 @@ class Uplink:
                                   exit_code=r.exit_code, reason=r.reason, cause=r.cause, node_side=r.node_side,
                                   prepared=r.prepared)
                 for r in batch] + progress)
+            # By datagram once the replicas are known to answer them (a heartbeat datagram was
+            # answered: a cluster with `heartbeat_datagrams: false` costs no wait per report).
+            leader, datagrams = self.report_client.leader, self.report_datagrams
+            if self.datagrams is None or not self.datagrams.answered:
+                datagrams = None
             try:
-                self.report_client.call("ReportTaskEvents", request, deadline=10.0)
+                if datagrams is None or leader is None or datagrams.report(leader, request) is None:
+                    self.report_client.call("ReportTaskEvents", request, deadline=10.0)
                 outbox.acknowledged(batch)
                 self.metrics.reports.inc(len(batch))
                 self.events.put(ws.ReportsAcknowledged(tuple(batch)))

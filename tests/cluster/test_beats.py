@@ -13,7 +13,10 @@ import pytest
 
 from synapse.common import beats
 from synapse.proto import api_pb2
-from synapse.worker.beats import MISSES, DatagramBeats
+from synapse.worker.beats import MISSES, DatagramBeats, DatagramReports
+from tests.support.cluster import submit, wait_job
+from tests.support.helpers import wait_for
+from tests.support.http import scrape, value
 
 KEY = beats.key_of("credential-of-n1")
 
@@ -93,6 +96,44 @@ def test_a_refusal_or_silence_sends_the_worker_to_its_call_and_silence_quiets_th
         sender.close()
 
 
+def test_a_task_report_takes_only_the_leaders_authentic_answer_and_a_refusal_sends_it_to_the_call() -> None:
+    answers = iter([lambda seq: [beats.seal(KEY, beats.REPORT_REPLY, beats.answer_body(seq - 1, 1)),  # older
+                                 beats.seal(b"forged", beats.REPORT_REPLY, beats.answer_body(seq, 7)),
+                                 beats.seal(KEY, beats.REPORT_REPLY, beats.answer_body(seq, 2))],
+                    lambda seq: [beats.seal(KEY, beats.REPORT_REPLY, beats.answer_body(seq, beats.REFUSED))]])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5.0)
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    received: list[api_pb2.ReportTaskEventsRequest] = []
+
+    def leader() -> None:
+        for answer in answers:
+            data, source = sock.recvfrom(beats.MAX_BYTES)
+            assert beats.authentic(KEY, beats.REPORT, data)
+            seq, body = beats.report_of(beats.body_of(data))
+            received.append(api_pb2.ReportTaskEventsRequest.FromString(body))
+            for reply in answer(seq):
+                sock.sendto(reply, source)
+
+    thread = threading.Thread(target=leader, daemon=True)
+    thread.start()
+    sender = DatagramReports("n1", lambda: "credential-of-n1")
+    request = api_pb2.ReportTaskEventsRequest(node_id="n1", events=[
+        api_pb2.TaskEvent(job_id="j", attempt=1, index=0, started=True), api_pb2.TaskEvent(job_id="j", index=1)])
+    try:
+        assert sender.report(address, request) == 2
+        assert sender.report(address, request) is None  # refused: the caller makes the call
+        huge = api_pb2.ReportTaskEventsRequest(node_id="n1", events=[
+            api_pb2.TaskEvent(job_id="j" * 200, attempt=1, index=i, reason="r" * 200) for i in range(40)])
+        assert sender.report(address, huge) is None  # too large for a datagram: not sent
+    finally:
+        thread.join(5)
+        sock.close()
+        sender.close()
+    assert [len(r.events) for r in received] == [2, 2] and received[0] == request
+
+
 @pytest.mark.slow
 def test_on_a_cluster_heartbeats_go_by_datagram_and_only_authentic_fresh_ones_are_answered(make_cluster) -> None:
     cluster = make_cluster(masters=3, workers=1, racks=1)
@@ -142,3 +183,59 @@ def test_on_a_cluster_heartbeats_go_by_datagram_and_only_authentic_fresh_ones_ar
             assert ask(address, beats.seal(key, beats.REQUEST, request.SerializeToString())) is None
     finally:
         sock.close()
+
+
+@pytest.mark.slow
+def test_on_a_cluster_task_reports_go_to_the_leader_by_datagram_and_only_it_takes_them(make_cluster) -> None:
+    """A gang's start and end reports reach the leader by datagram (its count of those it took
+    rises); a follower refuses one (the worker then calls), and a replay or a forgery gets no answer."""
+    cluster = make_cluster(masters=3, workers=2, racks=1)
+    leader = cluster.master(cluster.wait_leader())
+    ca = cluster.state["ca"]
+
+    def taken() -> float:
+        return value(scrape(leader["http_address"], ca=ca), "synapse_report_datagrams", outcome="taken")
+
+    for worker in ("w1", "w2"):  # reports go by datagram once a heartbeat datagram was answered
+        wait_for(lambda w=worker: _answered(cluster, w) >= 1, 20, f"{worker}'s first heartbeat datagram")
+    before = taken()
+    for k in range(2):
+        job = submit(cluster, f"reported{k}", 2, ["true"], gpu=8)
+        wait_job(cluster, job, {"SUCCEEDED"})
+    # Two jobs, each two starts and two ends (a start and an end may share a report); the first
+    # report of each worker may go by call (it learns the leader's address from a call's answer).
+    assert taken() - before >= 4
+    credential = cluster.saved_credential("w1")["credential"]
+    key = beats.key_of(credential)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.settimeout(2.0)
+
+    def report(address: str, seq: int, key: bytes = key) -> int | None:
+        request = api_pb2.ReportTaskEventsRequest(node_id="w1", events=[
+            api_pb2.TaskEvent(job_id="no-such-job", attempt=1, index=0, started=True)])
+        host, _, port = address.rpartition(":")
+        sock.sendto(beats.seal(key, beats.REPORT, beats.report_body(seq, request.SerializeToString())),
+                    (host, int(port)))
+        try:
+            data, _ = sock.recvfrom(beats.MAX_BYTES)
+        except TimeoutError:
+            return None
+        assert beats.authentic(key, beats.REPORT_REPLY, data)
+        answered_seq, accepted = beats.answer_of(beats.body_of(data))
+        assert answered_seq == seq
+        return accepted
+
+    try:
+        seq = time.time_ns()
+        assert report(leader["api_address"], seq) == 0  # taken, its one command refused: no such job
+        assert report(leader["api_address"], seq) is None  # the same seq again: a replay
+        assert report(leader["api_address"], time.time_ns(), key=b"not-the-credential") is None
+        follower = next(m for m in cluster.state["masters"] if m["id"] != leader["id"])
+        assert report(follower["api_address"], time.time_ns()) == beats.REFUSED
+    finally:
+        sock.close()
+
+
+def _answered(cluster, worker: str) -> float:
+    http = (cluster.worker_dir(worker) / "http-address").read_text().strip()
+    return value(scrape(http), "synapse_worker_heartbeat_datagrams_answered")

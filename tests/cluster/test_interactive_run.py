@@ -189,7 +189,8 @@ def test_run_pty_gives_rank_0_a_terminal_and_returns_the_shells_status(cluster):
     if pid == 0:  # the child: synctl on the pseudo-terminal's other side, 33 rows by 101 columns
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
         os.environ.update(cluster.env)
-        os.execv(sys.executable, [*SYNCTL, "run", "--pty", "--gpu", "1", "--", "sh"])
+        # The prompt set here: a task inherits the worker's environment, where a PS1 may be exported.
+        os.execv(sys.executable, [*SYNCTL, "run", "--pty", "--gpu", "1", "--", "env", "PS1=# ", "sh"])
     try:
         seen = _read_until(fd, pid, b"# ")  # the shell's prompt
         os.write(fd, b"test -t 0 && echo IS-A-TTY; stty size\n")
@@ -265,7 +266,7 @@ def test_exec_runs_in_a_running_task_and_is_recorded(cluster):
         pid, fd = pty.fork()
         if pid == 0:  # a shell in the task, on a terminal
             os.environ.update(cluster.env)
-            os.execv(sys.executable, [*SYNCTL, "exec", job_id, "--pty", "--", "sh"])
+            os.execv(sys.executable, [*SYNCTL, "exec", job_id, "--pty", "--", "env", "PS1=# ", "sh"])
         try:
             _read_until(fd, pid, b"# ")
             os.write(fd, b"test -t 0 && echo EXEC-TTY; exit 6\n")

@@ -22,7 +22,7 @@ from synapse.core.model import NodeStatus, Resources
 from synapse.master.api.base import MAX_ID_CHARS, WATCH_REFRESH_S, Context, ServicerBase, admits, host_port
 from synapse.master.api.job_info import PULL_PROGRESS_TTL_S
 from synapse.master.dispatch import assignments_for_node
-from synapse.master.replica import LEADER_WAIT_S, ShardWork
+from synapse.master.replica import LEADER_WAIT_S, Master, ShardWork
 from synapse.proto import api_pb2
 from synapse.rpc import convert
 
@@ -196,28 +196,40 @@ class WorkersApi(ServicerBase):
     async def ReportTaskEvents(self, request: api_pb2.ReportTaskEventsRequest,
                                context: Context) -> api_pb2.ReportTaskEventsReply:
         await self._worker_identity(request.node_id, context)
-        if len(request.events) > 10_000:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events: at most 10000 per report")
+        if len(request.events) > MAX_REPORTED:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"events: at most {MAX_REPORTED} per report")
         await self._leader(context)
-        now = self.m.now()
-        version = self.m.raft.cluster_version()
-        progress = [progress_report(e, request.node_id, now) for e in request.events if e.progress]
-        loops = self.m.leader_loops
-        if progress and loops is not None and loops.ready.is_set():
-            loops.progress(progress)  # best effort: the next report says it again
-        preparing = admits(version, c.TaskPrepared)
-        cmds: list[c.Command]
-        cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
-                if e.started else
-                c.TaskPrepared(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
-                if e.prepared else
-                c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
-                             exit_code=e.exit_code, reason=e.reason[:512],
-                             cause=e.cause[:32] if admits(version, c.TaskExited, e.cause) else "",
-                             node_side=e.node_side)
-                for e in request.events if not e.progress and (preparing or not e.prepared)]
+        cmds, progress = take_reports(self.m, request)
         results = await self._propose_all(cmds, context)
-        return api_pb2.ReportTaskEventsReply(accepted=len(progress) + sum(1 for r in results if r.ok))
+        return api_pb2.ReportTaskEventsReply(accepted=progress + sum(1 for r in results if r.ok))
+
+
+#: Task events one report may carry.
+MAX_REPORTED = 10_000
+
+
+def take_reports(m: Master, request: api_pb2.ReportTaskEventsRequest) -> tuple[list[c.Command], int]:
+    """(the leader) A node's report of its tasks' events, by call or by datagram (synapse.master.beats):
+    the progress events handed to the leader's loops, and the commands the others make; returns
+    those commands (to propose as one entry) and how many progress events there were."""
+    now = m.now()
+    version = m.raft.cluster_version()
+    progress = [progress_report(e, request.node_id, now) for e in request.events if e.progress]
+    loops = m.leader_loops
+    if progress and loops is not None and loops.ready.is_set():
+        loops.progress(progress)  # best effort: the next report says it again
+    preparing = admits(version, c.TaskPrepared)
+    cmds: list[c.Command]
+    cmds = [c.TaskStarted(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
+            if e.started else
+            c.TaskPrepared(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id)
+            if e.prepared else
+            c.TaskExited(at=now, job_id=e.job_id, attempt=e.attempt, index=e.index, node_id=request.node_id,
+                         exit_code=e.exit_code, reason=e.reason[:512],
+                         cause=e.cause[:32] if admits(version, c.TaskExited, e.cause) else "",
+                         node_side=e.node_side)
+            for e in request.events if not e.progress and (preparing or not e.prepared)]
+    return cmds, len(progress)
 
 
 def progress_report(e: api_pb2.TaskEvent, node_id: str, now: float) -> ProgressReport:
