@@ -19,8 +19,8 @@ from google.protobuf.message import DecodeError
 
 from synapse.common import beats
 from synapse.master.api.base import DISK_CHECK_S
-from synapse.master.api.workers import MAX_REPORTED, take_reports
 from synapse.master.raft import ProposeError
+from synapse.master.reports import MAX_REPORTED, take_reports
 from synapse.proto import api_pb2
 
 if TYPE_CHECKING:
