@@ -86,3 +86,9 @@ def may_propose(kind: type[c.Command], version: int) -> bool:
 def cause_known(cause: str, version: int) -> bool:
     """Whether a worker's end reason may be passed on at command-set `version` (before, it reads as Error)."""
     return CAUSE_VERSIONS.get(cause, BASE_VERSION) <= version
+
+
+def admits(version: int, kind: type[c.Command], cause: str = "") -> bool:
+    """Whether a cluster at command-set `version` takes a command of `kind` (and, for a task's exit,
+    its `cause`): the one version question a master asks before it proposes."""
+    return may_propose(kind, version) and cause_known(cause, version)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from synapse.core import commands as c
 from synapse.core.brain.stimuli import ProgressReport
-from synapse.master.api.base import admits
+from synapse.core.versions import admits
 from synapse.proto import api_pb2
 
 if TYPE_CHECKING:

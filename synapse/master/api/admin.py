@@ -15,8 +15,9 @@ from synapse.core.identity import groups_problem, user_name_problem
 from synapse.core.model import DEFAULT_QUEUE, JobStatus, Queue, Resources, Role, image_holders
 from synapse.core.queues import batch_problem
 from synapse.core.schedule import elastic, fairshare
+from synapse.core.versions import admits
 from synapse.master.access import new_join_token, new_token, token_hash
-from synapse.master.api.base import Context, ServicerBase, admits
+from synapse.master.api.base import Context, ServicerBase
 from synapse.proto import api_pb2
 from synapse.rpc import convert
 

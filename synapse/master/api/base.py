@@ -29,7 +29,6 @@ from synapse.common.auth import (
 )
 from synapse.common.tls import peer_common_name
 from synapse.core import commands as c
-from synapse.core import versions
 from synapse.master.access import ACCESS, CALLER, Identity, denial, identify, token_key
 from synapse.master.cipher import SecretSeal
 from synapse.master.metrics import Metrics
@@ -57,12 +56,6 @@ def host_port(value: str) -> bool:
     """Whether `value` reads as host:port (of a sane length)."""
     host, _, port = value.rpartition(":")
     return bool(host) and port.isdigit() and len(value) <= MAX_ID_CHARS
-
-
-def admits(version: int, kind: type[c.Command], cause: str = "") -> bool:
-    """Whether a cluster at command-set `version` takes a command of `kind` (and, for a task's exit,
-    its `cause`): the one version question the API asks before it proposes."""
-    return versions.may_propose(kind, version) and versions.cause_known(cause, version)
 
 
 class ServicerBase:
