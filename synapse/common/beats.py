@@ -79,7 +79,8 @@ def key_of(credential: str) -> bytes:
 
 
 def fresh(seq: int, last: int, now: float) -> bool:
-    """A heartbeat's seq is new (above the node's last one taken here) and near this clock."""
+    """A heartbeat's (or task report's) seq is new (above the node's last one of its kind taken
+    here) and near this clock."""
     return seq > last and abs(seq / 1e9 - now) <= FRESH_S
 
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from synapse.common import beats
-from synapse.master.api.base import DISK_CHECK_S
 from synapse.master.raft import ProposeError
 from synapse.master.reports import MAX_REPORTED, take_reports
 from synapse.proto import api_pb2
@@ -47,7 +46,6 @@ class BeatEndpoint(asyncio.DatagramProtocol):
         self._reports: set[asyncio.Future[None]] = set()  #: the reports being committed
         self.reports_taken = 0  #: task reports committed and answered
         self.reports_refused = 0  #: task reports answered with a refusal
-        self._disk_room, self._disk_checked_at = True, float("-inf")
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -116,7 +114,7 @@ class BeatEndpoint(asyncio.DatagramProtocol):
     async def _take_report(self, request: api_pb2.ReportTaskEventsRequest, seq: int, key: bytes,
                            addr: tuple[str, int]) -> None:
         accepted = beats.REFUSED
-        if self.m.ready_leader_term() and not self.m.stopping and self._disk_has_room():
+        if self.m.ready_leader_term() and not self.m.stopping and self.m.disk_has_room():
             cmds, progress = take_reports(self.m, request)
             try:
                 results = await self.m.propose_all(cmds) if cmds else []
@@ -130,13 +128,6 @@ class BeatEndpoint(asyncio.DatagramProtocol):
             self.reports_taken += 1
         assert self.transport is not None
         self.transport.sendto(beats.seal(key, beats.REPORT_REPLY, beats.answer_body(seq, accepted)), addr)
-
-    def _disk_has_room(self) -> bool:
-        """Master.disk_has_room, asked at most every DISK_CHECK_S (as the calls' own check)."""
-        now = time.monotonic()
-        if now - self._disk_checked_at >= DISK_CHECK_S:
-            self._disk_room, self._disk_checked_at = self.m.disk_has_room(), now
-        return self._disk_room
 
     def error_received(self, exc: Exception) -> None:
         log.debug("heartbeat datagram error: %s", exc)

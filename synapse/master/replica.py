@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 LEADER_WAIT_S = 1.2
 #: How often leadership is checked (pysyncobj has no reliable cross-thread notification).
 LEADERSHIP_POLL_S = 0.02
+#: Writes are refused when the data dir's disk is short of room, as checked at most this long ago.
+DISK_CHECK_S = 0.1
 #: How often the replica checks its stored data and its disk.
 WATCHDOG_S = 0.5
 
@@ -178,6 +180,7 @@ class Master:
         #: freed, a hold released, a node back; the next round need not wait out the batching pause
         self.scheduler_urgent = asyncio.Event()
         self.data_dir = config.data_dir_of(replica_id)
+        self._disk_room, self._disk_checked_at = True, float("-inf")  #: disk_has_room's last answer, and when
         self.fatal = ""  #: why the replica stopped itself (corruption, an unknown command, full disk), if it did
         self.leader_changes = 0  #: times this replica saw the leader change (a metric)
         self._job_ids = random.Random(secrets.token_bytes(16))  #: the random part of new job ids
@@ -325,8 +328,14 @@ class Master:
         return event
 
     def disk_has_room(self) -> bool:
-        """False once the data dir's file system has less than min_free_disk left."""
-        return free_bytes(self.data_dir) >= self.config.min_free_disk
+        """False once the data dir's file system has less than min_free_disk left, as read at most
+        DISK_CHECK_S ago: a statvfs per proposal was a measurable part of a submission's CPU, and
+        free space does not move faster than that."""
+        now = time.monotonic()
+        if now - self._disk_checked_at >= DISK_CHECK_S:
+            self._disk_room = free_bytes(self.data_dir) >= self.config.min_free_disk
+            self._disk_checked_at = now
+        return self._disk_room
 
     async def watchdog(self, stop: asyncio.Event) -> None:
         """Stop the replica on corrupt data, at a log entry its code cannot apply or whose apply

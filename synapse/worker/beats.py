@@ -152,7 +152,4 @@ class DatagramReports(DatagramBeats):
             return accepted if answered == seq else None  # else the late answer to an earlier report
 
         accepted = self._exchange(address, datagram, key, beats.REPORT_REPLY, REPORT_WAIT_S, parse, "task report")
-        if accepted is None or accepted == beats.REFUSED:
-            return None
-        self.answered += 1
-        return accepted
+        return None if accepted == beats.REFUSED else accepted

@@ -120,7 +120,7 @@ def test_full_disk_refuses_writes_then_stops_cleanly(small_disk):
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
         with open(filler, "wb") as f:
             f.write(b"\0" * (free - (20 << 20)))  # 20 MiB left: below 32 MiB, above a quarter of it
-        time.sleep(0.3)  # the leader asks the disk again at most every endpoints.DISK_CHECK_S
+        time.sleep(0.3)  # the leader reads the disk again at most every replica.DISK_CHECK_S
         with pytest.raises(ClientError) as err:
             cluster.client.submit(codec.job_spec_to_proto(spec()))
         assert err.value.code.name == "RESOURCE_EXHAUSTED" and "writes are refused" in err.value.message

@@ -48,8 +48,6 @@ MAX_ID_CHARS = 256
 #: A watch stream re-sends the current state at least this often (a keepalive that also lets the
 #: worker notice a silent leader change).
 WATCH_REFRESH_S = 5.0
-#: Writes are refused when the data dir's disk is short of room, as checked at most this long ago.
-DISK_CHECK_S = 0.1
 
 
 def host_port(value: str) -> bool:
@@ -66,8 +64,6 @@ class ServicerBase:
         self.metrics = metrics
         self._token_key = token_key(master.config.raft_password)
         self._seal = SecretSeal(master.config.raft_password)  #: seals submissions' secrets; opens them for listings
-        self._disk_room = True  #: the last answer of Master.disk_has_room (see _disk_has_room)
-        self._disk_checked_at = float("-inf")  #: monotonic time of that answer
         self._request_counters: dict[tuple[str, str], Counter] = {}  #: (method, code) -> its requests counter
 
     def count(self, method: str, context: Context, failed: bool) -> None:
@@ -157,7 +153,7 @@ class ServicerBase:
         never leave it half done."""
         if not cmds:
             return []
-        if not all(isinstance(cmd, c.Barrier) for cmd in cmds) and not self._disk_has_room():
+        if not all(isinstance(cmd, c.Barrier) for cmd in cmds) and not self.m.disk_has_room():
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"replica {self.m.replica.id}: less than {self.m.config.min_free_disk} bytes free "
                                 "under its data dir; writes are refused until there is room")
@@ -166,14 +162,6 @@ class ServicerBase:
         except ProposeError as exc:
             await self._abort_proposal(exc, context)
             raise  # _abort_proposal always aborts
-
-    def _disk_has_room(self) -> bool:
-        """Master.disk_has_room, asked at most every DISK_CHECK_S: a statvfs per proposal was a
-        measurable part of a submission's CPU, and free space does not move faster than that."""
-        now = time.monotonic()
-        if now - self._disk_checked_at >= DISK_CHECK_S:
-            self._disk_room, self._disk_checked_at = self.m.disk_has_room(), now
-        return self._disk_room
 
     async def _abort_proposal(self, exc: ProposeError, context: Context) -> None:
         if exc.maybe_applied:
