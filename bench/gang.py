@@ -1,6 +1,7 @@
 """Gang start latency and heartbeat load on a local cluster (3 masters, 8 workers with 8 fake GPUs).
 
     python bench/gang.py                  # a table
+    python bench/gang.py --handovers 12   # hand-overs only, 12 of each kind (more samples a run)
     python bench/gang.py --json           # {"gang_start_p50_s", "gang_start_p99_s", "unblock_p50_s",
                                           #  "unblock_teardown_p50_s", "unblock_cancel_p50_s",
                                           #  "heartbeat_workers", "leader_cpu_share"}
@@ -202,12 +203,36 @@ async def simulated_workers(leader: str, token: str, count: int, interval: float
     return beats
 
 
+def handovers(client: MasterClient, data_dir: Path, n: int, elections: Elections, as_json: bool) -> None:
+    """--handovers N: N hand-overs when the blocker exits, then N when it is cancelled."""
+    with elections.phase("unblocks"):
+        unblock, unblock_parts = unblocks(client, data_dir, n)
+    with elections.phase("unblocks by cancel"):
+        cancelled, cancel_parts = cancel_unblocks(client, data_dir, n)
+    elections.close()
+    report = {"unblock_p50_s": round(statistics.median(unblock), 4),
+              "unblock_cancel_p50_s": round(statistics.median(cancelled), 4),
+              "unblock_steps": step_medians(unblock_parts), "unblock_cancel_steps": step_medians(cancel_parts),
+              "fault_free_elections": elections.fault_free()}
+    if as_json:
+        print(json.dumps(report))
+    else:
+        print(f"unblock ({n} runs): p50 {report['unblock_p50_s']} s; by cancel ({n} runs): p50 "
+              f"{report['unblock_cancel_p50_s']} s")
+        elections.report()
+    if report["fault_free_elections"]:
+        sys.exit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--sim-workers", type=int, default=1000)
     parser.add_argument("--sim-seconds", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--handovers", type=int, default=0, metavar="N",
+                        help="hand-overs only: N when the blocker exits, then N by cancel (no gang starts before "
+                             "them, no simulated workers): more samples a run than --trials gives")
     parser.add_argument("--quick", action="store_true",
                         help="a few seconds, same code path: 3 gang starts, 2 unblocks, 50 simulated workers for 3 s")
     args = parser.parse_args()
@@ -223,6 +248,9 @@ def main() -> None:
             client = MasterClient(addresses, state["token"], tls=local.client_tls(state))
             client.list_nodes()
             elections = Elections(state)
+            if args.handovers:
+                handovers(client, data_dir, args.handovers, elections, args.json)
+                return
             with elections.phase("gang starts"):
                 starts, start_parts = gang_starts(client, data_dir, args.trials)
             with elections.phase("unblocks"):
