@@ -73,8 +73,11 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
     wake builds the list of every watched node of the gang: n reports made n x n lists, and the
     release queued behind them, bench/images.py). A TaskPrepared can change a hold and nothing
     else: one after which its gang is still held released nothing. A TaskStarted of a prepared
-    task changes no hold (its node already counted as holding the image), and nothing else a list
-    holds unless it made the job RUNNING (a checkpoint notice then joins the list)."""
+    task, or of any task of a job not in an image, changes no hold (its node already counted as
+    holding the image, or the job has none), and nothing else a list holds unless it made the job
+    RUNNING (a checkpoint notice then joins the list): a gang of n plain tasks wakes its watchers
+    once as it starts, not n times (each wake builds and compares n lists, and the leader sent the
+    followers each report's commit at once for them)."""
     touched: set[str] = set()
     for cmd in cmds:
         if isinstance(cmd, c.SubmitJob):
@@ -109,7 +112,8 @@ def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
         return False
     if isinstance(cmd, c.TaskPrepared):
         return held(state, job)
-    return cmd.index < len(job.tasks) and job.tasks[cmd.index].prepared and job.status is not JobStatus.RUNNING
+    return (cmd.index < len(job.tasks) and (job.tasks[cmd.index].prepared or not job.spec.image)
+            and job.status is not JobStatus.RUNNING)
 
 
 def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool,

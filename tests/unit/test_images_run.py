@@ -202,9 +202,10 @@ def test_a_gang_is_held_until_every_task_is_prepared_and_only_from_version_4():
 
 def test_a_gangs_reports_wake_its_watchers_only_when_they_change_its_lists():
     from synapse.core import commands as c
+    from synapse.core.model import Placement
     from synapse.master.dispatch import assignments_for_node as assignments_for
     from synapse.master.dispatch import nodes_relisted
-    from tests.support.helpers import checked, cluster
+    from tests.support.helpers import checked, cluster, spec
 
     watched = ("r0-n0", "r0-n1", "r0-n2")
 
@@ -232,6 +233,15 @@ def test_a_gangs_reports_wake_its_watchers_only_when_they_change_its_lists():
     gang_in_image(state)
     assert relisted(state, c.TaskStarted(at=12, job_id="g", attempt=1, index=0, node_id="r0-n0")) == both
     assert relisted(state, c.TaskStarted(at=13, job_id="g", attempt=1, index=1, node_id="r0-n1")) == both
+    # a gang not in an image: its starts wake its watchers once, when the last makes it RUNNING
+    state = cluster(racks=1, nodes_per_rack=3)
+    checked(state, c.SetClusterVersion(at=1, version=4))
+    checked(state, c.SubmitJob(at=0, job_id="p", request_id="p", spec=spec(tasks=2, gpu=8)))
+    assert relisted(state, c.CommitPlan(at=10, job_id="p", attempt=1, placements=(
+        Placement(0, "r0-n0", tuple(range(8)), 0), Placement(1, "r0-n1", tuple(range(8)), 1)))) == both
+    assert relisted(state, c.TaskStarted(at=12, job_id="p", attempt=1, index=1, node_id="r0-n1")) == set()
+    assert relisted(state, c.TaskStarted(at=13, job_id="p", attempt=1, index=0, node_id="r0-n0")) == both  # RUNNING
+    assert relisted(state, c.TaskExited(at=14, job_id="p", attempt=1, index=1, node_id="r0-n1", exit_code=1)) == both
 
 
 def test_a_job_of_one_task_is_never_held_it_starts_as_its_image_arrives():
