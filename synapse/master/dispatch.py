@@ -77,7 +77,9 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
     holding the image, or the job has none), and nothing else a list holds unless it made the job
     RUNNING (a checkpoint notice then joins the list): a gang of n plain tasks wakes its watchers
     once as it starts, not n times (each wake builds and compares n lists, and the leader sent the
-    followers each report's commit at once for them)."""
+    followers each report's commit at once for them). Likewise a task's clean end that leaves its
+    gang running changes its own node's list alone: a gang whose n tasks end together wakes n
+    watchers and then every one once, not n x n."""
     touched: set[str] = set()
     for cmd in cmds:
         if isinstance(cmd, c.SubmitJob):
@@ -92,7 +94,7 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
         job = state.jobs.get(cmd.job_id) if hasattr(cmd, "job_id") else None
         if job is not None and _changes_no_list(state, job, cmd):
             continue
-        if job is not None:
+        if job is not None and not _ends_alone(job, cmd):
             touched.update(t.node_id for t in job.tasks)
         if hasattr(cmd, "node_id"):
             touched.add(cmd.node_id)
@@ -114,6 +116,13 @@ def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
         return held(state, job)
     return (cmd.index < len(job.tasks) and (job.tasks[cmd.index].prepared or not job.spec.image)
             and job.status is not JobStatus.RUNNING)
+
+
+def _ends_alone(job: Job, cmd: c.Command) -> bool:
+    """True for a task's clean end after which its gang still runs (nodes_relisted): nothing was
+    stopped (a stop makes the job STOPPING) and the attempt goes on, so no other list changed."""
+    return (isinstance(cmd, c.TaskExited) and cmd.attempt == job.attempt and cmd.exit_code == 0 and not cmd.cause
+            and job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING))
 
 
 def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool,
