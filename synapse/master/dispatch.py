@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from synapse.core import commands as c
 from synapse.core import versions
-from synapse.core.model import DEFAULT_GRACE_S, Assignment, Job, JobStatus, Secret, gang_unprepared
+from synapse.core.model import DEFAULT_GRACE_S, Assignment, EndReason, Job, JobStatus, Secret, gang_unprepared
 from synapse.core.rendezvous import MASTER_PORTS, master_port
 from synapse.core.schedule.elastic import is_elastic
 from synapse.core.state.fsm import ClusterState
@@ -121,8 +121,8 @@ def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
 def _ends_alone(job: Job, cmd: c.Command) -> bool:
     """True for a task's clean end after which its gang still runs (nodes_relisted): nothing was
     stopped (a stop makes the job STOPPING) and the attempt goes on, so no other list changed."""
-    return (isinstance(cmd, c.TaskExited) and cmd.attempt == job.attempt and cmd.exit_code == 0 and not cmd.cause
-            and job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING))
+    return (isinstance(cmd, c.TaskExited) and cmd.attempt == job.attempt and cmd.exit_code == 0
+            and cmd.cause in ("", EndReason.COMPLETED) and job.status in (JobStatus.SCHEDULED, JobStatus.RUNNING))
 
 
 def _assignment(state: ClusterState, job: Job, index: int, node_id: str, stop: bool,

@@ -242,8 +242,8 @@ def test_a_gangs_reports_wake_its_watchers_only_when_they_change_its_lists():
     assert relisted(state, c.TaskStarted(at=12, job_id="p", attempt=1, index=1, node_id="r0-n1")) == set()
     assert relisted(state, c.TaskStarted(at=13, job_id="p", attempt=1, index=0, node_id="r0-n0")) == both  # RUNNING
     # a clean end that leaves the gang running changes its own node's list only; the last ends the job
-    assert relisted(state, c.TaskExited(at=14, job_id="p", attempt=1, index=1, node_id="r0-n1", exit_code=0)) == {
-        "r0-n1"}
+    assert relisted(state, c.TaskExited(at=14, job_id="p", attempt=1, index=1, node_id="r0-n1", exit_code=0,
+                                        cause="Completed")) == {"r0-n1"}
     assert relisted(state, c.TaskExited(at=15, job_id="p", attempt=1, index=0, node_id="r0-n0", exit_code=0)) == both
     # a failed end stops the gang: every list
     checked(state, c.SubmitJob(at=20, job_id="f", request_id="f", spec=spec(tasks=2, gpu=8)))
