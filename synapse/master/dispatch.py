@@ -75,8 +75,9 @@ def nodes_relisted(state: ClusterState, cmds: Iterable[c.Command], watched: Iter
     else: one after which its gang is still held released nothing. A TaskStarted of a prepared
     task, or of any task of a job not in an image, changes no hold (its node already counted as
     holding the image, or the job has none), and nothing else a list holds unless it made the job
-    RUNNING (a checkpoint notice then joins the list): a gang of n plain tasks wakes its watchers
-    once as it starts, not n times (each wake builds and compares n lists, and the leader sent the
+    RUNNING with a checkpoint notice given (the notice then joins the list; CheckpointNotice takes
+    a running attempt only, so this is a guard): a gang's n start reports wake none of its
+    watchers, where each woke all n (each wake builds and compares n lists, and the leader sent the
     followers each report's commit at once for them). Likewise a task's clean end that leaves its
     gang running changes its own node's list alone: a gang whose n tasks end together wakes n
     watchers and then every one once, not n x n."""
@@ -115,7 +116,7 @@ def _changes_no_list(state: ClusterState, job: Job, cmd: c.Command) -> bool:
     if isinstance(cmd, c.TaskPrepared):
         return held(state, job)
     return (cmd.index < len(job.tasks) and (job.tasks[cmd.index].prepared or not job.spec.image)
-            and job.status is not JobStatus.RUNNING)
+            and not (job.status is JobStatus.RUNNING and job.notice_at))
 
 
 def _ends_alone(job: Job, cmd: c.Command) -> bool:
