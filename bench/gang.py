@@ -4,7 +4,7 @@
     python bench/gang.py --handovers 12   # hand-overs only, 12 of each kind (more samples a run)
     python bench/gang.py --json           # {"gang_start_p50_s", "gang_start_p99_s", "unblock_p50_s",
                                           #  "unblock_teardown_p50_s", "unblock_cancel_p50_s",
-                                          #  "heartbeat_workers", "leader_cpu_share"}
+                                          #  "watch_lists_per_gang", "heartbeat_workers", "leader_cpu_share"}
 
 (a) Submit-to-all-tasks-running for an 8-task x 8-GPU gang on an idle cluster: from just before
 the client's SubmitJob call to the moment the job became RUNNING, which the state machine stamps
@@ -16,7 +16,9 @@ unblock_teardown_p50_s.) Each is split into steps, each step's median printed: t
 noticing it (the worker's task journal), to the waiting gang's placement (its Scheduled event: the
 report, its commit and the round), to its first task's process, to its last. The same hand-over
 when the blocker (a `sleep 60`) is cancelled instead: from just before the CancelJob call, the
-first step being the task's end as its worker noticed it. (c) 1,000 simulated
+first step being the task's end as its worker noticed it. Over (a), the assignment lists the
+masters' watches built per gang, start to end, from their /metrics (synapse_watch_lists): sent,
+and unchanged (a wake-up for nothing). (c) 1,000 simulated
 workers (registration, then one heartbeat each every 5 s, phases spread) against the same leader;
 the leader's CPU share comes from /proc over the window.
 Targets: gang start p50 <= 0.1 s, p99 <= 0.3 s; 1,000 workers with the leader under half a core.
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
 from support.elections import Elections  # noqa: E402
-from support.measure import cpu_seconds, percentile  # noqa: E402
+from support.measure import cpu_seconds, metric_total, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient
 from synapse.common.auth import NODE_CREDENTIAL_KEY, client_metadata  # noqa: E402
@@ -150,6 +152,12 @@ def cancel_unblocks(client: MasterClient, data_dir: Path, trials: int) -> tuple[
     return out, steps
 
 
+def watch_lists(state: dict) -> dict[str, float]:
+    """The assignment lists every master's watches built so far, by outcome (synapse_watch_lists)."""
+    return {outcome: sum(metric_total(m["http_address"], "synapse_watch_lists", state.get("ca", ""), outcome=outcome)
+                         for m in state["masters"]) for outcome in ("sent", "unchanged")}
+
+
 def step_medians(steps: list[dict[str, float]]) -> dict[str, float]:
     return {name: round(statistics.median(s[name] for s in steps), 4) for name in steps[0]}
 
@@ -251,8 +259,10 @@ def main() -> None:
             if args.handovers:
                 handovers(client, data_dir, args.handovers, elections, args.json)
                 return
+            lists_before = watch_lists(state)
             with elections.phase("gang starts"):
                 starts, start_parts = gang_starts(client, data_dir, args.trials)
+            lists = {k: round((v - lists_before[k]) / args.trials, 1) for k, v in watch_lists(state).items()}
             with elections.phase("unblocks"):
                 unblock, unblock_parts = unblocks(client, data_dir, unblock_trials)
             with elections.phase("unblocks, the blocker's teardown timed"):
@@ -281,6 +291,9 @@ def main() -> None:
               "unblock_cancel_max_s": round(max(cancelled), 4),
               # each step's median (seconds), whose sum is near the p50 above
               "gang_start_steps": step_medians(start_parts), "unblock_steps": step_medians(unblock_parts),
+              # the assignment lists the masters' watches built per gang (its start and its end), by
+              # outcome: sent, or unchanged (a wake-up that changed nothing of the node's list)
+              "watch_lists_per_gang": lists,
               "unblock_cancel_steps": step_medians(cancel_parts),
               "heartbeat_workers": args.sim_workers, "heartbeats": beats,
               "leader_cpu_share": round(share, 3), "simulated_nodes_down": down_nodes,
@@ -299,6 +312,8 @@ def main() -> None:
     for name, parts in (("gang start", report["gang_start_steps"]), ("unblock", report["unblock_steps"]),
                         ("unblock by cancel", report["unblock_cancel_steps"])):
         print(f"  {name}, each step's median: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in parts.items()))
+    print(f"  assignment lists the masters built per gang, start to end: {lists['sent']} sent, "
+          f"{lists['unchanged']} unchanged")
     print(f"{args.sim_workers} simulated workers at a 5 s heartbeat for {args.sim_seconds:.0f} s: {beats} heartbeats, "
           f"leader CPU {share:.2f} cores, {down_nodes} wrongly declared DOWN")
     elections.report()

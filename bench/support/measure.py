@@ -18,6 +18,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def metric_total(http_address: str, name: str, ca: str = "", **labels: str) -> float:
+    """The sum of a counter's samples (those with `labels`) on a master's /metrics (HTTPS with `ca`)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from synapse.common.tls import http_base
+
+    base, context = http_base(http_address, ca)
+    with urllib.request.urlopen(base + "/metrics", timeout=5, context=context) as reply:
+        text = reply.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == f"{name}_total" and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU time of the whole machine so far, in clock ticks (Linux /proc/stat)."""
     with open("/proc/stat") as f:

@@ -249,6 +249,10 @@ class Metrics:
                                 ["method", "code"], registry=self.registry)
         self.redirects = Counter("synapse_api_redirects", "API calls a follower sent to the leader",
                                  ["method"], registry=self.registry)
+        watch_lists = Counter("synapse_watch_lists", "nodes' assignment lists this replica's watches built, by "
+                              "outcome: sent (changed, or a keepalive) or unchanged (a wake-up for nothing)",
+                              ["outcome"], registry=self.registry)
+        self.watch_lists_sent, self.watch_lists_unchanged = watch_lists.labels("sent"), watch_lists.labels("unchanged")
         self._placed_at: dict[tuple[str, int], float] = {}  #: (job, attempt) -> when placed, until running
 
     def applied(self, master: Master, cmds: list[c.Command]) -> None:

@@ -46,6 +46,13 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     cluster.wait_leader()
     http = {m["id"]: m["http_address"] for m in cluster.state["masters"]}
     ca = cluster.state["ca"]  # HTTPS on a TLS cluster
+
+    def lists_sent() -> float:
+        return sum(value(scrape(address, ca=ca), "synapse_watch_lists", outcome="sent") for address in http.values())
+
+    deadline = time.monotonic() + 10
+    while (lists_before := lists_sent()) < 2 and time.monotonic() < deadline:  # both watches attached
+        time.sleep(0.1)
     job = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=2)))
     wait_status(cluster.client, job, {"SUCCEEDED"})  # settled: no replica may see it end between scrapes
     cluster.converged_digest()
@@ -61,6 +68,9 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     assert value(scraped["m1"], "synapse_gpus") == 16
     leader = cluster.wait_leader()
     assert value(scraped[leader], "synapse_api_requests", method="SubmitJob", code="OK") >= 1
+    # the job's node was listed its task, then the list without it: two lists more than each
+    # worker's first (sent as its watch attached)
+    assert sum(value(f, "synapse_watch_lists", outcome="sent") for f in scraped.values()) - lists_before >= 2
     # link shards: the followers absorb the 2 workers' heartbeats (the first comes after a random
     # pause) and reach the leader every second
     followers = [rid for rid in scraped if rid != leader]

@@ -162,7 +162,10 @@ class WorkersApi(ServicerBase):
             # The worker misses nothing: what it runs follows from the list, and its (term,
             # version) only orders lists and says how far a replica must have applied to serve it.
             body = (reply.node_status, tuple(t.SerializeToString() for t in reply.tasks))
-            if body != last_sent:
+            sent = body != last_sent
+            if self.metrics is not None:
+                (self.metrics.watch_lists_sent if sent else self.metrics.watch_lists_unchanged).inc()
+            if sent:
                 last_sent = body
                 yield reply
             try:
