@@ -540,6 +540,24 @@ def test_shortest_backfill_tries_the_jobs_behind_the_reservations_shortest_first
     assert order == {False: [long], True: [quick]}
 
 
+def test_shortest_backfill_orders_by_known_runs_and_not_by_limits():
+    """The same node free, and behind the gang first erin's job that no run is known of, with a
+    50 s limit, then bob's prep, which ran 100 s: bob's goes first (a limit says what a job may
+    take, not what it will); in queue order, or by limits, erin's would. With `predict` off the
+    backfill keeps queue order."""
+    order = {}
+    for predict in (True, False):
+        s = sim(racks=2, nodes_per_rack=2)
+        _known_runs(s)
+        occupy(s, ["r0-n0", "r1-n0"])
+        _submit_as(s, "carol", spec(tasks=2, name="big", pack="rack", required=True), 100)
+        unknown = _submit_as(s, "erin", spec(tasks=1, name="new", time_limit=50), 50)
+        known = _submit_as(s, "bob", spec(tasks=1, name="prep", time_limit=3600), 100)
+        tuning = dataclasses.replace(TUNING, reservations=1, predict=predict, shortest_backfill=True)
+        order[predict] = [p.job_id for p in schedule_round(s.state, s.now, tuning=tuning).plans]
+    assert order == {True: [known], False: [unknown]}
+
+
 def test_a_blocked_gang_behind_the_head_reserves_no_nodes_expected_too_far_out():
     """r0's nodes free at t=100 and the head gang (one rack) reserves them; the whole-cluster gang
     behind it can start only when r1-n0 ends, at t=200,000. Reserved, r1-n1 (free now) takes no job

@@ -111,8 +111,11 @@ class Tuning:
     #: with `predict`, the drain clock expects a running job with no runs of its own kind to run
     #: what its user's runs predict, not its time limit (the split test still weighs its own kind)
     drain_by_user: bool = False
-    #: the jobs behind the reserving gangs (the backfill) are tried shortest expected run first,
-    #: not in queue order (scheduler._Round.walk)
+    #: the jobs behind the reserving gangs (the backfill) are tried shortest expected run first by
+    #: the cluster's runs of their kind or their user, those with none known after them, not in
+    #: queue order (scheduler.backfill_order). Off: on the gang-heavy week it gains 0.014 of JCT
+    #: against EASY++, and with noisy run times (`--within-cv 1.0`) it lengthens the big gangs'
+    #: tail (worst seed 1.18) and takes the single-rack share under 0.95 (docs/evaluation/results.md)
     shortest_backfill: bool = False
     #: Issue 48 (docs/evaluation/results.md, "Against EASY++"): with `predict`, a job with no runs
     #: of its own kind may go on reserved nodes when this many times the longest of its user's last
