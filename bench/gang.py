@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
 from support.elections import Elections  # noqa: E402
-from support.measure import cpu_seconds, metric_total, percentile  # noqa: E402
+from support.measure import counter_by, cpu_seconds, percentile  # noqa: E402
 
 from synapse.client.master_client import MasterClient
 from synapse.common.auth import NODE_CREDENTIAL_KEY, client_metadata  # noqa: E402
@@ -154,8 +154,9 @@ def cancel_unblocks(client: MasterClient, data_dir: Path, trials: int) -> tuple[
 
 def watch_lists(state: dict) -> dict[str, float]:
     """The assignment lists every master's watches built so far, by outcome (synapse_watch_lists)."""
-    return {outcome: sum(metric_total(m["http_address"], "synapse_watch_lists", state.get("ca", ""), outcome=outcome)
-                         for m in state["masters"]) for outcome in ("sent", "unchanged")}
+    scraped = [counter_by(m["http_address"], "synapse_watch_lists", "outcome", state.get("ca", ""))
+               for m in state["masters"]]
+    return {outcome: sum(s.get(outcome, 0.0) for s in scraped) for outcome in ("sent", "unchanged")}
 
 
 def step_medians(steps: list[dict[str, float]]) -> dict[str, float]:

@@ -18,8 +18,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def metric_total(http_address: str, name: str, ca: str = "", **labels: str) -> float:
-    """The sum of a counter's samples (those with `labels`) on a master's /metrics (HTTPS with `ca`)."""
+def counter_by(http_address: str, name: str, label: str, ca: str = "") -> dict[str, float]:
+    """A counter's totals by the value of one `label`, from one read of a master's /metrics (HTTPS
+    with `ca`)."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -29,8 +30,12 @@ def metric_total(http_address: str, name: str, ca: str = "", **labels: str) -> f
     base, context = http_base(http_address, ca)
     with urllib.request.urlopen(base + "/metrics", timeout=5, context=context) as reply:
         text = reply.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == f"{name}_total" and all(s.labels.get(k) == v for k, v in labels.items()))
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == f"{name}_total":
+                totals[s.labels.get(label, "")] = totals.get(s.labels.get(label, ""), 0.0) + s.value
+    return totals
 
 
 def machine_busy() -> tuple[float, float]:

@@ -134,12 +134,10 @@ class RunTimes:
                 return min(cap, guess) if elapsed < min(cap, guess) else _raised(elapsed, cap)
         return limit if limit > 0 else math.inf
 
-    def expect_known(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> float | None:
-        """`expect` by the runs of the job's kind, else of its user, when there are any; None when
-        only the time limit is known (which says what a job may take, not what it will)."""
-        if not user or ("job", user, name, gpus) not in self.keys and ("user", user) not in self.keys:
-            return None
-        return self.expect(user, name, gpus, limit, elapsed)
+    def knows(self, user: str, name: str, gpus: int) -> bool:
+        """Whether `expect` (not `own_kind`) rests on runs, of the job's kind or its user, rather
+        than on the time limit alone."""
+        return bool(user) and (("job", user, name, gpus) in self.keys or ("user", user) in self.keys)
 
     def longest_own(self, user: str, name: str, gpus: int, limit: float, elapsed: float = 0.0) -> float | None:
         """`predict(...).longest` when the prediction rests on runs of (user, name, gpus) itself;

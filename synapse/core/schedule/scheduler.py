@@ -480,9 +480,9 @@ def backfill_order(state: ClusterRead, jobs: list[Job], now: float, predict: boo
 
     def expected(job: Job) -> float:
         spec = job.spec
-        known = state.run_times.expect_known(job.user, spec.name, spec.resources.gpu * spec.tasks, spec.time_limit,
-                                             now - job.started_at if job.started_at else 0.0)
-        return math.inf if known is None else known
+        if not state.run_times.knows(job.user, spec.name, spec.resources.gpu * spec.tasks):
+            return math.inf
+        return expected_run(state, job, now, predict, own_kind=False)
 
     return sorted(jobs, key=expected)
 
