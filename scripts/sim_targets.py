@@ -66,9 +66,10 @@ def _interval(values: list[float]) -> str:
 @click.option("--spread-factor", type=float, default=SPREAD_FACTOR, show_default=True)
 @click.option("--tuning", default="", help="synapse's knobs, as run --tuning takes them")
 @click.option("--cache", "cache_dir", default=None, help="a directory keeping the baselines' summaries")
+@click.option("--exact-runs", is_flag=True, help="run's --exact-runs: easy++ and synapse know every run (an oracle)")
 @click.option("--by-size", is_flag=True, help="also print the mean wait by gang size, easy++ against synapse")
 def main(seeds: str, mix: str, days: float, recurrence: float | None, within_cv: float | None, nodes: int, racks: int,
-         spread_factor: float, tuning: str, cache_dir: str | None, by_size: bool) -> None:
+         spread_factor: float, tuning: str, cache_dir: str | None, exact_runs: bool, by_size: bool) -> None:
     """Replay easy, easy++ and synapse on each seed's trace and print the ratios."""
     synapse = tuned(POLICIES["synapse"], tuning) if tuning else POLICIES["synapse"]
     shape = ClusterShape(nodes, 8, racks)
@@ -80,17 +81,19 @@ def main(seeds: str, mix: str, days: float, recurrence: float | None, within_cv:
         trace = generate(recipe)
         summaries = {}
         for name in ("easy", "easy++"):
-            key = f"{mix}-{days}d-{nodes}x{racks}-{seed}-{recurrence}-{within_cv}-{spread_factor}-{name}.json"
+            key = f"{mix}-{days}d-{nodes}x{racks}-{seed}-{recurrence}-{within_cv}-{spread_factor}-{name}" + \
+                ("-exact.json" if exact_runs else ".json")
             cached = Path(cache_dir, key) if cache_dir else None
             if cached is not None and cached.exists():
                 summaries[name] = json.loads(cached.read_text())
                 continue
-            summary = summarize(replay(trace, shape, POLICIES[name], spread_factor=spread_factor))
+            summary = summarize(replay(trace, shape, POLICIES[name], spread_factor=spread_factor,
+                                       exact_runs=exact_runs))
             summaries[name] = {k: summary[k] for k in KEYS}
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_text(json.dumps(summaries[name]))
-        s = summarize(replay(trace, shape, synapse, spread_factor=spread_factor))
+        s = summarize(replay(trace, shape, synapse, spread_factor=spread_factor, exact_runs=exact_runs))
         e, pp = summaries["easy"], summaries["easy++"]
         big = s["big_gang_p99_wait_s"] / pp["big_gang_p99_wait_s"] if pp["big_gang_p99_wait_s"] else math.nan
         row = (s["mean_jct_s"] / e["mean_jct_s"], s["mean_jct_s"] / pp["mean_jct_s"], big,
@@ -106,7 +109,8 @@ def main(seeds: str, mix: str, days: float, recurrence: float | None, within_cv:
                            f"{theirs['mean_wait_s'] / 3600:6.2f} h, synapse {ours / 3600:6.2f} h")
     columns = list(zip(*rows, strict=True))
     worst = max((v for v in columns[2] if not math.isnan(v)), default=math.nan)
-    click.echo(f"mean over {len(rows)} seed(s){' [' + tuning + ']' if tuning else ''}: JCT/easy "
+    label = ", ".join(([tuning] if tuning else []) + (["exact runs"] if exact_runs else []))
+    click.echo(f"mean over {len(rows)} seed(s){' [' + label + ']' if label else ''}: JCT/easy "
                f"{_interval(list(columns[0]))}; JCT/easy++ {_interval(list(columns[1]))}; big p99/easy++ "
                f"{_interval(list(columns[2]))} (worst {worst:.2f}); useful util {_interval(list(columns[3]))} pt; "
                f"single-rack {statistics.mean(columns[4]):.3f} (easy++ {statistics.mean(columns[5]):.3f})")

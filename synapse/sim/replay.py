@@ -31,6 +31,7 @@ from synapse.core import commands as c
 from synapse.core.jobs.arrays import element_id, format_ranges, parse_array, split_element_id
 from synapse.core.model import EndReason, Job, JobSpec, JobStatus, PackMode, Plan, Queue, Resources, TopologySpec
 from synapse.core.schedule.estimate import estimate_starts
+from synapse.core.schedule.predict import RunTimes
 from synapse.core.schedule.reservations import Reservation
 from synapse.core.schedule.scheduler import RoundMemo, RoundResult
 from synapse.core.schedule.spares import SPARE_RULE, SparePolicy, restarting
@@ -109,15 +110,36 @@ class RunResult:
     restart_held_idle: float = 0.0
 
 
+class ExactRuns(RunTimes):
+    """The predictor as an oracle no scheduler has (`replay(exact_runs=True)`): every job of the
+    trace, submitted under its own id as its name (a kind of its own), is known to run exactly its
+    trace duration (alone in one rack; a split gang runs longer). It learns nothing: what the
+    policies expect is the trace's, not the runs they saw. An upper bound of what any predictor
+    could give a policy that plans by predictions (easy++, synapse)."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__(max_keys=max(len(trace.jobs), 1))
+        for job in trace.jobs:
+            if job.user:
+                self.keys[("job", job.user, job.id, job.gpus)] = [1, [job.duration]]
+
+    def learn(self, user: str, name: str, gpus: int, seconds: float) -> None:
+        """Nothing: the runs are known from the start."""
+
+
 class Replay(Simulator):
     """One policy, one cluster, one trace."""
 
     def __init__(self, trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,
-                 queues: tuple[Queue, ...] = (), failures: FailureModel | None = None) -> None:
+                 queues: tuple[Queue, ...] = (), failures: FailureModel | None = None,
+                 exact_runs: bool = False) -> None:
         spares = SparePolicy("rack", failures.spares_per_rack) \
             if failures is not None and failures.recovery == "spares" and policy.tunable else None
         super().__init__(policy=self._timed, preempt=policy.preempts, spares=spares)
         self.trace, self.shape, self.spec_policy = trace, shape, policy
+        self.exact_runs = exact_runs  #: each job submitted under its own id, its run known (ExactRuns)
+        if exact_runs:
+            self.state.run_times = ExactRuns(trace)
         self.spread_factor = spread_factor
         self.queues = queues
         self.round_seconds: list[float] = []
@@ -184,7 +206,7 @@ class Replay(Simulator):
             # before the whole cluster.
             topology = TopologySpec("rack", PackMode.REQUIRED if self.spec_policy.strict_racks else PackMode.PREFERRED)
         ranges, throttle = parse_array(job.array) if job.array else ((), 0)
-        return JobSpec(name=job.job_name, tasks=tasks,
+        return JobSpec(name=job.id if self.exact_runs else job.job_name, tasks=tasks,
                        resources=Resources(CPU_PER_GPU * per, MEMORY_PER_GPU * per, per), command=("train",),
                        topology=topology, time_limit=job.time_limit, queue=job.queue,
                        array=format_ranges(ranges), array_throttle=throttle, after=job.dependencies,
@@ -462,6 +484,8 @@ class Replay(Simulator):
 
 
 def replay(trace: Trace, shape: ClusterShape, policy: Policy, *, spread_factor: float = SPREAD_FACTOR,
-           queues: tuple[Queue, ...] = (), failures: FailureModel | None = None) -> RunResult:
-    """Replay `trace` through `policy`; the trace must have been checked against `shape`."""
-    return Replay(trace, shape, policy, spread_factor=spread_factor, queues=queues, failures=failures).replay()
+           queues: tuple[Queue, ...] = (), failures: FailureModel | None = None, exact_runs: bool = False) -> RunResult:
+    """Replay `trace` through `policy`; the trace must have been checked against `shape`. `exact_runs`:
+    the policies that predict know every job's run (ExactRuns)."""
+    return Replay(trace, shape, policy, spread_factor=spread_factor, queues=queues, failures=failures,
+                  exact_runs=exact_runs).replay()

@@ -9,7 +9,7 @@ from synapse.sim import sacct
 from synapse.sim.generate import MIXES, RECURRENCE, WITHIN_CV, Recipe, generate
 from synapse.sim.policies import POLICIES
 from synapse.sim.profile import error_profile
-from synapse.sim.replay import replay
+from synapse.sim.replay import ExactRuns, replay
 from synapse.sim.trace import ClusterShape, Trace, TraceJob, dumps, parse
 
 
@@ -107,3 +107,24 @@ def test_a_sweep_pairs_each_policy_with_the_baseline_seed_by_seed():
     assert jct["values"] == [0.9, 1.0] and abs(jct["mean"] - 0.95) < 1e-12
     assert big["max"] == 1.5
     assert abs(util["values"][0] - 0.01) < 1e-12 and util["min"] == 0.0
+
+
+def test_exact_runs_let_easy_plus_plus_backfill_what_the_limits_and_no_history_keep_out():
+    """`replay(exact_runs=True)`: the predicting policies know every run from the start. A one-node
+    job of 50 s with a 20,000 s limit, behind a two-node gang that waits for a job whose limit
+    ends at 10,000 s: by the limits (nothing run before) it would outlast the reservation and
+    waits; known to run 50 s it goes on the free node at once. The oracle learns nothing."""
+    shape = ClusterShape(2, 8, 1)
+    trace = Trace([TraceJob("long", 0, 8, 1, 1000, 10_000, user="u"),
+                   TraceJob("gang", 1, 16, 2, 100, 1000, user="u"),
+                   TraceJob("short", 2, 8, 1, 50, 20_000, user="u")])
+    starts = {}
+    for exact in (False, True):
+        result = replay(trace, shape, POLICIES["easy++"], exact_runs=exact)
+        starts[exact] = {r.id: r.start for r in result.records}
+    assert starts[True]["short"] == 2
+    assert starts[False]["short"] >= 1000  # after the long job at least
+    assert starts[True]["gang"] == starts[False]["gang"] == 1000
+    runs = ExactRuns(trace)
+    runs.learn("u", "short", 8, 5.0)
+    assert runs.expect("u", "short", 8, 20_000) == 50 and runs.expect("u", "gang", 16, 1000) == 100
