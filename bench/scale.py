@@ -64,6 +64,7 @@ from synapse.core.brain.stimuli import RoundDue  # noqa: E402
 from synapse.core.shards import ranked  # noqa: E402
 from synapse.core.state.fsm import ClusterState  # noqa: E402
 from synapse.local import cluster as local  # noqa: E402
+from synapse.master.beats import beat_socket  # noqa: E402
 from synapse.proto import api_pb2, api_pb2_grpc, types_pb2  # noqa: E402
 
 HEARTBEAT_S = 5.0  #: the workers' heartbeat interval (--heartbeat; --quick runs at 1 s)
@@ -212,8 +213,9 @@ class Sim:
         request = api_pb2.HeartbeatRequest(node_id=node.id)
         if self.datagrams and address == node.shard:
             if self._udp is None:
+                # One socket takes every simulated node's answers: it gets a replica's buffer
                 self._udp = await asyncio.get_running_loop().create_datagram_endpoint(
-                    _Replies, local_addr=("127.0.0.1", 0))
+                    _Replies, sock=beat_socket("127.0.0.1", 0))
             transport, replies = self._udp
             self._seq = request.seq = max(self._seq + 1, time.time_ns())
             key = beats.key_of(node.credential)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,12 @@ log = logging.getLogger(__name__)
 
 #: Nodes whose last seq a replica remembers (fresh nodes beyond it evict the oldest entries).
 MAX_REMEMBERED = 200_000
+#: The receive buffer a replica asks for its heartbeat socket. The kernel's default (208 KiB on
+#: most machines) holds about a thousand datagrams: a replica serving thousands of nodes drops a
+#: burst that arrives while its event loop is busy, and every dropped heartbeat comes again by
+#: call, which costs the replica twice the CPU (bench/scale.py). The kernel caps it at
+#: net.core.rmem_max (docs/operating/workers.md says how to raise that).
+RCVBUF_BYTES = 4 << 20
 
 
 class BeatEndpoint(asyncio.DatagramProtocol):
@@ -140,9 +147,32 @@ async def serve_beats(master: Master, api_address: str) -> BeatEndpoint | None:
     host = host.strip("[]")
     loop = asyncio.get_running_loop()
     try:
-        _, endpoint = await loop.create_datagram_endpoint(lambda: BeatEndpoint(master), local_addr=(host, int(port)))
+        sock = beat_socket(host, int(port))
+        _, endpoint = await loop.create_datagram_endpoint(lambda: BeatEndpoint(master), sock=sock)
     except OSError as exc:
         log.warning("heartbeat datagrams off replica=%s address=%s error=%s: workers heartbeat by call",
                     master.replica.id, api_address, exc)
         return None
+    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # Linux reports twice what it keeps for data
+    if got < RCVBUF_BYTES:
+        log.info("heartbeat socket's receive buffer %d KiB, not the %d KiB asked: net.core.rmem_max caps it "
+                 "(a replica of thousands of nodes drops bursts with less)", got >> 10, RCVBUF_BYTES >> 10)
     return endpoint
+
+
+def beat_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket bound to (host, port) (the first of its addresses that binds), its
+    receive buffer asked to be RCVBUF_BYTES."""
+    error: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+            sock.bind(address)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error or OSError(f"no address to bind for {host}:{port}")

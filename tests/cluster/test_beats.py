@@ -239,3 +239,22 @@ def test_on_a_cluster_task_reports_go_to_the_leader_by_datagram_and_only_it_take
 def _answered(cluster, worker: str) -> float:
     http = (cluster.worker_dir(worker) / "http-address").read_text().strip()
     return value(scrape(http), "synapse_worker_heartbeat_datagrams_answered")
+
+
+def test_a_replica_s_heartbeat_socket_asks_for_a_large_receive_buffer() -> None:
+    """A replica of thousands of nodes must not drop a burst of heartbeats while its loop is busy
+    (each dropped one comes again by call): its socket keeps what the kernel allows of
+    RCVBUF_BYTES (net.core.rmem_max caps it), more than the default wherever the cap allows."""
+    from pathlib import Path
+
+    from synapse.master.beats import RCVBUF_BYTES, beat_socket
+    cap = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    default = int(Path("/proc/sys/net/core/rmem_default").read_text())
+    sock = beat_socket("127.0.0.1", 0)
+    try:
+        kept = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+        assert kept == min(RCVBUF_BYTES, cap)
+        assert cap <= default or kept > default
+        assert sock.getsockname()[0] == "127.0.0.1" and not sock.getblocking()
+    finally:
+        sock.close()
