@@ -273,7 +273,8 @@ def _above_zero(_ctx: click.Context, _param: click.Parameter, value: float | Non
               help="With --node-mtbf: seed of the failure times [the trace's generation seed, else 1].")
 @click.option("--exact-runs", is_flag=True,
               help="An oracle: the policies that predict (easy++, synapse) know each job's run exactly, "
-                   "each job a kind of its own; what a perfect predictor would give them.")
+                   "each job a kind of its own; what a perfect predictor would give them (jobs with a user only: "
+                   "a trace of generate --recurrence 0 has none).")
 @_shape_options
 def run(trace_path: str, policies: str, as_json: bool, spread_factor: float, queues_path: str | None,
         warmup_hours: float, report_dir: str | None, tuning: str, min_gpus: int | None, jitter_s: float | None,

@@ -115,13 +115,16 @@ class ExactRuns(RunTimes):
     trace, submitted under its own id as its name (a kind of its own), is known to run exactly its
     trace duration (alone in one rack; a split gang runs longer). It learns nothing: what the
     policies expect is the trace's, not the runs they saw. An upper bound of what any predictor
-    could give a policy that plans by predictions (easy++, synapse)."""
+    could give a policy that plans by predictions (easy++, synapse). Only jobs with a user: the
+    predictor asks for none of the others (a trace of `generate --recurrence 0` has no users)."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, shape: ClusterShape) -> None:
         super().__init__(max_keys=max(len(trace.jobs), 1))
         for job in trace.jobs:
             if job.user:
-                self.keys[("job", job.user, job.id, job.gpus)] = [1, [job.duration]]
+                tasks = job.tasks_on(shape)
+                gpus = job.gpus // tasks * tasks  # as the job asks them (spec_of)
+                self.keys[("job", job.user, job.id, gpus)] = [1, [job.duration]]
 
     def learn(self, user: str, name: str, gpus: int, seconds: float) -> None:
         """Nothing: the runs are known from the start."""
@@ -139,7 +142,7 @@ class Replay(Simulator):
         self.trace, self.shape, self.spec_policy = trace, shape, policy
         self.exact_runs = exact_runs  #: each job submitted under its own id, its run known (ExactRuns)
         if exact_runs:
-            self.state.run_times = ExactRuns(trace)
+            self.state.run_times = ExactRuns(trace, shape)
         self.spread_factor = spread_factor
         self.queues = queues
         self.round_seconds: list[float] = []

@@ -125,6 +125,6 @@ def test_exact_runs_let_easy_plus_plus_backfill_what_the_limits_and_no_history_k
     assert starts[True]["short"] == 2
     assert starts[False]["short"] >= 1000  # after the long job at least
     assert starts[True]["gang"] == starts[False]["gang"] == 1000
-    runs = ExactRuns(trace)
+    runs = ExactRuns(trace, shape)
     runs.learn("u", "short", 8, 5.0)
     assert runs.expect("u", "short", 8, 20_000) == 50 and runs.expect("u", "gang", 16, 1000) == 100
