@@ -271,17 +271,14 @@ def _above_zero(_ctx: click.Context, _param: click.Parameter, value: float | Non
               help="With --recovery spares: spare nodes kept in each rack.")
 @click.option("--failure-seed", type=int, default=None,
               help="With --node-mtbf: seed of the failure times [the trace's generation seed, else 1].")
-@click.option("--exact-runs", is_flag=True,
-              help="An oracle: the policies that predict (easy++, synapse) know each job's run exactly, "
-                   "each job a kind of its own; what a perfect predictor would give them (jobs with a user only: "
-                   "a trace of generate --recurrence 0 has none).")
+@click.option("--exact-runs", "exact", is_flag=True, help="An oracle: easy++ and synapse know every run exactly, "
+              "each job a kind of its own (only jobs with a user: generate --recurrence 0 gives none).")
 @_shape_options
 def run(trace_path: str, policies: str, as_json: bool, spread_factor: float, queues_path: str | None,
         warmup_hours: float, report_dir: str | None, tuning: str, min_gpus: int | None, jitter_s: float | None,
         repeats: int | None, jitter_seed: int | None, workers: int | None, mtbf_hours: float | None,
         checkpoint_every: str, restart_cost: str, repair_time: str, recovery: str, spares_per_rack: int,
-        failure_seed: int | None, exact_runs: bool, nodes: int | None, gpus_per_node: int | None,
-        racks: int | None) -> None:
+        failure_seed: int | None, exact: bool, nodes: int | None, gpus_per_node: int | None, racks: int | None) -> None:
     """Replay TRACE through each policy on the same simulated cluster and compare them."""
     if jitter_s is None and (repeats is not None or jitter_seed is not None or workers is not None):
         fail(PROG, "--repeats, --jitter-seed and --workers go with --jitter SECONDS")
@@ -298,12 +295,11 @@ def run(trace_path: str, policies: str, as_json: bool, spread_factor: float, que
     except (TraceError, ValueError) as exc:
         fail(PROG, str(exc))
 
-    runs = _replays(trace, shape, chosen, spread_factor, queues, failures, exact_runs)
+    runs = _replays(trace, shape, chosen, spread_factor, queues, failures, exact)
     summaries = _summarized(runs, warmup_hours * 3600)
     only = f" (only those of {min_gpus}+ GPUs)" if min_gpus else ""
-    caption = f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}"
-    if exact_runs:
-        caption += ", every run known exactly (--exact-runs)"
+    caption = f"{len(trace.jobs)} jobs{only}, {shape.describe()}, spread factor {spread_factor:g}" + \
+        (", every run known exactly (--exact-runs)" if exact else "")
     if failures:
         caption += (f"; node failures: MTBF {failures.mtbf_s / 3600:g} h, repair {failures.repair_s:g} s, checkpoint "
                     f"every {failures.checkpoint_every_s:g} s, restart {failures.restart_cost_s:g} s, recovery "
@@ -315,8 +311,7 @@ def run(trace_path: str, policies: str, as_json: bool, spread_factor: float, que
         seed = 1 if jitter_seed is None else jitter_seed
         traces = jittered(trace, jitter_s, repeats or 4, seed)
         one_copy = functools.partial(_copy_summaries, shape=shape, policies=chosen, spread_factor=spread_factor,
-                                     queues=queues, warmup_s=warmup_hours * 3600, failures=failures,
-                                     exact_runs=exact_runs)
+                                     queues=queues, warmup_s=warmup_hours * 3600, failures=failures, exact=exact)
         if (workers or 1) > 1:
             with ProcessPoolExecutor(workers) as pool:
                 copies = list(pool.map(one_copy, traces))
@@ -328,7 +323,7 @@ def run(trace_path: str, policies: str, as_json: bool, spread_factor: float, que
         _report(report_dir, runs, summaries, f"{Path(trace_path).name}{only} on {shape.describe()}", text + noise_text)
     if as_json:
         out: dict[str, Any] = {"trace": trace_path, "cluster": shape.describe(), "spread_factor": spread_factor,
-               "tuning": tuning, "min_gpus": min_gpus, "exact_runs": exact_runs, "policies": _json_safe(summaries)}
+               "tuning": tuning, "min_gpus": min_gpus, "exact_runs": exact, "policies": _json_safe(summaries)}
         if failures:
             out["failures"] = dataclasses.asdict(failures)
         if noise:
@@ -365,10 +360,9 @@ def _failure_model(trace: Trace, mtbf_hours: float | None, checkpoint_every: str
 
 
 def _replays(trace: Trace, shape: ClusterShape, policies: list[Policy], spread_factor: float,
-             queues: tuple[Queue, ...], failures: FailureModel | None = None,
-             exact_runs: bool = False) -> list[RunResult]:
-    return [replay(trace, shape, p, spread_factor=spread_factor, queues=queues, failures=failures,
-                   exact_runs=exact_runs) for p in policies]
+             queues: tuple[Queue, ...], failures: FailureModel | None = None, exact: bool = False) -> list[RunResult]:
+    return [replay(trace, shape, p, spread_factor=spread_factor, queues=queues, failures=failures, exact_runs=exact)
+            for p in policies]
 
 
 def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, Summary]:
@@ -377,10 +371,10 @@ def _summarized(runs: list[RunResult], warmup_s: float) -> dict[str, Summary]:
 
 def _copy_summaries(trace: Trace, *, shape: ClusterShape, policies: list[Policy], spread_factor: float,
                     queues: tuple[Queue, ...], warmup_s: float, failures: FailureModel | None = None,
-                    exact_runs: bool = False) -> dict[str, Summary]:
+                    exact: bool = False) -> dict[str, Summary]:
     """One jittered copy through every policy, summarised (a module-level function: --workers
     sends it to other processes)."""
-    return _summarized(_replays(trace, shape, policies, spread_factor, queues, failures, exact_runs), warmup_s)
+    return _summarized(_replays(trace, shape, policies, spread_factor, queues, failures, exact), warmup_s)
 
 
 def noise_table(noise: dict[str, Any]) -> str:
