@@ -8,10 +8,12 @@ import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from synapse.common import beats
+from synapse.master.beats import RCVBUF_BYTES, beat_socket
 from synapse.proto import api_pb2
 from synapse.worker.beats import MISSES, DatagramBeats, DatagramReports
 from tests.support.cluster import submit, wait_job
@@ -245,9 +247,6 @@ def test_a_replica_s_heartbeat_socket_asks_for_a_large_receive_buffer() -> None:
     """A replica of thousands of nodes must not drop a burst of heartbeats while its loop is busy
     (each dropped one comes again by call): its socket keeps what the kernel allows of
     RCVBUF_BYTES (net.core.rmem_max caps it), more than the default wherever the cap allows."""
-    from pathlib import Path
-
-    from synapse.master.beats import RCVBUF_BYTES, beat_socket
     cap = int(Path("/proc/sys/net/core/rmem_max").read_text())
     default = int(Path("/proc/sys/net/core/rmem_default").read_text())
     sock = beat_socket("127.0.0.1", 0)

@@ -50,9 +50,8 @@ def test_every_master_serves_metrics_and_health(make_cluster):
     def lists_sent() -> float:
         return sum(value(scrape(address, ca=ca), "synapse_watch_lists", outcome="sent") for address in http.values())
 
-    deadline = time.monotonic() + 10
-    while (lists_before := lists_sent()) < 2 and time.monotonic() < deadline:  # both watches attached
-        time.sleep(0.1)
+    lists_before = wait_for(lambda: (n := lists_sent()) >= 2 and n, timeout=10,
+                            what="both workers' first assignment lists (their watches attached)")
     job = cluster.client.submit(codec.job_spec_to_proto(spec(tasks=1, gpu=2)))
     wait_status(cluster.client, job, {"SUCCEEDED"})  # settled: no replica may see it end between scrapes
     cluster.converged_digest()
