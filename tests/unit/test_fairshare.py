@@ -57,6 +57,29 @@ def test_admission_puts_the_queue_that_used_less_lately_first():
     assert [j.id for j in order] == ["a2", "b2"]
 
 
+def test_admission_keeps_each_queues_own_order_whatever_the_gangs_sizes():
+    """A job's key is its queue's share once it runs, which grows with the job: sorted job by job,
+    each queue's small gangs went ahead of the big ones submitted before them (big gangs lost their
+    turn and their reservations in every cluster with queues defined)."""
+    from synapse.core.model import Queue
+    from synapse.core.schedule import admission
+    from synapse.core.schedule.scheduler import schedule_round
+
+    state = cluster(racks=1, nodes_per_rack=4)
+    checked(state, c.ApplyQueues(at=0, queues=(Queue("a"), Queue("b"))))
+    checked(state, c.SetUsageHalfLife(at=0, half_life=H))
+    run_job(state, "past", [N0, N1], at=100, queue="a")  # queue a used the cluster lately
+    for at, (job_id, tasks, queue) in enumerate([("big-a", 4, "a"), ("small-a", 1, "a"), ("big-b", 4, "b"),
+                                                 ("small-b", 1, "b")]):
+        checked(state, c.SubmitJob(at=500 + at, job_id=job_id, request_id=job_id, spec=spec(tasks, queue=queue)))
+    order = admission.admission_order(state, state.pending_jobs())
+    assert [j.id for j in order] == ["big-b", "small-b", "big-a", "small-a"]
+    only_a = admission.admission_order(state, (j for j in state.pending_jobs() if j.queue_key()[1] < 502))
+    assert [j.id for j in only_a] == ["big-a", "small-a"]
+    # the round walks that order: every gang fits the idle cluster, so the first one takes it all
+    assert [p.job_id for p in schedule_round(state, 600.0).plans] == ["big-b"]
+
+
 def test_a_new_leader_sets_the_configured_half_life_once():
     from synapse.core.brain.stimuli import Started
 

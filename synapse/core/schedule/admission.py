@@ -18,6 +18,9 @@ to choose its victims (on current usage alone).
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable
+
 from synapse.core.model import UNLIMITED, Job, NodeStatus, Queue, Resources
 from synapse.core.schedule.fairshare import history_share
 from synapse.core.schedule.view import ClusterRead
@@ -76,6 +79,28 @@ def admission_key(state: ClusterRead, job: Job, pool: Resources) -> tuple[bool, 
     remembered = history_share(state.queue_decay.get(queue.name), state.usage_clock, state.usage_half_life, pool.gpu)
     return (bool(beyond_guarantee(after, queue.guaranteed)) if _declares(queue) else True,
             share(queue, after, pool) + remembered / queue.weight, job.queue_key())
+
+
+def admission_order(state: ClusterRead, jobs: Iterable[Job]) -> list[Job]:
+    """`jobs` (given in queue order: priority, then submission) in admission's order: within a
+    queue they keep their order; across queues, the next gang of each queue competes by its
+    `admission_key`, as Kueue's queue heads do. A job's key is not compared with the keys of its
+    own queue's jobs: its size would then order them (the key is its queue's share once it runs),
+    smallest first, and a big gang would sort behind every smaller one of its queue."""
+    pool = pool_of(state)
+    by_queue: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_queue.setdefault(state.queue_of(job), []).append(job)
+    heads = [(admission_key(state, queued[0], pool), name, 0) for name, queued in by_queue.items()]
+    heapq.heapify(heads)
+    order: list[Job] = []
+    while heads:
+        _, name, i = heapq.heappop(heads)
+        queued = by_queue[name]
+        order.append(queued[i])
+        if i + 1 < len(queued):
+            heapq.heappush(heads, (admission_key(state, queued[i + 1], pool), name, i + 1))
+    return order
 
 
 def _declares(queue: Queue) -> bool:

@@ -59,7 +59,7 @@ from synapse.core.model import (
     TopologySpec,
     excluded_for,
 )
-from synapse.core.schedule.admission import admission_key, max_block, pool_of, user_block
+from synapse.core.schedule.admission import admission_order, max_block, user_block
 from synapse.core.schedule.elastic import at_size, is_elastic, least, place_largest
 from synapse.core.schedule.eligibility import Gate
 from synapse.core.schedule.placement import ClusterView, explain, pack_depth
@@ -488,9 +488,9 @@ def backfill_order(state: ClusterRead, jobs: list[Job], now: float, predict: boo
 
 
 def _queue_order(state: ClusterRead) -> list[Job]:
-    """With queues defined: gangs within their queue's guarantee first, then by fair share."""
-    pool = pool_of(state)
-    return sorted(state.pending_jobs(), key=lambda job: admission_key(state, job, pool))
+    """With queues defined: gangs within their queue's guarantee first, then by fair share (each
+    queue's gangs in their own order)."""
+    return admission_order(state, state.pending_jobs())
 
 
 def _local_spec(view: ClusterView, job: Job, now: float, tuning: Tuning,
