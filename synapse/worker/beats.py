@@ -4,7 +4,11 @@ The heartbeat thread sends each heartbeat to its shard as one UDP datagram first
 answer as it would a call's; with no good answer within `beats.WAIT_S` it makes the gRPC call,
 which fails over as before. A replica that does not answer datagrams three times in a row (an
 earlier release, a firewall that drops UDP, `heartbeat_datagrams: false`) is not sent any for
-`QUIET_S`: the worker then pays one wait per `QUIET_S`, not one per heartbeat.
+`QUIET_FIRST_S`, then for twice as long each time it falls silent again without answering in
+between, up to `QUIET_S`: a replica that never answers costs the worker one wait per `QUIET_S`, not
+one per heartbeat, and one that dropped a burst under load (a full receive buffer) or answered late
+gets its datagrams back within seconds, not minutes (each heartbeat meanwhile costs it a call,
+about twice the CPU).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Unanswered datagrams in a row after which a replica is sent none for QUIET_S.
+#: Unanswered datagrams in a row after which a replica is sent none for a while: QUIET_FIRST_S the
+#: first time, doubled each time again without an answer in between, QUIET_S at most.
 MISSES = 3
+QUIET_FIRST_S = 15.0
 QUIET_S = 300.0
 #: How long the report thread waits for the leader's answer to a task report (its commit, normally a
 #: few milliseconds) before it makes the call instead.
@@ -43,6 +49,8 @@ class DatagramBeats:
         self._resolved: dict[str, tuple[int, tuple[Any, ...]]] = {}  #: "host:port" -> (family, socket address)
         self.misses: dict[str, int] = {}  #: address -> unanswered datagrams in a row
         self.quiet_until: dict[str, float] = {}  #: address -> monotonic time until which none are sent
+        #: address -> how long it is sent none the next time it falls silent (reset by an answer)
+        self.quiet_next: dict[str, float] = {}
         self.answered = 0  #: heartbeats answered by datagram (a metric)
 
     def beat(self, address: str, request: api_pb2.HeartbeatRequest) -> api_pb2.HeartbeatReply | None:
@@ -73,7 +81,7 @@ class DatagramBeats:
                   parse: Callable[[bytes], T | None], what: str) -> T | None:
         """Send `datagram` to `address` and wait up to `wait` s for the answer: one from the replica,
         sealed with `key` for `domain`, that `parse` takes (None: not the answer to this one). None
-        when none came (a miss: after MISSES in a row the replica is sent none for QUIET_S) or the
+        when none came (a miss: after MISSES in a row the replica is sent none for a while) or the
         replica is kept quiet now."""
         now = time.monotonic()
         if now < self.quiet_until.get(address, 0.0):
@@ -97,13 +105,16 @@ class DatagramBeats:
             answer = parse(beats.body_of(data))
             if answer is not None:
                 self.misses[address] = 0
+                self.quiet_next.pop(address, None)
                 return answer
         self.misses[address] = misses = self.misses.get(address, 0) + 1
         if misses >= MISSES:
             self.misses[address] = 0
-            self.quiet_until[address] = time.monotonic() + QUIET_S
+            quiet = self.quiet_next.get(address, QUIET_FIRST_S)
+            self.quiet_next[address] = min(2 * quiet, QUIET_S)
+            self.quiet_until[address] = time.monotonic() + quiet
             log.info("no %s datagram answered by %s %d times in a row: %ss to it by call for %.0fs",
-                     what, address, MISSES, what, QUIET_S)
+                     what, address, MISSES, what, quiet)
         return None
 
     def _resolve(self, address: str) -> tuple[int, tuple[Any, ...]]:

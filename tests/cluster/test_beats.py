@@ -15,7 +15,7 @@ import pytest
 from synapse.common import beats
 from synapse.master.beats import RCVBUF_BYTES, beat_socket
 from synapse.proto import api_pb2
-from synapse.worker.beats import MISSES, DatagramBeats, DatagramReports
+from synapse.worker.beats import MISSES, QUIET_FIRST_S, QUIET_S, DatagramBeats, DatagramReports
 from tests.support.cluster import submit, wait_job
 from tests.support.helpers import wait_for
 from tests.support.http import scrape, value
@@ -96,6 +96,33 @@ def test_a_refusal_or_silence_sends_the_worker_to_its_call_and_silence_quiets_th
         refusing.close()
         silent.close()
         sender.close()
+
+
+def test_a_replica_silent_again_is_kept_quiet_twice_as_long_and_an_answer_resets_the_backoff() -> None:
+    speaking = threading.Event()
+    replica = _Replica(lambda r: [_reply(r.seq, node_status="READY")] if speaking.is_set() else [])
+    sender = DatagramBeats("n1", lambda: "credential-of-n1")
+
+    def fall_silent() -> float:
+        """Three misses in a row; how long the replica is then kept quiet (its quiet time ended at once)."""
+        for _ in range(MISSES):
+            assert sender.beat(replica.address, api_pb2.HeartbeatRequest(node_id="n1")) is None
+        quiet = sender.quiet_until[replica.address] - time.monotonic()
+        sender.quiet_until[replica.address] = 0.0  # as if that long went by
+        return quiet
+
+    try:
+        firsts = [fall_silent() for _ in range(7)]
+        speaking.set()
+        assert sender.beat(replica.address, api_pb2.HeartbeatRequest(node_id="n1")) is not None
+        speaking.clear()
+        again = fall_silent()
+    finally:
+        replica.close()
+        sender.close()
+    expected = [15, 30, 60, 120, 240, 300, 300]
+    assert [round(q) for q in firsts] == expected and QUIET_FIRST_S == 15 and QUIET_S == 300
+    assert round(again) == 15  # one answer: the next silence starts short again
 
 
 def test_a_task_report_takes_only_the_leaders_authentic_answer_and_a_refusal_sends_it_to_the_call() -> None:
