@@ -4,9 +4,9 @@ The heartbeat thread sends each heartbeat to its shard as one UDP datagram first
 answer as it would a call's; with no good answer within `beats.WAIT_S` it makes the gRPC call,
 which fails over as before. A replica that does not answer datagrams three times in a row (an
 earlier release, a firewall that drops UDP, `heartbeat_datagrams: false`) is not sent any for
-`QUIET_FIRST_S`, then for twice as long each time it falls silent again without answering in
-between, up to `QUIET_S`: a replica that never answers costs the worker one wait per `QUIET_S`, not
-one per heartbeat, and one that dropped a burst under load (a full receive buffer) or answered late
+`QUIET_FIRST_S`; after that, one unanswered datagram (a probe) keeps it quiet twice as long again,
+up to `QUIET_S`, until it answers: a replica that never answers costs the worker one wait per
+`QUIET_S`, not one per heartbeat, and one that dropped a burst under load (a full receive buffer) or answered late
 gets its datagrams back within seconds, not minutes (each heartbeat meanwhile costs it a call,
 about twice the CPU).
 """
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Unanswered datagrams in a row after which a replica is sent none for a while: QUIET_FIRST_S the
-#: first time, doubled each time again without an answer in between, QUIET_S at most.
+#: first time; then, until it answers, each unanswered probe doubles it, QUIET_S at most.
 MISSES = 3
 QUIET_FIRST_S = 15.0
 QUIET_S = 300.0
@@ -108,7 +108,7 @@ class DatagramBeats:
                 self.quiet_next.pop(address, None)
                 return answer
         self.misses[address] = misses = self.misses.get(address, 0) + 1
-        if misses >= MISSES:
+        if misses >= MISSES or address in self.quiet_next:  # a probe after a quiet time: one miss is enough
             self.misses[address] = 0
             quiet = self.quiet_next.get(address, QUIET_FIRST_S)
             self.quiet_next[address] = min(2 * quiet, QUIET_S)

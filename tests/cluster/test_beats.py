@@ -103,16 +103,19 @@ def test_a_replica_silent_again_is_kept_quiet_twice_as_long_and_an_answer_resets
     replica = _Replica(lambda r: [_reply(r.seq, node_status="READY")] if speaking.is_set() else [])
     sender = DatagramBeats("n1", lambda: "credential-of-n1")
 
-    def fall_silent() -> float:
-        """Three misses in a row; how long the replica is then kept quiet (its quiet time ended at once)."""
+    def fall_silent() -> tuple[float, int]:
+        """Three heartbeats unanswered; how long the replica is then kept quiet (its quiet time is
+        then ended at once, as if that long went by), and how many datagrams reached it."""
+        sent = replica.received
         for _ in range(MISSES):
             assert sender.beat(replica.address, api_pb2.HeartbeatRequest(node_id="n1")) is None
         quiet = sender.quiet_until[replica.address] - time.monotonic()
-        sender.quiet_until[replica.address] = 0.0  # as if that long went by
-        return quiet
+        sender.quiet_until[replica.address] = 0.0
+        time.sleep(0.05)  # the replica's thread has counted what reached it
+        return quiet, replica.received - sent
 
     try:
-        firsts = [fall_silent() for _ in range(7)]
+        silences = [fall_silent() for _ in range(7)]
         speaking.set()
         assert sender.beat(replica.address, api_pb2.HeartbeatRequest(node_id="n1")) is not None
         speaking.clear()
@@ -120,9 +123,10 @@ def test_a_replica_silent_again_is_kept_quiet_twice_as_long_and_an_answer_resets
     finally:
         replica.close()
         sender.close()
-    expected = [15, 30, 60, 120, 240, 300, 300]
-    assert [round(q) for q in firsts] == expected and QUIET_FIRST_S == 15 and QUIET_S == 300
-    assert round(again) == 15  # one answer: the next silence starts short again
+    assert QUIET_FIRST_S == 15 and QUIET_S == 300
+    assert [round(q) for q, _ in silences] == [15, 30, 60, 120, 240, 300, 300]
+    assert [n for _, n in silences] == [MISSES, 1, 1, 1, 1, 1, 1]  # after a quiet time, one probe
+    assert (round(again[0]), again[1]) == (15, MISSES)  # one answer: the next silence starts afresh
 
 
 def test_a_task_report_takes_only_the_leaders_authentic_answer_and_a_refusal_sends_it_to_the_call() -> None:
