@@ -103,23 +103,25 @@ def test_a_replica_silent_again_is_kept_quiet_twice_as_long_and_an_answer_resets
     replica = _Replica(lambda r: [_reply(r.seq, node_status="READY")] if speaking.is_set() else [])
     sender = DatagramBeats("n1", lambda: "credential-of-n1")
 
-    def fall_silent() -> tuple[float, int]:
+    def fall_silent(expected: int) -> tuple[float, int]:
         """Three heartbeats unanswered; how long the replica is then kept quiet (its quiet time is
-        then ended at once, as if that long went by), and how many datagrams reached it."""
+        then ended at once, as if that long went by), and how many datagrams reached it (once the
+        replica's thread has counted the `expected` ones; each was sent a wait before the last
+        beat returned, so any more would be counted by then too)."""
         sent = replica.received
         for _ in range(MISSES):
             assert sender.beat(replica.address, api_pb2.HeartbeatRequest(node_id="n1")) is None
         quiet = sender.quiet_until[replica.address] - time.monotonic()
         sender.quiet_until[replica.address] = 0.0
-        time.sleep(0.05)  # the replica's thread has counted what reached it
+        wait_for(lambda: replica.received - sent >= expected, timeout=5, what=f"{expected} datagram(s) received")
         return quiet, replica.received - sent
 
     try:
-        silences = [fall_silent() for _ in range(7)]
+        silences = [fall_silent(MISSES if n == 0 else 1) for n in range(7)]
         speaking.set()
         assert sender.beat(replica.address, api_pb2.HeartbeatRequest(node_id="n1")) is not None
         speaking.clear()
-        again = fall_silent()
+        again = fall_silent(MISSES)
     finally:
         replica.close()
         sender.close()

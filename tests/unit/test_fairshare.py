@@ -74,7 +74,7 @@ def test_admission_keeps_each_queues_own_order_whatever_the_gangs_sizes():
         checked(state, c.SubmitJob(at=500 + at, job_id=job_id, request_id=job_id, spec=spec(tasks, queue=queue)))
     order = admission.admission_order(state, state.pending_jobs())
     assert [j.id for j in order] == ["big-b", "small-b", "big-a", "small-a"]
-    only_a = admission.admission_order(state, (j for j in state.pending_jobs() if j.queue_key()[1] < 502))
+    only_a = admission.admission_order(state, (j for j in state.pending_jobs() if j.spec.queue == "a"))
     assert [j.id for j in only_a] == ["big-a", "small-a"]
     # the round walks that order: every gang fits the idle cluster, so the first one takes it all
     assert [p.job_id for p in schedule_round(state, 600.0).plans] == ["big-b"]
